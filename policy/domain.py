@@ -1,0 +1,115 @@
+"""Domain types shared by the policy, the guard and the server: actions, pages, requests, results.
+
+Action and page numbers equal the proto enum numbers, so the server converts with a plain
+``int()``. Internally actions are indexed 0..4 (``action.index``) in the order of ``ACTIONS``.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+FloatArray = npt.NDArray[np.float64]
+
+
+class Action(enum.IntEnum):
+    ADD_TO_CART = 1
+    VIEW_DETAIL = 2
+    APPLY_COUPON = 3
+    SHARE_SOCIAL = 4
+    EXIT = 5
+
+    @property
+    def index(self) -> int:
+        """Position in ``ACTIONS`` and in every per-action vector."""
+        return self.value - 1
+
+    @property
+    def key(self) -> str:
+        """The lower-case name used in bundles and rules (``add_to_cart``)."""
+        return self.name.lower()
+
+    @classmethod
+    def from_key(cls, key: str) -> Action:
+        try:
+            return cls[key.upper()]
+        except KeyError:
+            raise ValueError(f"unknown action {key!r}; expected one of {[a.key for a in cls]}") from None
+
+
+ACTIONS: tuple[Action, ...] = tuple(Action)
+N_ACTIONS = len(ACTIONS)
+
+
+class PageType(enum.IntEnum):
+    UNSPECIFIED = 0
+    SEARCH = 1
+    RECOMMEND = 2
+    DETAIL = 3
+    CART = 4
+
+    @property
+    def key(self) -> str:
+        return self.name.lower()
+
+
+class Source(enum.IntEnum):
+    """Which part of the procedure produced the served action (proto ``DecisionSource``)."""
+
+    POLICY = 1
+    FALLBACK_LOW_CONSENSUS = 2
+    FALLBACK_GUARD = 3
+    FALLBACK_NO_MODEL = 4
+    FALLBACK_DEGRADED = 5
+    EXPLORATION = 6
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    """The request features that guardrail and fallback rules can look at."""
+
+    page_type: PageType
+    cart_item_count: int
+    hour: int
+    n_recent_behaviors: int
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionRequest:
+    """A validated request, ready to encode. ``item_embedding`` is float32 and finite."""
+
+    user_id: str
+    session_id: str
+    item_id: str
+    item_embedding: npt.NDArray[np.float32]
+    recent_behavior_ids: tuple[str, ...]
+    page_type: PageType
+    event_time_s: float
+    cart_item_count: int
+    request_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What the decision procedure served, and with which probability.
+
+    ``served_probs`` is the probability of every action under the whole procedure
+    (guardrails, veto, sampled majority, fallback, exploration); ``propensity`` is its
+    entry for ``action``. ``policy_probs`` are after guardrails, before the veto.
+    """
+
+    action: Action
+    source: Source
+    propensity: float
+    votes: int
+    samples: int
+    served_probs: FloatArray
+    policy_probs: FloatArray
+    allow_probs: FloatArray
+    blocked: npt.NDArray[np.bool_]
+    model_version: str
+    rule: str = ""
+    counts: tuple[int, ...] = field(default=())

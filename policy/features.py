@@ -1,0 +1,104 @@
+"""The feature encoder: a request becomes the policy's state vector.
+
+state = item embedding (item_dim, 768) | behaviour embedding (behavior_dim, 128) | hour one-hot (24)
+
+The behaviour embedding is the mean of hashing-trick rows for the first ``window`` (3)
+recent behaviour ids (most recent first); zeros when there are none. An id's row is
+``blake2b_64(id) mod buckets``; the table ships in the bundle. The hour is the local hour
+of ``event_time`` in the configured timezone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from datetime import datetime, tzinfo
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from policy.conditions import SchemaError
+from policy.domain import Context, DecisionRequest
+
+HASH_NAME = "blake2b64-mod"
+HOURS = 24
+F32 = npt.NDArray[np.float32]
+
+
+@dataclass(frozen=True, slots=True)
+class FeatureSpec:
+    item_dim: int = 768
+    behavior_dim: int = 128
+    behavior_buckets: int = 2048
+    behavior_window: int = 3
+    behavior_hash: str = HASH_NAME
+
+    @property
+    def state_dim(self) -> int:
+        return self.item_dim + self.behavior_dim + HOURS
+
+    @classmethod
+    def parse(cls, spec: Any, where: str = "feature_spec") -> FeatureSpec:
+        if not isinstance(spec, dict):
+            raise SchemaError(f"{where}: expected an object")
+        known = {"item_dim", "behavior_dim", "behavior_buckets", "behavior_window", "behavior_hash", "hour_dim", "state_dim"}
+        unknown = sorted(set(spec) - known)
+        if unknown:
+            raise SchemaError(f"{where}: unknown key(s) {unknown}")
+        values: dict[str, Any] = {}
+        for key in ("item_dim", "behavior_dim", "behavior_buckets", "behavior_window"):
+            v = spec.get(key)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise SchemaError(f"{where}.{key}: expected a positive integer, got {v!r}")
+            values[key] = v
+        if spec.get("behavior_hash") != HASH_NAME:
+            raise SchemaError(f"{where}.behavior_hash: only {HASH_NAME!r} is supported, got {spec.get('behavior_hash')!r}")
+        out = cls(**values)
+        if spec.get("hour_dim", HOURS) != HOURS or spec.get("state_dim", out.state_dim) != out.state_dim:
+            raise SchemaError(f"{where}: hour_dim must be {HOURS} and state_dim {out.state_dim}")
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "item_dim": self.item_dim, "behavior_dim": self.behavior_dim,
+            "behavior_buckets": self.behavior_buckets, "behavior_window": self.behavior_window,
+            "behavior_hash": self.behavior_hash, "hour_dim": HOURS, "state_dim": self.state_dim,
+        }
+
+
+def context_of(req: DecisionRequest, tz: tzinfo) -> Context:
+    """The rule-visible features of a request; the hour is local to ``tz``."""
+    hour = datetime.fromtimestamp(req.event_time_s, tz).hour
+    return Context(req.page_type, req.cart_item_count, hour, len(req.recent_behavior_ids))
+
+
+def bucket(behavior_id: str, buckets: int) -> int:
+    return int.from_bytes(hashlib.blake2b(behavior_id.encode(), digest_size=8).digest(), "little") % buckets
+
+
+class FeatureEncoder:
+    def __init__(self, spec: FeatureSpec, behavior_table: F32) -> None:
+        if behavior_table.shape != (spec.behavior_buckets, spec.behavior_dim):
+            raise ValueError(
+                f"behavior table: expected shape {(spec.behavior_buckets, spec.behavior_dim)}, got {behavior_table.shape}"
+            )
+        self.spec = spec
+        self._table = behavior_table
+        self._behavior_at = spec.item_dim
+        self._hour_at = spec.item_dim + spec.behavior_dim
+
+    def encode_into(self, req: DecisionRequest, hour: int, out: F32) -> None:
+        """Write the state of ``req`` into ``out`` (a zeroed row of length ``state_dim``)."""
+        spec = self.spec
+        out[: spec.item_dim] = req.item_embedding
+        ids = req.recent_behavior_ids[: spec.behavior_window]
+        if ids:
+            rows = [bucket(i, spec.behavior_buckets) for i in ids]
+            out[self._behavior_at : self._hour_at] = self._table[rows].mean(axis=0)
+        out[self._hour_at + hour] = 1.0
+
+    def encode(self, req: DecisionRequest, hour: int) -> F32:
+        out = np.zeros(self.spec.state_dim, dtype=np.float32)
+        self.encode_into(req, hour, out)
+        return out

@@ -1,0 +1,72 @@
+"""One onnxruntime session per model, created once and reused for every batch.
+
+The CUDA provider is used when onnxruntime-gpu is installed and CUDA is usable; otherwise
+the CPU provider. Which provider a session really got is read back from
+``session.get_providers()`` (onnxruntime-gpu silently falls back to CPU without CUDA).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+log = logging.getLogger(__name__)
+
+INSTALL_HINT = (
+    "onnxruntime is not installed: install the serving runtime with "
+    "pip install 'shopping-agent[cpu]' (or 'shopping-agent[gpu]' on CUDA nodes; never both)"
+)
+
+
+class RuntimeMissing(RuntimeError):
+    """Neither onnxruntime nor onnxruntime-gpu is importable."""
+
+
+def onnxruntime() -> Any:
+    """Import onnxruntime or raise ``RuntimeMissing`` with the install command."""
+    try:
+        import onnxruntime as ort
+    except ImportError as exc:
+        raise RuntimeMissing(INSTALL_HINT) from exc
+    return ort
+
+
+def choose_providers(device: str, available: list[str]) -> list[str]:
+    """Execution providers for ``device`` (auto|cpu|cuda), best first."""
+    if device not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"device: expected auto, cpu or cuda, got {device!r}")
+    if device == "cuda" and "CUDAExecutionProvider" not in available:
+        raise RuntimeMissing("device=cuda but onnxruntime has no CUDAExecutionProvider (install the [gpu] extra)")
+    if device != "cpu" and "CUDAExecutionProvider" in available:
+        return ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    return ["CPUExecutionProvider"]
+
+
+class OnnxModel:
+    """A single-input, single-output ONNX graph on an onnxruntime session."""
+
+    def __init__(self, name: str, model: bytes, device: str = "auto", threads: int = 1) -> None:
+        ort = onnxruntime()
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        options.log_severity_level = 3
+        providers = choose_providers(device, ort.get_available_providers())
+        self.name = name
+        self.session = ort.InferenceSession(model, sess_options=options, providers=providers)
+        inputs, outputs = self.session.get_inputs(), self.session.get_outputs()
+        if len(inputs) != 1 or len(outputs) != 1:
+            raise ValueError(f"{name}: expected one input and one output, got {len(inputs)} and {len(outputs)}")
+        self.input_name = inputs[0].name
+        self.input_shape = tuple(inputs[0].shape)
+        self.output_name = outputs[0].name
+        self.providers = tuple(self.session.get_providers())
+        if device != "cpu" and "CUDAExecutionProvider" in providers and self.providers[0] != "CUDAExecutionProvider":
+            log.warning("%s: CUDA provider requested but the session runs on %s", name, self.providers[0])
+
+    def run(self, x: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+        out = self.session.run([self.output_name], {self.input_name: x})[0]
+        return np.asarray(out)

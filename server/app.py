@@ -1,0 +1,98 @@
+"""The server object: ``start()`` binds and returns, ``stop(grace)`` drains; only the CLI blocks.
+
+Shutdown has one owner and one order: health to NOT_SERVING, stop accepting and let
+in-flight calls finish within the grace, stop the micro-batcher (and its thread).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from grpc import aio
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from prometheus_client import CollectorRegistry
+
+from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
+from server._gen.shopping_agent.v1 import shopping_agent_pb2_grpc as pb_grpc
+from server.batching import MicroBatcher
+from server.config import Config
+from server.metrics import Metrics
+from server.models import ModelHolder, load_initial
+from server.servicer import ShoppingAgentServicer
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ShoppingAgent"].full_name
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+class ShoppingAgentServer:
+    def __init__(self, config: Config, registry: CollectorRegistry | None = None) -> None:
+        self.config = config
+        self.metrics = Metrics(registry if registry is not None else CollectorRegistry())
+        self.models = ModelHolder()
+        self.health = health.aio.HealthServicer()
+        self.port: int | None = None
+        self._server: aio.Server | None = None
+        self._batcher: MicroBatcher | None = None
+        self._loading: asyncio.Task[None] | None = None
+        self.stopped = asyncio.Event()
+
+    async def start(self) -> int:
+        """Bind, start serving (health NOT_SERVING), load the model in the background; return the port."""
+        config = self.config
+        options = [
+            ("grpc.max_receive_message_length", config.max_message_bytes),
+            ("grpc.so_reuseport", 0),
+        ]
+        server = aio.server(options=options)
+        self._batcher = MicroBatcher(config.max_batch, config.max_queue)
+        self._batcher.start()
+        pb_grpc.add_ShoppingAgentServicer_to_server(
+            ShoppingAgentServicer(config, self.models, self._batcher, self.metrics), server
+        )
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+        port = server.add_insecure_port(f"{config.host}:{config.port}")
+        if port == 0:
+            raise OSError(f"cannot bind {config.host}:{config.port}")
+        await self._set_health(NOT_SERVING)
+        await server.start()
+        self._server, self.port = server, port
+        log.info("listening", extra={"fields": {"host": config.host, "port": port}})
+        self._loading = asyncio.get_running_loop().create_task(self._load(), name="initial-load")
+        return port
+
+    async def _load(self) -> None:
+        model = await asyncio.get_running_loop().run_in_executor(None, load_initial, self.config)
+        self.models.swap(model)
+        if model.ready:
+            await self._set_health(SERVING)
+            log.info("serving", extra={"fields": {"model_version": model.version}})
+
+    async def wait_loaded(self) -> None:
+        if self._loading is not None:
+            await self._loading
+
+    async def _set_health(self, status: health_pb2.HealthCheckResponse.ServingStatus.ValueType) -> None:
+        await self.health.set("", status)
+        await self.health.set(SERVICE_NAME, status)
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Health NOT_SERVING, drain in-flight calls within ``grace``, stop the batcher."""
+        grace = self.config.grace_seconds if grace is None else grace
+        if self._server is None:
+            return
+        log.info("draining", extra={"fields": {"grace_s": grace}})
+        await self.health.enter_graceful_shutdown()
+        await self._server.stop(grace)
+        if self._loading is not None and not self._loading.done():
+            self._loading.cancel()
+        if self._batcher is not None:
+            await self._batcher.close()
+        self._server = None
+        log.info("stopped")
+        self.stopped.set()

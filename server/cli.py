@@ -1,0 +1,67 @@
+"""The ``shopping-agent`` command line. Only this module installs signal handlers and blocks."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+
+from policy.onnx_model import RuntimeMissing, onnxruntime
+from server import logs
+from server.config import Config, add_arguments, build_config
+
+log = logging.getLogger(__name__)
+
+
+async def serve(config: Config) -> int:
+    from server.app import ShoppingAgentServer
+
+    server = ShoppingAgentServer(config)
+    await server.start()
+    loop = asyncio.get_running_loop()
+    stopping: list[asyncio.Task[None]] = []
+
+    def on_signal(signum: int) -> None:
+        if stopping:
+            return
+        log.info("signal received, shutting down", extra={"fields": {"signal": signal.Signals(signum).name}})
+        stopping.append(loop.create_task(server.stop()))
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, on_signal, signum)
+    await server.stopped.wait()
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="shopping-agent", description="Shopping-agent decision service.")
+    sub = p.add_subparsers(dest="command", required=True)
+    serve_p = sub.add_parser("serve", help="run the gRPC server", description="Run the gRPC decision server.")
+    add_arguments(serve_p)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.command == "serve":
+        try:
+            config = build_config(args, os.environ)
+        except ValueError as exc:
+            print(f"shopping-agent: configuration error: {exc}", file=sys.stderr)
+            return 2
+        logs.configure(config.log_level, config.log_format)
+        try:
+            onnxruntime()
+        except RuntimeMissing as exc:
+            print(f"shopping-agent: {exc}", file=sys.stderr)
+            return 2
+        return asyncio.run(serve(config))
+    return 2  # pragma: no cover - argparse enforces a command
+
+
+if __name__ == "__main__":
+    sys.exit(main())

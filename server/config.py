@@ -1,0 +1,141 @@
+"""Server configuration: one frozen, typed object built once at the edge.
+
+Every field can be set by a command-line flag (``--max-batch``) or an environment variable
+(``SHOPPING_AGENT_MAX_BATCH``); flags win over the environment, which wins over the
+defaults. No other module reads ``os.environ``. ``describe()`` renders the table in the
+README.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+ENV_PREFIX = "SHOPPING_AGENT_"
+
+
+def _opt(default: Any, help: str) -> Any:
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass(frozen=True)
+class Config:
+    host: str = _opt("0.0.0.0", "address to bind the gRPC server to")
+    port: int = _opt(50051, "gRPC port; 0 picks a free port (logged at start)")
+    weights_dir: Path | None = _opt(None, "directory holding the active bundle (weights_active.bundle); unset: the embedded default")
+    use_embedded_default: bool = _opt(True, "serve the embedded default bundle when weights_dir has no usable bundle")
+    timezone: str = _opt("UTC", "IANA timezone of the hour-of-day feature")
+    device: str = _opt("auto", "onnxruntime device: auto (CUDA when present), cpu or cuda")
+    intra_op_threads: int = _opt(1, "onnxruntime threads per session")
+    max_batch: int = _opt(64, "most requests micro-batched into one inference call")
+    max_queue: int = _opt(1024, "requests waiting for inference before new ones get the degraded (rule) answer")
+    min_inference_budget_ms: float = _opt(5.0, "a call whose deadline leaves less than this gets the rule answer at once")
+    max_recent_behavior_ids: int = _opt(32, "most recent_behavior_ids accepted in one request")
+    max_id_length: int = _opt(256, "longest accepted id string (characters)")
+    max_message_bytes: int = _opt(64 * 1024, "largest accepted request message (gRPC RESOURCE_EXHAUSTED above)")
+    samples: int | None = _opt(None, "K, samples drawn per decision (default: the bundle's)")
+    min_votes: int | None = _opt(None, "votes the majority needs before the rule engine answers (default: the bundle's)")
+    exploration_epsilon: float | None = _opt(None, "probability of an exploration draw (default: the bundle's)")
+    guard_threshold: float | None = _opt(None, "guard allow-probability below which an action is vetoed (default: the bundle's)")
+    grace_seconds: float = _opt(10.0, "on SIGTERM/SIGINT, how long in-flight calls may finish")
+    log_level: str = _opt("INFO", "DEBUG, INFO, WARNING or ERROR")
+    log_format: str = _opt("json", "json (one object per line) or text")
+
+    def __post_init__(self) -> None:
+        problems = []
+        if not 0 <= self.port <= 65535:
+            problems.append(f"port: expected 0..65535, got {self.port}")
+        for name in ("intra_op_threads", "max_batch", "max_queue", "max_recent_behavior_ids", "max_id_length", "max_message_bytes"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name}: expected >= 1, got {getattr(self, name)}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            problems.append(f"device: expected auto, cpu or cuda, got {self.device!r}")
+        if self.log_format not in ("json", "text"):
+            problems.append(f"log_format: expected json or text, got {self.log_format!r}")
+        if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+            problems.append(f"log_level: expected DEBUG, INFO, WARNING or ERROR, got {self.log_level!r}")
+        if self.grace_seconds < 0 or self.min_inference_budget_ms < 0:
+            problems.append("grace_seconds and min_inference_budget_ms must be >= 0")
+        if self.exploration_epsilon is not None and not 0 <= self.exploration_epsilon <= 1:
+            problems.append(f"exploration_epsilon: expected 0..1, got {self.exploration_epsilon}")
+        if self.guard_threshold is not None and not 0 <= self.guard_threshold <= 1:
+            problems.append(f"guard_threshold: expected 0..1, got {self.guard_threshold}")
+        try:
+            ZoneInfo(self.timezone)
+        except (ZoneInfoNotFoundError, ValueError):
+            problems.append(f"timezone: unknown IANA timezone {self.timezone!r}")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    @property
+    def tz(self) -> ZoneInfo:
+        return ZoneInfo(self.timezone)
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _env_name(name: str) -> str:
+    return ENV_PREFIX + name.upper()
+
+
+def _base_type(f: dataclasses.Field[Any]) -> type:
+    text = str(f.type)
+    for candidate, typ in (("bool", bool), ("int", int), ("float", float), ("Path", Path)):
+        if text.startswith(candidate):
+            return typ
+    return str
+
+
+def _convert(f: dataclasses.Field[Any], raw: str, source: str) -> Any:
+    typ = _base_type(f)
+    if raw == "" and "None" in str(f.type):
+        return None
+    if typ is bool:
+        lowered = raw.strip().lower()
+        if lowered in ("1", "true", "yes", "on"):
+            return True
+        if lowered in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(f"{source}: expected true or false, got {raw!r}")
+    try:
+        return typ(raw)
+    except ValueError:
+        raise ValueError(f"{source}: expected {typ.__name__}, got {raw!r}") from None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag per field; unset flags stay ``None`` so the environment can fill them."""
+    for f in dataclasses.fields(Config):
+        if _base_type(f) is bool:
+            parser.add_argument(_flag(f.name), dest=f.name, default=None, action=argparse.BooleanOptionalAction,
+                                help=f"{f.metadata['help']} (env {_env_name(f.name)})")
+        else:
+            parser.add_argument(_flag(f.name), dest=f.name, default=None, metavar=f.name.upper(),
+                                help=f"{f.metadata['help']} (env {_env_name(f.name)}; default {f.default})")
+
+
+def build_config(args: argparse.Namespace | None, environ: Mapping[str, str]) -> Config:
+    """Flags over ``SHOPPING_AGENT_*`` environment variables over defaults."""
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(Config):
+        flag_value = getattr(args, f.name, None) if args is not None else None
+        if flag_value is not None:
+            values[f.name] = flag_value if isinstance(flag_value, bool) else _convert(f, str(flag_value), _flag(f.name))
+        elif _env_name(f.name) in environ:
+            values[f.name] = _convert(f, environ[_env_name(f.name)], _env_name(f.name))
+    return Config(**values)
+
+
+def describe() -> str:
+    """The configuration table (Markdown) for the README."""
+    rows = ["| flag | environment | default | meaning |", "|---|---|---|---|"]
+    for f in dataclasses.fields(Config):
+        rows.append(f"| `{_flag(f.name)}` | `{_env_name(f.name)}` | `{f.default}` | {f.metadata['help']} |")
+    return "\n".join(rows)

@@ -1,0 +1,65 @@
+"""Which model set the server serves: one reference, read once per request, swapped whole.
+
+``ModelHolder.current`` is either a loaded ``ModelSet`` or ``NoModel``; swapping is one
+attribute assignment, so a request in flight keeps the object it read.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from server.config import Config
+from weights.bundle import BundleError, read_bundle
+from weights.embedded import default_bundle, default_manifest
+from weights.model_set import LoadOptions, ModelSet, NoModel
+
+log = logging.getLogger(__name__)
+
+ACTIVE_NAME = "weights_active.bundle"
+
+
+def load_options(config: Config) -> LoadOptions:
+    return LoadOptions(
+        device=config.device,
+        threads=config.intra_op_threads,
+        warmup_batch=config.max_batch,
+        samples=config.samples,
+        min_votes=config.min_votes,
+        exploration_epsilon=config.exploration_epsilon,
+        guard_threshold=config.guard_threshold,
+    )
+
+
+class ModelHolder:
+    def __init__(self) -> None:
+        manifest = default_manifest()
+        self.current: ModelSet | NoModel = NoModel(manifest)
+        self.default_item_dim = int(manifest["feature_spec"]["item_dim"])
+
+    @property
+    def item_dim(self) -> int:
+        current = self.current
+        return current.encoder.spec.item_dim if isinstance(current, ModelSet) else self.default_item_dim
+
+    def swap(self, model: ModelSet | NoModel) -> None:
+        self.current = model
+
+
+def load_initial(config: Config) -> ModelSet | NoModel:
+    """The model set to serve at start: the weights directory's active bundle, else the embedded default."""
+    options = load_options(config)
+    if config.weights_dir is not None:
+        path = Path(config.weights_dir) / ACTIVE_NAME
+        try:
+            model = ModelSet.load(read_bundle(path), options)
+            log.info("loaded bundle", extra={"fields": {"path": str(path), "model_version": model.version}})
+            return model
+        except BundleError as exc:
+            log.warning("cannot serve the active bundle", extra={"fields": {"path": str(path), "reason": exc.reason, "error": str(exc)}})
+    if not config.use_embedded_default:
+        log.warning("no model loaded: answering from the rule engine (source FALLBACK_NO_MODEL)")
+        return NoModel(default_manifest())
+    model = ModelSet.load(default_bundle(), options)
+    log.info("loaded the embedded default bundle", extra={"fields": {"model_version": model.version}})
+    return model

@@ -1,0 +1,108 @@
+"""The ShoppingAgent servicer: validate, encode, infer (batched), decide, answer.
+
+Degrade, don't fail: no model, a full queue, a deadline too short for inference or an
+inference error all give the rule engine's answer with its ``source``; only a malformed
+request gets an error status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+
+from grpc import aio
+
+from policy.domain import ACTIONS, Context, Decision, DecisionRequest, Source
+from policy.features import context_of
+from server import errors
+from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
+from server._gen.shopping_agent.v1 import shopping_agent_pb2_grpc as pb_grpc
+from server.batching import BatcherClosed, MicroBatcher, Overloaded
+from server.config import Config
+from server.metrics import Metrics
+from server.models import ModelHolder
+from server.validation import InvalidRequest, Limits, parse_request
+from weights.model_set import ModelSet, NoModel
+
+log = logging.getLogger(__name__)
+
+
+def to_response(decision: Decision, decision_id: str, request_id: str) -> pb.RecommendActionResponse:
+    scores = [
+        pb.ActionScore(
+            action=int(a),
+            policy_probability=float(decision.policy_probs[a.index]),
+            guard_allow_probability=float(decision.allow_probs[a.index]),
+            blocked=bool(decision.blocked[a.index]),
+            served_probability=float(decision.served_probs[a.index]),
+        )
+        for a in ACTIONS
+    ]
+    return pb.RecommendActionResponse(
+        decision_id=decision_id,
+        action=int(decision.action),
+        source=int(decision.source),
+        propensity=decision.propensity,
+        votes=decision.votes,
+        samples=decision.samples,
+        action_scores=scores,
+        model_version=decision.model_version,
+        request_id=request_id,
+        rule=decision.rule,
+    )
+
+
+class ShoppingAgentServicer(pb_grpc.ShoppingAgentServicer):
+    def __init__(self, config: Config, models: ModelHolder, batcher: MicroBatcher, metrics: Metrics) -> None:
+        self._config = config
+        self._tz = config.tz
+        self._models = models
+        self._batcher = batcher
+        self._metrics = metrics
+        self._min_budget_s = config.min_inference_budget_ms / 1000.0
+
+    def _limits(self) -> Limits:
+        return Limits(self._models.item_dim, self._config.max_recent_behavior_ids, self._config.max_id_length)
+
+    async def RecommendAction(  # noqa: N802 - the gRPC method name
+        self, request: pb.RecommendActionRequest, context: aio.ServicerContext  # type: ignore[type-arg]
+    ) -> pb.RecommendActionResponse:
+        try:
+            req = parse_request(request, self._limits(), time.time())
+        except InvalidRequest as exc:
+            await errors.abort(context, exc)
+            raise  # unreachable: abort raises
+        decision_id = uuid.uuid4().hex
+        model = self._models.current  # read once: this call finishes on this model set
+        decision = await self._decide(model, req, decision_id, context.time_remaining())
+        self._metrics.decision(decision.action, decision.source)
+        return to_response(decision, decision_id, req.request_id)
+
+    async def _decide(self, model: ModelSet | NoModel, req: DecisionRequest, decision_id: str,
+                      remaining_s: float | None) -> Decision:
+        ctx = context_of(req, self._tz)
+        if not isinstance(model, ModelSet):
+            return model.fallback(ctx, Source.FALLBACK_NO_MODEL)
+        if remaining_s is not None and remaining_s < self._min_budget_s:
+            return self._degraded(model, ctx, "deadline")
+        try:
+            state = model.encoder.encode(req, ctx.hour)
+            pending = self._batcher.infer(model, state)
+            if remaining_s is None:
+                logits, allow = await pending
+            else:  # answer with the rules before the caller's deadline rather than not at all
+                logits, allow = await asyncio.wait_for(pending, remaining_s - self._min_budget_s)
+            return model.decide(ctx, logits, allow, decision_id)
+        except Overloaded:
+            return self._degraded(model, ctx, "overload")
+        except (asyncio.TimeoutError, BatcherClosed):
+            return self._degraded(model, ctx, "deadline")
+        except Exception:
+            log.exception("decision failed; answering from the rule engine", extra={"fields": {"decision_id": decision_id}})
+            return self._degraded(model, ctx, "error")
+
+    def _degraded(self, model: ModelSet, ctx: Context, reason: str) -> Decision:
+        self._metrics.degraded_by(reason)
+        return model.fallback(ctx, Source.FALLBACK_DEGRADED)

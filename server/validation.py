@@ -1,0 +1,94 @@
+"""Request validation: a wire message becomes a ``DecisionRequest`` or an ``InvalidRequest``.
+
+Every error names the field (``item_embedding[12]``, ``recent_behavior_ids``) and says
+what was expected; ``server.errors`` maps it to INVALID_ARGUMENT.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from policy.domain import DecisionRequest, PageType
+from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
+
+_PAGE_TYPES = {int(p) for p in PageType}
+_MAX_SECONDS = 253402300799  # 9999-12-31T23:59:59Z, protobuf Timestamp's upper bound
+_MIN_SECONDS = -62135596800  # 0001-01-01T00:00:00Z
+
+
+class InvalidRequest(ValueError):
+    """A malformed request; ``field`` is the offending field's path."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field}: {reason}")
+        self.field = field
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    item_dim: int
+    max_recent_behavior_ids: int
+    max_id_length: int
+
+
+def _required_id(value: str, name: str, limits: Limits) -> str:
+    if not value:
+        raise InvalidRequest(name, "required, must not be empty")
+    if len(value) > limits.max_id_length:
+        raise InvalidRequest(name, f"longer than {limits.max_id_length} characters")
+    return value
+
+
+def parse_request(msg: pb.RecommendActionRequest, limits: Limits, now_s: float) -> DecisionRequest:
+    """Check every field of a RecommendActionRequest; ``now_s`` stands in for a missing event_time."""
+    if len(msg.request_id) > limits.max_id_length:
+        raise InvalidRequest("request_id", f"longer than {limits.max_id_length} characters")
+    user_id = _required_id(msg.user_id, "user_id", limits)
+    session_id = _required_id(msg.session_id, "session_id", limits)
+    item_id = _required_id(msg.item_id, "item_id", limits)
+
+    n = len(msg.item_embedding)
+    if n != limits.item_dim:
+        raise InvalidRequest("item_embedding", f"expected exactly {limits.item_dim} values, got {n}")
+    embedding = np.fromiter(msg.item_embedding, dtype=np.float32, count=n)
+    finite = np.isfinite(embedding)
+    if not finite.all():
+        bad = int(np.argmin(finite))
+        raise InvalidRequest(f"item_embedding[{bad}]", f"must be finite, got {embedding[bad]}")
+
+    ids = tuple(msg.recent_behavior_ids)
+    if len(ids) > limits.max_recent_behavior_ids:
+        raise InvalidRequest("recent_behavior_ids", f"at most {limits.max_recent_behavior_ids} ids allowed, got {len(ids)}")
+    for i, behavior_id in enumerate(ids):
+        if not behavior_id:
+            raise InvalidRequest(f"recent_behavior_ids[{i}]", "must not be empty")
+        if len(behavior_id) > limits.max_id_length:
+            raise InvalidRequest(f"recent_behavior_ids[{i}]", f"longer than {limits.max_id_length} characters")
+
+    if msg.page_type not in _PAGE_TYPES:
+        raise InvalidRequest("page_type", f"unknown value {msg.page_type}")
+
+    if msg.HasField("event_time"):
+        ts = msg.event_time
+        if not _MIN_SECONDS <= ts.seconds <= _MAX_SECONDS or not 0 <= ts.nanos < 1_000_000_000:
+            raise InvalidRequest("event_time", "outside the range of a protobuf Timestamp")
+        event_time_s = ts.seconds + ts.nanos * 1e-9
+    else:
+        event_time_s = now_s
+    if not math.isfinite(event_time_s):  # pragma: no cover - guarded by the range check
+        raise InvalidRequest("event_time", "not a finite time")
+
+    return DecisionRequest(
+        user_id=user_id,
+        session_id=session_id,
+        item_id=item_id,
+        item_embedding=embedding,
+        recent_behavior_ids=ids,
+        page_type=PageType(msg.page_type),
+        event_time_s=event_time_s,
+        cart_item_count=msg.cart_item_count,
+        request_id=msg.request_id,
+    )

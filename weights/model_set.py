@@ -1,0 +1,213 @@
+"""ModelSet: one loaded bundle as one immutable object, and NoModel, the explicit empty state.
+
+Swapping models is one reference assignment (``server.models.ModelHolder``); a request
+reads that reference once and finishes on the object it got, so nothing here is ever
+mutated after ``load`` returns.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from guard.action_guard import ActionGuard
+from guard.rules import RuleAnswer, RuleEngine
+from policy import guardrails as gr
+from policy.conditions import SchemaError
+from policy.decoder import MajorityDecoder
+from policy.domain import ACTIONS, N_ACTIONS, Context, Decision, FloatArray, Source
+from policy.features import FeatureEncoder, FeatureSpec
+from policy.onnx_model import OnnxModel
+from weights.bundle import Bundle, BundleError
+
+log = logging.getLogger(__name__)
+F32 = npt.NDArray[np.float32]
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """How to load a bundle on this server; ``None`` keeps the bundle's own value."""
+
+    device: str = "auto"
+    threads: int = 1
+    warmup_batch: int = 64
+    samples: int | None = None
+    min_votes: int | None = None
+    exploration_epsilon: float | None = None
+    guard_threshold: float | None = None
+
+
+def _section(manifest: dict[str, Any], key: str) -> Any:
+    if key not in manifest:
+        raise BundleError("schema", f"manifest.json: missing {key!r}")
+    return manifest[key]
+
+
+def _number(spec: Any, key: str, where: str) -> float:
+    value = spec.get(key) if isinstance(spec, dict) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise BundleError("schema", f"manifest.json: {where}.{key} must be a finite number")
+    return float(value)
+
+
+class _Policies:
+    """Guardrails and fallback rules: the part of a bundle that needs no model."""
+
+    guardrails: gr.Guardrails
+    rules: RuleEngine
+
+    def _rule_fallback(self, ctx: Context, source: Source, version: str) -> Decision:
+        weights, _ = self.guardrails.weights(ctx)
+        permitted = weights > 0
+        answer = self.rules.decide(ctx, permitted, permitted)
+        return _certain(answer, source, version, np.zeros(N_ACTIONS), np.zeros(N_ACTIONS), ~permitted)
+
+
+def _certain(answer: RuleAnswer, source: Source, version: str, policy_probs: FloatArray,
+             allow: FloatArray, blocked: npt.NDArray[np.bool_], samples: int = 0) -> Decision:
+    served = np.zeros(N_ACTIONS)
+    served[answer.action.index] = 1.0
+    return Decision(answer.action, source, 1.0, 0, samples, served, policy_probs, allow, blocked, version, answer.rule)
+
+
+class ModelSet(_Policies):
+    def __init__(self, manifest: dict[str, Any], encoder: FeatureEncoder, policy: OnnxModel, guard_model: OnnxModel,
+                 guard: ActionGuard, guardrails: gr.Guardrails, rules: RuleEngine, decoder: MajorityDecoder) -> None:
+        self.manifest = manifest
+        self.version = str(manifest["model_version"])
+        self.encoder = encoder
+        self.policy = policy
+        self.guard_model = guard_model
+        self.guard = guard
+        self.guardrails = guardrails
+        self.rules = rules
+        self.decoder = decoder
+        self.loaded_at = time.time()
+
+    ready = True
+
+    @classmethod
+    def load(cls, bundle: Bundle, options: LoadOptions | None = None) -> ModelSet:
+        """Validate every part, build the sessions, self-test on the golden data, warm up."""
+        options = options or LoadOptions()
+        m = bundle.manifest
+        try:
+            spec = FeatureSpec.parse(_section(m, "feature_spec"))
+            actions = _section(m, "actions")
+            if actions != [a.key for a in ACTIONS]:
+                raise SchemaError(f"actions: expected {[a.key for a in ACTIONS]}, got {actions!r}")
+            guardrails = gr.Guardrails.parse(_section(m, "guardrails"))
+            rules = RuleEngine.parse(_section(m, "fallback_rules"), guardrails.static)
+        except SchemaError as exc:
+            raise BundleError("schema", f"manifest.json: {exc}") from None
+        guard_spec, dec = _section(m, "guard"), _section(m, "decoder")
+        threshold = options.guard_threshold if options.guard_threshold is not None else _number(guard_spec, "threshold", "guard")
+        try:
+            guard = ActionGuard(threshold)
+            decoder = MajorityDecoder(
+                samples=options.samples or int(_number(dec, "samples", "decoder")),
+                min_votes=options.min_votes or int(_number(dec, "min_votes", "decoder")),
+                epsilon=options.exploration_epsilon if options.exploration_epsilon is not None
+                else _number(dec, "exploration_epsilon", "decoder"),
+                temperature=_number(dec, "exploration_temperature", "decoder"),
+            )
+        except ValueError as exc:
+            raise BundleError("schema", str(exc)) from None
+
+        table = bundle.array("behavior_table.npy")
+        if table.dtype != np.float32 or table.shape != (spec.behavior_buckets, spec.behavior_dim):
+            raise BundleError("shape", f"behavior_table.npy: expected float32 {(spec.behavior_buckets, spec.behavior_dim)}, got {table.dtype} {table.shape}")
+        if not np.isfinite(table).all():
+            raise BundleError("nonfinite", "behavior_table.npy: contains NaN or Inf")
+        table.setflags(write=False)
+        try:
+            policy = OnnxModel("policy", bundle.parts["policy.onnx"], options.device, options.threads)
+            guard_model = OnnxModel("guard", bundle.parts["guard.onnx"], options.device, options.threads)
+        except Exception as exc:  # onnxruntime raises its own exception types for bad graphs
+            if type(exc).__name__ == "RuntimeMissing":
+                raise
+            raise BundleError("onnx", f"cannot load the ONNX graphs: {str(exc).splitlines()[0][:300]}") from None
+        model = cls(m, FeatureEncoder(spec, table), policy, guard_model, guard, guardrails, rules, decoder)
+        model._self_test(bundle, spec, _number(_section(m, "golden"), "tolerance", "golden"))
+        model.infer(np.zeros((max(1, options.warmup_batch), spec.state_dim), dtype=np.float32))
+        return model
+
+    def _self_test(self, bundle: Bundle, spec: FeatureSpec, tolerance: float) -> None:
+        states, expected = bundle.array("golden_states.npy"), bundle.array("golden_outputs.npy")
+        if states.ndim != 2 or states.shape[1] != spec.state_dim or states.dtype != np.float32 or len(states) == 0:
+            raise BundleError("shape", f"golden_states.npy: expected float32 (G, {spec.state_dim}), got {states.dtype} {states.shape}")
+        if expected.shape != (len(states), 2 * N_ACTIONS):
+            raise BundleError("shape", f"golden_outputs.npy: expected ({len(states)}, {2 * N_ACTIONS}), got {expected.shape}")
+        try:
+            logits, allow = self.infer(states)
+        except Exception as exc:
+            raise BundleError("shape", f"the graphs do not run on the feature spec's state: {str(exc).splitlines()[0][:300]}") from None
+        if logits.shape != (len(states), N_ACTIONS) or allow.shape != (len(states), N_ACTIONS):
+            raise BundleError("shape", f"graph outputs have shapes {logits.shape} and {allow.shape}, expected (G, {N_ACTIONS})")
+        got = np.concatenate([logits, allow], axis=1)
+        if not np.isfinite(got).all():
+            raise BundleError("nonfinite", "the graphs produce NaN or Inf on the golden inputs")
+        error = float(np.abs(got - expected).max())
+        if not error <= tolerance:
+            raise BundleError("golden", f"golden self-test failed: max error {error:.3g} > tolerance {tolerance:.3g}")
+
+    def infer(self, states: F32) -> tuple[F32, F32]:
+        """Policy logits and guard allow-probabilities for a batch of states."""
+        return self.policy.run(states), self.guard_model.run(states)
+
+    def decide(self, ctx: Context, logits: F32, allow: F32, decision_id: str) -> Decision:
+        """Guardrails → guard veto → sampled majority (or exploration, or the rules), with exact propensities."""
+        weights, _ = self.guardrails.weights(ctx)
+        policy_probs = gr.apply(logits.astype(np.float64), weights)
+        allow64 = allow.astype(np.float64)
+        permitted = weights > 0
+        allowed = permitted & ~self.guard.vetoed(allow64)
+        blocked = ~allowed
+        samples = self.decoder.samples
+        fallback = self.rules.decide(ctx, allowed, permitted, allow64)
+        if not allowed.any():
+            return _certain(fallback, Source.FALLBACK_GUARD, self.version, policy_probs, allow64, blocked, samples)
+        q = np.where(allowed, policy_probs, 0.0)
+        total = q.sum()
+        if not total > 0:  # every allowed action underflowed: let the rules answer
+            return _certain(fallback, Source.FALLBACK_GUARD, self.version, policy_probs, allow64, blocked, samples)
+        q /= total
+        served = self.decoder.served_distribution(q, fallback.action.index)
+        draw = self.decoder.draw(q, decision_id)
+        counts = tuple(int(c) for c in draw.counts)
+        if draw.explored:
+            action, source, rule = ACTIONS[draw.index or 0], Source.EXPLORATION, ""
+        elif draw.index is None:
+            action, source, rule = fallback.action, Source.FALLBACK_LOW_CONSENSUS, fallback.rule
+        else:
+            action, source, rule = ACTIONS[draw.index], Source.POLICY, ""
+        return Decision(action, source, float(served[action.index]), counts[action.index] if not draw.explored else 0,
+                        samples, served, policy_probs, allow64, blocked, self.version, rule, counts)
+
+    def fallback(self, ctx: Context, source: Source) -> Decision:
+        """A rule-engine answer without model outputs (overload, inference error, short deadline)."""
+        return self._rule_fallback(ctx, source, self.version)
+
+
+class NoModel(_Policies):
+    """No model is loaded: every decision is the rule engine's, with source FALLBACK_NO_MODEL.
+
+    Its guardrails and rules come from a manifest (the embedded default's), which needs no
+    onnxruntime.
+    """
+
+    ready = False
+    version = ""
+
+    def __init__(self, manifest: dict[str, Any]) -> None:
+        self.guardrails = gr.Guardrails.parse(manifest["guardrails"])
+        self.rules = RuleEngine.parse(manifest["fallback_rules"], self.guardrails.static)
+
+    def fallback(self, ctx: Context, source: Source = Source.FALLBACK_NO_MODEL) -> Decision:
+        return self._rule_fallback(ctx, Source.FALLBACK_NO_MODEL, self.version)
