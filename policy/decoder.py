@@ -129,7 +129,7 @@ class MajorityDecoder:
         mult = np.exp(t.log_coef + t.counts @ np.log(q[t.support]))
         decided = np.bincount(t.winners, weights=np.where(t.decisive, mult, 0.0), minlength=self.n_actions)
         decided[fallback] += mult[~t.decisive].sum()
-        served = (1.0 - self.epsilon) * decided
+        served: FloatArray = (1.0 - self.epsilon) * decided.astype(np.float64)
         if self.epsilon > 0:
             served += self.epsilon * self.explore_distribution(q)
         return served

@@ -15,12 +15,11 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry
 
 from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
-from server._gen.shopping_agent.v1 import shopping_agent_pb2_grpc as pb_grpc
 from server.batching import MicroBatcher
 from server.config import Config
 from server.metrics import Metrics
 from server.models import ModelHolder, load_initial
-from server.servicer import ShoppingAgentServicer
+from server.servicer import ShoppingAgentServicer, add_to_server
 
 log = logging.getLogger(__name__)
 
@@ -51,9 +50,7 @@ class ShoppingAgentServer:
         server = aio.server(options=options)
         self._batcher = MicroBatcher(config.max_batch, config.max_queue)
         self._batcher.start()
-        pb_grpc.add_ShoppingAgentServicer_to_server(
-            ShoppingAgentServicer(config, self.models, self._batcher, self.metrics), server
-        )
+        add_to_server(ShoppingAgentServicer(config, self.models, self._batcher, self.metrics), server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
         port = server.add_insecure_port(f"{config.host}:{config.port}")
@@ -67,7 +64,11 @@ class ShoppingAgentServer:
         return port
 
     async def _load(self) -> None:
-        model = await asyncio.get_running_loop().run_in_executor(None, load_initial, self.config)
+        try:
+            model = await asyncio.get_running_loop().run_in_executor(None, load_initial, self.config)
+        except Exception:
+            log.exception("no model could be loaded; answering from the rule engine (FALLBACK_NO_MODEL)")
+            return
         self.models.swap(model)
         if model.ready:
             await self._set_health(SERVING)
@@ -81,13 +82,23 @@ class ShoppingAgentServer:
         await self.health.set("", status)
         await self.health.set(SERVICE_NAME, status)
 
-    async def stop(self, grace: float | None = None) -> None:
-        """Health NOT_SERVING, drain in-flight calls within ``grace``, stop the batcher."""
+    async def stop(self, grace: float | None = None, drain_delay: float | None = None) -> None:
+        """Health NOT_SERVING; keep serving for ``drain_delay`` while clients and load balancers
+        move away; then refuse new calls and let in-flight ones finish within ``grace``; stop
+        the batcher.
+
+        grpc cancels calls that reach the server after it stops accepting but before the
+        application picked them up, so the delay is what makes a drain lossless for clients
+        that watch health (or for a Kubernetes endpoint removal to propagate).
+        """
         grace = self.config.grace_seconds if grace is None else grace
+        drain_delay = self.config.drain_delay_seconds if drain_delay is None else drain_delay
         if self._server is None:
             return
-        log.info("draining", extra={"fields": {"grace_s": grace}})
+        log.info("draining", extra={"fields": {"grace_s": grace, "drain_delay_s": drain_delay}})
         await self.health.enter_graceful_shutdown()
+        if drain_delay > 0:
+            await asyncio.sleep(drain_delay)
         await self._server.stop(grace)
         if self._loading is not None and not self._loading.done():
             self._loading.cancel()

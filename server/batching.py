@@ -97,16 +97,35 @@ class MicroBatcher:
             states = np.stack([item[1] for item in batch])
             try:
                 logits, allow = await loop.run_in_executor(self._executor, model.infer, states)
-            except Exception as exc:  # inference failure: each caller degrades to the rules
-                log.error("inference failed", extra={"fields": {"batch": len(batch), "error": repr(exc)[:300]}})
-                for _, _, future in batch:
-                    if not future.done():
-                        future.set_exception(exc)
+            except Exception as exc:
+                if len(batch) > 1:  # isolate the request that broke it: rerun one by one
+                    self._pending.extendleft(reversed([(m, s, f) for m, s, f in batch]))
+                    await self._run_singly(loop, len(batch))
+                    continue
+                log.error("inference failed", extra={"fields": {"error": repr(exc)[:300]}})
+                if not batch[0][2].done():
+                    batch[0][2].set_exception(exc)
                 continue
             self.batches += 1
             for i, (_, _, future) in enumerate(batch):
                 if not future.done():
                     future.set_result((logits[i], allow[i]))
+
+    async def _run_singly(self, loop: asyncio.AbstractEventLoop, count: int) -> None:
+        """Infer the next ``count`` waiting requests one at a time, failing only those that fail."""
+        for _ in range(count):
+            model, state, future = self._pending.popleft()
+            if future.done():
+                continue
+            try:
+                logits, allow = await loop.run_in_executor(self._executor, model.infer, state[None, :])
+            except Exception as exc:
+                log.error("inference failed", extra={"fields": {"error": repr(exc)[:300]}})
+                if not future.done():
+                    future.set_exception(exc)
+                continue
+            if not future.done():
+                future.set_result((logits[0], allow[0]))
 
     async def close(self) -> None:
         """Finish what is queued, then stop the worker and its thread."""

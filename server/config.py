@@ -42,6 +42,7 @@ class Config:
     min_votes: int | None = _opt(None, "votes the majority needs before the rule engine answers (default: the bundle's)")
     exploration_epsilon: float | None = _opt(None, "probability of an exploration draw (default: the bundle's)")
     guard_threshold: float | None = _opt(None, "guard allow-probability below which an action is vetoed (default: the bundle's)")
+    drain_delay_seconds: float = _opt(0.0, "on SIGTERM/SIGINT, keep serving this long with health NOT_SERVING before refusing new calls")
     grace_seconds: float = _opt(10.0, "on SIGTERM/SIGINT, how long in-flight calls may finish")
     log_level: str = _opt("INFO", "DEBUG, INFO, WARNING or ERROR")
     log_format: str = _opt("json", "json (one object per line) or text")
@@ -59,8 +60,14 @@ class Config:
             problems.append(f"log_format: expected json or text, got {self.log_format!r}")
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
             problems.append(f"log_level: expected DEBUG, INFO, WARNING or ERROR, got {self.log_level!r}")
-        if self.grace_seconds < 0 or self.min_inference_budget_ms < 0:
-            problems.append("grace_seconds and min_inference_budget_ms must be >= 0")
+        if self.grace_seconds < 0 or self.min_inference_budget_ms < 0 or self.drain_delay_seconds < 0:
+            problems.append("grace_seconds, drain_delay_seconds and min_inference_budget_ms must be >= 0")
+        for name in ("samples", "min_votes"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                problems.append(f"{name}: expected >= 1, got {value}")
+        if self.samples is not None and self.min_votes is not None and self.min_votes > self.samples:
+            problems.append(f"min_votes: expected <= samples ({self.samples}), got {self.min_votes}")
         if self.exploration_epsilon is not None and not 0 <= self.exploration_epsilon <= 1:
             problems.append(f"exploration_epsilon: expected 0..1, got {self.exploration_epsilon}")
         if self.guard_threshold is not None and not 0 <= self.guard_threshold <= 1:

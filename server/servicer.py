@@ -12,13 +12,14 @@ import logging
 import time
 import uuid
 
+import grpc
+from google.protobuf.message import DecodeError
 from grpc import aio
 
 from policy.domain import ACTIONS, Context, Decision, DecisionRequest, Source
 from policy.features import context_of
 from server import errors
 from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
-from server._gen.shopping_agent.v1 import shopping_agent_pb2_grpc as pb_grpc
 from server.batching import BatcherClosed, MicroBatcher, Overloaded
 from server.config import Config
 from server.metrics import Metrics
@@ -29,10 +30,41 @@ from weights.model_set import ModelSet, NoModel
 log = logging.getLogger(__name__)
 
 
+class Malformed:
+    """Stands in for a request whose bytes do not parse, so the servicer can answer INVALID_ARGUMENT."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: str) -> None:
+        self.error = error
+
+
+def parse_wire(data: bytes) -> pb.RecommendActionRequest | Malformed:
+    try:
+        return pb.RecommendActionRequest.FromString(data)
+    except DecodeError:
+        return Malformed("wire format is corrupt")
+
+
+def add_to_server(servicer: ShoppingAgentServicer, server: aio.Server) -> None:
+    """Register the service with a deserializer that turns corrupt bytes into INVALID_ARGUMENT.
+
+    (The generated ``add_ShoppingAgentServicer_to_server`` would let the protobuf error
+    escape as UNKNOWN with the parser's message.)
+    """
+    handler = grpc.unary_unary_rpc_method_handler(
+        servicer.RecommendAction,
+        request_deserializer=parse_wire,
+        response_serializer=pb.RecommendActionResponse.SerializeToString,
+    )
+    service = pb.DESCRIPTOR.services_by_name["ShoppingAgent"].full_name
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, {"RecommendAction": handler}),))
+
+
 def to_response(decision: Decision, decision_id: str, request_id: str) -> pb.RecommendActionResponse:
     scores = [
         pb.ActionScore(
-            action=int(a),
+            action=pb.Action.ValueType(a),
             policy_probability=float(decision.policy_probs[a.index]),
             guard_allow_probability=float(decision.allow_probs[a.index]),
             blocked=bool(decision.blocked[a.index]),
@@ -42,8 +74,8 @@ def to_response(decision: Decision, decision_id: str, request_id: str) -> pb.Rec
     ]
     return pb.RecommendActionResponse(
         decision_id=decision_id,
-        action=int(decision.action),
-        source=int(decision.source),
+        action=pb.Action.ValueType(decision.action),
+        source=pb.DecisionSource.ValueType(decision.source),
         propensity=decision.propensity,
         votes=decision.votes,
         samples=decision.samples,
@@ -54,7 +86,7 @@ def to_response(decision: Decision, decision_id: str, request_id: str) -> pb.Rec
     )
 
 
-class ShoppingAgentServicer(pb_grpc.ShoppingAgentServicer):
+class ShoppingAgentServicer:
     def __init__(self, config: Config, models: ModelHolder, batcher: MicroBatcher, metrics: Metrics) -> None:
         self._config = config
         self._tz = config.tz
@@ -67,9 +99,11 @@ class ShoppingAgentServicer(pb_grpc.ShoppingAgentServicer):
         return Limits(self._models.item_dim, self._config.max_recent_behavior_ids, self._config.max_id_length)
 
     async def RecommendAction(  # noqa: N802 - the gRPC method name
-        self, request: pb.RecommendActionRequest, context: aio.ServicerContext  # type: ignore[type-arg]
+        self, request: pb.RecommendActionRequest | Malformed, context: aio.ServicerContext  # type: ignore[type-arg]
     ) -> pb.RecommendActionResponse:
         try:
+            if isinstance(request, Malformed):
+                raise InvalidRequest("request", f"not a RecommendActionRequest ({request.error})")
             req = parse_request(request, self._limits(), time.time())
         except InvalidRequest as exc:
             await errors.abort(context, exc)
@@ -97,7 +131,7 @@ class ShoppingAgentServicer(pb_grpc.ShoppingAgentServicer):
             return model.decide(ctx, logits, allow, decision_id)
         except Overloaded:
             return self._degraded(model, ctx, "overload")
-        except (asyncio.TimeoutError, BatcherClosed):
+        except (TimeoutError, BatcherClosed):
             return self._degraded(model, ctx, "deadline")
         except Exception:
             log.exception("decision failed; answering from the rule engine", extra={"fields": {"decision_id": decision_id}})

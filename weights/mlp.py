@@ -16,6 +16,7 @@ extras); the server only runs them.
 
 from __future__ import annotations
 
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -87,7 +88,7 @@ def guard_onnx(p: Params, state_dim: int) -> bytes:
 
     hidden = p["w1"].shape[1]
     a = p["w1"].shape[0] - state_dim
-    arrays = {
+    arrays: dict[str, npt.NDArray[Any]] = {
         "w_state": p["w1"][:state_dim], "w_action": p["w1"][state_dim:], "b1": p["b1"],
         "w2": p["w2"], "b2": p["b2"], "w3": p["w3"], "b3": p["b3"],
         "shape_in": np.array([-1, 1, hidden], dtype=np.int64), "shape_out": np.array([-1, a], dtype=np.int64),
@@ -121,7 +122,7 @@ def guard_onnx(p: Params, state_dim: int) -> bytes:
 def init_params(rng: np.random.Generator, sizes: list[int]) -> Params:
     """He-uniform weights and zero biases for a stack of ``len(sizes) - 1`` layers."""
     params: Params = {}
-    for i, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:]), start=1):
+    for i, (fan_in, fan_out) in enumerate(pairwise(sizes), start=1):
         bound = np.sqrt(6.0 / fan_in)
         params[f"w{i}"] = rng.uniform(-bound, bound, size=(fan_in, fan_out)).astype(np.float32)
         params[f"b{i}"] = np.zeros(fan_out, dtype=np.float32)

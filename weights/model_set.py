@@ -122,7 +122,8 @@ class ModelSet(_Policies):
 
         table = bundle.array("behavior_table.npy")
         if table.dtype != np.float32 or table.shape != (spec.behavior_buckets, spec.behavior_dim):
-            raise BundleError("shape", f"behavior_table.npy: expected float32 {(spec.behavior_buckets, spec.behavior_dim)}, got {table.dtype} {table.shape}")
+            expected = (spec.behavior_buckets, spec.behavior_dim)
+            raise BundleError("shape", f"behavior_table.npy: expected float32 {expected}, got {table.dtype} {table.shape}")
         if not np.isfinite(table).all():
             raise BundleError("nonfinite", "behavior_table.npy: contains NaN or Inf")
         table.setflags(write=False)

@@ -1,0 +1,158 @@
+"""Test helpers: a real server on a free loopback port, real stubs, request builders.
+
+No fakes of our own code: ``running_server`` starts the real ``ShoppingAgentServer`` on its
+own event loop in a thread, bound to 127.0.0.1 port 0; ``spawn_server`` starts the real
+CLI in a subprocess.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Coroutine, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import grpc
+import numpy as np
+from prometheus_client import CollectorRegistry
+
+from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
+from server._gen.shopping_agent.v1 import shopping_agent_pb2_grpc as pb_grpc
+from server.app import ShoppingAgentServer
+from server.config import Config
+
+T = TypeVar("T")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def request(**overrides: Any) -> pb.RecommendActionRequest:
+    """A valid request; keyword arguments replace fields."""
+    rng = np.random.default_rng(overrides.pop("seed", 0))
+    fields: dict[str, Any] = {
+        "request_id": "req-1",
+        "user_id": "user-1",
+        "session_id": "session-1",
+        "item_id": "item-1",
+        "item_embedding": (rng.standard_normal(768) / np.sqrt(768)).astype(np.float32).tolist(),
+        "recent_behavior_ids": ["view:item-9", "search:shoes"],
+        "page_type": pb.PAGE_TYPE_SEARCH,
+        "cart_item_count": 1,
+    }
+    fields.update(overrides)
+    return pb.RecommendActionRequest(**fields)
+
+
+class ServerThread:
+    """A real ShoppingAgentServer on its own event loop in a background thread."""
+
+    def __init__(self, config: Config, registry: CollectorRegistry | None = None) -> None:
+        self.config = config
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="test-server", daemon=True)
+        self.server: ShoppingAgentServer | None = None
+
+    def call(self, coro: Coroutine[Any, Any, T], timeout: float = 30) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def start(self) -> ShoppingAgentServer:
+        self._thread.start()
+
+        async def create() -> ShoppingAgentServer:
+            server = ShoppingAgentServer(self.config, self.registry)
+            await server.start()
+            await server.wait_loaded()
+            return server
+
+        self.server = self.call(create())
+        return self.server
+
+    def stop(self, grace: float = 0) -> None:
+        if self.server is not None:
+            self.call(self.server.stop(grace))
+            self.server = None
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+        self.loop.close()
+
+    @property
+    def target(self) -> str:
+        assert self.server is not None
+        return f"127.0.0.1:{self.server.port}"
+
+
+def make_config(**overrides: Any) -> Config:
+    return Config(**{"host": "127.0.0.1", "port": 0, "log_format": "text", "grace_seconds": 1.0, **overrides})
+
+
+@contextlib.contextmanager
+def running_server(**overrides: Any) -> Iterator[ServerThread]:
+    thread = ServerThread(make_config(**overrides))
+    thread.start()
+    try:
+        yield thread
+    finally:
+        thread.stop()
+
+
+def stub(channel: grpc.Channel) -> pb_grpc.ShoppingAgentStub:
+    return pb_grpc.ShoppingAgentStub(channel)
+
+
+class Spawned:
+    """The real CLI in a subprocess; the bound port is read from its JSON 'listening' log line."""
+
+    def __init__(self, proc: subprocess.Popen[str], port: int, lines: list[str]) -> None:
+        self.proc, self.port, self.lines = proc, port, lines
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def __enter__(self) -> Spawned:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(10)
+        if self.proc.stderr is not None:
+            self.proc.stderr.close()
+
+
+def spawn_server(*args: str, env: dict[str, str] | None = None, timeout: float = 20) -> Spawned:
+    cmd = [sys.executable, "-m", "server", "serve", "--host", "127.0.0.1", "--port", "0", "--log-format", "json", *args]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+                            env={**os.environ, **(env or {})}, cwd=ROOT)
+    assert proc.stderr is not None
+    lines: list[str] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        lines.append(line)
+        entry = json.loads(line)
+        if entry.get("msg") == "listening":
+            spawned = Spawned(proc, int(entry["port"]), lines)
+            threading.Thread(target=_drain, args=(proc, lines), daemon=True).start()
+            return spawned
+    proc.kill()
+    proc.wait(10)
+    proc.stderr.close()
+    raise AssertionError(f"server did not start: {''.join(lines)}")
+
+
+def _drain(proc: subprocess.Popen[str], lines: list[str]) -> None:
+    try:
+        for line in proc.stderr or ():
+            lines.append(line)
+    except ValueError:  # closed by __exit__
+        pass

@@ -1,0 +1,78 @@
+"""Malformed requests get INVALID_ARGUMENT naming the field (or RESOURCE_EXHAUSTED for size); the server stays up."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
+from tests.harness import request, stub
+
+EMB = request().item_embedding
+
+
+def _with(index: int, value: float) -> list[float]:
+    values = list(EMB)
+    values[index] = value
+    return values
+
+
+CASES = [
+    pytest.param({"item_embedding": list(EMB)[:767]}, "item_embedding: expected exactly 768 values, got 767", id="short-embedding"),
+    pytest.param({"item_embedding": [*EMB, 0.0]}, "item_embedding: expected exactly 768 values, got 769", id="long-embedding"),
+    pytest.param({"item_embedding": []}, "item_embedding: expected exactly 768 values, got 0", id="no-embedding"),
+    pytest.param({"item_embedding": _with(12, float("nan"))}, "item_embedding[12]: must be finite", id="nan"),
+    pytest.param({"item_embedding": _with(767, float("inf"))}, "item_embedding[767]: must be finite", id="inf"),
+    pytest.param({"item_embedding": _with(0, float("-inf"))}, "item_embedding[0]: must be finite", id="minus-inf"),
+    pytest.param({"user_id": ""}, "user_id: required", id="empty-user"),
+    pytest.param({"session_id": ""}, "session_id: required", id="empty-session"),
+    pytest.param({"item_id": ""}, "item_id: required", id="empty-item"),
+    pytest.param({"item_id": "x" * 257}, "item_id: longer than 256", id="long-item"),
+    pytest.param({"request_id": "r" * 300}, "request_id: longer than 256", id="long-request-id"),
+    pytest.param({"recent_behavior_ids": [f"b{i}" for i in range(33)]}, "recent_behavior_ids: at most 32 ids allowed, got 33",
+                 id="too-many-ids"),
+    pytest.param({"recent_behavior_ids": ["a", ""]}, "recent_behavior_ids[1]: must not be empty", id="empty-behavior-id"),
+    pytest.param({"page_type": 9}, "page_type: unknown value 9", id="unknown-page-type"),
+    pytest.param({"event_time": Timestamp(seconds=0, nanos=-5)}, "event_time: outside the range", id="bad-nanos"),
+    pytest.param({"event_time": Timestamp(seconds=10**12)}, "event_time: outside the range", id="year-overflow"),
+]
+
+
+@pytest.mark.parametrize(("fields", "message"), CASES)
+def test_invalid_argument_names_the_field(channel: grpc.Channel, fields: dict[str, object], message: str) -> None:
+    call = stub(channel).RecommendAction
+    with pytest.raises(grpc.RpcError) as info:
+        call(request(**fields), timeout=5)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert info.value.details().startswith(message)
+    assert "Traceback" not in info.value.details()
+    assert call(request(), timeout=5).decision_id  # still up and answering
+
+
+def test_oversized_message_is_resource_exhausted(channel: grpc.Channel) -> None:
+    call = stub(channel).RecommendAction
+    with pytest.raises(grpc.RpcError) as info:
+        call(request(item_id="x" * 100_000), timeout=5)
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert call(request(), timeout=5).decision_id
+
+
+def test_garbage_bytes_are_rejected_without_harm(channel: grpc.Channel) -> None:
+    raw = channel.unary_unary("/shopping_agent.v1.ShoppingAgent/RecommendAction")
+    with pytest.raises(grpc.RpcError) as info:
+        raw(b"\xff\xff\xff\xff\x0f garbage", timeout=5)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert info.value.details() == "request: not a RecommendActionRequest (wire format is corrupt)"
+    assert stub(channel).RecommendAction(request(), timeout=5).decision_id
+
+
+def test_unknown_method_is_unimplemented(channel: grpc.Channel) -> None:
+    raw = channel.unary_unary("/shopping_agent.v1.ShoppingAgent/NoSuchMethod")
+    with pytest.raises(grpc.RpcError) as info:
+        raw(b"", timeout=5)
+    assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_unspecified_page_type_is_accepted(channel: grpc.Channel) -> None:
+    assert stub(channel).RecommendAction(request(page_type=pb.PAGE_TYPE_UNSPECIFIED), timeout=5).decision_id

@@ -1,0 +1,140 @@
+"""Degrade, don't fail: no model, a bad bundle, a full queue, a short deadline, an inference error."""
+
+from __future__ import annotations
+
+import io
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
+from server.models import ACTIVE_NAME
+from tests.harness import request, running_server, stub
+from weights.bundle import PARTS, write_bundle
+from weights.embedded import default_bundle
+
+
+def _health(channel: grpc.Channel) -> int:
+    return health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5).status
+
+
+def test_no_model_answers_from_the_rules_and_is_not_serving(tmp_path: Path) -> None:
+    with running_server(weights_dir=tmp_path, use_embedded_default=False) as live:
+        with grpc.insecure_channel(live.target) as ch:
+            assert _health(ch) == health_pb2.HealthCheckResponse.NOT_SERVING
+            resp = stub(ch).RecommendAction(request(page_type=pb.PAGE_TYPE_CART), timeout=5)
+            assert resp.source == pb.DECISION_SOURCE_FALLBACK_NO_MODEL
+            assert resp.action == pb.ACTION_APPLY_COUPON and resp.rule == "cart_page_coupon"
+            assert resp.propensity == 1.0 and resp.model_version == ""
+            resp = stub(ch).RecommendAction(request(page_type=pb.PAGE_TYPE_SEARCH, cart_item_count=0), timeout=5)
+            assert (resp.action, resp.rule) == (pb.ACTION_VIEW_DETAIL, "default")
+            # Validation still applies without a model.
+            with pytest.raises(grpc.RpcError) as info:
+                stub(ch).RecommendAction(request(item_embedding=[0.0] * 10), timeout=5)
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert live.registry.get_sample_value(
+            "shopping_agent_decisions_total", {"action": "apply_coupon", "source": "fallback_no_model"}) == 1.0
+
+
+def test_a_corrupt_active_bundle_falls_back_to_the_embedded_default(tmp_path: Path) -> None:
+    good = (tmp_path / ACTIVE_NAME)
+    from weights.embedded import default_bundle_bytes
+
+    data = bytearray(default_bundle_bytes())
+    data[len(data) // 2] ^= 0xFF
+    good.write_bytes(bytes(data))
+    with running_server(weights_dir=tmp_path) as live, grpc.insecure_channel(live.target) as ch:
+        assert _health(ch) == health_pb2.HealthCheckResponse.SERVING
+        assert stub(ch).RecommendAction(request(), timeout=5).model_version == "default-init-20261130"
+
+
+def test_a_valid_active_bundle_is_served(tmp_path: Path) -> None:
+    bundle = default_bundle()
+    manifest = {k: v for k, v in bundle.manifest.items() if k not in ("format", "format_version", "parts")}
+    write_bundle(tmp_path / ACTIVE_NAME, {**manifest, "model_version": "from-the-volume"}, bundle.parts)
+    with running_server(weights_dir=tmp_path) as live, grpc.insecure_channel(live.target) as ch:
+        assert stub(ch).RecommendAction(request(), timeout=5).model_version == "from-the-volume"
+
+
+def test_a_full_queue_degrades_to_the_rules_without_errors() -> None:
+    with running_server(max_queue=1, max_batch=1) as live, grpc.insecure_channel(live.target) as ch:
+        call = stub(ch).RecommendAction
+        sources: list[int] = []
+        deadline = time.monotonic() + 20
+        with ThreadPoolExecutor(32) as pool:
+            while pb.DECISION_SOURCE_FALLBACK_DEGRADED not in sources and time.monotonic() < deadline:
+                futures = [pool.submit(call, request(), timeout=10) for _ in range(256)]
+                sources += [f.result().source for f in futures]  # every call succeeds
+        assert pb.DECISION_SOURCE_FALLBACK_DEGRADED in sources
+        assert live.registry.get_sample_value("shopping_agent_degraded_decisions_total", {"reason": "overload"}) >= 1
+        degraded = [s for s in sources if s == pb.DECISION_SOURCE_FALLBACK_DEGRADED]
+        assert len(degraded) < len(sources)
+
+
+def test_a_deadline_too_short_for_inference_gets_the_rule_answer() -> None:
+    with running_server(min_inference_budget_ms=200) as live, grpc.insecure_channel(live.target) as ch:
+        resp = stub(ch).RecommendAction(request(page_type=pb.PAGE_TYPE_DETAIL), timeout=0.15)
+        assert resp.source == pb.DECISION_SOURCE_FALLBACK_DEGRADED
+        assert (resp.action, resp.rule, resp.propensity) == (pb.ACTION_ADD_TO_CART, "detail_page_add", 1.0)
+        assert resp.model_version == "default-init-20261130"
+        assert stub(ch).RecommendAction(request(), timeout=5).source != pb.DECISION_SOURCE_FALLBACK_DEGRADED
+        assert live.registry.get_sample_value("shopping_agent_degraded_decisions_total", {"reason": "deadline"}) == 1.0
+
+
+def _poisoned_bundle(path: Path) -> None:
+    """The default bundle with a policy graph that fails at run time when state[0] >= 2.
+
+    A Gather indexes a 2-element tensor with int(state[:, 0]): in range for every ordinary
+    state (golden inputs, warm-up zeros, small embeddings), out of range for a poison value,
+    so onnxruntime itself raises — a real inference error, nothing mocked.
+    """
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    bundle = default_bundle()
+    model = onnx.load_model_from_string(bundle.parts["policy.onnx"])
+    graph = model.graph
+    graph.output[0].name = "logits"
+    for node in graph.node:
+        node.output[:] = ["logits_clean" if o == "logits" else o for o in node.output]
+    graph.initializer.extend([
+        numpy_helper.from_array(np.zeros(2, dtype=np.float32), "poison_table"),
+        numpy_helper.from_array(np.array([0], dtype=np.int64), "col0"),
+        numpy_helper.from_array(np.array([1], dtype=np.int64), "one"),
+        numpy_helper.from_array(np.array([1], dtype=np.int64), "axis1"),
+    ])
+    graph.node.extend([
+        helper.make_node("Slice", ["state", "col0", "one", "axis1"], ["first"]),
+        helper.make_node("Cast", ["first"], ["first_i"], to=TensorProto.INT64),
+        helper.make_node("Gather", ["poison_table", "first_i"], ["zeros"]),
+        helper.make_node("Add", ["logits_clean", "zeros"], ["logits"]),
+    ])
+    onnx.checker.check_model(model)
+    parts = {**bundle.parts, "policy.onnx": model.SerializeToString()}
+    manifest = {k: v for k, v in bundle.manifest.items() if k not in ("format", "format_version", "parts")}
+    buf = io.BytesIO()
+    write_bundle(buf, {**manifest, "model_version": "poisoned"}, {p: parts[p] for p in PARTS})
+    path.write_bytes(buf.getvalue())
+
+
+def test_an_inference_error_degrades_only_the_request_that_caused_it(tmp_path: Path) -> None:
+    _poisoned_bundle(tmp_path / ACTIVE_NAME)
+    poison = list(request().item_embedding)
+    poison[0] = 5.0
+    with running_server(weights_dir=tmp_path) as live, grpc.insecure_channel(live.target) as ch:
+        call = stub(ch).RecommendAction
+        assert call(request(), timeout=5).model_version == "poisoned"
+        with ThreadPoolExecutor(16) as pool:
+            futures = [pool.submit(call, request(item_embedding=poison) if i % 8 == 0 else request(), timeout=10)
+                       for i in range(400)]
+            results = [(i % 8 == 0, f.result()) for i, f in enumerate(futures)]
+        for poisoned, resp in results:
+            assert (resp.source == pb.DECISION_SOURCE_FALLBACK_DEGRADED) == poisoned
+        assert live.registry.get_sample_value("shopping_agent_degraded_decisions_total", {"reason": "error"}) == 50
+        assert health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5).status == \
+            health_pb2.HealthCheckResponse.SERVING

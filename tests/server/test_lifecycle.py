@@ -1,0 +1,166 @@
+"""Health, reflection, start-up and the SIGTERM drain, against real servers (in-thread and the real CLI)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+
+from tests.harness import ROOT, ServerThread, request, spawn_server, stub
+
+SERVICE = "shopping_agent.v1.ShoppingAgent"
+
+
+def _health(channel: grpc.Channel, service: str = "") -> int:
+    return health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=service), timeout=5).status
+
+
+def test_health_is_serving_once_the_model_is_loaded(channel: grpc.Channel) -> None:
+    assert _health(channel) == health_pb2.HealthCheckResponse.SERVING
+    assert _health(channel, SERVICE) == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_reflection_lists_and_describes_the_service(channel: grpc.Channel) -> None:
+    db = ProtoReflectionDescriptorDatabase(channel)
+    assert SERVICE in db.get_services()
+    assert "grpc.health.v1.Health" in db.get_services()
+    desc = db.FindFileContainingSymbol(SERVICE)
+    methods = [m.name for s in desc.service for m in s.method]
+    assert "RecommendAction" in methods
+
+
+def test_a_client_built_only_from_proto(live: ServerThread, tmp_path: Path) -> None:
+    """Compile proto/ with plain protoc into a fresh directory and call the server from a clean interpreter."""
+    from grpc_tools import protoc
+
+    include = Path(protoc.__file__).parent / "_proto"
+    proto = ROOT / "proto" / "shopping_agent" / "v1" / "shopping_agent.proto"
+    assert protoc.main(["protoc", f"-I{ROOT / 'proto'}", f"-I{include}", f"--python_out={tmp_path}",
+                        f"--grpc_python_out={tmp_path}", str(proto)]) == 0
+    client = textwrap.dedent(f"""
+        import sys, grpc
+        sys.path = [p for p in sys.path if p not in ("", {str(ROOT)!r})]
+        sys.path.insert(0, {str(tmp_path)!r})
+        from shopping_agent.v1 import shopping_agent_pb2 as pb, shopping_agent_pb2_grpc as rpc
+        assert "server" not in sys.modules
+        with grpc.insecure_channel({live.target!r}) as ch:
+            r = rpc.ShoppingAgentStub(ch).RecommendAction(pb.RecommendActionRequest(
+                user_id="u", session_id="s", item_id="i", item_embedding=[0.01] * 768,
+                page_type=pb.PAGE_TYPE_CART, cart_item_count=5), timeout=5)
+        print(pb.Action.Name(r.action), pb.DecisionSource.Name(r.source), r.model_version)
+    """)
+    out = subprocess.run([sys.executable, "-c", client], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    action, source, version = out.stdout.split()
+    assert action.startswith("ACTION_") and source.startswith("DECISION_SOURCE_") and version
+
+
+def test_sigterm_drains_and_exits_zero() -> None:
+    """Real CLI: SIGTERM turns health NOT_SERVING, the server keeps answering through the drain
+    delay, clients that watch health move away, every call they sent is answered OK, exit 0."""
+    results: list[tuple[float, grpc.StatusCode]] = []
+    with spawn_server("--grace-seconds", "5", "--drain-delay-seconds", "1") as spawned:
+        with grpc.insecure_channel(spawned.target) as ch:
+            grpc.channel_ready_future(ch).result(timeout=10)
+            deadline = time.monotonic() + 10
+            while _health(ch) != health_pb2.HealthCheckResponse.SERVING:
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            watch = health_pb2_grpc.HealthStub(ch).Watch(health_pb2.HealthCheckRequest(service=SERVICE), timeout=15)
+            assert next(watch).status == health_pb2.HealthCheckResponse.SERVING
+            draining = threading.Event()
+
+            def hammer() -> None:
+                call = stub(ch).RecommendAction
+                while not draining.is_set() and len(results) < 20000:
+                    try:
+                        call(request(), timeout=5)
+                        results.append((time.monotonic(), grpc.StatusCode.OK))
+                    except grpc.RpcError as exc:
+                        results.append((time.monotonic(), exc.code()))
+
+            workers = [threading.Thread(target=hammer) for _ in range(4)]
+            for w in workers:
+                w.start()
+            time.sleep(0.5)
+            sent_signal = time.monotonic()
+            spawned.proc.send_signal(signal.SIGTERM)
+            assert next(watch).status == health_pb2.HealthCheckResponse.NOT_SERVING
+            saw_not_serving = time.monotonic()
+            draining.set()
+            watch.cancel()
+            for w in workers:
+                w.join(10)
+            assert _health(ch, SERVICE) == health_pb2.HealthCheckResponse.NOT_SERVING  # still answering while draining
+            assert stub(ch).RecommendAction(request(), timeout=5).decision_id
+            assert spawned.proc.wait(timeout=10) == 0
+            assert time.monotonic() - sent_signal >= 1.0  # the drain delay was honoured
+    assert len(results) > 20
+    assert {code for _, code in results} == {grpc.StatusCode.OK}, "a call sent before or during the drain failed"
+    assert saw_not_serving - sent_signal < 1.0
+    log = "".join(spawned.lines)
+    assert '"msg": "draining"' in log and '"msg": "stopped"' in log
+
+
+def test_sigterm_refuses_new_calls_after_the_drain_and_exits_zero() -> None:
+    """Without a drain delay new calls are refused (UNAVAILABLE or CANCELLED by grpc, never another code)."""
+    codes: list[grpc.StatusCode] = []
+    with spawn_server("--grace-seconds", "2") as spawned:
+        with grpc.insecure_channel(spawned.target) as ch:
+            grpc.channel_ready_future(ch).result(timeout=10)
+            call = stub(ch).RecommendAction
+            call(request(), timeout=10)
+            spawned.proc.send_signal(signal.SIGTERM)
+            assert spawned.proc.wait(timeout=10) == 0
+            for _ in range(3):
+                try:
+                    call(request(), timeout=2)
+                    codes.append(grpc.StatusCode.OK)
+                except grpc.RpcError as exc:
+                    codes.append(exc.code())
+    assert set(codes) <= {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}, codes
+
+
+def test_start_to_serving_with_the_cli_logs_json() -> None:
+    with spawn_server() as spawned:
+        with grpc.insecure_channel(spawned.target) as ch:
+            deadline = time.monotonic() + 15
+            while True:
+                try:
+                    if _health(ch) == health_pb2.HealthCheckResponse.SERVING:
+                        break
+                except grpc.RpcError:
+                    pass
+                assert time.monotonic() < deadline, "never SERVING"
+                time.sleep(0.02)
+            assert stub(ch).RecommendAction(request(), timeout=5).model_version == "default-init-20261130"
+        spawned.proc.send_signal(signal.SIGINT)
+        assert spawned.proc.wait(timeout=10) == 0
+    assert any('"msg": "serving"' in line for line in spawned.lines)
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        (["--port", "70000"], {}, "port: expected 0..65535"),
+        (["--timezone", "Mars/Olympus"], {}, "timezone: unknown IANA timezone"),
+        ([], {"SHOPPING_AGENT_MAX_BATCH": "many"}, "SHOPPING_AGENT_MAX_BATCH: expected int"),
+        (["--device", "tpu"], {}, "device: expected auto, cpu or cuda"),
+    ],
+)
+def test_bad_configuration_exits_2_with_the_reason(args: list[str], env: dict[str, str], message: str) -> None:
+    import os
+
+    out = subprocess.run([sys.executable, "-m", "server", "serve", "--host", "127.0.0.1", *args], capture_output=True,
+                         text=True, timeout=60, env={**os.environ, **env}, cwd=ROOT)
+    assert out.returncode == 2
+    assert message in out.stderr

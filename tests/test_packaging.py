@@ -1,0 +1,80 @@
+"""The install's shape: import names, the dependency fence, generated code, proto/ as .proto only."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+import textwrap
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+from tests.harness import ROOT
+
+OUR_PACKAGES = ("server", "policy", "guard", "weights")
+
+
+@pytest.mark.parametrize("name", OUR_PACKAGES)
+def test_top_level_names_resolve_to_our_install(name: str) -> None:
+    spec = importlib.util.find_spec(name)
+    assert spec is not None and spec.origin is not None
+    assert Path(spec.origin).resolve() == (ROOT / name / "__init__.py").resolve()
+
+
+def test_the_distribution_provides_our_packages_and_the_cli() -> None:
+    dist = metadata.distribution("shopping-agent")
+    scripts = {ep.name: ep.value for ep in dist.entry_points if ep.group == "console_scripts"}
+    assert scripts == {"shopping-agent": "server.cli:main"}
+    requires = " ".join(dist.requires or [])
+    assert "torch" not in " ".join(r for r in (dist.requires or []) if "extra ==" not in r)
+    assert "onnxruntime" not in " ".join(r for r in (dist.requires or []) if "extra ==" not in r)
+    assert 'extra == "cpu"' in requires and 'extra == "gpu"' in requires and 'extra == "train"' in requires
+
+
+def test_proto_dir_holds_only_proto_files() -> None:
+    files = [p for p in (ROOT / "proto").rglob("*") if p.is_file()]
+    assert files and all(p.suffix == ".proto" for p in files)
+    spec = importlib.util.find_spec("proto")
+    assert spec is None or ROOT / "proto" not in Path(spec.origin or "/").parents
+
+
+def test_generated_code_is_up_to_date() -> None:
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "gen_proto.py"), "--check"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_serving_never_imports_torch_or_onnx() -> None:
+    """Start the real server, answer a call, and check what the process imported."""
+    code = textwrap.dedent("""
+        import sys
+        import grpc
+        from tests.harness import running_server, request, stub
+        with running_server() as live, grpc.insecure_channel(live.target) as ch:
+            stub(ch).RecommendAction(request(), timeout=10)
+        from server import cli  # the entry point too
+        leaked = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "onnx", "pickle5", "cloudpickle", "joblib"))
+        print(",".join(leaked))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == ""
+
+
+def test_a_missing_onnxruntime_is_a_clear_error_at_start() -> None:
+    """Hide onnxruntime from the interpreter (as on an install without the [cpu]/[gpu] extra)."""
+    code = textwrap.dedent("""
+        import sys
+        class Hide:
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] == "onnxruntime":
+                    raise ImportError("hidden for the test")
+        sys.meta_path.insert(0, Hide())
+        from server.cli import main
+        sys.exit(main(["serve", "--host", "127.0.0.1", "--port", "0"]))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert out.returncode == 2
+    assert "onnxruntime is not installed" in out.stderr and "shopping-agent[cpu]" in out.stderr
