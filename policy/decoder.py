@@ -23,10 +23,13 @@ need, not the policy softmax.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import math
+import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import combinations
+from itertools import accumulate, combinations
 
 import numpy as np
 import numpy.typing as npt
@@ -51,10 +54,18 @@ def uniforms(decision_id: str, n: int) -> FloatArray:
     BLAKE2b in counter mode: each 64-byte digest gives eight 53-bit uniforms. Cheaper than
     seeding a numpy Generator per request (about 1 µs against 50 µs).
     """
+    return np.array(_uniforms(decision_id, n))
+
+
+def _uniforms(decision_id: str, n: int) -> list[float]:
     key = decision_id.encode()
-    blocks = [hashlib.blake2b(key, digest_size=64, salt=i.to_bytes(16, "little")).digest() for i in range((n + 7) // 8)]
-    words = np.frombuffer(b"".join(blocks), dtype="<u8")[:n]
-    return (words >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+    blocks = b"".join(
+        hashlib.blake2b(key, digest_size=64, salt=i.to_bytes(16, "little")).digest() for i in range((n + 7) // 8)
+    )
+    return [(w >> 11) * _TWO_POW_M53 for w in struct.unpack_from(f"<{n}Q", blocks)]
+
+
+_TWO_POW_M53 = 1.0 / (1 << 53)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,68 +101,87 @@ class MajorityDecoder:
         )
         self._coef = np.exp(log_coef)
         self._decisive = self._counts.max(axis=1) >= min_votes
-        self._tables: dict[tuple[int, tuple[int, ...]], _Table] = {}
+        self._tables: dict[tuple[tuple[bool, ...], tuple[int, ...]], _Table] = {}
 
-    def _order(self, q: FloatArray) -> tuple[int, ...]:
+    def _order(self, q: Sequence[float]) -> tuple[int, ...]:
         """Actions from strongest to weakest under the tie rule: larger ``q``, then lower index."""
-        return tuple(np.lexsort((np.arange(self.n_actions), -q)).tolist())
+        return tuple(sorted(range(self.n_actions), key=lambda i: (-q[i], i)))
 
-    def _table(self, q: FloatArray) -> _Table:
-        """Count vectors whose votes fall on actions with ``q > 0``, and their winners (cached)."""
-        support = q > 0
-        key = (int(np.packbits(support, bitorder="little")[0]), self._order(q))
+    def _table(self, q: Sequence[float]) -> _Table:
+        """Count vectors whose votes fall on actions with ``q > 0``, and their winners (cached).
+
+        The winner of a count vector depends on ``q`` only through the order of the actions,
+        so the table is built once per (support, order): at most 326 tables for 5 actions.
+        """
+        order = self._order(q)
+        support = tuple(v > 0 for v in q)
+        key = (support, order)
         table = self._tables.get(key)
         if table is None:
-            rows = ~(self._counts[:, ~support] > 0).any(axis=1)
+            mask = np.array(support)
+            rows = ~(self._counts[:, ~mask] > 0).any(axis=1)
             counts = self._counts[rows]
             rank = np.empty(self.n_actions, dtype=np.int64)
-            rank[list(key[1])] = np.arange(self.n_actions - 1, -1, -1)
+            rank[list(order)] = np.arange(self.n_actions - 1, -1, -1)
             winners = np.argmax(counts * self.n_actions + rank[None, :], axis=1)
             decisive = self._decisive[rows]
-            table = _Table(counts[:, support].astype(np.float64), np.log(self._coef[rows]), winners, decisive, support)
+            log_coef = np.log(self._coef[rows])
+            sub = counts[:, mask].astype(np.float64)
+            table = _Table(sub[decisive], log_coef[decisive], winners[decisive], sub[~decisive], log_coef[~decisive],
+                           tuple(i for i in range(self.n_actions) if support[i]))
             self._tables[key] = table
         return table
 
-    def winner(self, counts: IntArray, q: FloatArray) -> int:
+    def winner(self, counts: Sequence[int], q: Sequence[float]) -> int:
         """Majority action of one count vector under the tie rule (no vote minimum)."""
         order = self._order(q)
         best = max(range(self.n_actions), key=lambda i: (counts[order[i]], -i))
         return order[best]
 
-    def explore_distribution(self, q: FloatArray) -> FloatArray:
-        """``q_T ∝ q^(1/T)``: the temperature-scaled masked distribution."""
-        qt = np.where(q > 0, q, 0.0) ** (1.0 / self.temperature)
-        return qt / qt.sum()
+    def _explore(self, q: Sequence[float]) -> list[float]:
+        power = 1.0 / self.temperature
+        qt = [v**power if v > 0 else 0.0 for v in q]
+        total = sum(qt)
+        return [v / total for v in qt]
 
-    def served_distribution(self, q: FloatArray, fallback: int) -> FloatArray:
+    def explore_distribution(self, q: FloatArray | Sequence[float]) -> FloatArray:
+        """``q_T ∝ q^(1/T)``: the temperature-scaled masked distribution."""
+        return np.array(self._explore(list(q)))
+
+    def served_distribution(self, q: FloatArray | Sequence[float], fallback: int) -> FloatArray:
         """Exact probability of serving each action; ``fallback`` is the rule engine's index."""
-        t = self._table(q)
-        mult = np.exp(t.log_coef + t.counts @ np.log(q[t.support]))
-        decided = np.bincount(t.winners, weights=np.where(t.decisive, mult, 0.0), minlength=self.n_actions)
-        decided[fallback] += mult[~t.decisive].sum()
+        qs = [float(v) for v in q]
+        t = self._table(qs)
+        log_q = np.log([qs[i] for i in t.support])
+        decided = np.bincount(t.winners, weights=np.exp(t.log_coef + t.counts @ log_q), minlength=self.n_actions)
+        decided[fallback] += float(np.exp(t.low_log_coef + t.low_counts @ log_q).sum()) if len(t.low_log_coef) else 0.0
         served: FloatArray = (1.0 - self.epsilon) * decided.astype(np.float64)
         if self.epsilon > 0:
-            served += self.epsilon * self.explore_distribution(q)
+            served += self.epsilon * np.array(self._explore(qs))
         return served
 
-    def draw(self, q: FloatArray, decision_id: str) -> Draw:
+    def draw(self, q: FloatArray | Sequence[float], decision_id: str) -> Draw:
         """Run the procedure once with uniforms derived from the decision id (replayable)."""
-        u = uniforms(decision_id, self.samples + 2)
+        qs = [float(v) for v in q]
+        u = _uniforms(decision_id, self.samples + 2)
         if u[0] < self.epsilon:
-            cdf = np.cumsum(self.explore_distribution(q))
-            index = int(np.searchsorted(cdf, u[1] * cdf[-1], side="right"))
+            cdf = list(accumulate(self._explore(qs)))
+            index = min(bisect.bisect_right(cdf, u[1] * cdf[-1]), self.n_actions - 1)
             return Draw(index=index, explored=True, counts=np.zeros(self.n_actions, dtype=np.int64))
-        cdf = np.cumsum(q)
-        picks = np.searchsorted(cdf, u[2:] * cdf[-1], side="right")
-        counts = np.bincount(picks, minlength=self.n_actions)
-        index = self.winner(counts, q)
-        return Draw(index=index if counts[index] >= self.min_votes else None, explored=False, counts=counts)
+        cdf = list(accumulate(qs))
+        counts = [0] * self.n_actions
+        for v in u[2:]:
+            counts[min(bisect.bisect_right(cdf, v * cdf[-1]), self.n_actions - 1)] += 1
+        index = self.winner(counts, qs)
+        return Draw(index=index if counts[index] >= self.min_votes else None, explored=False,
+                    counts=np.array(counts, dtype=np.int64))
 
 
 @dataclass(frozen=True, slots=True)
 class _Table:
-    counts: FloatArray  # (rows, support size): votes on the supported actions
-    log_coef: FloatArray  # (rows,) log multinomial coefficients
-    winners: IntArray  # (rows,) winning action index under the tie rule
-    decisive: npt.NDArray[np.bool_]  # (rows,) winner has at least min_votes
-    support: npt.NDArray[np.bool_]  # (n_actions,) actions with q > 0
+    counts: FloatArray  # (rows, |support|): votes on the supported actions, decisive rows
+    log_coef: FloatArray  # (rows,) log multinomial coefficients, decisive rows
+    winners: IntArray  # (rows,) winning action index under the tie rule, decisive rows
+    low_counts: FloatArray  # the same for rows whose winner has fewer than min_votes votes
+    low_log_coef: FloatArray
+    support: tuple[int, ...]  # actions with q > 0

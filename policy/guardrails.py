@@ -17,9 +17,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from policy.conditions import Condition, SchemaError
-from policy.domain import ACTIONS, N_ACTIONS, Action, Context, FloatArray
+from policy.domain import ACTIONS, Action, Context, FloatArray
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +58,10 @@ class Guardrails:
             raise SchemaError(f"{where}.static: every action is banned")
         rules = []
         names = set()
-        for i, rule in enumerate(spec.get("rules", [])):
+        rule_specs = spec.get("rules", [])
+        if not isinstance(rule_specs, list):
+            raise SchemaError(f"{where}.rules: expected a list")
+        for i, rule in enumerate(rule_specs):
             at = f"{where}.rules[{i}]"
             if not isinstance(rule, dict) or set(rule) - {"name", "when", "action", "multiplier"}:
                 raise SchemaError(f"{at}: expected an object with name, when, action, multiplier")
@@ -98,16 +102,17 @@ class Guardrails:
         return w, tuple(fired)
 
 
-def apply(logits: FloatArray, weights: FloatArray) -> FloatArray:
+def apply(logits: npt.NDArray[np.floating[Any]], weights: FloatArray) -> FloatArray:
     """Masked policy: ``softmax(logits + log weights)``; banned actions get probability 0.
 
-    Returns all zeros when every action is banned for this request.
+    Returns all zeros when every action is banned for this request. Plain Python over the
+    five actions: numpy's per-call overhead would cost more than the arithmetic.
     """
-    allowed = weights > 0
-    if not allowed.any():
-        return np.zeros(N_ACTIONS)
-    z = np.where(allowed, logits + np.log(np.where(allowed, weights, 1.0)), -np.inf)
-    z = z - z[allowed].max()
-    e = np.exp(z)
-    return e / e.sum()
-
+    z = [lg + math.log(w) if w > 0 else None for lg, w in zip(logits.tolist(), weights.tolist(), strict=True)]
+    live = [v for v in z if v is not None]
+    if not live:
+        return np.zeros(len(z))
+    top = max(live)
+    e = [math.exp(v - top) if v is not None else 0.0 for v in z]
+    total = sum(e)
+    return np.array([v / total for v in e])

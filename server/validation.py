@@ -53,7 +53,7 @@ def parse_request(msg: pb.RecommendActionRequest, limits: Limits, now_s: float) 
     n = len(msg.item_embedding)
     if n != limits.item_dim:
         raise InvalidRequest("item_embedding", f"expected exactly {limits.item_dim} values, got {n}")
-    embedding = np.fromiter(msg.item_embedding, dtype=np.float32, count=n)
+    embedding = np.array(msg.item_embedding, dtype=np.float32)  # buffer copy; fromiter is 8x slower
     finite = np.isfinite(embedding)
     if not finite.all():
         bad = int(np.argmin(finite))

@@ -37,6 +37,7 @@ PARTS = ("policy.onnx", "guard.onnx", "behavior_table.npy", "golden_states.npy",
 MAX_PART_BYTES = 256 * 1024 * 1024
 MAX_MANIFEST_BYTES = 4 * 1024 * 1024
 _ZIP_TIME = (1980, 1, 1, 0, 0, 0)
+_COMPRESSIONS = (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED)
 
 
 class BundleError(ValueError):
@@ -58,10 +59,13 @@ class Bundle:
 
     def array(self, name: str) -> npt.NDArray[Any]:
         """A ``.npy`` part as an array (never unpickles)."""
-        try:
-            return np.load(io.BytesIO(self.parts[name]), allow_pickle=False)
-        except ValueError as exc:
+        try:  # read_array accepts .npy only (np.load would also open .npz archives)
+            array = np.lib.format.read_array(io.BytesIO(self.parts[name]), allow_pickle=False)
+        except (ValueError, EOFError, OSError) as exc:
             raise BundleError("format", f"{name}: not a plain numeric .npy array ({exc})") from None
+        if array.dtype.kind not in "fiub":
+            raise BundleError("format", f"{name}: dtype {array.dtype} is not numeric")
+        return array
 
 
 def sha256(data: bytes) -> str:
@@ -118,9 +122,12 @@ def read_bundle(source: Path | bytes) -> Bundle:
             )
         if infos[MANIFEST].file_size > MAX_MANIFEST_BYTES or any(infos[p].file_size > MAX_PART_BYTES for p in PARTS):
             raise BundleError("format", "a member is larger than the size limit")
+        odd = sorted(n for n, i in infos.items() if i.flag_bits & 0x1 or i.compress_type not in _COMPRESSIONS)
+        if odd:
+            raise BundleError("format", f"members {odd} are encrypted or use an unsupported compression")
         try:
             raw = {name: zf.read(name) for name in expected}
-        except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
+        except (zipfile.BadZipFile, OSError, EOFError, ValueError, RuntimeError, NotImplementedError) as exc:
             raise BundleError("format", f"damaged bundle: {exc}") from None
     try:
         manifest = json.loads(raw[MANIFEST])

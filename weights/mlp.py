@@ -47,7 +47,7 @@ def guard_forward(p: Params, states: F32) -> F32:
     h = _relu(h1)
     h = _relu(h @ p["w2"] + p["b2"])
     z = (h @ p["w3"] + p["b3"])[..., 0]
-    return 1.0 / (1.0 + np.exp(-z))
+    return np.exp(-np.logaddexp(0, -z))  # sigmoid without overflow for confident vetoes
 
 
 def _model(graph: Any) -> bytes:

@@ -49,6 +49,16 @@ def _section(manifest: dict[str, Any], key: str) -> Any:
     return manifest[key]
 
 
+MAX_SAMPLES = 64  # the propensity table grows like K^4/24 rows: 64 gives about 800k
+
+
+def _count(spec: Any, key: str, where: str, override: int | None) -> int:
+    value = override if override is not None else (spec.get(key) if isinstance(spec, dict) else None)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_SAMPLES:
+        raise BundleError("schema", f"manifest.json: {where}.{key} must be an integer in 1..{MAX_SAMPLES}, got {value!r}")
+    return value
+
+
 def _number(spec: Any, key: str, where: str) -> float:
     value = spec.get(key) if isinstance(spec, dict) else None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
@@ -111,8 +121,8 @@ class ModelSet(_Policies):
         try:
             guard = ActionGuard(threshold)
             decoder = MajorityDecoder(
-                samples=options.samples or int(_number(dec, "samples", "decoder")),
-                min_votes=options.min_votes or int(_number(dec, "min_votes", "decoder")),
+                samples=_count(dec, "samples", "decoder", options.samples),
+                min_votes=_count(dec, "min_votes", "decoder", options.min_votes),
                 epsilon=options.exploration_epsilon if options.exploration_epsilon is not None
                 else _number(dec, "exploration_epsilon", "decoder"),
                 temperature=_number(dec, "exploration_temperature", "decoder"),
@@ -163,33 +173,37 @@ class ModelSet(_Policies):
         return self.policy.run(states), self.guard_model.run(states)
 
     def decide(self, ctx: Context, logits: F32, allow: F32, decision_id: str) -> Decision:
-        """Guardrails → guard veto → sampled majority (or exploration, or the rules), with exact propensities."""
+        """Guardrails → guard veto → sampled majority (or exploration, or the rules), with exact propensities.
+
+        Per-request work on 5-element vectors is plain Python: numpy's per-call overhead
+        would dominate at this size; only the 1,001-row propensity table uses numpy.
+        """
         weights, _ = self.guardrails.weights(ctx)
-        policy_probs = gr.apply(logits.astype(np.float64), weights)
+        policy_probs = gr.apply(logits, weights)
         allow64 = allow.astype(np.float64)
         permitted = weights > 0
         allowed = permitted & ~self.guard.vetoed(allow64)
         blocked = ~allowed
         samples = self.decoder.samples
         fallback = self.rules.decide(ctx, allowed, permitted, allow64)
-        if not allowed.any():
+        q = [p if ok else 0.0 for p, ok in zip(policy_probs.tolist(), allowed.tolist(), strict=True)]
+        total = sum(q)
+        if not total > 0:  # every permitted action vetoed (or underflowed): the rules answer
             return _certain(fallback, Source.FALLBACK_GUARD, self.version, policy_probs, allow64, blocked, samples)
-        q = np.where(allowed, policy_probs, 0.0)
-        total = q.sum()
-        if not total > 0:  # every allowed action underflowed: let the rules answer
-            return _certain(fallback, Source.FALLBACK_GUARD, self.version, policy_probs, allow64, blocked, samples)
-        q /= total
+        q = [v / total for v in q]
         served = self.decoder.served_distribution(q, fallback.action.index)
         draw = self.decoder.draw(q, decision_id)
-        counts = tuple(int(c) for c in draw.counts)
+        counts = tuple(draw.counts.tolist())
         if draw.explored:
-            action, source, rule = ACTIONS[draw.index or 0], Source.EXPLORATION, ""
+            action, source, rule, votes = ACTIONS[draw.index or 0], Source.EXPLORATION, "", 0
         elif draw.index is None:
             action, source, rule = fallback.action, Source.FALLBACK_LOW_CONSENSUS, fallback.rule
+            votes = counts[action.index]
         else:
             action, source, rule = ACTIONS[draw.index], Source.POLICY, ""
-        return Decision(action, source, float(served[action.index]), counts[action.index] if not draw.explored else 0,
-                        samples, served, policy_probs, allow64, blocked, self.version, rule, counts)
+            votes = counts[action.index]
+        return Decision(action, source, float(served[action.index]), votes, samples, served, policy_probs, allow64,
+                        blocked, self.version, rule, counts)
 
     def fallback(self, ctx: Context, source: Source) -> Decision:
         """A rule-engine answer without model outputs (overload, inference error, short deadline)."""

@@ -1,0 +1,343 @@
+"""ModelSet: loading and validating a bundle's contents, and the decision procedure."""
+
+from __future__ import annotations
+
+import copy
+import io
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+
+from policy.domain import ACTIONS, Action, Context, PageType, Source
+from weights import mlp
+from weights.bundle import Bundle, BundleError, npy_bytes, read_bundle
+from weights.model_set import LoadOptions, ModelSet, NoModel
+
+A, V, C, S, X = ACTIONS
+STATIC = np.array([1.0, 1.0, 0.8, 0.5, 0.0])
+SEARCH = Context(PageType.SEARCH, cart_item_count=0, hour=14, n_recent_behaviors=1)
+SEARCH_FULL_CART = Context(PageType.SEARCH, cart_item_count=3, hour=14, n_recent_behaviors=1)
+LOGITS = np.array([0.8, 1.6, 0.2, -0.6, 2.5], dtype=np.float32)
+PERMISSIVE = np.full(5, 0.9, dtype=np.float32)
+
+
+@pytest.fixture(scope="module")
+def model(default_bundle: Bundle) -> ModelSet:
+    return ModelSet.load(default_bundle, LoadOptions(device="cpu", warmup_batch=4))
+
+
+def load_reason(data: bytes, options: LoadOptions | None = None) -> str:
+    with pytest.raises(BundleError) as info:
+        ModelSet.load(read_bundle(data), options or LoadOptions(device="cpu", warmup_batch=2))
+    return info.value.reason
+
+
+def masked_softmax(logits: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """The guardrails by hand: p ∝ w · exp(logit)."""
+    unnorm = np.array([w * math.exp(x) for x, w in zip(logits.tolist(), weights.tolist(), strict=True)])
+    return unnorm / unnorm.sum()
+
+
+# --- loading -----------------------------------------------------------------------------------
+
+
+def test_default_bundle_loads_and_passes_its_golden_self_test(model: ModelSet, default_bundle: Bundle) -> None:
+    assert model.ready is True
+    assert model.version == "default-init-20261130"
+    assert model.encoder.spec.state_dim == 920
+    assert (model.decoder.samples, model.decoder.min_votes, model.decoder.epsilon, model.decoder.temperature) == (10, 4, 0.05, 1.2)
+    assert model.guard.threshold == 0.2
+    assert model.guardrails.static.tolist() == STATIC.tolist()
+    states = default_bundle.array("golden_states.npy")
+    logits, allow = model.infer(states)
+    expected = default_bundle.array("golden_outputs.npy")
+    assert logits.shape == allow.shape == (len(states), 5)
+    np.testing.assert_allclose(np.concatenate([logits, allow], axis=1), expected, atol=1e-4, rtol=0)
+    assert ((allow > 0) & (allow < 1)).all()
+
+
+def test_load_options_override_the_bundle(default_bundle: Bundle) -> None:
+    m = ModelSet.load(default_bundle, LoadOptions(device="cpu", warmup_batch=1, samples=6, min_votes=2,
+                                                  exploration_epsilon=0.0, guard_threshold=0.0))
+    assert (m.decoder.samples, m.decoder.min_votes, m.decoder.epsilon, m.guard.threshold) == (6, 2, 0.0, 0.0)
+
+
+def test_nan_in_the_behavior_table(rebuild: Any, default_bundle: Bundle) -> None:
+    table = default_bundle.array("behavior_table.npy").copy()
+    table[17, 3] = np.nan
+    assert load_reason(rebuild(**{"behavior_table.npy": npy_bytes(table)})) == "nonfinite"
+    table[17, 3] = np.inf
+    assert load_reason(rebuild(**{"behavior_table.npy": npy_bytes(table)})) == "nonfinite"
+
+
+@pytest.mark.parametrize(
+    "table",
+    [
+        np.zeros((2048, 64), dtype=np.float32),
+        np.zeros((1024, 128), dtype=np.float32),
+        np.zeros((2048, 128), dtype=np.float64),
+        np.zeros(2048 * 128, dtype=np.float32),
+    ],
+)
+def test_behavior_table_of_the_wrong_shape_or_dtype(rebuild: Any, table: np.ndarray) -> None:
+    assert load_reason(rebuild(**{"behavior_table.npy": npy_bytes(table)})) == "shape"
+
+
+def test_golden_outputs_that_are_off(rebuild: Any, default_bundle: Bundle) -> None:
+    golden = default_bundle.array("golden_outputs.npy").copy()
+    golden[3, 7] += 2e-4  # twice the bundle's tolerance, on one guard output
+    assert load_reason(rebuild(**{"golden_outputs.npy": npy_bytes(golden)})) == "golden"
+    golden[3, 7] = np.nan
+    assert load_reason(rebuild(**{"golden_outputs.npy": npy_bytes(golden)})) == "golden"
+
+
+def test_golden_outputs_within_the_tolerance_still_load(rebuild: Any, default_bundle: Bundle) -> None:
+    golden = default_bundle.array("golden_outputs.npy").copy()
+    golden[0, 0] += 5e-5
+    assert ModelSet.load(read_bundle(rebuild(**{"golden_outputs.npy": npy_bytes(golden)})),
+                         LoadOptions(device="cpu", warmup_batch=1)).version == "default-init-20261130"
+
+
+@pytest.mark.parametrize(
+    ("name", "array"),
+    [
+        ("golden_outputs.npy", np.zeros((8, 5), dtype=np.float32)),
+        ("golden_states.npy", np.zeros((8, 900), dtype=np.float32)),
+        ("golden_states.npy", np.zeros((8, 920), dtype=np.float64)),
+        ("golden_states.npy", np.zeros((0, 920), dtype=np.float32)),
+    ],
+)
+def test_golden_data_of_the_wrong_shape(rebuild: Any, name: str, array: np.ndarray) -> None:
+    assert load_reason(rebuild(**{name: npy_bytes(array)})) == "shape"
+
+
+def _with(manifest: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
+    out = copy.deepcopy(manifest)
+    *head, last = path.split(".")
+    node = out
+    for key in head:
+        node = node[int(key)] if isinstance(node, list) else node[key]
+    if isinstance(node, list):
+        node[int(last)] = value
+    elif value is ...:
+        del node[last]
+    else:
+        node[last] = value
+    return out
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "message"),
+    [
+        ("fallback_rules.1.actions", ["apply_coupon", "teleport"], r"fallback_rules\[1\] \(full_cart_coupon\)\.actions: unknown action"),
+        ("fallback_rules.3.actions", ["view_detail"], r"default rule \(default\) must list every permitted action"),
+        ("fallback_rules.0.when", {"page_type": ["basket"]}, r"fallback_rules\[0\] \(cart_page_coupon\)\.when\.page_type"),
+        ("guardrails.rules.0.multiplier", -0.3, r"guardrails\.rules\[0\]\.multiplier \(full_cart_damp_add\)"),
+        ("guardrails.static.exit", "none", r"guardrails\.static\.exit"),
+        ("actions", ["view_detail", "add_to_cart", "apply_coupon", "share_social", "exit"], r"actions: expected"),
+        ("feature_spec.item_dim", 0, r"feature_spec\.item_dim"),
+        ("guard.threshold", 1.5, r"guard threshold: expected 0\.\.1"),
+        ("guard.threshold", "0.2", r"guard\.threshold must be a finite number"),
+        ("decoder.min_votes", 11, r"min_votes: expected 1\.\.10"),
+        ("decoder.exploration_epsilon", 2.0, r"exploration_epsilon"),
+        ("decoder.samples", ..., r"decoder\.samples must be an integer in 1\.\.64"),
+        ("decoder.samples", 10.5, r"decoder\.samples must be an integer in 1\.\.64"),
+        ("decoder.samples", 1000, r"decoder\.samples must be an integer in 1\.\.64"),
+        ("golden.tolerance", float("nan"), r"golden\.tolerance must be a finite number"),
+        ("fallback_rules", ..., r"missing 'fallback_rules'"),
+    ],
+)
+def test_bad_manifest_contents_are_schema_errors(rebuild: Any, manifest: dict[str, Any], path: str, value: Any,
+                                                 message: str) -> None:
+    with pytest.raises(BundleError, match=message) as info:
+        ModelSet.load(read_bundle(rebuild(manifest=_with(manifest, path, value))), LoadOptions(device="cpu"))
+    assert info.value.reason == "schema"
+
+
+def test_guardrail_rules_that_are_not_a_list_are_a_schema_error(rebuild: Any, manifest: dict[str, Any]) -> None:
+    """``"rules": null`` in a bundle must be refused as a BundleError; any other exception stops the server."""
+    assert load_reason(rebuild(manifest=_with(manifest, "guardrails.rules", None))) == "schema"
+
+
+def test_npz_behavior_table_is_refused_as_a_bundle_error(rebuild: Any, default_bundle: Bundle) -> None:
+    buf = io.BytesIO()
+    np.savez(buf, table=default_bundle.array("behavior_table.npy"))
+    assert load_reason(rebuild(**{"behavior_table.npy": buf.getvalue()})) == "format"
+
+
+def test_object_array_table_is_refused_as_format(rebuild: Any) -> None:
+    buf = io.BytesIO()
+    np.save(buf, np.array([{"a": 1}, None], dtype=object), allow_pickle=True)
+    assert load_reason(rebuild(**{"behavior_table.npy": buf.getvalue()})) == "format"
+
+
+def test_graph_whose_input_does_not_match_the_feature_spec(rebuild: Any) -> None:
+    params = mlp.init_params(np.random.default_rng(1), [900, 16, 16, 5])
+    assert load_reason(rebuild(**{"policy.onnx": mlp.policy_onnx(params)})) == "shape"
+    guard = mlp.init_params(np.random.default_rng(2), [900 + 5, 8, 8, 1])
+    assert load_reason(rebuild(**{"guard.onnx": mlp.guard_onnx(guard, 900)})) == "shape"
+
+
+def test_graph_with_the_wrong_number_of_actions(rebuild: Any) -> None:
+    params = mlp.init_params(np.random.default_rng(3), [920, 16, 16, 4])
+    assert load_reason(rebuild(**{"policy.onnx": mlp.policy_onnx(params)})) == "shape"
+
+
+def test_onnx_part_that_is_garbage(rebuild: Any) -> None:
+    assert load_reason(rebuild(**{"policy.onnx": b"\x08\x07garbage that is not a model"})) == "onnx"
+    assert load_reason(rebuild(**{"guard.onnx": b""})) == "onnx"
+
+
+def test_nan_in_the_policy_weights(rebuild: Any) -> None:
+    params = mlp.init_params(np.random.default_rng(4), [920, 128, 128, 5])
+    params["w2"][5, 9] = np.nan
+    assert load_reason(rebuild(**{"policy.onnx": mlp.policy_onnx(params)})) == "nonfinite"
+
+
+def test_other_valid_weights_fail_the_golden_test(rebuild: Any) -> None:
+    params = mlp.init_params(np.random.default_rng(5), [920, 128, 128, 5])
+    assert load_reason(rebuild(**{"policy.onnx": mlp.policy_onnx(params)})) == "golden"
+
+
+# --- decide ------------------------------------------------------------------------------------
+
+
+def test_served_probs_are_the_exact_procedure(model: ModelSet) -> None:
+    d = model.decide(SEARCH, LOGITS, PERMISSIVE, "exact-1")
+    p = masked_softmax(LOGITS, STATIC)
+    np.testing.assert_allclose(d.policy_probs, p, rtol=1e-12, atol=0)
+    # nothing vetoed: q = p; the fallback for a search page is the default rule's first action
+    np.testing.assert_allclose(d.served_probs, model.decoder.served_distribution(p, V.index), rtol=1e-12, atol=1e-15)
+    assert d.served_probs.sum() == pytest.approx(1.0, abs=1e-12)
+    assert d.served_probs[X.index] == 0.0
+    assert d.propensity == d.served_probs[d.action.index]
+    assert d.blocked.tolist() == [False, False, False, False, True]
+    assert d.samples == 10 and d.model_version == "default-init-20261130"
+    np.testing.assert_allclose(d.allow_probs, PERMISSIVE.astype(np.float64))
+
+
+def test_vetoed_actions_are_blocked_and_never_served(model: ModelSet) -> None:
+    allow = np.array([0.9, 0.1, 0.9, 0.9, 0.9], dtype=np.float32)  # view_detail below the 0.2 threshold
+    p = masked_softmax(LOGITS, STATIC)
+    q = np.where([True, False, True, True, False], p, 0.0)
+    q /= q.sum()
+    served = set()
+    for i in range(300):
+        d = model.decide(SEARCH, LOGITS, allow, f"veto-{i}")
+        assert d.blocked.tolist() == [False, True, False, False, True]
+        assert d.action not in (V, X)
+        assert d.served_probs[V.index] == 0.0 and d.served_probs[X.index] == 0.0
+        assert d.propensity == d.served_probs[d.action.index] > 0
+        if d.source is Source.FALLBACK_LOW_CONSENSUS:
+            assert (d.action, d.rule) == (A, "default")  # view is vetoed, so the default rule's next action
+        served.add(d.action)
+    np.testing.assert_allclose(d.served_probs, model.decoder.served_distribution(q, A.index), rtol=1e-12, atol=1e-15)
+    assert served >= {A, C}
+
+
+def test_all_vetoed_falls_back_to_the_least_risky_permitted_action(model: ModelSet) -> None:
+    allow = np.array([0.1, 0.15, 0.05, 0.19, 0.99], dtype=np.float32)  # exit is "safest" but banned
+    d = model.decide(SEARCH, LOGITS, allow, "all-vetoed")
+    assert d.source is Source.FALLBACK_GUARD
+    assert (d.action, d.rule) == (S, "default:least_risky")
+    assert d.propensity == 1.0
+    assert d.served_probs.tolist() == [0.0, 0.0, 0.0, 1.0, 0.0]
+    assert d.blocked.all()
+    assert d.votes == 0
+
+
+def test_allowed_actions_whose_probability_underflows_fall_back_to_the_rules(model: ModelSet) -> None:
+    logits = np.array([0.0, 0.0, 0.0, -2000.0, 0.0], dtype=np.float32)
+    allow = np.array([0.1, 0.1, 0.1, 0.9, 0.9], dtype=np.float32)  # only share_social is allowed
+    d = model.decide(SEARCH, logits, allow, "underflow")
+    assert (d.action, d.source, d.propensity) == (S, Source.FALLBACK_GUARD, 1.0)
+
+
+def test_full_cart_damps_add_to_cart_by_exactly_the_rule_factor(model: ModelSet) -> None:
+    empty = model.decide(SEARCH, LOGITS, PERMISSIVE, "cart").policy_probs
+    full = model.decide(SEARCH_FULL_CART, LOGITS, PERMISSIVE, "cart").policy_probs
+    assert (full[A.index] / full[V.index]) / (empty[A.index] / empty[V.index]) == pytest.approx(0.3, rel=1e-12)
+    for other in (C, S):
+        assert full[other.index] / full[V.index] == pytest.approx(empty[other.index] / empty[V.index], rel=1e-12)
+    assert full[A.index] < empty[A.index]
+    np.testing.assert_allclose(full, masked_softmax(LOGITS, np.array([0.3, 1.0, 0.8, 0.5, 0.0])), rtol=1e-12)
+
+
+def test_decide_replays_for_a_decision_id(model: ModelSet) -> None:
+    def key(i: int) -> tuple[Any, ...]:
+        d = model.decide(SEARCH, LOGITS, PERMISSIVE, f"replay-{i}")
+        return d.action, d.source, d.votes, d.counts, d.propensity, d.rule
+
+    first = [key(i) for i in range(40)]
+    assert first == [key(i) for i in range(40)]
+    assert len({k[3] for k in first}) > 5  # different ids draw differently
+
+
+def test_decisions_follow_served_probs_and_sources_are_consistent(model: ModelSet) -> None:
+    logits = np.zeros(5, dtype=np.float32)  # q ∝ static weights: low consensus is common
+    n = 10_000
+    freq = np.zeros(5)
+    sources: dict[Source, int] = {}
+    served = None
+    for i in range(n):
+        d = model.decide(SEARCH, logits, PERMISSIVE, f"mix-{i}")
+        served = d.served_probs
+        freq[d.action.index] += 1
+        sources[d.source] = sources.get(d.source, 0) + 1
+        if d.source is Source.POLICY:
+            assert d.votes == d.counts[d.action.index] == max(d.counts) >= 4 and sum(d.counts) == 10
+        elif d.source is Source.FALLBACK_LOW_CONSENSUS:
+            assert max(d.counts) < 4 and (d.action, d.rule) == (V, "default")
+        else:
+            assert d.source is Source.EXPLORATION and d.votes == 0 and sum(d.counts) == 0
+    assert served is not None
+    assert set(sources) == {Source.POLICY, Source.FALLBACK_LOW_CONSENSUS, Source.EXPLORATION}
+    p = served
+    assert (np.abs(freq / n - p) <= 5 * np.sqrt(p * (1 - p) / n)).all(), (freq / n, p)
+    assert abs(sources[Source.EXPLORATION] / n - 0.05) <= 5 * math.sqrt(0.05 * 0.95 / n)
+
+
+def test_epsilon_override_turns_exploration_off(default_bundle: Bundle) -> None:
+    m = ModelSet.load(default_bundle, LoadOptions(device="cpu", warmup_batch=1, exploration_epsilon=0.0))
+    logits = np.zeros(5, dtype=np.float32)
+    sources = {m.decide(SEARCH, logits, PERMISSIVE, f"eps-{i}").source for i in range(1000)}
+    assert Source.EXPLORATION not in sources
+    d = m.decide(SEARCH, logits, PERMISSIVE, "eps")
+    p = masked_softmax(logits, STATIC)
+    np.testing.assert_allclose(d.served_probs, m.decoder.served_distribution(p, V.index), rtol=1e-12, atol=1e-15)
+    assert m.decoder.epsilon == 0.0
+
+
+def test_guard_threshold_override(default_bundle: Bundle) -> None:
+    strict = ModelSet.load(default_bundle, LoadOptions(device="cpu", warmup_batch=1, guard_threshold=0.95))
+    d = strict.decide(SEARCH, LOGITS, PERMISSIVE, "strict")
+    assert d.source is Source.FALLBACK_GUARD and d.propensity == 1.0 and d.rule == "default:least_risky"
+    lax = ModelSet.load(default_bundle, LoadOptions(device="cpu", warmup_batch=1, guard_threshold=0.0))
+    d = lax.decide(SEARCH, LOGITS, np.full(5, 0.01, dtype=np.float32), "lax")
+    assert d.blocked.tolist() == [False, False, False, False, True]
+    assert d.source is not Source.FALLBACK_GUARD
+
+
+# --- fallbacks without model outputs -----------------------------------------------------------
+
+
+def test_model_fallback_answers_from_the_rules(model: ModelSet) -> None:
+    d = model.fallback(Context(PageType.CART, 0, 12, 0), Source.FALLBACK_DEGRADED)
+    assert (d.action, d.source, d.rule, d.propensity) == (C, Source.FALLBACK_DEGRADED, "cart_page_coupon", 1.0)
+    assert d.served_probs.tolist() == [0.0, 0.0, 1.0, 0.0, 0.0]
+    assert d.blocked.tolist() == [False, False, False, False, True]
+
+
+def test_no_model_answers_from_the_rules(default_bundle: Bundle) -> None:
+    none = NoModel(default_bundle.manifest)
+    assert none.ready is False and none.version == ""
+    d = none.fallback(Context(PageType.DETAIL, 0, 12, 0))
+    assert (d.action, d.source, d.rule, d.propensity) == (A, Source.FALLBACK_NO_MODEL, "detail_page_add", 1.0)
+    assert d.model_version == ""
+    d = none.fallback(Context(PageType.DETAIL, 3, 12, 0))
+    assert (d.action, d.rule) == (C, "full_cart_coupon")
+    assert isinstance(d.action, Action)
+    # documented: with no model every answer is labelled FALLBACK_NO_MODEL, whatever the caller asks
+    assert none.fallback(Context(PageType.SEARCH, 0, 12, 0), Source.FALLBACK_DEGRADED).source is Source.FALLBACK_NO_MODEL
