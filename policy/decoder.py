@@ -23,13 +23,11 @@ need, not the policy softmax.
 
 from __future__ import annotations
 
-import bisect
 import hashlib
 import math
-import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import accumulate, combinations
+from itertools import combinations
 
 import numpy as np
 import numpy.typing as npt
@@ -48,24 +46,26 @@ def compositions(total: int, parts: int) -> IntArray:
     return np.array(rows, dtype=np.int64)
 
 
-def uniforms(decision_id: str, n: int) -> FloatArray:
-    """``n`` uniforms in [0, 1) derived from the decision id alone, so any decision replays.
-
-    BLAKE2b in counter mode: each 64-byte digest gives eight 53-bit uniforms. Cheaper than
-    seeding a numpy Generator per request (about 1 µs against 50 µs).
-    """
-    return np.array(_uniforms(decision_id, n))
-
-
-def _uniforms(decision_id: str, n: int) -> list[float]:
+def uniform_bytes(decision_id: str, n: int) -> bytes:
+    """The raw material of ``n`` uniforms: BLAKE2b of the decision id in counter mode."""
     key = decision_id.encode()
-    blocks = b"".join(
+    return b"".join(
         hashlib.blake2b(key, digest_size=64, salt=i.to_bytes(16, "little")).digest() for i in range((n + 7) // 8)
-    )
-    return [(w >> 11) * _TWO_POW_M53 for w in struct.unpack_from(f"<{n}Q", blocks)]
+    )[: 8 * n]
 
 
-_TWO_POW_M53 = 1.0 / (1 << 53)
+def uniforms_batch(decision_ids: Sequence[str], n: int) -> FloatArray:
+    """(len(ids), n) uniforms in [0, 1): 53-bit floats from the 64-bit words of ``uniform_bytes``.
+
+    Derived from the decision id alone, so any logged decision replays exactly; cheaper than
+    seeding a numpy Generator per request (about 2 µs against 50 µs).
+    """
+    words = np.frombuffer(b"".join(uniform_bytes(d, n) for d in decision_ids), dtype="<u8").reshape(len(decision_ids), n)
+    return (words >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+
+
+def uniforms(decision_id: str, n: int) -> FloatArray:
+    return uniforms_batch([decision_id], n)[0]
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,18 +103,16 @@ class MajorityDecoder:
         self._decisive = self._counts.max(axis=1) >= min_votes
         self._tables: dict[tuple[tuple[bool, ...], tuple[int, ...]], _Table] = {}
 
-    def _order(self, q: Sequence[float]) -> tuple[int, ...]:
-        """Actions from strongest to weakest under the tie rule: larger ``q``, then lower index."""
-        return tuple(sorted(range(self.n_actions), key=lambda i: (-q[i], i)))
+    def order(self, q: FloatArray) -> IntArray:
+        """Per row, actions from strongest to weakest under the tie rule (larger ``q``, then lower index)."""
+        return np.argsort(-q, axis=-1, kind="stable")
 
-    def _table(self, q: Sequence[float]) -> _Table:
-        """Count vectors whose votes fall on actions with ``q > 0``, and their winners (cached).
+    def _table(self, support: tuple[bool, ...], order: tuple[int, ...]) -> _Table:
+        """Count vectors whose votes fall on supported actions, and their winners (cached).
 
         The winner of a count vector depends on ``q`` only through the order of the actions,
-        so the table is built once per (support, order): at most 326 tables for 5 actions.
+        so a table is built once per (support, order): at most 326 tables for 5 actions.
         """
-        order = self._order(q)
-        support = tuple(v > 0 for v in q)
         key = (support, order)
         table = self._tables.get(key)
         if table is None:
@@ -127,61 +125,106 @@ class MajorityDecoder:
             decisive = self._decisive[rows]
             log_coef = np.log(self._coef[rows])
             sub = counts[:, mask].astype(np.float64)
-            table = _Table(sub[decisive], log_coef[decisive], winners[decisive], sub[~decisive], log_coef[~decisive],
-                           tuple(i for i in range(self.n_actions) if support[i]))
+            table = _Table(
+                counts_t=np.ascontiguousarray(sub[decisive].T),
+                log_coef=log_coef[decisive],
+                winners=np.eye(self.n_actions)[winners[decisive]],
+                low_counts_t=np.ascontiguousarray(sub[~decisive].T),
+                low_log_coef=log_coef[~decisive],
+                support=mask,
+            )
             self._tables[key] = table
         return table
 
-    def winner(self, counts: Sequence[int], q: Sequence[float]) -> int:
+    def winner(self, counts: Sequence[int] | IntArray, q: Sequence[float] | FloatArray) -> int:
         """Majority action of one count vector under the tie rule (no vote minimum)."""
-        order = self._order(q)
-        best = max(range(self.n_actions), key=lambda i: (counts[order[i]], -i))
-        return order[best]
+        return int(self._winners(np.asarray([counts]), self.order(np.asarray([q], dtype=np.float64)))[0])
 
-    def _explore(self, q: Sequence[float]) -> list[float]:
-        power = 1.0 / self.temperature
-        qt = [v**power if v > 0 else 0.0 for v in q]
-        total = sum(qt)
-        return [v / total for v in qt]
+    def _winners(self, counts: IntArray, order: IntArray) -> IntArray:
+        rank = np.empty_like(order)
+        np.put_along_axis(rank, order, np.arange(self.n_actions - 1, -1, -1)[None, :], axis=1)
+        return np.argmax(counts * self.n_actions + rank, axis=1)
+
+    def explore_batch(self, q: FloatArray) -> FloatArray:
+        """``q_T ∝ q^(1/T)`` per row: the temperature-scaled masked distribution."""
+        qt = np.where(q > 0, q, 0.0) ** (1.0 / self.temperature)
+        return qt / qt.sum(axis=-1, keepdims=True)
 
     def explore_distribution(self, q: FloatArray | Sequence[float]) -> FloatArray:
-        """``q_T ∝ q^(1/T)``: the temperature-scaled masked distribution."""
-        return np.array(self._explore(list(q)))
+        return self.explore_batch(np.asarray([q], dtype=np.float64))[0]
+
+    def served_batch(self, q: FloatArray, fallback: IntArray) -> FloatArray:
+        """Exact probability of serving each action, per row of ``q`` (N, n_actions).
+
+        ``fallback[i]`` is the rule engine's action index for row ``i``. Rows that share a
+        support and an order share a table, so a batch costs one matrix product per group.
+        """
+        n = len(q)
+        decided = np.zeros((n, self.n_actions))
+        order = self.order(q)
+        groups: dict[tuple[tuple[bool, ...], tuple[int, ...]], list[int]] = {}
+        for i, key in enumerate(zip(map(tuple, (q > 0).tolist()), map(tuple, order.tolist()), strict=True)):
+            groups.setdefault(key, []).append(i)
+        for (support, row_order), members in groups.items():
+            t = self._table(support, row_order)
+            idx = np.array(members)
+            log_q = np.log(q[np.ix_(idx, t.support)])
+            decided[idx] = np.exp(t.log_coef + log_q @ t.counts_t) @ t.winners
+            if len(t.low_log_coef):
+                decided[idx, fallback[idx]] += np.exp(t.low_log_coef + log_q @ t.low_counts_t).sum(axis=1)
+        served: FloatArray = (1.0 - self.epsilon) * decided
+        if self.epsilon > 0:
+            served += self.epsilon * self.explore_batch(q)
+        return served
 
     def served_distribution(self, q: FloatArray | Sequence[float], fallback: int) -> FloatArray:
-        """Exact probability of serving each action; ``fallback`` is the rule engine's index."""
-        qs = [float(v) for v in q]
-        t = self._table(qs)
-        log_q = np.log([qs[i] for i in t.support])
-        decided = np.bincount(t.winners, weights=np.exp(t.log_coef + t.counts @ log_q), minlength=self.n_actions)
-        decided[fallback] += float(np.exp(t.low_log_coef + t.low_counts @ log_q).sum()) if len(t.low_log_coef) else 0.0
-        served: FloatArray = (1.0 - self.epsilon) * decided.astype(np.float64)
-        if self.epsilon > 0:
-            served += self.epsilon * np.array(self._explore(qs))
-        return served
+        """Exact probability of serving each action for one request."""
+        return self.served_batch(np.asarray([q], dtype=np.float64), np.array([fallback]))[0]
+
+    def draw_batch(self, q: FloatArray, u: FloatArray) -> DrawBatch:
+        """Run the procedure once per row with the row's uniforms ``u`` (N, samples + 2).
+
+        ``u[:, 0]`` decides exploration, ``u[:, 1]`` picks the exploration draw, the rest are
+        the K votes; each draw is an inverse-CDF lookup (the count of CDF entries ≤ u·total).
+        """
+        last = self.n_actions - 1
+        explore_cdf = np.cumsum(self.explore_batch(q), axis=1)
+        explored_index = np.minimum(
+            (u[:, 1:2] * explore_cdf[:, -1:] >= explore_cdf).sum(axis=1), last
+        )
+        cdf = np.cumsum(q, axis=1)
+        votes = u[:, 2:] * cdf[:, -1:]
+        picks = np.minimum((votes[:, :, None] >= cdf[:, None, :]).sum(axis=2), last)
+        counts = (picks[:, :, None] == np.arange(self.n_actions)).sum(axis=1)
+        winners = self._winners(counts, self.order(q))
+        explored = u[:, 0] < self.epsilon
+        decisive = counts[np.arange(len(q)), winners] >= self.min_votes
+        index = np.where(explored, explored_index, winners)
+        return DrawBatch(index=index, explored=explored, decisive=decisive | explored,
+                         counts=np.where(explored[:, None], 0, counts))
 
     def draw(self, q: FloatArray | Sequence[float], decision_id: str) -> Draw:
         """Run the procedure once with uniforms derived from the decision id (replayable)."""
-        qs = [float(v) for v in q]
-        u = _uniforms(decision_id, self.samples + 2)
-        if u[0] < self.epsilon:
-            cdf = list(accumulate(self._explore(qs)))
-            index = min(bisect.bisect_right(cdf, u[1] * cdf[-1]), self.n_actions - 1)
-            return Draw(index=index, explored=True, counts=np.zeros(self.n_actions, dtype=np.int64))
-        cdf = list(accumulate(qs))
-        counts = [0] * self.n_actions
-        for v in u[2:]:
-            counts[min(bisect.bisect_right(cdf, v * cdf[-1]), self.n_actions - 1)] += 1
-        index = self.winner(counts, qs)
-        return Draw(index=index if counts[index] >= self.min_votes else None, explored=False,
-                    counts=np.array(counts, dtype=np.int64))
+        batch = self.draw_batch(np.asarray([q], dtype=np.float64), uniforms(decision_id, self.samples + 2)[None, :])
+        index = int(batch.index[0])
+        return Draw(index=index if batch.decisive[0] else None, explored=bool(batch.explored[0]), counts=batch.counts[0])
+
+
+@dataclass(frozen=True, slots=True)
+class DrawBatch:
+    """One run of the procedure per row. Where ``decisive`` is false the rule engine answers."""
+
+    index: IntArray  # (N,) served index (the majority winner, or the exploration draw)
+    explored: npt.NDArray[np.bool_]  # (N,)
+    decisive: npt.NDArray[np.bool_]  # (N,) explored, or the winner has at least min_votes
+    counts: IntArray  # (N, n_actions) votes; zeros when explored
 
 
 @dataclass(frozen=True, slots=True)
 class _Table:
-    counts: FloatArray  # (rows, |support|): votes on the supported actions, decisive rows
+    counts_t: FloatArray  # (|support|, rows): votes on the supported actions, decisive rows
     log_coef: FloatArray  # (rows,) log multinomial coefficients, decisive rows
-    winners: IntArray  # (rows,) winning action index under the tie rule, decisive rows
-    low_counts: FloatArray  # the same for rows whose winner has fewer than min_votes votes
+    winners: FloatArray  # (rows, n_actions) one-hot winner under the tie rule, decisive rows
+    low_counts_t: FloatArray  # the same for rows whose winner has fewer than min_votes votes
     low_log_coef: FloatArray
-    support: tuple[int, ...]  # actions with q > 0
+    support: npt.NDArray[np.bool_]  # (n_actions,) actions with q > 0

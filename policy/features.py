@@ -11,6 +11,7 @@ of ``event_time`` in the configured timezone.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, tzinfo
 from typing import Any
@@ -85,20 +86,27 @@ class FeatureEncoder:
             )
         self.spec = spec
         self._table = behavior_table
+        self._padded = np.vstack([behavior_table, np.zeros((1, spec.behavior_dim), dtype=np.float32)])
         self._behavior_at = spec.item_dim
         self._hour_at = spec.item_dim + spec.behavior_dim
 
-    def encode_into(self, req: DecisionRequest, hour: int, out: F32) -> None:
-        """Write the state of ``req`` into ``out`` (a zeroed row of length ``state_dim``)."""
+    def encode_batch(self, reqs: Sequence[DecisionRequest], hours: Sequence[int]) -> F32:
+        """States for a batch, shape (N, state_dim): one gather for all behaviour rows."""
         spec = self.spec
-        out[: spec.item_dim] = req.item_embedding
-        ids = req.recent_behavior_ids[: spec.behavior_window]
-        if ids:
-            rows = [bucket(i, spec.behavior_buckets) for i in ids]
-            out[self._behavior_at : self._hour_at] = self._table[rows].mean(axis=0)
-        out[self._hour_at + hour] = 1.0
+        n = len(reqs)
+        out = np.zeros((n, spec.state_dim), dtype=np.float32)
+        out[:, : spec.item_dim] = np.stack([r.item_embedding for r in reqs])
+        window = spec.behavior_window
+        rows = np.full((n, window), spec.behavior_buckets, dtype=np.int64)  # the padding row is zeros
+        counts = np.ones(n, dtype=np.float32)
+        for i, req in enumerate(reqs):
+            ids = req.recent_behavior_ids[:window]
+            if ids:
+                rows[i, : len(ids)] = [bucket(b, spec.behavior_buckets) for b in ids]
+                counts[i] = len(ids)
+        out[:, self._behavior_at : self._hour_at] = self._padded[rows].sum(axis=1) / counts[:, None]
+        out[np.arange(n), self._hour_at + np.asarray(hours, dtype=np.int64)] = 1.0
+        return out
 
     def encode(self, req: DecisionRequest, hour: int) -> F32:
-        out = np.zeros(self.spec.state_dim, dtype=np.float32)
-        self.encode_into(req, hour, out)
-        return out
+        return self.encode_batch([req], [hour])[0]

@@ -102,17 +102,19 @@ class Guardrails:
         return w, tuple(fired)
 
 
-def apply(logits: npt.NDArray[np.floating[Any]], weights: FloatArray) -> FloatArray:
-    """Masked policy: ``softmax(logits + log weights)``; banned actions get probability 0.
+def apply_batch(logits: npt.NDArray[np.floating[Any]], weights: FloatArray) -> FloatArray:
+    """Masked policy per row: ``softmax(logits + log weights)``; banned actions get exactly 0.
 
-    Returns all zeros when every action is banned for this request. Plain Python over the
-    five actions: numpy's per-call overhead would cost more than the arithmetic.
+    A row where every action is banned comes back all zeros.
     """
-    z = [lg + math.log(w) if w > 0 else None for lg, w in zip(logits.tolist(), weights.tolist(), strict=True)]
-    live = [v for v in z if v is not None]
-    if not live:
-        return np.zeros(len(z))
-    top = max(live)
-    e = [math.exp(v - top) if v is not None else 0.0 for v in z]
-    total = sum(e)
-    return np.array([v / total for v in e])
+    permitted = weights > 0
+    z = np.where(permitted, logits.astype(np.float64) + np.log(np.where(permitted, weights, 1.0)), -np.inf)
+    top = z.max(axis=-1, keepdims=True)
+    e = np.exp(z - np.where(np.isfinite(top), top, 0.0))
+    total = e.sum(axis=-1, keepdims=True)
+    return np.divide(e, total, out=np.zeros_like(e), where=total > 0)
+
+
+def apply(logits: npt.NDArray[np.floating[Any]], weights: FloatArray) -> FloatArray:
+    """``apply_batch`` for one request."""
+    return apply_batch(logits[None, :], weights[None, :])[0]

@@ -1,13 +1,15 @@
-"""Micro-batching: concurrent requests share one inference call.
+"""Micro-batching: concurrent requests share one encode, one inference call and one vectorised decision.
 
 Opportunistic, not timed: the worker takes everything waiting (up to ``max_batch``) the
 moment the previous batch finishes, so a lone request waits for nothing and a busy server
-amortises each onnxruntime call over many requests. Inference runs on a dedicated thread
-(onnxruntime releases the GIL), so the event loop keeps parsing and answering meanwhile.
+amortises each onnxruntime call and each numpy operation over many requests. The batch
+runs on a dedicated thread (onnxruntime and numpy release the GIL), so the event loop keeps
+parsing and answering meanwhile.
 
 A batch only ever holds requests that read the same model set, so a hot swap never mixes
 models in one call. A full queue raises ``Overloaded`` at once; the caller degrades to the
-rule engine rather than queueing without bound.
+rule engine rather than queueing without bound. If a batch fails, its requests are rerun
+one by one, so only a request that fails on its own gets the error.
 """
 
 from __future__ import annotations
@@ -15,14 +17,14 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Protocol
 
-import numpy as np
-import numpy.typing as npt
+from policy.domain import Context, Decision, DecisionRequest
 
 log = logging.getLogger(__name__)
-F32 = npt.NDArray[np.float32]
 
 
 class Overloaded(RuntimeError):
@@ -33,11 +35,22 @@ class BatcherClosed(RuntimeError):
     """The batcher is shutting down."""
 
 
-class Inferable(Protocol):
-    def infer(self, states: F32) -> tuple[F32, F32]: ...
+class BatchModel(Protocol):
+    def run(self, requests: Sequence[DecisionRequest], contexts: Sequence[Context],
+            decision_ids: Sequence[str]) -> list[Decision]: ...
 
 
-_Item = tuple[Inferable, F32, "asyncio.Future[tuple[F32, F32]]"]
+@dataclass(slots=True)
+class _Item:
+    model: BatchModel
+    request: DecisionRequest
+    context: Context
+    decision_id: str
+    future: asyncio.Future[Decision]
+
+
+def _run(model: BatchModel, items: Sequence[_Item]) -> list[Decision]:
+    return model.run([i.request for i in items], [i.context for i in items], [i.decision_id for i in items])
 
 
 class MicroBatcher:
@@ -56,33 +69,33 @@ class MicroBatcher:
         return len(self._pending)
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="micro-batcher")
+        self._task = asyncio.get_running_loop().create_task(self._worker(), name="micro-batcher")
 
-    async def infer(self, model: Inferable, state: F32) -> tuple[F32, F32]:
-        """Policy logits and guard allow-probabilities for one state, batched with its neighbours."""
+    async def decide(self, model: BatchModel, request: DecisionRequest, context: Context, decision_id: str) -> Decision:
+        """The decision for one request, computed in a batch with its neighbours."""
         if self._closed:
             raise BatcherClosed("shutting down")
         if len(self._pending) >= self.max_queue:
             raise Overloaded(f"{len(self._pending)} requests already waiting for inference")
-        future: asyncio.Future[tuple[F32, F32]] = asyncio.get_running_loop().create_future()
-        self._pending.append((model, state, future))
+        future: asyncio.Future[Decision] = asyncio.get_running_loop().create_future()
+        self._pending.append(_Item(model, request, context, decision_id, future))
         self._wake.set()
         return await future
 
-    def _take(self) -> tuple[Inferable, list[_Item]]:
+    def _take(self) -> list[_Item]:
         """The oldest waiting request and those behind it on the same model, up to max_batch."""
-        model = self._pending[0][0]
+        model = self._pending[0].model
         batch: list[_Item] = []
         keep: list[_Item] = []
         while self._pending and len(batch) < self.max_batch:
             item = self._pending.popleft()
-            if item[2].done():  # the caller gave up (deadline or cancellation)
+            if item.future.done():  # the caller gave up (deadline or cancellation)
                 continue
-            (batch if item[0] is model else keep).append(item)
+            (batch if item.model is model else keep).append(item)
         self._pending.extendleft(reversed(keep))
-        return model, batch
+        return batch
 
-    async def _run(self) -> None:
+    async def _worker(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
             if not self._pending:
@@ -91,41 +104,39 @@ class MicroBatcher:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            model, batch = self._take()
+            batch = self._take()
             if not batch:
                 continue
-            states = np.stack([item[1] for item in batch])
             try:
-                logits, allow = await loop.run_in_executor(self._executor, model.infer, states)
+                decisions = await loop.run_in_executor(self._executor, _run, batch[0].model, batch)
             except Exception as exc:
                 if len(batch) > 1:  # isolate the request that broke it: rerun one by one
-                    self._pending.extendleft(reversed([(m, s, f) for m, s, f in batch]))
-                    await self._run_singly(loop, len(batch))
+                    for item in batch:
+                        await self._run_one(loop, item)
                     continue
-                log.error("inference failed", extra={"fields": {"error": repr(exc)[:300]}})
-                if not batch[0][2].done():
-                    batch[0][2].set_exception(exc)
+                self._fail(batch[0], exc)
                 continue
             self.batches += 1
-            for i, (_, _, future) in enumerate(batch):
-                if not future.done():
-                    future.set_result((logits[i], allow[i]))
+            for item, decision in zip(batch, decisions, strict=True):
+                if not item.future.done():
+                    item.future.set_result(decision)
 
-    async def _run_singly(self, loop: asyncio.AbstractEventLoop, count: int) -> None:
-        """Infer the next ``count`` waiting requests one at a time, failing only those that fail."""
-        for _ in range(count):
-            model, state, future = self._pending.popleft()
-            if future.done():
-                continue
-            try:
-                logits, allow = await loop.run_in_executor(self._executor, model.infer, state[None, :])
-            except Exception as exc:
-                log.error("inference failed", extra={"fields": {"error": repr(exc)[:300]}})
-                if not future.done():
-                    future.set_exception(exc)
-                continue
-            if not future.done():
-                future.set_result((logits[0], allow[0]))
+    async def _run_one(self, loop: asyncio.AbstractEventLoop, item: _Item) -> None:
+        if item.future.done():
+            return
+        try:
+            (decision,) = await loop.run_in_executor(self._executor, _run, item.model, [item])
+        except Exception as exc:
+            self._fail(item, exc)
+            return
+        if not item.future.done():
+            item.future.set_result(decision)
+
+    @staticmethod
+    def _fail(item: _Item, exc: Exception) -> None:
+        log.error("inference failed", extra={"fields": {"decision_id": item.decision_id, "error": repr(exc)[:300]}})
+        if not item.future.done():
+            item.future.set_exception(exc)
 
     async def close(self) -> None:
         """Finish what is queued, then stop the worker and its thread."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,8 +21,8 @@ from guard.action_guard import ActionGuard
 from guard.rules import RuleAnswer, RuleEngine
 from policy import guardrails as gr
 from policy.conditions import SchemaError
-from policy.decoder import MajorityDecoder
-from policy.domain import ACTIONS, N_ACTIONS, Context, Decision, FloatArray, Source
+from policy.decoder import MajorityDecoder, uniforms_batch
+from policy.domain import ACTIONS, N_ACTIONS, Context, Decision, DecisionRequest, FloatArray, Source
 from policy.features import FeatureEncoder, FeatureSpec
 from policy.onnx_model import OnnxModel
 from weights.bundle import Bundle, BundleError
@@ -172,38 +173,62 @@ class ModelSet(_Policies):
         """Policy logits and guard allow-probabilities for a batch of states."""
         return self.policy.run(states), self.guard_model.run(states)
 
+    def run(self, requests: Sequence[DecisionRequest], contexts: Sequence[Context], decision_ids: Sequence[str]) -> list[Decision]:
+        """The whole decision for a batch: encode, infer, decide. What the micro-batcher calls."""
+        states = self.encoder.encode_batch(requests, [c.hour for c in contexts])
+        logits, allow = self.infer(states)
+        return self.decide_batch(contexts, logits, allow, decision_ids)
+
     def decide(self, ctx: Context, logits: F32, allow: F32, decision_id: str) -> Decision:
+        """``decide_batch`` for one request."""
+        return self.decide_batch([ctx], logits[None, :], allow[None, :], [decision_id])[0]
+
+    def decide_batch(self, contexts: Sequence[Context], logits: F32, allow: F32, decision_ids: Sequence[str]) -> list[Decision]:
         """Guardrails → guard veto → sampled majority (or exploration, or the rules), with exact propensities.
 
-        Per-request work on 5-element vectors is plain Python: numpy's per-call overhead
-        would dominate at this size; only the 1,001-row propensity table uses numpy.
+        Vectorised over the batch; only the guardrail and fallback rules (data-driven, per
+        request) loop in Python. A single request goes through the same code, so a logged
+        decision replays identically whether it was served alone or in a batch.
         """
-        weights, _ = self.guardrails.weights(ctx)
-        policy_probs = gr.apply(logits, weights)
+        n = len(contexts)
+        fired = [self.guardrails.weights(ctx) for ctx in contexts]
+        weights = np.stack([w for w, _ in fired])
+        policy_probs = gr.apply_batch(logits, weights)
         allow64 = allow.astype(np.float64)
         permitted = weights > 0
         allowed = permitted & ~self.guard.vetoed(allow64)
-        blocked = ~allowed
+        fallbacks = [
+            self.rules.decide(ctx, a, p, s)
+            for ctx, a, p, s in zip(contexts, allowed.tolist(), permitted.tolist(), allow64.tolist(), strict=True)
+        ]
+        q = np.where(allowed, policy_probs, 0.0)
+        total = q.sum(axis=1)
+        ok = total > 0  # rows where some allowed action has probability: the decoder decides
+        q[ok] /= total[ok, None]
         samples = self.decoder.samples
-        fallback = self.rules.decide(ctx, allowed, permitted, allow64)
-        q = [p if ok else 0.0 for p, ok in zip(policy_probs.tolist(), allowed.tolist(), strict=True)]
-        total = sum(q)
-        if not total > 0:  # every permitted action vetoed (or underflowed): the rules answer
-            return _certain(fallback, Source.FALLBACK_GUARD, self.version, policy_probs, allow64, blocked, samples)
-        q = [v / total for v in q]
-        served = self.decoder.served_distribution(q, fallback.action.index)
-        draw = self.decoder.draw(q, decision_id)
-        counts = tuple(draw.counts.tolist())
-        if draw.explored:
-            action, source, rule, votes = ACTIONS[draw.index or 0], Source.EXPLORATION, "", 0
-        elif draw.index is None:
-            action, source, rule = fallback.action, Source.FALLBACK_LOW_CONSENSUS, fallback.rule
-            votes = counts[action.index]
-        else:
-            action, source, rule = ACTIONS[draw.index], Source.POLICY, ""
-            votes = counts[action.index]
-        return Decision(action, source, float(served[action.index]), votes, samples, served, policy_probs, allow64,
-                        blocked, self.version, rule, counts)
+        served = np.zeros((n, N_ACTIONS))
+        decisions: list[Decision | None] = [None] * n
+        rows = np.flatnonzero(ok)
+        if len(rows):
+            fallback_index = np.array([fallbacks[i].action.index for i in rows])
+            served[rows] = self.decoder.served_batch(q[rows], fallback_index)
+            draws = self.decoder.draw_batch(q[rows], uniforms_batch([decision_ids[i] for i in rows.tolist()], samples + 2))
+            counts = draws.counts.tolist()
+            for j, i in enumerate(rows.tolist()):
+                if draws.explored[j]:
+                    action, source, rule, votes = ACTIONS[int(draws.index[j])], Source.EXPLORATION, "", 0
+                elif draws.decisive[j]:
+                    action, source, rule = ACTIONS[int(draws.index[j])], Source.POLICY, ""
+                    votes = counts[j][action.index]
+                else:
+                    action, source, rule = fallbacks[i].action, Source.FALLBACK_LOW_CONSENSUS, fallbacks[i].rule
+                    votes = counts[j][action.index]
+                decisions[i] = Decision(action, source, float(served[i, action.index]), votes, samples, served[i],
+                                        policy_probs[i], allow64[i], ~allowed[i], self.version, rule, tuple(counts[j]))
+        for i in np.flatnonzero(~ok).tolist():  # every permitted action vetoed (or underflowed): the rules answer
+            decisions[i] = _certain(fallbacks[i], Source.FALLBACK_GUARD, self.version, policy_probs[i], allow64[i],
+                                    ~allowed[i], samples)
+        return [d for d in decisions if d is not None]
 
     def fallback(self, ctx: Context, source: Source) -> Decision:
         """A rule-engine answer without model outputs (overload, inference error, short deadline)."""

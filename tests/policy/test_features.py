@@ -91,13 +91,14 @@ def test_no_behaviour_gives_zeros(encoder: FeatureEncoder) -> None:
     assert state[HOUR_AT + 23] == 1.0 and state[HOUR_AT:].sum() == 1.0
 
 
-def test_encode_into_a_batch_row(encoder: FeatureEncoder) -> None:
-    batch = np.zeros((3, 920), dtype=np.float32)
-    reqs = [request(("a",), seed=s) for s in range(3)]
-    for i, r in enumerate(reqs):
-        encoder.encode_into(r, i, batch[i])
-    for i, r in enumerate(reqs):
-        assert np.array_equal(batch[i], encoder.encode(r, i))
+def test_encode_batch_rows_equal_single_encodings(encoder: FeatureEncoder) -> None:
+    behaviours: list[tuple[str, ...]] = [(), ("a",), ("a", "b", "c"), ("x", "y", "z", "w", "v")]
+    reqs = [request(b, seed=s) for s, b in enumerate(behaviours)]
+    batch = encoder.encode_batch(reqs, [0, 5, 17, 23])
+    assert batch.shape == (4, 920) and batch.dtype == np.float32
+    for i, (r, hour) in enumerate(zip(reqs, [0, 5, 17, 23], strict=True)):
+        assert np.array_equal(batch[i], encoder.encode(r, hour))
+    assert not batch[0, ITEM:HOUR_AT].any()
 
 
 def test_encoder_rejects_a_table_of_the_wrong_shape() -> None:
