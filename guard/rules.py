@@ -34,6 +34,10 @@ class Rule:
     when: Condition
     actions: tuple[Action, ...]
 
+    @property
+    def indexed(self) -> tuple[tuple[Action, int], ...]:
+        return tuple((a, a.index) for a in self.actions)
+
 
 @dataclass(frozen=True, slots=True)
 class RuleAnswer:
@@ -44,6 +48,8 @@ class RuleAnswer:
 class RuleEngine:
     def __init__(self, rules: Sequence[Rule]) -> None:
         self.rules = tuple(rules)
+        # (condition, name, ((action, index), ...)) per rule: the hot loop reads no enum properties
+        self._plan = tuple((r.when, r.name, r.indexed) for r in self.rules)
 
     @classmethod
     def parse(cls, spec: Any, static_weights: FloatArray, where: str = "fallback_rules") -> RuleEngine:
@@ -103,11 +109,11 @@ class RuleEngine:
         (highest allow-probability; rule name ``<default>:least_risky``). If the guardrails
         ban everything for this request, the default rule's first action is served.
         """
-        for rule in self.rules:
-            if rule.when.matches(ctx):
-                for action in rule.actions:
-                    if allowed[action.index]:
-                        return RuleAnswer(action, rule.name)
+        for when, name, actions in self._plan:
+            if when.matches(ctx):
+                for action, index in actions:
+                    if allowed[index]:
+                        return RuleAnswer(action, name)
         default = self.rules[-1]
         candidates = [a for a in default.actions if permitted[a.index]]
         if candidates:

@@ -47,18 +47,16 @@ def compositions(total: int, parts: int) -> IntArray:
 
 
 def uniform_bytes(decision_id: str, n: int) -> bytes:
-    """The raw material of ``n`` uniforms: BLAKE2b of the decision id in counter mode."""
-    key = decision_id.encode()
-    return b"".join(
-        hashlib.blake2b(key, digest_size=64, salt=i.to_bytes(16, "little")).digest() for i in range((n + 7) // 8)
-    )[: 8 * n]
+    """The raw material of ``n`` uniforms: SHAKE-256 of the decision id, ``8n`` bytes."""
+    return hashlib.shake_256(decision_id.encode()).digest(8 * n)
 
 
 def uniforms_batch(decision_ids: Sequence[str], n: int) -> FloatArray:
     """(len(ids), n) uniforms in [0, 1): 53-bit floats from the 64-bit words of ``uniform_bytes``.
 
     Derived from the decision id alone, so any logged decision replays exactly; cheaper than
-    seeding a numpy Generator per request (about 2 µs against 50 µs).
+    seeding a numpy Generator per request (about 1 µs against 50 µs). A prefix of the
+    stream does not depend on ``n``.
     """
     words = np.frombuffer(b"".join(uniform_bytes(d, n) for d in decision_ids), dtype="<u8").reshape(len(decision_ids), n)
     return (words >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))

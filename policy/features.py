@@ -68,10 +68,13 @@ class FeatureSpec:
         }
 
 
+def local_hour(event_time_s: float, tz: tzinfo) -> int:
+    return datetime.fromtimestamp(event_time_s, tz).hour
+
+
 def context_of(req: DecisionRequest, tz: tzinfo) -> Context:
     """The rule-visible features of a request; the hour is local to ``tz``."""
-    hour = datetime.fromtimestamp(req.event_time_s, tz).hour
-    return Context(req.page_type, req.cart_item_count, hour, len(req.recent_behavior_ids))
+    return Context(req.page_type, req.cart_item_count, local_hour(req.event_time_s, tz), len(req.recent_behavior_ids))
 
 
 def bucket(behavior_id: str, buckets: int) -> int:

@@ -91,9 +91,13 @@ class ShoppingAgentServicer:
         self._batcher = batcher
         self._metrics = metrics
         self._min_budget_s = config.min_inference_budget_ms / 1000.0
+        self._limits_cache = Limits(models.item_dim, config.max_recent_behavior_ids, config.max_id_length)
 
     def _limits(self) -> Limits:
-        return Limits(self._models.item_dim, self._config.max_recent_behavior_ids, self._config.max_id_length)
+        item_dim = self._models.item_dim
+        if self._limits_cache.item_dim != item_dim:  # a swapped-in bundle with another item dimension
+            self._limits_cache = Limits(item_dim, self._config.max_recent_behavior_ids, self._config.max_id_length)
+        return self._limits_cache
 
     async def RecommendAction(  # noqa: N802 - the gRPC method name
         self, request: pb.RecommendActionRequest | Malformed, context: aio.ServicerContext  # type: ignore[type-arg]

@@ -208,23 +208,23 @@ class ModelSet(_Policies):
         samples = self.decoder.samples
         served = np.zeros((n, N_ACTIONS))
         decisions: list[Decision | None] = [None] * n
-        rows = np.flatnonzero(ok)
-        if len(rows):
-            fallback_index = np.array([fallbacks[i].action.index for i in rows])
+        rows = np.flatnonzero(ok).tolist()
+        if rows:
+            fallback_index = np.array([fallbacks[i].action.value - 1 for i in rows])
             served[rows] = self.decoder.served_batch(q[rows], fallback_index)
-            draws = self.decoder.draw_batch(q[rows], uniforms_batch([decision_ids[i] for i in rows.tolist()], samples + 2))
+            draws = self.decoder.draw_batch(q[rows], uniforms_batch([decision_ids[i] for i in rows], samples + 2))
             counts = draws.counts.tolist()
-            for j, i in enumerate(rows.tolist()):
-                if draws.explored[j]:
-                    action, source, rule, votes = ACTIONS[int(draws.index[j])], Source.EXPLORATION, "", 0
-                elif draws.decisive[j]:
-                    action, source, rule = ACTIONS[int(draws.index[j])], Source.POLICY, ""
-                    votes = counts[j][action.index]
+            explored, decisive, drawn = draws.explored.tolist(), draws.decisive.tolist(), draws.index.tolist()
+            for j, i in enumerate(rows):
+                if explored[j]:
+                    index, source, rule = drawn[j], Source.EXPLORATION, ""
+                elif decisive[j]:
+                    index, source, rule = drawn[j], Source.POLICY, ""
                 else:
-                    action, source, rule = fallbacks[i].action, Source.FALLBACK_LOW_CONSENSUS, fallbacks[i].rule
-                    votes = counts[j][action.index]
-                decisions[i] = Decision(action, source, float(served[i, action.index]), votes, samples, served[i],
-                                        policy_probs[i], allow64[i], ~allowed[i], self.version, rule, tuple(counts[j]))
+                    index, source, rule = fallbacks[i].action.value - 1, Source.FALLBACK_LOW_CONSENSUS, fallbacks[i].rule
+                decisions[i] = Decision(ACTIONS[index], source, float(served[i, index]),
+                                        0 if explored[j] else counts[j][index], samples, served[i], policy_probs[i],
+                                        allow64[i], ~allowed[i], self.version, rule, tuple(counts[j]))
         for i in np.flatnonzero(~ok).tolist():  # every permitted action vetoed (or underflowed): the rules answer
             decisions[i] = _certain(fallbacks[i], Source.FALLBACK_GUARD, self.version, policy_probs[i], allow64[i],
                                     ~allowed[i], samples)
