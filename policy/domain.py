@@ -118,3 +118,5 @@ class Decision:
     model_version: str
     rule: str = ""
     counts: tuple[int, ...] = field(default=())
+    vetoed: tuple[bool, ...] = field(default=())  # per action: the Action Guard vetoed it (a permitted action)
+    guardrail_hits: tuple[str, ...] = field(default=())  # guardrail request rules that fired

@@ -1,7 +1,8 @@
 """The server object: ``start()`` binds and returns, ``stop(grace)`` drains; only the CLI blocks.
 
 Shutdown has one owner and one order: health to NOT_SERVING, stop accepting and let
-in-flight calls finish within the grace, stop the micro-batcher (and its thread).
+in-flight calls finish within the grace, stop the micro-batcher (and its thread), stop the
+metrics endpoint.
 """
 
 from __future__ import annotations
@@ -11,13 +12,15 @@ import logging
 
 from grpc import aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 from prometheus_client import CollectorRegistry
 
 from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
 from server.batching import MicroBatcher
 from server.config import Config
+from server.grpc_metrics import InstrumentedRegistrar
 from server.metrics import Metrics
+from server.metrics_http import MetricsEndpoint
 from server.models import ModelHolder, load_initial
 from server.servicer import ShoppingAgentServicer, add_to_server
 
@@ -31,10 +34,12 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 class ShoppingAgentServer:
     def __init__(self, config: Config, registry: CollectorRegistry | None = None) -> None:
         self.config = config
-        self.metrics = Metrics(registry if registry is not None else CollectorRegistry())
-        self.models = ModelHolder()
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.metrics = Metrics(self.registry) if config.metrics else None
+        self.models = ModelHolder(on_swap=self.metrics.model_served if self.metrics else None)
         self.health = health.aio.HealthServicer()
         self.port: int | None = None
+        self.metrics_endpoint: MetricsEndpoint | None = None
         self._server: aio.Server | None = None
         self._batcher: MicroBatcher | None = None
         self._loading: asyncio.Task[None] | None = None
@@ -48,14 +53,19 @@ class ShoppingAgentServer:
             ("grpc.so_reuseport", 0),
         ]
         server = aio.server(options=options)
-        self._batcher = MicroBatcher(config.max_batch, config.max_queue)
+        self._batcher = MicroBatcher(config.max_batch, config.max_queue, self.metrics.batch if self.metrics else None)
         self._batcher.start()
-        add_to_server(ShoppingAgentServicer(config, self.models, self._batcher, self.metrics), server)
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
-        reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+        registrar = InstrumentedRegistrar(server, self.metrics)
+        add_to_server(ShoppingAgentServicer(config, self.models, self._batcher, self.metrics), registrar)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, registrar)
+        names = (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME)
+        reflection_pb2_grpc.add_ServerReflectionServicer_to_server(reflection.aio.ReflectionServicer(names), registrar)
         port = server.add_insecure_port(f"{config.host}:{config.port}")
         if port == 0:
             raise OSError(f"cannot bind {config.host}:{config.port}")
+        if self.metrics is not None and config.metrics_port is not None:
+            self.metrics_endpoint = MetricsEndpoint.start(self.registry, config.metrics_host, config.metrics_port)
+            log.info("metrics endpoint", extra={"fields": {"host": config.metrics_host, "port": self.metrics_endpoint.port}})
         await self._set_health(NOT_SERVING)
         await server.start()
         self._server, self.port = server, port
@@ -104,6 +114,8 @@ class ShoppingAgentServer:
             self._loading.cancel()
         if self._batcher is not None:
             await self._batcher.close()
+        if self.metrics_endpoint is not None:
+            self.metrics_endpoint.stop()
         self._server = None
         log.info("stopped")
         self.stopped.set()

@@ -17,7 +17,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol
@@ -54,7 +55,10 @@ def _run(model: BatchModel, items: Sequence[_Item]) -> list[Decision]:
 
 
 class MicroBatcher:
-    def __init__(self, max_batch: int, max_queue: int) -> None:
+    """``on_batch(size, seconds, queue_depth)`` hears of every batch run (metrics)."""
+
+    def __init__(self, max_batch: int, max_queue: int, on_batch: Callable[[int, float, int], None] | None = None) -> None:
+        self._on_batch = on_batch
         self.max_batch = max_batch
         self.max_queue = max_queue
         self._pending: collections.deque[_Item] = collections.deque()
@@ -107,6 +111,7 @@ class MicroBatcher:
             batch = self._take()
             if not batch:
                 continue
+            started = time.perf_counter()
             try:
                 decisions = await loop.run_in_executor(self._executor, _run, batch[0].model, batch)
             except Exception as exc:
@@ -117,6 +122,8 @@ class MicroBatcher:
                 self._fail(batch[0], exc)
                 continue
             self.batches += 1
+            if self._on_batch is not None:
+                self._on_batch(len(batch), time.perf_counter() - started, len(self._pending))
             for item, decision in zip(batch, decisions, strict=True):
                 if not item.future.done():
                     item.future.set_result(decision)

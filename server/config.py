@@ -27,6 +27,9 @@ def _opt(default: Any, help: str) -> Any:
 class Config:
     host: str = _opt("0.0.0.0", "address to bind the gRPC server to")
     port: int = _opt(50051, "gRPC port; 0 picks a free port (logged at start)")
+    metrics: bool = _opt(True, "collect Prometheus metrics (--no-metrics turns collection and the endpoint off)")
+    metrics_host: str = _opt("0.0.0.0", "address of the HTTP /metrics endpoint")
+    metrics_port: int | None = _opt(9095, "port of the HTTP /metrics endpoint; 0 picks a free port (logged); empty: no endpoint")
     weights_dir: Path | None = _opt(None, "directory holding the active bundle (weights_active.bundle); unset: the embedded default")
     use_embedded_default: bool = _opt(True, "serve the embedded default bundle when weights_dir has no usable bundle")
     timezone: str = _opt("UTC", "IANA timezone of the hour-of-day feature")
@@ -51,6 +54,8 @@ class Config:
         problems = []
         if not 0 <= self.port <= 65535:
             problems.append(f"port: expected 0..65535, got {self.port}")
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            problems.append(f"metrics_port: expected 0..65535, got {self.metrics_port}")
         for name in ("intra_op_threads", "max_batch", "max_queue", "max_recent_behavior_ids", "max_id_length", "max_message_bytes"):
             if getattr(self, name) < 1:
                 problems.append(f"{name}: expected >= 1, got {getattr(self, name)}")

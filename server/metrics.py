@@ -1,31 +1,148 @@
-"""Prometheus metrics, built on a registry passed in (tests use a fresh one each)."""
+"""Prometheus metrics, built on a registry passed in (tests use a fresh one each).
+
+Names follow the conventions SREs already have dashboards for: the go-grpc-prometheus
+``grpc_server_*`` family for the transport (see ``server.grpc_metrics``) and
+``shopping_agent_*`` for decisions and the model. The request path only increments
+pre-created label children: no string formatting, no lock beyond the library's own.
+
+When several worker processes serve one port, prometheus_client's multiprocess mode
+(``PROMETHEUS_MULTIPROC_DIR``) aggregates them; each gauge declares how
+(``multiprocess_mode``).
+"""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter
+import math
+import time
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
 
-from policy.domain import Action, Source
+import grpc
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from policy.domain import ACTIONS, Action, Decision, Source
+
+GRPC_CODES = tuple(code.name for code in grpc.StatusCode)
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+VOTE_BUCKETS = tuple(float(v) for v in range(0, 11))
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+DEGRADED_REASONS = ("overload", "deadline", "error")
 
 
 class Metrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
-        self.decisions = Counter(
-            "shopping_agent_decisions", "Decisions served, by action and source.", ["action", "source"], registry=registry
-        )
-        self.degraded = Counter(
-            "shopping_agent_degraded_decisions",
-            "Decisions the rule engine answered because inference could not (reason: overload, deadline, error).",
-            ["reason"], registry=registry,
-        )
-        # Pre-create the label children so the request path only increments.
-        self._decision_children = {
-            (a, s): self.decisions.labels(action=a.key, source=s.name.lower()) for a in Action for s in Source
-        }
-        self._degraded_children = {r: self.degraded.labels(reason=r) for r in ("overload", "deadline", "error")}
+        r = registry
+        # --- transport (go-grpc-prometheus names) --------------------------------------------
+        self.grpc_started = Counter("grpc_server_started", "Total number of RPCs started on the server.",
+                                    ["grpc_type", "grpc_service", "grpc_method"], registry=r)
+        self.grpc_handled = Counter("grpc_server_handled",
+                                    "Total number of RPCs completed on the server, regardless of success or failure.",
+                                    ["grpc_type", "grpc_service", "grpc_method", "grpc_code"], registry=r)
+        self.grpc_handling = Histogram("grpc_server_handling_seconds",
+                                       "Histogram of response latency (seconds) of gRPC that had been application-level "
+                                       "handled by the server.", ["grpc_type", "grpc_service", "grpc_method"],
+                                       buckets=LATENCY_BUCKETS, registry=r)
+        # --- decisions ---------------------------------------------------------------------
+        self.decisions = Counter("shopping_agent_decisions", "Decisions served, by action and source.",
+                                 ["action", "source"], registry=r)
+        self.votes = Histogram("shopping_agent_decision_votes",
+                               "Samples that voted for the served action (policy and low-consensus decisions).",
+                               buckets=VOTE_BUCKETS, registry=r)
+        self.vetoes = Counter("shopping_agent_guard_vetoes", "Actions vetoed by the Action Guard, by action.",
+                              ["action"], registry=r)
+        self.guardrail_hits = Counter("shopping_agent_guardrail_rule_hits",
+                                      "Guardrail request rules that fired, by rule.", ["rule"], registry=r)
+        self.degraded = Counter("shopping_agent_degraded_decisions",
+                                "Decisions the rule engine answered because inference could not "
+                                "(reason: overload, deadline, error).", ["reason"], registry=r)
+        self.inflight = Gauge("shopping_agent_inflight_requests", "RecommendAction calls in progress.",
+                              registry=r, multiprocess_mode="livesum")
+        self.inference = Histogram("shopping_agent_inference_seconds",
+                                   "Time to encode, infer and decide one micro-batch.", buckets=LATENCY_BUCKETS, registry=r)
+        self.batch_size = Histogram("shopping_agent_batch_size", "Requests per micro-batch.",
+                                    buckets=BATCH_BUCKETS, registry=r)
+        self.queue_depth = Gauge("shopping_agent_inference_queue_depth",
+                                 "Requests waiting for inference when the last batch was taken.",
+                                 registry=r, multiprocess_mode="livesum")
+        # --- the model ---------------------------------------------------------------------
+        self.model_info = Gauge("shopping_agent_model_info", "The model set being served (value 1).",
+                                ["model_version", "format_version"], registry=r, multiprocess_mode="liveall")
+        self.model_loaded = Gauge("shopping_agent_model_loaded", "1 when a model set is loaded, 0 when serving rules only.",
+                                  registry=r, multiprocess_mode="livemin")
+        self.model_load_time = Gauge("shopping_agent_model_load_timestamp_seconds",
+                                     "When the served model set was loaded (Unix time).", registry=r, multiprocess_mode="livemin")
+        self.model_created = Gauge("shopping_agent_model_created_timestamp_seconds",
+                                   "The served bundle's created_at (Unix time); its age is time() minus this.",
+                                   registry=r, multiprocess_mode="livemin")
+        self.training = Gauge("shopping_agent_model_training_metric",
+                              "Training metrics carried in the served bundle's manifest.", ["metric"], registry=r,
+                              multiprocess_mode="liveall")
+        self._created_s = math.nan
+        if not multiprocess_mode():
+            self.model_age = Gauge("shopping_agent_model_age_seconds", "Seconds since the served bundle was created.",
+                                   registry=r)
+            self.model_age.set_function(lambda: time.time() - self._created_s)
 
-    def decision(self, action: Action, source: Source) -> None:
-        self._decision_children[(action, source)].inc()
+        # Label children created once, so the request path only increments.
+        self._decisions = {(a, s): self.decisions.labels(action=a.key, source=s.name.lower()) for a in Action for s in Source}
+        self._vetoes = [self.vetoes.labels(action=a.key) for a in ACTIONS]
+        self._degraded = {reason: self.degraded.labels(reason=reason) for reason in DEGRADED_REASONS}
+        self._hits: dict[str, Any] = {}
+
+    # --- request path ------------------------------------------------------------------------
+    def decision(self, decision: Decision) -> None:
+        self._decisions[(decision.action, decision.source)].inc()
+        if decision.source in (Source.POLICY, Source.FALLBACK_LOW_CONSENSUS):
+            self.votes.observe(decision.votes)
+        for index, vetoed in enumerate(decision.vetoed):
+            if vetoed:
+                self._vetoes[index].inc()
+        for rule in decision.guardrail_hits:
+            child = self._hits.get(rule)
+            if child is None:
+                child = self._hits[rule] = self.guardrail_hits.labels(rule=rule)
+            child.inc()
 
     def degraded_by(self, reason: str) -> None:
-        self._degraded_children[reason].inc()
+        self._degraded[reason].inc()
+
+    def batch(self, size: int, seconds: float, queue_depth: int) -> None:
+        self.batch_size.observe(size)
+        self.inference.observe(seconds)
+        self.queue_depth.set(queue_depth)
+
+    # --- model lifecycle ---------------------------------------------------------------------
+    def model_served(self, version: str, manifest: Mapping[str, Any] | None, loaded_at: float) -> None:
+        """The served model changed: info, timestamps and training metrics follow it."""
+        self.model_info.clear()
+        self.training.clear()
+        if manifest is None:
+            self.model_loaded.set(0)
+            self._created_s = math.nan
+            return
+        self.model_info.labels(model_version=version, format_version=str(manifest.get("format_version", ""))).set(1)
+        self.model_loaded.set(1)
+        self.model_load_time.set(loaded_at)
+        self._created_s = _timestamp(manifest.get("created_at"))
+        self.model_created.set(self._created_s)
+        metrics = manifest.get("training_metrics")
+        if isinstance(metrics, Mapping):
+            for name, value in metrics.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                    self.training.labels(metric=str(name)).set(float(value))
+
+
+def _timestamp(text: Any) -> float:
+    try:
+        return datetime.fromisoformat(str(text).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return math.nan
+
+
+def multiprocess_mode() -> bool:
+    """Whether prometheus_client runs in multiprocess mode (it reads PROMETHEUS_MULTIPROC_DIR at import)."""
+    from prometheus_client import values
+
+    return bool(getattr(values.ValueClass, "_multiprocess", False))

@@ -7,7 +7,9 @@ attribute assignment, so a request in flight keeps the object it read.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from server.config import Config
 from weights.bundle import BundleError, read_bundle
@@ -32,10 +34,14 @@ def load_options(config: Config) -> LoadOptions:
 
 
 class ModelHolder:
-    def __init__(self) -> None:
+    """``on_swap(version, manifest or None, loaded_at)`` hears of every change (metrics follow the model)."""
+
+    def __init__(self, on_swap: Callable[[str, Mapping[str, Any] | None, float], None] | None = None) -> None:
         manifest = default_manifest()
         self.current: ModelSet | NoModel = NoModel(manifest)
         self.default_item_dim = int(manifest["feature_spec"]["item_dim"])
+        self._on_swap = on_swap
+        self._notify(self.current)
 
     @property
     def item_dim(self) -> int:
@@ -44,6 +50,14 @@ class ModelHolder:
 
     def swap(self, model: ModelSet | NoModel) -> None:
         self.current = model
+        self._notify(model)
+
+    def _notify(self, model: ModelSet | NoModel) -> None:
+        if self._on_swap is not None:
+            if isinstance(model, ModelSet):
+                self._on_swap(model.version, model.manifest, model.loaded_at)
+            else:
+                self._on_swap("", None, 0.0)
 
 
 def load_initial(config: Config) -> ModelSet | NoModel:

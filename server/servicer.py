@@ -22,6 +22,7 @@ from server import errors
 from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
 from server.batching import BatcherClosed, MicroBatcher, Overloaded
 from server.config import Config
+from server.grpc_metrics import InstrumentedRegistrar
 from server.metrics import Metrics
 from server.models import ModelHolder
 from server.validation import InvalidRequest, Limits, parse_request
@@ -46,7 +47,7 @@ def parse_wire(data: bytes) -> pb.RecommendActionRequest | Malformed:
         return Malformed("wire format is corrupt")
 
 
-def add_to_server(servicer: ShoppingAgentServicer, server: aio.Server) -> None:
+def add_to_server(servicer: ShoppingAgentServicer, server: aio.Server | InstrumentedRegistrar) -> None:
     """Register the service with a deserializer that turns corrupt bytes into INVALID_ARGUMENT.
 
     (The generated ``add_ShoppingAgentServicer_to_server`` would let the protobuf error
@@ -59,6 +60,7 @@ def add_to_server(servicer: ShoppingAgentServicer, server: aio.Server) -> None:
     )
     service = pb.DESCRIPTOR.services_by_name["ShoppingAgent"].full_name
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, {"RecommendAction": handler}),))
+    server.add_registered_method_handlers(service, {"RecommendAction": handler})
 
 
 def to_response(decision: Decision, decision_id: str, request_id: str) -> pb.RecommendActionResponse:
@@ -84,7 +86,7 @@ def to_response(decision: Decision, decision_id: str, request_id: str) -> pb.Rec
 
 
 class ShoppingAgentServicer:
-    def __init__(self, config: Config, models: ModelHolder, batcher: MicroBatcher, metrics: Metrics) -> None:
+    def __init__(self, config: Config, models: ModelHolder, batcher: MicroBatcher, metrics: Metrics | None) -> None:
         self._config = config
         self._tz = config.tz
         self._models = models
@@ -111,8 +113,16 @@ class ShoppingAgentServicer:
             raise  # unreachable: abort raises
         decision_id = os.urandom(16).hex()  # 128 random bits, as uuid4 has, at a fifth of the cost
         model = self._models.current  # read once: this call finishes on this model set
-        decision = await self._decide(model, req, decision_id, context.time_remaining())
-        self._metrics.decision(decision.action, decision.source)
+        metrics = self._metrics
+        if metrics is None:
+            decision = await self._decide(model, req, decision_id, context.time_remaining())
+            return to_response(decision, decision_id, req.request_id)
+        metrics.inflight.inc()
+        try:
+            decision = await self._decide(model, req, decision_id, context.time_remaining())
+        finally:
+            metrics.inflight.dec()
+        metrics.decision(decision)
         return to_response(decision, decision_id, req.request_id)
 
     async def _decide(self, model: ModelSet | NoModel, req: DecisionRequest, decision_id: str,
@@ -137,5 +147,6 @@ class ShoppingAgentServicer:
             return self._degraded(model, ctx, "error")
 
     def _degraded(self, model: ModelSet, ctx: Context, reason: str) -> Decision:
-        self._metrics.degraded_by(reason)
+        if self._metrics is not None:
+            self._metrics.degraded_by(reason)
         return model.fallback(ctx, Source.FALLBACK_DEGRADED)

@@ -89,7 +89,8 @@ class ServerThread:
 
 
 def make_config(**overrides: Any) -> Config:
-    return Config(**{"host": "127.0.0.1", "port": 0, "log_format": "text", "grace_seconds": 1.0, **overrides})
+    return Config(**{"host": "127.0.0.1", "port": 0, "metrics_port": None, "log_format": "text", "grace_seconds": 1.0,
+                     **overrides})
 
 
 @contextlib.contextmanager
@@ -128,7 +129,8 @@ class Spawned:
 
 
 def spawn_server(*args: str, env: dict[str, str] | None = None, timeout: float = 20) -> Spawned:
-    cmd = [sys.executable, "-m", "server", "serve", "--host", "127.0.0.1", "--port", "0", "--log-format", "json", *args]
+    cmd = [sys.executable, "-m", "server", "serve", "--host", "127.0.0.1", "--port", "0", "--metrics-host", "127.0.0.1",
+           "--metrics-port", "0", "--log-format", "json", *args]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
                             env={**os.environ, **(env or {})}, cwd=ROOT)
     assert proc.stderr is not None

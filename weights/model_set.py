@@ -74,17 +74,22 @@ class _Policies:
     rules: RuleEngine
 
     def _rule_fallback(self, ctx: Context, source: Source, version: str) -> Decision:
-        weights, _ = self.guardrails.weights(ctx)
+        weights, hits = self.guardrails.weights(ctx)
         permitted = weights > 0
         answer = self.rules.decide(ctx, permitted, permitted)
-        return _certain(answer, source, version, np.zeros(N_ACTIONS), np.zeros(N_ACTIONS), ~permitted)
+        return _certain(answer, source, version, np.zeros(N_ACTIONS), np.zeros(N_ACTIONS), ~permitted, hits=hits)
 
 
-def _certain(answer: RuleAnswer, source: Source, version: str, policy_probs: FloatArray,
-             allow: FloatArray, blocked: npt.NDArray[np.bool_], samples: int = 0) -> Decision:
+_NO_VETO = (False,) * N_ACTIONS
+
+
+def _certain(answer: RuleAnswer, source: Source, version: str, policy_probs: FloatArray, allow: FloatArray,
+             blocked: npt.NDArray[np.bool_], samples: int = 0, vetoed: tuple[bool, ...] = _NO_VETO,
+             hits: tuple[str, ...] = ()) -> Decision:
     served = np.zeros(N_ACTIONS)
     served[answer.action.index] = 1.0
-    return Decision(answer.action, source, 1.0, 0, samples, served, policy_probs, allow, blocked, version, answer.rule)
+    return Decision(answer.action, source, 1.0, 0, samples, served, policy_probs, allow, blocked, version, answer.rule,
+                    vetoed=vetoed, guardrail_hits=hits)
 
 
 class ModelSet(_Policies):
@@ -196,7 +201,9 @@ class ModelSet(_Policies):
         policy_probs = gr.apply_batch(logits, weights)
         allow64 = allow.astype(np.float64)
         permitted = weights > 0
-        allowed = permitted & ~self.guard.vetoed(allow64)
+        vetoed = permitted & self.guard.vetoed(allow64)
+        allowed = permitted & ~vetoed
+        vetoed_rows = [tuple(v) for v in vetoed.tolist()]
         fallbacks = [
             self.rules.decide(ctx, a, p, s)
             for ctx, a, p, s in zip(contexts, allowed.tolist(), permitted.tolist(), allow64.tolist(), strict=True)
@@ -224,10 +231,11 @@ class ModelSet(_Policies):
                     index, source, rule = fallbacks[i].action.value - 1, Source.FALLBACK_LOW_CONSENSUS, fallbacks[i].rule
                 decisions[i] = Decision(ACTIONS[index], source, float(served[i, index]),
                                         0 if explored[j] else counts[j][index], samples, served[i], policy_probs[i],
-                                        allow64[i], ~allowed[i], self.version, rule, tuple(counts[j]))
+                                        allow64[i], ~allowed[i], self.version, rule, tuple(counts[j]),
+                                        vetoed_rows[i], fired[i][1])
         for i in np.flatnonzero(~ok).tolist():  # every permitted action vetoed (or underflowed): the rules answer
             decisions[i] = _certain(fallbacks[i], Source.FALLBACK_GUARD, self.version, policy_probs[i], allow64[i],
-                                    ~allowed[i], samples)
+                                    ~allowed[i], samples, vetoed_rows[i], fired[i][1])
         return [d for d in decisions if d is not None]
 
     def fallback(self, ctx: Context, source: Source) -> Decision:

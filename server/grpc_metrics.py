@@ -1,0 +1,120 @@
+"""gRPC server metrics under the go-grpc-prometheus names, for every service on the server.
+
+Handlers are wrapped once, when they are registered (``InstrumentedRegistrar`` stands in
+for the server while the generated ``add_*_to_server`` functions run), rather than by an
+interceptor that would build a new handler for every call. A call is counted as started
+when its handler runs and as handled with the status code it ended with: OK, the code an
+``abort`` set, CANCELLED when the client went away, UNKNOWN for an escaped exception.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import Any
+
+import grpc
+from grpc import aio
+
+from server.metrics import Metrics
+
+_TYPES = {(False, False): "unary", (False, True): "server_stream", (True, False): "client_stream", (True, True): "bidi_stream"}
+_BEHAVIOURS = ("unary_unary", "unary_stream", "stream_unary", "stream_stream")
+
+
+class _Labels:
+    """Pre-bound metric children for one method."""
+
+    def __init__(self, metrics: Metrics, grpc_type: str, service: str, method: str) -> None:
+        labels = {"grpc_type": grpc_type, "grpc_service": service, "grpc_method": method}
+        self.started = metrics.grpc_started.labels(**labels)
+        self.handling = metrics.grpc_handling.labels(**labels)
+        self.handled = {code.name: metrics.grpc_handled.labels(**labels, grpc_code=code.name) for code in grpc.StatusCode}
+
+    def done(self, context: Any, started: float, error: BaseException | None) -> None:
+        self.handling.observe(time.perf_counter() - started)
+        code = context.code()
+        if code is None:
+            if error is None:
+                code = grpc.StatusCode.OK
+            elif isinstance(error, asyncio.CancelledError):
+                code = grpc.StatusCode.CANCELLED
+            else:
+                code = grpc.StatusCode.UNKNOWN
+        elif isinstance(code, int):  # some grpc versions report the numeric code
+            code = next((c for c in grpc.StatusCode if c.value[0] == code), grpc.StatusCode.UNKNOWN)
+        self.handled[code.name].inc()
+
+
+def _wrap(behaviour: Callable[..., Any], labels: _Labels) -> Callable[..., Any]:
+    if inspect.isasyncgenfunction(behaviour):
+        async def stream(request: Any, context: Any) -> AsyncIterator[Any]:
+            labels.started.inc()
+            started, error = time.perf_counter(), None
+            try:
+                async for item in behaviour(request, context):
+                    yield item
+            except BaseException as exc:
+                error = exc
+                raise
+            finally:
+                labels.done(context, started, error)
+        return stream
+
+    async def call(request: Any, context: Any) -> Any:
+        labels.started.inc()
+        started, error = time.perf_counter(), None
+        try:
+            return await behaviour(request, context)
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            labels.done(context, started, error)
+    return call
+
+
+def instrument_handler(handler: grpc.RpcMethodHandler, path: str, metrics: Metrics) -> grpc.RpcMethodHandler:
+    """The same handler, counting calls and their codes and timing them."""
+    _, service, method = path.split("/", 2)
+    grpc_type = _TYPES[(handler.request_streaming, handler.response_streaming)]
+    labels = _Labels(metrics, grpc_type, service, method)
+    for name in _BEHAVIOURS:
+        behaviour = getattr(handler, name)
+        if behaviour is not None:
+            return handler._replace(**{name: _wrap(behaviour, labels)})  # type: ignore[attr-defined, no-any-return]
+    return handler
+
+
+class _InstrumentedGeneric(grpc.GenericRpcHandler):  # type: ignore[misc]
+    def __init__(self, inner: grpc.GenericRpcHandler, metrics: Metrics) -> None:
+        self._inner = inner
+        self._metrics = metrics
+        self._cache: dict[str, grpc.RpcMethodHandler | None] = {}
+
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        path = handler_call_details.method  # type: ignore[attr-defined]
+        if path not in self._cache:
+            handler = self._inner.service(handler_call_details)
+            self._cache[path] = None if handler is None else instrument_handler(handler, path, self._metrics)
+        return self._cache[path]
+
+
+class InstrumentedRegistrar:
+    """Looks like a server to generated ``add_*_to_server`` code; registers instrumented handlers."""
+
+    def __init__(self, server: aio.Server, metrics: Metrics | None) -> None:
+        self._server = server
+        self._metrics = metrics
+
+    def add_generic_rpc_handlers(self, handlers: Sequence[grpc.GenericRpcHandler]) -> None:
+        if self._metrics is not None:
+            handlers = [_InstrumentedGeneric(h, self._metrics) for h in handlers]
+        self._server.add_generic_rpc_handlers(handlers)
+
+    def add_registered_method_handlers(self, service: str, handlers: Mapping[str, grpc.RpcMethodHandler]) -> None:
+        if self._metrics is not None:
+            handlers = {name: instrument_handler(h, f"/{service}/{name}", self._metrics) for name, h in handlers.items()}
+        self._server.add_registered_method_handlers(service, handlers)
