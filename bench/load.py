@@ -173,7 +173,7 @@ def bare_server_argv() -> list[str]:
 def real_server_argv(extra: Sequence[str]) -> list[str]:
     script = Path(sys.executable).parent / "shopping-agent"
     head = [str(script)] if script.exists() else [sys.executable, "-m", "server"]
-    return [*head, "serve", "--host", HOST, "--port", "0", *extra]
+    return [*head, "serve", "--host", HOST, "--port", "0", "--metrics-host", HOST, "--metrics-port", "0", *extra]
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:

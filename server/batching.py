@@ -55,9 +55,11 @@ def _run(model: BatchModel, items: Sequence[_Item]) -> list[Decision]:
 
 
 class MicroBatcher:
-    """``on_batch(size, seconds, queue_depth)`` hears of every batch run (metrics)."""
+    """``on_batch(decisions, seconds, queue_depth)`` hears of every batch run with the decisions
+    actually delivered (metrics count them once per batch, not once per call)."""
 
-    def __init__(self, max_batch: int, max_queue: int, on_batch: Callable[[int, float, int], None] | None = None) -> None:
+    def __init__(self, max_batch: int, max_queue: int,
+                 on_batch: Callable[[list[Decision], float, int], None] | None = None) -> None:
         self._on_batch = on_batch
         self.max_batch = max_batch
         self.max_queue = max_queue
@@ -122,11 +124,13 @@ class MicroBatcher:
                 self._fail(batch[0], exc)
                 continue
             self.batches += 1
-            if self._on_batch is not None:
-                self._on_batch(len(batch), time.perf_counter() - started, len(self._pending))
+            delivered = []
             for item, decision in zip(batch, decisions, strict=True):
                 if not item.future.done():
                     item.future.set_result(decision)
+                    delivered.append(decision)
+            if self._on_batch is not None:
+                self._on_batch(delivered, time.perf_counter() - started, len(self._pending))
 
     async def _run_one(self, loop: asyncio.AbstractEventLoop, item: _Item) -> None:
         if item.future.done():

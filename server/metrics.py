@@ -12,9 +12,10 @@ When several worker processes serve one port, prometheus_client's multiprocess m
 
 from __future__ import annotations
 
+import collections
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -28,6 +29,7 @@ LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0
 VOTE_BUCKETS = tuple(float(v) for v in range(0, 11))
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 DEGRADED_REASONS = ("overload", "deadline", "error")
+_VOTED = (Source.POLICY, Source.FALLBACK_LOW_CONSENSUS)
 
 
 class Metrics:
@@ -59,6 +61,13 @@ class Metrics:
                                 "(reason: overload, deadline, error).", ["reason"], registry=r)
         self.inflight = Gauge("shopping_agent_inflight_requests", "RecommendAction calls in progress.",
                               registry=r, multiprocess_mode="livesum")
+        # In-flight calls are counted in a plain int by the event loop's thread (the only
+        # writer) and read at scrape time; multiprocess mode cannot read a function, so there
+        # the gauge is incremented and decremented instead.
+        self.inflight_count = 0
+        self.inflight_tracked = multiprocess_mode()
+        if not self.inflight_tracked:
+            self.inflight.set_function(lambda: self.inflight_count)
         self.inference = Histogram("shopping_agent_inference_seconds",
                                    "Time to encode, infer and decide one micro-batch.", buckets=LATENCY_BUCKETS, registry=r)
         self.batch_size = Histogram("shopping_agent_batch_size", "Requests per micro-batch.",
@@ -92,26 +101,39 @@ class Metrics:
         self._hits: dict[str, Any] = {}
 
     # --- request path ------------------------------------------------------------------------
-    def decision(self, decision: Decision) -> None:
-        self._decisions[(decision.action, decision.source)].inc()
-        if decision.source in (Source.POLICY, Source.FALLBACK_LOW_CONSENSUS):
-            self.votes.observe(decision.votes)
-        for index, vetoed in enumerate(decision.vetoed):
-            if vetoed:
-                self._vetoes[index].inc()
-        for rule in decision.guardrail_hits:
+    def decisions_served(self, decisions: Sequence[Decision]) -> None:
+        """Count decisions; a batch is tallied first, so each label child is incremented once."""
+        tally: collections.Counter[tuple[Action, Source]] = collections.Counter()
+        vetoes = [0] * len(ACTIONS)
+        hits: collections.Counter[str] = collections.Counter()
+        for d in decisions:
+            tally[(d.action, d.source)] += 1
+            if d.source in _VOTED:
+                self.votes.observe(d.votes)
+            if any(d.vetoed):
+                for index, vetoed in enumerate(d.vetoed):
+                    vetoes[index] += vetoed
+            hits.update(d.guardrail_hits)
+        for key, n in tally.items():
+            self._decisions[key].inc(n)
+        for index, n in enumerate(vetoes):
+            if n:
+                self._vetoes[index].inc(n)
+        for rule, n in hits.items():
             child = self._hits.get(rule)
             if child is None:
                 child = self._hits[rule] = self.guardrail_hits.labels(rule=rule)
-            child.inc()
+            child.inc(n)
 
     def degraded_by(self, reason: str) -> None:
         self._degraded[reason].inc()
 
-    def batch(self, size: int, seconds: float, queue_depth: int) -> None:
-        self.batch_size.observe(size)
+    def batch(self, decisions: list[Decision], seconds: float, queue_depth: int) -> None:
+        """A micro-batch finished: its size, its time, the queue behind it, its decisions."""
+        self.batch_size.observe(len(decisions))
         self.inference.observe(seconds)
         self.queue_depth.set(queue_depth)
+        self.decisions_served(decisions)
 
     # --- model lifecycle ---------------------------------------------------------------------
     def model_served(self, version: str, manifest: Mapping[str, Any] | None, loaded_at: float) -> None:

@@ -117,19 +117,23 @@ class ShoppingAgentServicer:
         if metrics is None:
             decision = await self._decide(model, req, decision_id, context.time_remaining())
             return to_response(decision, decision_id, req.request_id)
-        metrics.inflight.inc()
+        tracked = metrics.inflight_tracked
+        metrics.inflight_count += 1
+        if tracked:
+            metrics.inflight.inc()
         try:
             decision = await self._decide(model, req, decision_id, context.time_remaining())
         finally:
-            metrics.inflight.dec()
-        metrics.decision(decision)
+            metrics.inflight_count -= 1
+            if tracked:
+                metrics.inflight.dec()
         return to_response(decision, decision_id, req.request_id)
 
     async def _decide(self, model: ModelSet | NoModel, req: DecisionRequest, decision_id: str,
                       remaining_s: float | None) -> Decision:
         ctx = context_of(req, self._tz)
         if not isinstance(model, ModelSet):
-            return model.fallback(ctx, Source.FALLBACK_NO_MODEL)
+            return self._counted(model.fallback(ctx, Source.FALLBACK_NO_MODEL))
         if remaining_s is not None and remaining_s < self._min_budget_s:
             return self._degraded(model, ctx, "deadline")
         try:
@@ -149,4 +153,10 @@ class ShoppingAgentServicer:
     def _degraded(self, model: ModelSet, ctx: Context, reason: str) -> Decision:
         if self._metrics is not None:
             self._metrics.degraded_by(reason)
-        return model.fallback(ctx, Source.FALLBACK_DEGRADED)
+        return self._counted(model.fallback(ctx, Source.FALLBACK_DEGRADED))
+
+    def _counted(self, decision: Decision) -> Decision:
+        """Count a decision made here; the batcher counts the ones it delivers, once per batch."""
+        if self._metrics is not None:
+            self._metrics.decisions_served((decision,))
+        return decision

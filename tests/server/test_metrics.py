@@ -1,0 +1,125 @@
+"""Metrics from a live server, read from its own fresh registry and from its HTTP endpoint."""
+
+from __future__ import annotations
+
+import io
+import urllib.request
+from datetime import UTC, datetime
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client.parser import text_string_to_metric_families
+
+from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
+from server.models import ACTIVE_NAME
+from tests.harness import ServerThread, request, running_server, stub
+from weights.bundle import write_bundle
+from weights.embedded import default_bundle
+
+UNARY = {"grpc_type": "unary", "grpc_service": "shopping_agent.v1.ShoppingAgent", "grpc_method": "RecommendAction"}
+
+
+def _value(live: ServerThread, name: str, labels: dict[str, str] | None = None) -> float:
+    value = live.registry.get_sample_value(name, labels or {})
+    return 0.0 if value is None else value
+
+
+def test_grpc_metrics_count_calls_by_code_and_time_them() -> None:
+    with running_server() as live, grpc.insecure_channel(live.target) as ch:
+        call = stub(ch).RecommendAction
+        for _ in range(7):
+            call(request(), timeout=5)
+        for bad in ({"item_id": ""}, {"item_embedding": [0.0]}):
+            with pytest.raises(grpc.RpcError):
+                call(request(**bad), timeout=5)
+        health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5)
+        assert _value(live, "grpc_server_started_total", UNARY) == 9
+        assert _value(live, "grpc_server_handled_total", {**UNARY, "grpc_code": "OK"}) == 7
+        assert _value(live, "grpc_server_handled_total", {**UNARY, "grpc_code": "INVALID_ARGUMENT"}) == 2
+        assert _value(live, "grpc_server_handling_seconds_count", UNARY) == 9
+        assert 0 < _value(live, "grpc_server_handling_seconds_sum", UNARY) < 9 * 5
+        health = {"grpc_type": "unary", "grpc_service": "grpc.health.v1.Health", "grpc_method": "Check"}
+        assert _value(live, "grpc_server_handled_total", {**health, "grpc_code": "OK"}) == 1
+
+
+def test_decision_metrics_follow_what_was_served() -> None:
+    with running_server() as live, grpc.insecure_channel(live.target) as ch:
+        responses = [stub(ch).RecommendAction(request(cart_item_count=4), timeout=5) for _ in range(40)]
+        by_key: dict[tuple[str, str], int] = {}
+        for r in responses:
+            key = (pb.Action.Name(r.action)[len("ACTION_"):].lower(), pb.DecisionSource.Name(r.source)[len("DECISION_SOURCE_"):].lower())
+            by_key[key] = by_key.get(key, 0) + 1
+        for (action, source), n in by_key.items():
+            assert _value(live, "shopping_agent_decisions_total", {"action": action, "source": source}) == n
+        voted = sum(1 for r in responses if r.source in (pb.DECISION_SOURCE_POLICY, pb.DECISION_SOURCE_FALLBACK_LOW_CONSENSUS))
+        assert _value(live, "shopping_agent_decision_votes_count") == voted
+        assert _value(live, "shopping_agent_decision_votes_sum") == sum(
+            r.votes for r in responses if r.source in (pb.DECISION_SOURCE_POLICY, pb.DECISION_SOURCE_FALLBACK_LOW_CONSENSUS))
+        assert _value(live, "shopping_agent_guardrail_rule_hits_total", {"rule": "full_cart_damp_add"}) == 40
+        assert _value(live, "shopping_agent_batch_size_sum") == 40
+        assert _value(live, "shopping_agent_inference_seconds_count") == _value(live, "shopping_agent_batch_size_count") > 0
+        assert _value(live, "shopping_agent_inflight_requests") == 0
+
+
+def test_guard_vetoes_are_counted_per_action() -> None:
+    # The default guard allows every action with probability about 0.90; a threshold just
+    # above that for some actions makes the guard veto them for this request.
+    with running_server(guard_threshold=0.99) as live, grpc.insecure_channel(live.target) as ch:
+        served = []
+        for _ in range(3):
+            resp = stub(ch).RecommendAction(request(), timeout=5)
+            assert resp.source == pb.DECISION_SOURCE_FALLBACK_GUARD and resp.rule == "default:least_risky"
+            served.append(pb.Action.Name(resp.action)[len("ACTION_"):].lower())
+        assert len(set(served)) == 1
+        for action in ("add_to_cart", "view_detail", "apply_coupon", "share_social"):
+            assert _value(live, "shopping_agent_guard_vetoes_total", {"action": action}) == 3
+        assert _value(live, "shopping_agent_guard_vetoes_total", {"action": "exit"}) == 0  # banned, not vetoed
+        assert _value(live, "shopping_agent_decisions_total", {"action": served[0], "source": "fallback_guard"}) == 3
+
+
+def test_model_metrics_carry_version_times_and_training_metrics(tmp_path: Path) -> None:
+    bundle = default_bundle()
+    manifest = {k: v for k, v in bundle.manifest.items() if k not in ("format", "format_version", "parts")}
+    manifest.update(model_version="trained-7", created_at="2026-11-29T12:00:00Z",
+                    training_metrics={"kl_to_behavior": 0.04, "effective_sample_size": 1234.0, "note": "text is skipped"})
+    buf = io.BytesIO()
+    write_bundle(buf, manifest, bundle.parts)
+    (tmp_path / ACTIVE_NAME).write_bytes(buf.getvalue())
+    with running_server(weights_dir=tmp_path) as live:
+        assert _value(live, "shopping_agent_model_info", {"model_version": "trained-7", "format_version": "1"}) == 1
+        assert _value(live, "shopping_agent_model_loaded") == 1
+        created = datetime(2026, 11, 29, 12, tzinfo=UTC).timestamp()
+        assert _value(live, "shopping_agent_model_created_timestamp_seconds") == created
+        assert _value(live, "shopping_agent_model_age_seconds") > 0
+        assert _value(live, "shopping_agent_model_load_timestamp_seconds") > created
+        assert _value(live, "shopping_agent_model_training_metric", {"metric": "kl_to_behavior"}) == 0.04
+        assert _value(live, "shopping_agent_model_training_metric", {"metric": "effective_sample_size"}) == 1234.0
+        assert live.registry.get_sample_value("shopping_agent_model_training_metric", {"metric": "note"}) is None
+
+
+def test_no_model_reports_not_loaded_and_counts_no_model_decisions(tmp_path: Path) -> None:
+    with running_server(weights_dir=tmp_path, use_embedded_default=False) as live, grpc.insecure_channel(live.target) as ch:
+        stub(ch).RecommendAction(request(), timeout=5)
+        assert _value(live, "shopping_agent_model_loaded") == 0
+        assert live.registry.get_sample_value("shopping_agent_model_info", {"model_version": "", "format_version": ""}) is None
+        assert _value(live, "shopping_agent_decisions_total", {"action": "view_detail", "source": "fallback_no_model"}) == 1
+
+
+def test_metrics_endpoint_serves_prometheus_text() -> None:
+    with running_server(metrics_host="127.0.0.1", metrics_port=0) as live, grpc.insecure_channel(live.target) as ch:
+        stub(ch).RecommendAction(request(), timeout=5)
+        assert live.server is not None and live.server.metrics_endpoint is not None
+        url = f"http://127.0.0.1:{live.server.metrics_endpoint.port}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as reply:
+            text = reply.read().decode()
+    names = {f.name for f in text_string_to_metric_families(text)}
+    assert {"grpc_server_handled", "shopping_agent_decisions", "shopping_agent_model_info"} <= names
+
+
+def test_no_metrics_collects_nothing() -> None:
+    with running_server(metrics=False, metrics_port=0) as live, grpc.insecure_channel(live.target) as ch:
+        assert stub(ch).RecommendAction(request(), timeout=5).decision_id
+        assert live.server is not None and live.server.metrics is None and live.server.metrics_endpoint is None
+        assert list(live.registry.collect()) == []
