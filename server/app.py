@@ -50,7 +50,7 @@ class ShoppingAgentServer:
         config = self.config
         options = [
             ("grpc.max_receive_message_length", config.max_message_bytes),
-            ("grpc.so_reuseport", 0),
+            ("grpc.so_reuseport", 1 if config.reuse_port else 0),
         ]
         server = aio.server(options=options)
         self._batcher = MicroBatcher(config.max_batch, config.max_queue, self.metrics.batch if self.metrics else None)
@@ -64,7 +64,7 @@ class ShoppingAgentServer:
         if port == 0:
             raise OSError(f"cannot bind {config.host}:{config.port}")
         if self.metrics is not None and config.metrics_port is not None:
-            self.metrics_endpoint = MetricsEndpoint.start(self.registry, config.metrics_host, config.metrics_port)
+            self.metrics_endpoint = MetricsEndpoint.serve(self.registry, config.metrics_host, config.metrics_port)
             log.info("metrics endpoint", extra={"fields": {"host": config.metrics_host, "port": self.metrics_endpoint.port}})
         await self._set_health(NOT_SERVING)
         await server.start()

@@ -59,6 +59,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         except RuntimeMissing as exc:
             print(f"shopping-agent: {exc}", file=sys.stderr)
             return 2
+        if config.workers > 1:
+            from server.workers import run_workers
+
+            return run_workers(config, os.environ)
         return asyncio.run(serve(config))
     return 2  # pragma: no cover - argparse enforces a command
 

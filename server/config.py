@@ -27,6 +27,10 @@ def _opt(default: Any, help: str) -> Any:
 class Config:
     host: str = _opt("0.0.0.0", "address to bind the gRPC server to")
     port: int = _opt(50051, "gRPC port; 0 picks a free port (logged at start)")
+    workers: int = _opt(1, "server processes sharing the port (SO_REUSEPORT); metrics report as one target")
+    reuse_port: bool = _opt(False, "bind with SO_REUSEPORT (set for each worker when --workers > 1)")
+    metrics_multiproc_dir: Path | None = _opt(
+        None, "with --workers > 1: prometheus_client's multiprocess directory, wiped at start (default: a temporary one)")
     metrics: bool = _opt(True, "collect Prometheus metrics (--no-metrics turns collection and the endpoint off)")
     metrics_host: str = _opt("0.0.0.0", "address of the HTTP /metrics endpoint")
     metrics_port: int | None = _opt(9095, "port of the HTTP /metrics endpoint; 0 picks a free port (logged); empty: no endpoint")
@@ -56,7 +60,8 @@ class Config:
             problems.append(f"port: expected 0..65535, got {self.port}")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             problems.append(f"metrics_port: expected 0..65535, got {self.metrics_port}")
-        for name in ("intra_op_threads", "max_batch", "max_queue", "max_recent_behavior_ids", "max_id_length", "max_message_bytes"):
+        for name in ("workers", "intra_op_threads", "max_batch", "max_queue", "max_recent_behavior_ids", "max_id_length",
+                     "max_message_bytes"):
             if getattr(self, name) < 1:
                 problems.append(f"{name}: expected >= 1, got {getattr(self, name)}")
         if self.device not in ("auto", "cpu", "cuda"):
@@ -143,6 +148,18 @@ def build_config(args: argparse.Namespace | None, environ: Mapping[str, str]) ->
         elif _env_name(f.name) in environ:
             values[f.name] = _convert(f, environ[_env_name(f.name)], _env_name(f.name))
     return Config(**values)
+
+
+def to_args(config: Config, **overrides: Any) -> list[str]:
+    """Flags that rebuild ``config`` (with ``overrides``) in another process, e.g. a worker."""
+    args: list[str] = []
+    for f in dataclasses.fields(Config):
+        value = overrides.get(f.name, getattr(config, f.name))
+        if _base_type(f) is bool:
+            args.append(_flag(f.name) if value else "--no-" + f.name.replace("_", "-"))
+        else:
+            args += [_flag(f.name), "" if value is None else str(value)]
+    return args
 
 
 def describe() -> str:

@@ -1,7 +1,7 @@
 """The HTTP ``/metrics`` endpoint: prometheus_client's own server on a thread, for one registry.
 
-In multiprocess mode (``PROMETHEUS_MULTIPROC_DIR`` set) it serves a fresh registry with a
-``MultiProcessCollector``, so all worker processes report as one target.
+With several workers the parent process serves it over a ``MultiProcessCollector``
+(``server.workers``); a worker itself serves none.
 """
 
 from __future__ import annotations
@@ -11,8 +11,6 @@ from dataclasses import dataclass
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, start_http_server
-
-from server.metrics import multiprocess_mode
 
 
 @dataclass
@@ -25,12 +23,7 @@ class MetricsEndpoint:
         return int(self.server.server_port)
 
     @classmethod
-    def start(cls, registry: CollectorRegistry, host: str, port: int) -> MetricsEndpoint:
-        if multiprocess_mode():
-            from prometheus_client import multiprocess
-
-            registry = CollectorRegistry()
-            multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+    def serve(cls, registry: CollectorRegistry, host: str, port: int) -> MetricsEndpoint:
         server, thread = start_http_server(port, addr=host, registry=registry)
         return cls(server, thread)
 

@@ -141,7 +141,10 @@ def spawn_server(*args: str, env: dict[str, str] | None = None, timeout: float =
         if not line:
             break
         lines.append(line)
-        entry = json.loads(line)
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:  # not ours (a library printing to stderr)
+            continue
         if entry.get("msg") == "listening":
             spawned = Spawned(proc, int(entry["port"]), lines)
             threading.Thread(target=_drain, args=(proc, lines), daemon=True).start()
