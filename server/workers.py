@@ -13,6 +13,7 @@ whole rather than serving with less capacity than it advertises.
 from __future__ import annotations
 
 import logging
+import math
 import shutil
 import signal
 import socket
@@ -21,8 +22,9 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 from server.config import Config, to_args
 
@@ -44,6 +46,27 @@ def prepare_multiproc_dir(config: Config) -> Path:
     return path
 
 
+class ModelAgeCollector:
+    """``shopping_agent_model_age_seconds`` for the pod: now minus the oldest created-at any worker serves.
+
+    A worker computes its age at scrape time, which multiprocess mode cannot carry; the parent
+    derives it from the workers' created timestamps instead.
+    """
+
+    def __init__(self, source: Any) -> None:
+        self._source = source
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        created = [s.value for f in self._source.collect() for s in f.samples
+                   if s.name == "shopping_agent_model_created_timestamp_seconds" and math.isfinite(s.value) and s.value > 0]
+        if created:
+            family = GaugeMetricFamily("shopping_agent_model_age_seconds", "Seconds since the served bundle was created.")
+            family.add_metric([], time.time() - min(created))
+            yield family
+
+
 def run_workers(config: Config, environ: Mapping[str, str]) -> int:
     from prometheus_client import CollectorRegistry, multiprocess
 
@@ -60,7 +83,9 @@ def run_workers(config: Config, environ: Mapping[str, str]) -> int:
     endpoint = None
     if config.metrics and config.metrics_port is not None:
         registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry, path=str(mp_dir))  # type: ignore[no-untyped-call]
+        collector = multiprocess.MultiProcessCollector(None, path=str(mp_dir))  # type: ignore[no-untyped-call]
+        registry.register(collector)
+        registry.register(ModelAgeCollector(collector))
         endpoint = MetricsEndpoint.serve(registry, config.metrics_host, config.metrics_port)
         log.info("metrics endpoint", extra={"fields": {"host": config.metrics_host, "port": endpoint.port}})
 

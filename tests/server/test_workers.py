@@ -8,6 +8,7 @@ import time
 import urllib.request
 
 import grpc
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.harness import Spawned, request, spawn_server, stub
@@ -54,6 +55,9 @@ def test_two_workers_share_the_port_and_report_as_one_target() -> None:
         pids = {labels["pid"] for labels, _ in _samples(text, "shopping_agent_model_info")}
         assert len(pids) == 2  # both workers loaded a model and report through the parent
         assert [v for _, v in _samples(text, "shopping_agent_model_loaded")] == [1.0]
+        (age,) = [v for _, v in _samples(text, "shopping_agent_model_age_seconds")]
+        (created,) = [v for _, v in _samples(text, "shopping_agent_model_created_timestamp_seconds")]
+        assert age == pytest.approx(time.time() - created, abs=30)
         spawned.proc.send_signal(signal.SIGTERM)
         assert spawned.proc.wait(timeout=20) == 0
     stopped = _logged(spawned, "workers stopped")[0]
