@@ -24,7 +24,7 @@ _TYPES = {(False, False): "unary", (False, True): "server_stream", (True, False)
 _BEHAVIOURS = ("unary_unary", "unary_stream", "stream_unary", "stream_stream")
 
 
-class _Labels:
+class MethodMetrics:
     """Pre-bound metric children for one method."""
 
     def __init__(self, metrics: Metrics, grpc_type: str, service: str, method: str) -> None:
@@ -32,6 +32,11 @@ class _Labels:
         self.started = metrics.grpc_started.labels(**labels)
         self.handling = metrics.grpc_handling.labels(**labels)
         self.handled = {code.name: metrics.grpc_handled.labels(**labels, grpc_code=code.name) for code in grpc.StatusCode}
+
+    def finish(self, code: str, started: float) -> None:
+        """For handlers that count themselves: the call ended with ``code`` (a StatusCode name)."""
+        self.handling.observe(time.perf_counter() - started)
+        self.handled[code].inc()
 
     def done(self, context: Any, started: float, error: BaseException | None) -> None:
         self.handling.observe(time.perf_counter() - started)
@@ -48,7 +53,7 @@ class _Labels:
         self.handled[code.name].inc()
 
 
-def _wrap(behaviour: Callable[..., Any], labels: _Labels) -> Callable[..., Any]:
+def _wrap(behaviour: Callable[..., Any], labels: MethodMetrics) -> Callable[..., Any]:
     if inspect.isasyncgenfunction(behaviour):
         async def stream(request: Any, context: Any) -> AsyncIterator[Any]:
             labels.started.inc()
@@ -80,7 +85,7 @@ def instrument_handler(handler: grpc.RpcMethodHandler, path: str, metrics: Metri
     """The same handler, counting calls and their codes and timing them."""
     _, service, method = path.split("/", 2)
     grpc_type = _TYPES[(handler.request_streaming, handler.response_streaming)]
-    labels = _Labels(metrics, grpc_type, service, method)
+    labels = MethodMetrics(metrics, grpc_type, service, method)
     for name in _BEHAVIOURS:
         behaviour = getattr(handler, name)
         if behaviour is not None:
@@ -103,18 +108,23 @@ class _InstrumentedGeneric(grpc.GenericRpcHandler):  # type: ignore[misc]
 
 
 class InstrumentedRegistrar:
-    """Looks like a server to generated ``add_*_to_server`` code; registers instrumented handlers."""
+    """Looks like a server to generated ``add_*_to_server`` code; registers instrumented handlers.
+
+    ``counted=True`` registers handlers that record these metrics themselves (the hot
+    RecommendAction path, which saves the wrapper's extra coroutine per call).
+    """
 
     def __init__(self, server: aio.Server, metrics: Metrics | None) -> None:
         self._server = server
         self._metrics = metrics
 
-    def add_generic_rpc_handlers(self, handlers: Sequence[grpc.GenericRpcHandler]) -> None:
-        if self._metrics is not None:
+    def add_generic_rpc_handlers(self, handlers: Sequence[grpc.GenericRpcHandler], counted: bool = False) -> None:
+        if self._metrics is not None and not counted:
             handlers = [_InstrumentedGeneric(h, self._metrics) for h in handlers]
         self._server.add_generic_rpc_handlers(handlers)
 
-    def add_registered_method_handlers(self, service: str, handlers: Mapping[str, grpc.RpcMethodHandler]) -> None:
-        if self._metrics is not None:
+    def add_registered_method_handlers(self, service: str, handlers: Mapping[str, grpc.RpcMethodHandler],
+                                       counted: bool = False) -> None:
+        if self._metrics is not None and not counted:
             handlers = {name: instrument_handler(h, f"/{service}/{name}", self._metrics) for name, h in handlers.items()}
         self._server.add_registered_method_handlers(service, handlers)

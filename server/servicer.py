@@ -22,7 +22,7 @@ from server import errors
 from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
 from server.batching import BatcherClosed, MicroBatcher, Overloaded
 from server.config import Config
-from server.grpc_metrics import InstrumentedRegistrar
+from server.grpc_metrics import InstrumentedRegistrar, MethodMetrics
 from server.metrics import Metrics
 from server.models import ModelHolder
 from server.validation import InvalidRequest, Limits, parse_request
@@ -47,7 +47,7 @@ def parse_wire(data: bytes) -> pb.RecommendActionRequest | Malformed:
         return Malformed("wire format is corrupt")
 
 
-def add_to_server(servicer: ShoppingAgentServicer, server: aio.Server | InstrumentedRegistrar) -> None:
+def add_to_server(servicer: ShoppingAgentServicer, server: InstrumentedRegistrar) -> None:
     """Register the service with a deserializer that turns corrupt bytes into INVALID_ARGUMENT.
 
     (The generated ``add_ShoppingAgentServicer_to_server`` would let the protobuf error
@@ -59,8 +59,9 @@ def add_to_server(servicer: ShoppingAgentServicer, server: aio.Server | Instrume
         response_serializer=pb.RecommendActionResponse.SerializeToString,
     )
     service = pb.DESCRIPTOR.services_by_name["ShoppingAgent"].full_name
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, {"RecommendAction": handler}),))
-    server.add_registered_method_handlers(service, {"RecommendAction": handler})
+    generic = grpc.method_handlers_generic_handler(service, {"RecommendAction": handler})
+    server.add_generic_rpc_handlers((generic,), counted=True)  # RecommendAction records its own transport metrics
+    server.add_registered_method_handlers(service, {"RecommendAction": handler}, counted=True)
 
 
 def to_response(decision: Decision, decision_id: str, request_id: str) -> pb.RecommendActionResponse:
@@ -94,7 +95,8 @@ class ShoppingAgentServicer:
         self._metrics = metrics
         self._min_budget_s = config.min_inference_budget_ms / 1000.0
         self._limits_cache = Limits(models.item_dim, config.max_recent_behavior_ids, config.max_id_length)
-
+        service = pb.DESCRIPTOR.services_by_name["ShoppingAgent"].full_name
+        self._rpc = MethodMetrics(metrics, "unary", service, "RecommendAction") if metrics is not None else None
     def _limits(self) -> Limits:
         item_dim = self._models.item_dim
         if self._limits_cache.item_dim != item_dim:  # a swapped-in bundle with another item dimension
@@ -104,29 +106,43 @@ class ShoppingAgentServicer:
     async def RecommendAction(  # noqa: N802 - the gRPC method name
         self, request: pb.RecommendActionRequest | Malformed, context: aio.ServicerContext  # type: ignore[type-arg]
     ) -> pb.RecommendActionResponse:
+        metrics, rpc = self._metrics, self._rpc
+        if metrics is None or rpc is None:
+            return await self._recommend(request, context)
+        rpc.started.inc()
+        started, code = time.perf_counter(), "UNKNOWN"
+        metrics.inflight_count += 1
+        if metrics.inflight_tracked:
+            metrics.inflight.inc()
+        try:
+            response = await self._recommend(request, context)
+            code = "OK"
+            return response
+        except aio.AbortError:  # the call was answered with an error status (a malformed request)
+            status = context.code()
+            code = status.name if isinstance(status, grpc.StatusCode) else "UNKNOWN"
+            raise
+        except asyncio.CancelledError:
+            code = "CANCELLED"
+            raise
+        finally:
+            metrics.inflight_count -= 1
+            if metrics.inflight_tracked:
+                metrics.inflight.dec()
+            rpc.finish(code, started)
+
+    async def _recommend(self, request: pb.RecommendActionRequest | Malformed,
+                         context: aio.ServicerContext) -> pb.RecommendActionResponse:  # type: ignore[type-arg]
         try:
             if isinstance(request, Malformed):
                 raise InvalidRequest("request", f"not a RecommendActionRequest ({request.error})")
             req = parse_request(request, self._limits(), time.time())
         except InvalidRequest as exc:
-            await errors.abort(context, exc)
-            raise  # unreachable: abort raises
+            await errors.abort(context, exc)  # raises grpc's AbortError ...
+            raise exc from None  # ... so this only keeps type checkers informed
         decision_id = os.urandom(16).hex()  # 128 random bits, as uuid4 has, at a fifth of the cost
         model = self._models.current  # read once: this call finishes on this model set
-        metrics = self._metrics
-        if metrics is None:
-            decision = await self._decide(model, req, decision_id, context.time_remaining())
-            return to_response(decision, decision_id, req.request_id)
-        tracked = metrics.inflight_tracked
-        metrics.inflight_count += 1
-        if tracked:
-            metrics.inflight.inc()
-        try:
-            decision = await self._decide(model, req, decision_id, context.time_remaining())
-        finally:
-            metrics.inflight_count -= 1
-            if tracked:
-                metrics.inflight.dec()
+        decision = await self._decide(model, req, decision_id, context.time_remaining())
         return to_response(decision, decision_id, req.request_id)
 
     async def _decide(self, model: ModelSet | NoModel, req: DecisionRequest, decision_id: str,
