@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -21,6 +22,7 @@ from typing import Any, TypeVar
 
 import grpc
 import numpy as np
+import pytest
 from prometheus_client import CollectorRegistry
 
 from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
@@ -153,6 +155,17 @@ def spawn_server(*args: str, env: dict[str, str] | None = None, timeout: float =
     proc.wait(10)
     proc.stderr.close()
     raise AssertionError(f"server did not start: {''.join(lines)}")
+
+
+def prometheus_tool(name: str) -> str:
+    """Path of a tool from Debian's prometheus package: skip without it, but fail under CI."""
+    path = shutil.which(name)
+    if path is None:
+        message = f"{name} is not installed: apt-get install prometheus"
+        if os.environ.get("CI", "").lower() not in ("", "0", "false"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return path
 
 
 def _drain(proc: subprocess.Popen[str], lines: list[str]) -> None:

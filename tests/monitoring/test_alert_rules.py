@@ -6,33 +6,22 @@ tests skip on a developer's machine and fail in CI, where a skip would hide a br
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 from typing import Any
 
-import pytest
 import yaml
 
-from tests.harness import ROOT
+from tests.harness import ROOT, prometheus_tool
 
 MONITORING = ROOT / "k8s" / "monitoring"
 RULES = MONITORING / "alerts.yml"
 RULE_TESTS = MONITORING / "alerts_test.yml"
 
 
-def _tool(name: str) -> str:
-    path = shutil.which(name)
-    if path is None:
-        message = f"{name} is not installed: apt-get install prometheus"
-        if os.environ.get("CI", "").lower() not in ("", "0", "false"):
-            pytest.fail(message)
-        pytest.skip(message)
-    return path
 
 
 def _promtool(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([_tool("promtool"), *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    return subprocess.run([prometheus_tool("promtool"), *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
 
 
 def _alerts() -> list[dict[str, Any]]:

@@ -8,9 +8,7 @@ declares, and every exact label matcher must match a series it has.
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import subprocess
 import urllib.request
 from collections.abc import Iterator
@@ -24,7 +22,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
-from tests.harness import ROOT, request, running_server, stub
+from tests.harness import ROOT, prometheus_tool, request, running_server, stub
 
 MONITORING = ROOT / "k8s" / "monitoring"
 
@@ -61,14 +59,6 @@ def exact_matchers(expr: str) -> list[tuple[str, str, str]]:
     return [(metric, label, value) for metric, body in _SELECTOR.findall(expr) for label, value in _EQUAL.findall(body)]
 
 
-def _tool(name: str) -> str:
-    path = shutil.which(name)
-    if path is None:
-        message = f"{name} is not installed: apt-get install prometheus"
-        if os.environ.get("CI", "").lower() not in ("", "0", "false"):
-            pytest.fail(message)
-        pytest.skip(message)
-    return path
 
 
 @dataclass(frozen=True)
@@ -130,7 +120,7 @@ def test_metric_names_are_read_out_of_promql() -> None:
 
 
 def test_promtool_lints_the_live_metrics(scrape: Scrape) -> None:
-    out = subprocess.run([_tool("promtool"), "check", "metrics"], input=scrape.text, capture_output=True, text=True, timeout=60)
+    out = subprocess.run([prometheus_tool("promtool"), "check", "metrics"], input=scrape.text, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
 
 
@@ -167,7 +157,7 @@ def test_promtool_parses_every_dashboard_query(tmp_path: Path) -> None:
     records = [{"record": f"dashboard:query_{i}", "expr": filled(expr)} for i, expr in enumerate(_dashboard_exprs().values())]
     rules = tmp_path / "dashboard_queries.yml"
     rules.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": records}]}))
-    out = subprocess.run([_tool("promtool"), "check", "rules", str(rules)], capture_output=True, text=True, timeout=60)
+    out = subprocess.run([prometheus_tool("promtool"), "check", "rules", str(rules)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
     assert f"SUCCESS: {len(records)} rules found" in out.stdout
 

@@ -10,8 +10,6 @@ rate the calls were made at, and every alert rule evaluates without error.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import socket
 import subprocess
 import threading
@@ -27,7 +25,7 @@ import grpc
 import pytest
 import yaml
 
-from tests.harness import ROOT, ServerThread, request, running_server, stub
+from tests.harness import ROOT, ServerThread, prometheus_tool, request, running_server, stub
 
 T = TypeVar("T")
 JOB = "shopping-agent"
@@ -36,14 +34,6 @@ LOAD_SECONDS = 5.0
 RULES = ROOT / "k8s" / "monitoring" / "alerts.yml"
 
 
-def _tool(name: str) -> str:
-    path = shutil.which(name)
-    if path is None:
-        message = f"{name} is not installed: apt-get install prometheus"
-        if os.environ.get("CI", "").lower() not in ("", "0", "false"):
-            pytest.fail(message)
-        pytest.skip(message)
-    return path
 
 
 def _alert_names() -> list[str]:
@@ -126,7 +116,7 @@ def live() -> Iterator[ServerThread]:
 
 @pytest.fixture
 def binary() -> str:
-    return _tool("prometheus")
+    return prometheus_tool("prometheus")
 
 
 @pytest.fixture
