@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from grpc import aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -21,8 +22,11 @@ from server.config import Config
 from server.grpc_metrics import InstrumentedRegistrar
 from server.metrics import Metrics
 from server.metrics_http import MetricsEndpoint
-from server.models import ModelHolder, load_initial
+from server.models import ModelHolder, active_path, load_file, load_initial, load_options
 from server.servicer import ShoppingAgentServicer, add_to_server
+from server.watcher import WeightsWatcher
+from weights.bundle import BundleError
+from weights.model_set import ModelSet, NoModel
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +47,7 @@ class ShoppingAgentServer:
         self._server: aio.Server | None = None
         self._batcher: MicroBatcher | None = None
         self._loading: asyncio.Task[None] | None = None
+        self._watcher: WeightsWatcher | None = None
         self.stopped = asyncio.Event()
 
     async def start(self) -> int:
@@ -74,15 +79,50 @@ class ShoppingAgentServer:
         return port
 
     async def _load(self) -> None:
+        loop = asyncio.get_running_loop()
         try:
-            model = await asyncio.get_running_loop().run_in_executor(None, load_initial, self.config)
+            model, seen = await loop.run_in_executor(None, load_initial, self.config)
         except Exception:
             log.exception("no model could be loaded; answering from the rule engine (FALLBACK_NO_MODEL)")
             return
+        await self._swap_in(model)
+        path = active_path(self.config)
+        if path is not None:
+            options = load_options(self.config)
+            self._watcher = WeightsWatcher(
+                path,
+                load=lambda p: load_file(p, options),
+                # The watcher thread waits for the swap, so swaps happen in the order they were loaded.
+                on_loaded=lambda m, s: asyncio.run_coroutine_threadsafe(self._swapped(m, s), loop).result(30),
+                on_rejected=lambda e, s: self._call_soon(loop, self._rejected, e, s),
+                poll_interval_s=self.config.weights_poll_seconds,
+                debounce_s=self.config.weights_debounce_ms / 1000.0,
+                use_inotify=self.config.weights_inotify,
+                seen=seen,
+            )
+            self._watcher.start()
+
+    async def _swap_in(self, model: ModelSet | NoModel) -> None:
+        """Serve ``model`` from the next request on (one reference assignment); health follows."""
         self.models.swap(model)
         if model.ready:
             await self._set_health(SERVING)
             log.info("serving", extra={"fields": {"model_version": model.version}})
+
+    async def _swapped(self, model: ModelSet, seconds: float) -> None:
+        previous = self.models.current.version
+        await self._swap_in(model)
+        if self.metrics is not None:
+            self.metrics.swap_done("ok", "", seconds)
+        log.info("swapped model", extra={"fields": {"from": previous, "to": model.version, "load_s": round(seconds, 3)}})
+
+    @staticmethod
+    def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., None], *args: object) -> None:
+        loop.call_soon_threadsafe(fn, *args)
+
+    def _rejected(self, error: BundleError, seconds: float) -> None:
+        if self.metrics is not None:
+            self.metrics.swap_done("rejected", error.reason, seconds)
 
     async def wait_loaded(self) -> None:
         if self._loading is not None:
@@ -112,6 +152,8 @@ class ShoppingAgentServer:
         await self._server.stop(grace)
         if self._loading is not None and not self._loading.done():
             self._loading.cancel()
+        if self._watcher is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self._watcher.stop)
         if self._batcher is not None:
             await self._batcher.close()
         if self.metrics_endpoint is not None:

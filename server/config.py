@@ -35,6 +35,9 @@ class Config:
     metrics_host: str = _opt("0.0.0.0", "address of the HTTP /metrics endpoint")
     metrics_port: int | None = _opt(9095, "port of the HTTP /metrics endpoint; 0 picks a free port (logged); empty: no endpoint")
     weights_dir: Path | None = _opt(None, "directory holding the active bundle (weights_active.bundle); unset: the embedded default")
+    weights_poll_seconds: float = _opt(1.0, "how often the active bundle is stat()ed (the source of truth on NFS, where inotify is blind)")
+    weights_inotify: bool = _opt(True, "also watch the weights directory with inotify (watchdog), so changes are seen sooner")
+    weights_debounce_ms: float = _opt(50.0, "wait until the active bundle has been still this long before loading it")
     use_embedded_default: bool = _opt(True, "serve the embedded default bundle when weights_dir has no usable bundle")
     timezone: str = _opt("UTC", "IANA timezone of the hour-of-day feature")
     device: str = _opt("auto", "onnxruntime device: auto (CUDA when present), cpu or cuda")
@@ -70,6 +73,8 @@ class Config:
             problems.append(f"log_format: expected json or text, got {self.log_format!r}")
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
             problems.append(f"log_level: expected DEBUG, INFO, WARNING or ERROR, got {self.log_level!r}")
+        if not 0 < self.weights_poll_seconds <= 3600 or self.weights_debounce_ms < 0:
+            problems.append("weights_poll_seconds must be in (0, 3600] and weights_debounce_ms >= 0")
         if self.grace_seconds < 0 or self.min_inference_budget_ms < 0 or self.drain_delay_seconds < 0:
             problems.append("grace_seconds, drain_delay_seconds and min_inference_budget_ms must be >= 0")
         for name in ("samples", "min_votes"):

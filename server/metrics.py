@@ -88,6 +88,13 @@ class Metrics:
         self.training = Gauge("shopping_agent_model_training_metric",
                               "Training metrics carried in the served bundle's manifest.", ["metric"], registry=r,
                               multiprocess_mode="liveall")
+        self.swaps = Counter("shopping_agent_model_swaps", "Bundles the watcher judged, by result (ok, rejected) and reason.",
+                             ["result", "reason"], registry=r)
+        self.swap_seconds = Histogram("shopping_agent_model_swap_seconds",
+                                      "Time to read, validate, self-test and warm up a bundle before the swap.",
+                                      buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0), registry=r)
+        self.last_swap = Gauge("shopping_agent_model_last_swap_timestamp_seconds", "When the last good bundle was swapped in.",
+                               registry=r, multiprocess_mode="livemin")
         self._created_s = math.nan
         if not multiprocess_mode():
             self.model_age = Gauge("shopping_agent_model_age_seconds", "Seconds since the served bundle was created.",
@@ -136,6 +143,12 @@ class Metrics:
         self.decisions_served(decisions)
 
     # --- model lifecycle ---------------------------------------------------------------------
+    def swap_done(self, result: str, reason: str, seconds: float) -> None:
+        self.swaps.labels(result=result, reason=reason).inc()
+        self.swap_seconds.observe(seconds)
+        if result == "ok":
+            self.last_swap.set(time.time())
+
     def model_served(self, version: str, manifest: Mapping[str, Any] | None, loaded_at: float) -> None:
         """The served model changed: info, timestamps and training metrics follow it."""
         self.model_info.clear()

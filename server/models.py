@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from server.config import Config
+from server.watcher import Signature, signature
 from weights.bundle import BundleError, read_bundle
 from weights.embedded import default_bundle, default_manifest
 from weights.model_set import LoadOptions, ModelSet, NoModel
@@ -60,20 +61,36 @@ class ModelHolder:
                 self._on_swap("", None, 0.0)
 
 
-def load_initial(config: Config) -> ModelSet | NoModel:
-    """The model set to serve at start: the weights directory's active bundle, else the embedded default."""
+def active_path(config: Config) -> Path | None:
+    return None if config.weights_dir is None else Path(config.weights_dir) / ACTIVE_NAME
+
+
+def load_file(path: Path, options: LoadOptions) -> ModelSet:
+    """Read, validate, self-test and warm up the bundle at ``path`` (raises BundleError)."""
+    return ModelSet.load(read_bundle(path), options)
+
+
+def load_initial(config: Config) -> tuple[ModelSet | NoModel, Signature | None]:
+    """The model set to serve at start, and the signature of the active file it judged.
+
+    The weights directory's active bundle, else the embedded default (or no model). The
+    signature is taken before reading, so a file replaced meanwhile looks changed to the
+    watcher and is loaded again.
+    """
     options = load_options(config)
-    if config.weights_dir is not None:
-        path = Path(config.weights_dir) / ACTIVE_NAME
+    path = active_path(config)
+    seen = None
+    if path is not None:
+        seen = signature(path)
         try:
-            model = ModelSet.load(read_bundle(path), options)
+            model = load_file(path, options)
             log.info("loaded bundle", extra={"fields": {"path": str(path), "model_version": model.version}})
-            return model
+            return model, seen
         except BundleError as exc:
             log.warning("cannot serve the active bundle", extra={"fields": {"path": str(path), "reason": exc.reason, "error": str(exc)}})
     if not config.use_embedded_default:
         log.warning("no model loaded: answering from the rule engine (source FALLBACK_NO_MODEL)")
-        return NoModel(default_manifest())
+        return NoModel(default_manifest()), seen
     model = ModelSet.load(default_bundle(), options)
     log.info("loaded the embedded default bundle", extra={"fields": {"model_version": model.version}})
-    return model
+    return model, seen

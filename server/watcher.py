@@ -1,0 +1,125 @@
+"""The weights watcher: sees the active bundle change on the volume and loads it off the hot path.
+
+A ``stat`` poll (inode, size, mtime) is the source of truth, so a volume where inotify never
+fires (NFS, a file written from another node) still works; a watchdog observer on the
+directory only wakes the poll sooner. ``os.stat`` follows symlinks, so the Kubernetes
+ConfigMap pattern (a ``..data`` symlink swapped under a stable name) is seen as a change too.
+
+On a change the watcher waits until the file has been still for the debounce time (a
+burst of publishes loads only the last), then reads, validates and warms up a new
+``ModelSet`` on its own thread and hands it to ``on_loaded``; the server swaps one
+reference. A rejected file is reported once and not retried until it changes again; a
+deleted file leaves the current model serving.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from weights.bundle import BundleError
+
+log = logging.getLogger(__name__)
+
+Signature = tuple[int, int, int]
+
+
+def signature(path: Path) -> Signature | None:
+    """(inode, size, mtime_ns) of what ``path`` resolves to, or None when it is absent."""
+    try:
+        st = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+class WeightsWatcher:
+    def __init__(self, path: Path, load: Callable[[Path], Any], on_loaded: Callable[[Any, float], None],
+                 on_rejected: Callable[[BundleError, float], None], poll_interval_s: float = 1.0,
+                 debounce_s: float = 0.05, use_inotify: bool = True, seen: Signature | None = None) -> None:
+        self.path = path
+        self._load = load
+        self._on_loaded = on_loaded
+        self._on_rejected = on_rejected
+        self._poll_interval_s = poll_interval_s
+        self._debounce_s = debounce_s
+        self._use_inotify = use_inotify
+        self._seen = seen
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="weights-watcher", daemon=True)
+        self._observer: Any = None
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(10)
+        self._stop_observer()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            if self._use_inotify and self._observer is None:
+                self._start_observer()
+            current = signature(self.path)
+            if current != self._seen:
+                self._changed(current)
+            self._wake.wait(self._poll_interval_s)
+            self._wake.clear()
+
+    def _changed(self, current: Signature | None) -> None:
+        # Debounce: wait until the file stops changing, so a burst loads only its last bundle.
+        while not self._stop.is_set():
+            self._stop.wait(self._debounce_s)
+            settled = signature(self.path)
+            if settled == current:
+                break
+            current = settled
+        self._seen = current
+        if current is None:
+            log.warning("the active bundle is missing; the current model keeps serving", extra={"fields": {"path": str(self.path)}})
+            return
+        started = time.perf_counter()
+        try:
+            model = self._load(self.path)
+        except BundleError as exc:
+            log.error("bundle rejected; the current model keeps serving",
+                      extra={"fields": {"path": str(self.path), "reason": exc.reason, "error": str(exc)}})
+            self._on_rejected(exc, time.perf_counter() - started)
+            return
+        self._on_loaded(model, time.perf_counter() - started)
+
+    def _start_observer(self) -> None:
+        if not self.path.parent.is_dir():
+            return
+        from watchdog.events import FileSystemEvent, FileSystemEventHandler
+        from watchdog.observers import Observer
+
+        wake = self._wake
+
+        class Wake(FileSystemEventHandler):
+            def on_any_event(self, event: FileSystemEvent) -> None:
+                wake.set()
+
+        observer = Observer()
+        try:
+            observer.schedule(Wake(), str(self.path.parent), recursive=False)
+            observer.start()
+        except OSError as exc:  # e.g. inotify limits: the poll still works
+            log.warning("inotify unavailable; polling only", extra={"fields": {"error": str(exc)}})
+            self._use_inotify = False
+            return
+        self._observer = observer
+
+    def _stop_observer(self) -> None:
+        if self._observer is not None:
+            self._observer.stop()
+            self._observer.join(5)
+            self._observer = None

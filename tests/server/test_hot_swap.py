@@ -1,0 +1,245 @@
+"""Hot swap under load: real files, real renames, a real server answering throughout.
+
+Every case keeps concurrent clients calling RecommendAction while bundles are published
+onto the active name (write a temp file in the same directory, fsync, os.replace) and
+asserts: no failed call, every response carries a version that was valid, the final
+version is the expected one.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+
+from server.models import ACTIVE_NAME
+from tests.harness import ServerThread, request, running_server, stub
+from weights.bundle import PARTS, npy_bytes, write_bundle
+from weights.embedded import default_bundle
+
+BASE = default_bundle()
+
+
+def bundle_bytes(version: str, **manifest_changes: object) -> bytes:
+    manifest = {k: v for k, v in BASE.manifest.items() if k not in ("format", "format_version", "parts")}
+    manifest.update(model_version=version, **manifest_changes)
+    buf = io.BytesIO()
+    write_bundle(buf, manifest, {p: BASE.parts[p] for p in PARTS})
+    return buf.getvalue()
+
+
+def nan_bundle(version: str) -> bytes:
+    table = BASE.array("behavior_table.npy").copy()
+    table[0, 0] = np.nan
+    manifest = {k: v for k, v in BASE.manifest.items() if k not in ("format", "format_version", "parts")}
+    buf = io.BytesIO()
+    write_bundle(buf, {**manifest, "model_version": version}, {**BASE.parts, "behavior_table.npy": npy_bytes(table)})
+    return buf.getvalue()
+
+
+def publish(directory: Path, data: bytes, name: str = ACTIVE_NAME) -> None:
+    """Atomic publish: a temp file in the same directory, fsync, rename onto the active name."""
+    tmp = directory / f".tmp-{os.getpid()}-{time.monotonic_ns()}"
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, directory / name)
+
+
+@dataclass
+class Load:
+    """Clients calling RecommendAction until stopped; every outcome recorded."""
+
+    target: str
+    versions: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self) -> None:
+        with grpc.insecure_channel(self.target) as ch:
+            call = stub(ch).RecommendAction
+            deadline = time.monotonic() + 60
+            while not self.stop.is_set() and time.monotonic() < deadline:
+                try:
+                    self.versions.append(call(request(), timeout=5).model_version)
+                except grpc.RpcError as exc:
+                    self.errors.append(f"{exc.code()}: {exc.details()}")
+
+    def last_version(self) -> str:
+        return self.versions[-1] if self.versions else ""
+
+
+@pytest.fixture
+def weights_dir(tmp_path: Path) -> Path:
+    directory = tmp_path / "weights"
+    directory.mkdir()
+    publish(directory, bundle_bytes("v1"))
+    return directory
+
+
+def _serve(weights_dir: Path, inotify: bool = True) -> Iterator[tuple[ServerThread, Load]]:
+    with running_server(weights_dir=weights_dir, weights_poll_seconds=0.2, weights_inotify=inotify,
+                        weights_debounce_ms=20) as live:
+        load = Load(live.target)
+        threads = [threading.Thread(target=load.run) for _ in range(3)]
+        for t in threads:
+            t.start()
+        try:
+            yield live, load
+        finally:
+            load.stop.set()
+            for t in threads:
+                t.join(10)
+
+
+def wait_for(load: Load, version: str, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while load.last_version() != version:
+        assert time.monotonic() < deadline, f"still serving {load.last_version()!r}, expected {version!r}"
+        time.sleep(0.02)
+
+
+def _swaps(live: ServerThread, result: str, reason: str = "") -> float:
+    return live.registry.get_sample_value("shopping_agent_model_swaps_total", {"result": result, "reason": reason}) or 0.0
+
+
+@pytest.mark.parametrize("inotify", [True, False], ids=["inotify", "poll-only"])
+def test_a_good_bundle_is_picked_up_without_a_failed_call(weights_dir: Path, inotify: bool) -> None:
+    for live, load in _serve(weights_dir, inotify):
+        wait_for(load, "v1")
+        publish(weights_dir, bundle_bytes("v2"))
+        wait_for(load, "v2", timeout=5)
+        time.sleep(0.2)
+        assert _swaps(live, "ok") == 1
+        assert live.registry.get_sample_value("shopping_agent_model_info", {"model_version": "v2", "format_version": "1"}) == 1
+    assert load.errors == []
+    assert set(load.versions) == {"v1", "v2"}
+    first_v2 = load.versions.index("v2")
+    assert all(v == "v2" for v in load.versions[first_v2:])  # never back to the old model once swapped
+
+
+def test_a_burst_of_twenty_publishes_ends_on_the_last(weights_dir: Path) -> None:
+    for live, load in _serve(weights_dir):
+        wait_for(load, "v1")
+        bundles = [bundle_bytes(f"burst-{i}") for i in range(20)]
+        started = time.monotonic()
+        for data in bundles:
+            publish(weights_dir, data)
+            time.sleep(0.03)
+        assert time.monotonic() - started < 1.0
+        wait_for(load, "burst-19", timeout=10)
+        time.sleep(0.5)
+        assert load.last_version() == "burst-19"
+        assert 1 <= _swaps(live, "ok") <= 20
+    assert load.errors == []
+    assert set(load.versions) <= {"v1", *(f"burst-{i}" for i in range(20))}
+    order = [-1 if v == "v1" else int(v.split("-")[1]) for v in load.versions]
+    assert order == sorted(order)  # swaps land in publish order: never back to an older bundle
+
+
+def _truncated(v: str) -> bytes:
+    return bundle_bytes(v)[:5000]
+
+
+def _flipped(v: str) -> bytes:
+    data = bytearray(bundle_bytes(v))
+    data[len(data) // 2] ^= 0x40
+    return bytes(data)
+
+
+BAD = {
+    "truncated": (_truncated, "format"),
+    "flipped-byte": (_flipped, "format"),  # the zip's CRC catches it before the manifest's sha256 does
+    "nan": (nan_bundle, "nonfinite"),
+    "unknown-format-version": (lambda v: _with_format_version(v), "format_version"),
+    "wrong-shape": (lambda v: bundle_bytes(v, feature_spec={**BASE.manifest["feature_spec"], "item_dim": 512,
+                                                              "state_dim": 664}), "shape"),
+}
+
+
+def _with_format_version(version: str) -> bytes:
+    import json
+    import zipfile
+
+    src = zipfile.ZipFile(io.BytesIO(bundle_bytes(version)))
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as dst:
+        for info in src.infolist():
+            data = src.read(info)
+            if info.filename == "manifest.json":
+                manifest = json.loads(data)
+                manifest["format_version"] = 99
+                data = json.dumps(manifest).encode()
+            dst.writestr(info, data)
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_a_bad_bundle_is_refused_and_the_old_model_keeps_serving(weights_dir: Path, case: str) -> None:
+    make, reason = BAD[case]
+    for live, load in _serve(weights_dir):
+        wait_for(load, "v1")
+        publish(weights_dir, make("bad"))
+        deadline = time.monotonic() + 5
+        while _swaps(live, "rejected", reason) < 1:
+            assert time.monotonic() < deadline, f"not rejected with reason {reason}"
+            time.sleep(0.02)
+        time.sleep(0.6)  # several polls: the rejected file is not retried
+        assert _swaps(live, "rejected", reason) == 1
+        assert load.last_version() == "v1"
+        publish(weights_dir, bundle_bytes("v3"))  # and a good one afterwards still lands
+        wait_for(load, "v3")
+    assert load.errors == []
+    assert "bad" not in load.versions
+
+
+def test_a_deleted_active_file_keeps_the_model_serving(weights_dir: Path) -> None:
+    for _, load in _serve(weights_dir):
+        wait_for(load, "v1")
+        (weights_dir / ACTIVE_NAME).unlink()
+        time.sleep(0.8)
+        assert load.last_version() == "v1"
+        publish(weights_dir, bundle_bytes("v2"))
+        wait_for(load, "v2")
+    assert load.errors == []
+
+
+def test_a_configmap_style_symlink_swap_is_seen(tmp_path: Path) -> None:
+    """Kubernetes ConfigMap volumes: name -> ..data/name, and ..data is a symlink swapped by rename."""
+    root = tmp_path / "cm"
+    root.mkdir()
+
+    def swap_to(version: str) -> None:
+        target = root / f"..{version}"
+        target.mkdir()
+        publish(target, bundle_bytes(version))
+        link = root / "..data_tmp"
+        link.symlink_to(target.name)
+        os.replace(link, root / "..data")
+
+    swap_to("c1")
+    (root / ACTIVE_NAME).symlink_to(f"..data/{ACTIVE_NAME}")
+    for _, load in _serve(root):
+        wait_for(load, "c1")
+        swap_to("c2")
+        wait_for(load, "c2", timeout=5)
+    assert load.errors == []
+
+
+def test_a_missing_directory_at_start_serves_the_default_then_picks_up_the_bundle(tmp_path: Path) -> None:
+    directory = tmp_path / "not-yet"
+    for _, load in _serve(directory):
+        wait_for(load, "default-init-20261130")
+        directory.mkdir()
+        publish(directory, bundle_bytes("late"))
+        wait_for(load, "late", timeout=5)
+    assert load.errors == []
