@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from policy.onnx_model import RuntimeMissing, onnxruntime
 from server import logs
 from server.config import Config, add_arguments, build_config
+from weights import cli as weights_cli
 
 log = logging.getLogger(__name__)
 
@@ -42,11 +43,15 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     serve_p = sub.add_parser("serve", help="run the gRPC server", description="Run the gRPC decision server.")
     add_arguments(serve_p)
+    weights_cli.register(sub)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.command == "weights":
+        logs.configure("INFO", "text")
+        return weights_cli.run(args)
     if args.command == "serve":
         try:
             config = build_config(args, os.environ)

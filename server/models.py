@@ -16,10 +16,9 @@ from server.watcher import Signature, signature
 from weights.bundle import BundleError, read_bundle
 from weights.embedded import default_bundle, default_manifest
 from weights.model_set import LoadOptions, ModelSet, NoModel
+from weights.store import ACTIVE_NAME
 
 log = logging.getLogger(__name__)
-
-ACTIVE_NAME = "weights_active.bundle"
 
 
 def load_options(config: Config) -> LoadOptions:

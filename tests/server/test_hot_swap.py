@@ -61,16 +61,21 @@ class Load:
 
     target: str
     versions: list[str] = field(default_factory=list)
+    per_client: list[list[str]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
 
     def run(self) -> None:
+        mine: list[str] = []
+        self.per_client.append(mine)
         with grpc.insecure_channel(self.target) as ch:
             call = stub(ch).RecommendAction
             deadline = time.monotonic() + 60
             while not self.stop.is_set() and time.monotonic() < deadline:
                 try:
-                    self.versions.append(call(request(), timeout=5).model_version)
+                    version = call(request(), timeout=5).model_version
+                    mine.append(version)
+                    self.versions.append(version)
                 except grpc.RpcError as exc:
                     self.errors.append(f"{exc.code()}: {exc.details()}")
 
@@ -123,27 +128,27 @@ def test_a_good_bundle_is_picked_up_without_a_failed_call(weights_dir: Path, ino
         assert live.registry.get_sample_value("shopping_agent_model_info", {"model_version": "v2", "format_version": "1"}) == 1
     assert load.errors == []
     assert set(load.versions) == {"v1", "v2"}
-    first_v2 = load.versions.index("v2")
-    assert all(v == "v2" for v in load.versions[first_v2:])  # never back to the old model once swapped
+    for versions in load.per_client:  # a client never goes back to the old model once it saw the new one
+        if "v2" in versions:
+            assert all(v == "v2" for v in versions[versions.index("v2"):])
 
 
 def test_a_burst_of_twenty_publishes_ends_on_the_last(weights_dir: Path) -> None:
     for live, load in _serve(weights_dir):
         wait_for(load, "v1")
         bundles = [bundle_bytes(f"burst-{i}") for i in range(20)]
-        started = time.monotonic()
-        for data in bundles:
+        for data in bundles:  # twenty within about a second
             publish(weights_dir, data)
             time.sleep(0.03)
-        assert time.monotonic() - started < 1.0
         wait_for(load, "burst-19", timeout=10)
         time.sleep(0.5)
         assert load.last_version() == "burst-19"
         assert 1 <= _swaps(live, "ok") <= 20
     assert load.errors == []
     assert set(load.versions) <= {"v1", *(f"burst-{i}" for i in range(20))}
-    order = [-1 if v == "v1" else int(v.split("-")[1]) for v in load.versions]
-    assert order == sorted(order)  # swaps land in publish order: never back to an older bundle
+    for versions in load.per_client:  # each client's calls are sequential, so each sees versions only move forward
+        order = [-1 if v == "v1" else int(v.split("-")[1]) for v in versions]
+        assert order == sorted(order)
 
 
 def _truncated(v: str) -> bytes:

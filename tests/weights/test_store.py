@@ -1,0 +1,346 @@
+"""The store on the weights volume: real files, real renames, real locks, in a temporary directory."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from weights.bundle import Bundle, BundleError, npy_bytes, read_bundle
+from weights.initial import make_bundle
+from weights.store import ACTIVE_NAME, HISTORY_DIR, INDEX_NAME, STALE_TMP_S, StoreError, WeightsStore, verify
+
+CREATED = "2026-01-01T00:00:00Z"
+
+
+@pytest.fixture(scope="module")
+def bundles() -> dict[str, bytes]:
+    """Four valid bundles, v1..v4, built once (each takes ~0.1 s)."""
+    return {f"v{seed}": make_bundle(seed, f"v{seed}", CREATED) for seed in range(1, 5)}
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> WeightsStore:
+    return WeightsStore(tmp_path / "pv")
+
+
+@pytest.fixture
+def put(tmp_path: Path) -> Callable[[bytes], Path]:
+    """Write bundle bytes to a fresh file outside the store (where a trainer would leave it)."""
+    counter = iter(range(1_000_000))
+
+    def write(data: bytes) -> Path:
+        path = tmp_path / f"candidate-{next(counter)}.bundle"
+        path.write_bytes(data)
+        return path
+
+    return write
+
+
+def snapshot(store: WeightsStore) -> dict[str, Any]:
+    """Everything a publish could change: the active file's bytes and inode, the history's files."""
+    active = store.active_path
+    history = store.directory / HISTORY_DIR
+    return {
+        "active": (active.read_bytes(), active.stat().st_ino) if active.exists() else None,
+        "history": {p.name: p.read_bytes() for p in sorted(history.iterdir())} if history.exists() else None,
+    }
+
+
+def temp_files(store: WeightsStore) -> list[Path]:
+    return sorted(store.directory.rglob(".tmp-*"))
+
+
+def versions(store: WeightsStore) -> list[str]:
+    return [e.model_version for e in store.history()]
+
+
+# --- publish -----------------------------------------------------------------------------------
+
+
+def test_publish_makes_the_active_file_the_bundle_and_records_it(store: WeightsStore, bundles: dict[str, bytes],
+                                                                  put: Callable[[bytes], Path]) -> None:
+    result = store.publish(put(bundles["v1"]))
+    assert (result.status, result.model_version, result.previous) == ("published", "v1", None)
+    assert (store.directory / ACTIVE_NAME).read_bytes() == bundles["v1"]
+    assert (store.directory / HISTORY_DIR / "v1.bundle").read_bytes() == bundles["v1"]
+    [entry] = json.loads((store.directory / HISTORY_DIR / INDEX_NAME).read_text())
+    assert entry["model_version"] == "v1" and entry["sha256"] == result.sha256 == store.active_sha256()
+    assert abs(datetime.fromisoformat(entry["published_at"]).timestamp() - time.time()) < 60
+    assert store.active() == read_bundle(bundles["v1"]).manifest
+    assert temp_files(store) == []
+
+    result = store.publish(put(bundles["v2"]))
+    assert (result.status, result.model_version, result.previous) == ("published", "v2", "v1")
+    assert store.active_path.read_bytes() == bundles["v2"]
+    assert versions(store) == ["v1", "v2"]
+
+
+def test_publishing_the_active_bundle_again_changes_nothing(store: WeightsStore, bundles: dict[str, bytes],
+                                                             put: Callable[[bytes], Path]) -> None:
+    store.publish(put(bundles["v1"]))
+    before = snapshot(store)
+    result = store.publish(put(bundles["v1"]))
+    assert (result.status, result.model_version) == ("unchanged", "v1")
+    assert snapshot(store) == before
+    assert temp_files(store) == []
+
+
+def truncated(data: bytes, **_: Any) -> bytes:
+    return data[: len(data) // 2]
+
+
+def flipped(data: bytes, **_: Any) -> bytes:
+    out = bytearray(data)
+    out[len(out) // 3] ^= 0xFF
+    return bytes(out)
+
+
+def nan_table(_: bytes, rebuild: Callable[..., bytes], default_bundle: Bundle, **__: Any) -> bytes:
+    table = default_bundle.array("behavior_table.npy").copy()
+    table[3, 5] = np.nan
+    return rebuild(**{"behavior_table.npy": npy_bytes(table)})
+
+
+def future_format(_: bytes, members: dict[str, bytes], raw_zip: Callable[[dict[str, bytes]], bytes], **__: Any) -> bytes:
+    manifest = json.loads(members["manifest.json"])
+    manifest["format_version"] = 99
+    return raw_zip({**members, "manifest.json": json.dumps(manifest).encode()})
+
+
+@pytest.mark.parametrize(("damage", "reasons"), [
+    (truncated, {"format"}),
+    (flipped, {"format", "checksum"}),
+    (nan_table, {"nonfinite"}),
+    (future_format, {"format_version"}),
+])
+def test_a_bad_bundle_never_touches_the_active_file_or_the_history(
+        damage: Callable[..., bytes], reasons: set[str], store: WeightsStore, bundles: dict[str, bytes],
+        put: Callable[[bytes], Path], rebuild: Callable[..., bytes], default_bundle: Bundle,
+        members: dict[str, bytes], raw_zip: Callable[[dict[str, bytes]], bytes]) -> None:
+    store.publish(put(bundles["v1"]))
+    before = snapshot(store)
+    bad = damage(bundles["v2"], rebuild=rebuild, default_bundle=default_bundle, members=members, raw_zip=raw_zip)
+    with pytest.raises(BundleError) as info:
+        store.publish(put(bad))
+    assert info.value.reason in reasons
+    assert snapshot(store) == before
+    assert temp_files(store) == []
+
+
+def test_a_missing_file_is_an_io_error(store: WeightsStore, tmp_path: Path) -> None:
+    with pytest.raises(BundleError) as info:
+        store.publish(tmp_path / "nope.bundle")
+    assert info.value.reason == "io"
+    assert not store.directory.exists()
+
+
+def test_the_active_file_is_only_replaced_by_rename(store: WeightsStore, bundles: dict[str, bytes],
+                                                    put: Callable[[bytes], Path]) -> None:
+    store.publish(put(bundles["v1"]))
+    with open(store.active_path, "rb") as reader:
+        old_inode = os.fstat(reader.fileno()).st_ino
+        head = reader.read(1000)
+        store.publish(put(bundles["v2"]))
+        assert store.active_path.stat().st_ino != old_inode
+        assert head + reader.read() == bundles["v1"]  # the old file, whole, for whoever holds it open
+    assert store.active_path.read_bytes() == bundles["v2"]
+
+
+def test_a_model_version_is_immutable(store: WeightsStore, bundles: dict[str, bytes], put: Callable[[bytes], Path]) -> None:
+    store.publish(put(bundles["v1"]))
+    store.publish(put(bundles["v2"]))
+    before = snapshot(store)
+    with pytest.raises(StoreError) as info:
+        store.publish(put(make_bundle(7, "v1", CREATED)))  # same version string, other weights
+    assert info.value.reason == "immutable"
+    assert "immutable" in str(info.value) and "v1" in str(info.value)
+    assert snapshot(store) == before
+
+
+def test_republishing_a_kept_version_activates_it_and_moves_it_last(store: WeightsStore, bundles: dict[str, bytes],
+                                                                    put: Callable[[bytes], Path]) -> None:
+    for v in ("v1", "v2"):
+        store.publish(put(bundles[v]))
+    result = store.publish(put(bundles["v1"]))
+    assert (result.status, result.previous) == ("published", "v2")
+    assert store.active_path.read_bytes() == bundles["v1"]
+    assert versions(store) == ["v2", "v1"]
+
+
+def test_a_version_that_cannot_name_a_file_is_refused(store: WeightsStore, put: Callable[[bytes], Path]) -> None:
+    with pytest.raises(StoreError) as info:
+        store.publish(put(make_bundle(1, "../escape", CREATED)))
+    assert info.value.reason == "version"
+    assert not store.directory.exists()
+
+
+def test_keep_prunes_the_oldest_versions(tmp_path: Path, bundles: dict[str, bytes], put: Callable[[bytes], Path]) -> None:
+    store = WeightsStore(tmp_path / "pv", keep=2)
+    for v in ("v1", "v2", "v3"):
+        store.publish(put(bundles[v]))
+    assert versions(store) == ["v2", "v3"]
+    assert sorted(p.name for p in (store.directory / HISTORY_DIR).iterdir()) == [INDEX_NAME, "v2.bundle", "v3.bundle"]
+
+
+def test_pruning_never_drops_the_active_version(tmp_path: Path, bundles: dict[str, bytes], put: Callable[[bytes], Path]) -> None:
+    store = WeightsStore(tmp_path / "pv", keep=2)
+    for v in ("v1", "v2"):
+        store.publish(put(bundles[v]))
+    store.rollback()  # v1 active, the oldest
+    store.publish(put(bundles["v3"]))  # v1 was active while v3 was written: kept
+    assert versions(store) == ["v1", "v2", "v3"]
+    store.publish(put(bundles["v4"]))
+    assert versions(store) == ["v3", "v4"]
+    assert not (store.directory / HISTORY_DIR / "v1.bundle").exists()
+
+
+def test_a_failed_write_leaves_no_temp_file_and_the_old_active_file(
+        store: WeightsStore, bundles: dict[str, bytes], put: Callable[[bytes], Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    store.publish(put(bundles["v1"]))
+    real_replace = os.replace
+
+    def failing_replace(src: Any, dst: Any) -> None:
+        if Path(dst).name == ACTIVE_NAME:
+            raise OSError(28, "No space left on device")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", failing_replace)
+    with pytest.raises(OSError, match="No space left"):
+        store.publish(put(bundles["v2"]))
+    monkeypatch.undo()
+    assert store.active_path.read_bytes() == bundles["v1"]
+    assert temp_files(store) == []
+    assert store.publish(put(bundles["v2"])).status == "published"  # the retry of the CronJob succeeds
+    assert store.active_path.read_bytes() == bundles["v2"]
+    assert versions(store) == ["v1", "v2"]
+
+
+def test_stale_temp_files_of_a_killed_writer_are_swept(store: WeightsStore, bundles: dict[str, bytes],
+                                                       put: Callable[[bytes], Path]) -> None:
+    store.directory.mkdir(parents=True)
+    stale, fresh = store.directory / ".tmp-killed", store.directory / ".tmp-writing"
+    for path in (stale, fresh):
+        path.write_bytes(b"half a bundle")
+    old = time.time() - STALE_TMP_S - 60
+    os.utime(stale, (old, old))
+    store.publish(put(bundles["v1"]))
+    assert temp_files(store) == [fresh]
+
+
+# --- rollback ----------------------------------------------------------------------------------
+
+
+def test_rollback_steps_back_through_the_history_and_to_a_named_version(
+        store: WeightsStore, bundles: dict[str, bytes], put: Callable[[bytes], Path]) -> None:
+    for v in ("v1", "v2", "v3"):
+        store.publish(put(bundles[v]))
+    inode = store.active_path.stat().st_ino
+    result = store.rollback()
+    assert (result.status, result.model_version, result.previous) == ("rolled_back", "v2", "v3")
+    assert store.active_path.read_bytes() == bundles["v2"]
+    assert store.active_path.stat().st_ino != inode  # renamed into place, like a publish
+    assert store.rollback().model_version == "v1"
+    with pytest.raises(StoreError, match="nothing to roll back to: v1 is the oldest") as info:
+        store.rollback()
+    assert info.value.reason == "nothing_to_roll_back"
+    assert store.rollback(to="v3").model_version == "v3"
+    assert store.active_path.read_bytes() == bundles["v3"]
+    assert store.rollback(to="v3").status == "unchanged"
+    with pytest.raises(StoreError, match="'v9' is not in the history") as info:
+        store.rollback(to="v9")
+    assert info.value.reason == "unknown_version"
+    assert versions(store) == ["v1", "v2", "v3"]  # rollback changes what is active, not the history
+    assert temp_files(store) == []
+
+
+def test_rollback_with_no_history_says_so(store: WeightsStore) -> None:
+    with pytest.raises(StoreError, match="nothing to roll back to"):
+        store.rollback()
+    store.directory.mkdir()
+    (store.directory / HISTORY_DIR).mkdir()
+    with pytest.raises(StoreError, match="nothing to roll back to: no published versions"):
+        store.rollback()
+
+
+def test_rollback_validates_the_kept_file_first(store: WeightsStore, bundles: dict[str, bytes], put: Callable[[bytes], Path]) -> None:
+    for v in ("v1", "v2"):
+        store.publish(put(bundles[v]))
+    kept = store.directory / HISTORY_DIR / "v1.bundle"
+    kept.write_bytes(flipped(bundles["v1"]))
+    with pytest.raises(BundleError) as info:
+        store.rollback()
+    assert info.value.reason == "checksum"
+    assert store.active_path.read_bytes() == bundles["v2"]
+
+
+def test_rollback_from_a_bundle_the_store_did_not_publish_goes_to_the_newest(
+        store: WeightsStore, bundles: dict[str, bytes], put: Callable[[bytes], Path]) -> None:
+    for v in ("v1", "v2"):
+        store.publish(put(bundles[v]))
+    store.active_path.write_bytes(bundles["v3"])  # put there by hand
+    assert store.rollback().model_version == "v2"
+
+
+# --- reading -----------------------------------------------------------------------------------
+
+
+def test_an_empty_store_has_no_active_bundle_and_no_history(store: WeightsStore) -> None:
+    assert store.active() is None and store.active_sha256() is None and store.history() == []
+
+
+def test_a_damaged_index_is_reported(store: WeightsStore, bundles: dict[str, bytes], put: Callable[[bytes], Path]) -> None:
+    store.publish(put(bundles["v1"]))
+    (store.directory / HISTORY_DIR / INDEX_NAME).write_text("[{")
+    with pytest.raises(StoreError) as info:
+        store.history()
+    assert info.value.reason == "index"
+
+
+# --- concurrency -------------------------------------------------------------------------------
+
+
+def test_concurrent_publishers_both_complete_and_leave_one_valid_active_file(
+        store: WeightsStore, bundles: dict[str, bytes], put: Callable[[bytes], Path]) -> None:
+    paths = {v: put(bundles[v]) for v in ("v1", "v2", "v3", "v4")}
+    errors: list[BaseException] = []
+    start = threading.Barrier(4)
+
+    def publisher(version: str) -> None:
+        try:
+            start.wait()
+            for _ in range(3):
+                WeightsStore(store.directory).publish(paths[version])
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=publisher, args=(v,)) for v in paths]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert errors == []
+    active = store.active_path.read_bytes()
+    assert active in bundles.values()
+    assert verify(active).model_version == versions(store)[-1]  # the last one recorded is the one active
+    assert sorted(versions(store)) == ["v1", "v2", "v3", "v4"]
+    assert temp_files(store) == []
+
+
+def test_a_publisher_waits_for_the_lock(store: WeightsStore, bundles: dict[str, bytes], put: Callable[[bytes], Path]) -> None:
+    path = put(bundles["v1"])
+    with store.lock():
+        publisher = threading.Thread(target=WeightsStore(store.directory).publish, args=(path,))
+        publisher.start()
+        publisher.join(timeout=0.5)
+        assert publisher.is_alive() and not store.active_path.exists()
+    publisher.join(timeout=30)
+    assert store.active_path.read_bytes() == bundles["v1"]

@@ -1,0 +1,276 @@
+"""``shopping-agent weights …``: create, verify, show, publish and roll back bundles.
+
+Each command prints one line a CronJob log makes sense of (``--json`` and ``show`` print
+more) and exits 0 on success, 1 when a bundle is invalid or the store refuses the request,
+2 on a usage or I/O problem (a missing file, an unwritable volume, a missing package).
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import json
+import sys
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from policy.onnx_model import RuntimeMissing
+from weights.bundle import BundleError, read_bundle, sha256
+from weights.store import PublishResult, StoreError, WeightsStore, atomic_write, check_version_name, verify
+
+EXIT_OK = 0
+EXIT_INVALID = 1
+EXIT_ERROR = 2
+ONNX_HINT = "weights init needs the onnx package: pip install 'shopping-agent[train]'"
+_IO_REASONS = {"io", "index"}
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``weights`` command and its subcommands to the CLI."""
+    parser = subparsers.add_parser(
+        "weights", help="create, verify, show, publish and roll back bundles",
+        description="Create, verify, show, publish and roll back weight bundles. "
+                    "Exit codes: 0 done, 1 invalid bundle or refused, 2 usage or I/O problem.",
+    )
+    sub = parser.add_subparsers(dest="weights_command", required=True)
+
+    p = sub.add_parser("init", help="write a fresh, valid bundle (untrained networks from a seed)")
+    p.add_argument("--out", type=Path, required=True, help="the bundle file to write (atomically)")
+    p.add_argument("--seed", type=int, default=0, help="random seed of the networks (default 0)")
+    p.add_argument("--version", dest="model_version", help="model version (default init-<seed>)")
+    p.add_argument("--created-at", help="the manifest's created_at (default now, UTC); fix it for identical bytes")
+    p.set_defaults(weights_handler=_init)
+
+    p = sub.add_parser("verify", help="validate a bundle fully, as a server would load it")
+    p.add_argument("file", type=Path)
+    p.set_defaults(weights_handler=_verify)
+
+    p = sub.add_parser("show", help="print a bundle's manifest, or a weights directory's active bundle and history")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("file", type=Path, nargs="?", help="a bundle file")
+    what.add_argument("--dir", type=Path, help="a weights directory")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(weights_handler=_show)
+
+    p = sub.add_parser("publish", help="validate a bundle and make it the active one in a weights directory")
+    p.add_argument("file", type=Path)
+    p.add_argument("--dir", type=Path, required=True, help="the weights directory (the volume the servers watch)")
+    p.add_argument("--keep", type=_positive, default=10, help="published versions to keep for rollback (default 10)")
+    p.set_defaults(weights_handler=_publish, weights_verdict="refused")
+
+    p = sub.add_parser("rollback", help="make the previously published (or a named) version the active one")
+    p.add_argument("--dir", type=Path, required=True, help="the weights directory")
+    p.add_argument("--to", metavar="VERSION", help="the version to activate (default: the one published before the active one)")
+    p.set_defaults(weights_handler=_rollback, weights_verdict="refused")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the chosen ``weights`` subcommand; the exit code for the CronJob log."""
+    handler: Handler = args.weights_handler
+    try:
+        return handler(args)
+    except BundleError as exc:  # publish and rollback refuse an invalid bundle; verify and show call it invalid
+        verdict = getattr(args, "weights_verdict", "invalid")
+        return _fail(EXIT_ERROR if exc.reason in _IO_REASONS else EXIT_INVALID, verdict, exc.reason, exc)
+    except StoreError as exc:
+        return _fail(EXIT_ERROR if exc.reason in _IO_REASONS else EXIT_INVALID, "refused", exc.reason, exc)
+    except RuntimeMissing as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except OSError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+
+
+def _fail(code: int, verdict: str, reason: str, exc: Exception) -> int:
+    print(f"{'error' if code == EXIT_ERROR else verdict} ({reason}): {exc}", file=sys.stderr)
+    return code
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+# --- commands --------------------------------------------------------------------------------
+
+
+def _init(args: argparse.Namespace) -> int:
+    try:
+        import onnx  # noqa: F401  (make_bundle imports it only when it builds the graphs)
+
+        from weights.initial import make_bundle
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and exc.name.split(".")[0] == "onnx":
+            print(f"error: {ONNX_HINT}", file=sys.stderr)
+            return EXIT_ERROR
+        raise
+    version = args.model_version or f"init-{args.seed}"
+    try:
+        check_version_name(version)
+    except StoreError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    created_at = args.created_at or datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    data = make_bundle(args.seed, version, created_at)
+    atomic_write(args.out, data)
+    print(f"created {version} in {args.out} (sha256 {sha256(data)})")
+    return EXIT_OK
+
+
+def _verify(args: argparse.Namespace) -> int:
+    try:
+        data = args.file.read_bytes()
+    except OSError as exc:
+        raise BundleError("io", f"cannot read bundle {args.file}: {exc.strerror or exc}") from None
+    bundle = verify(data)
+    print(f"ok {bundle.model_version}")
+    return EXIT_OK
+
+
+def _publish(args: argparse.Namespace) -> int:
+    result = WeightsStore(args.dir, keep=args.keep).publish(args.file)
+    print(_result_line(result))
+    return EXIT_OK
+
+
+def _rollback(args: argparse.Namespace) -> int:
+    result = WeightsStore(args.dir).rollback(args.to)
+    print(_result_line(result))
+    return EXIT_OK
+
+
+def _result_line(result: PublishResult) -> str:
+    verb = {"published": "published", "unchanged": "unchanged", "rolled_back": "rolled back to"}[result.status]
+    since = f" (was {result.previous})" if result.previous and result.previous != result.model_version else ""
+    return f"{verb} {result.model_version}{since}"
+
+
+def _show(args: argparse.Namespace) -> int:
+    if args.dir is None:
+        try:
+            data = args.file.read_bytes()
+        except OSError as exc:
+            raise BundleError("io", f"cannot read bundle {args.file}: {exc.strerror or exc}") from None
+        manifest = read_bundle(data).manifest
+        if args.json:
+            print(json.dumps(manifest, indent=2, sort_keys=True))
+        else:
+            print("\n".join([_row("file", f"{args.file} ({len(data)} bytes, sha256 {sha256(data)})"), *_manifest_lines(manifest)]))
+        return EXIT_OK
+    return _show_dir(WeightsStore(args.dir), args.json)
+
+
+def _show_dir(store: WeightsStore, as_json: bool) -> int:
+    if not store.directory.is_dir():
+        raise FileNotFoundError(errno.ENOENT, "no such weights directory", str(store.directory))
+    entries = store.history()
+    active_sha = store.active_sha256()
+    manifest: dict[str, Any] | None = None
+    problem: BundleError | None = None
+    try:
+        manifest = store.active()
+    except BundleError as exc:
+        problem = exc
+    history = [{**vars(e), "active": e.sha256 == active_sha} for e in entries]
+    if as_json:
+        out: dict[str, Any] = {"directory": str(store.directory), "active_sha256": active_sha, "active": manifest, "history": history}
+        if problem is not None:
+            out["active_error"] = {"reason": problem.reason, "message": str(problem)}
+        print(json.dumps(out, indent=2, sort_keys=True))
+    else:
+        lines = [_row("directory", str(store.directory))]
+        if problem is not None:
+            lines.append(_row("active", f"invalid ({problem.reason}): {problem}"))
+        elif manifest is None:
+            lines.append(_row("active", "(none)"))
+        else:
+            lines.append(_row("active", f"{store.active_path.name} (sha256 {active_sha})"))
+            lines += ["  " + line for line in _manifest_lines(manifest)]
+        lines.append(_row("history", f"{len(entries)} kept, oldest first (* = active)" if entries else "(none)"))
+        lines += [f"  {'*' if h['active'] else ' '} {e.model_version}  published {e.published_at}  sha256 {e.sha256}"
+                  for e, h in zip(entries, history, strict=True)]
+        print("\n".join(lines))
+    return EXIT_INVALID if problem is not None else EXIT_OK
+
+
+# --- human-readable manifest -----------------------------------------------------------------
+
+_WIDTH = 18
+
+
+def _row(label: str, value: str) -> str:
+    return f"{label:<{_WIDTH}}{value}"
+
+
+def _inline(value: Any) -> str:
+    """A compact one-line rendering: ``k=v`` pairs, comma lists, JSON for anything nested deeper."""
+    if isinstance(value, dict):
+        return " ".join(f"{k}={_scalar(v)}" for k, v in value.items()) if value else "(none)"
+    if isinstance(value, list):
+        return ", ".join(_scalar(v) for v in value) if value else "(none)"
+    return _scalar(value)
+
+
+def _scalar(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(v, str | int | float) for v in value):
+        return ",".join(str(v) for v in value)
+    return json.dumps(value, separators=(",", ":"), sort_keys=True)
+
+
+def _named(items: Any) -> list[str]:
+    """One line per rule: ``name: the rest``."""
+    if not isinstance(items, list) or not items:
+        return [_inline(items)]
+    lines = []
+    for item in items:
+        if isinstance(item, dict) and "name" in item:
+            rest = {k: v for k, v in item.items() if k != "name"}
+            lines.append(f"{item['name']}: {_inline(rest)}")
+        else:
+            lines.append(_scalar(item))
+    return lines
+
+
+def _manifest_lines(m: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
+
+    def rows(label: str, values: list[str]) -> None:
+        lines.append(_row(label, values[0] if values else ""))
+        lines.extend(_row("", v) for v in values[1:])
+
+    rows("model_version", [str(m.get("model_version"))])
+    rows("created_at", [str(m.get("created_at", "(not set)"))])
+    rows("format", [f"{m.get('format')} version {m.get('format_version')}"])
+    rows("feature_spec", [_inline(m.get("feature_spec"))])
+    rows("actions", [_inline(m.get("actions"))])
+    guardrails = m.get("guardrails")
+    if isinstance(guardrails, dict):
+        rows("guardrails", [f"static {_inline(guardrails.get('static'))}", *(f"rule {r}" for r in _named(guardrails.get("rules")))])
+    else:
+        rows("guardrails", [_inline(guardrails)])
+    rows("fallback_rules", _named(m.get("fallback_rules")))
+    guard = m.get("guard")
+    rows("guard_threshold", [_scalar(guard.get("threshold")) if isinstance(guard, dict) else _inline(guard)])
+    rows("decoder", [_inline(m.get("decoder"))])
+    rows("golden", [_inline(m.get("golden"))])
+    rows("training_metrics", [_inline(m.get("training_metrics", {}))])
+    if "provenance" in m:
+        rows("provenance", [_inline(m["provenance"])])
+    known = {"model_version", "created_at", "format", "format_version", "feature_spec", "actions", "guardrails",
+             "fallback_rules", "guard", "decoder", "golden", "training_metrics", "provenance", "parts"}
+    for key in sorted(set(m) - known):
+        rows(key, [_inline(m[key])])
+    parts = m.get("parts")
+    if isinstance(parts, dict):
+        rows("parts", [f"{name:<20}{_scalar(p.get('size')):>10} bytes  sha256 {p.get('sha256')}" if isinstance(p, dict)
+                       else f"{name:<20}{_scalar(p)}" for name, p in parts.items()])
+    return lines

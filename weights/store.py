@@ -1,0 +1,327 @@
+"""The store on the weights volume: the active bundle the servers load, and a history for rollback.
+
+Layout of the directory (nothing else is required; servers read only the active file)::
+
+    DIR/weights_active.bundle          what every server replica loads
+    DIR/history/<model_version>.bundle every published version still kept (the last ``keep``)
+    DIR/history/index.json             [{model_version, sha256, published_at}, …], oldest first
+    DIR/.lock                          flock'd by publish and rollback, so two publishers queue
+
+Every write goes the same way: the bytes into ``.tmp-*`` in the target's directory, flush,
+fsync, ``os.replace`` onto the final name, fsync the directory. A reader therefore sees the
+old file or the new one, never half of one, and a reader holding the old file open keeps
+reading it whole. A bundle is fully validated (container, schema, shapes, NaN, golden
+self-test) before anything on the volume changes; the bytes validated are the bytes written.
+
+Model versions are immutable: a version already in the history with other bytes is refused.
+The history is ordered by publish; rollback steps back one entry from the active one (or
+goes to a named version) through the same atomic path, re-validating the kept file first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import re
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from weights.bundle import Bundle, BundleError, read_bundle, sha256
+from weights.model_set import LoadOptions, ModelSet
+
+log = logging.getLogger(__name__)
+
+ACTIVE_NAME = "weights_active.bundle"
+HISTORY_DIR = "history"
+INDEX_NAME = "index.json"
+LOCK_NAME = ".lock"
+TMP_PREFIX = ".tmp-"
+BUNDLE_SUFFIX = ".bundle"
+STALE_TMP_S = 3600.0
+"""A ``.tmp-*`` file older than this, seen under the lock, was left by a killed writer: removed."""
+
+_VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:+@=-]{0,199}")
+
+
+class StoreError(Exception):
+    """A publish or rollback the store refuses (or cannot do). ``reason`` is a short label.
+
+    Reasons: ``immutable`` (the version exists with other bytes), ``version`` (the version
+    cannot name a file), ``nothing_to_roll_back``, ``unknown_version``, ``index`` (the
+    history index is unreadable).
+    """
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class HistoryEntry:
+    model_version: str
+    sha256: str
+    published_at: str
+
+    @property
+    def file_name(self) -> str:
+        return self.model_version + BUNDLE_SUFFIX
+
+
+@dataclass(frozen=True)
+class PublishResult:
+    """What publish or rollback did; ``previous`` is the version active before, when known."""
+
+    status: Literal["published", "unchanged", "rolled_back"]
+    model_version: str
+    sha256: str
+    previous: str | None = None
+
+
+def verify(data: bytes) -> Bundle:
+    """Full validation, as a server would load it (on CPU): raises ``BundleError`` with a reason."""
+    bundle = read_bundle(data)
+    ModelSet.load(bundle, LoadOptions(device="cpu"))
+    return bundle
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` atomically and durably (temp file, fsync, rename, fsync dir)."""
+    directory = path.parent
+    fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fchmod(f.fileno(), 0o644)  # mkstemp makes 0600; servers may run as another user
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    fsync_dir(directory)
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make a rename or unlink in ``directory`` durable (a no-op where the file system can't)."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+            raise
+    finally:
+        os.close(fd)
+
+
+def file_sha256(path: Path) -> str | None:
+    """The sha256 of a file, or None when it does not exist."""
+    try:
+        with open(path, "rb") as f:
+            return hashlib.file_digest(f, "sha256").hexdigest()
+    except FileNotFoundError:
+        return None
+
+
+def check_version_name(version: str) -> None:
+    """A model version names a history file: letters, digits and ``. _ : + @ = -``, not hidden."""
+    if not _VERSION.fullmatch(version):
+        raise StoreError(
+            "version",
+            f"model_version {version!r} cannot name a history file: use 1-200 letters, digits and . _ : + @ = -, "
+            "starting with a letter or digit",
+        )
+
+
+class WeightsStore:
+    """The active bundle and its history in ``directory``; keeps the last ``keep`` published versions."""
+
+    def __init__(self, directory: Path | str, keep: int = 10) -> None:
+        if keep < 1:
+            raise ValueError(f"keep must be at least 1, got {keep}")
+        self.directory = Path(directory)
+        self.keep = keep
+
+    @property
+    def active_path(self) -> Path:
+        return self.directory / ACTIVE_NAME
+
+    @property
+    def history_dir(self) -> Path:
+        return self.directory / HISTORY_DIR
+
+    @property
+    def index_path(self) -> Path:
+        return self.history_dir / INDEX_NAME
+
+    # --- reading ---------------------------------------------------------------------------
+
+    def active(self) -> dict[str, Any] | None:
+        """The active bundle's manifest; None when there is none. Raises ``BundleError`` if unreadable."""
+        try:
+            data = self.active_path.read_bytes()
+        except FileNotFoundError:
+            return None
+        return read_bundle(data).manifest
+
+    def active_sha256(self) -> str | None:
+        return file_sha256(self.active_path)
+
+    def history(self) -> list[HistoryEntry]:
+        """Published versions still kept, oldest first."""
+        try:
+            raw = json.loads(self.index_path.read_bytes())
+        except FileNotFoundError:
+            return []
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise StoreError("index", f"{self.index_path}: not valid JSON ({exc})") from None
+        fields = ("model_version", "sha256", "published_at")
+        if not isinstance(raw, list) or not all(
+            isinstance(e, dict) and all(isinstance(e.get(k), str) for k in fields) for e in raw
+        ):
+            raise StoreError("index", f"{self.index_path}: expected a list of {{model_version, sha256, published_at}}")
+        return [HistoryEntry(**{k: e[k] for k in fields}) for e in raw]
+
+    # --- writing ---------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[None]:
+        """Exclusive across processes and threads (each call opens its own file description)."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+    def publish(self, path: Path | str) -> PublishResult:
+        """Validate the bundle at ``path``, keep it in the history and make it the active one.
+
+        Idempotent: the bundle already active gives ``unchanged`` and touches nothing.
+        Raises ``BundleError`` for a bundle that must not be served and ``StoreError`` for a
+        refusal; in both cases the active file and the history are untouched.
+        """
+        try:
+            data = Path(path).read_bytes()
+        except OSError as exc:
+            raise BundleError("io", f"cannot read bundle {path}: {exc.strerror or exc}") from None
+        version = verify(data).model_version
+        check_version_name(version)
+        digest = sha256(data)
+        with self.lock():
+            active_digest = self.active_sha256()
+            entries = self.history()
+            previous = next((e.model_version for e in entries if e.sha256 == active_digest), None)
+            if digest == active_digest:
+                return PublishResult("unchanged", version, digest, version)
+            clash = next((e for e in entries if e.model_version == version and e.sha256 != digest), None)
+            if clash is not None:
+                raise StoreError(
+                    "immutable",
+                    f"model version {version} was already published with other bytes (sha256 {clash.sha256[:12]}…, "
+                    f"this file {digest[:12]}…); model versions are immutable: publish it under a new version",
+                )
+            self._sweep_stale_tmp()
+            self._store_in_history(version, data, digest)
+            entries = [e for e in entries if e.model_version != version]
+            entries.append(HistoryEntry(version, digest, datetime.now(UTC).isoformat(timespec="seconds")))
+            entries = self._pruned(entries, active_digest)
+            self._write_index(entries)
+            atomic_write(self.active_path, data)
+            self._remove_unlisted(entries)
+        log.debug("published %s (sha256 %s) in %s", version, digest, self.directory)
+        return PublishResult("published", version, digest, previous)
+
+    def rollback(self, to: str | None = None) -> PublishResult:
+        """Activate the version published before the active one, or the version ``to``.
+
+        The kept file is checked against its sha256 and validated again before it is
+        activated. Raises ``StoreError`` when there is nothing to roll back to or ``to`` is
+        not in the history, ``BundleError`` when the kept file is no longer valid.
+        """
+        if not self.history_dir.is_dir():
+            raise StoreError("nothing_to_roll_back", f"nothing to roll back to: {self.history_dir} does not exist")
+        with self.lock():
+            entries = self.history()
+            if not entries:
+                raise StoreError("nothing_to_roll_back", f"nothing to roll back to: no published versions in {self.history_dir}")
+            active_digest = self.active_sha256()
+            position = next((i for i, e in enumerate(entries) if e.sha256 == active_digest), None)
+            current = entries[position].model_version if position is not None else None
+            if to is not None:
+                target = next((e for e in entries if e.model_version == to), None)
+                if target is None:
+                    known = ", ".join(e.model_version for e in entries)
+                    raise StoreError("unknown_version", f"version {to!r} is not in the history (kept: {known})")
+            elif position is None:  # the active file is not one the store published: back to the newest published
+                target = entries[-1]
+            elif position == 0:
+                raise StoreError(
+                    "nothing_to_roll_back", f"nothing to roll back to: {current} is the oldest version in the history"
+                )
+            else:
+                target = entries[position - 1]
+            if target.sha256 == active_digest:
+                return PublishResult("unchanged", target.model_version, target.sha256, current)
+            data = (self.history_dir / target.file_name).read_bytes()
+            if sha256(data) != target.sha256:
+                raise BundleError("checksum", f"{HISTORY_DIR}/{target.file_name}: sha256 does not match the history index")
+            verify(data)
+            atomic_write(self.active_path, data)
+        log.debug("rolled back from %s to %s in %s", current, target.model_version, self.directory)
+        return PublishResult("rolled_back", target.model_version, target.sha256, current)
+
+    # --- helpers (called with the lock held) -----------------------------------------------
+
+    def _store_in_history(self, version: str, data: bytes, digest: str) -> None:
+        if not self.history_dir.is_dir():
+            self.history_dir.mkdir()
+            fsync_dir(self.directory)
+        path = self.history_dir / (version + BUNDLE_SUFFIX)
+        if file_sha256(path) != digest:  # absent, or left by an interrupted publish
+            atomic_write(path, data)
+
+    def _pruned(self, entries: list[HistoryEntry], active_digest: str | None) -> list[HistoryEntry]:
+        """The last ``keep`` entries, plus the active one if it is older (until the new one is active)."""
+        cut = len(entries) - self.keep
+        return [e for i, e in enumerate(entries) if i >= cut or e.sha256 == active_digest]
+
+    def _write_index(self, entries: list[HistoryEntry]) -> None:
+        text = json.dumps([asdict(e) for e in entries], indent=2) + "\n"
+        atomic_write(self.index_path, text.encode())
+
+    def _remove_unlisted(self, entries: list[HistoryEntry]) -> None:
+        """Delete kept bundles no longer in the index: the pruned ones and any orphan of a crash."""
+        listed = {e.file_name for e in entries}
+        removed = False
+        for path in self.history_dir.glob("*" + BUNDLE_SUFFIX):
+            if path.name not in listed:
+                try:
+                    path.unlink()
+                    removed = True
+                    log.debug("pruned %s", path)
+                except OSError as exc:
+                    log.warning("cannot prune %s: %s", path, exc)
+        if removed:
+            fsync_dir(self.history_dir)
+
+    def _sweep_stale_tmp(self) -> None:
+        """Remove temp files that a killed writer left behind (a live writer's is seconds old)."""
+        cutoff = time.time() - STALE_TMP_S
+        for directory in (self.directory, self.history_dir):
+            for path in directory.glob(TMP_PREFIX + "*") if directory.is_dir() else ():
+                with contextlib.suppress(OSError):
+                    if path.stat().st_mtime < cutoff:
+                        path.unlink()
+                        log.warning("removed a stale temp file %s", path)
