@@ -84,10 +84,11 @@ class ShoppingAgentServer:
             model, seen = await loop.run_in_executor(None, load_initial, self.config)
         except Exception:
             log.exception("no model could be loaded; answering from the rule engine (FALLBACK_NO_MODEL)")
-            return
-        await self._swap_in(model)
+            model, seen = None, None
+        if model is not None:
+            await self._swap_in(model)
         path = active_path(self.config)
-        if path is not None:
+        if path is not None:  # even after a failed start: publishing a good bundle recovers the server
             options = load_options(self.config)
             self._watcher = WeightsWatcher(
                 path,

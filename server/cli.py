@@ -10,7 +10,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from policy.onnx_model import RuntimeMissing, onnxruntime
+from policy.onnx_model import RuntimeMissing, choose_providers, onnxruntime
 from server import logs
 from server.config import Config, add_arguments, build_config
 from weights import cli as weights_cli
@@ -60,8 +60,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         logs.configure(config.log_level, config.log_format)
         try:
-            onnxruntime()
-        except RuntimeMissing as exc:
+            choose_providers(config.device, onnxruntime().get_available_providers())
+        except (RuntimeMissing, ValueError) as exc:
             print(f"shopping-agent: {exc}", file=sys.stderr)
             return 2
         if config.workers > 1:

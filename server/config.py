@@ -79,8 +79,8 @@ class Config:
             problems.append("grace_seconds, drain_delay_seconds and min_inference_budget_ms must be >= 0")
         for name in ("samples", "min_votes"):
             value = getattr(self, name)
-            if value is not None and value < 1:
-                problems.append(f"{name}: expected >= 1, got {value}")
+            if value is not None and not 1 <= value <= 16:
+                problems.append(f"{name}: expected 1..16, got {value}")
         if self.samples is not None and self.min_votes is not None and self.min_votes > self.samples:
             problems.append(f"min_votes: expected <= samples ({self.samples}), got {self.min_votes}")
         if self.exploration_epsilon is not None and not 0 <= self.exploration_epsilon <= 1:

@@ -97,14 +97,17 @@ class _InstrumentedGeneric(grpc.GenericRpcHandler):  # type: ignore[misc]
     def __init__(self, inner: grpc.GenericRpcHandler, metrics: Metrics) -> None:
         self._inner = inner
         self._metrics = metrics
-        self._cache: dict[str, grpc.RpcMethodHandler | None] = {}
+        self._cache: dict[str, grpc.RpcMethodHandler] = {}
 
     def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
         path = handler_call_details.method  # type: ignore[attr-defined]
-        if path not in self._cache:
+        wrapped = self._cache.get(path)
+        if wrapped is None:
             handler = self._inner.service(handler_call_details)
-            self._cache[path] = None if handler is None else instrument_handler(handler, path, self._metrics)
-        return self._cache[path]
+            if handler is None:  # not ours: cache nothing, or any client could grow the cache without bound
+                return None
+            wrapped = self._cache[path] = instrument_handler(handler, path, self._metrics)
+        return wrapped
 
 
 class InstrumentedRegistrar:

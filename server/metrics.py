@@ -28,7 +28,7 @@ GRPC_CODES = tuple(code.name for code in grpc.StatusCode)
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 VOTE_BUCKETS = tuple(float(v) for v in range(0, 11))
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-DEGRADED_REASONS = ("overload", "deadline", "error")
+DEGRADED_REASONS = ("overload", "deadline", "shutdown", "error")
 _VOTED = (Source.POLICY, Source.FALLBACK_LOW_CONSENSUS)
 
 
@@ -58,7 +58,7 @@ class Metrics:
                                       "Guardrail request rules that fired, by rule.", ["rule"], registry=r)
         self.degraded = Counter("shopping_agent_degraded_decisions",
                                 "Decisions the rule engine answered because inference could not "
-                                "(reason: overload, deadline, error).", ["reason"], registry=r)
+                                "(reason: overload, deadline, shutdown, error).", ["reason"], registry=r)
         self.inflight = Gauge("shopping_agent_inflight_requests", "RecommendAction calls in progress.",
                               registry=r, multiprocess_mode="livesum")
         # In-flight calls are counted in a plain int by the event loop's thread (the only
@@ -151,8 +151,8 @@ class Metrics:
 
     def model_served(self, version: str, manifest: Mapping[str, Any] | None, loaded_at: float) -> None:
         """The served model changed: info, timestamps and training metrics follow it."""
-        self.model_info.clear()
-        self.training.clear()
+        self._forget(self.model_info)
+        self._forget(self.training)
         if manifest is None:
             self.model_loaded.set(0)
             self._created_s = math.nan
@@ -167,6 +167,16 @@ class Metrics:
             for name, value in metrics.items():
                 if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
                     self.training.labels(metric=str(name)).set(float(value))
+
+
+    @staticmethod
+    def _forget(gauge: Gauge) -> None:
+        """Drop the old model's series. Multiprocess mode cannot remove a series: zero it instead."""
+        if multiprocess_mode():
+            for labels in list(gauge._metrics):  # the label children created so far
+                gauge.labels(*labels).set(0)
+        else:
+            gauge.clear()
 
 
 def _timestamp(text: Any) -> float:

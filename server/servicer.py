@@ -137,17 +137,27 @@ class ShoppingAgentServicer:
             if isinstance(request, Malformed):
                 raise InvalidRequest("request", f"not a RecommendActionRequest ({request.error})")
             req = parse_request(request, self._limits(), time.time())
+            try:
+                ctx = context_of(req, self._tz)
+            except (OverflowError, ValueError, OSError):  # a legal Timestamp the local calendar cannot hold
+                raise InvalidRequest("event_time", f"cannot be placed in the server's timezone {self._tz.key}") from None
         except InvalidRequest as exc:
             await errors.abort(context, exc)  # raises grpc's AbortError ...
             raise exc from None  # ... so this only keeps type checkers informed
         decision_id = os.urandom(16).hex()  # 128 random bits, as uuid4 has, at a fifth of the cost
         model = self._models.current  # read once: this call finishes on this model set
-        decision = await self._decide(model, req, decision_id, context.time_remaining())
-        return to_response(decision, decision_id, req.request_id)
+        try:
+            decision = await self._decide(model, req, ctx, decision_id, context.time_remaining())
+            return to_response(decision, decision_id, req.request_id)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a bug: answer INTERNAL without the exception's text, log it once
+            log.exception("RecommendAction failed", extra={"fields": {"decision_id": decision_id}})
+            await errors.abort(context, exc)
+            raise
 
-    async def _decide(self, model: ModelSet | NoModel, req: DecisionRequest, decision_id: str,
+    async def _decide(self, model: ModelSet | NoModel, req: DecisionRequest, ctx: Context, decision_id: str,
                       remaining_s: float | None) -> Decision:
-        ctx = context_of(req, self._tz)
         if not isinstance(model, ModelSet):
             return self._counted(model.fallback(ctx, Source.FALLBACK_NO_MODEL))
         if remaining_s is not None and remaining_s < self._min_budget_s:
@@ -160,10 +170,13 @@ class ShoppingAgentServicer:
             return await asyncio.wait_for(pending, remaining_s - self._min_budget_s)
         except Overloaded:
             return self._degraded(model, ctx, "overload")
-        except (TimeoutError, BatcherClosed):
+        except TimeoutError:
             return self._degraded(model, ctx, "deadline")
-        except Exception:
-            log.exception("decision failed; answering from the rule engine", extra={"fields": {"decision_id": decision_id}})
+        except BatcherClosed:
+            return self._degraded(model, ctx, "shutdown")
+        except Exception as exc:
+            log.warning("inference failed; answering from the rule engine",
+                        extra={"fields": {"decision_id": decision_id, "error": repr(exc)[:300]}})
             return self._degraded(model, ctx, "error")
 
     def _degraded(self, model: ModelSet, ctx: Context, reason: str) -> Decision:

@@ -66,11 +66,14 @@ class WeightsWatcher:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            if self._use_inotify and self._observer is None:
-                self._start_observer()
-            current = signature(self.path)
-            if current != self._seen:
-                self._changed(current)
+            try:
+                if self._use_inotify and self._observer is None:
+                    self._start_observer()
+                current = signature(self.path)
+                if current != self._seen:
+                    self._changed(current)
+            except Exception:  # ESTALE on NFS, a permission error, a bug: keep polling, never die silently
+                log.exception("weights watcher error; polling on", extra={"fields": {"path": str(self.path)}})
             self._wake.wait(self._poll_interval_s)
             self._wake.clear()
 

@@ -24,7 +24,7 @@ from policy.conditions import SchemaError
 from policy.decoder import MajorityDecoder, uniforms_batch
 from policy.domain import ACTIONS, N_ACTIONS, Context, Decision, DecisionRequest, FloatArray, Source
 from policy.features import FeatureEncoder, FeatureSpec
-from policy.onnx_model import OnnxModel
+from policy.onnx_model import OnnxModel, RuntimeMissing
 from weights.bundle import Bundle, BundleError
 
 log = logging.getLogger(__name__)
@@ -50,7 +50,7 @@ def _section(manifest: dict[str, Any], key: str) -> Any:
     return manifest[key]
 
 
-MAX_SAMPLES = 64  # the propensity table grows like K^4/24 rows: 64 gives about 800k
+MAX_SAMPLES = 16  # the propensity tables grow like K^4/24 rows: 16 gives 4,845 (K = 10: 1,001)
 
 
 def _count(spec: Any, key: str, where: str, override: int | None) -> int:
@@ -146,9 +146,9 @@ class ModelSet(_Policies):
         try:
             policy = OnnxModel("policy", bundle.parts["policy.onnx"], options.device, options.threads)
             guard_model = OnnxModel("guard", bundle.parts["guard.onnx"], options.device, options.threads)
+        except RuntimeMissing:
+            raise
         except Exception as exc:  # onnxruntime raises its own exception types for bad graphs
-            if type(exc).__name__ == "RuntimeMissing":
-                raise
             raise BundleError("onnx", f"cannot load the ONNX graphs: {str(exc).splitlines()[0][:300]}") from None
         model = cls(m, FeatureEncoder(spec, table), policy, guard_model, guard, guardrails, rules, decoder)
         model._self_test(bundle, spec, _number(_section(m, "golden"), "tolerance", "golden"))
@@ -161,8 +161,8 @@ class ModelSet(_Policies):
             raise BundleError("shape", f"golden_states.npy: expected float32 (G, {spec.state_dim}), got {states.dtype} {states.shape}")
         if expected.shape != (len(states), 2 * N_ACTIONS):
             raise BundleError("shape", f"golden_outputs.npy: expected ({len(states)}, {2 * N_ACTIONS}), got {expected.shape}")
-        try:
-            logits, allow = self.infer(states)
+        try:  # the raw graphs: infer() would reject non-finite outputs before we could name them
+            logits, allow = self.policy.run(states), self.guard_model.run(states)
         except Exception as exc:
             raise BundleError("shape", f"the graphs do not run on the feature spec's state: {str(exc).splitlines()[0][:300]}") from None
         if logits.shape != (len(states), N_ACTIONS) or allow.shape != (len(states), N_ACTIONS):
@@ -175,8 +175,16 @@ class ModelSet(_Policies):
             raise BundleError("golden", f"golden self-test failed: max error {error:.3g} > tolerance {tolerance:.3g}")
 
     def infer(self, states: F32) -> tuple[F32, F32]:
-        """Policy logits and guard allow-probabilities for a batch of states."""
-        return self.policy.run(states), self.guard_model.run(states)
+        """Policy logits and guard allow-probabilities for a batch of states.
+
+        Non-finite outputs raise: a NaN allow-probability would otherwise pass the veto
+        (NaN < threshold is false). The batcher then reruns the batch request by request,
+        so only the request that produced them degrades.
+        """
+        logits, allow = self.policy.run(states), self.guard_model.run(states)
+        if not (np.isfinite(logits).all() and np.isfinite(allow).all()):
+            raise FloatingPointError("the model produced NaN or Inf for this input")
+        return logits, allow
 
     def run(self, requests: Sequence[DecisionRequest], contexts: Sequence[Context], decision_ids: Sequence[str]) -> list[Decision]:
         """The whole decision for a batch: encode, infer, decide. What the micro-batcher calls."""

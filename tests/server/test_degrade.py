@@ -86,7 +86,7 @@ def test_a_deadline_too_short_for_inference_gets_the_rule_answer() -> None:
         assert live.registry.get_sample_value("shopping_agent_degraded_decisions_total", {"reason": "deadline"}) == 1.0
 
 
-def _poisoned_bundle(path: Path) -> None:
+def _poisoned_bundle(path: Path, nan: bool = False) -> None:
     """The default bundle with a policy graph that fails at run time when state[0] >= 2.
 
     A Gather indexes a 2-element tensor with int(state[:, 0]): in range for every ordinary
@@ -108,12 +108,21 @@ def _poisoned_bundle(path: Path) -> None:
         numpy_helper.from_array(np.array([1], dtype=np.int64), "one"),
         numpy_helper.from_array(np.array([1], dtype=np.int64), "axis1"),
     ])
-    graph.node.extend([
+    poison = [  # nan=True: logits + 0 * sqrt(1 - state[:, 0]), NaN (not an error) when state[0] > 1
+        helper.make_node("Slice", ["state", "col0", "one", "axis1"], ["first"]),
+        helper.make_node("Sub", ["one_f", "first"], ["rest"]),
+        helper.make_node("Sqrt", ["rest"], ["root"]),
+        helper.make_node("Mul", ["root", "zero_f"], ["zeros"]),
+        helper.make_node("Add", ["logits_clean", "zeros"], ["logits"]),
+    ] if nan else [
         helper.make_node("Slice", ["state", "col0", "one", "axis1"], ["first"]),
         helper.make_node("Cast", ["first"], ["first_i"], to=TensorProto.INT64),
         helper.make_node("Gather", ["poison_table", "first_i"], ["zeros"]),
         helper.make_node("Add", ["logits_clean", "zeros"], ["logits"]),
-    ])
+    ]
+    graph.initializer.extend([numpy_helper.from_array(np.array([1.0], dtype=np.float32), "one_f"),
+                              numpy_helper.from_array(np.array([0.0], dtype=np.float32), "zero_f")])
+    graph.node.extend(poison)
     onnx.checker.check_model(model)
     parts = {**bundle.parts, "policy.onnx": model.SerializeToString()}
     manifest = {k: v for k, v in bundle.manifest.items() if k not in ("format", "format_version", "parts")}
@@ -122,8 +131,9 @@ def _poisoned_bundle(path: Path) -> None:
     path.write_bytes(buf.getvalue())
 
 
-def test_an_inference_error_degrades_only_the_request_that_caused_it(tmp_path: Path) -> None:
-    _poisoned_bundle(tmp_path / ACTIVE_NAME)
+@pytest.mark.parametrize("nan", [False, True], ids=["onnxruntime-error", "nan-output"])
+def test_an_inference_error_degrades_only_the_request_that_caused_it(tmp_path: Path, nan: bool) -> None:
+    _poisoned_bundle(tmp_path / ACTIVE_NAME, nan=nan)
     poison = list(request().item_embedding)
     poison[0] = 5.0
     with running_server(weights_dir=tmp_path) as live, grpc.insecure_channel(live.target) as ch:
@@ -138,3 +148,14 @@ def test_an_inference_error_degrades_only_the_request_that_caused_it(tmp_path: P
         assert live.registry.get_sample_value("shopping_agent_degraded_decisions_total", {"reason": "error"}) == 50
         assert health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5).status == \
             health_pb2.HealthCheckResponse.SERVING
+
+
+def test_an_event_time_the_local_calendar_cannot_hold_is_invalid_argument() -> None:
+    from google.protobuf.timestamp_pb2 import Timestamp
+
+    with running_server(timezone="Asia/Tokyo") as live, grpc.insecure_channel(live.target) as ch:
+        with pytest.raises(grpc.RpcError) as info:
+            stub(ch).RecommendAction(request(event_time=Timestamp(seconds=253402300799)), timeout=5)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert info.value.details().startswith("event_time: cannot be placed in the server's timezone Asia/Tokyo")
+        assert stub(ch).RecommendAction(request(), timeout=5).decision_id

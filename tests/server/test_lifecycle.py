@@ -155,6 +155,8 @@ def test_start_to_serving_with_the_cli_logs_json() -> None:
         (["--timezone", "Mars/Olympus"], {}, "timezone: unknown IANA timezone"),
         ([], {"SHOPPING_AGENT_MAX_BATCH": "many"}, "SHOPPING_AGENT_MAX_BATCH: expected int"),
         (["--device", "tpu"], {}, "device: expected auto, cpu or cuda"),
+        (["--samples", "17"], {}, "samples: expected 1..16"),
+        (["--device", "cuda"], {}, "device=cuda but onnxruntime has no CUDAExecutionProvider"),  # no GPU here
     ],
 )
 def test_bad_configuration_exits_2_with_the_reason(args: list[str], env: dict[str, str], message: str) -> None:
