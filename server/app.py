@@ -115,7 +115,8 @@ class ShoppingAgentServer:
         await self._swap_in(model)
         if self.metrics is not None:
             self.metrics.swap_done("ok", "", seconds)
-        log.info("swapped model", extra={"fields": {"from": previous, "to": model.version, "load_s": round(seconds, 3)}})
+        log.info("swapped model", extra={"fields": {"from": previous, "to": model.version, "load_s": round(seconds, 3),
+                                                    "providers": list(model.policy.providers)}})
 
     @staticmethod
     def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., None], *args: object) -> None:

@@ -83,7 +83,8 @@ def load_initial(config: Config) -> tuple[ModelSet | NoModel, Signature | None]:
         seen = signature(path)
         try:
             model = load_file(path, options)
-            log.info("loaded bundle", extra={"fields": {"path": str(path), "model_version": model.version}})
+            log.info("loaded bundle", extra={"fields": {"path": str(path), "model_version": model.version,
+                                                        "providers": list(model.policy.providers)}})
             return model, seen
         except BundleError as exc:
             log.warning("cannot serve the active bundle", extra={"fields": {"path": str(path), "reason": exc.reason, "error": str(exc)}})
@@ -91,5 +92,6 @@ def load_initial(config: Config) -> tuple[ModelSet | NoModel, Signature | None]:
         log.warning("no model loaded: answering from the rule engine (source FALLBACK_NO_MODEL)")
         return NoModel(default_manifest()), seen
     model = ModelSet.load(default_bundle(), options)
-    log.info("loaded the embedded default bundle", extra={"fields": {"model_version": model.version}})
+    log.info("loaded the embedded default bundle", extra={"fields": {"model_version": model.version,
+                                                                     "providers": list(model.policy.providers)}})
     return model, seen
