@@ -30,7 +30,8 @@ class Config:
     workers: int = _opt(1, "server processes sharing the port (SO_REUSEPORT); metrics report as one target")
     reuse_port: bool = _opt(False, "bind with SO_REUSEPORT (set for each worker when --workers > 1)")
     metrics_multiproc_dir: Path | None = _opt(
-        None, "with --workers > 1: prometheus_client's multiprocess directory, wiped at start (default: a temporary one)")
+        None, "with --workers > 1: prometheus_client's multiprocess directory; its *.db files are removed at start "
+              "(default: a temporary one)")
     metrics: bool = _opt(True, "collect Prometheus metrics (--no-metrics turns collection and the endpoint off)")
     metrics_host: str = _opt("0.0.0.0", "address of the HTTP /metrics endpoint")
     metrics_port: int | None = _opt(9095, "port of the HTTP /metrics endpoint; 0 picks a free port (logged); empty: no endpoint")

@@ -3,17 +3,22 @@
 Each worker is the ordinary single-process server started with ``--reuse-port`` on the
 same port, so the kernel spreads connections across them (SO_REUSEPORT); each has its own
 event loop, GIL, onnxruntime sessions and micro-batcher. The parent owns what must be one
-per pod: the metrics endpoint (prometheus_client's multiprocess mode over a directory it
-wipes at start, so every worker reports as one target) and the signals: SIGTERM/SIGINT are
-forwarded to every worker, which drains as usual; the parent exits 0 when all of them did.
-A worker that dies on its own takes the pod down (non-zero exit) so Kubernetes restarts it
+per pod: the metrics endpoint (prometheus_client's multiprocess mode over a directory whose
+``*.db`` files it removes at start, so every worker reports as one target) and the signals:
+SIGTERM/SIGINT are forwarded to every worker, which drains as usual; the parent exits 0
+when all of them did. A worker still running ``grace_seconds + drain_delay_seconds`` plus a
+margin after the signal is killed and the parent exits non-zero. A worker that exits on its
+own, whatever its exit code, takes the pod down (non-zero exit) so Kubernetes restarts it
 whole rather than serving with less capacity than it advertises.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import queue
+import re
 import shutil
 import signal
 import socket
@@ -23,12 +28,22 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from server.config import Config, to_args
 
 log = logging.getLogger(__name__)
+
+KILL_MARGIN_SECONDS = 5.0
+"""Beyond the workers' own drain delay and grace, how long the parent waits before SIGKILL."""
+_TICK_SECONDS = 0.5
+"""Longest the supervisor blocks at once; bounds the delay of a signal delivered to another thread."""
+_FORWARDED = (signal.SIGTERM, signal.SIGINT)
+# What prometheus_client's multiprocess mode writes: {counter,histogram,summary,gauge_<mode>}_<pid>.db
+_DB_FILE = re.compile(r"(?:counter|histogram|summary|gauge_[a-z]+)_\d+\.db")
 
 
 def free_port(host: str) -> int:
@@ -37,13 +52,38 @@ def free_port(host: str) -> int:
         return int(s.getsockname()[1])
 
 
-def prepare_multiproc_dir(config: Config) -> Path:
-    """The multiprocess directory, emptied: stale files from a previous run would be summed in."""
-    path = Path(config.metrics_multiproc_dir) if config.metrics_multiproc_dir else Path(tempfile.mkdtemp(prefix="sa-metrics-"))
-    if path.exists():
-        shutil.rmtree(path)
-    path.mkdir(parents=True)
-    return path
+@dataclass(frozen=True)
+class MultiprocDir:
+    """prometheus_client's multiprocess directory; ``temporary`` when the parent created it itself."""
+
+    path: Path
+    temporary: bool
+
+    def remove_db_files(self) -> None:
+        """Remove prometheus_client's files only: the directory may be a mount point or hold other files."""
+        for entry in self.path.iterdir():
+            if _DB_FILE.fullmatch(entry.name) and entry.is_file():
+                with contextlib.suppress(FileNotFoundError):
+                    entry.unlink()
+
+    def cleanup(self) -> None:
+        if self.temporary:
+            shutil.rmtree(self.path, ignore_errors=True)
+            return
+        try:
+            self.remove_db_files()
+        except OSError as exc:
+            log.warning("could not clean the metrics directory", extra={"fields": {"path": str(self.path), "error": str(exc)}})
+
+
+def prepare_multiproc_dir(config: Config) -> MultiprocDir:
+    """The multiprocess directory without stale files: a previous run's would be summed in."""
+    if config.metrics_multiproc_dir is None:
+        return MultiprocDir(Path(tempfile.mkdtemp(prefix="sa-metrics-")), temporary=True)
+    mp_dir = MultiprocDir(Path(config.metrics_multiproc_dir), temporary=False)
+    mp_dir.path.mkdir(parents=True, exist_ok=True)
+    mp_dir.remove_db_files()
+    return mp_dir
 
 
 class ModelAgeCollector:
@@ -67,56 +107,149 @@ class ModelAgeCollector:
             yield family
 
 
+@dataclass(frozen=True)
+class _Signalled:
+    signum: int
+
+
+@dataclass(frozen=True)
+class _Exited:
+    pid: int
+    code: int
+
+
+@dataclass
+class _Supervisor:
+    """Waits on the workers; every decision is taken here, on the main thread, one event at a time.
+
+    Events come through a ``SimpleQueue``, whose ``put`` is safe from a signal handler: the
+    handlers only record the signal, and one thread per worker blocks in ``wait()``.
+    """
+
+    config: Config
+    mp_dir: MultiprocDir
+    events: queue.SimpleQueue[_Signalled | _Exited] = field(default_factory=queue.SimpleQueue)
+    children: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    requested: list[int] = field(default_factory=list)  # signals the parent received (appended by the handler)
+    codes: dict[int, int] = field(default_factory=dict)
+    on_their_own: list[int] = field(default_factory=list)
+    killed: list[int] = field(default_factory=list)
+    deadline: float | None = None  # set once stopping: by a signal or by a worker exiting on its own
+
+    def on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        self.requested.append(signum)
+        self.events.put(_Signalled(signum))
+
+    def spawn(self, args: list[str], env: Mapping[str, str]) -> None:
+        for _ in range(self.config.workers):
+            if self.requested:  # asked to stop while starting: start no more, stop the ones started
+                break
+            child = subprocess.Popen(args, env=env)
+            self.children.append(child)
+            threading.Thread(target=self._wait, args=(child,), name=f"wait-worker-{child.pid}", daemon=True).start()
+
+    def _wait(self, child: subprocess.Popen[bytes]) -> None:
+        self.events.put(_Exited(child.pid, child.wait()))
+
+    def supervise(self) -> None:
+        from prometheus_client import multiprocess
+
+        while len(self.codes) < len(self.children):
+            try:
+                event = self.events.get(timeout=self._timeout())
+            except queue.Empty:
+                if self.deadline is not None and not self.killed and time.monotonic() >= self.deadline:
+                    self._kill_stragglers()
+                continue
+            if isinstance(event, _Signalled):
+                log.info("signal received, stopping workers", extra={"fields": {"signal": signal.Signals(event.signum).name}})
+                self._stop(event.signum)
+                continue
+            self.codes[event.pid] = event.code
+            multiprocess.mark_process_dead(event.pid, str(self.mp_dir.path))  # type: ignore[no-untyped-call]
+            if self.deadline is None:
+                self.on_their_own.append(event.pid)
+                log.error("a worker exited on its own; stopping the others",
+                          extra={"fields": {"pid": event.pid, "code": event.code}})
+                self._stop(signal.SIGTERM)
+
+    def _timeout(self) -> float:
+        if self.deadline is None or self.killed:
+            return _TICK_SECONDS
+        return min(_TICK_SECONDS, max(0.0, self.deadline - time.monotonic()))
+
+    def _running(self) -> list[subprocess.Popen[bytes]]:
+        return [c for c in self.children if c.pid not in self.codes]
+
+    def _stop(self, signum: int) -> None:
+        if self.deadline is None:
+            self.deadline = time.monotonic() + self.grace_s
+        for child in self._running():
+            with contextlib.suppress(ProcessLookupError):
+                child.send_signal(signum)
+
+    @property
+    def grace_s(self) -> float:
+        return self.config.grace_seconds + self.config.drain_delay_seconds + KILL_MARGIN_SECONDS
+
+    def _kill_stragglers(self) -> None:
+        stragglers = self._running()
+        self.killed = [c.pid for c in stragglers]
+        log.error("workers did not stop in time; killing them",
+                  extra={"fields": {"pids": self.killed, "waited_s": round(self.grace_s, 3)}})
+        for child in stragglers:
+            with contextlib.suppress(ProcessLookupError):
+                child.kill()
+
+    def abandon(self) -> None:
+        """After an error in the parent itself: no worker outlives it."""
+        for child in self._running():
+            with contextlib.suppress(ProcessLookupError):
+                child.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.wait(10)
+
+    def exit_code(self) -> int:
+        asked = set(self.requested)
+        # A worker the forwarded signal reached before it installed its handlers had nothing to drain.
+        failed = {pid: code for pid, code in self.codes.items() if code != 0 and not (asked and -code in asked)}
+        return 1 if failed or self.on_their_own or self.killed else 0
+
+
 def run_workers(config: Config, environ: Mapping[str, str]) -> int:
     from prometheus_client import CollectorRegistry, multiprocess
 
     from server.metrics_http import MetricsEndpoint
 
     mp_dir = prepare_multiproc_dir(config)
-    port = config.port or free_port(config.host)
-    child_args = to_args(config, workers=1, port=port, reuse_port=True, metrics_port=None, metrics_multiproc_dir=None)
-    env = {**environ, "PROMETHEUS_MULTIPROC_DIR": str(mp_dir)}
-    children = [subprocess.Popen([sys.executable, "-m", "server", "serve", *child_args], env=env)
-                for _ in range(config.workers)]
-    log.info("workers started", extra={"fields": {"workers": config.workers, "port": port,
-                                                   "pids": [c.pid for c in children]}})
+    sup = _Supervisor(config, mp_dir)
+    previous = {signum: signal.signal(signum, sup.on_signal) for signum in _FORWARDED}  # before any worker exists
     endpoint = None
-    if config.metrics and config.metrics_port is not None:
-        registry = CollectorRegistry()
-        collector = multiprocess.MultiProcessCollector(None, path=str(mp_dir))  # type: ignore[no-untyped-call]
-        registry.register(collector)
-        registry.register(ModelAgeCollector(collector))
-        endpoint = MetricsEndpoint.serve(registry, config.metrics_host, config.metrics_port)
-        log.info("metrics endpoint", extra={"fields": {"host": config.metrics_host, "port": endpoint.port}})
-
-    stopping = threading.Event()
-
-    def forward(signum: int, _frame: object) -> None:
-        stopping.set()
-        log.info("signal received, stopping workers", extra={"fields": {"signal": signal.Signals(signum).name}})
-        for child in children:
-            if child.poll() is None:
-                child.send_signal(signum)
-
-    signal.signal(signal.SIGTERM, forward)
-    signal.signal(signal.SIGINT, forward)
-    codes: dict[int, int] = {}
-    while len(codes) < len(children):
-        for child in children:
-            if child.pid in codes:
-                continue
-            code = child.poll()
-            if code is None:
-                continue
-            codes[child.pid] = code
-            multiprocess.mark_process_dead(child.pid, str(mp_dir))  # type: ignore[no-untyped-call]
-            if not stopping.is_set():
-                log.error("a worker exited on its own; stopping the others", extra={"fields": {"pid": child.pid, "code": code}})
-                forward(signal.SIGTERM, None)
-        time.sleep(0.05)
-    if endpoint is not None:
-        endpoint.stop()
-    shutil.rmtree(mp_dir, ignore_errors=True)
-    failed = {pid: code for pid, code in codes.items() if code != 0}
-    log.info("workers stopped", extra={"fields": {"exit_codes": codes}})
-    return 0 if not failed and stopping.is_set() else 1
+    try:
+        port = config.port or free_port(config.host)
+        if config.metrics and config.metrics_port is not None:
+            registry = CollectorRegistry()
+            collector = multiprocess.MultiProcessCollector(None, path=str(mp_dir.path))  # type: ignore[no-untyped-call]
+            registry.register(collector)
+            registry.register(ModelAgeCollector(collector))
+            endpoint = MetricsEndpoint.serve(registry, config.metrics_host, config.metrics_port)
+            log.info("metrics endpoint", extra={"fields": {"host": config.metrics_host, "port": endpoint.port}})
+        child_args = to_args(config, workers=1, port=port, reuse_port=True, metrics_port=None, metrics_multiproc_dir=None)
+        env = {**environ, "PROMETHEUS_MULTIPROC_DIR": str(mp_dir.path)}
+        sup.spawn([sys.executable, "-m", "server", "serve", *child_args], env)
+        log.info("workers started", extra={"fields": {"workers": len(sup.children), "port": port,
+                                                       "pids": [c.pid for c in sup.children]}})
+        sup.supervise()
+    except BaseException:
+        sup.abandon()
+        raise
+    finally:
+        if endpoint is not None:
+            endpoint.stop()
+        mp_dir.cleanup()
+        for signum, handler in previous.items():
+            if handler is not None:
+                signal.signal(signum, handler)
+    log.info("workers stopped", extra={"fields": {"exit_codes": sup.codes, "exited_on_their_own": sup.on_their_own,
+                                                   "killed": sup.killed}})
+    return sup.exit_code()

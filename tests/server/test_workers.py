@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
+import subprocess
+import sys
 import time
 import urllib.request
+from pathlib import Path
 
 import grpc
 import pytest
+from prometheus_client import CollectorRegistry
+from prometheus_client.mmap_dict import MmapedDict, mmap_key
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.harness import Spawned, request, spawn_server, stub
+from server import workers
+from tests.harness import Spawned, make_config, request, spawn_server, stub
 
 
 def _logged(spawned: Spawned, msg: str, timeout: float = 20) -> list[dict[str, object]]:
@@ -61,4 +70,108 @@ def test_two_workers_share_the_port_and_report_as_one_target() -> None:
         spawned.proc.send_signal(signal.SIGTERM)
         assert spawned.proc.wait(timeout=20) == 0
     stopped = _logged(spawned, "workers stopped")[0]
-    assert set(stopped["exit_codes"].values()) == {0}  # type: ignore[union-attr]
+    assert set(stopped["exit_codes"].values()) == {0}  # type: ignore[attr-defined]
+
+
+def _wait_serving(spawned: Spawned, count: int = 2, timeout: float = 20) -> list[int]:
+    """The worker pids, once every worker serves."""
+    deadline = time.monotonic() + timeout
+    while len(_logged(spawned, "serving")) < count:
+        assert time.monotonic() < deadline, "".join(spawned.lines)
+        time.sleep(0.05)
+    pids = _logged(spawned, "workers started")[0]["pids"]
+    assert isinstance(pids, list) and len(pids) == count
+    return [int(pid) for pid in pids]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_a_worker_exiting_on_its_own_takes_the_pod_down() -> None:
+    with spawn_server("--workers", "2", "--metrics-port", "") as spawned:
+        first, second = _wait_serving(spawned)
+        os.kill(first, signal.SIGTERM)  # it drains and exits 0, but nobody asked the pod to stop
+        assert spawned.proc.wait(timeout=20) == 1
+    (own,) = _logged(spawned, "a worker exited on its own; stopping the others")
+    assert own["pid"] == first and own["code"] == 0
+    stopped = _logged(spawned, "workers stopped")[0]
+    assert stopped["exit_codes"] == {str(first): 0, str(second): 0}  # the other one was stopped and drained
+    assert stopped["exited_on_their_own"] == [first]
+    assert not _alive(second)
+
+
+def test_a_worker_stuck_in_drain_is_killed_after_the_grace() -> None:
+    with spawn_server("--workers", "2", "--metrics-port", "", "--grace-seconds", "0", "--drain-delay-seconds", "0") as spawned:
+        stuck, other = _wait_serving(spawned)
+        os.kill(stuck, signal.SIGSTOP)  # cannot handle the forwarded SIGTERM: only SIGKILL ends it
+        try:
+            started = time.monotonic()
+            spawned.proc.send_signal(signal.SIGTERM)
+            assert spawned.proc.wait(timeout=20) == 1
+            assert workers.KILL_MARGIN_SECONDS - 1 <= time.monotonic() - started < workers.KILL_MARGIN_SECONDS + 5
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(stuck, signal.SIGKILL)
+    (killing,) = _logged(spawned, "workers did not stop in time; killing them")
+    assert killing["pids"] == [stuck]
+    stopped = _logged(spawned, "workers stopped")[0]
+    assert stopped["exit_codes"] == {str(stuck): -signal.SIGKILL, str(other): 0}
+    assert not _alive(stuck)
+
+
+def _stale_counter(path: Path, value: float) -> None:
+    """A previous run's counter file, as prometheus_client writes it, for 'shopping_agent_decisions_total'."""
+    db = MmapedDict(str(path))  # type: ignore[no-untyped-call]
+    key = mmap_key("shopping_agent_decisions", "shopping_agent_decisions_total", ["action", "source"], ["none", "policy"],
+                   "Decisions served, by action and source.")
+    db.write_value(key, value, 0.0)  # type: ignore[no-untyped-call]
+    db.close()  # type: ignore[no-untyped-call]
+
+
+def test_a_configured_metrics_dir_keeps_other_files_and_loses_stale_counters(tmp_path: Path) -> None:
+    mp_dir = tmp_path / "metrics"
+    mp_dir.mkdir()
+    (mp_dir / "keep.txt").write_text("not prometheus_client's\n")
+    stale = mp_dir / "counter_999999.db"
+    _stale_counter(stale, 1000)
+    registry = CollectorRegistry()
+    registry.register(MultiProcessCollector(registry=None, path=str(mp_dir)))  # type: ignore[no-untyped-call]
+    assert registry.get_sample_value("shopping_agent_decisions_total", {"action": "none", "source": "policy"}) == 1000
+
+    with spawn_server("--workers", "2", "--metrics-multiproc-dir", str(mp_dir)) as spawned:
+        metrics_port = int(_logged(spawned, "metrics endpoint")[0]["port"])  # type: ignore[call-overload]
+        _wait_serving(spawned)
+        assert not stale.exists()
+        with grpc.insecure_channel(spawned.target) as ch:
+            assert stub(ch).RecommendAction(request(), timeout=5).decision_id
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as reply:
+            text = reply.read().decode()
+        assert sum(v for _, v in _samples(text, "shopping_agent_decisions_total")) == 1
+        spawned.proc.send_signal(signal.SIGTERM)
+        assert spawned.proc.wait(timeout=20) == 0
+    assert mp_dir.is_dir()
+    assert sorted(p.name for p in mp_dir.iterdir()) == ["keep.txt"]
+    assert (mp_dir / "keep.txt").read_text() == "not prometheus_client's\n"
+
+
+def test_a_signal_while_workers_start_stops_the_ones_started(monkeypatch: pytest.MonkeyPatch) -> None:
+    real_popen = subprocess.Popen
+    started: list[subprocess.Popen[bytes]] = []
+
+    def popen(args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        # Were the handler not installed yet, the SIGTERM below would kill this test run.
+        assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, signal.SIG_IGN, None)
+        child = real_popen([sys.executable, "-c", "import time; time.sleep(30)"], env=env)
+        started.append(child)
+        signal.raise_signal(signal.SIGTERM)  # the pod is stopped while its workers start
+        return child
+
+    monkeypatch.setattr(subprocess, "Popen", popen)  # as server.workers sees it
+    assert workers.run_workers(make_config(workers=3), os.environ) == 0
+    assert len(started) == 1  # no worker started after the signal
+    assert started[0].returncode == -signal.SIGTERM  # the forwarded signal reached the one started
