@@ -8,8 +8,16 @@ parsing and answering meanwhile.
 
 A batch only ever holds requests that read the same model set, so a hot swap never mixes
 models in one call. A full queue raises ``Overloaded`` at once; the caller degrades to the
-rule engine rather than queueing without bound. If a batch fails, its requests are rerun
-one by one, so only a request that fails on its own gets the error.
+rule engine rather than queueing without bound. Only callers still waiting count toward
+the bound: a request whose caller gave up (deadline, cancellation) leaves the count at once.
+If a batch fails, its requests are rerun one by one, so only a request that fails on its
+own gets the error.
+
+The worker survives whatever one batch does (a model that raises or returns the wrong
+number of decisions, an ``on_batch`` callback that raises): that batch's callers get the
+error and the next batch runs. Should the worker task end anyway (cancelled, or a bug in
+the loop itself), everything waiting fails with ``BatcherClosed`` and so does every later
+call, rather than hanging.
 """
 
 from __future__ import annotations
@@ -27,13 +35,15 @@ from policy.domain import Context, Decision, DecisionRequest
 
 log = logging.getLogger(__name__)
 
+_CALLBACK_LOG_INTERVAL_S = 60.0  # a broken on_batch is logged (with its traceback) at most this often
+
 
 class Overloaded(RuntimeError):
     """The inference queue is full."""
 
 
 class BatcherClosed(RuntimeError):
-    """The batcher is shutting down."""
+    """The batcher is shutting down (or its worker stopped)."""
 
 
 class BatchModel(Protocol):
@@ -54,51 +64,90 @@ def _run(model: BatchModel, items: Sequence[_Item]) -> list[Decision]:
     return model.run([i.request for i in items], [i.context for i in items], [i.decision_id for i in items])
 
 
+def _fail(items: Sequence[_Item], exc: BaseException) -> None:
+    for item in items:
+        if not item.future.done():
+            item.future.set_exception(exc)
+
+
 class MicroBatcher:
-    """``on_batch(decisions, seconds, queue_depth)`` hears of every batch run with the decisions
-    actually delivered (metrics count them once per batch, not once per call)."""
+    """``on_batch(decisions, seconds, queue_depth)`` hears of every model run with the decisions
+    actually delivered (metrics count them once per run, not once per call), the one-by-one
+    reruns after a failed batch included."""
 
     def __init__(self, max_batch: int, max_queue: int,
                  on_batch: Callable[[list[Decision], float, int], None] | None = None) -> None:
         self._on_batch = on_batch
         self.max_batch = max_batch
         self.max_queue = max_queue
+        # Queue order lives in the deque; who still waits lives in the set. A caller that gives
+        # up leaves the set at once (a done callback) and the deque when the worker reaches it.
         self._pending: collections.deque[_Item] = collections.deque()
+        self._waiting: set[asyncio.Future[Decision]] = set()
+        self._running: list[_Item] = []  # the batch on the inference thread now
         self._wake = asyncio.Event()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inference")
         self._task: asyncio.Task[None] | None = None
         self._closed = False
+        self._closed_why = "shutting down"
+        self._callback_failures = 0
+        self._callback_log_after = 0.0
         self.batches = 0
 
     @property
     def depth(self) -> int:
-        return len(self._pending)
+        """Requests queued whose callers still wait."""
+        return len(self._waiting)
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._worker(), name="micro-batcher")
+        self._task.add_done_callback(self._worker_ended)
 
-    async def decide(self, model: BatchModel, request: DecisionRequest, context: Context, decision_id: str) -> Decision:
-        """The decision for one request, computed in a batch with its neighbours."""
+    def decide(self, model: BatchModel, request: DecisionRequest, context: Context,
+               decision_id: str) -> asyncio.Future[Decision]:
+        """The decision for one request, computed in a batch with its neighbours: await the future.
+
+        Raises ``BatcherClosed`` or ``Overloaded`` here, at call time. Cancelling the future
+        (``asyncio.wait_for`` does on timeout) withdraws the request.
+        """
         if self._closed:
-            raise BatcherClosed("shutting down")
-        if len(self._pending) >= self.max_queue:
-            raise Overloaded(f"{len(self._pending)} requests already waiting for inference")
+            raise BatcherClosed(self._closed_why)
+        waiting = self._waiting
+        if len(waiting) >= self.max_queue:
+            raise Overloaded(f"{len(waiting)} requests already waiting for inference")
         future: asyncio.Future[Decision] = asyncio.get_running_loop().create_future()
-        self._pending.append(_Item(model, request, context, decision_id, future))
+        waiting.add(future)
+        future.add_done_callback(waiting.discard)
+        pending = self._pending
+        pending.append(_Item(model, request, context, decision_id, future))
+        if len(pending) > 2 * self.max_queue:  # mostly abandoned items: drop them (amortised O(1))
+            self._pending = collections.deque(i for i in pending if not i.future.done())
         self._wake.set()
-        return await future
+        return future
+
+    def _dequeue(self, item: _Item) -> None:
+        self._waiting.discard(item.future)
+        item.future.remove_done_callback(self._waiting.discard)
 
     def _take(self) -> list[_Item]:
         """The oldest waiting request and those behind it on the same model, up to max_batch."""
-        model = self._pending[0].model
+        pending = self._pending
+        model: BatchModel | None = None
         batch: list[_Item] = []
         keep: list[_Item] = []
-        while self._pending and len(batch) < self.max_batch:
-            item = self._pending.popleft()
+        while pending and len(batch) < self.max_batch:
+            item = pending.popleft()
             if item.future.done():  # the caller gave up (deadline or cancellation)
+                self._dequeue(item)
                 continue
-            (batch if item.model is model else keep).append(item)
-        self._pending.extendleft(reversed(keep))
+            if model is None:
+                model = item.model
+            if item.model is model:
+                self._dequeue(item)
+                batch.append(item)
+            else:
+                keep.append(item)
+        pending.extendleft(reversed(keep))
         return batch
 
     async def _worker(self) -> None:
@@ -113,46 +162,96 @@ class MicroBatcher:
             batch = self._take()
             if not batch:
                 continue
-            started = time.perf_counter()
+            self._running = batch
             try:
-                decisions = await loop.run_in_executor(self._executor, _run, batch[0].model, batch)
-            except Exception as exc:
-                if len(batch) > 1:  # isolate the request that broke it: rerun one by one
-                    for item in batch:
-                        await self._run_one(loop, item)
-                    continue
-                self._fail(batch[0], exc)
-                continue
-            self.batches += 1
-            delivered = []
-            for item, decision in zip(batch, decisions, strict=True):
-                if not item.future.done():
-                    item.future.set_result(decision)
-                    delivered.append(decision)
-            if self._on_batch is not None:
-                self._on_batch(delivered, time.perf_counter() - started, len(self._pending))
+                await self._serve(loop, batch)
+            except Exception as exc:  # a broken model contract or a bug: this batch fails, the worker goes on
+                log.exception("micro-batch failed", extra={"fields": {"batch_size": len(batch), "error": repr(exc)[:300]}})
+                _fail(batch, exc)
+            self._running = []  # (left set if the worker is cancelled mid-batch: _worker_ended fails them)
+
+    async def _serve(self, loop: asyncio.AbstractEventLoop, batch: list[_Item]) -> None:
+        started = time.perf_counter()
+        try:
+            decisions = await loop.run_in_executor(self._executor, _run, batch[0].model, batch)
+        except Exception as exc:
+            # One line per batch, no traceback: the servicer logs each request that ends up failing.
+            log.warning("inference failed for a batch", extra={"fields": {"batch_size": len(batch), "error": repr(exc)[:300]}})
+            if len(batch) == 1:
+                _fail(batch, exc)
+                return
+            for item in batch:  # isolate the request that broke it: rerun one by one
+                await self._run_one(loop, item)
+            return
+        self._deliver(batch, decisions, started)
 
     async def _run_one(self, loop: asyncio.AbstractEventLoop, item: _Item) -> None:
         if item.future.done():
             return
+        started = time.perf_counter()
         try:
-            (decision,) = await loop.run_in_executor(self._executor, _run, item.model, [item])
+            decisions = await loop.run_in_executor(self._executor, _run, item.model, [item])
+            self._deliver([item], decisions, started)
         except Exception as exc:
-            self._fail(item, exc)
-            return
-        if not item.future.done():
-            item.future.set_result(decision)
+            _fail([item], exc)
 
-    @staticmethod
-    def _fail(item: _Item, exc: Exception) -> None:
-        log.error("inference failed", extra={"fields": {"decision_id": item.decision_id, "error": repr(exc)[:300]}})
-        if not item.future.done():
-            item.future.set_exception(exc)
+    def _deliver(self, batch: list[_Item], decisions: list[Decision], started: float) -> None:
+        """Hand each caller still waiting its decision, then tell ``on_batch``."""
+        if len(decisions) != len(batch):
+            raise RuntimeError(f"the model returned {len(decisions)} decisions for {len(batch)} requests")
+        self.batches += 1
+        delivered: list[Decision] = []
+        for item, decision in zip(batch, decisions, strict=True):
+            if not item.future.done():
+                item.future.set_result(decision)
+                delivered.append(decision)
+        self._report(delivered, time.perf_counter() - started)
+
+    def _report(self, delivered: list[Decision], seconds: float) -> None:
+        if self._on_batch is None:
+            return
+        try:
+            self._on_batch(delivered, seconds, len(self._waiting))
+        except Exception:  # metrics must never stop decisions; log now and then, not every batch
+            self._callback_failures += 1
+            now = time.monotonic()
+            if now >= self._callback_log_after:
+                self._callback_log_after = now + _CALLBACK_LOG_INTERVAL_S
+                log.exception("on_batch failed; the decisions were served",
+                              extra={"fields": {"failures": self._callback_failures}})
+
+    def _worker_ended(self, task: asyncio.Task[None]) -> None:
+        """The worker task ended: after ``close()`` that is normal; otherwise fail everyone waiting."""
+        if task.cancelled():
+            log.error("the inference worker was cancelled; inference is off until restart")
+            why = "the inference worker was cancelled"
+        else:
+            exc = task.exception()
+            if exc is None:
+                why = "shutting down"
+            else:
+                log.error("the inference worker died; inference is off until restart", exc_info=exc)
+                why = f"the inference worker died: {exc!r}"
+        if not self._closed:
+            self._closed, self._closed_why = True, why
+        self._fail_all(BatcherClosed(why))
+
+    def _fail_all(self, exc: BatcherClosed) -> None:
+        items = [*self._running, *self._pending]
+        self._running = []
+        self._pending.clear()
+        for item in items:
+            self._dequeue(item)
+        _fail(items, exc)
 
     async def close(self) -> None:
-        """Finish what is queued, then stop the worker and its thread."""
+        """Finish what is queued, then stop the worker and its thread. Never raises for a dead worker."""
         self._closed = True
         self._wake.set()
-        if self._task is not None:
-            await self._task
-        self._executor.shutdown(wait=True)
+        task = self._task
+        if task is not None and not task.done():
+            await asyncio.wait((task,))  # does not raise what the task raised
+        normal = task is not None and not task.cancelled() and task.exception() is None
+        self._fail_all(BatcherClosed(self._closed_why))  # nothing, unless the worker never ran or died
+        # A worker that died may have left a batch on the thread: do not block the event loop on it.
+        self._executor.shutdown(wait=normal, cancel_futures=True)
