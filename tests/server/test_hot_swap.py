@@ -248,3 +248,40 @@ def test_a_missing_directory_at_start_serves_the_default_then_picks_up_the_bundl
         publish(directory, bundle_bytes("late"))
         wait_for(load, "late", timeout=5)
     assert load.errors == []
+
+
+def test_the_cli_publishes_and_rolls_back_under_load_poll_only(tmp_path: Path) -> None:
+    """The operator's path end to end: `weights publish` and `weights rollback` while clients call, inotify off."""
+    import subprocess
+    import sys
+
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from tests.harness import ROOT
+
+    directory = tmp_path / "volume"
+    directory.mkdir()
+    cli = [sys.executable, "-m", "server", "weights"]
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*cli, *args], capture_output=True, text=True, timeout=120, cwd=ROOT)
+
+    for version in ("p1", "p2"):
+        (tmp_path / f"{version}.bundle").write_bytes(bundle_bytes(version))
+    (tmp_path / "bad.bundle").write_bytes(_flipped("bad"))
+    assert run("publish", str(tmp_path / "p1.bundle"), "--dir", str(directory)).returncode == 0
+    for live, load in _serve(directory, inotify=False):
+        wait_for(load, "p1")
+        out = run("publish", str(tmp_path / "p2.bundle"), "--dir", str(directory))
+        assert out.returncode == 0 and out.stdout.startswith("published p2")
+        wait_for(load, "p2")
+        bad = run("publish", str(tmp_path / "bad.bundle"), "--dir", str(directory))
+        assert bad.returncode == 1 and bad.stderr.startswith("refused")
+        out = run("rollback", "--dir", str(directory))
+        assert out.returncode == 0 and out.stdout.startswith("rolled back to p1")
+        wait_for(load, "p1")
+        with grpc.insecure_channel(live.target) as ch:
+            status = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5).status
+        assert status == health_pb2.HealthCheckResponse.SERVING  # health stays SERVING through swaps
+    assert load.errors == []
+    assert set(load.versions) == {"p1", "p2"}
