@@ -30,6 +30,7 @@ VOTE_BUCKETS = tuple(float(v) for v in range(0, 11))
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 DEGRADED_REASONS = ("overload", "deadline", "shutdown", "error")
 _VOTED = (Source.POLICY, Source.FALLBACK_LOW_CONSENSUS)
+SWAP_REJECT_REASONS = ("io", "format", "format_version", "checksum", "schema", "shape", "nonfinite", "onnx", "golden")
 
 
 class Metrics:
@@ -90,6 +91,8 @@ class Metrics:
                               multiprocess_mode="liveall")
         self.swaps = Counter("shopping_agent_model_swaps", "Bundles the watcher judged, by result (ok, rejected) and reason.",
                              ["result", "reason"], registry=r)
+        for result, reason in (("ok", ""), *(("rejected", r) for r in SWAP_REJECT_REASONS)):
+            self.swaps.labels(result=result, reason=reason)  # series exist from the start: increase() sees the first one
         self.swap_seconds = Histogram("shopping_agent_model_swap_seconds",
                                       "Time to read, validate, self-test and warm up a bundle before the swap.",
                                       buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0), registry=r)

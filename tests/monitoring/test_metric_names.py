@@ -3,13 +3,21 @@
 A real server with its /metrics endpoint on 127.0.0.1, a few real calls, one scrape over
 HTTP; then every metric name in alerts.yml and dashboard.json must be one the scrape
 declares, and every exact label matcher must match a series it has.
+
+The server watches a weights directory and sees two publishes before the scrape: a good
+bundle (swapped in) and a broken one (rejected). The swap counter's label children appear
+only when the watcher judges a bundle, so this is what makes `result="rejected"` a series
+the scrape really has, with the labels the server really writes.
 """
 
 from __future__ import annotations
 
+import io
 import json
+import os
 import re
 import subprocess
+import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,7 +30,10 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
-from tests.harness import ROOT, prometheus_tool, request, running_server, stub
+from server.models import ACTIVE_NAME
+from tests.harness import ROOT, ServerThread, prometheus_tool, request, running_server, stub
+from weights.bundle import read_bundle, write_bundle
+from weights.embedded import default_bundle_bytes
 
 MONITORING = ROOT / "k8s" / "monitoring"
 
@@ -68,9 +79,39 @@ class Scrape:
     series: dict[str, list[dict[str, str]]]  # series name -> label sets present
 
 
+def _publish(directory: Path, data: bytes) -> None:
+    """Write a temp file in the directory and rename it onto the active name, as the publisher does."""
+    tmp = directory / f".tmp-{time.monotonic_ns()}"
+    tmp.write_bytes(data)
+    os.replace(tmp, directory / ACTIVE_NAME)
+
+
+def _good_bundle(version: str) -> bytes:
+    base = read_bundle(default_bundle_bytes())
+    manifest = {k: v for k, v in base.manifest.items() if k not in ("format", "format_version", "parts")}
+    buf = io.BytesIO()
+    write_bundle(buf, {**manifest, "model_version": version}, base.parts)
+    return buf.getvalue()
+
+
+def _judged(live: ServerThread, directory: Path, data: bytes, result: str, reason: str) -> None:
+    """Publish ``data`` and wait until the server's watcher has counted it as ``result``/``reason``."""
+    labels = {"result": result, "reason": reason}
+    before = live.registry.get_sample_value("shopping_agent_model_swaps_total", labels) or 0.0
+    _publish(directory, data)
+    deadline = time.monotonic() + 20
+    while (live.registry.get_sample_value("shopping_agent_model_swaps_total", labels) or 0.0) <= before:
+        assert time.monotonic() < deadline, f"the watcher never counted a swap {labels}"
+        time.sleep(0.05)
+
+
 @pytest.fixture(scope="module")
-def scrape() -> Iterator[Scrape]:
-    with running_server(metrics_port=0, metrics_host="127.0.0.1") as live, grpc.insecure_channel(live.target) as ch:
+def scrape(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scrape]:
+    weights_dir = tmp_path_factory.mktemp("weights")  # empty: the server starts on the embedded default
+    with running_server(metrics_port=0, metrics_host="127.0.0.1", weights_dir=weights_dir, weights_poll_seconds=0.1,
+                        weights_inotify=False, weights_debounce_ms=20) as live, grpc.insecure_channel(live.target) as ch:
+        _judged(live, weights_dir, _good_bundle("monitoring-swap"), "ok", "")
+        _judged(live, weights_dir, b"not a bundle", "rejected", "format")
         call = stub(ch).RecommendAction
         for seed, page in enumerate((pb.PAGE_TYPE_SEARCH, pb.PAGE_TYPE_CART, pb.PAGE_TYPE_SEARCH)):
             call(request(seed=seed, page_type=page), timeout=5)
@@ -130,6 +171,16 @@ def test_the_scrape_saw_the_calls(scrape: Scrape) -> None:
     families = {f.name: f for f in text_string_to_metric_families(scrape.text)}
     total = sum(s.value for s in families["shopping_agent_decisions"].samples if s.name.endswith("_total"))
     assert total == 3
+
+
+def test_the_scrape_saw_the_swap_and_the_rejection(scrape: Scrape) -> None:
+    families = {f.name: f for f in text_string_to_metric_families(scrape.text)}
+    counted = {(s.labels["result"], s.labels["reason"]): s.value for s in families["shopping_agent_model_swaps"].samples
+               if s.name == "shopping_agent_model_swaps_total"}
+    assert {key for key, value in counted.items() if value} == {("ok", ""), ("rejected", "format")}
+    assert counted[("ok", "")] == 1 and counted[("rejected", "format")] == 1
+    assert [labels["model_version"] for labels in scrape.series["shopping_agent_model_info"]] == ["monitoring-swap"]
+    assert families["shopping_agent_model_last_swap_timestamp_seconds"].samples[0].value > 0
 
 
 @pytest.mark.parametrize("source", ["alerts", "dashboard"])
