@@ -166,6 +166,19 @@ def measure(server: ServerProcess, request: pb.RecommendActionRequest, body_file
     return result
 
 
+def results_header(module: str, started: float, argv: Sequence[str] | None, busy_before: float,
+                   settings: Any) -> dict[str, Any]:
+    """What every bench's JSON starts with: when, the command, the machine, the settings."""
+    return {
+        "when": datetime.datetime.fromtimestamp(started, datetime.UTC).isoformat(timespec="seconds"),
+        "command": " ".join([".venv/bin/python", "-m", module, *(sys.argv[1:] if argv is None else argv)]),
+        "wall_s": round(time.time() - started, 1),
+        "machine": {"cpus": os.cpu_count(), "cores_busy_before_run": round(busy_before, 3),
+                    "platform": platform.platform(), "python": platform.python_version(), "grpcio": grpc.__version__},
+        "settings": {**asdict(settings), "server_args": list(settings.server_args)},
+    }
+
+
 def bare_server_argv() -> list[str]:
     return [sys.executable, "-m", "bench.bare_server", "--host", HOST, "--port", "0"]
 
@@ -315,12 +328,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     summary = summarize(bare, real)
     print_report(bare, real, summary)
     results = {
-        "when": datetime.datetime.fromtimestamp(started, datetime.UTC).isoformat(timespec="seconds"),
-        "command": " ".join([".venv/bin/python", "-m", "bench.load", *(sys.argv[1:] if argv is None else argv)]),
-        "wall_s": round(time.time() - started, 1),
-        "machine": {"cpus": os.cpu_count(), "cores_busy_before_run": round(busy_before, 3),
-                    "platform": platform.platform(), "python": platform.python_version(), "grpcio": grpc.__version__},
-        "settings": {**asdict(settings), "server_args": list(settings.server_args)},
+        **results_header("bench.load", started, argv, busy_before, settings),
         "payload": {"message_bytes": len(message), "frame_bytes": len(message) + 5},
         "servers": {"bare": bare, "real": real},
         **summary,

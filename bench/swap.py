@@ -30,11 +30,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import datetime
 import io
 import json
 import os
-import platform
 import random
 import re
 import statistics
@@ -45,7 +43,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +52,7 @@ if __package__ in (None, ""):  # run as a script: make ``bench`` importable
 
 import grpc
 
-from bench.load import real_server_argv
+from bench.load import real_server_argv, results_header
 from bench.loaders import _percentile, check_calls
 from bench.payload import build_request
 from bench.procs import HOST, REPO, BenchError, ServerProcess, machine_busy_cores, running
@@ -670,12 +668,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     summary = summarize(latency, load, memory, settings)
     print_report(latency, load, memory, summary)
     results = {
-        "when": datetime.datetime.fromtimestamp(started, datetime.UTC).isoformat(timespec="seconds"),
-        "command": " ".join([".venv/bin/python", "-m", "bench.swap", *(sys.argv[1:] if argv is None else argv)]),
-        "wall_s": round(time.time() - started, 1),
-        "machine": {"cpus": os.cpu_count(), "cores_busy_before_run": round(busy_before, 3),
-                    "platform": platform.platform(), "python": platform.python_version(), "grpcio": grpc.__version__},
-        "settings": {**asdict(settings), "server_args": list(settings.server_args)},
+        **results_header("bench.swap", started, argv, busy_before, settings),
         "swap_latency": latency,
         "load": load,
         "memory": memory,
