@@ -88,7 +88,6 @@ class FeatureEncoder:
                 f"behavior table: expected shape {(spec.behavior_buckets, spec.behavior_dim)}, got {behavior_table.shape}"
             )
         self.spec = spec
-        self._table = behavior_table
         self._padded = np.vstack([behavior_table, np.zeros((1, spec.behavior_dim), dtype=np.float32)])
         self._behavior_at = spec.item_dim
         self._hour_at = spec.item_dim + spec.behavior_dim

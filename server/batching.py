@@ -92,7 +92,6 @@ class MicroBatcher:
         self._closed_why = "shutting down"
         self._callback_failures = 0
         self._callback_log_after = 0.0
-        self.batches = 0
 
     @property
     def depth(self) -> int:
@@ -199,7 +198,6 @@ class MicroBatcher:
         """Hand each caller still waiting its decision, then tell ``on_batch``."""
         if len(decisions) != len(batch):
             raise RuntimeError(f"the model returned {len(decisions)} decisions for {len(batch)} requests")
-        self.batches += 1
         delivered: list[Decision] = []
         for item, decision in zip(batch, decisions, strict=True):
             if not item.future.done():

@@ -19,14 +19,12 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from policy.domain import ACTIONS, Action, Decision, Source
 
-GRPC_CODES = tuple(code.name for code in grpc.StatusCode)
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
-VOTE_BUCKETS = tuple(float(v) for v in range(0, 11))
+VOTE_BUCKETS = tuple(float(v) for v in range(0, 17))  # K is at most 16
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 DEGRADED_REASONS = ("overload", "deadline", "shutdown", "error")
 _VOTED = (Source.POLICY, Source.FALLBACK_LOW_CONSENSUS)
@@ -74,7 +72,7 @@ class Metrics:
         self.batch_size = Histogram("shopping_agent_batch_size", "Requests per micro-batch.",
                                     buckets=BATCH_BUCKETS, registry=r)
         self.queue_depth = Gauge("shopping_agent_inference_queue_depth",
-                                 "Requests waiting for inference when the last batch was taken.",
+                                 "Requests waiting for inference when the last batch finished.",
                                  registry=r, multiprocess_mode="livesum")
         # --- the model ---------------------------------------------------------------------
         self.model_info = Gauge("shopping_agent_model_info", "The model set being served (value 1).",

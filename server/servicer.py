@@ -23,6 +23,7 @@ from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
 from server.batching import BatcherClosed, MicroBatcher, Overloaded
 from server.config import Config
 from server.grpc_metrics import InstrumentedRegistrar, MethodMetrics
+from server.logs import log_context
 from server.metrics import Metrics
 from server.models import ModelHolder
 from server.validation import InvalidRequest, Limits, parse_request
@@ -145,6 +146,7 @@ class ShoppingAgentServicer:
             await errors.abort(context, exc)  # raises grpc's AbortError ...
             raise exc from None  # ... so this only keeps type checkers informed
         decision_id = os.urandom(16).hex()  # 128 random bits, as uuid4 has, at a fifth of the cost
+        log_context.set({"decision_id": decision_id, "request_id": req.request_id})  # this call's task only
         model = self._models.current  # read once: this call finishes on this model set
         try:
             decision = await self._decide(model, req, ctx, decision_id, context.time_remaining())
