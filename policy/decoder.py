@@ -97,7 +97,7 @@ class MajorityDecoder:
         log_coef = math.lgamma(samples + 1) - np.array(
             [sum(math.lgamma(c + 1) for c in row) for row in self._counts]
         )
-        self._coef = np.exp(log_coef)
+        self._log_coef = log_coef
         self._decisive = self._counts.max(axis=1) >= min_votes
         self._tables: dict[tuple[tuple[bool, ...], tuple[int, ...]], _Table] = {}
 
@@ -121,7 +121,7 @@ class MajorityDecoder:
             rank[list(order)] = np.arange(self.n_actions - 1, -1, -1)
             winners = np.argmax(counts * self.n_actions + rank[None, :], axis=1)
             decisive = self._decisive[rows]
-            log_coef = np.log(self._coef[rows])
+            log_coef = self._log_coef[rows]
             sub = counts[:, mask].astype(np.float64)
             table = _Table(
                 counts_t=np.ascontiguousarray(sub[decisive].T),

@@ -97,7 +97,8 @@ class FeatureEncoder:
         spec = self.spec
         n = len(reqs)
         out = np.zeros((n, spec.state_dim), dtype=np.float32)
-        out[:, : spec.item_dim] = np.stack([r.item_embedding for r in reqs])
+        for i, req in enumerate(reqs):  # straight into the batch: no intermediate stack
+            out[i, : spec.item_dim] = req.item_embedding
         window = spec.behavior_window
         rows = np.full((n, window), spec.behavior_buckets, dtype=np.int64)  # the padding row is zeros
         counts = np.ones(n, dtype=np.float32)

@@ -37,16 +37,9 @@ class ModelHolder:
     """``on_swap(version, manifest or None, loaded_at)`` hears of every change (metrics follow the model)."""
 
     def __init__(self, on_swap: Callable[[str, Mapping[str, Any] | None, float], None] | None = None) -> None:
-        manifest = default_manifest()
-        self.current: ModelSet | NoModel = NoModel(manifest)
-        self.default_item_dim = int(manifest["feature_spec"]["item_dim"])
+        self.current: ModelSet | NoModel = NoModel(default_manifest())
         self._on_swap = on_swap
         self._notify(self.current)
-
-    @property
-    def item_dim(self) -> int:
-        current = self.current
-        return current.encoder.spec.item_dim if isinstance(current, ModelSet) else self.default_item_dim
 
     def swap(self, model: ModelSet | NoModel) -> None:
         self.current = model

@@ -95,11 +95,10 @@ class ShoppingAgentServicer:
         self._batcher = batcher
         self._metrics = metrics
         self._min_budget_s = config.min_inference_budget_ms / 1000.0
-        self._limits_cache = Limits(models.item_dim, config.max_recent_behavior_ids, config.max_id_length)
+        self._limits_cache = Limits(models.current.item_dim, config.max_recent_behavior_ids, config.max_id_length)
         service = pb.DESCRIPTOR.services_by_name["ShoppingAgent"].full_name
         self._rpc = MethodMetrics(metrics, "unary", service, "RecommendAction") if metrics is not None else None
-    def _limits(self) -> Limits:
-        item_dim = self._models.item_dim
+    def _limits(self, item_dim: int) -> Limits:
         if self._limits_cache.item_dim != item_dim:  # a swapped-in bundle with another item dimension
             self._limits_cache = Limits(item_dim, self._config.max_recent_behavior_ids, self._config.max_id_length)
         return self._limits_cache
@@ -134,10 +133,11 @@ class ShoppingAgentServicer:
 
     async def _recommend(self, request: pb.RecommendActionRequest | Malformed,
                          context: aio.ServicerContext) -> pb.RecommendActionResponse:  # type: ignore[type-arg]
+        model = self._models.current  # read once: validated against, and answered by, this model set
         try:
             if isinstance(request, Malformed):
                 raise InvalidRequest("request", f"not a RecommendActionRequest ({request.error})")
-            req = parse_request(request, self._limits(), time.time())
+            req = parse_request(request, self._limits(model.item_dim), time.time())
             try:
                 ctx = context_of(req, self._tz)
             except (OverflowError, ValueError, OSError):  # a legal Timestamp the local calendar cannot hold
@@ -147,7 +147,6 @@ class ShoppingAgentServicer:
             raise exc from None  # ... so this only keeps type checkers informed
         decision_id = os.urandom(16).hex()  # 128 random bits, as uuid4 has, at a fifth of the cost
         log_context.set({"decision_id": decision_id, "request_id": req.request_id})  # this call's task only
-        model = self._models.current  # read once: this call finishes on this model set
         try:
             decision = await self._decide(model, req, ctx, decision_id, context.time_remaining())
             return to_response(decision, decision_id, req.request_id)
@@ -161,7 +160,7 @@ class ShoppingAgentServicer:
     async def _decide(self, model: ModelSet | NoModel, req: DecisionRequest, ctx: Context, decision_id: str,
                       remaining_s: float | None) -> Decision:
         if not isinstance(model, ModelSet):
-            return self._counted(model.fallback(ctx, Source.FALLBACK_NO_MODEL))
+            return self._counted(model.fallback(ctx))
         if remaining_s is not None and remaining_s < self._min_budget_s:
             return self._degraded(model, ctx, "deadline")
         try:

@@ -104,6 +104,7 @@ class ModelSet(_Policies):
         self.guardrails = guardrails
         self.rules = rules
         self.decoder = decoder
+        self.item_dim = encoder.spec.item_dim
         self.loaded_at = time.time()
 
     ready = True
@@ -244,7 +245,8 @@ class ModelSet(_Policies):
         for i in np.flatnonzero(~ok).tolist():  # every permitted action vetoed (or underflowed): the rules answer
             decisions[i] = _certain(fallbacks[i], Source.FALLBACK_GUARD, self.version, policy_probs[i], allow64[i],
                                     ~allowed[i], samples, vetoed_rows[i], fired[i][1])
-        return [d for d in decisions if d is not None]
+        assert all(d is not None for d in decisions), "every row is decided by the decoder or the rules"
+        return decisions  # type: ignore[return-value]
 
     def fallback(self, ctx: Context, source: Source) -> Decision:
         """A rule-engine answer without model outputs (overload, inference error, short deadline)."""
@@ -262,8 +264,9 @@ class NoModel(_Policies):
     version = ""
 
     def __init__(self, manifest: dict[str, Any]) -> None:
+        self.item_dim = int(manifest["feature_spec"]["item_dim"])  # requests are still validated
         self.guardrails = gr.Guardrails.parse(manifest["guardrails"])
         self.rules = RuleEngine.parse(manifest["fallback_rules"], self.guardrails.static)
 
-    def fallback(self, ctx: Context, source: Source = Source.FALLBACK_NO_MODEL) -> Decision:
+    def fallback(self, ctx: Context) -> Decision:
         return self._rule_fallback(ctx, Source.FALLBACK_NO_MODEL, self.version)
