@@ -15,7 +15,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -140,36 +140,57 @@ def _percentile(sorted_values: Sequence[float], q: float) -> float:
     return sorted_values[rank - 1]
 
 
-async def _latency_loop(target: str, request: pb.RecommendActionRequest, concurrency: int, duration_s: float,
-                        max_calls: int) -> dict[str, Any]:
-    latencies: list[float] = []
+@dataclass
+class Calls:
+    """What a closed loop of grpc.aio calls saw: (start, latency, model_version) per answered call."""
+
+    samples: list[tuple[float, float, str]]
+    errors: collections.Counter[str]
+    elapsed_s: float
+
+
+async def aio_calls(target: str, request: pb.RecommendActionRequest, concurrency: int, duration_s: float,
+                    max_calls: int, on_start: Callable[[float], None] | None = None,
+                    error_pause_s: float = 0.0) -> Calls:
+    """``concurrency`` in-flight RecommendAction calls, back to back, until the time or count bound."""
+    samples: list[tuple[float, float, str]] = []
     errors: collections.Counter[str] = collections.Counter()
     async with grpc.aio.insecure_channel(target) as channel:
         stub = pb_grpc.ShoppingAgentStub(channel)
         await channel.channel_ready()
         started = time.perf_counter()
         end = started + duration_s
+        if on_start is not None:
+            on_start(started)
 
         async def worker() -> None:
-            while time.perf_counter() < end and len(latencies) + sum(errors.values()) < max_calls:
+            while time.perf_counter() < end and len(samples) + sum(errors.values()) < max_calls:
                 t0 = time.perf_counter()
                 try:
-                    await stub.RecommendAction(request, timeout=5.0)
+                    reply = await stub.RecommendAction(request, timeout=5.0)
                 except grpc.aio.AioRpcError as exc:
                     errors[exc.code().name] += 1
+                    if error_pause_s:
+                        await asyncio.sleep(error_pause_s)
                     continue
-                latencies.append(time.perf_counter() - t0)
+                samples.append((t0, time.perf_counter() - t0, reply.model_version))
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         elapsed = time.perf_counter() - started
-    latencies.sort()
-    ms = [x * 1e3 for x in latencies]
+    return Calls(samples, errors, elapsed)
+
+
+async def _latency_loop(target: str, request: pb.RecommendActionRequest, concurrency: int, duration_s: float,
+                        max_calls: int) -> dict[str, Any]:
+    calls = await aio_calls(target, request, concurrency, duration_s, max_calls)
+    elapsed = calls.elapsed_s
+    ms = sorted(latency * 1e3 for _, latency, _ in calls.samples)
     return {
         "concurrency": concurrency,
         "duration_s": round(elapsed, 3),
-        "ok": len(latencies),
-        "errors": dict(errors),
-        "requests_per_s": len(latencies) / elapsed if elapsed > 0 else 0.0,
+        "ok": len(ms),
+        "errors": dict(calls.errors),
+        "requests_per_s": len(ms) / elapsed if elapsed > 0 else 0.0,
         "p50_ms": _percentile(ms, 50),
         "p90_ms": _percentile(ms, 90),
         "p99_ms": _percentile(ms, 99),

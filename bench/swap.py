@@ -53,7 +53,7 @@ if __package__ in (None, ""):  # run as a script: make ``bench`` importable
 import grpc
 
 from bench.load import real_server_argv, results_header
-from bench.loaders import _percentile, check_calls
+from bench.loaders import Calls, _percentile, aio_calls, check_calls
 from bench.payload import build_request
 from bench.procs import HOST, REPO, BenchError, ServerProcess, machine_busy_cores, running
 from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
@@ -273,41 +273,9 @@ class VersionClient:
             return self._first_seen.get(version)
 
 
-@dataclass
-class Calls:
-    """What a grpc.aio segment saw: (start, latency s, version) of each OK call, errors by code."""
-
-    samples: list[tuple[float, float, str]]
-    errors: collections.Counter[str]
-    elapsed_s: float
-
-
 async def _aio_segment(target: str, request: pb.RecommendActionRequest, concurrency: int, duration_s: float,
                        on_start: Callable[[float], None] | None) -> Calls:
-    samples: list[tuple[float, float, str]] = []
-    errors: collections.Counter[str] = collections.Counter()
-    async with grpc.aio.insecure_channel(target) as channel:
-        stub = pb_grpc.ShoppingAgentStub(channel)
-        await channel.channel_ready()
-        started = time.perf_counter()
-        end = started + duration_s
-        if on_start is not None:
-            on_start(started)
-
-        async def worker() -> None:
-            while time.perf_counter() < end and len(samples) + sum(errors.values()) < MAX_CLIENT_CALLS:
-                t0 = time.perf_counter()
-                try:
-                    reply = await stub.RecommendAction(request, timeout=5.0)
-                except grpc.aio.AioRpcError as exc:
-                    errors[exc.code().name] += 1
-                    await asyncio.sleep(0.01)
-                    continue
-                samples.append((t0, time.perf_counter() - t0, reply.model_version))
-
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        elapsed = time.perf_counter() - started
-    return Calls(samples, errors, elapsed)
+    return await aio_calls(target, request, concurrency, duration_s, MAX_CLIENT_CALLS, on_start, error_pause_s=0.01)
 
 
 def _ms_summary(latencies_s: Sequence[float]) -> dict[str, float]:
