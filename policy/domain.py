@@ -67,6 +67,28 @@ class Source(enum.IntEnum):
     EXPLORATION = 6
 
 
+class Outcome(enum.IntEnum):
+    """What the frontend observed after a decision (proto ``Outcome``, same numbers)."""
+
+    ADD_TO_CART = 1
+    ORDER = 2
+    COUPON_USED = 3
+    SHARE = 4
+    EXIT = 5
+    COMPLAINT = 6
+
+    @property
+    def key(self) -> str:
+        return self.name.lower()
+
+    @classmethod
+    def from_key(cls, key: str) -> Outcome:
+        try:
+            return cls[key.upper()]
+        except KeyError:
+            raise ValueError(f"unknown outcome {key!r}; expected one of {[o.key for o in cls]}") from None
+
+
 # The per-request records below are plain slotted dataclasses, not frozen ones: a frozen
 # dataclass's __init__ costs about 6x more, and these are built several times per request.
 # Treat them as immutable all the same.
@@ -120,3 +142,16 @@ class Decision:
     counts: tuple[int, ...] = field(default=())
     vetoed: tuple[bool, ...] = field(default=())  # per action: the Action Guard vetoed it (a permitted action)
     guardrail_hits: tuple[str, ...] = field(default=())  # guardrail request rules that fired
+
+
+@dataclass(slots=True)
+class OutcomeReport:
+    """A validated ReportOutcome: what happened after ``decision_id`` (which may not be logged yet)."""
+
+    decision_id: str
+    session_id: str
+    outcome_id: str
+    outcome: Outcome
+    value: float
+    coupon_discount: float
+    event_time_s: float

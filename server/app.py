@@ -1,8 +1,8 @@
 """The server object: ``start()`` binds and returns, ``stop(grace)`` drains; only the CLI blocks.
 
 Shutdown has one owner and one order: health to NOT_SERVING, stop accepting and let
-in-flight calls finish within the grace, stop the micro-batcher (and its thread), stop the
-metrics endpoint.
+in-flight calls finish within the grace, stop the micro-batcher (and its thread), write out
+and finalise the decision and outcome logs, stop the metrics endpoint.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 from prometheus_client import CollectorRegistry
 
+from policy.experience.recorder import ExperienceRecorder, RecorderOptions, resolve_salt
 from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
 from server.batching import MicroBatcher
 from server.config import Config
@@ -48,6 +49,7 @@ class ShoppingAgentServer:
         self._batcher: MicroBatcher | None = None
         self._loading: asyncio.Task[None] | None = None
         self._watcher: WeightsWatcher | None = None
+        self.recorder = make_recorder(config, self.metrics)
         self.stopped = asyncio.Event()
 
     async def start(self) -> int:
@@ -60,8 +62,12 @@ class ShoppingAgentServer:
         server = aio.server(options=options)
         self._batcher = MicroBatcher(config.max_batch, config.max_queue, self.metrics.batch if self.metrics else None)
         self._batcher.start()
+        if self.recorder is not None:
+            self.recorder.start()
+            log.info("logging decisions and outcomes", extra={"fields": {"log_dir": str(config.log_dir),
+                                                                         "sample_rate": config.log_sample_rate}})
         registrar = InstrumentedRegistrar(server, self.metrics)
-        add_to_server(ShoppingAgentServicer(config, self.models, self._batcher, self.metrics), registrar)
+        add_to_server(ShoppingAgentServicer(config, self.models, self._batcher, self.metrics, self.recorder), registrar)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, registrar)
         names = (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME)
         reflection_pb2_grpc.add_ServerReflectionServicer_to_server(reflection.aio.ReflectionServicer(names), registrar)
@@ -158,8 +164,25 @@ class ShoppingAgentServer:
             await asyncio.get_running_loop().run_in_executor(None, self._watcher.stop)
         if self._batcher is not None:
             await self._batcher.close()
+        if self.recorder is not None:  # after the last call: every answered decision is written
+            await asyncio.get_running_loop().run_in_executor(None, self.recorder.close)
         if self.metrics_endpoint is not None:
             self.metrics_endpoint.stop()
         self._server = None
         log.info("stopped")
         self.stopped.set()
+
+
+def make_recorder(config: Config, metrics: Metrics | None) -> ExperienceRecorder | None:
+    """The decision and outcome log writer, when ``log_dir`` is set."""
+    if config.log_dir is None:
+        return None
+    options = RecorderOptions(
+        sample_rate=config.log_sample_rate,
+        max_queue=config.log_queue,
+        segment_bytes=int(config.log_segment_mb * 1024 * 1024),
+        segment_seconds=config.log_segment_seconds,
+        flush_seconds=config.log_flush_seconds,
+    )
+    salt = resolve_salt(config.log_dir, config.log_user_salt)
+    return ExperienceRecorder(config.log_dir, salt, options, metrics.experience if metrics is not None else None)

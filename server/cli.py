@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from policy.onnx_model import RuntimeMissing, choose_providers, onnxruntime
 from server import logs
 from server.config import Config, add_arguments, build_config
+from policy.experience import cli as logs_cli
 from weights import cli as weights_cli
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,7 @@ def parser() -> argparse.ArgumentParser:
     serve_p = sub.add_parser("serve", help="run the gRPC server", description="Run the gRPC decision server.")
     add_arguments(serve_p)
     weights_cli.register(sub)
+    logs_cli.register(sub)
     return p
 
 
@@ -52,6 +54,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "weights":
         logs.configure("INFO", "text")
         return weights_cli.run(args)
+    if args.command == "logs":
+        logs.configure("INFO", "text")
+        return logs_cli.run(args)
     if args.command == "serve":
         try:
             config = build_config(args, os.environ)

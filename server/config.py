@@ -53,6 +53,13 @@ class Config:
     min_votes: int | None = _opt(None, "votes the majority needs before the rule engine answers (default: the bundle's)")
     exploration_epsilon: float | None = _opt(None, "probability of an exploration draw (default: the bundle's)")
     guard_threshold: float | None = _opt(None, "guard allow-probability below which an action is vetoed (default: the bundle's)")
+    log_dir: Path | None = _opt(None, "write decision and outcome logs (Arrow IPC segments) under this directory; unset: no logs")
+    log_sample_rate: float = _opt(1.0, "share of sessions whose decisions and outcomes are logged (a session is kept whole)")
+    log_user_salt: str = _opt("", "secret salt for hashing user ids in the logs; empty: a random salt kept in LOG_DIR/.user-salt")
+    log_queue: int = _opt(8192, "log records waiting for the writer thread before new ones are dropped (and counted)")
+    log_segment_mb: float = _opt(64.0, "finalise a log segment once it holds this many MB")
+    log_segment_seconds: float = _opt(300.0, "finalise a log segment once it is this old")
+    log_flush_seconds: float = _opt(0.25, "how often the writer thread writes what is queued")
     drain_delay_seconds: float = _opt(0.0, "on SIGTERM/SIGINT, keep serving this long with health NOT_SERVING before refusing new calls")
     grace_seconds: float = _opt(10.0, "on SIGTERM/SIGINT, how long in-flight calls may finish")
     log_level: str = _opt("INFO", "DEBUG, INFO, WARNING or ERROR")
@@ -65,7 +72,7 @@ class Config:
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             problems.append(f"metrics_port: expected 0..65535, got {self.metrics_port}")
         for name in ("workers", "intra_op_threads", "max_batch", "max_queue", "max_recent_behavior_ids", "max_id_length",
-                     "max_message_bytes"):
+                     "max_message_bytes", "log_queue"):
             if getattr(self, name) < 1:
                 problems.append(f"{name}: expected >= 1, got {getattr(self, name)}")
         if self.device not in ("auto", "cpu", "cuda"):
@@ -88,6 +95,10 @@ class Config:
             problems.append(f"exploration_epsilon: expected 0..1, got {self.exploration_epsilon}")
         if self.guard_threshold is not None and not 0 <= self.guard_threshold <= 1:
             problems.append(f"guard_threshold: expected 0..1, got {self.guard_threshold}")
+        if not 0 <= self.log_sample_rate <= 1:
+            problems.append(f"log_sample_rate: expected 0..1, got {self.log_sample_rate}")
+        if self.log_segment_mb <= 0 or self.log_segment_seconds <= 0 or self.log_flush_seconds <= 0:
+            problems.append("log_segment_mb, log_segment_seconds and log_flush_seconds must be > 0")
         try:
             ZoneInfo(self.timezone)
         except (ZoneInfoNotFoundError, ValueError):
@@ -156,10 +167,19 @@ def build_config(args: argparse.Namespace | None, environ: Mapping[str, str]) ->
     return Config(**values)
 
 
+SECRET_FIELDS = ("log_user_salt",)
+SALT_ENV = ENV_PREFIX + "LOG_USER_SALT"
+
+
 def to_args(config: Config, **overrides: Any) -> list[str]:
-    """Flags that rebuild ``config`` (with ``overrides``) in another process, e.g. a worker."""
+    """Flags that rebuild ``config`` (with ``overrides``) in another process, e.g. a worker.
+
+    Secrets are left out: pass them in the environment (``SALT_ENV``).
+    """
     args: list[str] = []
     for f in dataclasses.fields(Config):
+        if f.name in SECRET_FIELDS:
+            continue
         value = overrides.get(f.name, getattr(config, f.name))
         if _base_type(f) is bool:
             args.append(_flag(f.name) if value else "--no-" + f.name.replace("_", "-"))

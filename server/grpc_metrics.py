@@ -121,6 +121,12 @@ class InstrumentedRegistrar:
         self._server = server
         self._metrics = metrics
 
+    def instrument(self, service: str, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        """``handler`` counted by the wrapper, for a service that registers some methods ``counted``."""
+        if self._metrics is None:
+            return handler
+        return instrument_handler(handler, f"/{service}/{method}", self._metrics)
+
     def add_generic_rpc_handlers(self, handlers: Sequence[grpc.GenericRpcHandler], counted: bool = False) -> None:
         if self._metrics is not None and not counted:
             handlers = [_InstrumentedGeneric(h, self._metrics) for h in handlers]

@@ -21,13 +21,15 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from policy.domain import ACTIONS, Action, Decision, Source
+from policy.domain import ACTIONS, Action, Decision, Outcome, Source
+from policy.experience.schema import KINDS
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 VOTE_BUCKETS = tuple(float(v) for v in range(0, 17))  # K is at most 16
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 DEGRADED_REASONS = ("overload", "deadline", "shutdown", "error")
 _VOTED = (Source.POLICY, Source.FALLBACK_LOW_CONSENSUS)
+LOG_DROP_REASONS = ("queue_full", "write_error", "closed")
 SWAP_REJECT_REASONS = ("io", "format", "format_version", "checksum", "schema", "shape", "nonfinite", "onnx", "golden")
 
 
@@ -96,6 +98,11 @@ class Metrics:
                                       buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0), registry=r)
         self.last_swap = Gauge("shopping_agent_model_last_swap_timestamp_seconds", "When the last good bundle was swapped in.",
                                registry=r, multiprocess_mode="livemin")
+        # --- decision and outcome logs ------------------------------------------------------
+        self.outcomes = Counter("shopping_agent_outcomes_received", "ReportOutcome calls accepted, by outcome.",
+                                ["outcome"], registry=r)
+        self._outcomes = {o: self.outcomes.labels(outcome=o.key) for o in Outcome}
+        self.experience = ExperienceMetrics(r)
         self._created_s = math.nan
         if not multiprocess_mode():
             self.model_age = Gauge("shopping_agent_model_age_seconds", "Seconds since the served bundle was created.",
@@ -132,6 +139,9 @@ class Metrics:
             if child is None:
                 child = self._hits[rule] = self.guardrail_hits.labels(rule=rule)
             child.inc(n)
+
+    def outcome_received(self, outcome: Outcome) -> None:
+        self._outcomes[outcome].inc()
 
     def degraded_by(self, reason: str) -> None:
         self._degraded[reason].inc()
@@ -178,6 +188,32 @@ class Metrics:
                 gauge.labels(*labels).set(0)
         else:
             gauge.clear()
+
+
+class ExperienceMetrics:
+    """The log writer's counters (``policy.experience.recorder.RecorderObserver``)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        r = registry
+        self.records_written = Counter("shopping_agent_log_records_written", "Decision and outcome log records written, by kind.",
+                                       ["kind"], registry=r)
+        self.records_dropped = Counter("shopping_agent_log_records_dropped",
+                                       "Log records lost, by kind and reason (queue_full, write_error, closed).",
+                                       ["kind", "reason"], registry=r)
+        self.queue_depth = Gauge("shopping_agent_log_queue_depth", "Log records waiting for the writer thread, by kind.",
+                                 ["kind"], registry=r, multiprocess_mode="livesum")
+        self._written = {k: self.records_written.labels(kind=k) for k in KINDS}
+        self._dropped = {(k, why): self.records_dropped.labels(kind=k, reason=why) for k in KINDS for why in LOG_DROP_REASONS}
+        self._depth = {k: self.queue_depth.labels(kind=k) for k in KINDS}
+
+    def written(self, kind: str, n: int) -> None:
+        self._written[kind].inc(n)
+
+    def dropped(self, kind: str, reason: str, n: int) -> None:
+        self._dropped[(kind, reason)].inc(n)
+
+    def queued(self, kind: str, depth: int) -> None:
+        self._depth[kind].set(depth)
 
 
 def _timestamp(text: Any) -> float:

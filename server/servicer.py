@@ -17,6 +17,7 @@ from google.protobuf.message import DecodeError
 from grpc import aio
 
 from policy.domain import ACTIONS, Context, Decision, DecisionRequest, Source
+from policy.experience.recorder import ExperienceRecorder
 from policy.features import context_of
 from server import errors
 from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
@@ -26,7 +27,7 @@ from server.grpc_metrics import InstrumentedRegistrar, MethodMetrics
 from server.logs import log_context
 from server.metrics import Metrics
 from server.models import ModelHolder
-from server.validation import InvalidRequest, Limits, parse_request
+from server.validation import InvalidRequest, Limits, parse_outcome, parse_request
 from weights.model_set import ModelSet, NoModel
 
 log = logging.getLogger(__name__)
@@ -48,21 +49,35 @@ def parse_wire(data: bytes) -> pb.RecommendActionRequest | Malformed:
         return Malformed("wire format is corrupt")
 
 
+def parse_outcome_wire(data: bytes) -> pb.ReportOutcomeRequest | Malformed:
+    try:
+        return pb.ReportOutcomeRequest.FromString(data)
+    except DecodeError:
+        return Malformed("wire format is corrupt")
+
+
 def add_to_server(servicer: ShoppingAgentServicer, server: InstrumentedRegistrar) -> None:
     """Register the service with a deserializer that turns corrupt bytes into INVALID_ARGUMENT.
 
     (The generated ``add_ShoppingAgentServicer_to_server`` would let the protobuf error
     escape as UNKNOWN with the parser's message.)
     """
-    handler = grpc.unary_unary_rpc_method_handler(
-        servicer.RecommendAction,
-        request_deserializer=parse_wire,
-        response_serializer=pb.RecommendActionResponse.SerializeToString,
-    )
     service = pb.DESCRIPTOR.services_by_name["ShoppingAgent"].full_name
-    generic = grpc.method_handlers_generic_handler(service, {"RecommendAction": handler})
-    server.add_generic_rpc_handlers((generic,), counted=True)  # RecommendAction records its own transport metrics
-    server.add_registered_method_handlers(service, {"RecommendAction": handler}, counted=True)
+    handlers = {
+        "RecommendAction": grpc.unary_unary_rpc_method_handler(  # records its own transport metrics (hot path)
+            servicer.RecommendAction,
+            request_deserializer=parse_wire,
+            response_serializer=pb.RecommendActionResponse.SerializeToString,
+        ),
+        "ReportOutcome": server.instrument(service, "ReportOutcome", grpc.unary_unary_rpc_method_handler(
+            servicer.ReportOutcome,
+            request_deserializer=parse_outcome_wire,
+            response_serializer=pb.ReportOutcomeResponse.SerializeToString,
+        )),
+    }
+    generic = grpc.method_handlers_generic_handler(service, handlers)
+    server.add_generic_rpc_handlers((generic,), counted=True)
+    server.add_registered_method_handlers(service, handlers, counted=True)
 
 
 def to_response(decision: Decision, decision_id: str, request_id: str) -> pb.RecommendActionResponse:
@@ -88,8 +103,10 @@ def to_response(decision: Decision, decision_id: str, request_id: str) -> pb.Rec
 
 
 class ShoppingAgentServicer:
-    def __init__(self, config: Config, models: ModelHolder, batcher: MicroBatcher, metrics: Metrics | None) -> None:
+    def __init__(self, config: Config, models: ModelHolder, batcher: MicroBatcher, metrics: Metrics | None,
+                 recorder: ExperienceRecorder | None = None) -> None:
         self._config = config
+        self._recorder = recorder
         self._tz = config.tz
         self._models = models
         self._batcher = batcher
@@ -149,6 +166,8 @@ class ShoppingAgentServicer:
         log_context.set({"decision_id": decision_id, "request_id": req.request_id})  # this call's task only
         try:
             decision = await self._decide(model, req, ctx, decision_id, context.time_remaining())
+            if self._recorder is not None:  # before answering: an answered decision is a logged one
+                self._recorder.decision(req, ctx.hour, decision, decision_id)
             return to_response(decision, decision_id, req.request_id)
         except asyncio.CancelledError:
             raise
@@ -156,6 +175,21 @@ class ShoppingAgentServicer:
             log.exception("RecommendAction failed", extra={"fields": {"decision_id": decision_id}})
             await errors.abort(context, exc)
             raise
+
+    async def ReportOutcome(  # noqa: N802 - the gRPC method name
+        self, request: pb.ReportOutcomeRequest | Malformed, context: aio.ServicerContext  # type: ignore[type-arg]
+    ) -> pb.ReportOutcomeResponse:
+        try:
+            if isinstance(request, Malformed):
+                raise InvalidRequest("request", f"not a ReportOutcomeRequest ({request.error})")
+            report = parse_outcome(request, self._limits(self._limits_cache.item_dim), time.time())
+        except InvalidRequest as exc:
+            await errors.abort(context, exc)
+            raise exc from None
+        if self._metrics is not None:
+            self._metrics.outcome_received(report.outcome)
+        logged = self._recorder.outcome(report) if self._recorder is not None else False
+        return pb.ReportOutcomeResponse(outcome_id=report.outcome_id, logged=logged)
 
     async def _decide(self, model: ModelSet | NoModel, req: DecisionRequest, ctx: Context, decision_id: str,
                       remaining_s: float | None) -> Decision:

@@ -11,10 +11,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from policy.domain import DecisionRequest, PageType
+from policy.domain import DecisionRequest, Outcome, OutcomeReport, PageType
 from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
 
 _PAGE_TYPES = {int(p) for p in PageType}
+_OUTCOMES = {int(o) for o in Outcome}
 _MAX_SECONDS = 253402300799  # 9999-12-31T23:59:59Z, protobuf Timestamp's upper bound
 _MIN_SECONDS = -62135596800  # 0001-01-01T00:00:00Z
 
@@ -40,6 +41,39 @@ def _required_id(value: str, name: str, limits: Limits) -> str:
     if len(value) > limits.max_id_length:
         raise InvalidRequest(name, f"longer than {limits.max_id_length} characters")
     return value
+
+
+def _event_time(msg: pb.RecommendActionRequest | pb.ReportOutcomeRequest, now_s: float) -> float:
+    if not msg.HasField("event_time"):
+        return now_s
+    ts = msg.event_time
+    if not _MIN_SECONDS <= ts.seconds <= _MAX_SECONDS or not 0 <= ts.nanos < 1_000_000_000:
+        raise InvalidRequest("event_time", "outside the range of a protobuf Timestamp")
+    return ts.seconds + ts.nanos * 1e-9
+
+
+def _amount(value: float, name: str) -> float:
+    if not math.isfinite(value) or value < 0:
+        raise InvalidRequest(name, f"must be a finite amount >= 0, got {value}")
+    return value
+
+
+def parse_outcome(msg: pb.ReportOutcomeRequest, limits: Limits, now_s: float) -> OutcomeReport:
+    """Check every field of a ReportOutcomeRequest; ``now_s`` stands in for a missing event_time."""
+    decision_id = _required_id(msg.decision_id, "decision_id", limits)
+    session_id = _required_id(msg.session_id, "session_id", limits)
+    outcome_id = _required_id(msg.outcome_id, "outcome_id", limits)
+    if msg.outcome not in _OUTCOMES:
+        raise InvalidRequest("outcome", f"unknown value {msg.outcome}" if msg.outcome else "required (OUTCOME_UNSPECIFIED)")
+    return OutcomeReport(
+        decision_id=decision_id,
+        session_id=session_id,
+        outcome_id=outcome_id,
+        outcome=Outcome(msg.outcome),
+        value=_amount(msg.value, "value"),
+        coupon_discount=_amount(msg.coupon_discount, "coupon_discount"),
+        event_time_s=_event_time(msg, now_s),
+    )
 
 
 def parse_request(msg: pb.RecommendActionRequest, limits: Limits, now_s: float) -> DecisionRequest:
@@ -71,16 +105,7 @@ def parse_request(msg: pb.RecommendActionRequest, limits: Limits, now_s: float) 
     if msg.page_type not in _PAGE_TYPES:
         raise InvalidRequest("page_type", f"unknown value {msg.page_type}")
 
-    if msg.HasField("event_time"):
-        ts = msg.event_time
-        if not _MIN_SECONDS <= ts.seconds <= _MAX_SECONDS or not 0 <= ts.nanos < 1_000_000_000:
-            raise InvalidRequest("event_time", "outside the range of a protobuf Timestamp")
-        event_time_s = ts.seconds + ts.nanos * 1e-9
-    else:
-        event_time_s = now_s
-    if not math.isfinite(event_time_s):  # pragma: no cover - guarded by the range check
-        raise InvalidRequest("event_time", "not a finite time")
-
+    event_time_s = _event_time(msg, now_s)
     return DecisionRequest(
         user_id=user_id,
         session_id=session_id,

@@ -33,7 +33,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from server.config import Config, to_args
+from server.config import SALT_ENV, Config, to_args
 
 log = logging.getLogger(__name__)
 
@@ -235,7 +235,8 @@ def run_workers(config: Config, environ: Mapping[str, str]) -> int:
             endpoint = MetricsEndpoint.serve(registry, config.metrics_host, config.metrics_port)
             log.info("metrics endpoint", extra={"fields": {"host": config.metrics_host, "port": endpoint.port}})
         child_args = to_args(config, workers=1, port=port, reuse_port=True, metrics_port=None, metrics_multiproc_dir=None)
-        env = {**environ, "PROMETHEUS_MULTIPROC_DIR": str(mp_dir.path)}
+        # The salt travels in the environment, not on a command line that `ps` shows.
+        env = {**environ, "PROMETHEUS_MULTIPROC_DIR": str(mp_dir.path), SALT_ENV: config.log_user_salt}
         sup.spawn([sys.executable, "-m", "server", "serve", *child_args], env)
         log.info("workers started", extra={"fields": {"workers": len(sup.children), "port": port,
                                                        "pids": [c.pid for c in sup.children]}})

@@ -25,25 +25,31 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n2server/_gen/shopping_agent/v1/shopping_agent.proto\x12\x11shopping_agent.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x90\x02\n\x16RecommendActionRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0f\n\x07user_id\x18\x02 \x01(\t\x12\x12\n\nsession_id\x18\x03 \x01(\t\x12\x0f\n\x07item_id\x18\x04 \x01(\t\x12\x16\n\x0eitem_embedding\x18\x05 \x03(\x02\x12\x1b\n\x13recent_behavior_ids\x18\x06 \x03(\t\x12.\n\tpage_type\x18\x07 \x01(\x0e\x32\x1b.shopping_agent.v1.PageType\x12.\n\nevent_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x17\n\x0f\x63\x61rt_item_count\x18\t \x01(\r\"\xa2\x01\n\x0b\x41\x63tionScore\x12)\n\x06\x61\x63tion\x18\x01 \x01(\x0e\x32\x19.shopping_agent.v1.Action\x12\x1a\n\x12policy_probability\x18\x02 \x01(\x01\x12\x1f\n\x17guard_allow_probability\x18\x03 \x01(\x01\x12\x0f\n\x07\x62locked\x18\x04 \x01(\x08\x12\x1a\n\x12served_probability\x18\x05 \x01(\x01\"\xb0\x02\n\x17RecommendActionResponse\x12\x13\n\x0b\x64\x65\x63ision_id\x18\x01 \x01(\t\x12)\n\x06\x61\x63tion\x18\x02 \x01(\x0e\x32\x19.shopping_agent.v1.Action\x12\x31\n\x06source\x18\x03 \x01(\x0e\x32!.shopping_agent.v1.DecisionSource\x12\x12\n\npropensity\x18\x04 \x01(\x01\x12\r\n\x05votes\x18\x05 \x01(\r\x12\x0f\n\x07samples\x18\x06 \x01(\r\x12\x35\n\raction_scores\x18\x07 \x03(\x0b\x32\x1e.shopping_agent.v1.ActionScore\x12\x15\n\rmodel_version\x18\x08 \x01(\t\x12\x12\n\nrequest_id\x18\t \x01(\t\x12\x0c\n\x04rule\x18\n \x01(\t*\x93\x01\n\x06\x41\x63tion\x12\x16\n\x12\x41\x43TION_UNSPECIFIED\x10\x00\x12\x16\n\x12\x41\x43TION_ADD_TO_CART\x10\x01\x12\x16\n\x12\x41\x43TION_VIEW_DETAIL\x10\x02\x12\x17\n\x13\x41\x43TION_APPLY_COUPON\x10\x03\x12\x17\n\x13\x41\x43TION_SHARE_SOCIAL\x10\x04\x12\x0f\n\x0b\x41\x43TION_EXIT\x10\x05*~\n\x08PageType\x12\x19\n\x15PAGE_TYPE_UNSPECIFIED\x10\x00\x12\x14\n\x10PAGE_TYPE_SEARCH\x10\x01\x12\x17\n\x13PAGE_TYPE_RECOMMEND\x10\x02\x12\x14\n\x10PAGE_TYPE_DETAIL\x10\x03\x12\x12\n\x0ePAGE_TYPE_CART\x10\x04*\x8c\x02\n\x0e\x44\x65\x63isionSource\x12\x1f\n\x1b\x44\x45\x43ISION_SOURCE_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x44\x45\x43ISION_SOURCE_POLICY\x10\x01\x12*\n&DECISION_SOURCE_FALLBACK_LOW_CONSENSUS\x10\x02\x12\"\n\x1e\x44\x45\x43ISION_SOURCE_FALLBACK_GUARD\x10\x03\x12%\n!DECISION_SOURCE_FALLBACK_NO_MODEL\x10\x04\x12%\n!DECISION_SOURCE_FALLBACK_DEGRADED\x10\x05\x12\x1f\n\x1b\x44\x45\x43ISION_SOURCE_EXPLORATION\x10\x06\x32y\n\rShoppingAgent\x12h\n\x0fRecommendAction\x12).shopping_agent.v1.RecommendActionRequest\x1a*.shopping_agent.v1.RecommendActionResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n2server/_gen/shopping_agent/v1/shopping_agent.proto\x12\x11shopping_agent.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x90\x02\n\x16RecommendActionRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0f\n\x07user_id\x18\x02 \x01(\t\x12\x12\n\nsession_id\x18\x03 \x01(\t\x12\x0f\n\x07item_id\x18\x04 \x01(\t\x12\x16\n\x0eitem_embedding\x18\x05 \x03(\x02\x12\x1b\n\x13recent_behavior_ids\x18\x06 \x03(\t\x12.\n\tpage_type\x18\x07 \x01(\x0e\x32\x1b.shopping_agent.v1.PageType\x12.\n\nevent_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x17\n\x0f\x63\x61rt_item_count\x18\t \x01(\r\"\xa2\x01\n\x0b\x41\x63tionScore\x12)\n\x06\x61\x63tion\x18\x01 \x01(\x0e\x32\x19.shopping_agent.v1.Action\x12\x1a\n\x12policy_probability\x18\x02 \x01(\x01\x12\x1f\n\x17guard_allow_probability\x18\x03 \x01(\x01\x12\x0f\n\x07\x62locked\x18\x04 \x01(\x08\x12\x1a\n\x12served_probability\x18\x05 \x01(\x01\"\xb0\x02\n\x17RecommendActionResponse\x12\x13\n\x0b\x64\x65\x63ision_id\x18\x01 \x01(\t\x12)\n\x06\x61\x63tion\x18\x02 \x01(\x0e\x32\x19.shopping_agent.v1.Action\x12\x31\n\x06source\x18\x03 \x01(\x0e\x32!.shopping_agent.v1.DecisionSource\x12\x12\n\npropensity\x18\x04 \x01(\x01\x12\r\n\x05votes\x18\x05 \x01(\r\x12\x0f\n\x07samples\x18\x06 \x01(\r\x12\x35\n\raction_scores\x18\x07 \x03(\x0b\x32\x1e.shopping_agent.v1.ActionScore\x12\x15\n\rmodel_version\x18\x08 \x01(\t\x12\x12\n\nrequest_id\x18\t \x01(\t\x12\x0c\n\x04rule\x18\n \x01(\t\"\xd8\x01\n\x14ReportOutcomeRequest\x12\x13\n\x0b\x64\x65\x63ision_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x12\n\noutcome_id\x18\x03 \x01(\t\x12+\n\x07outcome\x18\x04 \x01(\x0e\x32\x1a.shopping_agent.v1.Outcome\x12\r\n\x05value\x18\x05 \x01(\x01\x12\x17\n\x0f\x63oupon_discount\x18\x06 \x01(\x01\x12.\n\nevent_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\";\n\x15ReportOutcomeResponse\x12\x12\n\noutcome_id\x18\x01 \x01(\t\x12\x0e\n\x06logged\x18\x02 \x01(\x08*\x93\x01\n\x06\x41\x63tion\x12\x16\n\x12\x41\x43TION_UNSPECIFIED\x10\x00\x12\x16\n\x12\x41\x43TION_ADD_TO_CART\x10\x01\x12\x16\n\x12\x41\x43TION_VIEW_DETAIL\x10\x02\x12\x17\n\x13\x41\x43TION_APPLY_COUPON\x10\x03\x12\x17\n\x13\x41\x43TION_SHARE_SOCIAL\x10\x04\x12\x0f\n\x0b\x41\x43TION_EXIT\x10\x05*~\n\x08PageType\x12\x19\n\x15PAGE_TYPE_UNSPECIFIED\x10\x00\x12\x14\n\x10PAGE_TYPE_SEARCH\x10\x01\x12\x17\n\x13PAGE_TYPE_RECOMMEND\x10\x02\x12\x14\n\x10PAGE_TYPE_DETAIL\x10\x03\x12\x12\n\x0ePAGE_TYPE_CART\x10\x04*\x8c\x02\n\x0e\x44\x65\x63isionSource\x12\x1f\n\x1b\x44\x45\x43ISION_SOURCE_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x44\x45\x43ISION_SOURCE_POLICY\x10\x01\x12*\n&DECISION_SOURCE_FALLBACK_LOW_CONSENSUS\x10\x02\x12\"\n\x1e\x44\x45\x43ISION_SOURCE_FALLBACK_GUARD\x10\x03\x12%\n!DECISION_SOURCE_FALLBACK_NO_MODEL\x10\x04\x12%\n!DECISION_SOURCE_FALLBACK_DEGRADED\x10\x05\x12\x1f\n\x1b\x44\x45\x43ISION_SOURCE_EXPLORATION\x10\x06*\xa3\x01\n\x07Outcome\x12\x17\n\x13OUTCOME_UNSPECIFIED\x10\x00\x12\x17\n\x13OUTCOME_ADD_TO_CART\x10\x01\x12\x11\n\rOUTCOME_ORDER\x10\x02\x12\x17\n\x13OUTCOME_COUPON_USED\x10\x03\x12\x11\n\rOUTCOME_SHARE\x10\x04\x12\x10\n\x0cOUTCOME_EXIT\x10\x05\x12\x15\n\x11OUTCOME_COMPLAINT\x10\x06\x32\xdd\x01\n\rShoppingAgent\x12h\n\x0fRecommendAction\x12).shopping_agent.v1.RecommendActionRequest\x1a*.shopping_agent.v1.RecommendActionResponse\x12\x62\n\rReportOutcome\x12\'.shopping_agent.v1.ReportOutcomeRequest\x1a(.shopping_agent.v1.ReportOutcomeResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'server._gen.shopping_agent.v1.shopping_agent_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ACTION']._serialized_start=854
-  _globals['_ACTION']._serialized_end=1001
-  _globals['_PAGETYPE']._serialized_start=1003
-  _globals['_PAGETYPE']._serialized_end=1129
-  _globals['_DECISIONSOURCE']._serialized_start=1132
-  _globals['_DECISIONSOURCE']._serialized_end=1400
+  _globals['_ACTION']._serialized_start=1134
+  _globals['_ACTION']._serialized_end=1281
+  _globals['_PAGETYPE']._serialized_start=1283
+  _globals['_PAGETYPE']._serialized_end=1409
+  _globals['_DECISIONSOURCE']._serialized_start=1412
+  _globals['_DECISIONSOURCE']._serialized_end=1680
+  _globals['_OUTCOME']._serialized_start=1683
+  _globals['_OUTCOME']._serialized_end=1846
   _globals['_RECOMMENDACTIONREQUEST']._serialized_start=107
   _globals['_RECOMMENDACTIONREQUEST']._serialized_end=379
   _globals['_ACTIONSCORE']._serialized_start=382
   _globals['_ACTIONSCORE']._serialized_end=544
   _globals['_RECOMMENDACTIONRESPONSE']._serialized_start=547
   _globals['_RECOMMENDACTIONRESPONSE']._serialized_end=851
-  _globals['_SHOPPINGAGENT']._serialized_start=1402
-  _globals['_SHOPPINGAGENT']._serialized_end=1523
+  _globals['_REPORTOUTCOMEREQUEST']._serialized_start=854
+  _globals['_REPORTOUTCOMEREQUEST']._serialized_end=1070
+  _globals['_REPORTOUTCOMERESPONSE']._serialized_start=1072
+  _globals['_REPORTOUTCOMERESPONSE']._serialized_end=1131
+  _globals['_SHOPPINGAGENT']._serialized_start=1849
+  _globals['_SHOPPINGAGENT']._serialized_end=2070
 # @@protoc_insertion_point(module_scope)

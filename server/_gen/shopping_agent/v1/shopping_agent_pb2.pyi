@@ -36,6 +36,16 @@ class DecisionSource(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DECISION_SOURCE_FALLBACK_NO_MODEL: _ClassVar[DecisionSource]
     DECISION_SOURCE_FALLBACK_DEGRADED: _ClassVar[DecisionSource]
     DECISION_SOURCE_EXPLORATION: _ClassVar[DecisionSource]
+
+class Outcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    OUTCOME_UNSPECIFIED: _ClassVar[Outcome]
+    OUTCOME_ADD_TO_CART: _ClassVar[Outcome]
+    OUTCOME_ORDER: _ClassVar[Outcome]
+    OUTCOME_COUPON_USED: _ClassVar[Outcome]
+    OUTCOME_SHARE: _ClassVar[Outcome]
+    OUTCOME_EXIT: _ClassVar[Outcome]
+    OUTCOME_COMPLAINT: _ClassVar[Outcome]
 ACTION_UNSPECIFIED: Action
 ACTION_ADD_TO_CART: Action
 ACTION_VIEW_DETAIL: Action
@@ -54,6 +64,13 @@ DECISION_SOURCE_FALLBACK_GUARD: DecisionSource
 DECISION_SOURCE_FALLBACK_NO_MODEL: DecisionSource
 DECISION_SOURCE_FALLBACK_DEGRADED: DecisionSource
 DECISION_SOURCE_EXPLORATION: DecisionSource
+OUTCOME_UNSPECIFIED: Outcome
+OUTCOME_ADD_TO_CART: Outcome
+OUTCOME_ORDER: Outcome
+OUTCOME_COUPON_USED: Outcome
+OUTCOME_SHARE: Outcome
+OUTCOME_EXIT: Outcome
+OUTCOME_COMPLAINT: Outcome
 
 class RecommendActionRequest(_message.Message):
     __slots__ = ("request_id", "user_id", "session_id", "item_id", "item_embedding", "recent_behavior_ids", "page_type", "event_time", "cart_item_count")
@@ -114,3 +131,29 @@ class RecommendActionResponse(_message.Message):
     request_id: str
     rule: str
     def __init__(self, decision_id: _Optional[str] = ..., action: _Optional[_Union[Action, str]] = ..., source: _Optional[_Union[DecisionSource, str]] = ..., propensity: _Optional[float] = ..., votes: _Optional[int] = ..., samples: _Optional[int] = ..., action_scores: _Optional[_Iterable[_Union[ActionScore, _Mapping]]] = ..., model_version: _Optional[str] = ..., request_id: _Optional[str] = ..., rule: _Optional[str] = ...) -> None: ...
+
+class ReportOutcomeRequest(_message.Message):
+    __slots__ = ("decision_id", "session_id", "outcome_id", "outcome", "value", "coupon_discount", "event_time")
+    DECISION_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_ID_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    COUPON_DISCOUNT_FIELD_NUMBER: _ClassVar[int]
+    EVENT_TIME_FIELD_NUMBER: _ClassVar[int]
+    decision_id: str
+    session_id: str
+    outcome_id: str
+    outcome: Outcome
+    value: float
+    coupon_discount: float
+    event_time: _timestamp_pb2.Timestamp
+    def __init__(self, decision_id: _Optional[str] = ..., session_id: _Optional[str] = ..., outcome_id: _Optional[str] = ..., outcome: _Optional[_Union[Outcome, str]] = ..., value: _Optional[float] = ..., coupon_discount: _Optional[float] = ..., event_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class ReportOutcomeResponse(_message.Message):
+    __slots__ = ("outcome_id", "logged")
+    OUTCOME_ID_FIELD_NUMBER: _ClassVar[int]
+    LOGGED_FIELD_NUMBER: _ClassVar[int]
+    outcome_id: str
+    logged: bool
+    def __init__(self, outcome_id: _Optional[str] = ..., logged: _Optional[bool] = ...) -> None: ...

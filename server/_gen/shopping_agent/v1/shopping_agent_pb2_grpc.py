@@ -40,6 +40,11 @@ class ShoppingAgentStub:
                 request_serializer=server_dot___gen_dot_shopping__agent_dot_v1_dot_shopping__agent__pb2.RecommendActionRequest.SerializeToString,
                 response_deserializer=server_dot___gen_dot_shopping__agent_dot_v1_dot_shopping__agent__pb2.RecommendActionResponse.FromString,
                 _registered_method=True)
+        self.ReportOutcome = channel.unary_unary(
+                '/shopping_agent.v1.ShoppingAgent/ReportOutcome',
+                request_serializer=server_dot___gen_dot_shopping__agent_dot_v1_dot_shopping__agent__pb2.ReportOutcomeRequest.SerializeToString,
+                response_deserializer=server_dot___gen_dot_shopping__agent_dot_v1_dot_shopping__agent__pb2.ReportOutcomeResponse.FromString,
+                _registered_method=True)
 
 
 class ShoppingAgentServicer:
@@ -56,6 +61,16 @@ class ShoppingAgentServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportOutcome(self, request, context):
+        """Report what the shopper did after a decision (added to cart, ordered, used a
+        coupon, shared, left, complained). Logged for the trainer; an unknown
+        decision_id is accepted (its decision may not be logged yet). Resending the
+        same outcome_id is harmless: the trainer keeps the first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ShoppingAgentServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -63,6 +78,11 @@ def add_ShoppingAgentServicer_to_server(servicer, server):
                     servicer.RecommendAction,
                     request_deserializer=server_dot___gen_dot_shopping__agent_dot_v1_dot_shopping__agent__pb2.RecommendActionRequest.FromString,
                     response_serializer=server_dot___gen_dot_shopping__agent_dot_v1_dot_shopping__agent__pb2.RecommendActionResponse.SerializeToString,
+            ),
+            'ReportOutcome': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportOutcome,
+                    request_deserializer=server_dot___gen_dot_shopping__agent_dot_v1_dot_shopping__agent__pb2.ReportOutcomeRequest.FromString,
+                    response_serializer=server_dot___gen_dot_shopping__agent_dot_v1_dot_shopping__agent__pb2.ReportOutcomeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -93,6 +113,33 @@ class ShoppingAgent:
             '/shopping_agent.v1.ShoppingAgent/RecommendAction',
             server_dot___gen_dot_shopping__agent_dot_v1_dot_shopping__agent__pb2.RecommendActionRequest.SerializeToString,
             server_dot___gen_dot_shopping__agent_dot_v1_dot_shopping__agent__pb2.RecommendActionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportOutcome(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/shopping_agent.v1.ShoppingAgent/ReportOutcome',
+            server_dot___gen_dot_shopping__agent_dot_v1_dot_shopping__agent__pb2.ReportOutcomeRequest.SerializeToString,
+            server_dot___gen_dot_shopping__agent_dot_v1_dot_shopping__agent__pb2.ReportOutcomeResponse.FromString,
             options,
             channel_credentials,
             insecure,
