@@ -10,10 +10,10 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from policy.onnx_model import RuntimeMissing, choose_providers, onnxruntime
-from server import logs
-from server.config import Config, add_arguments, build_config
 from policy.experience import cli as logs_cli
+from policy.onnx_model import RuntimeMissing, choose_providers, onnxruntime
+from server import logs, simulate
+from server.config import Config, add_arguments, build_config
 from weights import cli as weights_cli
 
 log = logging.getLogger(__name__)
@@ -46,6 +46,7 @@ def parser() -> argparse.ArgumentParser:
     add_arguments(serve_p)
     weights_cli.register(sub)
     logs_cli.register(sub)
+    simulate.register(sub)
     return p
 
 
@@ -54,6 +55,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "weights":
         logs.configure("INFO", "text")
         return weights_cli.run(args)
+    if args.command == "simulate":
+        logs.configure("WARNING", "text")
+        return simulate.run(args)
     if args.command == "logs":
         logs.configure("INFO", "text")
         return logs_cli.run(args)

@@ -19,8 +19,8 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from prometheus_client import CollectorRegistry
 
 from policy.domain import Outcome, OutcomeReport
-from policy.experience.records import hash_user
 from policy.experience.recorder import SALT_FILE, ExperienceRecorder, RecorderOptions, resolve_salt, session_sampled
+from policy.experience.records import hash_user
 from policy.experience.segments import DirectorySource
 from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
 from server.metrics import Metrics
