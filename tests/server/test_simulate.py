@@ -1,0 +1,108 @@
+"""``shopping-agent simulate``: in-process and over gRPC, scored from the real logs."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from policy.experience.returns import mean_return, session_returns
+from policy.experience.segments import DirectorySource
+from policy.experience.sessions import build_episodes
+from tests.harness import ROOT, running_server, spawn_server
+
+CLI = [sys.executable, "-m", "server", "simulate"]
+
+
+def simulate(*args: str, timeout: float = 120) -> tuple[int, dict[str, Any]]:
+    run = subprocess.run([*CLI, *args, "--json"], capture_output=True, text=True, cwd=ROOT, timeout=timeout)
+    assert run.stdout, run.stderr
+    return run.returncode, json.loads(run.stdout)
+
+
+def logged_value(root: Path) -> tuple[float, int]:
+    source = DirectorySource(root)
+    value = mean_return(session_returns(build_episodes(source.table("decisions"), source.table("outcomes"))))
+    return value.mean, value.n
+
+
+def trace_ids(path: Path, kind: str) -> set[str]:
+    return {entry["id"] for entry in map(json.loads, path.read_text().splitlines()) if entry["kind"] == kind}
+
+
+def test_in_process_is_reproducible_and_batch_independent() -> None:
+    code, first = simulate("--sessions", "300", "--seed", "11")
+    assert code == 0
+    _, again = simulate("--sessions", "300", "--seed", "11", "--batch", "7")
+    _, other = simulate("--sessions", "300", "--seed", "12")
+    keys = ("sessions", "decisions", "outcomes", "mean_return", "ci_low", "ci_high", "sources")
+    assert {k: first[k] for k in keys} == {k: again[k] for k in keys}
+    assert first["mean_return"] != other["mean_return"]
+    assert first["sessions"] == 300 and first["ci_low"] <= first["mean_return"] <= first["ci_high"]
+    assert first["model_versions"] == ["default-init-20261130"]
+
+
+def test_in_process_logs_score_the_same(tmp_path: Path) -> None:
+    code, result = simulate("--sessions", "200", "--seed", "5", "--log-dir", str(tmp_path), "--trace", str(tmp_path / "t.jsonl"))
+    assert code == 0
+    assert result["logs_written"] == {"decisions": result["decisions"], "outcomes": result["outcomes"]}
+    value, n = logged_value(tmp_path)
+    assert n == 200 and value == pytest.approx(result["mean_return"], rel=1e-12)
+    logged = set(DirectorySource(tmp_path).table("decisions").column("decision_id").to_pylist())
+    assert trace_ids(tmp_path / "t.jsonl", "decision") == logged
+
+
+def test_over_grpc_the_server_logs_what_was_served(tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    with running_server(log_dir=logs) as live:
+        code, result = simulate("--target", live.target, "--sessions", "40", "--seed", "3", "--concurrency", "4",
+                                "--trace", str(tmp_path / "t.jsonl"))
+    assert code == 0 and not result["interrupted"] and result["error"] is None
+    assert result["sessions"] == 40 and result["outcomes_logged"] == result["outcomes_acknowledged"] == result["outcomes"]
+    value, n = logged_value(logs)
+    assert n == 40 and value == pytest.approx(result["mean_return"], rel=1e-12)  # the trainer's view of the same sessions
+    table = DirectorySource(logs).table("decisions")
+    assert trace_ids(tmp_path / "t.jsonl", "decision") == set(table.column("decision_id").to_pylist())
+
+
+def test_sigterm_mid_simulation_every_answer_is_logged(tmp_path: Path) -> None:
+    logs, trace = tmp_path / "logs", tmp_path / "trace.jsonl"
+    with spawn_server("--log-dir", str(logs), "--grace-seconds", "5") as server:
+        sim = subprocess.Popen([*CLI, "--target", server.target, "--sessions", "100000", "--seed", "9", "--json",
+                                "--trace", str(trace)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+        try:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and (not trace.exists() or len(trace.read_text().splitlines()) < 300):
+                time.sleep(0.05)
+            server.proc.send_signal(signal.SIGTERM)
+            assert server.proc.wait(20) == 0
+            out, err = sim.communicate(timeout=60)
+        finally:
+            if sim.poll() is None:
+                sim.kill()
+                sim.communicate()
+    assert sim.returncode == 1, err
+    result = json.loads(out)
+    assert result["interrupted"] and result["error"]
+    source = DirectorySource(logs)
+    decisions, outcomes = source.table("decisions"), source.table("outcomes")
+    answered, acknowledged = trace_ids(trace, "decision"), trace_ids(trace, "outcome")
+    assert len(answered) == result["decisions_answered"] >= 100
+    assert answered <= set(decisions.column("decision_id").to_pylist())
+    assert acknowledged <= set(outcomes.column("outcome_id").to_pylist())
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--sessions", "0"], "--sessions must be >= 1"),
+    (["--target", "127.0.0.1:1", "--log-dir", "/tmp/x"], "--log-dir is for in-process runs"),
+    (["--timezone", "Mars/Olympus"], "unknown IANA timezone"),
+])
+def test_bad_usage_exits_2(args: list[str], message: str) -> None:
+    run = subprocess.run([*CLI, *args], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert run.returncode == 2 and message in run.stderr
