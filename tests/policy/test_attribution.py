@@ -12,24 +12,12 @@ import pytest
 from policy.domain import Action, Outcome
 from policy.experience.attribution import DEFAULT_RULES, AttributionConfig, AttributionRule, ConfigError, attribute
 from policy.experience.sessions import EpisodeConfig, build_episodes
+from tests.log_tables import decisions
 
 T0 = 1_700_000_000.25  # a realistic epoch time with a fractional part
 DAY, HOUR = 86_400.0, 3_600.0
 CART, COUPON, VIEW = int(Action.ADD_TO_CART), int(Action.APPLY_COUPON), int(Action.VIEW_DETAIL)
 ORDER = int(Outcome.ORDER)
-
-
-def decisions(*rows: tuple[str, str, float, int]) -> pa.Table:
-    """Rows of (decision_id, session_id, event_time_s, action)."""
-    ids, sessions, times, actions = zip(*rows, strict=True) if rows else ((), (), (), ())
-    return pa.table(
-        {
-            "decision_id": pa.array(ids, pa.string()),
-            "session_id": pa.array(sessions, pa.string()),
-            "event_time_s": pa.array(times, pa.float64()),
-            "action": pa.array(actions, pa.int8()),
-        }
-    )
 
 
 def outcomes(*rows: tuple[str, str, int, float, float, float]) -> pa.Table:

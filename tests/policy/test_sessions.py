@@ -13,24 +13,12 @@ from policy.domain import Action, Outcome
 from policy.experience.attribution import ConfigError
 from policy.experience.schema import DECISIONS, OUTCOMES
 from policy.experience.sessions import HORIZON_S, EpisodeConfig, Episodes, build_episodes
+from tests.log_tables import decisions
 
 T0 = 1_700_000_000.0
 HOUR = 3_600.0
 CART, VIEW = int(Action.ADD_TO_CART), int(Action.VIEW_DETAIL)
 ORDER, EXIT = int(Outcome.ORDER), int(Outcome.EXIT)
-
-
-def decisions(*rows: tuple[str, str, float, int]) -> pa.Table:
-    """Rows of (decision_id, session_id, event_time_s, action)."""
-    ids, sessions, times, actions = zip(*rows, strict=True) if rows else ((), (), (), ())
-    return pa.table(
-        {
-            "decision_id": pa.array(ids, pa.string()),
-            "session_id": pa.array(sessions, pa.string()),
-            "event_time_s": pa.array(times, pa.float64()),
-            "action": pa.array(actions, pa.int8()),
-        }
-    )
 
 
 def outcomes(*rows: tuple[Any, ...]) -> pa.Table:
