@@ -111,5 +111,25 @@ class FeatureEncoder:
         out[np.arange(n), self._hour_at + np.asarray(hours, dtype=np.int64)] = 1.0
         return out
 
+    def encode_columns(self, embeddings: F32, behavior_ids: Sequence[Sequence[str]], hours: npt.NDArray[np.int64]) -> F32:
+        """``encode_batch`` from columns (logged decisions): each distinct behaviour id is hashed once."""
+        spec = self.spec
+        n = len(embeddings)
+        out = np.zeros((n, spec.state_dim), dtype=np.float32)
+        out[:, : spec.item_dim] = embeddings
+        window = spec.behavior_window
+        rows = np.full((n, window), spec.behavior_buckets, dtype=np.int64)
+        counts = np.ones(n, dtype=np.float32)
+        buckets: dict[str, int] = {}
+        for i, ids in enumerate(behavior_ids):
+            ids = ids[:window]
+            if ids:
+                rows[i, : len(ids)] = [buckets[b] if b in buckets else buckets.setdefault(b, bucket(b, spec.behavior_buckets))
+                                       for b in ids]
+                counts[i] = len(ids)
+        out[:, self._behavior_at : self._hour_at] = self._padded[rows].sum(axis=1) / counts[:, None]
+        out[np.arange(n), self._hour_at + hours] = 1.0
+        return out
+
     def encode(self, req: DecisionRequest, hour: int) -> F32:
         return self.encode_batch([req], [hour])[0]

@@ -92,6 +92,21 @@ def _certain(answer: RuleAnswer, source: Source, version: str, policy_probs: Flo
                     vetoed=vetoed, guardrail_hits=hits)
 
 
+@dataclass(slots=True)
+class DecisionInputs:
+    """Per row of a batch: what the decoder works on (``ModelSet.decision_inputs``)."""
+
+    fired: list[tuple[FloatArray, tuple[str, ...]]]  # guardrail weights and the rules that fired
+    weights: FloatArray  # (N, A) guardrail weights; 0 = banned
+    policy_probs: FloatArray  # (N, A) softmax(logits + log weights)
+    allow: FloatArray  # (N, A) guard allow-probabilities
+    vetoed: npt.NDArray[np.bool_]  # (N, A) permitted but vetoed by the guard
+    allowed: npt.NDArray[np.bool_]  # (N, A) neither banned nor vetoed
+    fallbacks: list[RuleAnswer]  # the rule engine's answer per row
+    q: FloatArray  # (N, A) the masked, renormalised policy the decoder samples from
+    ok: npt.NDArray[np.bool_]  # (N,) some allowed action has probability (else the rules answer)
+
+
 class ModelSet(_Policies):
     def __init__(self, manifest: dict[str, Any], encoder: FeatureEncoder, policy: OnnxModel, guard_model: OnnxModel,
                  guard: ActionGuard, guardrails: gr.Guardrails, rules: RuleEngine, decoder: MajorityDecoder) -> None:
@@ -205,22 +220,11 @@ class ModelSet(_Policies):
         decision replays identically whether it was served alone or in a batch.
         """
         n = len(contexts)
-        fired = [self.guardrails.weights(ctx) for ctx in contexts]
-        weights = np.stack([w for w, _ in fired])
-        policy_probs = gr.apply_batch(logits, weights)
-        allow64 = allow.astype(np.float64)
-        permitted = weights > 0
-        vetoed = permitted & self.guard.vetoed(allow64)
-        allowed = permitted & ~vetoed
-        vetoed_rows = [tuple(v) for v in vetoed.tolist()]
-        fallbacks = [
-            self.rules.decide(ctx, a, p, s)
-            for ctx, a, p, s in zip(contexts, allowed.tolist(), permitted.tolist(), allow64.tolist(), strict=True)
-        ]
-        q = np.where(allowed, policy_probs, 0.0)
-        total = q.sum(axis=1)
-        ok = total > 0  # rows where some allowed action has probability: the decoder decides
-        q[ok] /= total[ok, None]
+        inputs = self.decision_inputs(contexts, logits, allow)
+        fired, policy_probs, allow64, allowed, q, ok = (inputs.fired, inputs.policy_probs, inputs.allow, inputs.allowed,
+                                                        inputs.q, inputs.ok)
+        vetoed_rows = [tuple(v) for v in inputs.vetoed.tolist()]
+        fallbacks = inputs.fallbacks
         samples = self.decoder.samples
         served = np.zeros((n, N_ACTIONS))
         decisions: list[Decision | None] = [None] * n
@@ -247,6 +251,28 @@ class ModelSet(_Policies):
                                     ~allowed[i], samples, vetoed_rows[i], fired[i][1])
         assert all(d is not None for d in decisions), "every row is decided by the decoder or the rules"
         return decisions  # type: ignore[return-value]
+
+    def decision_inputs(self, contexts: Sequence[Context], logits: F32, allow: F32) -> DecisionInputs:
+        """Everything before the draw: guardrail weights, veto, the rule engine's answer, the masked ``q``.
+
+        The trainer builds its differentiable copy of the decoder on exactly these.
+        """
+        fired = [self.guardrails.weights(ctx) for ctx in contexts]
+        weights = np.stack([w for w, _ in fired]) if fired else np.zeros((0, N_ACTIONS))
+        policy_probs = gr.apply_batch(logits, weights)
+        allow64 = allow.astype(np.float64)
+        permitted = weights > 0
+        vetoed = permitted & self.guard.vetoed(allow64)
+        allowed = permitted & ~vetoed
+        fallbacks = [
+            self.rules.decide(ctx, a, p, s)
+            for ctx, a, p, s in zip(contexts, allowed.tolist(), permitted.tolist(), allow64.tolist(), strict=True)
+        ]
+        q = np.where(allowed, policy_probs, 0.0)
+        total = q.sum(axis=1)
+        ok = total > 0  # rows where some allowed action has probability: the decoder decides
+        q[ok] /= total[ok, None]
+        return DecisionInputs(fired, weights, policy_probs, allow64, vetoed, allowed, fallbacks, q, ok)
 
     def fallback(self, ctx: Context, source: Source) -> Decision:
         """A rule-engine answer without model outputs (overload, inference error, short deadline)."""

@@ -1,0 +1,28 @@
+from __future__ import annotations
+
+from pathlib import Path
+from zoneinfo import ZoneInfo
+
+import pytest
+
+from policy.experience.recorder import ExperienceRecorder, RecorderOptions
+from policy.simulator.config import SimConfig
+from policy.simulator.drive import run_in_process
+from policy.simulator.world import World
+from weights.embedded import default_bundle
+from weights.model_set import LoadOptions, ModelSet
+
+
+@pytest.fixture(scope="session")
+def default_model() -> ModelSet:
+    return ModelSet.load(default_bundle(), LoadOptions(warmup_batch=8))
+
+
+@pytest.fixture(scope="session")
+def sim_logs(tmp_path_factory: pytest.TempPathFactory, default_model: ModelSet) -> Path:
+    """Real logs: 400 simulated sessions served by the embedded default bundle, through the real recorder."""
+    root = tmp_path_factory.mktemp("sim-logs")
+    recorder = ExperienceRecorder(root, b"salt" * 8, RecorderOptions())
+    run_in_process(World(SimConfig(), 7), default_model, range(400), ZoneInfo("UTC"), recorder)
+    recorder.close()
+    return root
