@@ -138,6 +138,10 @@ class MajorityDecoder:
         """Majority action of one count vector under the tie rule (no vote minimum)."""
         return int(self._winners(np.asarray([counts]), self.order(np.asarray([q], dtype=np.float64)))[0])
 
+    def winners(self, counts: IntArray, order: IntArray) -> IntArray:
+        """Majority action per row of ``counts`` given each row's action ``order`` (``order()``), no vote minimum."""
+        return self._winners(counts, order)
+
     def _winners(self, counts: IntArray, order: IntArray) -> IntArray:
         rank = np.empty_like(order)
         np.put_along_axis(rank, order, np.arange(self.n_actions - 1, -1, -1)[None, :], axis=1)
