@@ -13,6 +13,7 @@ import io
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from policy.domain import ACTIONS
 from policy.features import FeatureSpec
@@ -51,13 +52,7 @@ def make_bundle(seed: int, model_version: str, created_at: str, spec: FeatureSpe
     guard["b3"] = np.array([2.2], dtype=np.float32)
     table = (rng.standard_normal((spec.behavior_buckets, spec.behavior_dim)) / np.sqrt(spec.behavior_dim)).astype(np.float32)
 
-    golden = np.zeros((GOLDEN_COUNT, spec.state_dim), dtype=np.float32)
-    golden[:, : spec.item_dim] = rng.standard_normal((GOLDEN_COUNT, spec.item_dim)) / np.sqrt(spec.item_dim)
-    golden[:, spec.item_dim : spec.item_dim + spec.behavior_dim] = table[rng.integers(0, spec.behavior_buckets, GOLDEN_COUNT)]
-    golden[np.arange(GOLDEN_COUNT), spec.item_dim + spec.behavior_dim + rng.integers(0, 24, GOLDEN_COUNT)] = 1.0
-    outputs = np.concatenate([mlp.policy_forward(policy, golden), mlp.guard_forward(guard, golden)], axis=1)
-
-    manifest = {
+    manifest: dict[str, Any] = {
         "model_version": model_version,
         "created_at": created_at,
         "feature_spec": spec.to_json(),
@@ -70,6 +65,18 @@ def make_bundle(seed: int, model_version: str, created_at: str, spec: FeatureSpe
         "training_metrics": {},
         "provenance": {"kind": "initial", "seed": seed, "builder": "weights.initial.make_bundle", **(provenance or {})},
     }
+    return assemble_bundle(policy, guard, table, spec, manifest, rng)
+
+
+def assemble_bundle(policy: mlp.Params, guard: mlp.Params, table: npt.NDArray[np.float32], spec: FeatureSpec,
+                    manifest: dict[str, Any], rng: np.random.Generator) -> bytes:
+    """A bundle from network arrays, the behaviour table and a manifest: builds the ONNX graphs and
+    the golden self-test data (``GOLDEN_COUNT`` states drawn from ``rng``, with the reference outputs)."""
+    golden = np.zeros((GOLDEN_COUNT, spec.state_dim), dtype=np.float32)
+    golden[:, : spec.item_dim] = rng.standard_normal((GOLDEN_COUNT, spec.item_dim)) / np.sqrt(spec.item_dim)
+    golden[:, spec.item_dim : spec.item_dim + spec.behavior_dim] = table[rng.integers(0, spec.behavior_buckets, GOLDEN_COUNT)]
+    golden[np.arange(GOLDEN_COUNT), spec.item_dim + spec.behavior_dim + rng.integers(0, 24, GOLDEN_COUNT)] = 1.0
+    outputs = np.concatenate([mlp.policy_forward(policy, golden), mlp.guard_forward(guard, golden)], axis=1)
     parts = {
         "policy.onnx": mlp.policy_onnx(policy),
         "guard.onnx": mlp.guard_onnx(guard, spec.state_dim),

@@ -127,3 +127,25 @@ def init_params(rng: np.random.Generator, sizes: list[int]) -> Params:
         params[f"w{i}"] = rng.uniform(-bound, bound, size=(fan_in, fan_out)).astype(np.float32)
         params[f"b{i}"] = np.zeros(fan_out, dtype=np.float32)
     return params
+
+
+def _initializers(model: bytes) -> dict[str, npt.NDArray[Any]]:
+    import onnx
+    from onnx import numpy_helper
+
+    graph = onnx.load_from_string(model).graph
+    return {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+
+
+def policy_params_from_onnx(model: bytes) -> Params:
+    """The arrays of a graph built by ``policy_onnx`` (to train a bundle's policy further)."""
+    inits = _initializers(model)
+    return {k: np.asarray(inits[k], dtype=np.float32) for k in POLICY_KEYS}
+
+
+def guard_params_from_onnx(model: bytes) -> Params:
+    """The arrays of a graph built by ``guard_onnx``; ``w1`` is the state rows over the action rows again."""
+    inits = _initializers(model)
+    params = {k: np.asarray(inits[k], dtype=np.float32) for k in ("b1", "w2", "b2", "w3", "b3")}
+    params["w1"] = np.concatenate([inits["w_state"], inits["w_action"]], axis=0).astype(np.float32)
+    return params
