@@ -1,0 +1,70 @@
+"""Advantages from Monte Carlo returns: a learned value baseline, or group-relative normalisation.
+
+``baseline`` (the default): Â_t = G_t − V̂(s_t), V̂ a small MLP fitted to the returns by least
+squares on the training states (minibatch Adam, seeded). It removes what the state alone
+predicts about the return, which is most of the variance here: a shopper's intent shows in
+the state and sets the scale of the return.
+
+``group``: Â_t = (G_t − mean_g) / max(std_g, floor) within a group g of comparable steps
+(the page type of the request, as GRPO normalises within the group of answers to one
+prompt). No model to fit, but it only removes what the group explains.
+
+Which is better was measured on the simulator (``bench``/README): see the trainer section of
+the README; the default follows the measurement.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+import torch
+from torch import nn
+
+FloatArray = npt.NDArray[np.float64]
+
+
+class ValueNet(nn.Module):
+    def __init__(self, state_dim: int, hidden: int) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(state_dim, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 1))
+
+    def forward(self, states: torch.Tensor) -> torch.Tensor:
+        return self.body(states)[:, 0]  # type: ignore[no-any-return]
+
+
+def fit_value(states: torch.Tensor, returns: torch.Tensor, hidden: int = 64, epochs: int = 8, batch: int = 1024, lr: float = 1e-3,
+              seed: int = 0) -> ValueNet:
+    """Least-squares fit of V̂(s) ≈ G on (states, returns), minibatch Adam, deterministic on CPU for a seed."""
+    gen = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    net = ValueNet(states.shape[1], hidden).to(states.device)
+    opt = torch.optim.Adam(net.parameters(), lr=lr)
+    n = len(states)
+    target = returns.to(states.dtype)
+    for _ in range(epochs):
+        perm = torch.randperm(n, generator=gen).to(states.device)
+        for start in range(0, n, batch):
+            idx = perm[start : start + batch]
+            loss = torch.mean((net(states[idx]) - target[idx]) ** 2)
+            opt.zero_grad()
+            loss.backward()  # type: ignore[no-untyped-call]
+            opt.step()
+    return net
+
+
+def baseline_advantages(states: torch.Tensor, returns: torch.Tensor, value: ValueNet, chunk: int = 65536) -> torch.Tensor:
+    """Â = G − V̂(s)."""
+    with torch.no_grad():
+        v = torch.cat([value(states[i : i + chunk]) for i in range(0, len(states), chunk)]) if len(states) else states.new_zeros(0)
+    return returns.to(v.dtype) - v
+
+
+def group_advantages(returns: FloatArray, groups: npt.NDArray[np.int64], floor: float = 1e-3) -> FloatArray:
+    """Â = (G − mean_g) / max(std_g, floor), mean and std (ddof 0) within each group label."""
+    if len(returns) != len(groups):
+        raise ValueError("returns and groups must have the same length")
+    labels, inverse = np.unique(groups, return_inverse=True)
+    counts = np.bincount(inverse, minlength=len(labels)).astype(np.float64)
+    mean = np.bincount(inverse, weights=returns, minlength=len(labels)) / counts
+    var = np.bincount(inverse, weights=(returns - mean[inverse]) ** 2, minlength=len(labels)) / counts
+    return (returns - mean[inverse]) / np.maximum(np.sqrt(var), floor)[inverse]

@@ -1,0 +1,74 @@
+"""Logs → the trainer's arrays: a session split, episodes in order, states, returns, guard labels."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from policy.experience.attribution import AttributionConfig
+from policy.experience.returns import discounted_returns, normalize_rewards
+from policy.experience.sessions import EpisodeConfig, Episodes, build_episodes
+from policy.trainer.config import TrainConfig
+from policy.trainer.guard_train import harmful_labels
+from policy.trainer.replay import LoggedSteps, logged_steps
+from weights.model_set import ModelSet
+
+FloatArray = npt.NDArray[np.float64]
+
+
+def heldout_sessions(session_ids: pa.ChunkedArray | pa.Array, fraction: float, seed: int) -> npt.NDArray[np.bool_]:
+    """Per row: whether its session is held out; a keyed hash of the session id, so a session is on one side."""
+    unique = pc.unique(session_ids).to_pylist()
+    key = seed.to_bytes(8, "little", signed=False)
+    chosen = {s for s in unique
+              if int.from_bytes(hashlib.blake2b(s.encode(), key=key, digest_size=8).digest(), "little") < fraction * 2.0**64}
+    return np.asarray(pc.is_in(session_ids, value_set=pa.array(sorted(chosen), pa.string())).to_numpy(zero_copy_only=False))
+
+
+Tables = tuple[pa.Table, pa.Table]
+
+
+def split(decisions: pa.Table, outcomes: pa.Table, fraction: float, seed: int) -> tuple[Tables, Tables]:
+    """(train decisions, train outcomes), (held-out decisions, held-out outcomes), by session."""
+    d_held = heldout_sessions(decisions.column("session_id"), fraction, seed)
+    o_held = heldout_sessions(outcomes.column("session_id"), fraction, seed)
+    return ((decisions.filter(pa.array(~d_held)), outcomes.filter(pa.array(~o_held))),
+            (decisions.filter(pa.array(d_held)), outcomes.filter(pa.array(o_held))))
+
+
+def episode_config(config: TrainConfig) -> EpisodeConfig:
+    return EpisodeConfig(horizon_s=config.horizon_hours * 3600.0, open_terminal_reward=config.open_terminal_reward,
+                         attribution=AttributionConfig())
+
+
+@dataclass(slots=True)
+class Experience:
+    """One side of the split, every per-step array in episode order."""
+
+    decisions: pa.Table  # the logged rows, in episode order
+    episodes: Episodes  # rows re-indexed: row i of ``decisions`` is step i
+    steps: LoggedSteps  # states, contexts, actions, propensities (for the model's feature spec)
+    returns: FloatArray  # (N,) discounted returns of the (normalised) rewards
+    harmful: npt.NDArray[np.bool_]  # (N,) guard labels
+    reward_scale: dict[str, Any]
+
+
+def experience(decisions: pa.Table, outcomes: pa.Table, model: ModelSet, config: TrainConfig) -> Experience:
+    episodes = build_episodes(decisions, outcomes, episode_config(config))
+    ordered = decisions.take(pa.array(episodes.rows))
+    harmful = harmful_labels(ordered, outcomes, config.guard)
+    rewards = episodes.rewards
+    scale: dict[str, Any] = {}
+    if config.normalize_rewards and len(rewards):
+        rewards, fitted = normalize_rewards(rewards)
+        scale = fitted.to_dict()
+    returns = discounted_returns(rewards, episodes.starts, episodes.lengths, config.gamma)
+    reindexed = dataclasses.replace(episodes, rows=np.arange(len(ordered), dtype=np.int64))
+    return Experience(ordered, reindexed, logged_steps(ordered, model), returns, harmful, scale)
