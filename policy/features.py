@@ -92,6 +92,11 @@ class FeatureEncoder:
         self._behavior_at = spec.item_dim
         self._hour_at = spec.item_dim + spec.behavior_dim
 
+    @property
+    def behavior_table(self) -> F32:
+        """The bundle's hashing-trick table (without the zero padding row)."""
+        return self._padded[:-1]
+
     def encode_batch(self, reqs: Sequence[DecisionRequest], hours: Sequence[int]) -> F32:
         """States for a batch, shape (N, state_dim): one gather for all behaviour rows."""
         spec = self.spec

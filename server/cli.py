@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from policy.experience import cli as logs_cli
 from policy.onnx_model import RuntimeMissing, choose_providers, onnxruntime
+from policy.trainer import cli as trainer_cli
 from server import logs, simulate
 from server.config import Config, add_arguments, build_config
 from weights import cli as weights_cli
@@ -47,6 +48,7 @@ def parser() -> argparse.ArgumentParser:
     weights_cli.register(sub)
     logs_cli.register(sub)
     simulate.register(sub)
+    trainer_cli.register(sub)
     return p
 
 
@@ -55,6 +57,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "weights":
         logs.configure("INFO", "text")
         return weights_cli.run(args)
+    if args.command in ("train", "evaluate", "cycle"):
+        logs.configure("INFO", "text")
+        return trainer_cli.run(args)
     if args.command == "simulate":
         logs.configure("WARNING", "text")
         return simulate.run(args)

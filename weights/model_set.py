@@ -252,17 +252,19 @@ class ModelSet(_Policies):
         assert all(d is not None for d in decisions), "every row is decided by the decoder or the rules"
         return decisions  # type: ignore[return-value]
 
-    def decision_inputs(self, contexts: Sequence[Context], logits: F32, allow: F32) -> DecisionInputs:
+    def decision_inputs(self, contexts: Sequence[Context], logits: F32, allow: F32, guard: ActionGuard | None = None) -> DecisionInputs:
         """Everything before the draw: guardrail weights, veto, the rule engine's answer, the masked ``q``.
 
-        The trainer builds its differentiable copy of the decoder on exactly these.
+        The trainer builds its differentiable copy of the decoder on exactly these (with its
+        newly trained guard's allow-probabilities and threshold: ``guard``).
         """
+        guard = guard or self.guard
         fired = [self.guardrails.weights(ctx) for ctx in contexts]
         weights = np.stack([w for w, _ in fired]) if fired else np.zeros((0, N_ACTIONS))
         policy_probs = gr.apply_batch(logits, weights)
         allow64 = allow.astype(np.float64)
         permitted = weights > 0
-        vetoed = permitted & self.guard.vetoed(allow64)
+        vetoed = permitted & guard.vetoed(allow64)
         allowed = permitted & ~vetoed
         fallbacks = [
             self.rules.decide(ctx, a, p, s)

@@ -26,7 +26,7 @@ FloatArray = npt.NDArray[np.float64]
 def heldout_sessions(session_ids: pa.ChunkedArray | pa.Array, fraction: float, seed: int) -> npt.NDArray[np.bool_]:
     """Per row: whether its session is held out; a keyed hash of the session id, so a session is on one side."""
     unique = pc.unique(session_ids).to_pylist()
-    key = seed.to_bytes(8, "little", signed=False)
+    key = b"gate-split" + seed.to_bytes(8, "little", signed=False)  # not the guard's own split key
     chosen = {s for s in unique
               if int.from_bytes(hashlib.blake2b(s.encode(), key=key, digest_size=8).digest(), "little") < fraction * 2.0**64}
     return np.asarray(pc.is_in(session_ids, value_set=pa.array(sorted(chosen), pa.string())).to_numpy(zero_copy_only=False))

@@ -69,7 +69,7 @@ def from_arrays(net: nn.Module, params: Params) -> nn.Module:
     """Load ``weights.mlp`` parameters into ``net`` (shapes must match)."""
     with torch.no_grad():
         for i, layer in enumerate(_linears(net), start=1):
-            w, b = torch.as_tensor(params[f"w{i}"]).T, torch.as_tensor(params[f"b{i}"])
+            w, b = torch.tensor(params[f"w{i}"]).T, torch.tensor(params[f"b{i}"])
             if w.shape != layer.weight.shape or b.shape != layer.bias.shape:
                 raise ValueError(f"layer {i}: expected {tuple(layer.weight.shape)}, got {tuple(w.shape)}")
             layer.weight.copy_(w)

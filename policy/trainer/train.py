@@ -1,0 +1,190 @@
+"""``train``: logged decisions and outcomes → a new bundle. Reads top to bottom.
+
+1. Split the logs by session into training and held-out sides (the held-out side is the gate's).
+2. Join the training side into episodes, attribute rewards, compute Monte Carlo returns, and
+   rebuild every logged state with the starting bundle's feature encoder.
+3. Train the Action Guard on (state, served action, harmful) and pick its threshold.
+4. With the new guard fixed, compute per logged state what the new bundle's decoder works on:
+   guardrail weights, the veto, the rule engine's fallback (``ModelSet.decision_inputs``).
+5. Advantages: returns minus a learned value baseline (or group-relative z-scores).
+6. ``updates`` natural-gradient steps on the policy (``policy.trainer.update``): the surrogate
+   is the truncated importance ratio (new served probability / logged propensity) times the
+   advantage; the step is the CG solution of F s = g scaled to the KL target and line-searched.
+7. Export the networks into a bundle with the training metrics in its manifest.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from guard.action_guard import ActionGuard
+from policy.domain import N_ACTIONS, FloatArray
+from policy.trainer import update
+from policy.trainer.advantages import baseline_advantages, fit_value, group_advantages
+from policy.trainer.config import TrainConfig
+from policy.trainer.data import Experience, experience, split
+from policy.trainer.distributed import LocalReducer, Reducer
+from policy.trainer.export import export_bundle
+from policy.trainer.guard_train import train_guard
+from policy.trainer.networks import GuardNet, guard_from_arrays, policy_from_arrays
+from policy.trainer.served import TorchDecoder
+from weights import mlp
+from weights.bundle import Bundle
+from weights.model_set import LoadOptions, ModelSet
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class TrainResult:
+    bundle: bytes
+    manifest: dict[str, Any]
+    metrics: dict[str, float]
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Targets:
+    """Per training row, what the new bundle's decoder works on (fixed during the policy update)."""
+
+    log_weights: torch.Tensor  # (N, A) float64, -inf where banned
+    allowed: torch.Tensor  # (N, A) bool
+    fallback: torch.Tensor  # (N,) long
+    ok: torch.Tensor  # (N,) bool
+
+
+def pick_device(device: str) -> torch.device:
+    if device not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"device: expected auto, cpu or cuda, got {device!r}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device=cuda but torch sees no CUDA device")
+    return torch.device("cuda" if device != "cpu" and torch.cuda.is_available() else "cpu")
+
+
+def _guard_allow(guard: GuardNet, states: np.ndarray, chunk: int = 65536) -> FloatArray:
+    with torch.no_grad():
+        parts = [torch.sigmoid(guard(torch.from_numpy(states[i : i + chunk]))).double().numpy() for i in range(0, len(states), chunk)]
+    return np.concatenate(parts) if parts else np.zeros((0, N_ACTIONS))
+
+
+def targets_for(base: ModelSet, exp: Experience, guard: GuardNet, threshold: float, device: torch.device) -> Targets:
+    allow = _guard_allow(guard, exp.steps.states)
+    zeros = np.zeros((len(exp.steps), N_ACTIONS), dtype=np.float32)
+    inputs = base.decision_inputs(exp.steps.contexts, zeros, allow.astype(np.float32), ActionGuard(threshold))
+    with np.errstate(divide="ignore"):
+        log_w = np.where(inputs.weights > 0, np.log(np.where(inputs.weights > 0, inputs.weights, 1.0)), -np.inf)
+    fallback = np.array([f.action.index for f in inputs.fallbacks], dtype=np.int64)
+    ok = inputs.allowed.any(axis=1)
+    return Targets(torch.as_tensor(log_w, device=device), torch.as_tensor(inputs.allowed, device=device),
+                   torch.as_tensor(fallback, device=device), torch.as_tensor(ok, device=device))
+
+
+def advantages_for(exp: Experience, config: TrainConfig, states: torch.Tensor, rows: np.ndarray) -> torch.Tensor:
+    returns = torch.as_tensor(exp.returns, dtype=torch.float32, device=states.device)
+    if config.advantage == "group":
+        groups = np.array([int(c.page_type) for c in exp.steps.contexts], dtype=np.int64)
+        return torch.as_tensor(group_advantages(exp.returns, groups, config.group_std_floor), device=states.device)
+    value = fit_value(states[rows], returns[rows], config.value_hidden, config.value_epochs, seed=config.seed)
+    return baseline_advantages(states, returns, value).double()
+
+
+def _created_at(decisions: pa.Table) -> str:
+    """The newest logged decision time: the same logs give the same manifest (and bundle bytes)."""
+    newest = float(np.max(decisions.column("time_s").to_numpy())) if decisions.num_rows else 0.0
+    return dt.datetime.fromtimestamp(math.floor(newest), dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def train(decisions: pa.Table, outcomes: pa.Table, init: Bundle, config: TrainConfig, *, device: str = "auto",
+          reducer: Reducer | None = None, rank: int = 0, world: int = 1, model_version: str | None = None,
+          provenance: dict[str, Any] | None = None) -> TrainResult:
+    started = time.monotonic()
+    reducer = reducer or LocalReducer()
+    dev = pick_device(device)
+    torch.manual_seed(config.seed)
+    rng = np.random.default_rng(config.seed)
+    base = ModelSet.load(init, LoadOptions(device="cpu", warmup_batch=1))
+    spec = base.encoder.spec
+    warnings: list[str] = []
+
+    # 1-2. the training side, as arrays in episode order
+    (train_d, train_o), _ = split(decisions, outcomes, config.heldout_fraction, config.seed)
+    exp = experience(train_d, train_o, base, config)
+    n = len(exp.steps)
+    if n == 0:
+        raise ValueError("no logged decisions on the training side")
+    states_np = exp.steps.states
+    states = torch.from_numpy(states_np).to(dev)
+    actions = torch.from_numpy(exp.steps.actions).to(dev)
+    sessions = np.repeat(exp.episodes.session_ids, exp.episodes.lengths)
+    fit_rows = np.sort(rng.choice(n, size=min(n, config.max_fit_rows), replace=False))
+
+    # 3. the guard
+    init_guard = guard_from_arrays(mlp.guard_params_from_onnx(init.parts["guard.onnx"]), spec.state_dim)
+    rows_t = torch.from_numpy(fit_rows)
+    guarded = train_guard(states[rows_t].cpu(), actions[rows_t].cpu(), torch.from_numpy(exp.harmful[fit_rows]), sessions[fit_rows],
+                          config.guard, init=init_guard, device=dev)
+
+    # 4. the new bundle's decoder inputs, fixed for the policy update
+    targets = targets_for(base, exp, guarded.net, guarded.threshold, dev)
+
+    # 5. advantages
+    advantages = advantages_for(exp, config, states, fit_rows).to(dev)
+
+    # 6. natural-gradient steps
+    policy = policy_from_arrays(mlp.policy_params_from_onnx(init.parts["policy.onnx"])).to(dev)
+    decoder = TorchDecoder(base.decoder, torch.float64, dev)
+    propensity = torch.as_tensor(exp.steps.propensity, device=dev)
+    stats = update.Stats()
+    gen = torch.Generator().manual_seed(config.seed)
+    for step in range(config.updates):  # every rank draws the same batch, then takes its shard of it
+        batch = torch.sort(torch.randperm(n, generator=gen)[: min(n, config.batch)]).values[rank::world].to(dev)
+        rows = update.Batch(states[batch], actions[batch], propensity[batch], advantages[batch], targets.log_weights[batch],
+                            targets.allowed[batch], targets.fallback[batch])
+        outcome = update.natural_step(policy, decoder, rows, config, stats, reducer, gen)
+        log.info("update %d: %s", step, outcome.to_dict())
+    if stats.tracker.steps == 0:
+        warnings.append("no natural-gradient step was taken: the bundle's policy is the starting one")
+
+    # 7. export, with what the run measured
+    metrics = {
+        **stats.summary(),
+        **guarded.metrics,
+        "return_variance_ratio": _variance_ratio(exp),
+        "train_steps": float(n),
+        "train_episodes": float(exp.episodes.n_episodes),
+        "train_seconds": round(time.monotonic() - started, 3),
+    }
+    metrics = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and math.isfinite(float(v))}
+    policy = policy.cpu()
+    created_at = _created_at(decisions)
+    version = model_version or f"trained-{created_at.replace(':', '').replace('-', '')}-s{config.seed}"
+    manifest = {
+        **{k: base.manifest[k] for k in ("feature_spec", "actions", "guardrails", "fallback_rules", "decoder", "golden")},
+        "model_version": version,
+        "created_at": created_at,
+        "guard": {"threshold": float(guarded.threshold)},
+        "training_metrics": metrics,
+        "trainer": {"config": config.to_dict(), "reward_scale": exp.reward_scale, "init_model_version": base.version,
+                    "warnings": warnings, "device": str(dev)},
+        "provenance": {"kind": "trained", "builder": "policy.trainer.train", **(provenance or {})},
+    }
+    data = export_bundle(policy, guarded.net, base.encoder.behavior_table, spec, manifest, config.seed)
+    return TrainResult(data, manifest, metrics, warnings)
+
+
+def _variance_ratio(exp: Experience) -> float:
+    """Var(G)/E[G]² of the raw per-session returns G_0 (the reference design's return-variance monitor)."""
+    from policy.experience.returns import session_returns
+
+    g = session_returns(exp.episodes)
+    mean = float(np.mean(g)) if len(g) else 0.0
+    return float(np.var(g) / mean**2) if mean != 0 else math.inf
