@@ -165,6 +165,9 @@ def _cycle(args: argparse.Namespace) -> int:
                    evaluate_bundle(current_model, held_d, held_o, episode_config(config), **kwargs), config.tolerance)
     report = {"model_version": new_model.version, "current_version": current_model.version, **verdict.to_dict()}
     published = verdict.publish or args.force
+    estimates = verdict.new.report
+    result.with_metrics({f"offline_{name}": getattr(estimates, name).value for name in ("ips", "snips", "dr", "behavior_value")
+                         if getattr(estimates, name) is not None} | {"offline_dr_minus_current": verdict.difference.value})
     if published:
         with tempfile.TemporaryDirectory(dir=args.weights_dir) as tmp:
             path = Path(tmp) / "new.bundle"

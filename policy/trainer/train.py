@@ -28,6 +28,7 @@ import torch
 
 from guard.action_guard import ActionGuard
 from policy.domain import N_ACTIONS, FloatArray
+from policy.features import FeatureSpec
 from policy.trainer import update
 from policy.trainer.advantages import baseline_advantages, fit_value, group_advantages
 from policy.trainer.config import TrainConfig
@@ -35,7 +36,7 @@ from policy.trainer.data import Experience, experience, split
 from policy.trainer.distributed import LocalReducer, Reducer
 from policy.trainer.export import export_bundle
 from policy.trainer.guard_train import train_guard
-from policy.trainer.networks import GuardNet, guard_from_arrays, policy_from_arrays
+from policy.trainer.networks import GuardNet, PolicyNet, guard_from_arrays, policy_from_arrays
 from policy.trainer.served import TorchDecoder
 from weights import mlp
 from weights.bundle import Bundle
@@ -50,6 +51,19 @@ class TrainResult:
     manifest: dict[str, Any]
     metrics: dict[str, float]
     warnings: list[str] = field(default_factory=list)
+    policy: PolicyNet | None = None
+    guard: GuardNet | None = None
+    behavior_table: np.ndarray | None = None
+    spec: FeatureSpec | None = None
+    seed: int = 0
+
+    def with_metrics(self, extra: dict[str, float]) -> bytes:
+        """The same bundle with ``extra`` added to its training metrics (the gate's offline estimates)."""
+        assert self.policy is not None and self.guard is not None and self.behavior_table is not None and self.spec is not None
+        self.metrics = {**self.metrics, **{k: float(v) for k, v in extra.items() if math.isfinite(float(v))}}
+        self.manifest = {**self.manifest, "training_metrics": self.metrics}
+        self.bundle = export_bundle(self.policy, self.guard, self.behavior_table, self.spec, self.manifest, self.seed)
+        return self.bundle
 
 
 @dataclass(slots=True)
@@ -153,11 +167,16 @@ def train(decisions: pa.Table, outcomes: pa.Table, init: Bundle, config: TrainCo
         log.info("update %d: %s", step, outcome.to_dict())
     if stats.tracker.steps == 0:
         warnings.append("no natural-gradient step was taken: the bundle's policy is the starting one")
+    kl_behavior = behavior_kl(policy, decoder, states, targets, exp.steps.behavior_probs)
+    if kl_behavior > config.behavior_kl_warn:
+        warnings.append(f"KL(new ‖ behaviour) = {kl_behavior:.3f} > {config.behavior_kl_warn}: the logs no longer support "
+                        "a step this far; collect fresh data under this policy before training further")
 
     # 7. export, with what the run measured
     metrics = {
         **stats.summary(),
         **guarded.metrics,
+        "kl_to_behavior": kl_behavior,
         "return_variance_ratio": _variance_ratio(exp),
         "train_steps": float(n),
         "train_episodes": float(exp.episodes.n_episodes),
@@ -174,11 +193,25 @@ def train(decisions: pa.Table, outcomes: pa.Table, init: Bundle, config: TrainCo
         "guard": {"threshold": float(guarded.threshold)},
         "training_metrics": metrics,
         "trainer": {"config": config.to_dict(), "reward_scale": exp.reward_scale, "init_model_version": base.version,
-                    "warnings": warnings, "device": str(dev)},
+                    "warnings": warnings, "device": str(dev), "beyond_logged_support": kl_behavior > config.behavior_kl_warn},
         "provenance": {"kind": "trained", "builder": "policy.trainer.train", **(provenance or {})},
     }
     data = export_bundle(policy, guarded.net, base.encoder.behavior_table, spec, manifest, config.seed)
-    return TrainResult(data, manifest, metrics, warnings)
+    return TrainResult(data, manifest, metrics, warnings, policy, guarded.net, base.encoder.behavior_table, spec, config.seed)
+
+
+def behavior_kl(policy: torch.nn.Module, decoder: TorchDecoder, states: torch.Tensor, targets: Targets, behavior: FloatArray,
+                chunk: int = 8192) -> float:
+    """Mean KL(new ‖ behaviour) of the served distributions over the logged states."""
+    from policy.trainer.evaluation import mean_kl
+
+    parts = []
+    with torch.no_grad():
+        for i in range(0, len(states), chunk):
+            sl = slice(i, i + chunk)
+            q = decoder.masked_q(policy(states[sl]), targets.log_weights[sl], targets.allowed[sl])
+            parts.append(decoder.served(q, targets.fallback[sl], targets.ok[sl]).cpu().numpy())
+    return mean_kl(np.concatenate(parts), np.maximum(behavior, 1e-6)) if parts else 0.0  # floored: finite where the old guard vetoed
 
 
 def _variance_ratio(exp: Experience) -> float:
