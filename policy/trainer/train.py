@@ -165,6 +165,7 @@ def train(decisions: pa.Table, outcomes: pa.Table, init: Bundle, config: TrainCo
                             targets.allowed[batch], targets.fallback[batch])
         outcome = update.natural_step(policy, decoder, rows, config, stats, reducer, gen)
         log.info("update %d: %s", step, outcome.to_dict())
+    stats.ess = update.effective_sample_size(policy, decoder, rows, config.max_ratio)  # the final policy, on the last batch
     if stats.tracker.steps == 0:
         warnings.append("no natural-gradient step was taken: the bundle's policy is the starting one")
     kl_behavior = behavior_kl(policy, decoder, states, targets, exp.steps.behavior_probs)

@@ -161,5 +161,4 @@ def natural_step(policy: PolicyNet, decoder: TorchDecoder, b: Batch, config: Tra
         stats.improvements.append(search.improvement)
     else:
         stats.failed += 1
-    stats.ess = effective_sample_size(policy, decoder, b, config.max_ratio)
     return StepOutcome(search.accepted, search.kl, search.improvement, step.scaled.multiplier, step.cg.iterations, search.reason)
