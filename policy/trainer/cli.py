@@ -47,6 +47,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     _common(p)
     p.add_argument("--weights-dir", type=Path, required=True, help="the served weights directory (publish target)")
     p.add_argument("--force", action="store_true", help="publish even when the gate refuses")
+    p.add_argument("--init", type=Path, help="start from this bundle (default: the active one, else the embedded default)")
     p.add_argument("--json", action="store_true", help="print the gate's report as JSON")
     p.set_defaults(handler=_cycle)
 
@@ -156,7 +157,7 @@ def _cycle(args: argparse.Namespace) -> int:
     store = WeightsStore(args.weights_dir)
     current_bundle = read_bundle(store.active_path) if store.active_path.exists() else _bundle(None)
     decisions, outcomes = _logs(args.logs)
-    result = _trained(args, current_bundle, decisions, outcomes, config)
+    result = _trained(args, _bundle(args.init) if args.init else current_bundle, decisions, outcomes, config)
     _, (held_d, held_o) = split(decisions, outcomes, config.heldout_fraction, config.seed)
     options = LoadOptions(device="cpu", warmup_batch=1)
     new_model, current_model = ModelSet.load(read_bundle(result.bundle), options), ModelSet.load(current_bundle, options)
@@ -169,6 +170,7 @@ def _cycle(args: argparse.Namespace) -> int:
     result.with_metrics({f"offline_{name}": getattr(estimates, name).value for name in ("ips", "snips", "dr", "behavior_value")
                          if getattr(estimates, name) is not None} | {"offline_dr_minus_current": verdict.difference.value})
     if published:
+        args.weights_dir.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=args.weights_dir) as tmp:
             path = Path(tmp) / "new.bundle"
             atomic_write(path, result.bundle)
