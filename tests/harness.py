@@ -31,6 +31,20 @@ from server.app import ShoppingAgentServer
 from server.config import Config
 
 T = TypeVar("T")
+FRESH_ARGS = (20261130, "default-init-20261130", "2026-11-30T00:00:00Z")
+
+
+def fresh_bundle_bytes() -> bytes:
+    """An untrained bundle (what scripts/build_default_bundle.py starts from): what the trainer's tests improve on."""
+    from weights.initial import make_bundle
+
+    return make_bundle(*FRESH_ARGS)
+
+
+def fresh_bundle() -> Any:
+    from weights.bundle import read_bundle
+
+    return read_bundle(fresh_bundle_bytes())
 ROOT = Path(__file__).resolve().parent.parent
 
 

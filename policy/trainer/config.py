@@ -54,6 +54,10 @@ class TrainConfig:
     """Share of the step's states the Fisher-vector products use (subsampled Fisher)."""
     line_search_steps: int = 10
     """Backtracking tries (halving the step) before a step is given up."""
+    max_behavior_kl: float | None = 0.3
+    """Keep the served distribution within this mean KL(new ‖ behaviour) of the logged one: a step that would
+    go further is shrunk and the run stops there (off-policy estimates, the gate's included, are only reliable
+    where the logs have support). None: no limit (the run still warns above ``behavior_kl_warn``)."""
     behavior_kl_warn: float = 0.3
     """Above this mean KL(new ‖ behaviour) on the logged states the run warns and marks the manifest."""
     guard: GuardConfig = field(default_factory=GuardConfig)

@@ -157,14 +157,19 @@ def train(decisions: pa.Table, outcomes: pa.Table, init: Bundle, config: TrainCo
     policy = policy_from_arrays(mlp.policy_params_from_onnx(init.parts["policy.onnx"])).to(dev)
     decoder = TorchDecoder(base.decoder, torch.float64, dev)
     propensity = torch.as_tensor(exp.steps.propensity, device=dev)
+    behavior = torch.as_tensor(exp.steps.behavior_probs, device=dev)
     stats = update.Stats()
     gen = torch.Generator().manual_seed(config.seed)
     for step in range(config.updates):  # every rank draws the same batch, then takes its shard of it
         batch = torch.sort(torch.randperm(n, generator=gen)[: min(n, config.batch)]).values[rank::world].to(dev)
         rows = update.Batch(states[batch], actions[batch], propensity[batch], advantages[batch], targets.log_weights[batch],
-                            targets.allowed[batch], targets.fallback[batch])
+                            targets.allowed[batch], targets.fallback[batch], behavior[batch])
         outcome = update.natural_step(policy, decoder, rows, config, stats, reducer, gen)
         log.info("update %d: %s", step, outcome.to_dict())
+        if stats.support_limited:
+            log.info("stopping after update %d: the next step would leave the logs' support (max_behavior_kl %s)", step,
+                     config.max_behavior_kl)
+            break
     stats.ess = update.effective_sample_size(policy, decoder, rows, config.max_ratio)  # the final policy, on the last batch
     if stats.tracker.steps == 0:
         warnings.append("no natural-gradient step was taken: the bundle's policy is the starting one")

@@ -25,7 +25,7 @@ from torch import Tensor
 
 from policy.trainer.config import TrainConfig
 from policy.trainer.distributed import Reducer
-from policy.trainer.fisher import GaussNewtonFisher, flat_params, masked_log_probs, mean_kl
+from policy.trainer.fisher import GaussNewtonFisher, flat_params, masked_log_probs, mean_kl, set_flat_params
 from policy.trainer.networks import PolicyNet
 from policy.trainer.served import TorchDecoder
 from policy.trainer.trust_region import ConstraintTracker, Evaluation, backtracking_line_search, natural_gradient_step
@@ -46,6 +46,7 @@ class Stats:
     improvements: list[float] = field(default_factory=list)
     ess: float = math.nan
     failed: int = 0
+    support_limited: bool = False  # a step was shrunk to keep KL(new ‖ behaviour) within max_behavior_kl
 
     def summary(self) -> dict[str, float]:
         accepted = [k for k in self.kls if math.isfinite(k)]
@@ -58,6 +59,7 @@ class Stats:
             "updates_aborted": float(self.tracker.aborted),
             "surrogate_improvement": sum(self.improvements),
             "effective_sample_size": self.ess,
+            "support_limited": float(self.support_limited),
         }
 
 
@@ -84,10 +86,11 @@ class Batch:
     log_weights: Tensor  # (N, A) float64, -inf banned
     allowed: Tensor  # (N, A) bool
     fallback: Tensor  # (N,) long
+    behavior: Tensor  # (N, A) float64 logged served probabilities
 
-    def rows(self, sl: slice) -> Batch:
+    def rows(self, sl: slice | Tensor) -> Batch:
         return Batch(self.states[sl], self.actions[sl], self.propensity[sl], self.advantages[sl], self.log_weights[sl],
-                     self.allowed[sl], self.fallback[sl])
+                     self.allowed[sl], self.fallback[sl], self.behavior[sl])
 
 
 def served_prob(policy: PolicyNet, decoder: TorchDecoder, b: Batch) -> Tensor:
@@ -128,10 +131,37 @@ def effective_sample_size(policy: PolicyNet, decoder: TorchDecoder, b: Batch, ma
     return float(ratios.sum() ** 2 / (len(ratios) * (ratios**2).sum())) if len(ratios) else math.nan
 
 
+def served_kl_to_behavior(policy: PolicyNet, decoder: TorchDecoder, b: Batch, reducer: Reducer) -> float:
+    """Mean KL(new ‖ behaviour) of the served distributions on the batch (behaviour floored at 1e-6)."""
+    total = 0.0
+    with torch.no_grad():
+        for i in range(0, len(b.states), CHUNK):
+            r = b.rows(slice(i, i + CHUNK))
+            p = decoder.served(decoder.masked_q(policy(r.states), r.log_weights, r.allowed), r.fallback, r.allowed.any(dim=1))
+            terms = torch.where(p > 0, p * (torch.log(torch.where(p > 0, p, 1.0)) - torch.log(torch.clamp(r.behavior, min=1e-6))), 0.0)
+            total += float(terms.sum())
+    return float(reducer.weighted_mean(torch.tensor(total / max(len(b.states), 1), dtype=torch.float64), len(b.states)))
+
+
+def _within_support(policy: PolicyNet, decoder: TorchDecoder, b: Batch, theta0: Tensor, limit: float, reducer: Reducer) -> bool:
+    """Shrink an accepted step (halving, up to 10 times) until the served distribution's KL to the
+    logged behaviour is within ``limit``; True when the step had to be shrunk (the logs' support
+    limits the run: the caller stops updating)."""
+    theta1 = flat_params(policy)
+    fraction = 1.0
+    for _ in range(10):
+        if served_kl_to_behavior(policy, decoder, b, reducer) <= limit:
+            return fraction < 1.0
+        fraction *= 0.5
+        set_flat_params(policy, theta0 + fraction * (theta1 - theta0))
+    set_flat_params(policy, theta0)
+    return True
+
+
 def natural_step(policy: PolicyNet, decoder: TorchDecoder, b: Batch, config: TrainConfig, stats: Stats, reducer: Reducer,
                  generator: torch.Generator) -> StepOutcome:
     keep = b.allowed.any(dim=1)  # rows the rules answer with certainty carry no gradient
-    b = Batch(*(t[keep] for t in (b.states, b.actions, b.propensity, b.advantages, b.log_weights, b.allowed, b.fallback)))
+    b = b.rows(keep)
     log_guard = torch.where(b.allowed, b.log_weights, -torch.inf).to(b.states.dtype)
     with torch.no_grad():
         log_q_old = masked_log_probs(policy(b.states), log_guard)
@@ -156,6 +186,8 @@ def natural_step(policy: PolicyNet, decoder: TorchDecoder, b: Batch, config: Tra
                                       delta=config.kl_delta, expected_improvement=step.scaled.expected_improvement,
                                       max_tries=config.line_search_steps)
     stats.tracker.record(step.scaled, search, config.kl_delta)
+    if search.accepted and config.max_behavior_kl is not None:
+        stats.support_limited = _within_support(policy, decoder, b, theta0, config.max_behavior_kl, reducer)
     if search.accepted:
         stats.kls.append(search.kl)
         stats.improvements.append(search.improvement)

@@ -20,9 +20,8 @@ from policy.trainer.data import episode_config, split
 from policy.trainer.evaluation import evaluate_bundle, gate
 from policy.trainer.guard_train import GuardConfig
 from policy.trainer.train import TrainResult, train
-from tests.harness import ROOT
+from tests.harness import ROOT, fresh_bundle, fresh_bundle_bytes
 from weights.bundle import read_bundle
-from weights.embedded import default_bundle
 from weights.model_set import LoadOptions, ModelSet
 
 FAST = TrainConfig(updates=2, batch=8192, value_epochs=2, guard=GuardConfig(epochs=2), bootstrap=100)
@@ -39,7 +38,7 @@ def true_value(model: ModelSet, seed: int, sessions: int = 2000) -> tuple[float,
 def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("train-logs")
     recorder = ExperienceRecorder(root, b"k" * 32, RecorderOptions())
-    model = ModelSet.load(default_bundle(), LoadOptions(warmup_batch=8))
+    model = ModelSet.load(fresh_bundle(), LoadOptions(warmup_batch=8))
     run_in_process(World(SimConfig(), 11), model, range(SESSIONS), ZoneInfo("UTC"), recorder)
     recorder.close()
     return root
@@ -48,12 +47,12 @@ def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def trained(logs: Path) -> TrainResult:
     source = DirectorySource(logs)
-    return train(source.table("decisions"), source.table("outcomes"), default_bundle(), FAST, device="cpu")
+    return train(source.table("decisions"), source.table("outcomes"), fresh_bundle(), FAST, device="cpu")
 
 
 def test_trained_bundle_beats_the_behaviour_by_the_simulators_truth(trained: TrainResult) -> None:
     options = LoadOptions(warmup_batch=8)
-    new, old = ModelSet.load(read_bundle(trained.bundle), options), ModelSet.load(default_bundle(), options)
+    new, old = ModelSet.load(read_bundle(trained.bundle), options), ModelSet.load(fresh_bundle(), options)
     new_value, new_se = true_value(new, seed=501)
     old_value, old_se = true_value(old, seed=501)  # same shoppers, same dice
     assert new_value - old_value > 4 * (new_se**2 + old_se**2) ** 0.5, (new_value, old_value)
@@ -70,8 +69,8 @@ def test_offline_estimates_bracket_the_true_values(logs: Path, trained: TrainRes
     source = DirectorySource(logs)
     _, (held_d, held_o) = split(source.table("decisions"), source.table("outcomes"), FAST.heldout_fraction, FAST.seed)
     options = LoadOptions(warmup_batch=8)
-    behaviour = evaluate_bundle(ModelSet.load(default_bundle(), options), held_d, held_o, episode_config(FAST), n_boot=200)
-    truth, se = true_value(ModelSet.load(default_bundle(), options), seed=11, sessions=SESSIONS)  # the logged world itself
+    behaviour = evaluate_bundle(ModelSet.load(fresh_bundle(), options), held_d, held_o, episode_config(FAST), n_boot=200)
+    truth, se = true_value(ModelSet.load(fresh_bundle(), options), seed=11, sessions=SESSIONS)  # the logged world itself
     # On-policy, every estimator is the logged mean and its interval must contain the truth of that world
     assert behaviour.report.ips is not None and behaviour.report.ips.ci_low - 2 * se <= truth <= behaviour.report.ips.ci_high + 2 * se
     assert behaviour.behavior_kl < 1e-3
@@ -89,7 +88,7 @@ def test_gate_refuses_a_worse_bundle_and_passes_a_better_one(logs: Path, trained
     _, (held_d, held_o) = split(source.table("decisions"), source.table("outcomes"), FAST.heldout_fraction, FAST.seed)
     options = LoadOptions(warmup_batch=8)
     good = evaluate_bundle(ModelSet.load(read_bundle(trained.bundle), options), held_d, held_o, episode_config(FAST), n_boot=200)
-    default = evaluate_bundle(ModelSet.load(default_bundle(), options), held_d, held_o, episode_config(FAST), n_boot=200)
+    default = evaluate_bundle(ModelSet.load(fresh_bundle(), options), held_d, held_o, episode_config(FAST), n_boot=200)
     refused = gate(default, good, tolerance=0.0)  # "new" = the untrained default, "current" = the trained one
     assert not refused.publish and refused.difference.value < 0 and "may be worse" in refused.reason
     # The other way round the paired difference is positive; whether its lower bound clears 0
@@ -99,7 +98,7 @@ def test_gate_refuses_a_worse_bundle_and_passes_a_better_one(logs: Path, trained
 
 def test_same_logs_and_seed_give_the_same_bytes(logs: Path, trained: TrainResult) -> None:
     source = DirectorySource(logs)
-    again = train(source.table("decisions"), source.table("outcomes"), default_bundle(), FAST, device="cpu")
+    again = train(source.table("decisions"), source.table("outcomes"), fresh_bundle(), FAST, device="cpu")
     assert again.bundle == trained.bundle
 
 
@@ -116,11 +115,13 @@ def test_cycle_publishes_then_refuses_without_force(logs: Path, tmp_path: Path) 
     active = ModelSet.load(read_bundle(weights / "weights_active.bundle"), LoadOptions(warmup_batch=1))
     assert active.version == report["model_version"]
     assert "offline_dr" in active.manifest["training_metrics"]
+    fresh_path = tmp_path / "fresh.bundle"
+    fresh_path.write_bytes(fresh_bundle_bytes())
     # A tiny step from the untrained default, judged against the trained bundle now active: worse, refused.
     tiny = tmp_path / "tiny.json"
     tiny.write_text(json.dumps({"updates": 1, "batch": 8192, "value_epochs": 2, "guard": {"epochs": 2}, "bootstrap": 100,
                                 "kl_delta": 1e-6}))
-    worse = [*cmd[:-5], "--config", str(tiny), "--init", "default", "--version", "tiny-step", "--device", "cpu", "--json"]
+    worse = [*cmd[:-5], "--config", str(tiny), "--init", str(fresh_path), "--version", "tiny-step", "--device", "cpu", "--json"]
     refused = subprocess.run(worse, capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert refused.returncode == 3, refused.stderr[-2000:]
     verdict = json.loads(refused.stdout)
