@@ -53,6 +53,11 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) > 1 and argv[1] == "--":
+        # `torchrun ... shopping-agent train -- --logs DIR`: torchrun's own parser would take
+        # --logs for its --logs-specs, so the options travel after a "--"; drop it here.
+        del argv[1]
     args = parser().parse_args(argv)
     if args.command == "weights":
         logs.configure("INFO", "text")

@@ -69,6 +69,11 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as exc:
         print(f"shopping-agent {args.command}: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, ValueError) else 1
+    finally:
+        if "torch.distributed" in sys.modules:
+            from policy.trainer.distributed import shutdown
+
+            shutdown()
 
 
 def _config(args: argparse.Namespace) -> Any:
@@ -106,10 +111,12 @@ def _bundle(path: Path | None) -> Any:
 
 
 def _trained(args: argparse.Namespace, init: Any, decisions: Any, outcomes: Any, config: Any) -> Any:
+    """Train; under torchrun every rank runs this and takes the identical step (only rank 0 writes)."""
     from policy.trainer.distributed import init_from_env, make_reducer
     from policy.trainer.train import train
 
     where = init_from_env(os.environ)
+    args.rank = where.rank
     result = train(decisions, outcomes, init, config, device=args.device, reducer=make_reducer(where), rank=where.rank,
                    world=where.world_size, model_version=args.model_version, provenance={"logs": str(args.logs)})
     for warning in result.warnings:
@@ -123,6 +130,8 @@ def _train(args: argparse.Namespace) -> int:
     config = _config(args)
     decisions, outcomes = _logs(args.logs)
     result = _trained(args, _bundle(args.init), decisions, outcomes, config)
+    if args.rank != 0:
+        return 0
     atomic_write(args.out, result.bundle)
     print(json.dumps({"out": str(args.out), "model_version": result.manifest["model_version"], "metrics": result.metrics}))
     return 0
@@ -158,6 +167,8 @@ def _cycle(args: argparse.Namespace) -> int:
     current_bundle = read_bundle(store.active_path) if store.active_path.exists() else _bundle(None)
     decisions, outcomes = _logs(args.logs)
     result = _trained(args, _bundle(args.init) if args.init else current_bundle, decisions, outcomes, config)
+    if args.rank != 0:
+        return 0  # rank 0 evaluates, gates and publishes
     _, (held_d, held_o) = split(decisions, outcomes, config.heldout_fraction, config.seed)
     options = LoadOptions(device="cpu", warmup_batch=1)
     new_model, current_model = ModelSet.load(read_bundle(result.bundle), options), ModelSet.load(current_bundle, options)

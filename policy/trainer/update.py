@@ -184,7 +184,7 @@ def natural_step(policy: PolicyNet, decoder: TorchDecoder, b: Batch, config: Tra
     theta0 = flat_params(policy)
     search = backtracking_line_search(policy, step.scaled.step.to(theta0.dtype), evaluate, surrogate_before=before,
                                       delta=config.kl_delta, expected_improvement=step.scaled.expected_improvement,
-                                      max_tries=config.line_search_steps)
+                                      max_tries=config.line_search_steps, kl_fits=2)  # resize to the measured KL: lands near δ
     stats.tracker.record(step.scaled, search, config.kl_delta)
     if search.accepted and config.max_behavior_kl is not None:
         stats.support_limited = _within_support(policy, decoder, b, theta0, config.max_behavior_kl, reducer)

@@ -1,0 +1,58 @@
+"""The CronJob's command on a million logged decisions: ``shopping-agent cycle``, timed end to end.
+
+    .venv/bin/python -m bench.cycle [--decisions 1000000] [--device cpu]
+
+Uses the logs ``bench.log_read`` generates (``bench/results/logs-<N>``; generated here if
+missing), a fresh temporary weights directory (so the current bundle is the embedded
+default), and the default ``TrainConfig``. Reports the wall time, the peak RSS and the gate's
+verdict (target: ≤ 10 minutes on this machine's CPU). A child process, bounded by ``--timeout``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from bench.log_read import generate
+from bench.procs import REPO
+
+TARGET_S = 600.0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.cycle", description=__doc__.splitlines()[0])
+    p.add_argument("--decisions", type=int, default=1_000_000)
+    p.add_argument("--device", default="cpu", choices=("auto", "cpu", "cuda"))
+    p.add_argument("--timeout", type=float, default=1800.0)
+    args = p.parse_args(argv)
+    root = REPO / "bench" / "results" / f"logs-{args.decisions}"
+    if not (root / "bench-info.json").exists():
+        generate(root, args.decisions, 0)
+    with tempfile.TemporaryDirectory(prefix="bench-cycle-") as tmp:
+        cmd = [sys.executable, "-m", "server", "cycle", "--logs", str(root), "--weights-dir", str(Path(tmp) / "weights"),
+               "--device", args.device, "--json"]
+        started = time.monotonic()
+        run = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=args.timeout)
+        seconds = time.monotonic() - started
+    peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    report = json.loads(run.stdout) if run.stdout.strip().startswith("{") else {}
+    stages = [line.split(" INFO ", 1)[-1][:160] for line in run.stderr.splitlines() if " INFO " in line]
+    print("\n".join(stages[-12:]))
+    print(f"\ncycle on {args.decisions:,} logged decisions: {seconds:.0f} s (target <= {TARGET_S:.0f} s "
+          f"{'met' if seconds <= TARGET_S else 'MISSED'}), peak RSS {peak_mb:,.0f} MB, exit {run.returncode}, "
+          f"publish {report.get('publish')}, DR new − current {report.get('dr_difference')}")
+    out = REPO / "bench" / "results" / "cycle.json"
+    out.write_text(json.dumps({"decisions": args.decisions, "seconds": seconds, "peak_rss_mb": peak_mb, "exit": run.returncode,
+                               "report": report, "stderr_tail": run.stderr[-4000:]}, indent=2, default=float) + "\n")
+    return 0 if run.returncode in (0, 3) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,144 @@
+"""Data-parallel reduction: every rank averages the same statistics, so every rank takes the same step.
+
+Each rank holds a shard of the logged states and computes *local means* over its shard: the
+surrogate's gradient, Fisher-vector products, ``sᵀ F s``, the KL and the surrogate in the
+line search. A ``Reducer`` turns them into the mean over the union of the shards::
+
+    weighted_mean(x_r, n_r) = Σ_r n_r x_r / Σ_r n_r
+
+with ``n_r`` the rank's number of states (after any subsampling). With equal shards this is
+the plain average over ranks; with unequal shards the weighting is what makes it the
+full-batch mean (a plain average would over-weight the states of a small shard). The
+conjugate gradient and the line search only ever branch on reduced values, so their
+iterates and decisions are identical on every rank (a ring all-reduce gives every rank the
+same bits).
+
+``init_from_env`` reads torchrun's variables from a mapping the entry point passes in (this
+module never reads ``os.environ`` itself) and joins the process group, gloo on CPU.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+log = logging.getLogger(__name__)
+
+
+class Reducer(Protocol):
+    """Averages local statistics across the data-parallel ranks."""
+
+    @property
+    def world_size(self) -> int: ...
+
+    def weighted_mean(self, value: Tensor, weight: float) -> Tensor:
+        """``Σ_r w_r x_r / Σ_r w_r`` over the ranks; ``value`` is this rank's ``x_r``, ``weight`` its ``w_r``."""
+        ...
+
+
+class LocalReducer:
+    """One process: the local mean is the mean (the identity)."""
+
+    @property
+    def world_size(self) -> int:
+        return 1
+
+    def weighted_mean(self, value: Tensor, weight: float) -> Tensor:
+        if not weight > 0:
+            raise ValueError(f"weight must be > 0, got {weight}")
+        return value
+
+
+class TorchDistReducer:
+    """``torch.distributed``: one all-reduce (SUM) of ``[w x, w]`` per call, then a division.
+
+    Value and weight travel in the same buffer (one collective per call). The weight is
+    carried in the value's dtype: exact for counts up to 2^24 in float32.
+    """
+
+    def __init__(self, group: dist.ProcessGroup | None = None) -> None:
+        if not dist.is_initialized():
+            raise RuntimeError("torch.distributed is not initialized (see init_from_env)")
+        self.group = group
+
+    @property
+    def world_size(self) -> int:
+        return dist.get_world_size(self.group)
+
+    def weighted_mean(self, value: Tensor, weight: float) -> Tensor:
+        if not weight >= 0:
+            raise ValueError(f"weight must be ≥ 0, got {weight}")
+        flat = value.detach().reshape(-1)
+        buf = torch.cat([flat * weight, flat.new_tensor([weight])])
+        dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=self.group)
+        total = buf[-1]
+        if not bool(total > 0):
+            raise ValueError("the weights sum to zero across the ranks")
+        return (buf[:-1] / total).reshape(value.shape)
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """Where this process stands in a torchrun launch."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    master_addr: str
+    master_port: int
+
+    @classmethod
+    def parse(cls, env: Mapping[str, str]) -> DistEnv:
+        """torchrun's ``RANK WORLD_SIZE LOCAL_RANK MASTER_ADDR MASTER_PORT``; absent means one process."""
+        world_size = int(env.get("WORLD_SIZE", "1"))
+        rank = int(env.get("RANK", "0"))
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"bad RANK={rank} / WORLD_SIZE={world_size}")
+        return cls(
+            rank=rank,
+            world_size=world_size,
+            local_rank=int(env.get("LOCAL_RANK", str(rank))),
+            master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+            master_port=int(env.get("MASTER_PORT", "29500")),
+        )
+
+
+def init_from_env(env: Mapping[str, str], *, backend: str | None = None, timeout_s: float = 60.0) -> DistEnv:
+    """Join the process group described by ``env`` (torchrun's variables); returns rank and world size.
+
+    A world of one starts nothing (use ``LocalReducer``). ``backend`` defaults to gloo (CPU
+    tensors); pass ``"nccl"`` for CUDA tensors. ``timeout_s`` bounds the rendezvous and every
+    collective, so a dead peer ends in an error, not a hang.
+    """
+    where = DistEnv.parse(env)
+    if where.world_size == 1:
+        return where
+    if dist.is_initialized():
+        raise RuntimeError("torch.distributed is already initialized")
+    dist.init_process_group(
+        backend=backend or "gloo",
+        init_method=f"tcp://{where.master_addr}:{where.master_port}",
+        rank=where.rank,
+        world_size=where.world_size,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
+    log.info("joined process group: rank %d of %d (%s)", where.rank, where.world_size, dist.get_backend())
+    return where
+
+
+def make_reducer(where: DistEnv) -> Reducer:
+    """``LocalReducer`` for a world of one, else ``TorchDistReducer`` on the default group."""
+    return LocalReducer() if where.world_size == 1 else TorchDistReducer()
+
+
+def shutdown() -> None:
+    """Leave the process group, if one was joined."""
+    if dist.is_initialized():
+        dist.destroy_process_group()

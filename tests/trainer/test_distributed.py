@@ -1,0 +1,164 @@
+"""Two gloo ranks holding unequal halves of a batch take the step one process takes on the whole batch.
+
+The test runs this file as a script in two subprocesses (torchrun's variables in their
+environment, 127.0.0.1 and a free port); each writes what it computed to an ``.npz``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+if __package__ in (None, ""):  # run as a worker script: make ``policy`` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from policy.trainer.distributed import DistEnv, LocalReducer, Reducer, TorchDistReducer, init_from_env, make_reducer, shutdown
+from policy.trainer.fisher import GaussNewtonFisher, Linearization, flat_params, logits_fn, masked_log_probs, mean_kl
+from policy.trainer.networks import PolicyNet
+from policy.trainer.trust_region import Evaluation, backtracking_line_search, natural_gradient_step
+
+ROOT = Path(__file__).resolve().parents[2]
+N_STATES, SPLIT, STATE_DIM, HIDDEN, N_ACTIONS = 64, 40, 9, 8, 5
+DELTA = 0.01
+TIMEOUT_S = 60.0
+
+
+def batch() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """States, log guard weights (some blocked), logged actions (allowed) and advantages; float64, seeded."""
+    gen = torch.Generator().manual_seed(11)
+    states = torch.randn(N_STATES, STATE_DIM, generator=gen, dtype=torch.float64)
+    log_guard = -torch.rand(N_STATES, N_ACTIONS, generator=gen, dtype=torch.float64)
+    log_guard[torch.rand(N_STATES, N_ACTIONS, generator=gen) < 0.3] = float("-inf")
+    actions = torch.randint(0, N_ACTIONS, (N_STATES,), generator=gen)
+    log_guard[torch.arange(N_STATES), actions] = 0.0
+    advantages = torch.randn(N_STATES, generator=gen, dtype=torch.float64)
+    return states, log_guard, actions, advantages
+
+
+def update(rows: slice, reducer: Reducer) -> dict[str, np.ndarray]:
+    """One trust-region update on ``rows`` of the batch, every statistic reduced through ``reducer``."""
+    torch.manual_seed(3)
+    net = PolicyNet(STATE_DIM, HIDDEN, N_ACTIONS).double()
+    states, log_guard, actions, advantages = (t[rows] for t in batch())
+    n = states.shape[0]
+    f = logits_fn(net, states)
+    theta = flat_params(net)
+    log_q_old = masked_log_probs(f(theta), log_guard).detach()
+    picked = torch.arange(n), actions
+
+    def surrogate(t: torch.Tensor) -> torch.Tensor:  # this shard's mean of A · log q(a|s)
+        return (advantages * masked_log_probs(f(t), log_guard)[picked]).mean()
+
+    t = theta.clone().requires_grad_(True)
+    (local_grad,) = torch.autograd.grad(surrogate(t), t)
+    grad = reducer.weighted_mean(local_grad, n)
+    fisher = GaussNewtonFisher(Linearization(f, theta), log_guard, damping=0.1, reducer=reducer)
+    probe = torch.linspace(-1.0, 1.0, theta.numel(), dtype=torch.float64)
+    fvp = fisher(probe)
+    step = natural_gradient_step(fisher, fisher.curvature, grad, delta=DELTA, cg_iterations=10)
+    assert step.scaled.step is not None
+
+    def evaluate() -> Evaluation:
+        with torch.no_grad():
+            now = flat_params(net)
+            kl = reducer.weighted_mean(mean_kl(log_q_old, f(now), log_guard), n)
+            gain = reducer.weighted_mean(surrogate(now), n)
+        return Evaluation(float(kl), float(gain))
+
+    before = float(reducer.weighted_mean(surrogate(theta), n))
+    search = backtracking_line_search(net, step.scaled.step, evaluate, surrogate_before=before, delta=DELTA)
+    return {
+        "grad": grad.numpy(),
+        "fvp": fvp.numpy(),
+        "cg_x": step.cg.x.numpy(),
+        "step": step.scaled.step.numpy(),
+        "theta": flat_params(net).numpy(),
+        "scalars": np.array([step.cg.iterations, step.scaled.curvature, search.fraction, search.kl, float(search.accepted)]),
+    }
+
+
+def worker(out: Path) -> None:
+    where = init_from_env(os.environ, timeout_s=TIMEOUT_S)
+    try:
+        rows = slice(0, SPLIT) if where.rank == 0 else slice(SPLIT, N_STATES)
+        np.savez(out, **update(rows, make_reducer(where)))  # type: ignore[arg-type]
+    finally:
+        shutdown()
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread() -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_two_gloo_ranks_take_the_single_process_step(tmp_path: Path) -> None:
+    port = free_port()
+    procs = []
+    for rank in range(2):
+        env = {
+            **os.environ,
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": "2",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "GLOO_SOCKET_IFNAME": "lo",
+            "OMP_NUM_THREADS": "1",
+            "PYTHONPATH": str(ROOT),
+        }
+        cmd = [sys.executable, str(Path(__file__)), str(tmp_path / f"rank{rank}.npz")]
+        procs.append(subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    try:
+        outputs = [p.communicate(timeout=TIMEOUT_S)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=10)
+    for p, text in zip(procs, outputs, strict=True):
+        assert p.returncode == 0, text
+
+    whole = update(slice(0, N_STATES), LocalReducer())
+    ranks = [dict(np.load(tmp_path / f"rank{r}.npz")) for r in range(2)]
+    for key in ("grad", "fvp", "cg_x", "step", "theta", "scalars"):
+        assert np.array_equal(ranks[0][key], ranks[1][key]), f"{key}: the ranks disagree"  # bit for bit
+        np.testing.assert_allclose(ranks[0][key], whole[key], rtol=1e-9, atol=1e-12, err_msg=key)
+    assert whole["scalars"][4] == 1.0  # the line search accepted a step
+    assert not np.array_equal(whole["theta"], whole["theta"] - whole["step"])
+
+
+def test_local_reducer_and_env_parsing() -> None:
+    x = torch.arange(3.0)
+    assert LocalReducer().weighted_mean(x, 7) is x and LocalReducer().world_size == 1
+    with pytest.raises(ValueError, match="weight"):
+        LocalReducer().weighted_mean(x, 0)
+    assert DistEnv.parse({}) == DistEnv(0, 1, 0, "127.0.0.1", 29500)
+    where = DistEnv.parse({"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "0", "MASTER_ADDR": "10.0.0.2", "MASTER_PORT": "1234"})
+    assert (where.rank, where.world_size, where.local_rank, where.master_port) == (1, 4, 0, 1234)
+    with pytest.raises(ValueError, match="RANK"):
+        DistEnv.parse({"RANK": "2", "WORLD_SIZE": "2"})
+    assert init_from_env({}) == DistEnv(0, 1, 0, "127.0.0.1", 29500)  # one process: nothing to join
+    assert isinstance(make_reducer(DistEnv.parse({})), LocalReducer)
+    with pytest.raises(RuntimeError, match="not initialized"):
+        TorchDistReducer()
+
+
+if __name__ == "__main__":
+    worker(Path(sys.argv[1]))
