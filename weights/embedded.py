@@ -11,6 +11,7 @@ from typing import Any
 from weights.bundle import Bundle, read_bundle
 
 DEFAULT_BUNDLE_NAME = "default.bundle"
+DEFAULT_MODEL_VERSION = "default-sim-20261130"  # built by scripts/build_default_bundle.py
 
 
 def default_bundle_bytes() -> bytes:

@@ -57,7 +57,7 @@ def logged_steps(decisions: pa.Table, model: ModelSet) -> LoggedSteps:
     pages = decisions.column("page_type").to_pylist()
     carts = decisions.column("cart_item_count").to_pylist()
     contexts = [Context(PageType(p), c, h, len(b)) for p, c, h, b in zip(pages, carts, hours.tolist(), behavior, strict=True)]
-    served = np.asarray(decisions.column("served_probs").combine_chunks().flatten().to_numpy(zero_copy_only=False),
+    served = np.array(decisions.column("served_probs").combine_chunks().flatten().to_numpy(zero_copy_only=False),
                         dtype=np.float64).reshape(len(decisions), N_ACTIONS)
     return LoggedSteps(
         states=states,

@@ -16,7 +16,7 @@ from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
 from server.models import ACTIVE_NAME
 from tests.harness import request, running_server, stub
 from weights.bundle import PARTS, write_bundle
-from weights.embedded import default_bundle
+from weights.embedded import DEFAULT_MODEL_VERSION, default_bundle
 
 
 def _health(channel: grpc.Channel) -> int:
@@ -50,7 +50,7 @@ def test_a_corrupt_active_bundle_falls_back_to_the_embedded_default(tmp_path: Pa
     good.write_bytes(bytes(data))
     with running_server(weights_dir=tmp_path) as live, grpc.insecure_channel(live.target) as ch:
         assert _health(ch) == health_pb2.HealthCheckResponse.SERVING
-        assert stub(ch).RecommendAction(request(), timeout=5).model_version == "default-init-20261130"
+        assert stub(ch).RecommendAction(request(), timeout=5).model_version == DEFAULT_MODEL_VERSION
 
 
 def test_a_valid_active_bundle_is_served(tmp_path: Path) -> None:
@@ -81,7 +81,7 @@ def test_a_deadline_too_short_for_inference_gets_the_rule_answer() -> None:
         resp = stub(ch).RecommendAction(request(page_type=pb.PAGE_TYPE_DETAIL), timeout=0.15)
         assert resp.source == pb.DECISION_SOURCE_FALLBACK_DEGRADED
         assert (resp.action, resp.rule, resp.propensity) == (pb.ACTION_ADD_TO_CART, "detail_page_add", 1.0)
-        assert resp.model_version == "default-init-20261130"
+        assert resp.model_version == DEFAULT_MODEL_VERSION
         assert stub(ch).RecommendAction(request(), timeout=5).source != pb.DECISION_SOURCE_FALLBACK_DEGRADED
         assert live.registry.get_sample_value("shopping_agent_degraded_decisions_total", {"reason": "deadline"}) == 1.0
 

@@ -23,7 +23,7 @@ import pytest
 from server.models import ACTIVE_NAME
 from tests.harness import ServerThread, request, running_server, stub
 from weights.bundle import PARTS, npy_bytes, write_bundle
-from weights.embedded import default_bundle
+from weights.embedded import DEFAULT_MODEL_VERSION, default_bundle
 
 BASE = default_bundle()
 
@@ -243,7 +243,7 @@ def test_a_configmap_style_symlink_swap_is_seen(tmp_path: Path) -> None:
 def test_a_missing_directory_at_start_serves_the_default_then_picks_up_the_bundle(tmp_path: Path) -> None:
     directory = tmp_path / "not-yet"
     for _, load in _serve(directory):
-        wait_for(load, "default-init-20261130")
+        wait_for(load, DEFAULT_MODEL_VERSION)
         directory.mkdir()
         publish(directory, bundle_bytes("late"))
         wait_for(load, "late", timeout=5)

@@ -16,6 +16,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
 from tests.harness import ROOT, ServerThread, request, spawn_server, stub
+from weights.embedded import DEFAULT_MODEL_VERSION
 
 SERVICE = "shopping_agent.v1.ShoppingAgent"
 
@@ -145,7 +146,7 @@ def test_start_to_serving_with_the_cli_logs_json() -> None:
                     pass
                 assert time.monotonic() < deadline, "never SERVING"
                 time.sleep(0.02)
-            assert stub(ch).RecommendAction(request(), timeout=5).model_version == "default-init-20261130"
+            assert stub(ch).RecommendAction(request(), timeout=5).model_version == DEFAULT_MODEL_VERSION
         spawned.proc.send_signal(signal.SIGINT)
         assert spawned.proc.wait(timeout=10) == 0
     assert any('"msg": "serving"' in line for line in spawned.lines)

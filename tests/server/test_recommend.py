@@ -10,6 +10,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
 from tests.harness import ServerThread, request, stub
+from weights.embedded import DEFAULT_MODEL_VERSION
 
 POLICY_SOURCES = {pb.DECISION_SOURCE_POLICY, pb.DECISION_SOURCE_FALLBACK_LOW_CONSENSUS, pb.DECISION_SOURCE_EXPLORATION}
 
@@ -18,7 +19,7 @@ def test_valid_request_gets_a_complete_decision(channel: grpc.Channel) -> None:
     resp = stub(channel).RecommendAction(request(request_id="r-42"), timeout=5)
     assert len(resp.decision_id) == 32
     assert resp.request_id == "r-42"
-    assert resp.model_version == "default-init-20261130"
+    assert resp.model_version == DEFAULT_MODEL_VERSION
     assert resp.source in POLICY_SOURCES
     assert resp.action != pb.ACTION_EXIT  # the default guardrails ban exit
     assert resp.samples == 10

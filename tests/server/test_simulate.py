@@ -16,6 +16,7 @@ from policy.experience.returns import mean_return, session_returns
 from policy.experience.segments import DirectorySource
 from policy.experience.sessions import build_episodes
 from tests.harness import ROOT, running_server, spawn_server
+from weights.embedded import DEFAULT_MODEL_VERSION
 
 CLI = [sys.executable, "-m", "server", "simulate"]
 
@@ -45,7 +46,7 @@ def test_in_process_is_reproducible_and_batch_independent() -> None:
     assert {k: first[k] for k in keys} == {k: again[k] for k in keys}
     assert first["mean_return"] != other["mean_return"]
     assert first["sessions"] == 300 and first["ci_low"] <= first["mean_return"] <= first["ci_high"]
-    assert first["model_versions"] == ["default-init-20261130"]
+    assert first["model_versions"] == [DEFAULT_MODEL_VERSION]
 
 
 def test_in_process_logs_score_the_same(tmp_path: Path) -> None:

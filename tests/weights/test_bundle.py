@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from weights.bundle import FORMAT, FORMAT_VERSION, MANIFEST, PARTS, Bundle, BundleError, npy_bytes, read_bundle, write_bundle
+from weights.embedded import DEFAULT_MODEL_VERSION
 from weights.initial import make_bundle
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -98,7 +99,7 @@ def test_embedded_default_is_reproducible_from_the_build_script() -> None:
 
 def test_embedded_default_manifest(default_bundle: Bundle) -> None:
     m = default_bundle.manifest
-    assert default_bundle.model_version == "default-init-20261130"
+    assert default_bundle.model_version == DEFAULT_MODEL_VERSION
     assert m["actions"] == ["add_to_cart", "view_detail", "apply_coupon", "share_social", "exit"]
     assert m["feature_spec"]["state_dim"] == 920
     assert m["provenance"]["seed"] == 20261130

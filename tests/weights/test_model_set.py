@@ -13,6 +13,7 @@ import pytest
 from policy.domain import ACTIONS, Action, Context, PageType, Source
 from weights import mlp
 from weights.bundle import Bundle, BundleError, npy_bytes, read_bundle
+from weights.embedded import DEFAULT_MODEL_VERSION
 from weights.model_set import LoadOptions, ModelSet, NoModel
 
 A, V, C, S, X = ACTIONS
@@ -45,7 +46,7 @@ def masked_softmax(logits: np.ndarray, weights: np.ndarray) -> np.ndarray:
 
 def test_default_bundle_loads_and_passes_its_golden_self_test(model: ModelSet, default_bundle: Bundle) -> None:
     assert model.ready is True
-    assert model.version == "default-init-20261130"
+    assert model.version == DEFAULT_MODEL_VERSION
     assert model.encoder.spec.state_dim == 920
     assert (model.decoder.samples, model.decoder.min_votes, model.decoder.epsilon, model.decoder.temperature) == (10, 4, 0.05, 1.2)
     assert model.guard.threshold == 0.2
@@ -97,7 +98,7 @@ def test_golden_outputs_within_the_tolerance_still_load(rebuild: Any, default_bu
     golden = default_bundle.array("golden_outputs.npy").copy()
     golden[0, 0] += 5e-5
     assert ModelSet.load(read_bundle(rebuild(**{"golden_outputs.npy": npy_bytes(golden)})),
-                         LoadOptions(device="cpu", warmup_batch=1)).version == "default-init-20261130"
+                         LoadOptions(device="cpu", warmup_batch=1)).version == DEFAULT_MODEL_VERSION
 
 
 @pytest.mark.parametrize(
@@ -214,7 +215,7 @@ def test_served_probs_are_the_exact_procedure(model: ModelSet) -> None:
     assert d.served_probs[X.index] == 0.0
     assert d.propensity == d.served_probs[d.action.index]
     assert d.blocked.tolist() == [False, False, False, False, True]
-    assert d.samples == 10 and d.model_version == "default-init-20261130"
+    assert d.samples == 10 and d.model_version == DEFAULT_MODEL_VERSION
     np.testing.assert_allclose(d.allow_probs, PERMISSIVE.astype(np.float64))
 
 
