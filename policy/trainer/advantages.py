@@ -9,8 +9,13 @@ the state and sets the scale of the return.
 (the page type of the request, as GRPO normalises within the group of answers to one
 prompt). No model to fit, but it only removes what the group explains.
 
-Which is better was measured on the simulator (``bench``/README): see the trainer section of
-the README; the default follows the measurement.
+Measured on the simulator (``python -m bench.trainer_sim``: 6,000 sessions logged by the
+untrained bundle, same seed, true values on 4,000 unseen sessions): both give the same policy
+to within noise (true mean_return 2.502 both, from 1.195; offline DR 2.331 / 2.330), because
+one support-limited natural-gradient step points the same way with either; ``group`` trains
+5 s faster (no value fit). ``baseline`` stays the default: it conditions on the whole state,
+so it keeps working when the traffic mix within a page type shifts, which the simulator does
+not exercise.
 """
 
 from __future__ import annotations
