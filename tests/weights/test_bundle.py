@@ -102,7 +102,10 @@ def test_embedded_default_manifest(default_bundle: Bundle) -> None:
     assert default_bundle.model_version == DEFAULT_MODEL_VERSION
     assert m["actions"] == ["add_to_cart", "view_detail", "apply_coupon", "share_social", "exit"]
     assert m["feature_spec"]["state_dim"] == 920
-    assert m["provenance"]["seed"] == 20261130
+    provenance = m["provenance"]  # the simulator loop from the untrained bundle (scripts/build_default_bundle.py)
+    assert provenance["kind"] == "trained" and provenance["init"]["seed"] == 20261130
+    assert provenance["gate"]["dr_difference"]["ci_low"] >= 0
+    assert provenance["simulator_true_value"]["trained"] > provenance["simulator_true_value"]["initial"]
 
 
 # --- container damage: read_bundle -------------------------------------------------------------

@@ -49,7 +49,7 @@ def test_default_bundle_loads_and_passes_its_golden_self_test(model: ModelSet, d
     assert model.version == DEFAULT_MODEL_VERSION
     assert model.encoder.spec.state_dim == 920
     assert (model.decoder.samples, model.decoder.min_votes, model.decoder.epsilon, model.decoder.temperature) == (10, 4, 0.05, 1.2)
-    assert model.guard.threshold == 0.2
+    assert model.guard.threshold == default_bundle.manifest["guard"]["threshold"]  # chosen by the trainer on held-out data
     assert model.guardrails.static.tolist() == STATIC.tolist()
     states = default_bundle.array("golden_states.npy")
     logits, allow = model.infer(states)
