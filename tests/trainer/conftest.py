@@ -1,9 +1,11 @@
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import pytest
+import torch
 
 from policy.experience.recorder import ExperienceRecorder, RecorderOptions
 from policy.simulator.config import SimConfig
@@ -11,6 +13,15 @@ from policy.simulator.drive import run_in_process
 from policy.simulator.world import World
 from weights.embedded import default_bundle
 from weights.model_set import LoadOptions, ModelSet
+
+
+@pytest.fixture(scope="module")
+def one_thread() -> Iterator[None]:
+    """Tiny matrices: one torch thread (with two, the OpenMP hand-off costs more than the products on a busy machine)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 from torch.autograd.functional import hessian, jacobian
@@ -28,13 +26,7 @@ N_STATES, STATE_DIM, HIDDEN, N_ACTIONS = 16, 7, 6, 5
 NEG_INF = float("-inf")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread() -> Iterator[None]:
-    """Tiny matrices: one thread (with two, the OpenMP hand-off costs more than the products on a busy machine)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/trainer/conftest.py
 
 
 def tiny_problem(seed: int = 0) -> tuple[PolicyNet, torch.Tensor, torch.Tensor]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -29,13 +28,7 @@ from policy.trainer.trust_region import (
 F64 = torch.float64
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread() -> Iterator[None]:
-    """Tiny matrices: one thread (with two, the OpenMP hand-off costs more than the products on a busy machine)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/trainer/conftest.py
 
 
 def spd(n: int, seed: int, eigenvalues: np.ndarray | None = None) -> np.ndarray:
