@@ -59,6 +59,9 @@ class ShoppingAgentServer:
             ("grpc.max_receive_message_length", config.max_message_bytes),
             ("grpc.so_reuseport", 1 if config.reuse_port else 0),
         ]
+        if config.max_connection_age_seconds is not None:  # clients reconnect, re-resolve and spread over new pods
+            options += [("grpc.max_connection_age_ms", int(config.max_connection_age_seconds * 1000)),
+                        ("grpc.max_connection_age_grace_ms", 30_000)]
         server = aio.server(options=options)
         self._batcher = MicroBatcher(config.max_batch, config.max_queue, self.metrics.batch if self.metrics else None)
         self._batcher.start()

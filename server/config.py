@@ -48,6 +48,9 @@ class Config:
     min_inference_budget_ms: float = _opt(5.0, "a call whose deadline leaves less than this gets the rule answer at once")
     max_recent_behavior_ids: int = _opt(32, "most recent_behavior_ids accepted in one request")
     max_id_length: int = _opt(256, "longest accepted id string (characters)")
+    max_connection_age_seconds: float | None = _opt(
+        None, "close each client connection after this long (then 30 s to finish calls), so clients re-resolve DNS and "
+              "reach new pods; empty: never")
     max_message_bytes: int = _opt(64 * 1024, "largest accepted request message (gRPC RESOURCE_EXHAUSTED above)")
     samples: int | None = _opt(None, "K, samples drawn per decision (default: the bundle's)")
     min_votes: int | None = _opt(None, "votes the majority needs before the rule engine answers (default: the bundle's)")
@@ -95,6 +98,8 @@ class Config:
             problems.append(f"exploration_epsilon: expected 0..1, got {self.exploration_epsilon}")
         if self.guard_threshold is not None and not 0 <= self.guard_threshold <= 1:
             problems.append(f"guard_threshold: expected 0..1, got {self.guard_threshold}")
+        if self.max_connection_age_seconds is not None and not self.max_connection_age_seconds > 0:
+            problems.append(f"max_connection_age_seconds: expected > 0, got {self.max_connection_age_seconds}")
         if not 0 <= self.log_sample_rate <= 1:
             problems.append(f"log_sample_rate: expected 0..1, got {self.log_sample_rate}")
         if self.log_segment_mb <= 0 or self.log_segment_seconds <= 0 or self.log_flush_seconds <= 0:
