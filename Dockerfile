@@ -1,17 +1,63 @@
-# Serving image: the gRPC server on CPU onnxruntime, no torch. The multi-stage build with a
-# GPU variant and the trainer image arrive with the deploy issue.
-FROM python:3.11-slim
+# shopping-agent images (docs/deploy.md). Two targets from one build:
+#
+#   serve    the gRPC server: onnxruntime, no torch. RUNTIME=cpu (default) or gpu picks the
+#            onnxruntime extra (never both: the two packages overwrite each other's files).
+#   trainer  the `shopping-agent cycle` CronJob: the train extra (torch 2.13.0, onnx) plus CPU
+#            onnxruntime for the offline gate. TORCH_INDEX_URL picks the torch build: the CPU
+#            wheels by default, a CUDA index (e.g. https://download.pytorch.org/whl/cu128) for GPU nodes.
+#
+#   docker build --target serve -t shopping-agent:0.1.0 .
+#   docker build --target serve --build-arg RUNTIME=gpu -t shopping-agent:0.1.0-gpu .
+#   docker build --target trainer -t shopping-agent-trainer:0.1.0 .
+#   docker build --target trainer --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128 \
+#     -t shopping-agent-trainer:0.1.0-cuda .
+#
+# Both run as uid/gid 10001 (the manifests' runAsUser) and need nothing writable but /tmp and
+# the mounted volumes (readOnlyRootFilesystem). A plain `docker build .` gives the serving image.
 
-ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
-WORKDIR /app
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+
+FROM ${PYTHON_IMAGE} AS base
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    VIRTUAL_ENV=/opt/venv \
+    PATH=/opt/venv/bin:$PATH
+RUN groupadd --system --gid 10001 app \
+    && useradd --system --no-log-init --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
+       --shell /usr/sbin/nologin app
+
+# The source, once, for both installs. .dockerignore lets in only what is copied here.
+FROM base AS source
+WORKDIR /src
+RUN python -m venv /opt/venv
 COPY pyproject.toml README.md ./
 COPY server ./server
 COPY policy ./policy
 COPY guard ./guard
 COPY weights ./weights
-RUN pip install --no-cache-dir '.[cpu]' \
-    && useradd --uid 10001 --no-create-home --shell /usr/sbin/nologin app
-USER 10001
-EXPOSE 50051
-ENTRYPOINT ["shopping-agent", "serve"]
-CMD ["--port", "50051"]
+
+FROM source AS build-serve
+ARG RUNTIME=cpu
+RUN case "${RUNTIME}" in cpu|gpu) ;; *) echo "RUNTIME must be cpu or gpu, got ${RUNTIME}" >&2; exit 2;; esac \
+    && pip install --no-cache-dir "/src[${RUNTIME}]"
+
+FROM source AS build-trainer
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+RUN pip install --no-cache-dir --extra-index-url "${TORCH_INDEX_URL}" "/src[cpu,train]"
+
+FROM base AS trainer
+COPY --from=build-trainer /opt/venv /opt/venv
+USER 10001:10001
+ENTRYPOINT ["shopping-agent"]
+# The CronJob's mounts (k8s/base/cronjob.yaml), which gives its own command line.
+CMD ["cycle", "--logs=/logs", "--weights-dir=/weights"]
+
+# Last, so that a build without --target gives the serving image.
+FROM base AS serve
+COPY --from=build-serve /opt/venv /opt/venv
+USER 10001:10001
+EXPOSE 50051 9095
+ENTRYPOINT ["shopping-agent"]
+CMD ["serve", "--port=50051", "--metrics-port=9095"]
