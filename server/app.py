@@ -154,7 +154,12 @@ class ShoppingAgentServer:
         """
         grace = self.config.grace_seconds if grace is None else grace
         drain_delay = self.config.drain_delay_seconds if drain_delay is None else drain_delay
-        if self._server is None:
+        if self._server is None:  # never started, or start() failed part-way: release what it did start
+            if self._batcher is not None:
+                await self._batcher.close()
+                self._batcher = None
+            if self.recorder is not None:
+                await asyncio.get_running_loop().run_in_executor(None, self.recorder.close)
             return
         log.info("draining", extra={"fields": {"grace_s": grace, "drain_delay_s": drain_delay}})
         await self.health.enter_graceful_shutdown()

@@ -118,7 +118,8 @@ def _in_process(world: World, sessions: range, args: argparse.Namespace) -> dict
     model = ModelSet.load(bundle, LoadOptions(warmup_batch=args.batch))
     recorder = None
     if args.log_dir:
-        recorder = ExperienceRecorder(args.log_dir, resolve_salt(args.log_dir, ""), RecorderOptions())
+        # flushed once per batch in this thread: room for a batch's decisions and all their outcomes
+        recorder = ExperienceRecorder(args.log_dir, resolve_salt(args.log_dir, ""), RecorderOptions(max_queue=max(8192, 32 * args.batch)))
     try:
         trace = run_in_process(world, model, sessions, ZoneInfo(args.timezone), recorder, batch=args.batch)
     finally:

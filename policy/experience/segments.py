@@ -88,15 +88,18 @@ class SegmentWriter:
         """Finalise the open segment (if any); the next write opens a new one."""
         if self._stream is None or self._path is None or self._file is None:
             return None
-        self._stream.close()
-        self._file.flush()
-        os.fsync(self._fd)
-        final = self.dir / (self._path.name.removeprefix(OPEN_PREFIX))
-        os.replace(self._path, final)
-        _fsync_dir(self.dir)
-        self._file.close()
-        os.close(self._fd)  # releases the flock
+        stream, file, path, fd = self._stream, self._file, self._path, self._fd
         self._stream, self._file, self._path, self._fd = None, None, None, -1
+        try:
+            stream.close()
+            file.flush()
+            os.fsync(fd)
+            final = self.dir / (path.name.removeprefix(OPEN_PREFIX))
+            os.replace(path, final)
+            _fsync_dir(self.dir)
+        finally:  # a failed close (disk full) still releases the file and its lock; recovery finds the segment
+            file.close()
+            os.close(fd)
         self.finalised.append(final)
         return final
 
@@ -141,8 +144,10 @@ def recover_abandoned(root: Path, kind: str) -> list[Path]:
             if not path.exists():
                 continue
             final = directory / path.name.removeprefix(OPEN_PREFIX)
-            if os.fstat(fd).st_size == 0:
-                path.unlink()
+            stat = os.fstat(fd)
+            if stat.st_size == 0:
+                if time.time() - stat.st_mtime > 60:  # a young empty file may be a writer between create and lock
+                    path.unlink()
                 continue
             os.replace(path, final)
             _fsync_dir(directory)

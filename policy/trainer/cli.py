@@ -28,6 +28,10 @@ log = logging.getLogger(__name__)
 EXIT_REFUSED = 3
 
 
+class UsageError(ValueError):
+    """A bad command line or config file: exit 2. Anything else that fails is exit 1."""
+
+
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser("train", help="train a new bundle from decision and outcome logs (needs the train extra)")
     _common(p)
@@ -66,9 +70,13 @@ def _common(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         return int(args.handler(args))
-    except (ValueError, OSError) as exc:
+    except UsageError as exc:
         print(f"shopping-agent {args.command}: {exc}", file=sys.stderr)
-        return 2 if isinstance(exc, ValueError) else 1
+        return 2
+    except Exception as exc:  # bad data, a bad bundle, a full disk: the CronJob must tell these from bad usage
+        log.exception("%s failed", args.command)
+        print(f"shopping-agent {args.command}: failed: {exc}", file=sys.stderr)
+        return 1
     finally:
         if "torch.distributed" in sys.modules:
             from policy.trainer.distributed import shutdown
@@ -80,25 +88,28 @@ def _config(args: argparse.Namespace) -> Any:
     from policy.trainer.config import TrainConfig
     from policy.trainer.guard_train import GuardConfig
 
-    values: dict[str, Any] = json.loads(args.config.read_text()) if args.config else {}
+    try:
+        values: dict[str, Any] = json.loads(args.config.read_text()) if args.config else {}
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"--config: {exc}") from None
     if not isinstance(values, dict):
-        raise ValueError("--config: expected a JSON object of TrainConfig fields")
-    if "guard" in values:
-        values["guard"] = GuardConfig(**values["guard"])
+        raise UsageError("--config: expected a JSON object of TrainConfig fields")
     for name in ("seed", "updates", "kl_delta", "advantage"):
         if getattr(args, name, None) is not None:
             values[name] = getattr(args, name)
     try:
+        if "guard" in values:
+            values["guard"] = GuardConfig(**values["guard"])
         return TrainConfig(**values)
-    except TypeError as exc:
-        raise ValueError(f"--config: {exc}") from None
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"--config: {exc}") from None
 
 
 def _logs(path: Path) -> tuple[Any, Any]:
     from policy.experience.segments import DirectorySource
 
     if not (path / "decisions").is_dir():
-        raise ValueError(f"--logs: {path} has no decisions/ directory")
+        raise UsageError(f"--logs: {path} has no decisions/ directory")
     source = DirectorySource(path)
     return source.table("decisions"), source.table("outcomes")
 

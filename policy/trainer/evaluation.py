@@ -66,7 +66,7 @@ def evaluate_bundle(model: ModelSet, decisions: pa.Table, outcomes: pa.Table, ep
                                 seed=seed)
     report = offline.evaluate(episodes, steps.propensity, served, steps.actions, q_hat, gamma=gamma, n_boot=n_boot, seed=seed,
                               max_ratio=max_ratio)
-    return Evaluation(report, mean_kl(served, steps.behavior_probs), len(steps))
+    return Evaluation(report, mean_kl(served, np.maximum(steps.behavior_probs, 1e-6)), len(steps))  # finite where the logs were certain
 
 
 @dataclass(slots=True)

@@ -237,7 +237,7 @@ class GaussNewtonFisher:
     def __call__(self, v: Tensor) -> Tensor:
         """``F v + λ v``, ``F`` averaged over the states (and the ranks)."""
         jv = self.linearization.jvp(v)
-        fv = self.linearization.vjp(categorical_fisher_product(self.q, jv)) / self.n_states
+        fv = self.linearization.vjp(categorical_fisher_product(self.q, jv)) / max(self.n_states, 1)
         return self.reducer.weighted_mean(fv, self.n_states) + self.damping * v
 
     def curvature(self, s: Tensor) -> Tensor:
@@ -246,5 +246,5 @@ class GaussNewtonFisher:
         Twice the quadratic model of the KL of the step ``s``: ``KL(θ + s) ≈ ½ sᵀ F s``.
         """
         js = self.linearization.jvp(s)
-        local = (js * categorical_fisher_product(self.q, js)).sum() / self.n_states
+        local = (js * categorical_fisher_product(self.q, js)).sum() / max(self.n_states, 1)
         return self.reducer.weighted_mean(local, self.n_states)

@@ -16,6 +16,8 @@
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
+import json
 import logging
 import math
 import time
@@ -159,18 +161,28 @@ def train(decisions: pa.Table, outcomes: pa.Table, init: Bundle, config: TrainCo
     propensity = torch.as_tensor(exp.steps.propensity, device=dev)
     behavior = torch.as_tensor(exp.steps.behavior_probs, device=dev)
     stats = update.Stats()
-    gen = torch.Generator().manual_seed(config.seed)
-    for step in range(config.updates):  # every rank draws the same batch, then takes its shard of it
-        batch = torch.sort(torch.randperm(n, generator=gen)[: min(n, config.batch)]).values[rank::world].to(dev)
+    batch_gen = torch.Generator().manual_seed(config.seed)  # the same on every rank: the same batch
+    eligible = torch.nonzero(targets.ok.cpu()).flatten()  # rows the decoder decides (the rest carry no gradient)
+    n_batch = min(len(eligible), config.batch)
+    rows = None
+    if n_batch < world:
+        warnings.append(f"only {len(eligible)} logged rows are decided by the decoder under the new guard: no policy step")
+    for step in range(config.updates if n_batch >= world else 0):
+        # every rank draws the same batch, then takes its shard of it
+        batch = torch.sort(eligible[torch.randperm(len(eligible), generator=batch_gen)[:n_batch]]).values[rank::world].to(dev)
         rows = update.Batch(states[batch], actions[batch], propensity[batch], advantages[batch], targets.log_weights[batch],
                             targets.allowed[batch], targets.fallback[batch], behavior[batch])
-        outcome = update.natural_step(policy, decoder, rows, config, stats, reducer, gen)
+        fisher_gen = torch.Generator().manual_seed(config.seed * 1_000_003 + step * 7919 + rank)  # per rank: its shard's subsample
+        outcome = update.natural_step(policy, decoder, rows, config, stats, reducer, fisher_gen)
         log.info("update %d: %s", step, outcome.to_dict())
         if stats.support_limited:
             log.info("stopping after update %d: the next step would leave the logs' support (max_behavior_kl %s)", step,
                      config.max_behavior_kl)
             break
-    stats.ess = update.effective_sample_size(policy, decoder, rows, config.max_ratio)  # the final policy, on the last batch
+    if stats.tracker.steps == 0:
+        warnings.append("no natural-gradient step was taken: the bundle's policy is the starting one")
+    if rows is not None and len(rows.states):
+        stats.ess = update.effective_sample_size(policy, decoder, rows, config.max_ratio)  # the final policy, on the last batch
     if stats.tracker.steps == 0:
         warnings.append("no natural-gradient step was taken: the bundle's policy is the starting one")
     kl_behavior = behavior_kl(policy, decoder, states, targets, exp.steps.behavior_probs)
@@ -191,7 +203,10 @@ def train(decisions: pa.Table, outcomes: pa.Table, init: Bundle, config: TrainCo
     policy = policy.cpu()
     log.info("trained in %.1f s (not in the manifest: the same logs and seed give the same bytes)", time.monotonic() - started)
     created_at = _created_at(decisions)
-    version = model_version or f"trained-{created_at.replace(':', '').replace('-', '')}-s{config.seed}"
+    # Unique for (logs, starting bundle, config): the same inputs give the same bytes, other inputs another version
+    # (model versions are immutable in the weights store).
+    digest = hashlib.sha256(json.dumps([base.version, config.to_dict()], sort_keys=True, default=str).encode()).hexdigest()[:8]
+    version = model_version or f"trained-{created_at.replace(':', '').replace('-', '')}-{digest}"
     manifest = {
         **{k: base.manifest[k] for k in ("feature_spec", "actions", "guardrails", "fallback_rules", "decoder", "golden")},
         "model_version": version,

@@ -145,4 +145,22 @@ def test_recover_leaves_empty_orphans_out(tmp_path: Path) -> None:
     orphan = directory / f"{OPEN_PREFIX}outcomes-x.arrows"
     orphan.write_bytes(b"")
     assert recover_abandoned(tmp_path, "outcomes") == []
+    assert orphan.exists()  # young: it may be a writer between creating its file and locking it
+    os.utime(orphan, (time.time() - 120, time.time() - 120))
+    assert recover_abandoned(tmp_path, "outcomes") == []
     assert not orphan.exists() and os.listdir(directory) == []
+
+
+def test_a_failed_rotate_still_releases_the_file_and_its_lock(tmp_path: Path) -> None:
+    fds_before = len(os.listdir("/proc/self/fd"))
+    writer = SegmentWriter(tmp_path, "outcomes", max_bytes=10**9, max_seconds=3600)
+    for i in range(3):
+        writer.write(outcome_batch(i, 1))
+        open_segment = next((tmp_path / "outcomes").glob(f"{OPEN_PREFIX}*"))
+        open_segment.rename(tmp_path / f"moved-{i}")  # the rename onto the final name now fails (the volume lost it)
+        with pytest.raises(FileNotFoundError):
+            writer.rotate()
+    assert len(os.listdir("/proc/self/fd")) == fds_before  # no file object, descriptor or flock left behind
+    writer.write(outcome_batch(9, 1))  # and the writer goes on with a new segment
+    writer.close()
+    assert ids(tmp_path) == ["o9"]

@@ -170,3 +170,27 @@ def test_bad_configuration_exits_2_with_the_reason(args: list[str], env: dict[st
                          text=True, timeout=60, env={**os.environ, **env}, cwd=ROOT)
     assert out.returncode == 2
     assert message in out.stderr
+
+
+def test_stop_after_a_failed_start_releases_the_threads(tmp_path: Path) -> None:
+    import asyncio
+    import socket
+    import threading
+
+    from server.app import ShoppingAgentServer
+    from tests.harness import make_config
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        server = ShoppingAgentServer(make_config(port=port, log_dir=tmp_path))
+
+        async def start_then_stop() -> None:
+            with pytest.raises(RuntimeError, match="Failed to bind"):  # grpc's own error for a taken port
+                await server.start()
+            await server.stop()
+
+        asyncio.run(start_then_stop())
+    names = {t.name for t in threading.enumerate()}
+    assert "experience-writer" not in names and not any(n.startswith("inference") for n in names)

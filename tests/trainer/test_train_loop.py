@@ -143,3 +143,16 @@ def test_cycle_publishes_then_refuses_without_force(logs: Path, tmp_path: Path) 
     forced = subprocess.run([*worse, "--force"], capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert forced.returncode == 0 and json.loads(forced.stdout)["published"] == "published"
     assert ModelSet.load(read_bundle(weights / "weights_active.bundle"), LoadOptions(warmup_batch=1)).version == "tiny-step"
+
+
+def test_exit_codes_tell_bad_usage_from_failure(logs: Path, tmp_path: Path) -> None:
+    base = [sys.executable, "-m", "server", "train", "--logs", str(logs), "--out", str(tmp_path / "x.bundle"), "--device", "cpu"]
+    bad_config = tmp_path / "bad.json"
+    bad_config.write_text(json.dumps({"kl_delta": -1}))
+    usage = subprocess.run([*base, "--config", str(bad_config)], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert usage.returncode == 2 and "kl_delta" in usage.stderr
+    broken = tmp_path / "broken.bundle"
+    broken.write_bytes(b"PK\x03\x04 not really a bundle")
+    failed = subprocess.run([*base, "--init", str(broken)], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert failed.returncode == 1 and "failed" in failed.stderr
+    assert not (tmp_path / "x.bundle").exists()
