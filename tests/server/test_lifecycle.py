@@ -175,7 +175,6 @@ def test_bad_configuration_exits_2_with_the_reason(args: list[str], env: dict[st
 def test_stop_after_a_failed_start_releases_the_threads(tmp_path: Path) -> None:
     import asyncio
     import socket
-    import threading
 
     from server.app import ShoppingAgentServer
     from tests.harness import make_config
@@ -189,8 +188,10 @@ def test_stop_after_a_failed_start_releases_the_threads(tmp_path: Path) -> None:
         async def start_then_stop() -> None:
             with pytest.raises(RuntimeError, match="Failed to bind"):  # grpc's own error for a taken port
                 await server.start()
+            batcher, recorder = server._batcher, server.recorder
+            assert batcher is not None and recorder is not None
             await server.stop()
+            assert batcher._task is not None and batcher._task.done() and batcher._executor._shutdown
+            assert not recorder._thread.is_alive()
 
         asyncio.run(start_then_stop())
-    names = {t.name for t in threading.enumerate()}
-    assert "experience-writer" not in names and not any(n.startswith("inference") for n in names)
