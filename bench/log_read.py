@@ -31,12 +31,12 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from bench.procs import REPO
-from policy.experience.recorder import ExperienceRecorder, RecorderOptions, resolve_salt
+from policy.experience.recorder import resolve_salt
 from policy.experience.returns import discounted_returns, mean_return, session_returns
 from policy.experience.segments import DirectorySource
 from policy.experience.sessions import build_episodes
 from policy.simulator.config import SimConfig
-from policy.simulator.drive import run_in_process
+from policy.simulator.drive import run_logged
 from policy.simulator.world import World
 
 TARGET_S = 30.0
@@ -49,17 +49,15 @@ def generate(root: Path, decisions: int, seed: int) -> dict[str, Any]:
 
     model = ModelSet.load(default_bundle(), LoadOptions(warmup_batch=256))
     world = World(SimConfig(), seed)
-    recorder = ExperienceRecorder(root, resolve_salt(root, ""), RecorderOptions())
-    started, first, total = time.monotonic(), 0, 0
-    try:
-        while total < decisions:  # chunks of sessions until enough decisions (bounded: each chunk adds > 0)
-            n = max(1, int((decisions - total) / DECISIONS_PER_SESSION) + 1)
-            trace = run_in_process(world, model, range(first, first + n), ZoneInfo("UTC"), recorder)
-            first, total = first + n, total + len(trace.decision_ids)
-            print(f"  generated {total:,} decisions ({first:,} sessions)", file=sys.stderr)
-    finally:
-        recorder.close()
-    info = {"decisions": recorder.written["decisions"], "outcomes": recorder.written["outcomes"], "sessions": first,
+    salt = resolve_salt(root, "")
+    started, first, total, written = time.monotonic(), 0, 0, {"decisions": 0, "outcomes": 0}
+    while total < decisions:  # chunks of sessions until enough decisions (bounded: each chunk adds > 0)
+        n = max(1, int((decisions - total) / DECISIONS_PER_SESSION) + 1)
+        trace, chunk = run_logged(world, model, range(first, first + n), ZoneInfo("UTC"), root, salt)
+        first, total = first + n, total + len(trace.decision_ids)
+        written = {k: written[k] + chunk[k] for k in written}
+        print(f"  generated {total:,} decisions ({first:,} sessions)", file=sys.stderr)
+    info = {"decisions": written["decisions"], "outcomes": written["outcomes"], "sessions": first,
             "seed": seed, "generate_s": round(time.monotonic() - started, 1)}
     (root / "bench-info.json").write_text(json.dumps(info) + "\n")
     return info

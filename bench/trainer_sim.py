@@ -22,10 +22,9 @@ from pathlib import Path
 from zoneinfo import ZoneInfo
 
 from bench.procs import REPO
-from policy.experience.recorder import ExperienceRecorder, RecorderOptions
 from policy.experience.segments import DirectorySource
 from policy.simulator.config import SimConfig
-from policy.simulator.drive import run_in_process
+from policy.simulator.drive import run_in_process, run_logged
 from policy.simulator.world import World
 from policy.trainer.config import TrainConfig
 from policy.trainer.data import episode_config, split
@@ -50,9 +49,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     fresh = read_bundle(make_bundle(20261130, "default-init-20261130", "2026-11-30T00:00:00Z"))
     behaviour = ModelSet.load(fresh, options)
     with tempfile.TemporaryDirectory(prefix="bench-trainer-") as tmp:
-        recorder = ExperienceRecorder(Path(tmp), b"bench".ljust(32, b"."), RecorderOptions())
-        run_in_process(World(SimConfig(), args.seed), behaviour, range(args.sessions), ZoneInfo("UTC"), recorder)
-        recorder.close()
+        run_logged(World(SimConfig(), args.seed), behaviour, range(args.sessions), ZoneInfo("UTC"), Path(tmp), b"bench".ljust(32, b"."))
         source = DirectorySource(Path(tmp))
         decisions, outcomes = source.table("decisions"), source.table("outcomes")
     eval_world = World(SimConfig(), args.eval_seed)

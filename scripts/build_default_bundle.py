@@ -31,10 +31,9 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
-from policy.experience.recorder import ExperienceRecorder, RecorderOptions  # noqa: E402
 from policy.experience.segments import DirectorySource  # noqa: E402
 from policy.simulator.config import SimConfig  # noqa: E402
-from policy.simulator.drive import run_in_process  # noqa: E402
+from policy.simulator.drive import run_in_process, run_logged  # noqa: E402
 from policy.simulator.world import World  # noqa: E402
 from weights.bundle import read_bundle  # noqa: E402
 from weights.embedded import DEFAULT_MODEL_VERSION  # noqa: E402
@@ -67,9 +66,8 @@ def build() -> bytes:
     config = TrainConfig(seed=TRAIN_SEED)
     with tempfile.TemporaryDirectory(prefix="default-bundle-") as tmp:
         logs = Path(tmp)
-        recorder = ExperienceRecorder(logs, b"default-bundle-salt".ljust(32, b"."), RecorderOptions(), clock=lambda: LOG_CLOCK_S)
-        run_in_process(World(SimConfig(), SIM_SEED), init_model, range(SESSIONS), ZoneInfo("UTC"), recorder)
-        recorder.close()
+        run_logged(World(SimConfig(), SIM_SEED), init_model, range(SESSIONS), ZoneInfo("UTC"), logs,
+                   b"default-bundle-salt".ljust(32, b"."), clock=lambda: LOG_CLOCK_S)
         source = DirectorySource(logs)
         decisions, outcomes = source.table("decisions"), source.table("outcomes")
     result = train(decisions, outcomes, init, config, device="cpu", model_version=DEFAULT_MODEL_VERSION)

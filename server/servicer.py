@@ -182,7 +182,7 @@ class ShoppingAgentServicer:
         try:
             if isinstance(request, Malformed):
                 raise InvalidRequest("request", f"not a ReportOutcomeRequest ({request.error})")
-            report = parse_outcome(request, self._limits(self._limits_cache.item_dim), time.time())
+            report = parse_outcome(request, self._limits_cache, time.time())  # id limits only: no model needed
         except InvalidRequest as exc:
             await errors.abort(context, exc)
             raise exc from None

@@ -32,9 +32,9 @@ import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from policy.domain import Action, OutcomeReport, Source
-from policy.experience.recorder import ExperienceRecorder, RecorderOptions, resolve_salt
+from policy.experience.recorder import resolve_salt
 from policy.simulator.config import SimConfig
-from policy.simulator.drive import Trace, reports_for, run_in_process
+from policy.simulator.drive import Trace, reports_for, run_in_process, run_logged
 from policy.simulator.world import PageView, ShopperSession, World
 from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
 from server._gen.shopping_agent.v1 import shopping_agent_pb2_grpc as pb_grpc
@@ -116,15 +116,12 @@ def _in_process(world: World, sessions: range, args: argparse.Namespace) -> dict
 
     bundle = read_bundle(args.bundle) if args.bundle else default_bundle()
     model = ModelSet.load(bundle, LoadOptions(warmup_batch=args.batch))
-    recorder = None
+    tz = ZoneInfo(args.timezone)
+    written = None
     if args.log_dir:
-        # flushed once per batch in this thread: room for a batch's decisions and all their outcomes
-        recorder = ExperienceRecorder(args.log_dir, resolve_salt(args.log_dir, ""), RecorderOptions(max_queue=max(8192, 32 * args.batch)))
-    try:
-        trace = run_in_process(world, model, sessions, ZoneInfo(args.timezone), recorder, batch=args.batch)
-    finally:
-        if recorder is not None:
-            recorder.close()
+        trace, written = run_logged(world, model, sessions, tz, args.log_dir, resolve_salt(args.log_dir, ""), batch=args.batch)
+    else:
+        trace = run_in_process(world, model, sessions, tz, batch=args.batch)
     if args.trace:
         with args.trace.open("w") as f:
             for did in trace.decision_ids:
@@ -134,7 +131,7 @@ def _in_process(world: World, sessions: range, args: argparse.Namespace) -> dict
     summary = _summary(trace)
     return {"mode": "in-process", "bundle": str(args.bundle or "embedded-default"), **summary,
             "decisions_answered": len(trace.decision_ids), "outcomes_acknowledged": len(trace.outcome_ids),
-            "logs_written": dict(recorder.written) if recorder is not None else None, "interrupted": False}
+            "logs_written": written, "interrupted": False}
 
 
 # --- over gRPC -------------------------------------------------------------------------------

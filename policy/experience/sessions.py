@@ -26,6 +26,7 @@ Both horizon edges are inclusive. Duplicate decision rows are not removed.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -290,3 +291,28 @@ def build_episodes(decisions: pa.Table, outcomes: pa.Table, config: EpisodeConfi
         truncated=steps.truncated,
         report=report,
     )
+
+
+def session_codes(sessions: npt.NDArray[Any]) -> tuple[list[Any], npt.NDArray[np.int64]]:
+    """The distinct session ids (first-seen order) and each row's index into them (a hash encode, no sort)."""
+    encoded = pa.array(np.asarray(sessions)).dictionary_encode()
+    return encoded.dictionary.to_pylist(), np.asarray(encoded.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
+def split_by_session(sessions: npt.NDArray[Any], holdout_fraction: float, seed: int = 0, salt: bytes = b"") -> BoolArray:
+    """Held-out mask per row: session ``s`` is held out iff ``blake2b_64(str(s), key=salt ‖ seed) / 2⁶⁴ < holdout_fraction``.
+
+    The hash runs once per distinct session; every row of a session lands on its side, and a
+    session's side depends on its id alone (it stays there as the logs grow). Two splits of
+    the same rows that must be independent (the trainer's gate split, and the guard's
+    threshold split inside the training side) use different ``salt``.
+    """
+    distinct, inverse = session_codes(sessions)
+    key = salt + int(seed).to_bytes(8, "little", signed=True)
+    cut = holdout_fraction * 2.0**64
+    held = np.fromiter(
+        (int.from_bytes(hashlib.blake2b(str(s).encode(), digest_size=8, key=key).digest(), "little") < cut for s in distinct),
+        dtype=np.bool_,
+        count=len(distinct),
+    )
+    return held[inverse]

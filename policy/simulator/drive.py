@@ -11,23 +11,24 @@ in the units the trainer optimises and the offline estimators estimate.
 ``run_in_process`` decides with the server's decision code (``ModelSet.run``: encode,
 infer, guardrails, guard veto, sampled majority, fallback, exploration) on many sessions in
 lock-step batches, with decision ids derived from (seed, session, step): the same seed and
-bundle give the same decisions, bytes for bytes, in any batch size. It can also write the
-same decision and outcome logs as the server (``ExperienceRecorder``, flushed in the driving
-thread after each batch: give it an unstarted recorder and ``close()`` it afterwards).
+bundle give the same decisions, bytes for bytes, in any batch size. ``run_logged``
+also writes the same decision and outcome logs as the server (``ExperienceRecorder``).
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import tzinfo
+from pathlib import Path
 from typing import Any, Protocol
 
 import pyarrow as pa
 
 from policy.domain import Action, Decision, DecisionRequest, OutcomeReport, Source
-from policy.experience.recorder import ExperienceRecorder
+from policy.experience.recorder import ExperienceRecorder, RecorderOptions
 from policy.experience.returns import GAMMA, MeanReturn, mean_return, session_returns
 from policy.experience.sessions import EpisodeConfig, build_episodes
 from policy.features import context_of
@@ -172,3 +173,16 @@ def run_in_process(world: World, model: BatchDecider, sessions: range, tz: tzinf
             recorder.flush()  # in this thread: the queue never fills however fast we go
         trace.sessions_finished += sum(1 for _, s, _ in live if s.ended) + len(active) - len(live)
         active = [(i, s) for i, s, _ in live if not s.ended]
+
+
+def run_logged(world: World, model: BatchDecider, sessions: range, tz: tzinfo, root: Path, salt: bytes, *,
+               clock: Callable[[], float] = time.time, batch: int = 256) -> tuple[Trace, dict[str, int]]:
+    """``run_in_process`` writing the server's decision and outcome logs under ``root``; returns the trace and
+    the records written per kind. The recorder is flushed in this thread after each batch, so its queue
+    only needs room for one batch's decisions and their outcomes; ``close`` finalises the segments."""
+    recorder = ExperienceRecorder(root, salt, RecorderOptions(max_queue=max(8192, 32 * batch)), clock=clock)
+    try:
+        trace = run_in_process(world, model, sessions, tz, recorder, batch=batch)
+    finally:
+        recorder.close()
+    return trace, dict(recorder.written)

@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from policy.experience.attribution import AttributionConfig
 from policy.experience.returns import discounted_returns, normalize_rewards
-from policy.experience.sessions import EpisodeConfig, Episodes, build_episodes
+from policy.experience.sessions import EpisodeConfig, Episodes, build_episodes, split_by_session
 from policy.trainer.config import TrainConfig
 from policy.trainer.guard_train import harmful_labels
 from policy.trainer.replay import LoggedSteps, logged_steps
@@ -23,13 +21,12 @@ from weights.model_set import ModelSet
 FloatArray = npt.NDArray[np.float64]
 
 
+GATE_SPLIT_SALT = b"gate-split"  # independent of the guard's own threshold split inside the training side
+
+
 def heldout_sessions(session_ids: pa.ChunkedArray | pa.Array, fraction: float, seed: int) -> npt.NDArray[np.bool_]:
-    """Per row: whether its session is held out; a keyed hash of the session id, so a session is on one side."""
-    unique = pc.unique(session_ids).to_pylist()
-    key = b"gate-split" + seed.to_bytes(8, "little", signed=False)  # not the guard's own split key
-    chosen = {s for s in unique
-              if int.from_bytes(hashlib.blake2b(s.encode(), key=key, digest_size=8).digest(), "little") < fraction * 2.0**64}
-    return np.asarray(pc.is_in(session_ids, value_set=pa.array(sorted(chosen), pa.string())).to_numpy(zero_copy_only=False))
+    """Per row: whether its session is held out for the gate (``split_by_session``, salted for the gate)."""
+    return split_by_session(session_ids.to_numpy(zero_copy_only=False), fraction, seed, GATE_SPLIT_SALT)
 
 
 Tables = tuple[pa.Table, pa.Table]

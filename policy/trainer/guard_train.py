@@ -50,7 +50,6 @@ threshold keep to the outcome labels, so figures stay comparable with and withou
 from __future__ import annotations
 
 import copy
-import hashlib
 import logging
 import math
 from dataclasses import dataclass, field
@@ -64,7 +63,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 
 from policy.domain import N_ACTIONS, Action, Outcome
-from policy.experience.sessions import OUTCOME_COLUMNS, dedupe_outcomes
+from policy.experience.sessions import OUTCOME_COLUMNS, dedupe_outcomes, session_codes, split_by_session
 from policy.trainer.networks import GuardNet
 
 log = logging.getLogger(__name__)
@@ -195,28 +194,6 @@ def _early_exit(decisions: pa.Table, exits: pa.Table, config: GuardConfig) -> Bo
 
 
 # --- split, threshold, metrics: numpy kernels -------------------------------------------------
-
-
-def _session_codes(sessions: npt.NDArray[Any]) -> tuple[list[Any], npt.NDArray[np.int64]]:
-    """The distinct session ids (first-seen order) and each row's index into them (a hash encode, no sort)."""
-    encoded = pa.array(np.asarray(sessions)).dictionary_encode()
-    return encoded.dictionary.to_pylist(), np.asarray(encoded.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
-
-
-def split_by_session(sessions: npt.NDArray[Any], holdout_fraction: float, seed: int = 0) -> BoolArray:
-    """Held-out mask per row: session ``s`` is held out iff ``blake2b_64(str(s), key=seed) / 2⁶⁴ < holdout_fraction``.
-
-    The hash runs once per distinct session; every row of a session lands on its side.
-    """
-    distinct, inverse = _session_codes(sessions)
-    key = int(seed).to_bytes(8, "little", signed=True)
-    cut = holdout_fraction * 2.0**64
-    held = np.fromiter(
-        (int.from_bytes(hashlib.blake2b(str(s).encode(), digest_size=8, key=key).digest(), "little") < cut for s in distinct),
-        dtype=np.bool_,
-        count=len(distinct),
-    )
-    return held[inverse]
 
 
 def choose_threshold(harmless_allow: FloatArray, max_false_block_rate: float) -> float:
@@ -408,7 +385,7 @@ def train_guard(
     allow, ho_harm = served_allow(net, states[ho], actions[ho]), labels[heldout]
     threshold = choose_threshold(allow[~ho_harm], config.max_false_block_rate)
     metrics = guard_metrics(allow, ho_harm, threshold)
-    codes = _session_codes(sessions)[1]
+    codes = session_codes(sessions)[1]
     n_sessions = [len(np.unique(codes[side])) for side in (~heldout, heldout)]
     metrics |= {
         "guard_n_train": float(len(y)),

@@ -91,17 +91,19 @@ def replay(model: ModelSet, steps: LoggedSteps, chunk: int = CHUNK) -> Replay:
     if not parts:
         empty = np.zeros((0, N_ACTIONS))
         return Replay(empty, empty.astype(bool), np.zeros(0, np.int64), np.zeros(0, bool), empty, empty)
-    weights = np.concatenate([p.weights for p, _ in parts])
+    arrays = [decoder_arrays(p) for p, _ in parts]
+    log_weights, allowed, fallback, ok = (np.concatenate([a[i] for a in arrays]) for i in range(4))
+    return Replay(log_weights, allowed, fallback, ok, np.concatenate([p.allow for p, _ in parts]),
+                  np.concatenate([s for _, s in parts]))
+
+
+def decoder_arrays(inputs: DecisionInputs) -> tuple[FloatArray, npt.NDArray[np.bool_], npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
+    """What the decoder works on per row, as arrays: log guardrail weights (-inf banned), allowed, the rule
+    engine's action index, and whether the decoder decides (the trainer's torch decoder takes the same)."""
     with np.errstate(divide="ignore"):
-        log_weights = np.where(weights > 0, np.log(np.where(weights > 0, weights, 1.0)), -np.inf)
-    return Replay(
-        log_weights=log_weights,
-        allowed=np.concatenate([p.allowed for p, _ in parts]),
-        fallback=np.array([f.action.index for p, _ in parts for f in p.fallbacks], dtype=np.int64),
-        ok=np.concatenate([p.ok for p, _ in parts]),
-        allow=np.concatenate([p.allow for p, _ in parts]),
-        served=np.concatenate([s for _, s in parts]),
-    )
+        log_weights = np.where(inputs.weights > 0, np.log(np.where(inputs.weights > 0, inputs.weights, 1.0)), -np.inf)
+    fallback = np.array([f.action.index for f in inputs.fallbacks], dtype=np.int64)
+    return log_weights, inputs.allowed, fallback, inputs.ok
 
 
 def served_of(model: ModelSet, inputs: DecisionInputs) -> FloatArray:
@@ -109,7 +111,7 @@ def served_of(model: ModelSet, inputs: DecisionInputs) -> FloatArray:
     n = len(inputs.ok)
     served = np.zeros((n, N_ACTIONS))
     rows = np.flatnonzero(inputs.ok)
-    fallback = np.array([f.action.index for f in inputs.fallbacks], dtype=np.int64)
+    fallback = decoder_arrays(inputs)[2]
     if len(rows):
         served[rows] = model.decoder.served_batch(inputs.q[rows], fallback[rows])
     certain = np.flatnonzero(~inputs.ok)

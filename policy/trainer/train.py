@@ -39,6 +39,7 @@ from policy.trainer.distributed import LocalReducer, Reducer
 from policy.trainer.export import export_bundle
 from policy.trainer.guard_train import train_guard
 from policy.trainer.networks import GuardNet, PolicyNet, guard_from_arrays, policy_from_arrays
+from policy.trainer.replay import decoder_arrays
 from policy.trainer.served import TorchDecoder
 from weights import mlp
 from weights.bundle import Bundle
@@ -96,12 +97,8 @@ def targets_for(base: ModelSet, exp: Experience, guard: GuardNet, threshold: flo
     allow = _guard_allow(guard, exp.steps.states)
     zeros = np.zeros((len(exp.steps), N_ACTIONS), dtype=np.float32)
     inputs = base.decision_inputs(exp.steps.contexts, zeros, allow.astype(np.float32), ActionGuard(threshold))
-    with np.errstate(divide="ignore"):
-        log_w = np.where(inputs.weights > 0, np.log(np.where(inputs.weights > 0, inputs.weights, 1.0)), -np.inf)
-    fallback = np.array([f.action.index for f in inputs.fallbacks], dtype=np.int64)
-    ok = inputs.allowed.any(axis=1)
-    return Targets(torch.as_tensor(log_w, device=device), torch.as_tensor(inputs.allowed, device=device),
-                   torch.as_tensor(fallback, device=device), torch.as_tensor(ok, device=device))
+    log_w, allowed, fallback, ok = decoder_arrays(inputs)
+    return Targets(*(torch.as_tensor(a, device=device) for a in (log_w, allowed, fallback, ok)))
 
 
 def advantages_for(exp: Experience, config: TrainConfig, states: torch.Tensor, rows: np.ndarray) -> torch.Tensor:

@@ -88,7 +88,7 @@ class Batch:
     fallback: Tensor  # (N,) long
     behavior: Tensor  # (N, A) float64 logged served probabilities
 
-    def rows(self, sl: slice | Tensor) -> Batch:
+    def rows(self, sl: slice) -> Batch:
         return Batch(self.states[sl], self.actions[sl], self.propensity[sl], self.advantages[sl], self.log_weights[sl],
                      self.allowed[sl], self.fallback[sl], self.behavior[sl])
 
@@ -160,8 +160,8 @@ def _within_support(policy: PolicyNet, decoder: TorchDecoder, b: Batch, theta0: 
 
 def natural_step(policy: PolicyNet, decoder: TorchDecoder, b: Batch, config: TrainConfig, stats: Stats, reducer: Reducer,
                  generator: torch.Generator) -> StepOutcome:
-    keep = b.allowed.any(dim=1)  # rows the rules answer with certainty carry no gradient
-    b = b.rows(keep)
+    if not bool(b.allowed.any(dim=1).all()):  # the caller draws batches from the rows the decoder decides
+        raise ValueError("natural_step: every row needs an allowed action (rule-answered rows carry no gradient)")
     log_guard = torch.where(b.allowed, b.log_weights, -torch.inf).to(b.states.dtype)
     with torch.no_grad():
         log_q_old = masked_log_probs(policy(b.states), log_guard)

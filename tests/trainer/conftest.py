@@ -7,9 +7,8 @@ from zoneinfo import ZoneInfo
 import pytest
 import torch
 
-from policy.experience.recorder import ExperienceRecorder, RecorderOptions
 from policy.simulator.config import SimConfig
-from policy.simulator.drive import run_in_process
+from policy.simulator.drive import run_logged
 from policy.simulator.world import World
 from weights.embedded import default_bundle
 from weights.model_set import LoadOptions, ModelSet
@@ -33,7 +32,5 @@ def default_model() -> ModelSet:
 def sim_logs(tmp_path_factory: pytest.TempPathFactory, default_model: ModelSet) -> Path:
     """Real logs: 400 simulated sessions served by the embedded default bundle, through the real recorder."""
     root = tmp_path_factory.mktemp("sim-logs")
-    recorder = ExperienceRecorder(root, b"salt" * 8, RecorderOptions())
-    run_in_process(World(SimConfig(), 7), default_model, range(400), ZoneInfo("UTC"), recorder)
-    recorder.close()
+    run_logged(World(SimConfig(), 7), default_model, range(400), ZoneInfo("UTC"), root, b"salt" * 8)
     return root

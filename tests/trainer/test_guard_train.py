@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -214,13 +213,7 @@ def synthetic(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
 CONFIG = GuardConfig(epochs=8, batch_size=256, learning_rate=3e-3, seed=7)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    """Tiny matrices: one intra-op thread is faster, and much faster on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/trainer/conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -11,12 +11,11 @@ from zoneinfo import ZoneInfo
 import numpy as np
 import pytest
 
-from policy.experience.recorder import ExperienceRecorder, RecorderOptions
 from policy.experience.returns import session_returns
 from policy.experience.segments import DirectorySource
 from policy.experience.sessions import build_episodes
 from policy.simulator.config import SimConfig
-from policy.simulator.drive import run_in_process
+from policy.simulator.drive import run_in_process, run_logged
 from policy.simulator.world import World
 from policy.trainer.config import TrainConfig
 from policy.trainer.data import episode_config, split
@@ -51,10 +50,8 @@ def true_value(model: ModelSet, seed: int, sessions: int = 2000) -> tuple[float,
 @pytest.fixture(scope="module")
 def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("train-logs")
-    recorder = ExperienceRecorder(root, b"k" * 32, RecorderOptions())
     model = ModelSet.load(fresh_bundle(), LoadOptions(warmup_batch=8))
-    run_in_process(World(SimConfig(), 11), model, range(SESSIONS), ZoneInfo("UTC"), recorder)
-    recorder.close()
+    run_logged(World(SimConfig(), 11), model, range(SESSIONS), ZoneInfo("UTC"), root, b"k" * 32)
     return root
 
 
