@@ -40,8 +40,6 @@ Every loop is bounded by the flags' limits.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import math
 import os
 import platform
@@ -60,6 +58,7 @@ import torch
 from torch import Tensor
 
 from bench.procs import machine_busy_cores
+from bench.report import add_json_flag, header, write_results
 from policy.trainer.fisher import (
     GaussNewtonFisher,
     Linearization,
@@ -438,15 +437,7 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Settings, Path | None]:
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch.set_num_threads (default: every core)")
     p.add_argument("--quick", action="store_true", help="smoke run: 8,192 states, 2 repeats, 1 update each")
-    p.add_argument(
-        "--json",
-        nargs="?",
-        type=Path,
-        const=REPO / "bench" / "results" / "fvp.json",
-        default=None,
-        metavar="PATH",
-        help="also write the results as JSON (default path bench/results/fvp.json)",
-    )
+    add_json_flag(p, "fvp.json")
     args = p.parse_args(argv)
     if args.quick:
         args.states, args.repeats, args.update_repeats = 8_192, 2, 1
@@ -492,28 +483,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = verdict(updates)
     print_report(settings, n_params, device_name, busy, fvp, updates, result)
     if json_path is not None:
-        results = {
-            "when": datetime.datetime.fromtimestamp(started, datetime.UTC).isoformat(timespec="seconds"),
-            "command": " ".join([".venv/bin/python", "-m", "bench.fvp", *(sys.argv[1:] if argv is None else argv)]),
-            "wall_s": round(time.time() - started, 1),
-            "machine": {
-                "cpus": os.cpu_count(),
-                "busy_cores_before": round(busy, 2),
-                "device": settings.device,
-                "device_name": device_name,
-                "platform": platform.platform(),
-                "python": platform.python_version(),
-                "torch": torch.__version__,
-            },
+        machine = {"busy_cores_before": round(busy, 2), "device": settings.device, "device_name": device_name,
+                   "torch": torch.__version__}
+        write_results(json_path, {
+            **header("bench.fvp", started, argv, **machine),
             "settings": asdict(settings),
             "parameters": n_params,
             "fvp": fvp,
             "update": updates,
             "verdict": result,
-        }
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(results, indent=2) + "\n")
-        print(f"\nresults: {json_path}")
+        })
     return 0
 
 

@@ -26,10 +26,7 @@ Every loop is bounded in time and in count; all traffic goes to 127.0.0.1.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -49,6 +46,7 @@ from bench import profile_top
 from bench.loaders import H2Load, check_calls, check_wire_frame, h2load_binary, run_h2load, run_latency
 from bench.payload import build_request, grpc_frame
 from bench.procs import HOST, REPO, BenchError, ServerProcess, machine_busy_cores, running
+from bench.report import header
 from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
 
 TARGET_THROUGHPUT_RATIO = 0.50
@@ -168,13 +166,9 @@ def measure(server: ServerProcess, request: pb.RecommendActionRequest, body_file
 
 def results_header(module: str, started: float, argv: Sequence[str] | None, busy_before: float,
                    settings: Any) -> dict[str, Any]:
-    """What every bench's JSON starts with: when, the command, the machine, the settings."""
+    """What the serving benches' JSON starts with: ``bench.report.header`` and the settings."""
     return {
-        "when": datetime.datetime.fromtimestamp(started, datetime.UTC).isoformat(timespec="seconds"),
-        "command": " ".join([".venv/bin/python", "-m", module, *(sys.argv[1:] if argv is None else argv)]),
-        "wall_s": round(time.time() - started, 1),
-        "machine": {"cpus": os.cpu_count(), "cores_busy_before_run": round(busy_before, 3),
-                    "platform": platform.platform(), "python": platform.python_version(), "grpcio": grpc.__version__},
+        **header(module, started, argv, cores_busy_before_run=round(busy_before, 3), grpcio=grpc.__version__),
         "settings": {**asdict(settings), "server_args": list(settings.server_args)},
     }
 

@@ -26,10 +26,6 @@ Every loop is bounded by the flags' limits.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import os
-import platform
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -44,6 +40,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from bench.report import add_json_flag, header, write_results
 from policy.domain import Action, Outcome
 from policy.experience.returns import GAMMA, discounted_returns, mean_return, n_step_returns, session_returns
 from policy.experience.sessions import HORIZON_S, build_episodes
@@ -267,15 +264,7 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Settings, Path | None]:
     p.add_argument("--repeats", type=int, default=3, help="best of this many runs per vectorised timing (default 3)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="smoke run: 200k steps, 20k loop steps, 100k decisions")
-    p.add_argument(
-        "--json",
-        nargs="?",
-        type=Path,
-        const=REPO / "bench" / "results" / "returns.json",
-        default=None,
-        metavar="PATH",
-        help="also write the results as JSON (default path bench/results/returns.json)",
-    )
+    add_json_flag(p, "returns.json")
     args = p.parse_args(argv)
     if args.quick:
         args.steps, args.loop_steps, args.decisions = 200_000, 20_000, 100_000
@@ -293,24 +282,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     join = bench_join(settings)
     print_report(returns, join)
     if json_path is not None:
-        results = {
-            "when": datetime.datetime.fromtimestamp(started, datetime.UTC).isoformat(timespec="seconds"),
-            "command": " ".join([".venv/bin/python", "-m", "bench.returns", *(sys.argv[1:] if argv is None else argv)]),
-            "wall_s": round(time.time() - started, 1),
-            "machine": {
-                "cpus": os.cpu_count(),
-                "platform": platform.platform(),
-                "python": platform.python_version(),
-                "numpy": np.__version__,
-                "pyarrow": pa.__version__,
-            },
+        write_results(json_path, {
+            **header("bench.returns", started, argv, numpy=np.__version__, pyarrow=pa.__version__),
             "settings": asdict(settings),
             "returns": returns,
             "join": join,
-        }
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(results, indent=2) + "\n")
-        print(f"\nresults: {json_path}")
+        })
     return 0
 
 

@@ -1,0 +1,38 @@
+"""What every bench writes: the ``--json`` flag, the results header (when, command, machine), the file."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from bench.procs import REPO
+
+
+def add_json_flag(parser: argparse.ArgumentParser, default_name: str) -> None:
+    """``--json [PATH]``: also write the results, by default to ``bench/results/<default_name>``."""
+    parser.add_argument("--json", nargs="?", type=Path, const=REPO / "bench" / "results" / default_name, default=None,
+                        metavar="PATH", help=f"also write the results as JSON (default path bench/results/{default_name})")
+
+
+def header(module: str, started: float, argv: Sequence[str] | None, **machine: Any) -> dict[str, Any]:
+    """When, the command that reproduces the run, its wall time, and the machine (plus ``machine`` extras)."""
+    return {
+        "when": datetime.datetime.fromtimestamp(started, datetime.UTC).isoformat(timespec="seconds"),
+        "command": " ".join([".venv/bin/python", "-m", module, *(sys.argv[1:] if argv is None else argv)]),
+        "wall_s": round(time.time() - started, 1),
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(), **machine},
+    }
+
+
+def write_results(path: Path, results: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"\nresults: {path}")
