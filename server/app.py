@@ -1,7 +1,7 @@
 """The server object: ``start()`` binds and returns, ``stop(grace)`` drains; only the CLI blocks.
 
 Shutdown has one owner and one order: health to NOT_SERVING, stop accepting and let
-in-flight calls finish within the grace, stop the micro-batcher (and its thread), write out
+in-flight calls finish within the grace, stop the micro-batcher, write out
 and finalise the decision and outcome logs, stop the metrics endpoint.
 """
 
@@ -63,7 +63,9 @@ class ShoppingAgentServer:
             options += [("grpc.max_connection_age_ms", int(config.max_connection_age_seconds * 1000)),
                         ("grpc.max_connection_age_grace_ms", 30_000)]
         server = aio.server(options=options)
-        self._batcher = MicroBatcher(config.max_batch, config.max_queue, self.metrics.batch if self.metrics else None)
+        self._batcher = MicroBatcher(config.max_batch, config.max_queue, self.metrics.batch if self.metrics else None,
+                                     duty=config.batch_duty, max_delay_s=config.max_batch_delay_ms / 1000.0,
+                                     gap_s=config.batch_gap_ms / 1000.0)
         self._batcher.start()
         if self.recorder is not None:
             self.recorder.start()

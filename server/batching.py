@@ -1,10 +1,18 @@
 """Micro-batching: concurrent requests share one encode, one inference call and one vectorised decision.
 
-Opportunistic, not timed: the worker takes everything waiting (up to ``max_batch``) the
-moment the previous batch finishes, so a lone request waits for nothing and a busy server
-amortises each onnxruntime call and each numpy operation over many requests. The batch
-runs on a dedicated thread (onnxruntime and numpy release the GIL), so the event loop keeps
-parsing and answering meanwhile.
+The batch runs on the event loop itself, as one synchronous call, and the worker paces the
+batches: after a batch that took ``t`` seconds, the next one starts no sooner than
+``t * (1 / duty - 1)`` later (at most ``max_delay_s``), unless ``max_batch`` requests are
+already waiting. Inference so takes at most a ``duty`` share of the loop's time under load,
+and the rest goes to what only the loop can do: accepting calls, parsing, answering. A
+request that arrives while the server is idle waits for nothing: the pause only follows a
+batch, so it only delays requests that arrive right behind one.
+
+Why not a thread: onnxruntime releases the GIL, but everything around it (encoding, the
+decision, every GIL handoff) makes an inference thread and the gRPC threads take turns at
+the GIL, and on 2 vCPUs each turn is a futex wake and a context switch. Measured with
+h2load (``bench/README.md``): the same model served 1.6x more requests inline with pacing
+than on a thread, whatever the thread's batch timing.
 
 A batch only ever holds requests that read the same model set, so a hot swap never mixes
 models in one call. A full queue raises ``Overloaded`` at once; the caller degrades to the
@@ -27,7 +35,6 @@ import collections
 import logging
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -76,17 +83,28 @@ class MicroBatcher:
     reruns after a failed batch included."""
 
     def __init__(self, max_batch: int, max_queue: int,
-                 on_batch: Callable[[list[Decision], float, int], None] | None = None) -> None:
+                 on_batch: Callable[[list[Decision], float, int], None] | None = None,
+                 duty: float = 1.0, max_delay_s: float = 0.0, gap_s: float = 0.001) -> None:
+        if not 0.0 < duty <= 1.0:
+            raise ValueError(f"duty: expected 0 < duty <= 1, got {duty}")
+        if not (max_delay_s >= 0.0 and gap_s > 0.0):
+            raise ValueError(f"max_delay_s must be >= 0 and gap_s > 0, got {max_delay_s} and {gap_s}")
         self._on_batch = on_batch
         self.max_batch = max_batch
         self.max_queue = max_queue
+        self._pause_per_run_s = 1.0 / duty - 1.0  # seconds of pause per second of inference
+        self.max_delay_s = max_delay_s
+        self.gap_s = gap_s
+        self._next_at = 0.0  # loop time until which the pause after the last batch may last
+        self._pausing = False  # whether pauses have been gathering requests lately
+        self._arrivals = 0  # requests queued so far (a counter, to see whether any came)
         # Queue order lives in the deque; who still waits lives in the set. A caller that gives
         # up leaves the set at once (a done callback) and the deque when the worker reaches it.
         self._pending: collections.deque[_Item] = collections.deque()
         self._waiting: set[asyncio.Future[Decision]] = set()
-        self._running: list[_Item] = []  # the batch on the inference thread now
+        self._running: list[_Item] = []  # the batch being decided now
         self._wake = asyncio.Event()
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inference")
+        self._full = asyncio.Event()  # max_batch requests wait: end the pause early
         self._task: asyncio.Task[None] | None = None
         self._closed = False
         self._closed_why = "shutting down"
@@ -121,7 +139,10 @@ class MicroBatcher:
         pending.append(_Item(model, request, context, decision_id, future))
         if len(pending) > 2 * self.max_queue:  # mostly abandoned items: drop them (amortised O(1))
             self._pending = collections.deque(i for i in pending if not i.future.done())
+        self._arrivals += 1
         self._wake.set()
+        if len(waiting) >= self.max_batch:
+            self._full.set()
         return future
 
     def _dequeue(self, item: _Item) -> None:
@@ -158,21 +179,53 @@ class MicroBatcher:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
+            await self._pause(loop)
             batch = self._take()
             if not batch:
                 continue
+            if len(batch) >= 2:
+                self._pausing = True  # requests arrive together: pausing can gather more of them
             self._running = batch
+            started = time.perf_counter()
             try:
-                await self._serve(loop, batch)
+                self._serve(batch)
             except Exception as exc:  # a broken model contract or a bug: this batch fails, the worker goes on
                 log.exception("micro-batch failed", extra={"fields": {"batch_size": len(batch), "error": repr(exc)[:300]}})
                 _fail(batch, exc)
             self._running = []  # (left set if the worker is cancelled mid-batch: _worker_ended fails them)
+            pause = min(self.max_delay_s, (time.perf_counter() - started) * self._pause_per_run_s)
+            self._next_at = loop.time() + pause
 
-    async def _serve(self, loop: asyncio.AbstractEventLoop, batch: list[_Item]) -> None:
+    async def _pause(self, loop: asyncio.AbstractEventLoop) -> None:
+        """After a batch, let requests gather for the next one, while they keep coming.
+
+        The pause ends when ``max_batch`` requests wait, at the duty limit (``_next_at``), on
+        close, or after a whole ``gap`` with no new request. It is only taken while pausing
+        has proved useful: a pause that gathered fewer than two requests (a client calling
+        one at a time) turns it off, and a batch of two or more turns it back on.
+        """
+        if not self._pausing:
+            return
+        arrivals_before = self._arrivals
+        while not self._closed and len(self._waiting) < self.max_batch:
+            left = self._next_at - loop.time()
+            if left <= 0:
+                break
+            arrivals = self._arrivals
+            self._full.clear()
+            try:
+                async with asyncio.timeout(min(self.gap_s, left)):
+                    await self._full.wait()
+            except TimeoutError:
+                pass
+            if self._arrivals == arrivals:  # a whole gap without a request
+                break
+        self._pausing = self._arrivals - arrivals_before >= 2
+
+    def _serve(self, batch: list[_Item]) -> None:
         started = time.perf_counter()
         try:
-            decisions = await loop.run_in_executor(self._executor, _run, batch[0].model, batch)
+            decisions = _run(batch[0].model, batch)
         except Exception as exc:
             # One line per batch, no traceback: the servicer logs each request that ends up failing.
             log.warning("inference failed for a batch", extra={"fields": {"batch_size": len(batch), "error": repr(exc)[:300]}})
@@ -180,16 +233,16 @@ class MicroBatcher:
                 _fail(batch, exc)
                 return
             for item in batch:  # isolate the request that broke it: rerun one by one
-                await self._run_one(loop, item)
+                self._run_one(item)
             return
         self._deliver(batch, decisions, started)
 
-    async def _run_one(self, loop: asyncio.AbstractEventLoop, item: _Item) -> None:
+    def _run_one(self, item: _Item) -> None:
         if item.future.done():
             return
         started = time.perf_counter()
         try:
-            decisions = await loop.run_in_executor(self._executor, _run, item.model, [item])
+            decisions = _run(item.model, [item])
             self._deliver([item], decisions, started)
         except Exception as exc:
             _fail([item], exc)
@@ -243,13 +296,11 @@ class MicroBatcher:
         _fail(items, exc)
 
     async def close(self) -> None:
-        """Finish what is queued, then stop the worker and its thread. Never raises for a dead worker."""
+        """Finish what is queued (without pausing), then stop the worker. Never raises for a dead worker."""
         self._closed = True
         self._wake.set()
+        self._full.set()
         task = self._task
         if task is not None and not task.done():
             await asyncio.wait((task,))  # does not raise what the task raised
-        normal = task is not None and not task.cancelled() and task.exception() is None
         self._fail_all(BatcherClosed(self._closed_why))  # nothing, unless the worker never ran or died
-        # A worker that died may have left a batch on the thread: do not block the event loop on it.
-        self._executor.shutdown(wait=normal, cancel_futures=True)

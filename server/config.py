@@ -45,6 +45,11 @@ class Config:
     intra_op_threads: int = _opt(1, "onnxruntime threads per session")
     max_batch: int = _opt(64, "most requests micro-batched into one inference call")
     max_queue: int = _opt(1024, "requests waiting for inference before new ones get the degraded (rule) answer")
+    batch_duty: float = _opt(0.1, "largest share of the event loop's time inference takes under load: after a batch "
+                                  "that ran t, requests may gather for up to t*(1/duty-1) before the next; 1: never wait")
+    max_batch_delay_ms: float = _opt(10.0, "longest such gathering pause after a batch")
+    batch_gap_ms: float = _opt(1.0, "a gathering pause ends after this long without a new request (a client calling "
+                                    "one at a time turns pauses off)")
     min_inference_budget_ms: float = _opt(5.0, "a call whose deadline leaves less than this gets the rule answer at once")
     max_recent_behavior_ids: int = _opt(32, "most recent_behavior_ids accepted in one request")
     max_id_length: int = _opt(256, "longest accepted id string (characters)")
@@ -86,6 +91,11 @@ class Config:
             problems.append(f"log_level: expected DEBUG, INFO, WARNING or ERROR, got {self.log_level!r}")
         if not 0 < self.weights_poll_seconds <= 3600 or self.weights_debounce_ms < 0:
             problems.append("weights_poll_seconds must be in (0, 3600] and weights_debounce_ms >= 0")
+        if not 0 < self.batch_duty <= 1:
+            problems.append(f"batch_duty: expected 0 < duty <= 1, got {self.batch_duty}")
+        if not (self.max_batch_delay_ms >= 0 and self.batch_gap_ms > 0):
+            problems.append(f"max_batch_delay_ms must be >= 0 and batch_gap_ms > 0, got {self.max_batch_delay_ms} "
+                            f"and {self.batch_gap_ms}")
         if self.grace_seconds < 0 or self.min_inference_budget_ms < 0 or self.drain_delay_seconds < 0:
             problems.append("grace_seconds, drain_delay_seconds and min_inference_budget_ms must be >= 0")
         for name in ("samples", "min_votes"):

@@ -1,15 +1,15 @@
-"""The MicroBatcher on its own: batching, the queue bound, shutdown, and surviving a bad batch.
+"""The MicroBatcher on its own: batching, pausing, the queue bound, shutdown, surviving a bad batch.
 
 The model is a small stand-in for the model interface (``run(requests, contexts, decision_ids)``)
-that records its calls and can be held on a gate, so a test decides what is queued behind a
-running batch. Every wait is bounded, so a bug fails a test instead of hanging the suite.
+that records its calls. Batches run on the event loop, so whatever a test queues before it
+next awaits is what the worker finds; requests that arrive during a pause are asked from a
+separate task. Every wait is bounded, so a bug fails a test instead of hanging the suite.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
@@ -34,23 +34,24 @@ def _decision(model_version: str, decision_id: str) -> Decision:
 
 class Model:
     """Answers each request with a decision naming it; ``fail_id`` makes any call holding it raise,
-    ``short_calls`` (call numbers) return one decision too few; ``gate`` holds runs while clear."""
+    ``short_calls`` (call numbers) return one decision too few; each run takes ``run_s``."""
 
-    def __init__(self, name: str = "m", *, fail_id: str | None = None, short_calls: Sequence[int] = ()) -> None:
+    def __init__(self, name: str = "m", *, fail_id: str | None = None, short_calls: Sequence[int] = (),
+                 run_s: float = 0.0) -> None:
         self.name = name
         self.fail_id = fail_id
         self.short_calls = set(short_calls)
+        self.run_s = run_s
         self.calls: list[list[str]] = []
-        self.gate = threading.Event()
-        self.gate.set()
+        self.ended: list[float] = []  # perf_counter at the end of each run
 
     def run(self, requests: Sequence[DecisionRequest], contexts: Sequence[Context],
             decision_ids: Sequence[str]) -> list[Decision]:
         assert len(requests) == len(contexts) == len(decision_ids)
         call = len(self.calls)
         self.calls.append(list(decision_ids))
-        if not self.gate.wait(5):
-            raise RuntimeError("the test never opened the gate")
+        time.sleep(self.run_s)  # a blocking model, as onnxruntime is
+        self.ended.append(time.perf_counter())
         if self.fail_id in decision_ids:
             raise ValueError(f"cannot decide {self.fail_id}")
         out = [_decision(self.name, i) for i in decision_ids]
@@ -85,13 +86,15 @@ async def until(condition: Callable[[], Any]) -> None:
         await asyncio.sleep(0.001)
 
 
-async def hold_first(batcher: MicroBatcher, model: Model, decision_id: str = "r0") -> asyncio.Future[Decision]:
-    """Start a run of ``decision_id`` alone and keep it on the thread until ``model.gate`` opens."""
-    model.gate.clear()
-    first = ask(batcher, model, decision_id)
-    await until(lambda: model.calls)
-    assert batcher.depth == 0
-    return first
+def pausing_batcher(max_batch: int = 64, gap_s: float = 0.2, max_delay_s: float = 1.0) -> MicroBatcher:
+    """A batcher whose pauses are bounded by the gap and ``max_delay_s`` only (duty 0.1%)."""
+    return MicroBatcher(max_batch=max_batch, max_queue=100, duty=0.001, max_delay_s=max_delay_s, gap_s=gap_s)
+
+
+async def pause_after_a_pair(batcher: MicroBatcher, model: Model) -> None:
+    """Serve a batch of two, which turns pausing on: the worker is now pausing after it."""
+    assert [d.rule for d in await within(asyncio.gather(ask(batcher, model, "p0"), ask(batcher, model, "p1")))] == ["p0", "p1"]
+    assert batcher._pausing
 
 
 def test_concurrent_requests_share_batches_of_at_most_max_batch() -> None:
@@ -99,17 +102,12 @@ def test_concurrent_requests_share_batches_of_at_most_max_batch() -> None:
         heard = Recorder()
         batcher, model = MicroBatcher(max_batch=8, max_queue=100, on_batch=heard), Model()
         batcher.start()
-        try:
-            first = await hold_first(batcher, model)
-            rest = [ask(batcher, model, f"r{i}") for i in range(1, 21)]
-            assert batcher.depth == 20
-            model.gate.set()
-            decisions = await within(asyncio.gather(first, *rest))
-        finally:
-            model.gate.set()
+        futures = [ask(batcher, model, f"r{i}") for i in range(21)]
+        assert batcher.depth == 21
+        decisions = await within(asyncio.gather(*futures))
         assert [d.rule for d in decisions] == [f"r{i}" for i in range(21)]
-        assert [len(call) for call in model.calls] == [1, 8, 8, 4]
-        assert heard.batches == model.calls and heard.depths == [20, 12, 4, 0]
+        assert [len(call) for call in model.calls] == [8, 8, 5]
+        assert heard.batches == model.calls and heard.depths == [13, 5, 0]
         assert batcher.depth == 0
         await within(batcher.close())
 
@@ -131,22 +129,94 @@ def test_a_lone_request_is_not_delayed() -> None:
     asyncio.run(main())
 
 
+def test_a_client_calling_one_at_a_time_is_never_paused() -> None:
+    async def main() -> None:
+        batcher, model = pausing_batcher(gap_s=0.5), Model(run_s=0.002)
+        batcher.start()
+        started = time.perf_counter()
+        for i in range(10):  # each call waits for the previous answer: batches of one never turn pausing on
+            assert (await within(ask(batcher, model, f"seq{i}"))).rule == f"seq{i}"
+        assert time.perf_counter() - started < 0.4  # one pause would have taken 0.5 s
+        assert not batcher._pausing
+        await within(batcher.close())
+
+    asyncio.run(main())
+
+
+def test_a_pause_gathers_requests_that_keep_coming_until_a_gap() -> None:
+    async def main() -> None:
+        batcher, model = pausing_batcher(gap_s=0.2, max_delay_s=5.0), Model(run_s=0.01)
+        batcher.start()
+        await pause_after_a_pair(batcher, model)
+        futures = []
+        for i in range(4):  # arrivals closer together than the gap keep the pause going
+            futures.append(ask(batcher, model, f"g{i}"))
+            await asyncio.sleep(0.05)
+        last_asked = time.perf_counter()
+        assert [d.rule for d in await within(asyncio.gather(*futures))] == ["g0", "g1", "g2", "g3"]
+        assert model.calls == [["p0", "p1"], ["g0", "g1", "g2", "g3"]]  # one batch, not four
+        assert model.ended[-1] - last_asked < 1.0  # ended by the gap (0.2 s), long before max_delay_s
+        assert batcher._pausing  # it gathered four: pausing stays on
+        await within(batcher.close())
+
+    asyncio.run(main())
+
+
+def test_a_pause_ends_at_max_batch_and_at_max_delay() -> None:
+    async def main() -> None:
+        batcher, model = pausing_batcher(max_batch=3, gap_s=1.0, max_delay_s=5.0), Model(run_s=0.01)
+        batcher.start()
+        await pause_after_a_pair(batcher, model)
+        started = time.perf_counter()
+        full = [ask(batcher, model, f"f{i}") for i in range(3)]  # max_batch waiting: no reason to wait on
+        await within(asyncio.gather(*full))
+        assert time.perf_counter() - started < 0.5
+        assert model.calls[-1] == ["f0", "f1", "f2"]
+        await within(batcher.close())
+
+        batcher, model = pausing_batcher(gap_s=1.0, max_delay_s=0.3), Model(run_s=0.01)
+        batcher.start()
+        await pause_after_a_pair(batcher, model)
+        paused_from = model.ended[-1]
+        stop = time.perf_counter() + 3.0
+        asked: list[asyncio.Future[Decision]] = []
+        while len(model.calls) < 3 and time.perf_counter() < stop:  # requests never stop coming
+            asked.append(ask(batcher, model, f"s{len(asked)}"))
+            await asyncio.sleep(0.02)
+        assert len(model.calls) == 3, "the pause never ended"
+        assert model.ended[1] - paused_from < 1.0  # max_delay_s (0.3 s), not the stream, ended it
+        await within(asyncio.gather(*asked))
+        await within(batcher.close())
+
+    asyncio.run(main())
+
+
+def test_a_pause_that_gathers_one_request_turns_pausing_off() -> None:
+    async def main() -> None:
+        batcher, model = pausing_batcher(gap_s=0.2), Model(run_s=0.01)
+        batcher.start()
+        await pause_after_a_pair(batcher, model)
+        assert (await within(ask(batcher, model, "only"))).rule == "only"  # waits out one gap
+        assert not batcher._pausing
+        started = time.perf_counter()
+        assert (await within(ask(batcher, model, "next"))).rule == "next"
+        assert time.perf_counter() - started < 0.15  # no pause any more
+        await within(batcher.close())
+
+    asyncio.run(main())
+
+
 def test_a_full_queue_raises_overloaded_at_once() -> None:
     async def main() -> None:
         batcher, model = MicroBatcher(max_batch=8, max_queue=3), Model()
         batcher.start()
-        try:
-            first = await hold_first(batcher, model)  # taken off the queue: does not count
-            queued = [ask(batcher, model, f"q{i}") for i in range(3)]
-            with pytest.raises(Overloaded):
-                ask(batcher, model, "one-too-many")  # raised by the call itself, nothing to await
-            assert batcher.depth == 3
-            model.gate.set()
-            assert len(await within(asyncio.gather(first, *queued))) == 4
-        finally:
-            model.gate.set()
+        queued = [ask(batcher, model, f"q{i}") for i in range(3)]
+        with pytest.raises(Overloaded):
+            ask(batcher, model, "one-too-many")  # raised by the call itself, nothing to await
+        assert batcher.depth == 3
+        assert len(await within(asyncio.gather(*queued))) == 3
         assert (await within(ask(batcher, model, "later"))).rule == "later"
-        assert model.calls == [["r0"], ["q0", "q1", "q2"], ["later"]]  # "one-too-many" never queued
+        assert model.calls == [["q0", "q1", "q2"], ["later"]]  # "one-too-many" never queued
         await within(batcher.close())
 
     asyncio.run(main())
@@ -156,21 +226,32 @@ def test_close_finishes_queued_work_then_refuses_new_calls() -> None:
     async def main() -> None:
         batcher, model = MicroBatcher(max_batch=2, max_queue=10), Model()
         batcher.start()
-        try:
-            futures = [await hold_first(batcher, model)] + [ask(batcher, model, f"q{i}") for i in range(3)]
-            closing = asyncio.ensure_future(batcher.close())
-            await asyncio.sleep(0.01)
-            assert not closing.done()  # still working through the queue
-            with pytest.raises(BatcherClosed):
-                ask(batcher, model, "too-late")
-            model.gate.set()
-            await within(closing)
-        finally:
-            model.gate.set()
-        assert [f.result().rule for f in futures] == ["r0", "q0", "q1", "q2"]
+        futures = [ask(batcher, model, f"q{i}") for i in range(4)]
+        closing = asyncio.ensure_future(batcher.close())
+        await asyncio.sleep(0)  # close() has begun: no new calls
+        with pytest.raises(BatcherClosed):
+            ask(batcher, model, "too-late")
+        await within(closing)
+        assert [f.result().rule for f in futures] == ["q0", "q1", "q2", "q3"]
+        assert model.calls == [["q0", "q1"], ["q2", "q3"]]
         with pytest.raises(BatcherClosed):
             ask(batcher, model, "after")
         await within(batcher.close())  # a second close is harmless
+
+    asyncio.run(main())
+
+
+def test_close_cuts_a_pause_short_and_answers_what_it_gathered() -> None:
+    async def main() -> None:
+        batcher, model = pausing_batcher(gap_s=2.0, max_delay_s=5.0), Model(run_s=0.01)
+        batcher.start()
+        await pause_after_a_pair(batcher, model)
+        gathered = ask(batcher, model, "gathered")
+        await asyncio.sleep(0.05)  # the worker is in its pause
+        started = time.perf_counter()
+        await within(batcher.close())
+        assert time.perf_counter() - started < 1.0  # not the 2 s gap
+        assert gathered.result().rule == "gathered"
 
     asyncio.run(main())
 
@@ -179,22 +260,17 @@ def test_a_caller_that_gave_up_is_skipped_and_not_counted() -> None:
     async def main() -> None:
         batcher, model = MicroBatcher(max_batch=8, max_queue=2), Model()
         batcher.start()
-        try:
-            first = await hold_first(batcher, model)
-            for i in range(10):  # a deadline storm: more callers give up than the queue holds
-                with pytest.raises(TimeoutError):
-                    await asyncio.wait_for(ask(batcher, model, f"gave-up{i}"), 0.001)
-                assert batcher.depth == 0
-            live = [ask(batcher, model, "live0"), ask(batcher, model, "live1")]  # not Overloaded
-            assert batcher.depth == 2
-            with pytest.raises(Overloaded):
-                ask(batcher, model, "live2")  # the bound still holds for live callers
-            model.gate.set()
-            decisions = await within(asyncio.gather(first, *live))
-        finally:
-            model.gate.set()
-        assert [d.rule for d in decisions] == ["r0", "live0", "live1"]
-        assert model.calls == [["r0"], ["live0", "live1"]]  # the abandoned ones never reached the model
+        for i in range(10):  # a deadline storm: more callers give up than the queue holds
+            ask(batcher, model, f"gave-up{i}").cancel()  # what wait_for and asyncio.timeout do on expiry
+            await asyncio.sleep(0)  # (the future's done callbacks run on the next loop turn)
+            assert batcher.depth == 0
+        live = [ask(batcher, model, "live0"), ask(batcher, model, "live1")]  # not Overloaded
+        assert batcher.depth == 2
+        with pytest.raises(Overloaded):
+            ask(batcher, model, "live2")  # the bound still holds for live callers
+        decisions = await within(asyncio.gather(*live))
+        assert [d.rule for d in decisions] == ["live0", "live1"]
+        assert model.calls == [["live0", "live1"]]  # the abandoned ones never reached the model
         await within(batcher.close())
 
     asyncio.run(main())
@@ -205,16 +281,12 @@ def test_a_failing_batch_is_rerun_one_by_one_and_only_the_culprit_fails(caplog: 
         heard = Recorder()
         batcher, model = MicroBatcher(max_batch=8, max_queue=10, on_batch=heard), Model(fail_id="bad")
         batcher.start()
-        try:
-            futures = [await hold_first(batcher, model)] + [ask(batcher, model, i) for i in ("a", "bad", "c")]
-            model.gate.set()
-            results = await within(asyncio.gather(*futures, return_exceptions=True))
-        finally:
-            model.gate.set()
-        assert [r.rule for r in results if isinstance(r, Decision)] == ["r0", "a", "c"]
-        assert isinstance(results[2], ValueError) and "bad" in str(results[2])
-        assert model.calls == [["r0"], ["a", "bad", "c"], ["a"], ["bad"], ["c"]]
-        assert heard.batches == [["r0"], ["a"], ["c"]]  # the reruns are counted too
+        futures = [ask(batcher, model, i) for i in ("a", "bad", "c")]
+        results = await within(asyncio.gather(*futures, return_exceptions=True))
+        assert [r.rule for r in results if isinstance(r, Decision)] == ["a", "c"]
+        assert isinstance(results[1], ValueError) and "bad" in str(results[1])
+        assert model.calls == [["a", "bad", "c"], ["a"], ["bad"], ["c"]]
+        assert heard.batches == [["a"], ["c"]]  # the reruns are counted too
         assert (await within(ask(batcher, model, "next"))).rule == "next"
         await within(batcher.close())
 
@@ -228,20 +300,14 @@ def test_a_failing_batch_is_rerun_one_by_one_and_only_the_culprit_fails(caplog: 
 
 def test_a_wrong_number_of_decisions_fails_that_batch_and_the_worker_goes_on() -> None:
     async def main() -> None:
-        batcher, model = MicroBatcher(max_batch=8, max_queue=10), Model(short_calls=[1])
+        batcher, model = MicroBatcher(max_batch=8, max_queue=10), Model(short_calls=[0])
         batcher.start()
-        try:
-            first = await hold_first(batcher, model)
-            batch = [ask(batcher, model, f"b{i}") for i in range(3)]
-            model.gate.set()
-            results = await within(asyncio.gather(first, *batch, return_exceptions=True))
-        finally:
-            model.gate.set()
-        assert isinstance(results[0], Decision)
-        for failed in results[1:]:
+        batch = [ask(batcher, model, f"b{i}") for i in range(3)]
+        results = await within(asyncio.gather(*batch, return_exceptions=True))
+        for failed in results:
             assert isinstance(failed, RuntimeError) and "2 decisions for 3 requests" in str(failed)
         assert (await within(ask(batcher, model, "next"))).rule == "next"
-        assert model.calls == [["r0"], ["b0", "b1", "b2"], ["next"]]  # failed, not rerun
+        assert model.calls == [["b0", "b1", "b2"], ["next"]]  # failed, not rerun
         await within(batcher.close())
 
     asyncio.run(main())
@@ -271,15 +337,11 @@ def test_two_models_are_never_mixed_in_one_run() -> None:
     async def main() -> None:
         batcher, old, new = MicroBatcher(max_batch=8, max_queue=20), Model("old"), Model("new")
         batcher.start()
-        try:
-            futures = [await hold_first(batcher, old, "old0")]
-            for i in range(1, 4):  # a hot swap mid-stream: callers alternate between the two model sets
-                futures += [ask(batcher, old, f"old{i}"), ask(batcher, new, f"new{i}")]
-            old.gate.set()
-            decisions = await within(asyncio.gather(*futures))
-        finally:
-            old.gate.set()
-        assert old.calls == [["old0"], ["old1", "old2", "old3"]]
+        futures = [ask(batcher, old, "old0")]
+        for i in range(1, 4):  # a hot swap mid-stream: callers alternate between the two model sets
+            futures += [ask(batcher, old, f"old{i}"), ask(batcher, new, f"new{i}")]
+        decisions = await within(asyncio.gather(*futures))
+        assert old.calls == [["old0", "old1", "old2", "old3"]]
         assert new.calls == [["new1", "new2", "new3"]]
         assert all(d.rule.startswith(d.model_version) for d in decisions)
         await within(batcher.close())
@@ -291,18 +353,17 @@ def test_a_cancelled_worker_fails_waiting_callers_and_close_still_returns(caplog
     async def main() -> None:
         batcher, model = MicroBatcher(max_batch=8, max_queue=10), Model()
         batcher.start()
-        try:
-            futures = [await hold_first(batcher, model), ask(batcher, model, "queued")]
-            task = batcher._task
-            assert task is not None
-            task.cancel()
-            results = await within(asyncio.gather(*futures, return_exceptions=True))
-            assert all(isinstance(r, BatcherClosed) for r in results)
-            with pytest.raises(BatcherClosed):
-                ask(batcher, model, "after")
-            await within(batcher.close())  # the model is still stuck on the thread: close must not wait for it
-        finally:
-            model.gate.set()
+        await asyncio.sleep(0)  # the worker is waiting for work
+        futures = [ask(batcher, model, "queued0"), ask(batcher, model, "queued1")]
+        task = batcher._task
+        assert task is not None
+        task.cancel()
+        results = await within(asyncio.gather(*futures, return_exceptions=True))
+        assert all(isinstance(r, BatcherClosed) for r in results)
+        assert model.calls == []
+        with pytest.raises(BatcherClosed):
+            ask(batcher, model, "after")
+        await within(batcher.close())
 
     with caplog.at_level(logging.ERROR, logger="server.batching"):
         asyncio.run(main())
