@@ -86,7 +86,7 @@ def run_profile(server: ServerProcess, body_file: Path, settings: Settings, out_
     """py-spy record the server while h2load loads it (after, not during, the measured phases).
 
     ``--gil`` keeps only the samples of the thread holding the GIL: the event loop's Python
-    work, which saturates first. Without it, threads blocked in C (the inference pool, gRPC's
+    work, which saturates first. Without it, threads blocked in C (gRPC's
     poller) count as busy, since py-spy's idle detection misses them here.
     """
     py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
