@@ -74,7 +74,7 @@ class Metrics:
         self.batch_size = Histogram("shopping_agent_batch_size", "Requests per micro-batch.",
                                     buckets=BATCH_BUCKETS, registry=r)
         self.queue_depth = Gauge("shopping_agent_inference_queue_depth",
-                                 "Requests waiting for inference when the last batch finished.",
+                                 "Requests waiting for inference when the last batch was taken, its own included.",
                                  registry=r, multiprocess_mode="livesum")
         # --- the model ---------------------------------------------------------------------
         self.model_info = Gauge("shopping_agent_model_info", "The model set being served (value 1).",

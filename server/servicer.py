@@ -198,11 +198,13 @@ class ShoppingAgentServicer:
         if remaining_s is not None and remaining_s < self._min_budget_s:
             return self._degraded(model, ctx, "deadline")
         try:
-            pending = self._batcher.decide(model, req, ctx, decision_id)
             if remaining_s is None:
-                return await pending
+                return await self._batcher.decide(model, req, ctx, decision_id)
             # answer with the rules before the caller's deadline rather than not at all
-            async with asyncio.timeout(remaining_s - self._min_budget_s):  # no extra Task, unlike wait_for
+            budget_s = remaining_s - self._min_budget_s
+            give_up_at = asyncio.get_running_loop().time() + budget_s
+            pending = self._batcher.decide(model, req, ctx, decision_id, give_up_at)
+            async with asyncio.timeout(budget_s):  # no extra Task, unlike wait_for
                 return await pending
         except Overloaded:
             return self._degraded(model, ctx, "overload")

@@ -2,8 +2,9 @@
 
 The model is a small stand-in for the model interface (``run(requests, contexts, decision_ids)``)
 that records its calls. Batches run on the event loop, so whatever a test queues before it
-next awaits is what the worker finds; requests that arrive during a pause are asked from a
-separate task. Every wait is bounded, so a bug fails a test instead of hanging the suite.
+next awaits is what the worker finds; requests that arrive during a pause are asked after an
+``asyncio.sleep`` that lets the worker start it. Every wait is bounded, so a bug fails a test
+instead of hanging the suite.
 """
 
 from __future__ import annotations
@@ -107,9 +108,26 @@ def test_concurrent_requests_share_batches_of_at_most_max_batch() -> None:
         decisions = await within(asyncio.gather(*futures))
         assert [d.rule for d in decisions] == [f"r{i}" for i in range(21)]
         assert [len(call) for call in model.calls] == [8, 8, 5]
-        assert heard.batches == model.calls and heard.depths == [13, 5, 0]
+        assert heard.batches == model.calls and heard.depths == [21, 13, 5]  # waiting when taken, batch included
         assert batcher.depth == 0
         await within(batcher.close())
+
+    asyncio.run(main())
+
+
+def test_answered_callers_resume_before_the_next_batch_runs() -> None:
+    async def main() -> None:
+        batcher, model = MicroBatcher(max_batch=8, max_queue=100), Model(run_s=0.01)
+        batcher.start()
+        resumed: list[float] = []
+
+        async def caller(i: int) -> None:
+            await ask(batcher, model, f"r{i}")
+            resumed.append(time.perf_counter())
+
+        await within(asyncio.gather(*(caller(i) for i in range(32))))  # four batches back to back
+        assert len(model.ended) == 4
+        assert resumed[0] < model.ended[1]  # the loop ran the first batch's callers before blocking again
 
     asyncio.run(main())
 
@@ -162,18 +180,26 @@ def test_a_pause_gathers_requests_that_keep_coming_until_a_gap() -> None:
     asyncio.run(main())
 
 
-def test_a_pause_ends_at_max_batch_and_at_max_delay() -> None:
+def test_a_pause_ends_as_soon_as_max_batch_requests_wait() -> None:
     async def main() -> None:
         batcher, model = pausing_batcher(max_batch=3, gap_s=1.0, max_delay_s=5.0), Model(run_s=0.01)
         batcher.start()
         await pause_after_a_pair(batcher, model)
+        first = ask(batcher, model, "f0")
+        await asyncio.sleep(0.05)  # the worker is pausing, gathering
+        assert not first.done()
         started = time.perf_counter()
-        full = [ask(batcher, model, f"f{i}") for i in range(3)]  # max_batch waiting: no reason to wait on
-        await within(asyncio.gather(*full))
-        assert time.perf_counter() - started < 0.5
+        rest = [ask(batcher, model, f"f{i}") for i in (1, 2)]  # now max_batch wait: no reason to wait on
+        await within(asyncio.gather(first, *rest))
+        assert time.perf_counter() - started < 0.5  # not the 1 s gap
         assert model.calls[-1] == ["f0", "f1", "f2"]
         await within(batcher.close())
 
+    asyncio.run(main())
+
+
+def test_a_pause_lasts_at_most_max_delay_while_requests_keep_coming() -> None:
+    async def main() -> None:
         batcher, model = pausing_batcher(gap_s=1.0, max_delay_s=0.3), Model(run_s=0.01)
         batcher.start()
         await pause_after_a_pair(batcher, model)
@@ -184,14 +210,15 @@ def test_a_pause_ends_at_max_batch_and_at_max_delay() -> None:
             asked.append(ask(batcher, model, f"s{len(asked)}"))
             await asyncio.sleep(0.02)
         assert len(model.calls) == 3, "the pause never ended"
-        assert model.ended[1] - paused_from < 1.0  # max_delay_s (0.3 s), not the stream, ended it
+        assert len(model.calls[1]) > 1  # it did gather ...
+        assert 0.25 <= model.ended[1] - paused_from < 1.0  # ... until max_delay_s (0.3 s), not the stream, ended it
         await within(asyncio.gather(*asked))
         await within(batcher.close())
 
     asyncio.run(main())
 
 
-def test_a_pause_that_gathers_one_request_turns_pausing_off() -> None:
+def test_a_pause_that_gathers_nothing_turns_pausing_off() -> None:
     async def main() -> None:
         batcher, model = pausing_batcher(gap_s=0.2), Model(run_s=0.01)
         batcher.start()
@@ -204,6 +231,62 @@ def test_a_pause_that_gathers_one_request_turns_pausing_off() -> None:
         await within(batcher.close())
 
     asyncio.run(main())
+
+
+def test_an_idle_server_answers_at_once_after_a_burst() -> None:
+    async def main() -> None:
+        batcher, model = pausing_batcher(gap_s=0.2, max_delay_s=0.3), Model(run_s=0.01)
+        batcher.start()
+        await pause_after_a_pair(batcher, model)
+        await asyncio.sleep(0.6)  # past max_delay_s: the pause, with nothing to gather, is over
+        started = time.perf_counter()
+        assert (await within(ask(batcher, model, "later"))).rule == "later"
+        assert time.perf_counter() - started < 0.15  # less than a gap
+        await within(batcher.close())
+
+    asyncio.run(main())
+
+
+def test_a_pause_ends_in_time_for_the_most_impatient_caller() -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        batcher, model = pausing_batcher(gap_s=1.0, max_delay_s=5.0), Model(run_s=0.01)
+        batcher.start()
+        await pause_after_a_pair(batcher, model)
+        patient = ask(batcher, model, "patient")
+        await asyncio.sleep(0.05)  # pausing, and requests keep the gap from ending it ...
+        started = time.perf_counter()
+        hurried = batcher.decide(model, REQUEST, CONTEXT, "hurried", give_up_at=loop.time() + 0.2)
+        assert [d.rule for d in await within(asyncio.gather(patient, hurried))] == ["patient", "hurried"]
+        assert time.perf_counter() - started < 0.5  # ... but the caller giving up in 0.2 s ends it
+        assert model.calls[-1] == ["patient", "hurried"]
+        await within(batcher.close())
+
+    asyncio.run(main())
+
+
+def test_callers_giving_up_and_a_full_queue_during_a_pause() -> None:
+    async def main() -> None:
+        batcher = MicroBatcher(max_batch=64, max_queue=2, duty=0.001, max_delay_s=1.0, gap_s=0.3)
+        model = Model(run_s=0.01)
+        batcher.start()
+        await pause_after_a_pair(batcher, model)
+        with pytest.raises(TimeoutError):  # a caller's deadline passes while the batch gathers
+            await asyncio.wait_for(ask(batcher, model, "gave-up"), 0.05)
+        kept = [ask(batcher, model, "k0"), ask(batcher, model, "k1")]
+        with pytest.raises(Overloaded):  # the bound holds during a pause too
+            ask(batcher, model, "k2")
+        assert [d.rule for d in await within(asyncio.gather(*kept))] == ["k0", "k1"]
+        assert model.calls[-1] == ["k0", "k1"]  # the one that gave up never reached the model
+        await within(batcher.close())
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("settings", [{"duty": 0.0}, {"duty": 1.5}, {"max_delay_s": -1.0}, {"gap_s": 0.0}])
+def test_pause_settings_out_of_range_are_refused(settings: dict[str, float]) -> None:
+    with pytest.raises(ValueError, match=next(iter(settings))):
+        MicroBatcher(max_batch=8, max_queue=8, **settings)
 
 
 def test_a_full_queue_raises_overloaded_at_once() -> None:
@@ -248,6 +331,7 @@ def test_close_cuts_a_pause_short_and_answers_what_it_gathered() -> None:
         await pause_after_a_pair(batcher, model)
         gathered = ask(batcher, model, "gathered")
         await asyncio.sleep(0.05)  # the worker is in its pause
+        assert not gathered.done()
         started = time.perf_counter()
         await within(batcher.close())
         assert time.perf_counter() - started < 1.0  # not the 2 s gap

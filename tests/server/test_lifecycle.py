@@ -160,6 +160,7 @@ def test_start_to_serving_with_the_cli_logs_json() -> None:
         ([], {"SHOPPING_AGENT_MAX_BATCH": "many"}, "SHOPPING_AGENT_MAX_BATCH: expected int"),
         (["--device", "tpu"], {}, "device: expected auto, cpu or cuda"),
         (["--samples", "17"], {}, "samples: expected 1..16"),
+        (["--batch-duty", "0"], {}, "batch_duty: expected 0 < duty <= 1"),
         (["--device", "cuda"], {}, "device=cuda but onnxruntime has no CUDAExecutionProvider"),  # no GPU here
     ],
 )
