@@ -193,8 +193,8 @@ class MicroBatcher:
             paused = self._pausing
             await self._pause(loop)
             depth = len(self._waiting)  # before the take: the batch's own requests included
-            self._give_up_at = math.inf
-            batch = self._take()
+            self._give_up_at = math.inf  # (requests kept back for another model set mid-swap lose
+            batch = self._take()  # theirs: at worst they wait out one bounded pause)
             if not batch:
                 continue
             if not paused and len(batch) >= 2:
