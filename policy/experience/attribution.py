@@ -26,7 +26,7 @@ A config is a plain dict in bundles and trainer configs (``AttributionConfig.to_
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +45,16 @@ _RULE_KEYS = ("action", "outcome", "window_s", "field", "weight")
 
 class ConfigError(ValueError):
     """An experience config (attribution rules, episode settings) is malformed; the message names the key."""
+
+
+def config_object(spec: Any, allowed: Sequence[str], where: str) -> Mapping[str, Any]:
+    """``spec`` as a JSON object with only ``allowed`` keys, or ``ConfigError`` naming ``where``."""
+    if not isinstance(spec, Mapping):
+        raise ConfigError(f"{where}: expected an object, got {type(spec).__name__}")
+    unknown = sorted(set(spec) - set(allowed))
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {unknown}; allowed: {list(allowed)}")
+    return spec
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,11 +93,7 @@ class AttributionRule:
     @classmethod
     def from_dict(cls, spec: Any, where: str = "rule") -> AttributionRule:
         """Build from JSON data; raise ``ConfigError`` naming ``where.key`` on anything unexpected."""
-        if not isinstance(spec, Mapping):
-            raise ConfigError(f"{where}: expected an object, got {type(spec).__name__}")
-        unknown = sorted(set(spec) - set(_RULE_KEYS))
-        if unknown:
-            raise ConfigError(f"{where}: unknown key(s) {unknown}; allowed: {list(_RULE_KEYS)}")
+        spec = config_object(spec, _RULE_KEYS, where)
         missing = [k for k in _RULE_KEYS if k not in spec]
         if missing:
             raise ConfigError(f"{where}: missing key(s) {missing}")
@@ -141,11 +147,7 @@ class AttributionConfig:
     @classmethod
     def from_dict(cls, spec: Any, where: str = "attribution") -> AttributionConfig:
         """The inverse of ``to_dict``; a missing ``rules`` key means the defaults, ``[]`` means no rewards."""
-        if not isinstance(spec, Mapping):
-            raise ConfigError(f"{where}: expected an object, got {type(spec).__name__}")
-        unknown = sorted(set(spec) - {"rules"})
-        if unknown:
-            raise ConfigError(f"{where}: unknown key(s) {unknown}; allowed: ['rules']")
+        spec = config_object(spec, ("rules",), where)
         if "rules" not in spec:
             return cls()
         rules = spec["rules"]

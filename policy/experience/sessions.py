@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -38,7 +37,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from policy.domain import FloatArray, Outcome
-from policy.experience.attribution import FIELDS, AttributionConfig, ConfigError, IntArray, attribute
+from policy.experience.attribution import FIELDS, AttributionConfig, ConfigError, IntArray, attribute, config_object
 
 BoolArray = npt.NDArray[np.bool_]
 
@@ -71,11 +70,7 @@ class EpisodeConfig:
     @classmethod
     def from_dict(cls, spec: Any, where: str = "episodes") -> EpisodeConfig:
         """The inverse of ``to_dict``; missing keys take their defaults."""
-        if not isinstance(spec, Mapping):
-            raise ConfigError(f"{where}: expected an object, got {type(spec).__name__}")
-        unknown = sorted(set(spec) - set(_CONFIG_KEYS))
-        if unknown:
-            raise ConfigError(f"{where}: unknown key(s) {unknown}; allowed: {list(_CONFIG_KEYS)}")
+        spec = config_object(spec, _CONFIG_KEYS, where)
         numbers: dict[str, float] = {}
         for key in ("horizon_s", "open_terminal_reward"):
             if key in spec:

@@ -87,15 +87,19 @@ async def until(condition: Callable[[], Any]) -> None:
         await asyncio.sleep(0.001)
 
 
-def pausing_batcher(max_batch: int = 64, gap_s: float = 0.2, max_delay_s: float = 1.0) -> MicroBatcher:
-    """A batcher whose pauses are bounded by the gap and ``max_delay_s`` only (duty 0.1%)."""
-    return MicroBatcher(max_batch=max_batch, max_queue=100, duty=0.001, max_delay_s=max_delay_s, gap_s=gap_s)
+def pausing_batcher(max_batch: int = 64, max_queue: int = 100, gap_s: float = 0.2, max_delay_s: float = 1.0) -> MicroBatcher:
+    """A started batcher whose pauses are bounded by the gap and ``max_delay_s`` only (duty 0.1%)."""
+    batcher = MicroBatcher(max_batch=max_batch, max_queue=max_queue, duty=0.001, max_delay_s=max_delay_s, gap_s=gap_s)
+    batcher.start()
+    return batcher
 
 
-async def pause_after_a_pair(batcher: MicroBatcher, model: Model) -> None:
-    """Serve a batch of two, which turns pausing on: the worker is now pausing after it."""
+async def pausing_after_a_pair(model: Model, **settings: Any) -> MicroBatcher:
+    """A ``pausing_batcher`` that has served a batch of two, which turns pausing on: it is now pausing."""
+    batcher = pausing_batcher(**settings)
     assert [d.rule for d in await within(asyncio.gather(ask(batcher, model, "p0"), ask(batcher, model, "p1")))] == ["p0", "p1"]
     assert batcher._pausing
+    return batcher
 
 
 def test_concurrent_requests_share_batches_of_at_most_max_batch() -> None:
@@ -150,7 +154,6 @@ def test_a_lone_request_is_not_delayed() -> None:
 def test_a_client_calling_one_at_a_time_is_never_paused() -> None:
     async def main() -> None:
         batcher, model = pausing_batcher(gap_s=0.5), Model(run_s=0.002)
-        batcher.start()
         started = time.perf_counter()
         for i in range(10):  # each call waits for the previous answer: batches of one never turn pausing on
             assert (await within(ask(batcher, model, f"seq{i}"))).rule == f"seq{i}"
@@ -163,9 +166,8 @@ def test_a_client_calling_one_at_a_time_is_never_paused() -> None:
 
 def test_a_pause_gathers_requests_that_keep_coming_until_a_gap() -> None:
     async def main() -> None:
-        batcher, model = pausing_batcher(gap_s=0.2, max_delay_s=5.0), Model(run_s=0.01)
-        batcher.start()
-        await pause_after_a_pair(batcher, model)
+        model = Model(run_s=0.01)
+        batcher = await pausing_after_a_pair(model, gap_s=0.2, max_delay_s=5.0)
         futures = []
         for i in range(4):  # arrivals closer together than the gap keep the pause going
             futures.append(ask(batcher, model, f"g{i}"))
@@ -182,9 +184,8 @@ def test_a_pause_gathers_requests_that_keep_coming_until_a_gap() -> None:
 
 def test_a_pause_ends_as_soon_as_max_batch_requests_wait() -> None:
     async def main() -> None:
-        batcher, model = pausing_batcher(max_batch=3, gap_s=1.0, max_delay_s=5.0), Model(run_s=0.01)
-        batcher.start()
-        await pause_after_a_pair(batcher, model)
+        model = Model(run_s=0.01)
+        batcher = await pausing_after_a_pair(model, max_batch=3, gap_s=1.0, max_delay_s=5.0)
         first = ask(batcher, model, "f0")
         await asyncio.sleep(0.05)  # the worker is pausing, gathering
         assert not first.done()
@@ -200,9 +201,8 @@ def test_a_pause_ends_as_soon_as_max_batch_requests_wait() -> None:
 
 def test_a_pause_lasts_at_most_max_delay_while_requests_keep_coming() -> None:
     async def main() -> None:
-        batcher, model = pausing_batcher(gap_s=1.0, max_delay_s=0.3), Model(run_s=0.01)
-        batcher.start()
-        await pause_after_a_pair(batcher, model)
+        model = Model(run_s=0.01)
+        batcher = await pausing_after_a_pair(model, gap_s=1.0, max_delay_s=0.3)
         paused_from = model.ended[-1]
         stop = time.perf_counter() + 3.0
         asked: list[asyncio.Future[Decision]] = []
@@ -220,9 +220,8 @@ def test_a_pause_lasts_at_most_max_delay_while_requests_keep_coming() -> None:
 
 def test_a_pause_that_gathers_nothing_turns_pausing_off() -> None:
     async def main() -> None:
-        batcher, model = pausing_batcher(gap_s=0.2), Model(run_s=0.01)
-        batcher.start()
-        await pause_after_a_pair(batcher, model)
+        model = Model(run_s=0.01)
+        batcher = await pausing_after_a_pair(model, gap_s=0.2)
         assert (await within(ask(batcher, model, "only"))).rule == "only"  # waits out one gap
         assert not batcher._pausing
         started = time.perf_counter()
@@ -235,9 +234,8 @@ def test_a_pause_that_gathers_nothing_turns_pausing_off() -> None:
 
 def test_an_idle_server_answers_at_once_after_a_burst() -> None:
     async def main() -> None:
-        batcher, model = pausing_batcher(gap_s=0.2, max_delay_s=0.3), Model(run_s=0.01)
-        batcher.start()
-        await pause_after_a_pair(batcher, model)
+        model = Model(run_s=0.01)
+        batcher = await pausing_after_a_pair(model, gap_s=0.2, max_delay_s=0.3)
         await asyncio.sleep(0.6)  # past max_delay_s: the pause, with nothing to gather, is over
         started = time.perf_counter()
         assert (await within(ask(batcher, model, "later"))).rule == "later"
@@ -250,9 +248,8 @@ def test_an_idle_server_answers_at_once_after_a_burst() -> None:
 def test_a_pause_ends_in_time_for_the_most_impatient_caller() -> None:
     async def main() -> None:
         loop = asyncio.get_running_loop()
-        batcher, model = pausing_batcher(gap_s=1.0, max_delay_s=5.0), Model(run_s=0.01)
-        batcher.start()
-        await pause_after_a_pair(batcher, model)
+        model = Model(run_s=0.01)
+        batcher = await pausing_after_a_pair(model, gap_s=1.0, max_delay_s=5.0)
         patient = ask(batcher, model, "patient")
         await asyncio.sleep(0.05)  # pausing, and requests keep the gap from ending it ...
         started = time.perf_counter()
@@ -267,10 +264,8 @@ def test_a_pause_ends_in_time_for_the_most_impatient_caller() -> None:
 
 def test_callers_giving_up_and_a_full_queue_during_a_pause() -> None:
     async def main() -> None:
-        batcher = MicroBatcher(max_batch=64, max_queue=2, duty=0.001, max_delay_s=1.0, gap_s=0.3)
         model = Model(run_s=0.01)
-        batcher.start()
-        await pause_after_a_pair(batcher, model)
+        batcher = await pausing_after_a_pair(model, max_queue=2, gap_s=0.3)
         with pytest.raises(TimeoutError):  # a caller's deadline passes while the batch gathers
             await asyncio.wait_for(ask(batcher, model, "gave-up"), 0.05)
         kept = [ask(batcher, model, "k0"), ask(batcher, model, "k1")]
@@ -326,9 +321,8 @@ def test_close_finishes_queued_work_then_refuses_new_calls() -> None:
 
 def test_close_cuts_a_pause_short_and_answers_what_it_gathered() -> None:
     async def main() -> None:
-        batcher, model = pausing_batcher(gap_s=2.0, max_delay_s=5.0), Model(run_s=0.01)
-        batcher.start()
-        await pause_after_a_pair(batcher, model)
+        model = Model(run_s=0.01)
+        batcher = await pausing_after_a_pair(model, gap_s=2.0, max_delay_s=5.0)
         gathered = ask(batcher, model, "gathered")
         await asyncio.sleep(0.05)  # the worker is in its pause
         assert not gathered.done()
