@@ -33,10 +33,14 @@ FROM base AS source
 WORKDIR /src
 RUN python -m venv /opt/venv
 COPY pyproject.toml README.md ./
-COPY server ./server
-COPY policy ./policy
+COPY core ./core
 COPY guard ./guard
+COPY policy ./policy
 COPY weights ./weights
+COPY experience ./experience
+COPY simulator ./simulator
+COPY trainer ./trainer
+COPY server ./server
 
 FROM source AS build-serve
 ARG RUNTIME=cpu

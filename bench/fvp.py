@@ -59,7 +59,7 @@ from torch import Tensor
 
 from bench.procs import machine_busy_cores
 from bench.report import add_json_flag, header, write_results
-from policy.trainer.fisher import (
+from trainer.fisher import (
     GaussNewtonFisher,
     Linearization,
     flat_params,
@@ -70,8 +70,8 @@ from policy.trainer.fisher import (
     mean_kl,
     set_flat_params,
 )
-from policy.trainer.networks import PolicyNet
-from policy.trainer.trust_region import (
+from trainer.networks import PolicyNet
+from trainer.trust_region import (
     Evaluation,
     LineSearchResult,
     NaturalStep,

@@ -31,13 +31,13 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from bench.procs import REPO
-from policy.experience.recorder import resolve_salt
-from policy.experience.returns import discounted_returns, mean_return, session_returns
-from policy.experience.segments import DirectorySource
-from policy.experience.sessions import build_episodes
-from policy.simulator.config import SimConfig
-from policy.simulator.drive import run_logged
-from policy.simulator.world import World
+from experience.recorder import resolve_salt
+from experience.returns import discounted_returns, mean_return, session_returns
+from experience.segments import DirectorySource
+from experience.sessions import build_episodes
+from simulator.config import SimConfig
+from simulator.drive import run_logged
+from simulator.world import World
 
 TARGET_S = 30.0
 DECISIONS_PER_SESSION = 6.5  # the default bundle on the default world, measured

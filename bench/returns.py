@@ -41,9 +41,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from bench.report import add_json_flag, header, write_results
-from policy.domain import Action, Outcome
-from policy.experience.returns import GAMMA, discounted_returns, mean_return, n_step_returns, session_returns
-from policy.experience.sessions import HORIZON_S, build_episodes
+from core.domain import Action, Outcome
+from experience.returns import GAMMA, discounted_returns, mean_return, n_step_returns, session_returns
+from experience.sessions import HORIZON_S, build_episodes
 
 REPO = Path(__file__).resolve().parent.parent
 T = TypeVar("T")

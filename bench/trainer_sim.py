@@ -22,14 +22,14 @@ from pathlib import Path
 from zoneinfo import ZoneInfo
 
 from bench.procs import REPO
-from policy.experience.segments import DirectorySource
-from policy.simulator.config import SimConfig
-from policy.simulator.drive import run_in_process, run_logged
-from policy.simulator.world import World
-from policy.trainer.config import TrainConfig
-from policy.trainer.data import episode_config, split
-from policy.trainer.evaluation import evaluate_bundle
-from policy.trainer.train import train
+from experience.segments import DirectorySource
+from simulator.config import SimConfig
+from simulator.drive import run_in_process, run_logged
+from simulator.world import World
+from trainer.config import TrainConfig
+from trainer.data import episode_config, split
+from trainer.evaluation import evaluate_bundle
+from trainer.train import train
 from weights.bundle import read_bundle
 from weights.initial import make_bundle
 from weights.model_set import LoadOptions, ModelSet

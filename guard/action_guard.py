@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from policy.domain import FloatArray
+from core.domain import FloatArray
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from policy.conditions import Condition, SchemaError
-from policy.domain import Action, Context, FloatArray
+from core.conditions import Condition, SchemaError
+from core.domain import Action, Context, FloatArray
 
 BoolArray = npt.NDArray[np.bool_]
 

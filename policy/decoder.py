@@ -32,7 +32,7 @@ from itertools import combinations
 import numpy as np
 import numpy.typing as npt
 
-from policy.domain import N_ACTIONS, FloatArray
+from core.domain import N_ACTIONS, FloatArray
 
 IntArray = npt.NDArray[np.int64]
 

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from policy.conditions import SchemaError
-from policy.domain import Context, DecisionRequest
+from core.conditions import SchemaError
+from core.domain import Context, DecisionRequest
 
 HASH_NAME = "blake2b64-mod"
 HOURS = 24

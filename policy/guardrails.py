@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from policy.conditions import Condition, SchemaError
-from policy.domain import ACTIONS, Action, Context, FloatArray
+from core.conditions import Condition, SchemaError
+from core.domain import ACTIONS, Action, Context, FloatArray
 
 
 @dataclass(frozen=True, slots=True)

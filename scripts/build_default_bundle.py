@@ -3,10 +3,10 @@
 Provenance (recorded in the manifest's ``provenance``):
 
 1. an untrained initial bundle: ``weights.initial.make_bundle`` with seed ``INIT_SEED``;
-2. ``SESSIONS`` simulated shopper sessions (``policy.simulator``, world seed ``SIM_SEED``)
+2. ``SESSIONS`` simulated shopper sessions (``simulator``, world seed ``SIM_SEED``)
    served by it in-process, through the real decision code and the real log recorder (fixed
    clock and salt, so the logs are the same on every run);
-3. the trainer (``policy.trainer.train``, ``TrainConfig(seed=TRAIN_SEED)`` defaults) on those logs;
+3. the trainer (``trainer.train``, ``TrainConfig(seed=TRAIN_SEED)`` defaults) on those logs;
 4. the gate: offline DR estimates of the trained and the initial bundle on the held-out
    sessions; the build fails unless the trained one is not worse;
 5. the simulator's true value of both, on sessions the trainer never saw (``EVAL_SEED``).
@@ -31,10 +31,10 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
-from policy.experience.segments import DirectorySource  # noqa: E402
-from policy.simulator.config import SimConfig  # noqa: E402
-from policy.simulator.drive import run_in_process, run_logged  # noqa: E402
-from policy.simulator.world import World  # noqa: E402
+from experience.segments import DirectorySource  # noqa: E402
+from simulator.config import SimConfig  # noqa: E402
+from simulator.drive import run_in_process, run_logged  # noqa: E402
+from simulator.world import World  # noqa: E402
 from weights.bundle import read_bundle  # noqa: E402
 from weights.embedded import DEFAULT_MODEL_VERSION  # noqa: E402
 from weights.initial import make_bundle  # noqa: E402
@@ -55,10 +55,10 @@ def initial() -> bytes:
 
 
 def build() -> bytes:
-    from policy.trainer.config import TrainConfig
-    from policy.trainer.data import episode_config, split
-    from policy.trainer.evaluation import evaluate_bundle, gate
-    from policy.trainer.train import train
+    from trainer.config import TrainConfig
+    from trainer.data import episode_config, split
+    from trainer.evaluation import evaluate_bundle, gate
+    from trainer.train import train
 
     init = read_bundle(initial())
     options = LoadOptions(device="cpu", warmup_batch=8)

@@ -10,13 +10,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from grpc import aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 from prometheus_client import CollectorRegistry
 
-from policy.experience.recorder import ExperienceRecorder, RecorderOptions, resolve_salt
 from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
 from server.batching import MicroBatcher
 from server.config import Config
@@ -28,6 +28,9 @@ from server.servicer import ShoppingAgentServicer, add_to_server
 from server.watcher import WeightsWatcher
 from weights.bundle import BundleError
 from weights.model_set import ModelSet, NoModel
+
+if TYPE_CHECKING:
+    from experience.recorder import ExperienceRecorder
 
 log = logging.getLogger(__name__)
 
@@ -187,6 +190,8 @@ def make_recorder(config: Config, metrics: Metrics | None) -> ExperienceRecorder
     """The decision and outcome log writer, when ``log_dir`` is set."""
     if config.log_dir is None:
         return None
+    from experience.recorder import ExperienceRecorder, RecorderOptions, resolve_salt  # pyarrow: only when logging
+
     options = RecorderOptions(
         sample_rate=config.log_sample_rate,
         max_queue=config.log_queue,

@@ -42,7 +42,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from policy.domain import Context, Decision, DecisionRequest
+from core.domain import Context, Decision, DecisionRequest
 
 log = logging.getLogger(__name__)
 

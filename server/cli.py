@@ -1,23 +1,35 @@
-"""The ``shopping-agent`` command line. Only this module installs signal handlers and blocks."""
+"""The ``shopping-agent`` command line. Only this module installs signal handlers and blocks.
+
+Each subcommand's module is imported only when that subcommand runs, so ``serve`` loads no
+trainer, simulator or log reader (and ``train`` no gRPC server).
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import logging
 import os
 import signal
 import sys
 from collections.abc import Sequence
+from types import ModuleType
 
-from policy.experience import cli as logs_cli
-from policy.onnx_model import RuntimeMissing, choose_providers, onnxruntime
-from policy.trainer import cli as trainer_cli
-from server import logs, simulate
+from server import logs
 from server.config import Config, add_arguments, build_config
-from weights import cli as weights_cli
 
 log = logging.getLogger(__name__)
+
+# command → (module with register(subparsers) and run(args), help, log level while it runs)
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "weights": ("weights.cli", "create, verify, show, publish and roll back bundles", "INFO"),
+    "logs": ("experience.cli", "read decision and outcome logs", "INFO"),
+    "simulate": ("server.simulate", "run simulated shoppers and report the served policy's true value", "WARNING"),
+    "train": ("trainer.cli", "train a new bundle from decision and outcome logs (needs the train extra)", "INFO"),
+    "evaluate": ("trainer.cli", "offline estimates of a bundle's value on logs (IPS, SNIPS, DR)", "INFO"),
+    "cycle": ("trainer.cli", "train → evaluate → gate → publish (the CronJob's command)", "INFO"),
+}
 
 
 async def serve(config: Config) -> int:
@@ -40,37 +52,42 @@ async def serve(config: Config) -> int:
     return 0
 
 
-def parser() -> argparse.ArgumentParser:
+def parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line, or (``command``) that command's options in full and the others by name only."""
     p = argparse.ArgumentParser(prog="shopping-agent", description="Shopping-agent decision service.")
     sub = p.add_subparsers(dest="command", required=True)
     serve_p = sub.add_parser("serve", help="run the gRPC server", description="Run the gRPC decision server.")
     add_arguments(serve_p)
-    weights_cli.register(sub)
-    logs_cli.register(sub)
-    simulate.register(sub)
-    trainer_cli.register(sub)
+    registered: set[str] = set()
+    for name, (module, help_text, _) in COMMANDS.items():
+        if command is None or COMMANDS.get(command, ("",))[0] == module:
+            if module not in registered:
+                _module(module).register(sub)
+                registered.add(module)
+        else:
+            sub.add_parser(name, help=help_text, add_help=False)  # listed in --help; parsed only when chosen
     return p
+
+
+def _module(name: str) -> ModuleType:
+    return importlib.import_module(name)
+
+
+def _command(argv: Sequence[str]) -> str | None:
+    return next((a for a in argv if not a.startswith("-")), None)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if len(argv) > 1 and argv[1] == "--":
-        # `torchrun ... shopping-agent train -- --logs DIR`: torchrun's own parser would take
+        # `shopping-agent train -- --logs DIR` (as torchrun once needed): torchrun's own parser would take
         # --logs for its --logs-specs, so the options travel after a "--"; drop it here.
         del argv[1]
-    args = parser().parse_args(argv)
-    if args.command == "weights":
-        logs.configure("INFO", "text")
-        return weights_cli.run(args)
-    if args.command in ("train", "evaluate", "cycle"):
-        logs.configure("INFO", "text")
-        return trainer_cli.run(args)
-    if args.command == "simulate":
-        logs.configure("WARNING", "text")
-        return simulate.run(args)
-    if args.command == "logs":
-        logs.configure("INFO", "text")
-        return logs_cli.run(args)
+    args = parser(_command(argv)).parse_args(argv)
+    if args.command in COMMANDS:
+        module, _, level = COMMANDS[args.command]
+        logs.configure(level, "text")
+        return int(_module(module).run(args))
     if args.command == "serve":
         try:
             config = build_config(args, os.environ)
@@ -78,6 +95,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"shopping-agent: configuration error: {exc}", file=sys.stderr)
             return 2
         logs.configure(config.log_level, config.log_format)
+        from policy.onnx_model import RuntimeMissing, choose_providers, onnxruntime
+
         try:
             choose_providers(config.device, onnxruntime().get_available_providers())
         except (RuntimeMissing, ValueError) as exc:

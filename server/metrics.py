@@ -12,17 +12,16 @@ When several worker processes serve one port, prometheus_client's multiprocess m
 
 from __future__ import annotations
 
-import collections
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from policy.domain import ACTIONS, Action, Decision, Outcome, Source
-from policy.experience.schema import KINDS
+from core.domain import ACTIONS, Action, Decision, Outcome, Source
+from experience.kinds import KINDS
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 VOTE_BUCKETS = tuple(float(v) for v in range(0, 17))  # K is at most 16
@@ -116,29 +115,20 @@ class Metrics:
         self._hits: dict[str, Any] = {}
 
     # --- request path ------------------------------------------------------------------------
-    def decisions_served(self, decisions: Sequence[Decision]) -> None:
-        """Count decisions; a batch is tallied first, so each label child is incremented once."""
-        tally: collections.Counter[tuple[Action, Source]] = collections.Counter()
-        vetoes = [0] * len(ACTIONS)
-        hits: collections.Counter[str] = collections.Counter()
-        for d in decisions:
-            tally[(d.action, d.source)] += 1
-            if d.source in _VOTED:
-                self.votes.observe(d.votes)
-            if any(d.vetoed):
-                for index, vetoed in enumerate(d.vetoed):
-                    vetoes[index] += vetoed
-            hits.update(d.guardrail_hits)
-        for key, n in tally.items():
-            self._decisions[key].inc(n)
-        for index, n in enumerate(vetoes):
-            if n:
-                self._vetoes[index].inc(n)
-        for rule, n in hits.items():
+    def decision_served(self, d: Decision) -> None:
+        """Count one answered decision: its action and source, its votes, its vetoes, its guardrail hits."""
+        self._decisions[(d.action, d.source)].inc()
+        if d.source in _VOTED:
+            self.votes.observe(d.votes)
+        if any(d.vetoed):
+            for index, vetoed in enumerate(d.vetoed):
+                if vetoed:
+                    self._vetoes[index].inc()
+        for rule in d.guardrail_hits:
             child = self._hits.get(rule)
             if child is None:
                 child = self._hits[rule] = self.guardrail_hits.labels(rule=rule)
-            child.inc(n)
+            child.inc()
 
     def outcome_received(self, outcome: Outcome) -> None:
         self._outcomes[outcome].inc()
@@ -147,11 +137,10 @@ class Metrics:
         self._degraded[reason].inc()
 
     def batch(self, decisions: list[Decision], seconds: float, queue_depth: int) -> None:
-        """A micro-batch finished: its size, its time, the queue behind it, its decisions."""
+        """A micro-batch finished: its size, its time, the queue behind it (the servicer counts its decisions)."""
         self.batch_size.observe(len(decisions))
         self.inference.observe(seconds)
         self.queue_depth.set(queue_depth)
-        self.decisions_served(decisions)
 
     # --- model lifecycle ---------------------------------------------------------------------
     def swap_done(self, result: str, reason: str, seconds: float) -> None:
@@ -191,7 +180,7 @@ class Metrics:
 
 
 class ExperienceMetrics:
-    """The log writer's counters (``policy.experience.recorder.RecorderObserver``)."""
+    """The log writer's counters (``experience.recorder.RecorderObserver``)."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         r = registry

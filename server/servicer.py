@@ -11,13 +11,13 @@ import asyncio
 import logging
 import os
 import time
+from typing import TYPE_CHECKING
 
 import grpc
 from google.protobuf.message import DecodeError
 from grpc import aio
 
-from policy.domain import ACTIONS, Context, Decision, DecisionRequest, Source
-from policy.experience.recorder import ExperienceRecorder
+from core.domain import ACTIONS, Context, Decision, DecisionRequest, Source
 from policy.features import context_of
 from server import errors
 from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
@@ -29,6 +29,9 @@ from server.metrics import Metrics
 from server.models import ModelHolder
 from server.validation import InvalidRequest, Limits, parse_outcome, parse_request
 from weights.model_set import ModelSet, NoModel
+
+if TYPE_CHECKING:
+    from experience.recorder import ExperienceRecorder
 
 log = logging.getLogger(__name__)
 
@@ -193,8 +196,16 @@ class ShoppingAgentServicer:
 
     async def _decide(self, model: ModelSet | NoModel, req: DecisionRequest, ctx: Context, decision_id: str,
                       remaining_s: float | None) -> Decision:
-        if not isinstance(model, ModelSet):
-            return self._counted(model.fallback(ctx))
+        """The decision for one request, counted here once whoever made it (batcher or rules)."""
+        decision = await self._made(model, req, ctx, decision_id, remaining_s)
+        if self._metrics is not None:
+            self._metrics.decision_served(decision)
+        return decision
+
+    async def _made(self, model: ModelSet | NoModel, req: DecisionRequest, ctx: Context, decision_id: str,
+                    remaining_s: float | None) -> Decision:
+        if not model.ready:
+            return model.fallback(ctx, Source.FALLBACK_NO_MODEL)
         if remaining_s is not None and remaining_s < self._min_budget_s:
             return self._degraded(model, ctx, "deadline")
         try:
@@ -217,13 +228,7 @@ class ShoppingAgentServicer:
                         extra={"fields": {"decision_id": decision_id, "error": repr(exc)[:300]}})
             return self._degraded(model, ctx, "error")
 
-    def _degraded(self, model: ModelSet, ctx: Context, reason: str) -> Decision:
+    def _degraded(self, model: ModelSet | NoModel, ctx: Context, reason: str) -> Decision:
         if self._metrics is not None:
             self._metrics.degraded_by(reason)
-        return self._counted(model.fallback(ctx, Source.FALLBACK_DEGRADED))
-
-    def _counted(self, decision: Decision) -> Decision:
-        """Count a decision made here; the batcher counts the ones it delivers, once per batch."""
-        if self._metrics is not None:
-            self._metrics.decisions_served((decision,))
-        return decision
+        return model.fallback(ctx, Source.FALLBACK_DEGRADED)

@@ -13,7 +13,7 @@ in-process, much faster, optionally writing the same logs to ``--log-dir``; the 
 bundle give the same numbers.
 
 ``mean_return`` and its 95 % interval are over the sessions that finished: the expected
-discounted return per session under the attribution rules (``policy.experience.returns``).
+discounted return per session under the attribution rules (``experience.returns``).
 """
 
 from __future__ import annotations
@@ -31,13 +31,13 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from policy.domain import Action, OutcomeReport, Source
-from policy.experience.recorder import resolve_salt
-from policy.simulator.config import SimConfig
-from policy.simulator.drive import Trace, reports_for, run_in_process, run_logged
-from policy.simulator.world import PageView, ShopperSession, World
+from core.domain import Action, OutcomeReport, Source
+from experience.recorder import resolve_salt
 from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
 from server._gen.shopping_agent.v1 import shopping_agent_pb2_grpc as pb_grpc
+from simulator.config import SimConfig
+from simulator.drive import Trace, reports_for, run_in_process, run_logged
+from simulator.world import PageView, ShopperSession, World
 
 log = logging.getLogger(__name__)
 

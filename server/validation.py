@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from policy.domain import DecisionRequest, Outcome, OutcomeReport, PageType
+from core.domain import DecisionRequest, Outcome, OutcomeReport, PageType
 from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
 
 _PAGE_TYPES = {int(p) for p in PageType}

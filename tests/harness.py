@@ -144,8 +144,9 @@ class Spawned:
             self.proc.stderr.close()
 
 
-def spawn_server(*args: str, env: dict[str, str] | None = None, timeout: float = 20) -> Spawned:
-    cmd = [sys.executable, "-m", "server", "serve", "--host", "127.0.0.1", "--port", "0", "--metrics-host", "127.0.0.1",
+def spawn_server(*args: str, env: dict[str, str] | None = None, timeout: float = 20,
+                 interpreter_args: tuple[str, ...] = ()) -> Spawned:
+    cmd = [sys.executable, *interpreter_args, "-m", "server", "serve", "--host", "127.0.0.1", "--port", "0", "--metrics-host", "127.0.0.1",
            "--metrics-port", "0", "--log-format", "json", *args]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
                             env={**os.environ, **(env or {})}, cwd=ROOT)

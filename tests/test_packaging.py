@@ -13,7 +13,7 @@ import pytest
 
 from tests.harness import ROOT
 
-OUR_PACKAGES = ("server", "policy", "guard", "weights")
+OUR_PACKAGES = ("core", "guard", "policy", "weights", "experience", "simulator", "trainer", "server")
 
 
 @pytest.mark.parametrize("name", OUR_PACKAGES)

@@ -18,7 +18,8 @@ from typing import Any
 
 from policy.onnx_model import RuntimeMissing
 from weights.bundle import BundleError, read_bundle, sha256
-from weights.store import PublishResult, StoreError, WeightsStore, atomic_write, check_version_name, verify
+from weights.model_set import verify
+from weights.store import PublishResult, StoreError, WeightsStore, atomic_write, check_version_name
 
 EXIT_OK = 0
 EXIT_INVALID = 1
@@ -135,13 +136,13 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _publish(args: argparse.Namespace) -> int:
-    result = WeightsStore(args.dir, keep=args.keep).publish(args.file)
+    result = WeightsStore(args.dir, verify, keep=args.keep).publish(args.file)
     print(_result_line(result))
     return EXIT_OK
 
 
 def _rollback(args: argparse.Namespace) -> int:
-    result = WeightsStore(args.dir).rollback(args.to)
+    result = WeightsStore(args.dir, verify).rollback(args.to)
     print(_result_line(result))
     return EXIT_OK
 
@@ -164,7 +165,7 @@ def _show(args: argparse.Namespace) -> int:
         else:
             print("\n".join([_row("file", f"{args.file} ({len(data)} bytes, sha256 {sha256(data)})"), *_manifest_lines(manifest)]))
         return EXIT_OK
-    return _show_dir(WeightsStore(args.dir), args.json)
+    return _show_dir(WeightsStore(args.dir, verify), args.json)
 
 
 def _show_dir(store: WeightsStore, as_json: bool) -> int:

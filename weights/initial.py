@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from policy.domain import ACTIONS
+from core.domain import ACTIONS
 from policy.features import FeatureSpec
 from weights import mlp
 from weights.bundle import npy_bytes, write_bundle

@@ -12,20 +12,21 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
 
+from core.conditions import SchemaError
+from core.domain import ACTIONS, N_ACTIONS, Context, Decision, DecisionRequest, Source
 from guard.action_guard import ActionGuard
-from guard.rules import RuleAnswer, RuleEngine
+from guard.rules import RuleEngine
 from policy import guardrails as gr
-from policy.conditions import SchemaError
-from policy.decoder import MajorityDecoder, uniforms_batch
-from policy.domain import ACTIONS, N_ACTIONS, Context, Decision, DecisionRequest, FloatArray, Source
+from policy.decision import DecisionProcedure, Rules
+from policy.decoder import MajorityDecoder
 from policy.features import FeatureEncoder, FeatureSpec
 from policy.onnx_model import OnnxModel, RuntimeMissing
-from weights.bundle import Bundle, BundleError
+from weights.bundle import Bundle, BundleError, read_bundle
 
 log = logging.getLogger(__name__)
 F32 = npt.NDArray[np.float32]
@@ -67,62 +68,21 @@ def _number(spec: Any, key: str, where: str) -> float:
     return float(value)
 
 
-class _Policies:
-    """Guardrails and fallback rules: the part of a bundle that needs no model."""
+class ModelSet:
+    """What a bundle loaded: the encoder, the two graphs and the decision procedure over them."""
 
-    guardrails: gr.Guardrails
-    rules: RuleEngine
-
-    def _rule_fallback(self, ctx: Context, source: Source, version: str) -> Decision:
-        weights, hits = self.guardrails.weights(ctx)
-        permitted = weights > 0
-        answer = self.rules.decide(ctx, permitted, permitted)
-        return _certain(answer, source, version, np.zeros(N_ACTIONS), np.zeros(N_ACTIONS), ~permitted, hits=hits)
-
-
-_NO_VETO = (False,) * N_ACTIONS
-
-
-def _certain(answer: RuleAnswer, source: Source, version: str, policy_probs: FloatArray, allow: FloatArray,
-             blocked: npt.NDArray[np.bool_], samples: int = 0, vetoed: tuple[bool, ...] = _NO_VETO,
-             hits: tuple[str, ...] = ()) -> Decision:
-    served = np.zeros(N_ACTIONS)
-    served[answer.action.index] = 1.0
-    return Decision(answer.action, source, 1.0, 0, samples, served, policy_probs, allow, blocked, version, answer.rule,
-                    vetoed=vetoed, guardrail_hits=hits)
-
-
-@dataclass(slots=True)
-class DecisionInputs:
-    """Per row of a batch: what the decoder works on (``ModelSet.decision_inputs``)."""
-
-    fired: list[tuple[FloatArray, tuple[str, ...]]]  # guardrail weights and the rules that fired
-    weights: FloatArray  # (N, A) guardrail weights; 0 = banned
-    policy_probs: FloatArray  # (N, A) softmax(logits + log weights)
-    allow: FloatArray  # (N, A) guard allow-probabilities
-    vetoed: npt.NDArray[np.bool_]  # (N, A) permitted but vetoed by the guard
-    allowed: npt.NDArray[np.bool_]  # (N, A) neither banned nor vetoed
-    fallbacks: list[RuleAnswer]  # the rule engine's answer per row
-    q: FloatArray  # (N, A) the masked, renormalised policy the decoder samples from
-    ok: npt.NDArray[np.bool_]  # (N,) some allowed action has probability (else the rules answer)
-
-
-class ModelSet(_Policies):
     def __init__(self, manifest: dict[str, Any], encoder: FeatureEncoder, policy: OnnxModel, guard_model: OnnxModel,
-                 guard: ActionGuard, guardrails: gr.Guardrails, rules: RuleEngine, decoder: MajorityDecoder) -> None:
+                 decision: DecisionProcedure) -> None:
         self.manifest = manifest
-        self.version = str(manifest["model_version"])
+        self.version = decision.version
         self.encoder = encoder
         self.policy = policy
         self.guard_model = guard_model
-        self.guard = guard
-        self.guardrails = guardrails
-        self.rules = rules
-        self.decoder = decoder
+        self.decision = decision
         self.item_dim = encoder.spec.item_dim
         self.loaded_at = time.time()
 
-    ready = True
+    ready: Literal[True] = True
 
     @classmethod
     def load(cls, bundle: Bundle, options: LoadOptions | None = None) -> ModelSet:
@@ -166,7 +126,8 @@ class ModelSet(_Policies):
             raise
         except Exception as exc:  # onnxruntime raises its own exception types for bad graphs
             raise BundleError("onnx", f"cannot load the ONNX graphs: {str(exc).splitlines()[0][:300]}") from None
-        model = cls(m, FeatureEncoder(spec, table), policy, guard_model, guard, guardrails, rules, decoder)
+        decision = DecisionProcedure(guardrails, rules, str(m["model_version"]), guard, decoder)
+        model = cls(m, FeatureEncoder(spec, table), policy, guard_model, decision)
         model._self_test(bundle, spec, _number(_section(m, "golden"), "tolerance", "golden"))
         model.infer(np.zeros((max(1, options.warmup_batch), spec.state_dim), dtype=np.float32))
         return model
@@ -206,95 +167,38 @@ class ModelSet(_Policies):
         """The whole decision for a batch: encode, infer, decide. What the micro-batcher calls."""
         states = self.encoder.encode_batch(requests, [c.hour for c in contexts])
         logits, allow = self.infer(states)
-        return self.decide_batch(contexts, logits, allow, decision_ids)
-
-    def decide(self, ctx: Context, logits: F32, allow: F32, decision_id: str) -> Decision:
-        """``decide_batch`` for one request."""
-        return self.decide_batch([ctx], logits[None, :], allow[None, :], [decision_id])[0]
-
-    def decide_batch(self, contexts: Sequence[Context], logits: F32, allow: F32, decision_ids: Sequence[str]) -> list[Decision]:
-        """Guardrails → guard veto → sampled majority (or exploration, or the rules), with exact propensities.
-
-        Vectorised over the batch; only the guardrail and fallback rules (data-driven, per
-        request) loop in Python. A single request goes through the same code, so a logged
-        decision replays identically whether it was served alone or in a batch.
-        """
-        n = len(contexts)
-        inputs = self.decision_inputs(contexts, logits, allow)
-        fired, policy_probs, allow64, allowed, q, ok = (inputs.fired, inputs.policy_probs, inputs.allow, inputs.allowed,
-                                                        inputs.q, inputs.ok)
-        vetoed_rows = [tuple(v) for v in inputs.vetoed.tolist()]
-        fallbacks = inputs.fallbacks
-        samples = self.decoder.samples
-        served = np.zeros((n, N_ACTIONS))
-        decisions: list[Decision | None] = [None] * n
-        rows = np.flatnonzero(ok).tolist()
-        if rows:
-            fallback_index = np.array([fallbacks[i].action.value - 1 for i in rows])
-            served[rows] = self.decoder.served_batch(q[rows], fallback_index)
-            draws = self.decoder.draw_batch(q[rows], uniforms_batch([decision_ids[i] for i in rows], samples + 2))
-            counts = draws.counts.tolist()
-            explored, decisive, drawn = draws.explored.tolist(), draws.decisive.tolist(), draws.index.tolist()
-            for j, i in enumerate(rows):
-                if explored[j]:
-                    index, source, rule = drawn[j], Source.EXPLORATION, ""
-                elif decisive[j]:
-                    index, source, rule = drawn[j], Source.POLICY, ""
-                else:
-                    index, source, rule = fallbacks[i].action.value - 1, Source.FALLBACK_LOW_CONSENSUS, fallbacks[i].rule
-                decisions[i] = Decision(ACTIONS[index], source, float(served[i, index]),
-                                        0 if explored[j] else counts[j][index], samples, served[i], policy_probs[i],
-                                        allow64[i], ~allowed[i], self.version, rule, tuple(counts[j]),
-                                        vetoed_rows[i], fired[i][1])
-        for i in np.flatnonzero(~ok).tolist():  # every permitted action vetoed (or underflowed): the rules answer
-            decisions[i] = _certain(fallbacks[i], Source.FALLBACK_GUARD, self.version, policy_probs[i], allow64[i],
-                                    ~allowed[i], samples, vetoed_rows[i], fired[i][1])
-        assert all(d is not None for d in decisions), "every row is decided by the decoder or the rules"
-        return decisions  # type: ignore[return-value]
-
-    def decision_inputs(self, contexts: Sequence[Context], logits: F32, allow: F32, guard: ActionGuard | None = None) -> DecisionInputs:
-        """Everything before the draw: guardrail weights, veto, the rule engine's answer, the masked ``q``.
-
-        The trainer builds its differentiable copy of the decoder on exactly these (with its
-        newly trained guard's allow-probabilities and threshold: ``guard``).
-        """
-        guard = guard or self.guard
-        fired = [self.guardrails.weights(ctx) for ctx in contexts]
-        weights = np.stack([w for w, _ in fired]) if fired else np.zeros((0, N_ACTIONS))
-        policy_probs = gr.apply_batch(logits, weights)
-        allow64 = allow.astype(np.float64)
-        permitted = weights > 0
-        vetoed = permitted & guard.vetoed(allow64)
-        allowed = permitted & ~vetoed
-        fallbacks = [
-            self.rules.decide(ctx, a, p, s)
-            for ctx, a, p, s in zip(contexts, allowed.tolist(), permitted.tolist(), allow64.tolist(), strict=True)
-        ]
-        q = np.where(allowed, policy_probs, 0.0)
-        total = q.sum(axis=1)
-        ok = total > 0  # rows where some allowed action has probability: the decoder decides
-        q[ok] /= total[ok, None]
-        return DecisionInputs(fired, weights, policy_probs, allow64, vetoed, allowed, fallbacks, q, ok)
+        return self.decision.decide_batch(contexts, logits, allow, decision_ids)
 
     def fallback(self, ctx: Context, source: Source) -> Decision:
         """A rule-engine answer without model outputs (overload, inference error, short deadline)."""
-        return self._rule_fallback(ctx, source, self.version)
+        return self.decision.fallback(ctx, source)
 
 
-class NoModel(_Policies):
+class NoModel:
     """No model is loaded: every decision is the rule engine's, with source FALLBACK_NO_MODEL.
 
     Its guardrails and rules come from a manifest (the embedded default's), which needs no
-    onnxruntime.
+    onnxruntime. It answers ``fallback`` as a model set does, so callers need not tell them apart.
     """
 
-    ready = False
+    ready: Literal[False] = False
     version = ""
 
     def __init__(self, manifest: dict[str, Any]) -> None:
         self.item_dim = int(manifest["feature_spec"]["item_dim"])  # requests are still validated
-        self.guardrails = gr.Guardrails.parse(manifest["guardrails"])
-        self.rules = RuleEngine.parse(manifest["fallback_rules"], self.guardrails.static)
+        guardrails = gr.Guardrails.parse(manifest["guardrails"])
+        self.decision = Rules(guardrails, RuleEngine.parse(manifest["fallback_rules"], guardrails.static), self.version)
 
-    def fallback(self, ctx: Context) -> Decision:
-        return self._rule_fallback(ctx, Source.FALLBACK_NO_MODEL, self.version)
+    def fallback(self, ctx: Context, source: Source) -> Decision:
+        """The rule engine's answer (the servicer names the source: FALLBACK_NO_MODEL)."""
+        return self.decision.fallback(ctx, source)
+
+
+def verify(data: bytes) -> Bundle:
+    """Full validation, as a server would load it (on CPU): raises ``BundleError`` with a reason.
+
+    The validator ``weights.store.WeightsStore`` is given, so the store needs no runtime parts.
+    """
+    bundle = read_bundle(data)
+    ModelSet.load(bundle, LoadOptions(device="cpu"))
+    return bundle

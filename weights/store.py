@@ -30,14 +30,13 @@ import os
 import re
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
 from weights.bundle import Bundle, BundleError, read_bundle, sha256
-from weights.model_set import LoadOptions, ModelSet
 
 log = logging.getLogger(__name__)
 
@@ -85,13 +84,6 @@ class PublishResult:
     model_version: str
     sha256: str
     previous: str | None = None
-
-
-def verify(data: bytes) -> Bundle:
-    """Full validation, as a server would load it (on CPU): raises ``BundleError`` with a reason."""
-    bundle = read_bundle(data)
-    ModelSet.load(bundle, LoadOptions(device="cpu"))
-    return bundle
 
 
 def atomic_write(path: Path, data: bytes) -> None:
@@ -143,13 +135,21 @@ def check_version_name(version: str) -> None:
         )
 
 
-class WeightsStore:
-    """The active bundle and its history in ``directory``; keeps the last ``keep`` published versions."""
+Validator = Callable[[bytes], Bundle]  # full validation of a bundle's bytes; raises BundleError
 
-    def __init__(self, directory: Path | str, keep: int = 10) -> None:
+
+class WeightsStore:
+    """The active bundle and its history in ``directory``; keeps the last ``keep`` published versions.
+
+    ``validate`` judges a bundle before it is published or rolled back to (the server's own
+    check is ``weights.model_set.verify``); the store itself only reads manifests.
+    """
+
+    def __init__(self, directory: Path | str, validate: Validator, keep: int = 10) -> None:
         if keep < 1:
             raise ValueError(f"keep must be at least 1, got {keep}")
         self.directory = Path(directory)
+        self.validate = validate
         self.keep = keep
 
     @property
@@ -216,7 +216,7 @@ class WeightsStore:
             data = Path(path).read_bytes()
         except OSError as exc:
             raise BundleError("io", f"cannot read bundle {path}: {exc.strerror or exc}") from None
-        version = verify(data).model_version
+        version = self.validate(data).model_version
         check_version_name(version)
         digest = sha256(data)
         with self.lock():
@@ -277,7 +277,7 @@ class WeightsStore:
             data = (self.history_dir / target.file_name).read_bytes()
             if sha256(data) != target.sha256:
                 raise BundleError("checksum", f"{HISTORY_DIR}/{target.file_name}: sha256 does not match the history index")
-            verify(data)
+            self.validate(data)
             atomic_write(self.active_path, data)
         log.debug("rolled back from %s to %s in %s", current, target.model_version, self.directory)
         return PublishResult("rolled_back", target.model_version, target.sha256, current)

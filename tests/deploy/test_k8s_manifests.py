@@ -29,12 +29,12 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from policy.trainer.cli import EXIT_REFUSED
 from server.app import SERVICE_NAME
 from server.cli import parser
 from server.config import ENV_PREFIX, SALT_ENV, Config, build_config
 from tests.deploy.k8s_render import containers, parse_cron, pod_labels, pod_spec, render, selects
 from tests.harness import ROOT
+from trainer.cli import EXIT_REFUSED
 
 K8S = ROOT / "k8s"
 VARIANTS = {"base": K8S / "base", "prod": K8S / "overlays" / "prod", "gpu": K8S / "overlays" / "gpu", "jobs": K8S / "jobs"}

@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from core.conditions import SchemaError
+from core.domain import ACTIONS, Action, Context, PageType
 from guard.rules import RuleEngine
-from policy.conditions import SchemaError
-from policy.domain import ACTIONS, Action, Context, PageType
 
 RULES: list[dict[str, Any]] = [
     {"name": "cart_page_coupon", "when": {"page_type": ["cart"]}, "actions": ["apply_coupon", "view_detail"]},

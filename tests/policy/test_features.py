@@ -10,8 +10,8 @@ from zoneinfo import ZoneInfo
 import numpy as np
 import pytest
 
-from policy.conditions import SchemaError
-from policy.domain import DecisionRequest, PageType
+from core.conditions import SchemaError
+from core.domain import DecisionRequest, PageType
 from policy.features import FeatureEncoder, FeatureSpec, bucket, context_of
 
 SPEC = FeatureSpec()

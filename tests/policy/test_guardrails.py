@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from core.conditions import SchemaError
+from core.domain import ACTIONS, Action, Context, PageType
 from policy import guardrails as gr
-from policy.conditions import SchemaError
-from policy.domain import ACTIONS, Action, Context, PageType
 
 SPEC: dict[str, Any] = {
     "static": {"add_to_cart": 1.0, "view_detail": 1.0, "apply_coupon": 0.8, "share_social": 0.5, "exit": 0.0},

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import numpy as np
 import pytest
 
-from policy.domain import N_ACTIONS, Action, Context, Decision, DecisionRequest, PageType, Source
+from core.domain import N_ACTIONS, Action, Context, Decision, DecisionRequest, PageType, Source
 from server.batching import BatcherClosed, MicroBatcher, Overloaded
 
 T = TypeVar("T")

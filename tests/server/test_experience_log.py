@@ -18,10 +18,10 @@ import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 from prometheus_client import CollectorRegistry
 
-from policy.domain import Outcome, OutcomeReport
-from policy.experience.recorder import SALT_FILE, ExperienceRecorder, RecorderOptions, resolve_salt, session_sampled
-from policy.experience.records import hash_user
-from policy.experience.segments import DirectorySource
+from core.domain import Outcome, OutcomeReport
+from experience.recorder import SALT_FILE, ExperienceRecorder, RecorderOptions, resolve_salt, session_sampled
+from experience.records import hash_user
+from experience.segments import DirectorySource
 from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
 from server.metrics import Metrics
 from tests.harness import ROOT, request, running_server, spawn_server, stub

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from policy.experience.returns import mean_return, session_returns
-from policy.experience.segments import DirectorySource
-from policy.experience.sessions import build_episodes
+from experience.returns import mean_return, session_returns
+from experience.segments import DirectorySource
+from experience.sessions import build_episodes
 from tests.harness import ROOT, running_server, spawn_server
 from weights.embedded import DEFAULT_MODEL_VERSION
 

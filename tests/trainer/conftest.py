@@ -7,9 +7,9 @@ from zoneinfo import ZoneInfo
 import pytest
 import torch
 
-from policy.simulator.config import SimConfig
-from policy.simulator.drive import run_logged
-from policy.simulator.world import World
+from simulator.config import SimConfig
+from simulator.drive import run_logged
+from simulator.world import World
 from weights.embedded import default_bundle
 from weights.model_set import LoadOptions, ModelSet
 

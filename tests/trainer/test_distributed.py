@@ -19,10 +19,10 @@ import torch
 if __package__ in (None, ""):  # run as a worker script: make ``policy`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from policy.trainer.distributed import DistEnv, LocalReducer, Reducer, TorchDistReducer, init_from_env, make_reducer, shutdown
-from policy.trainer.fisher import GaussNewtonFisher, Linearization, flat_params, logits_fn, masked_log_probs, mean_kl
-from policy.trainer.networks import PolicyNet
-from policy.trainer.trust_region import Evaluation, backtracking_line_search, natural_gradient_step
+from trainer.distributed import DistEnv, LocalReducer, Reducer, TorchDistReducer, init_from_env, make_reducer, shutdown
+from trainer.fisher import GaussNewtonFisher, Linearization, flat_params, logits_fn, masked_log_probs, mean_kl
+from trainer.networks import PolicyNet
+from trainer.trust_region import Evaluation, backtracking_line_search, natural_gradient_step
 
 ROOT = Path(__file__).resolve().parents[2]
 N_STATES, SPLIT, STATE_DIM, HIDDEN, N_ACTIONS = 64, 40, 9, 8, 5

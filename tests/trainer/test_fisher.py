@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.autograd.functional import hessian, jacobian
 
-from policy.trainer.fisher import (
+from trainer.fisher import (
     GaussNewtonFisher,
     Linearization,
     categorical_fisher_product,
@@ -20,7 +20,7 @@ from policy.trainer.fisher import (
     set_flat_params,
     subsample_indices,
 )
-from policy.trainer.networks import PolicyNet
+from trainer.networks import PolicyNet
 
 N_STATES, STATE_DIM, HIDDEN, N_ACTIONS = 16, 7, 6, 5
 NEG_INF = float("-inf")

@@ -11,8 +11,9 @@ import pyarrow as pa
 import pytest
 import torch
 
-from policy.domain import Action, Outcome
-from policy.trainer.guard_train import (
+from core.domain import Action, Outcome
+from tests.log_tables import decisions
+from trainer.guard_train import (
     GuardConfig,
     GuardResult,
     choose_threshold,
@@ -22,7 +23,6 @@ from policy.trainer.guard_train import (
     split_by_session,
     train_guard,
 )
-from tests.log_tables import decisions
 
 ATC, VD, EXIT = int(Action.ADD_TO_CART), int(Action.VIEW_DETAIL), int(Action.EXIT)
 

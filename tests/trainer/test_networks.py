@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from policy.trainer.networks import guard_from_arrays, policy_from_arrays, to_arrays
+from trainer.networks import guard_from_arrays, policy_from_arrays, to_arrays
 from weights import mlp
 
 

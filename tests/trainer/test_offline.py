@@ -14,10 +14,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from policy.domain import N_ACTIONS, FloatArray
-from policy.experience.returns import GAMMA, mean_return, session_returns
-from policy.experience.sessions import Episodes, JoinReport
-from policy.trainer.offline import (
+from core.domain import N_ACTIONS, FloatArray
+from experience.returns import GAMMA, mean_return, session_returns
+from experience.sessions import Episodes, JoinReport
+from trainer.offline import (
     IntArray,
     bootstrap_counts,
     cross_fit_q,
@@ -461,7 +461,7 @@ def test_bad_regression_inputs_raise_value_error_naming_the_argument() -> None:
 
 
 def test_importing_the_estimators_does_not_import_torch() -> None:
-    code = "import sys, policy.trainer.offline; print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'onnx')))"
+    code = "import sys, trainer.offline; print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'onnx')))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"

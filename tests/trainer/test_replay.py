@@ -6,8 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
-from policy.experience.segments import DirectorySource
-from policy.trainer.replay import logged_steps, replay
+from experience.segments import DirectorySource
+from trainer.replay import logged_steps, replay
 from weights.model_set import ModelSet
 
 

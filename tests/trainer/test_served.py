@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from policy.decoder import MajorityDecoder
-from policy.trainer.served import TorchDecoder
+from trainer.served import TorchDecoder
 
 
 def _rows(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

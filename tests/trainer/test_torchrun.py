@@ -36,7 +36,7 @@ def test_two_processes_take_the_same_steps_as_one(sim_logs: Path, tmp_path: Path
     torchrun = Path(sys.executable).parent / "torchrun"
     two = subprocess.run([str(torchrun), "--nnodes", "1", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
                           # options after "--": torchrun's parser would take --logs for its --logs-specs
-                          "--master_port", str(_free_port()), "-m", "server", "train", "--", *options, "--out",
+                          "--master_port", str(_free_port()), "-m", "trainer", "train", "--", *options, "--out",
                           str(tmp_path / "two.bundle")],
                          capture_output=True, text=True, cwd=ROOT, timeout=300, env=env)
     assert two.returncode == 0, two.stderr[-3000:]

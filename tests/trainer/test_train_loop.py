@@ -11,18 +11,18 @@ from zoneinfo import ZoneInfo
 import numpy as np
 import pytest
 
-from policy.experience.returns import session_returns
-from policy.experience.segments import DirectorySource
-from policy.experience.sessions import build_episodes
-from policy.simulator.config import SimConfig
-from policy.simulator.drive import run_in_process, run_logged
-from policy.simulator.world import World
-from policy.trainer.config import TrainConfig
-from policy.trainer.data import episode_config, split
-from policy.trainer.evaluation import evaluate_bundle, gate
-from policy.trainer.guard_train import GuardConfig
-from policy.trainer.train import TrainResult, train
+from experience.returns import session_returns
+from experience.segments import DirectorySource
+from experience.sessions import build_episodes
+from simulator.config import SimConfig
+from simulator.drive import run_in_process, run_logged
+from simulator.world import World
 from tests.harness import ROOT, fresh_bundle, fresh_bundle_bytes
+from trainer.config import TrainConfig
+from trainer.data import episode_config, split
+from trainer.evaluation import evaluate_bundle, gate
+from trainer.guard_train import GuardConfig
+from trainer.train import TrainResult, train
 from weights.bundle import read_bundle
 from weights.model_set import LoadOptions, ModelSet
 

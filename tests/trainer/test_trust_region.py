@@ -9,9 +9,9 @@ import pytest
 import torch
 from torch import nn
 
-from policy.trainer.fisher import GaussNewtonFisher, Linearization, flat_params, logits_fn, masked_log_probs, mean_kl, set_flat_params
-from policy.trainer.networks import PolicyNet
-from policy.trainer.trust_region import (
+from trainer.fisher import GaussNewtonFisher, Linearization, flat_params, logits_fn, masked_log_probs, mean_kl, set_flat_params
+from trainer.networks import PolicyNet
+from trainer.trust_region import (
     ConstraintTracker,
     Evaluation,
     LineSearchResult,

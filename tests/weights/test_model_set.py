@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from policy.domain import ACTIONS, Action, Context, PageType, Source
+from core.domain import ACTIONS, Action, Context, PageType, Source
 from weights import mlp
 from weights.bundle import Bundle, BundleError, npy_bytes, read_bundle
 from weights.embedded import DEFAULT_MODEL_VERSION
@@ -48,9 +48,10 @@ def test_default_bundle_loads_and_passes_its_golden_self_test(model: ModelSet, d
     assert model.ready is True
     assert model.version == DEFAULT_MODEL_VERSION
     assert model.encoder.spec.state_dim == 920
-    assert (model.decoder.samples, model.decoder.min_votes, model.decoder.epsilon, model.decoder.temperature) == (10, 4, 0.05, 1.2)
-    assert model.guard.threshold == default_bundle.manifest["guard"]["threshold"]  # chosen by the trainer on held-out data
-    assert model.guardrails.static.tolist() == STATIC.tolist()
+    decoder = model.decision.decoder
+    assert (decoder.samples, decoder.min_votes, decoder.epsilon, decoder.temperature) == (10, 4, 0.05, 1.2)
+    assert model.decision.guard.threshold == default_bundle.manifest["guard"]["threshold"]  # chosen by the trainer on held-out data
+    assert model.decision.guardrails.static.tolist() == STATIC.tolist()
     states = default_bundle.array("golden_states.npy")
     logits, allow = model.infer(states)
     expected = default_bundle.array("golden_outputs.npy")
@@ -62,7 +63,8 @@ def test_default_bundle_loads_and_passes_its_golden_self_test(model: ModelSet, d
 def test_load_options_override_the_bundle(default_bundle: Bundle) -> None:
     m = ModelSet.load(default_bundle, LoadOptions(device="cpu", warmup_batch=1, samples=6, min_votes=2,
                                                   exploration_epsilon=0.0, guard_threshold=0.0))
-    assert (m.decoder.samples, m.decoder.min_votes, m.decoder.epsilon, m.guard.threshold) == (6, 2, 0.0, 0.0)
+    decoder = m.decision.decoder
+    assert (decoder.samples, decoder.min_votes, decoder.epsilon, m.decision.guard.threshold) == (6, 2, 0.0, 0.0)
 
 
 def test_nan_in_the_behavior_table(rebuild: Any, default_bundle: Bundle) -> None:
@@ -206,11 +208,11 @@ def test_other_valid_weights_fail_the_golden_test(rebuild: Any) -> None:
 
 
 def test_served_probs_are_the_exact_procedure(model: ModelSet) -> None:
-    d = model.decide(SEARCH, LOGITS, PERMISSIVE, "exact-1")
+    d = model.decision.decide(SEARCH, LOGITS, PERMISSIVE, "exact-1")
     p = masked_softmax(LOGITS, STATIC)
     np.testing.assert_allclose(d.policy_probs, p, rtol=1e-12, atol=0)
     # nothing vetoed: q = p; the fallback for a search page is the default rule's first action
-    np.testing.assert_allclose(d.served_probs, model.decoder.served_distribution(p, V.index), rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(d.served_probs, model.decision.decoder.served_distribution(p, V.index), rtol=1e-12, atol=1e-15)
     assert d.served_probs.sum() == pytest.approx(1.0, abs=1e-12)
     assert d.served_probs[X.index] == 0.0
     assert d.propensity == d.served_probs[d.action.index]
@@ -226,7 +228,7 @@ def test_vetoed_actions_are_blocked_and_never_served(model: ModelSet) -> None:
     q /= q.sum()
     served = set()
     for i in range(300):
-        d = model.decide(SEARCH, LOGITS, allow, f"veto-{i}")
+        d = model.decision.decide(SEARCH, LOGITS, allow, f"veto-{i}")
         assert d.blocked.tolist() == [False, True, False, False, True]
         assert d.action not in (V, X)
         assert d.served_probs[V.index] == 0.0 and d.served_probs[X.index] == 0.0
@@ -234,13 +236,13 @@ def test_vetoed_actions_are_blocked_and_never_served(model: ModelSet) -> None:
         if d.source is Source.FALLBACK_LOW_CONSENSUS:
             assert (d.action, d.rule) == (A, "default")  # view is vetoed, so the default rule's next action
         served.add(d.action)
-    np.testing.assert_allclose(d.served_probs, model.decoder.served_distribution(q, A.index), rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(d.served_probs, model.decision.decoder.served_distribution(q, A.index), rtol=1e-12, atol=1e-15)
     assert served >= {A, C}
 
 
 def test_all_vetoed_falls_back_to_the_least_risky_permitted_action(model: ModelSet) -> None:
     allow = np.array([0.1, 0.15, 0.05, 0.19, 0.99], dtype=np.float32)  # exit is "safest" but banned
-    d = model.decide(SEARCH, LOGITS, allow, "all-vetoed")
+    d = model.decision.decide(SEARCH, LOGITS, allow, "all-vetoed")
     assert d.source is Source.FALLBACK_GUARD
     assert (d.action, d.rule) == (S, "default:least_risky")
     assert d.propensity == 1.0
@@ -252,13 +254,13 @@ def test_all_vetoed_falls_back_to_the_least_risky_permitted_action(model: ModelS
 def test_allowed_actions_whose_probability_underflows_fall_back_to_the_rules(model: ModelSet) -> None:
     logits = np.array([0.0, 0.0, 0.0, -2000.0, 0.0], dtype=np.float32)
     allow = np.array([0.1, 0.1, 0.1, 0.9, 0.9], dtype=np.float32)  # only share_social is allowed
-    d = model.decide(SEARCH, logits, allow, "underflow")
+    d = model.decision.decide(SEARCH, logits, allow, "underflow")
     assert (d.action, d.source, d.propensity) == (S, Source.FALLBACK_GUARD, 1.0)
 
 
 def test_full_cart_damps_add_to_cart_by_exactly_the_rule_factor(model: ModelSet) -> None:
-    empty = model.decide(SEARCH, LOGITS, PERMISSIVE, "cart").policy_probs
-    full = model.decide(SEARCH_FULL_CART, LOGITS, PERMISSIVE, "cart").policy_probs
+    empty = model.decision.decide(SEARCH, LOGITS, PERMISSIVE, "cart").policy_probs
+    full = model.decision.decide(SEARCH_FULL_CART, LOGITS, PERMISSIVE, "cart").policy_probs
     assert (full[A.index] / full[V.index]) / (empty[A.index] / empty[V.index]) == pytest.approx(0.3, rel=1e-12)
     for other in (C, S):
         assert full[other.index] / full[V.index] == pytest.approx(empty[other.index] / empty[V.index], rel=1e-12)
@@ -268,7 +270,7 @@ def test_full_cart_damps_add_to_cart_by_exactly_the_rule_factor(model: ModelSet)
 
 def test_decide_replays_for_a_decision_id(model: ModelSet) -> None:
     def key(i: int) -> tuple[Any, ...]:
-        d = model.decide(SEARCH, LOGITS, PERMISSIVE, f"replay-{i}")
+        d = model.decision.decide(SEARCH, LOGITS, PERMISSIVE, f"replay-{i}")
         return d.action, d.source, d.votes, d.counts, d.propensity, d.rule
 
     first = [key(i) for i in range(40)]
@@ -283,7 +285,7 @@ def test_decisions_follow_served_probs_and_sources_are_consistent(model: ModelSe
     sources: dict[Source, int] = {}
     served = None
     for i in range(n):
-        d = model.decide(SEARCH, logits, PERMISSIVE, f"mix-{i}")
+        d = model.decision.decide(SEARCH, logits, PERMISSIVE, f"mix-{i}")
         served = d.served_probs
         freq[d.action.index] += 1
         sources[d.source] = sources.get(d.source, 0) + 1
@@ -303,20 +305,20 @@ def test_decisions_follow_served_probs_and_sources_are_consistent(model: ModelSe
 def test_epsilon_override_turns_exploration_off(default_bundle: Bundle) -> None:
     m = ModelSet.load(default_bundle, LoadOptions(device="cpu", warmup_batch=1, exploration_epsilon=0.0))
     logits = np.zeros(5, dtype=np.float32)
-    sources = {m.decide(SEARCH, logits, PERMISSIVE, f"eps-{i}").source for i in range(1000)}
+    sources = {m.decision.decide(SEARCH, logits, PERMISSIVE, f"eps-{i}").source for i in range(1000)}
     assert Source.EXPLORATION not in sources
-    d = m.decide(SEARCH, logits, PERMISSIVE, "eps")
+    d = m.decision.decide(SEARCH, logits, PERMISSIVE, "eps")
     p = masked_softmax(logits, STATIC)
-    np.testing.assert_allclose(d.served_probs, m.decoder.served_distribution(p, V.index), rtol=1e-12, atol=1e-15)
-    assert m.decoder.epsilon == 0.0
+    np.testing.assert_allclose(d.served_probs, m.decision.decoder.served_distribution(p, V.index), rtol=1e-12, atol=1e-15)
+    assert m.decision.decoder.epsilon == 0.0
 
 
 def test_guard_threshold_override(default_bundle: Bundle) -> None:
     strict = ModelSet.load(default_bundle, LoadOptions(device="cpu", warmup_batch=1, guard_threshold=0.95))
-    d = strict.decide(SEARCH, LOGITS, PERMISSIVE, "strict")
+    d = strict.decision.decide(SEARCH, LOGITS, PERMISSIVE, "strict")
     assert d.source is Source.FALLBACK_GUARD and d.propensity == 1.0 and d.rule == "default:least_risky"
     lax = ModelSet.load(default_bundle, LoadOptions(device="cpu", warmup_batch=1, guard_threshold=0.0))
-    d = lax.decide(SEARCH, LOGITS, np.full(5, 0.01, dtype=np.float32), "lax")
+    d = lax.decision.decide(SEARCH, LOGITS, np.full(5, 0.01, dtype=np.float32), "lax")
     assert d.blocked.tolist() == [False, False, False, False, True]
     assert d.source is not Source.FALLBACK_GUARD
 
@@ -334,10 +336,10 @@ def test_model_fallback_answers_from_the_rules(model: ModelSet) -> None:
 def test_no_model_answers_from_the_rules(default_bundle: Bundle) -> None:
     none = NoModel(default_bundle.manifest)
     assert none.ready is False and none.version == ""
-    d = none.fallback(Context(PageType.DETAIL, 0, 12, 0))
+    d = none.fallback(Context(PageType.DETAIL, 0, 12, 0), Source.FALLBACK_NO_MODEL)
     assert (d.action, d.source, d.rule, d.propensity) == (A, Source.FALLBACK_NO_MODEL, "detail_page_add", 1.0)
     assert d.model_version == ""
-    d = none.fallback(Context(PageType.DETAIL, 3, 12, 0))
+    d = none.fallback(Context(PageType.DETAIL, 3, 12, 0), Source.FALLBACK_NO_MODEL)
     assert (d.action, d.rule) == (C, "full_cart_coupon")
     assert isinstance(d.action, Action)
     assert none.item_dim == 768  # requests are still validated against the default feature spec
@@ -345,7 +347,7 @@ def test_no_model_answers_from_the_rules(default_bundle: Bundle) -> None:
 
 def test_a_decision_is_the_same_alone_or_in_a_batch() -> None:
     """Replay: the same decision id and inputs give the same decision whatever batch it ran in."""
-    from policy.domain import Context, DecisionRequest, PageType
+    from core.domain import Context, DecisionRequest, PageType
     from weights.embedded import default_bundle as embedded
 
     model = ModelSet.load(embedded())

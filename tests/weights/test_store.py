@@ -16,7 +16,8 @@ import pytest
 
 from weights.bundle import Bundle, BundleError, npy_bytes, read_bundle
 from weights.initial import make_bundle
-from weights.store import ACTIVE_NAME, HISTORY_DIR, INDEX_NAME, STALE_TMP_S, StoreError, WeightsStore, verify
+from weights.model_set import verify
+from weights.store import ACTIVE_NAME, HISTORY_DIR, INDEX_NAME, STALE_TMP_S, StoreError, WeightsStore
 
 CREATED = "2026-01-01T00:00:00Z"
 
@@ -29,7 +30,7 @@ def bundles() -> dict[str, bytes]:
 
 @pytest.fixture
 def store(tmp_path: Path) -> WeightsStore:
-    return WeightsStore(tmp_path / "pv")
+    return WeightsStore(tmp_path / "pv", verify)
 
 
 @pytest.fixture
@@ -184,7 +185,7 @@ def test_a_version_that_cannot_name_a_file_is_refused(store: WeightsStore, put: 
 
 
 def test_keep_prunes_the_oldest_versions(tmp_path: Path, bundles: dict[str, bytes], put: Callable[[bytes], Path]) -> None:
-    store = WeightsStore(tmp_path / "pv", keep=2)
+    store = WeightsStore(tmp_path / "pv", verify, keep=2)
     for v in ("v1", "v2", "v3"):
         store.publish(put(bundles[v]))
     assert versions(store) == ["v2", "v3"]
@@ -192,7 +193,7 @@ def test_keep_prunes_the_oldest_versions(tmp_path: Path, bundles: dict[str, byte
 
 
 def test_pruning_never_drops_the_active_version(tmp_path: Path, bundles: dict[str, bytes], put: Callable[[bytes], Path]) -> None:
-    store = WeightsStore(tmp_path / "pv", keep=2)
+    store = WeightsStore(tmp_path / "pv", verify, keep=2)
     for v in ("v1", "v2"):
         store.publish(put(bundles[v]))
     store.rollback()  # v1 active, the oldest
@@ -318,7 +319,7 @@ def test_concurrent_publishers_both_complete_and_leave_one_valid_active_file(
         try:
             start.wait()
             for _ in range(3):
-                WeightsStore(store.directory).publish(paths[version])
+                WeightsStore(store.directory, verify).publish(paths[version])
         except BaseException as exc:
             errors.append(exc)
 
@@ -338,7 +339,7 @@ def test_concurrent_publishers_both_complete_and_leave_one_valid_active_file(
 def test_a_publisher_waits_for_the_lock(store: WeightsStore, bundles: dict[str, bytes], put: Callable[[bytes], Path]) -> None:
     path = put(bundles["v1"])
     with store.lock():
-        publisher = threading.Thread(target=WeightsStore(store.directory).publish, args=(path,))
+        publisher = threading.Thread(target=WeightsStore(store.directory, verify).publish, args=(path,))
         publisher.start()
         publisher.join(timeout=0.5)
         assert publisher.is_alive() and not store.active_path.exists()

@@ -1,0 +1,53 @@
+"""``shopping-agent logs cat DIR [--kind decisions|outcomes]``: the log records as JSON lines.
+
+For people debugging and for any tool that wants the records without our reader: one JSON
+object per record, oldest segment first, with a ``kind`` key added. Exit 0, or 2 when DIR
+is not a log directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import TextIO
+
+from experience.kinds import KINDS
+from experience.schema import SCHEMAS
+from experience.segments import DirectorySource
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser("logs", help="read decision and outcome logs",
+                                   description="Read the decision and outcome logs that `serve --log-dir` writes.")
+    sub = parser.add_subparsers(dest="logs_command", required=True)
+    p = sub.add_parser("cat", help="print log records as JSON lines")
+    p.add_argument("dir", type=Path, help="the --log-dir of the server(s)")
+    p.add_argument("--kind", choices=KINDS, help="only this kind (default: decisions, then outcomes)")
+    p.add_argument("--fields", help="comma-separated columns to print (default: all)")
+    p.set_defaults(logs_handler=_cat)
+
+
+def run(args: argparse.Namespace) -> int:
+    return int(args.logs_handler(args))
+
+
+def _cat(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+    if not args.dir.is_dir() or not any((args.dir / kind).is_dir() for kind in KINDS):
+        print(f"shopping-agent logs: {args.dir} holds no decisions/ or outcomes/ directory", file=sys.stderr)
+        return 2
+    fields = [f.strip() for f in args.fields.split(",")] if args.fields else None
+    source = DirectorySource(args.dir)
+    for kind in (args.kind,) if args.kind else KINDS:
+        if fields is not None:
+            unknown = [f for f in fields if f not in SCHEMAS[kind].names]
+            if unknown and args.kind:
+                print(f"shopping-agent logs: --fields: no column {unknown[0]!r} in {kind}", file=sys.stderr)
+                return 2
+        for batch in source.batches(kind):
+            if fields is not None:
+                batch = batch.select([f for f in fields if f in batch.schema.names])
+            for record in batch.to_pylist():
+                out.write(json.dumps({"kind": kind, **record}, allow_nan=False) + "\n")
+    return 0

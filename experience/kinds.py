@@ -1,0 +1,5 @@
+"""The kinds of log record, by name: what the server's metrics need without loading pyarrow."""
+
+DECISIONS_KIND = "decisions"
+OUTCOMES_KIND = "outcomes"
+KINDS = (DECISIONS_KIND, OUTCOMES_KIND)  # also the sub-directory names of a log directory

@@ -1,0 +1,109 @@
+"""Decisions and outcomes as Arrow record batches in the log schema (``experience.schema``).
+
+Built column by column from a list of queued items: one pass per column, the embeddings and
+the per-action vectors stacked into one numpy array each. User ids are hashed here (keyed
+BLAKE2b with the salt), on the writer's thread, not on the request path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from core.domain import N_ACTIONS, Decision, DecisionRequest, OutcomeReport
+from experience.schema import DECISIONS, OUTCOMES, SCHEMA_VERSION
+
+
+@dataclass(slots=True)
+class LoggedDecision:
+    """What the request path hands the recorder: references only, nothing copied or formatted."""
+
+    request: DecisionRequest
+    hour: int
+    decision: Decision
+    decision_id: str
+    time_s: float
+
+
+@dataclass(slots=True)
+class LoggedOutcome:
+    report: OutcomeReport
+    received_s: float
+
+
+def hash_user(user_id: str, salt: bytes) -> str:
+    """Keyed BLAKE2b-128 of a user id, hex: stable for one salt, not reversible without it."""
+    return hashlib.blake2b(user_id.encode(), key=salt, digest_size=16).hexdigest()
+
+
+def _vectors(rows: Sequence[np.ndarray], dtype: type, typ: pa.DataType) -> pa.FixedSizeListArray:
+    flat: np.ndarray = np.array(rows, dtype=dtype).reshape(-1)  # one C loop; np.stack checks every row in Python
+    return pa.FixedSizeListArray.from_arrays(pa.array(flat, type=typ), N_ACTIONS)
+
+
+def _string_lists(rows: Sequence[Sequence[str]]) -> pa.ListArray:
+    return pa.array([list(r) for r in rows], type=pa.list_(pa.string()))
+
+
+def decisions_batch(items: Sequence[LoggedDecision], salt: bytes, sample_rate: float) -> pa.RecordBatch:
+    n = len(items)
+    reqs = [i.request for i in items]
+    ds = [i.decision for i in items]
+    embeddings = [r.item_embedding for r in reqs]
+    lengths = np.fromiter((e.shape[0] for e in embeddings), dtype=np.int32, count=n)
+    offsets = np.zeros(n + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    flat = np.concatenate(embeddings).astype(np.float16) if n else np.zeros(0, dtype=np.float16)
+    embedding = pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat, type=pa.float16()))
+    columns = {
+        "schema_version": pa.array(np.full(n, SCHEMA_VERSION, dtype=np.int16)),
+        "decision_id": pa.array([i.decision_id for i in items], type=pa.string()),
+        "time_s": pa.array([i.time_s for i in items], type=pa.float64()),
+        "event_time_s": pa.array([r.event_time_s for r in reqs], type=pa.float64()),
+        "session_id": pa.array([r.session_id for r in reqs], type=pa.string()),
+        "user_hash": pa.array([hash_user(r.user_id, salt) for r in reqs], type=pa.string()),
+        "item_id": pa.array([r.item_id for r in reqs], type=pa.string()),
+        "request_id": pa.array([r.request_id for r in reqs], type=pa.string()),
+        "item_embedding": embedding,
+        "recent_behavior_ids": _string_lists([r.recent_behavior_ids for r in reqs]),
+        "page_type": pa.array([int(r.page_type) for r in reqs], type=pa.int8()),
+        "cart_item_count": pa.array([r.cart_item_count for r in reqs], type=pa.int32()),
+        "hour": pa.array([i.hour for i in items], type=pa.int8()),
+        "action": pa.array([int(d.action) for d in ds], type=pa.int8()),
+        "source": pa.array([int(d.source) for d in ds], type=pa.int8()),
+        "propensity": pa.array([d.propensity for d in ds], type=pa.float64()),
+        "votes": pa.array([d.votes for d in ds], type=pa.int16()),
+        "samples": pa.array([d.samples for d in ds], type=pa.int16()),
+        "served_probs": _vectors([d.served_probs for d in ds], np.float64, pa.float64()),
+        "policy_probs": _vectors([d.policy_probs for d in ds], np.float64, pa.float64()),
+        "allow_probs": _vectors([d.allow_probs for d in ds], np.float64, pa.float64()),
+        "blocked": _vectors([d.blocked for d in ds], np.bool_, pa.bool_()),
+        "vetoed": _vectors([np.asarray(d.vetoed or (False,) * N_ACTIONS) for d in ds], np.bool_, pa.bool_()),
+        "guardrail_hits": _string_lists([d.guardrail_hits for d in ds]),
+        "rule": pa.array([d.rule for d in ds], type=pa.string()),
+        "model_version": pa.array([d.model_version for d in ds], type=pa.string()),
+        "sample_rate": pa.array(np.full(n, sample_rate, dtype=np.float64)),
+    }
+    return pa.RecordBatch.from_arrays(list(columns.values()), schema=DECISIONS)
+
+
+def outcomes_batch(items: Sequence[LoggedOutcome], sample_rate: float) -> pa.RecordBatch:
+    n = len(items)
+    reports = [i.report for i in items]
+    columns = {
+        "schema_version": pa.array(np.full(n, SCHEMA_VERSION, dtype=np.int16)),
+        "outcome_id": pa.array([r.outcome_id for r in reports], type=pa.string()),
+        "decision_id": pa.array([r.decision_id for r in reports], type=pa.string()),
+        "session_id": pa.array([r.session_id for r in reports], type=pa.string()),
+        "outcome": pa.array([int(r.outcome) for r in reports], type=pa.int8()),
+        "value": pa.array([r.value for r in reports], type=pa.float64()),
+        "coupon_discount": pa.array([r.coupon_discount for r in reports], type=pa.float64()),
+        "event_time_s": pa.array([r.event_time_s for r in reports], type=pa.float64()),
+        "received_s": pa.array([i.received_s for i in items], type=pa.float64()),
+        "sample_rate": pa.array(np.full(n, sample_rate, dtype=np.float64)),
+    }
+    return pa.RecordBatch.from_arrays(list(columns.values()), schema=OUTCOMES)

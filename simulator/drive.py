@@ -1,0 +1,188 @@
+"""Put the simulated shoppers in front of a decider and score what it served.
+
+The loop is the same for every decider: each session shows a page, the decider answers, the
+shopper reacts (``ShopperSession.respond``), the reactions are reported as outcomes, until
+the shopper leaves. ``Trace`` keeps what happened (decisions and outcomes, in the log
+schema's column names), and ``Trace.value`` scores it with the very code the trainer uses on
+the logs: ``build_episodes`` (join + attribution rules + horizon) then ``session_returns`` /
+``mean_return``. So the simulator's ``mean_return`` is the true value of the policy served,
+in the units the trainer optimises and the offline estimators estimate.
+
+``run_in_process`` decides with the server's decision code (``ModelSet.run``: encode,
+infer, guardrails, guard veto, sampled majority, fallback, exploration) on many sessions in
+lock-step batches, with decision ids derived from (seed, session, step): the same seed and
+bundle give the same decisions, bytes for bytes, in any batch size. ``run_logged``
+also writes the same decision and outcome logs as the server (``ExperienceRecorder``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import tzinfo
+from pathlib import Path
+from typing import Any, Protocol
+
+import pyarrow as pa
+
+from core.domain import Action, Decision, DecisionRequest, OutcomeReport, Source
+from experience.recorder import ExperienceRecorder, RecorderOptions
+from experience.returns import GAMMA, MeanReturn, mean_return, session_returns
+from experience.sessions import EpisodeConfig, build_episodes
+from policy.features import context_of
+from simulator.world import OutcomeEvent, ShopperSession, World
+
+
+class BatchDecider(Protocol):
+    """What ``ModelSet`` offers: decisions for a batch of requests with given decision ids."""
+
+    def run(self, requests: Sequence[DecisionRequest], contexts: Sequence[Any], decision_ids: Sequence[str]) -> list[Decision]: ...
+
+
+def decision_id(seed: int, session: int, step: int) -> str:
+    """The id of a simulated decision: fixed by (seed, session, step), so its sampling replays."""
+    return hashlib.blake2b(f"sim:{seed}:{session}:{step}".encode(), digest_size=16).hexdigest()
+
+
+def outcome_id(decision: str, k: int) -> str:
+    return f"{decision}-o{k}"
+
+
+@dataclass
+class Trace:
+    """What the simulated sessions saw and did, column-wise (decision and outcome log columns)."""
+
+    decision_ids: list[str] = field(default_factory=list)
+    decision_sessions: list[str] = field(default_factory=list)
+    decision_times: list[float] = field(default_factory=list)
+    actions: list[int] = field(default_factory=list)
+    sources: list[int] = field(default_factory=list)
+    outcome_ids: list[str] = field(default_factory=list)
+    outcome_decisions: list[str] = field(default_factory=list)
+    outcome_sessions: list[str] = field(default_factory=list)
+    outcomes: list[int] = field(default_factory=list)
+    values: list[float] = field(default_factory=list)
+    discounts: list[float] = field(default_factory=list)
+    outcome_times: list[float] = field(default_factory=list)
+    sessions_finished: int = 0
+    model_versions: set[str] = field(default_factory=set)
+
+    def decided(self, session_id: str, decision_id: str, event_time_s: float, action: Action, source: Source) -> None:
+        self.decision_ids.append(decision_id)
+        self.decision_sessions.append(session_id)
+        self.decision_times.append(event_time_s)
+        self.actions.append(int(action))
+        self.sources.append(int(source))
+
+    def reported(self, report: OutcomeReport) -> None:
+        self.outcome_ids.append(report.outcome_id)
+        self.outcome_decisions.append(report.decision_id)
+        self.outcome_sessions.append(report.session_id)
+        self.outcomes.append(int(report.outcome))
+        self.values.append(report.value)
+        self.discounts.append(report.coupon_discount)
+        self.outcome_times.append(report.event_time_s)
+
+    def tables(self) -> tuple[pa.Table, pa.Table]:
+        decisions = pa.table({
+            "decision_id": pa.array(self.decision_ids, pa.string()),
+            "session_id": pa.array(self.decision_sessions, pa.string()),
+            "event_time_s": pa.array(self.decision_times, pa.float64()),
+            "action": pa.array(self.actions, pa.int8()),
+        })
+        outcomes = pa.table({
+            "outcome_id": pa.array(self.outcome_ids, pa.string()),
+            "decision_id": pa.array(self.outcome_decisions, pa.string()),
+            "session_id": pa.array(self.outcome_sessions, pa.string()),
+            "outcome": pa.array(self.outcomes, pa.int8()),
+            "value": pa.array(self.values, pa.float64()),
+            "coupon_discount": pa.array(self.discounts, pa.float64()),
+            "event_time_s": pa.array(self.outcome_times, pa.float64()),
+            "received_s": pa.array(self.outcome_times, pa.float64()),
+        })
+        return decisions, outcomes
+
+    def value(self, config: EpisodeConfig | None = None, gamma: float = GAMMA) -> MeanReturn:
+        """mean_return of the sessions traced, scored exactly as the trainer scores logs."""
+        episodes = build_episodes(*self.tables(), config)
+        return mean_return(session_returns(episodes, gamma=gamma))
+
+    def summary(self, config: EpisodeConfig | None = None) -> dict[str, Any]:
+        value = self.value(config)
+        sources: dict[str, int] = {}
+        for s in self.sources:
+            key = Source(s).name.lower()
+            sources[key] = sources.get(key, 0) + 1
+        return {
+            "sessions": value.n,
+            "sessions_finished": self.sessions_finished,
+            "decisions": len(self.decision_ids),
+            "outcomes": len(self.outcome_ids),
+            "mean_return": value.mean,
+            "ci_low": value.low,
+            "ci_high": value.high,
+            "stderr": value.stderr,
+            "sources": dict(sorted(sources.items())),
+            "model_versions": sorted(self.model_versions),
+        }
+
+
+def reports_for(session: ShopperSession, decision: str, events: Iterable[OutcomeEvent]) -> list[OutcomeReport]:
+    return [OutcomeReport(decision, session.session_id, outcome_id(decision, k), e.outcome, e.value, e.coupon_discount,
+                          e.event_time_s) for k, e in enumerate(events)]
+
+
+def run_in_process(world: World, model: BatchDecider, sessions: range, tz: tzinfo, recorder: ExperienceRecorder | None = None,
+                   batch: int = 256, trace: Trace | None = None) -> Trace:
+    """Run ``sessions`` of ``world`` against ``model``, ``batch`` sessions in lock-step."""
+    trace = trace if trace is not None else Trace()
+    pending = iter(sessions)
+    active: list[tuple[int, ShopperSession]] = []
+    steps: dict[int, int] = {}
+    while True:
+        while len(active) < batch:
+            index = next(pending, None)
+            if index is None:
+                break
+            active.append((index, world.session(index)))
+            steps[index] = 0
+        if not active:
+            return trace
+        live: list[tuple[int, ShopperSession, DecisionRequest]] = []
+        for index, session in active:
+            page = session.page()
+            if page is not None:  # (None only for a session that ended without telling: finished all the same)
+                live.append((index, session, session.request(page, request_id=f"sim-{index}-{steps[index]}")))
+        ids = [decision_id(world.seed, index, steps[index]) for index, _, _ in live]
+        requests = [req for _, _, req in live]
+        contexts = [context_of(req, tz) for req in requests]
+        decisions = model.run(requests, contexts, ids) if live else []
+        for (index, session, req), ctx, did, decision in zip(live, contexts, ids, decisions, strict=True):
+            trace.model_versions.add(decision.model_version)
+            trace.decided(session.session_id, did, req.event_time_s, decision.action, decision.source)
+            if recorder is not None:
+                recorder.decision(req, ctx.hour, decision, did)
+            for report in reports_for(session, did, session.respond(decision.action)):
+                trace.reported(report)
+                if recorder is not None:
+                    recorder.outcome(report)
+            steps[index] += 1
+        if recorder is not None:
+            recorder.flush()  # in this thread: the queue never fills however fast we go
+        trace.sessions_finished += sum(1 for _, s, _ in live if s.ended) + len(active) - len(live)
+        active = [(i, s) for i, s, _ in live if not s.ended]
+
+
+def run_logged(world: World, model: BatchDecider, sessions: range, tz: tzinfo, root: Path, salt: bytes, *,
+               clock: Callable[[], float] = time.time, batch: int = 256) -> tuple[Trace, dict[str, int]]:
+    """``run_in_process`` writing the server's decision and outcome logs under ``root``; returns the trace and
+    the records written per kind. The recorder is flushed in this thread after each batch, so its queue
+    only needs room for one batch's decisions and their outcomes; ``close`` finalises the segments."""
+    recorder = ExperienceRecorder(root, salt, RecorderOptions(max_queue=max(8192, 32 * batch)), clock=clock)
+    try:
+        trace = run_in_process(world, model, sessions, tz, recorder, batch=batch)
+    finally:
+        recorder.close()
+    return trace, dict(recorder.written)

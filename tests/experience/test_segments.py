@@ -1,0 +1,166 @@
+"""Log segments on a real directory: rotation, publish by rename, recovery after a killed writer."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from experience.schema import OUTCOMES, SCHEMA_VERSION
+from experience.segments import OPEN_PREFIX, DirectorySource, SegmentWriter, read_segment, recover_abandoned
+from tests.harness import ROOT
+
+
+def outcome_batch(start: int, n: int) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pydict(
+        {
+            "schema_version": [SCHEMA_VERSION] * n,
+            "outcome_id": [f"o{i}" for i in range(start, start + n)],
+            "decision_id": [f"d{i}" for i in range(start, start + n)],
+            "session_id": ["s"] * n,
+            "outcome": [2] * n,
+            "value": [float(i) for i in range(start, start + n)],
+            "coupon_discount": [0.0] * n,
+            "event_time_s": [1.0e9 + i for i in range(start, start + n)],
+            "received_s": [1.0e9] * n,
+            "sample_rate": [1.0] * n,
+        },
+        schema=OUTCOMES,
+    )
+
+
+def ids(root: Path) -> list[str]:
+    return DirectorySource(root).table("outcomes").column("outcome_id").to_pylist()
+
+
+def test_open_segment_is_hidden_until_rotated(tmp_path: Path) -> None:
+    writer = SegmentWriter(tmp_path, "outcomes", max_bytes=10**9, max_seconds=3600)
+    writer.write(outcome_batch(0, 3))
+    assert ids(tmp_path) == []  # written, not yet published
+    hidden = list((tmp_path / "outcomes").glob(f"{OPEN_PREFIX}*"))
+    assert len(hidden) == 1
+    final = writer.rotate()
+    assert final is not None and final.exists() and not hidden[0].exists()
+    assert ids(tmp_path) == ["o0", "o1", "o2"]
+    writer.write(outcome_batch(3, 2))
+    writer.close()
+    assert ids(tmp_path) == [f"o{i}" for i in range(5)]  # segments read oldest first
+    assert len(writer.finalised) == 2
+    assert not list((tmp_path / "outcomes").glob(f"{OPEN_PREFIX}*"))
+
+
+def test_rotates_by_size_and_by_age(tmp_path: Path) -> None:
+    by_size = SegmentWriter(tmp_path / "a", "outcomes", max_bytes=1, max_seconds=3600)
+    for i in range(4):
+        by_size.write(outcome_batch(i, 1))
+    assert len(by_size.finalised) == 4  # each write crossed the size bound
+    by_age = SegmentWriter(tmp_path / "b", "outcomes", max_bytes=10**9, max_seconds=0.05)
+    by_age.write(outcome_batch(0, 1))
+    assert not by_age.due()
+    time.sleep(0.06)
+    assert by_age.due()  # an idle writer finalises its segment on the next flush
+    by_age.rotate()
+    assert ids(tmp_path / "b") == ["o0"]
+
+
+def test_two_writers_share_a_directory(tmp_path: Path) -> None:
+    a = SegmentWriter(tmp_path, "outcomes", max_bytes=10**9, max_seconds=3600)
+    b = SegmentWriter(tmp_path, "outcomes", max_bytes=10**9, max_seconds=3600)
+    a.write(outcome_batch(0, 2))
+    b.write(outcome_batch(2, 2))
+    a.close()
+    b.close()
+    assert sorted(ids(tmp_path)) == ["o0", "o1", "o2", "o3"]
+
+
+_KILLED_WRITER = """
+import sys, time
+from pathlib import Path
+sys.path.insert(0, sys.argv[2])
+from tests.experience.test_segments import outcome_batch
+from experience.segments import SegmentWriter
+w = SegmentWriter(Path(sys.argv[1]), "outcomes", max_bytes=10**9, max_seconds=3600)
+for i in range(3):
+    w.write(outcome_batch(10 * i, 10))
+w._file.flush()
+print("written", flush=True)
+time.sleep(60)
+"""
+
+
+def test_segment_of_a_killed_writer_is_recovered(tmp_path: Path) -> None:
+    proc = subprocess.Popen([sys.executable, "-c", _KILLED_WRITER, str(tmp_path), str(ROOT)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "written"
+        assert recover_abandoned(tmp_path, "outcomes") == []  # alive: its lock is held, the segment is left alone
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        if proc.stdout is not None:
+            proc.stdout.close()
+    assert ids(tmp_path) == []
+    recovered = recover_abandoned(tmp_path, "outcomes")
+    assert len(recovered) == 1
+    assert ids(tmp_path) == [f"o{i}" for i in range(30)]  # every batch the killed writer wrote
+
+
+def test_torn_last_batch_reads_up_to_it(tmp_path: Path) -> None:
+    writer = SegmentWriter(tmp_path, "outcomes", max_bytes=10**9, max_seconds=3600)
+    writer.write(outcome_batch(0, 5))
+    writer.write(outcome_batch(5, 5))
+    path = writer.rotate()
+    assert path is not None
+    size = path.stat().st_size
+    with open(path, "r+b") as f:  # cut into the second batch, as a crash mid-write would
+        f.truncate(size - 40)
+    batches = list(read_segment(path))
+    assert [b.num_rows for b in batches] == [5]
+
+
+def test_empty_or_garbage_segment_is_skipped(tmp_path: Path) -> None:
+    directory = tmp_path / "outcomes"
+    directory.mkdir()
+    (directory / "outcomes-garbage.arrows").write_bytes(b"not arrow")
+    (directory / "outcomes-empty.arrows").write_bytes(b"")
+    assert ids(tmp_path) == []
+
+
+def test_unknown_kind_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="kind: expected one of"):
+        SegmentWriter(tmp_path, "clicks", 1, 1)
+
+
+def test_recover_leaves_empty_orphans_out(tmp_path: Path) -> None:
+    directory = tmp_path / "outcomes"
+    directory.mkdir()
+    orphan = directory / f"{OPEN_PREFIX}outcomes-x.arrows"
+    orphan.write_bytes(b"")
+    assert recover_abandoned(tmp_path, "outcomes") == []
+    assert orphan.exists()  # young: it may be a writer between creating its file and locking it
+    os.utime(orphan, (time.time() - 120, time.time() - 120))
+    assert recover_abandoned(tmp_path, "outcomes") == []
+    assert not orphan.exists() and os.listdir(directory) == []
+
+
+def test_a_failed_rotate_still_releases_the_file_and_its_lock(tmp_path: Path) -> None:
+    fds_before = len(os.listdir("/proc/self/fd"))
+    writer = SegmentWriter(tmp_path, "outcomes", max_bytes=10**9, max_seconds=3600)
+    for i in range(3):
+        writer.write(outcome_batch(i, 1))
+        open_segment = next((tmp_path / "outcomes").glob(f"{OPEN_PREFIX}*"))
+        open_segment.rename(tmp_path / f"moved-{i}")  # the rename onto the final name now fails (the volume lost it)
+        with pytest.raises(FileNotFoundError):
+            writer.rotate()
+    assert len(os.listdir("/proc/self/fd")) == fds_before  # no file object, descriptor or flock left behind
+    writer.write(outcome_batch(9, 1))  # and the writer goes on with a new segment
+    writer.close()
+    assert ids(tmp_path) == ["o9"]

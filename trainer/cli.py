@@ -1,0 +1,227 @@
+"""``shopping-agent train | evaluate | cycle`` (also ``python -m trainer …``, ``torchrun … -m trainer …``).
+
+Torch is imported only by the commands that train: ``evaluate`` needs none.
+
+- ``train --logs DIR --out BUNDLE [--init BUNDLE] [--device auto|cpu|cuda]``: a new bundle.
+- ``evaluate BUNDLE --logs DIR [--json]``: offline estimates of the bundle's mean_return on the
+  logs (IPS, SNIPS, DR with 95 % intervals) and the logged behaviour's value. No torch.
+- ``cycle --logs DIR --weights-dir DIR``: train from the active bundle, evaluate new and
+  current on the held-out sessions, publish when the gate passes (``--force``: regardless).
+  What the CronJob runs. Exit 0 published (or unchanged), 3 refused by the gate, 1 failed,
+  2 bad usage.
+
+Config: ``--config FILE.json`` (any ``TrainConfig`` field, ``guard`` as an object), then the
+flags below, over the defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trainer.config import TrainConfig
+
+log = logging.getLogger(__name__)
+
+EXIT_REFUSED = 3
+
+
+class UsageError(ValueError):
+    """A bad command line or config file: exit 2. Anything else that fails is exit 1."""
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = subparsers.add_parser("train", help="train a new bundle from decision and outcome logs (needs the train extra)")
+    _common(p)
+    p.add_argument("--out", type=Path, required=True, help="the bundle file to write")
+    p.add_argument("--init", type=Path, help="start from this bundle (default: the embedded default)")
+    p.set_defaults(handler=_train)
+
+    p = subparsers.add_parser("evaluate", help="offline estimates of a bundle's value on logs (IPS, SNIPS, DR)")
+    p.add_argument("bundle", type=Path, help="a bundle file, or 'default' for the embedded default")
+    p.add_argument("--logs", type=Path, required=True, help="a log directory (serve --log-dir)")
+    p.add_argument("--bootstrap", type=int, default=200, help="bootstrap resamples (default 200)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(handler=_evaluate)
+
+    p = subparsers.add_parser("cycle", help="train → evaluate → gate → publish (the CronJob's command)")
+    _common(p)
+    p.add_argument("--weights-dir", type=Path, required=True, help="the served weights directory (publish target)")
+    p.add_argument("--force", action="store_true", help="publish even when the gate refuses")
+    p.add_argument("--init", type=Path, help="start from this bundle (default: the active one, else the embedded default)")
+    p.add_argument("--json", action="store_true", help="print the gate's report as JSON")
+    p.set_defaults(handler=_cycle)
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--logs", type=Path, required=True, help="a log directory (serve --log-dir)")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="torch device (default auto: CUDA when present)")
+    p.add_argument("--config", type=Path, help="a JSON file of TrainConfig fields")
+    p.add_argument("--seed", type=int, help="TrainConfig.seed")
+    p.add_argument("--updates", type=int, help="TrainConfig.updates")
+    p.add_argument("--kl-delta", type=float, help="TrainConfig.kl_delta")
+    p.add_argument("--advantage", choices=("baseline", "group"), help="TrainConfig.advantage")
+    p.add_argument("--version", dest="model_version", help="model version of the new bundle (default trained-<time>-s<seed>)")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m trainer train|evaluate|cycle …``: the entry point ``torchrun -m trainer`` runs."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) > 1 and argv[1] == "--":
+        # `torchrun ... -m trainer train -- --logs DIR`: torchrun's own parser would take
+        # --logs for its --logs-specs, so the options travel after a "--"; drop it here.
+        del argv[1]
+    parser = argparse.ArgumentParser(prog="python -m trainer", description="Train, evaluate and publish bundles.")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    return run(args)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        return int(args.handler(args))
+    except UsageError as exc:
+        print(f"shopping-agent {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # bad data, a bad bundle, a full disk: the CronJob must tell these from bad usage
+        log.exception("%s failed", args.command)
+        print(f"shopping-agent {args.command}: failed: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if "torch.distributed" in sys.modules:
+            from trainer.distributed import shutdown
+
+            shutdown()
+
+
+def _config(args: argparse.Namespace) -> TrainConfig:
+    from trainer.config import TrainConfig
+    from trainer.guard_train import GuardConfig
+
+    try:
+        values: dict[str, Any] = json.loads(args.config.read_text()) if args.config else {}
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"--config: {exc}") from None
+    if not isinstance(values, dict):
+        raise UsageError("--config: expected a JSON object of TrainConfig fields")
+    for name in ("seed", "updates", "kl_delta", "advantage"):
+        if getattr(args, name, None) is not None:
+            values[name] = getattr(args, name)
+    try:
+        if "guard" in values:
+            values["guard"] = GuardConfig(**values["guard"])
+        return TrainConfig(**values)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"--config: {exc}") from None
+
+
+def _logs(path: Path) -> tuple[Any, Any]:
+    from experience.segments import DirectorySource
+
+    if not (path / "decisions").is_dir():
+        raise UsageError(f"--logs: {path} has no decisions/ directory")
+    source = DirectorySource(path)
+    return source.table("decisions"), source.table("outcomes")
+
+
+def _bundle(path: Path | None) -> Any:
+    from weights.bundle import read_bundle
+    from weights.embedded import default_bundle
+
+    return default_bundle() if path is None or str(path) == "default" else read_bundle(path)
+
+
+def _trained(args: argparse.Namespace, init: Any, decisions: Any, outcomes: Any, config: Any) -> Any:
+    """Train; under torchrun every rank runs this and takes the identical step (only rank 0 writes)."""
+    from trainer.distributed import init_from_env, make_reducer
+    from trainer.train import train
+
+    where = init_from_env(os.environ)
+    args.rank = where.rank
+    result = train(decisions, outcomes, init, config, device=args.device, reducer=make_reducer(where), rank=where.rank,
+                   world=where.world_size, model_version=args.model_version, provenance={"logs": str(args.logs)})
+    for warning in result.warnings:
+        log.warning("%s", warning)
+    return result
+
+
+def _train(args: argparse.Namespace) -> int:
+    from weights.store import atomic_write
+
+    config = _config(args)
+    decisions, outcomes = _logs(args.logs)
+    result = _trained(args, _bundle(args.init), decisions, outcomes, config)
+    if args.rank != 0:
+        return 0
+    atomic_write(args.out, result.bundle)
+    print(json.dumps({"out": str(args.out), "model_version": result.manifest["model_version"], "metrics": result.metrics}))
+    return 0
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    from trainer.evaluation import evaluate_bundle
+    from weights.model_set import LoadOptions, ModelSet
+
+    model = ModelSet.load(_bundle(args.bundle), LoadOptions(device="cpu", warmup_batch=1))
+    decisions, outcomes = _logs(args.logs)
+    result = {"bundle": str(args.bundle), "model_version": model.version,
+              **evaluate_bundle(model, decisions, outcomes, n_boot=args.bootstrap, seed=args.seed).to_dict()}
+    if args.json:
+        print(json.dumps(result, allow_nan=False, default=float))
+    else:
+        for key in ("ips", "snips", "dr", "behavior_value"):
+            est = result[key]
+            print(f"{key:15s} {est['value']:10.4f}   95% CI [{est['ci_low']:.4f}, {est['ci_high']:.4f}]")
+        print(f"kl_to_behavior  {result['kl_to_behavior']:10.4g}   steps {result['steps']}")
+    return 0
+
+
+def _cycle(args: argparse.Namespace) -> int:
+    from trainer.data import episode_config, split
+    from trainer.evaluation import Evaluation, evaluate_bundle, gate
+    from weights.bundle import read_bundle
+    from weights.model_set import LoadOptions, ModelSet, verify
+    from weights.store import WeightsStore, atomic_write
+
+    config = _config(args)
+    store = WeightsStore(args.weights_dir, verify)
+    current_bundle = read_bundle(store.active_path) if store.active_path.exists() else _bundle(None)
+    decisions, outcomes = _logs(args.logs)
+    result = _trained(args, _bundle(args.init) if args.init else current_bundle, decisions, outcomes, config)
+    if args.rank != 0:
+        return 0  # rank 0 evaluates, gates and publishes
+    _, (held_d, held_o) = split(decisions, outcomes, config.heldout_fraction, config.seed)
+    options = LoadOptions(device="cpu", warmup_batch=1)
+    new_model, current_model = ModelSet.load(read_bundle(result.bundle), options), ModelSet.load(current_bundle, options)
+    def judged(model: ModelSet) -> Evaluation:
+        return evaluate_bundle(model, held_d, held_o, episode_config(config), n_boot=config.bootstrap, seed=config.seed,
+                               max_ratio=config.max_ratio)
+
+    verdict = gate(judged(new_model), judged(current_model), config.tolerance)
+    report = {"model_version": new_model.version, "current_version": current_model.version, **verdict.to_dict()}
+    published = verdict.publish or args.force
+    estimates = verdict.new.report
+    result.with_metrics({f"offline_{name}": getattr(estimates, name).value for name in ("ips", "snips", "dr", "behavior_value")
+                         if getattr(estimates, name) is not None} | {"offline_dr_minus_current": verdict.difference.value})
+    if published:
+        args.weights_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=args.weights_dir) as tmp:
+            path = Path(tmp) / "new.bundle"
+            atomic_write(path, result.bundle)
+            outcome = store.publish(path)
+        report["published"] = outcome.status
+    print(json.dumps(report, default=float) if args.json else f"{'published' if published else 'refused'}: {verdict.reason}")
+    if not published:
+        log.warning("nothing published: %s", verdict.reason)
+        return EXIT_REFUSED
+    return 0

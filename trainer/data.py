@@ -1,0 +1,71 @@
+"""Logs → the trainer's arrays: a session split, episodes in order, states, returns, guard labels."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+from experience.attribution import AttributionConfig
+from experience.returns import discounted_returns, normalize_rewards
+from experience.sessions import EpisodeConfig, Episodes, build_episodes, split_by_session
+from trainer.config import TrainConfig
+from trainer.guard_train import harmful_labels
+from trainer.replay import LoggedSteps, logged_steps
+from weights.model_set import ModelSet
+
+FloatArray = npt.NDArray[np.float64]
+
+
+GATE_SPLIT_SALT = b"gate-split"  # independent of the guard's own threshold split inside the training side
+
+
+def heldout_sessions(session_ids: pa.ChunkedArray | pa.Array, fraction: float, seed: int) -> npt.NDArray[np.bool_]:
+    """Per row: whether its session is held out for the gate (``split_by_session``, salted for the gate)."""
+    return split_by_session(session_ids.to_numpy(zero_copy_only=False), fraction, seed, GATE_SPLIT_SALT)
+
+
+Tables = tuple[pa.Table, pa.Table]
+
+
+def split(decisions: pa.Table, outcomes: pa.Table, fraction: float, seed: int) -> tuple[Tables, Tables]:
+    """(train decisions, train outcomes), (held-out decisions, held-out outcomes), by session."""
+    d_held = heldout_sessions(decisions.column("session_id"), fraction, seed)
+    o_held = heldout_sessions(outcomes.column("session_id"), fraction, seed)
+    return ((decisions.filter(pa.array(~d_held)), outcomes.filter(pa.array(~o_held))),
+            (decisions.filter(pa.array(d_held)), outcomes.filter(pa.array(o_held))))
+
+
+def episode_config(config: TrainConfig) -> EpisodeConfig:
+    return EpisodeConfig(horizon_s=config.horizon_hours * 3600.0, open_terminal_reward=config.open_terminal_reward,
+                         attribution=AttributionConfig())
+
+
+@dataclass(slots=True)
+class Experience:
+    """One side of the split, every per-step array in episode order."""
+
+    decisions: pa.Table  # the logged rows, in episode order
+    episodes: Episodes  # rows re-indexed: row i of ``decisions`` is step i
+    steps: LoggedSteps  # states, contexts, actions, propensities (for the model's feature spec)
+    returns: FloatArray  # (N,) discounted returns of the (normalised) rewards
+    harmful: npt.NDArray[np.bool_]  # (N,) guard labels
+    reward_scale: dict[str, Any]
+
+
+def experience(decisions: pa.Table, outcomes: pa.Table, model: ModelSet, config: TrainConfig) -> Experience:
+    episodes = build_episodes(decisions, outcomes, episode_config(config))
+    ordered = decisions.take(pa.array(episodes.rows))
+    harmful = harmful_labels(ordered, outcomes, config.guard)
+    rewards = episodes.rewards
+    scale: dict[str, Any] = {}
+    if config.normalize_rewards and len(rewards):
+        rewards, fitted = normalize_rewards(rewards)
+        scale = fitted.to_dict()
+    returns = discounted_returns(rewards, episodes.starts, episodes.lengths, config.gamma)
+    reindexed = dataclasses.replace(episodes, rows=np.arange(len(ordered), dtype=np.int64))
+    return Experience(ordered, reindexed, logged_steps(ordered, model), returns, harmful, scale)

@@ -1,0 +1,250 @@
+"""Fisher-vector products for the guardrail-masked categorical policy.
+
+Per logged state ``s_i`` the policy has logits ``z_i = f_θ(s_i)`` (``PolicyNet``) and fixed log
+guardrail weights ``g_i ∈ [−inf, 0]^A`` (``−inf``: the action is blocked). The policy the
+trust region is about is the masked categorical ``q_i = softmax(z_i + g_i)``, zero on blocked
+actions, and the constraint is on the mean KL over the logged states::
+
+    KL(θ) = (1/N) Σ_i KL(q_i^old ‖ q_i^θ)
+
+At ``θ = θ_old`` its Hessian is the Fisher matrix, which has the Gauss-Newton form::
+
+    F = (1/N) Σ_i J_iᵀ H_i J_i,    J_i = ∂z_i/∂θ  (A × P),    H_i = diag(q_i) − q_i q_iᵀ
+
+``H_i`` is the Hessian of the KL in logit space (the Fisher of a categorical in its logits);
+the other term of the chain rule, ``Σ_a ∂KL/∂z_ia · ∂²z_ia/∂θ²``, vanishes because
+``∂KL/∂z_i = q_i^θ − q_i^old = 0`` at ``θ_old``. ``g_i`` is a constant shift of ``z_i``, so
+``J_i`` does not see it; blocked actions have ``q = 0`` and drop out of ``H_i``.
+
+``GaussNewtonFisher`` is the operator the conjugate gradient uses: it runs the forward pass
+once per update (``Linearization``) and then costs one ``J v`` and one ``Jᵀ u`` per product,
+optionally on a fixed random subset of the states (the TRPO paper's subsampled Fisher), with
+damping, and averaged across data-parallel ranks through a ``Reducer``.
+``fvp_double_backward`` is the textbook reference (Spinning Up, SB3-contrib): the gradient of
+``∇KL · v``; ``fvp_gauss_newton`` is the same product as ``GaussNewtonFisher`` without reuse.
+Both are for tests and the bench.
+
+Parameters travel as one flat vector ``θ ∈ R^P`` (``flat_params`` / ``set_flat_params``), and
+``logits_fn`` turns a module and a batch of states into the pure function ``θ ↦ z``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call, vjp
+
+from trainer.distributed import LocalReducer, Reducer
+
+LogitsFn = Callable[[Tensor], Tensor]
+"""A pure function ``θ (P,) ↦ z (N, A)``: the policy's logits on a fixed batch of states."""
+
+
+def flat_params(module: nn.Module) -> Tensor:
+    """The module's parameters as one detached flat vector (a copy), in ``parameters()`` order."""
+    return torch.cat([p.detach().reshape(-1) for p in module.parameters()])
+
+
+def set_flat_params(module: nn.Module, theta: Tensor) -> None:
+    """Copy the flat vector ``theta`` into the module's parameters, in place and bit for bit.
+
+    (``torch.nn.utils.vector_to_parameters`` would instead make the parameters views of
+    ``theta``, so a later change to ``theta`` would change the module.)
+    """
+    params = list(module.parameters())
+    if theta.numel() != sum(p.numel() for p in params):
+        raise ValueError(f"theta has {theta.numel()} entries, the module {sum(p.numel() for p in params)} parameters")
+    with torch.no_grad():
+        offset = 0
+        for p in params:
+            p.copy_(theta[offset : offset + p.numel()].view_as(p))
+            offset += p.numel()
+
+
+def logits_fn(module: nn.Module, states: Tensor) -> LogitsFn:
+    """``θ ↦ f_θ(states)``: the module's forward pass as a pure function of the flat parameters."""
+    named = list(module.named_parameters())
+    names = [name for name, _ in named]
+    shapes = [p.shape for _, p in named]
+    sizes = [p.numel() for _, p in named]
+
+    def logits(theta: Tensor) -> Tensor:
+        chunks = torch.split(theta, sizes)
+        return functional_call(module, {n: c.view(s) for n, c, s in zip(names, chunks, shapes, strict=True)}, (states,))
+
+    return logits
+
+
+def masked_log_probs(logits: Tensor, log_guard: Tensor) -> Tensor:
+    """``log q = log_softmax(z + g)`` over the last axis; ``−inf`` on blocked actions.
+
+    Every state must allow at least one action (a row of ``g`` all ``−inf`` has no distribution).
+    """
+    return torch.log_softmax(logits + log_guard, dim=-1)
+
+
+def check_guard(log_guard: Tensor) -> None:
+    """Raise ``ValueError`` unless every ``g ≤ 0`` (or ``−inf``) and every state allows an action."""
+    if bool(torch.isnan(log_guard).any()) or bool((log_guard > 0).any()):
+        raise ValueError("log guardrail weights must be in [-inf, 0]")
+    if bool(torch.isneginf(log_guard).all(dim=-1).any()):
+        raise ValueError("a state has every action blocked")
+
+
+def mean_kl(log_q_old: Tensor, logits: Tensor, log_guard: Tensor) -> Tensor:
+    """``(1/N) Σ_i Σ_a q_ia^old (log q_ia^old − log q_ia^θ)``, with ``q^θ = softmax(z + g)``.
+
+    Terms with ``q^old = 0`` (blocked actions) are zero (``0 log 0 = 0``), and masked with
+    ``where`` so that their ``−inf − (−inf)`` never reaches a gradient.
+    """
+    log_q = masked_log_probs(logits, log_guard)
+    allowed = log_q_old > float("-inf")
+    diff = torch.where(allowed, log_q_old - log_q, torch.zeros_like(log_q))
+    return (log_q_old.exp() * diff).sum(dim=-1).mean()
+
+
+def categorical_fisher_product(q: Tensor, u: Tensor) -> Tensor:
+    """``H u`` per row, ``H = diag(q) − q qᵀ``: ``(H u)_a = q_a (u_a − Σ_b q_b u_b)``.
+
+    ``H`` is the Fisher of a categorical in its logits (the Hessian of ``KL(q ‖ softmax(z))``
+    in ``z`` at ``softmax(z) = q``). Symmetric, positive semi-definite, ``H 1 = 0`` (a constant
+    shift of the logits changes nothing) and zero on the rows and columns where ``q_a = 0``.
+    """
+    return q * (u - (q * u).sum(dim=-1, keepdim=True))
+
+
+def fvp_double_backward(kl: Callable[[Tensor], Tensor], theta: Tensor, v: Tensor) -> Tensor:
+    """``F v = ∇_θ (∇_θ KL(θ) · v)``: the Hessian-vector product of the KL by double backward.
+
+    The reference form (Spinning Up's ``hessian_vector_product``, SB3-contrib's TRPO): a
+    forward pass, a backward pass with ``create_graph``, and a backward pass through that,
+    all recomputed on every call. Undamped. ``kl`` maps flat parameters to the mean KL from
+    the fixed old policy, e.g. ``lambda t: mean_kl(log_q_old, f(t), log_guard)``.
+    """
+    with torch.enable_grad():
+        theta = theta.detach().requires_grad_(True)
+        (grad,) = torch.autograd.grad(kl(theta), theta, create_graph=True)
+        (hv,) = torch.autograd.grad(grad @ v, theta)
+    return hv.detach()
+
+
+def fvp_gauss_newton(f: LogitsFn, theta: Tensor, log_guard: Tensor, v: Tensor) -> Tensor:
+    """``F v = (1/N) Σ_i J_iᵀ H_i J_i v`` in one shot: a fresh ``Linearization``, one ``J v``, one ``Jᵀ u``.
+
+    The plain Gauss-Newton product with nothing reused across calls (a forward pass and the
+    ``J v`` set-up on every call), for the bench and the tests; ``GaussNewtonFisher`` is the
+    form to use. Undamped. (``torch.func.jvp``'s forward mode would do for ``J v`` too, but on
+    CPU it is slower than the double-vjp, and its first use warns from inside torch.)
+    """
+    lin = Linearization(f, theta)
+    q = masked_log_probs(lin.logits, log_guard).exp()
+    return lin.vjp(categorical_fisher_product(q, lin.jvp(v))) / q.shape[0]
+
+
+class Linearization:
+    """``f`` at a fixed ``θ``: the logits, ``J v`` and ``Jᵀ u``, from one forward pass.
+
+    ``Jᵀ u`` is ``torch.func.vjp``'s pullback, which keeps the forward's activations. ``J v`` is
+    the double-vjp trick: the pullback ``u ↦ Jᵀ u`` is linear, so its own vjp at any ``u`` is
+    ``v ↦ J v``, whatever that ``u``. It is built once, as a by-product of the first ``vjp``
+    call (which then returns ``Jᵀ u`` from it: the surrogate's gradient, say, for free), or
+    at the first ``jvp`` call from ``u = 0`` (one backward pass); each ``J v`` then costs
+    about one backward pass and no forward pass.
+    """
+
+    def __init__(self, f: LogitsFn, theta: Tensor) -> None:
+        logits, self._pullback = vjp(f, theta.detach())[:2]
+        self.logits: Tensor = logits.detach()
+        self._pushforward: Callable[[tuple[Tensor]], tuple[Tensor, ...]] | None = None
+
+    def _build(self, u: Tensor) -> Tensor:
+        out, self._pushforward = vjp(self._pullback, u)[:2]
+        return out[0].detach()  # type: ignore[no-any-return]
+
+    def vjp(self, u: Tensor) -> Tensor:
+        """``Jᵀ u = Σ_i J_iᵀ u_i`` for ``u`` shaped like the logits ``(N, A)``: shape ``(P,)``."""
+        if self._pushforward is None:
+            return self._build(u)
+        (out,) = self._pullback(u)
+        return out.detach()
+
+    def jvp(self, v: Tensor) -> Tensor:
+        """``J v`` for ``v`` of shape ``(P,)``: the logits' directional derivative ``(N, A)``."""
+        if self._pushforward is None:
+            self._build(torch.zeros_like(self.logits))
+        assert self._pushforward is not None
+        (out,) = self._pushforward((v,))
+        return out.detach()
+
+
+def subsample_indices(n: int, fraction: float, generator: torch.Generator) -> Tensor:
+    """A fixed random subset of ``max(1, round(fraction · n))`` of ``range(n)``, sorted."""
+    if not 0.0 < fraction <= 1.0:
+        raise ValueError(f"fraction must be in (0, 1], got {fraction}")
+    k = max(1, round(fraction * n))
+    return torch.randperm(n, generator=generator)[:k].sort().values
+
+
+class GaussNewtonFisher:
+    """The damped Fisher operator of one update: ``v ↦ F v + λ v``, forward pass done once.
+
+    ``F v = (1/N) Σ_i J_iᵀ H_i J_i v`` with ``H_i u = q_i ⊙ u − q_i (q_iᵀ u)`` (see the module
+    doc), ``q_i = softmax(z_i + g_i)`` at the ``θ`` the operator is built at (``θ_old``). Per
+    call: one ``J v``, the per-state ``H_i``, one ``Jᵀ u``; no forward pass.
+
+    Built on the states of its ``Linearization`` (which may also serve the surrogate's
+    gradient, ``linearization.vjp(∂L/∂z)``, from the same forward pass); on a subset of them
+    for the subsampled Fisher (``from_module(subsample=…)``). With a ``reducer`` the local
+    mean ``F v`` (and ``sᵀ F s``) is averaged across ranks weighted by each rank's number of
+    states, so every rank applies the Fisher of the union of the shards; damping is added
+    after the reduction.
+    """
+
+    def __init__(self, linearization: Linearization, log_guard: Tensor, *, damping: float = 0.0, reducer: Reducer | None = None) -> None:
+        if damping < 0:
+            raise ValueError(f"damping must be ≥ 0, got {damping}")
+        check_guard(log_guard)
+        self.linearization = linearization
+        self.q: Tensor = masked_log_probs(linearization.logits, log_guard).exp()
+        self.n_states: int = self.q.shape[0]
+        self.damping = damping
+        self.reducer: Reducer = reducer if reducer is not None else LocalReducer()
+
+    @classmethod
+    def from_module(
+        cls,
+        module: nn.Module,
+        states: Tensor,
+        log_guard: Tensor,
+        *,
+        damping: float = 0.0,
+        subsample: float | None = None,
+        generator: torch.Generator | None = None,
+        reducer: Reducer | None = None,
+    ) -> GaussNewtonFisher:
+        """The operator at the module's current parameters, on all states or a random ``subsample`` fraction of them.
+
+        ``generator`` draws the subset (default: seeded 0, so every call draws the same one).
+        """
+        if subsample is not None and subsample < 1.0:
+            gen = generator if generator is not None else torch.Generator().manual_seed(0)
+            idx = subsample_indices(states.shape[0], subsample, gen).to(states.device)
+            states, log_guard = states[idx], log_guard[idx]
+        return cls(Linearization(logits_fn(module, states), flat_params(module)), log_guard, damping=damping, reducer=reducer)
+
+    def __call__(self, v: Tensor) -> Tensor:
+        """``F v + λ v``, ``F`` averaged over the states (and the ranks)."""
+        jv = self.linearization.jvp(v)
+        fv = self.linearization.vjp(categorical_fisher_product(self.q, jv)) / max(self.n_states, 1)
+        return self.reducer.weighted_mean(fv, self.n_states) + self.damping * v
+
+    def curvature(self, s: Tensor) -> Tensor:
+        """``sᵀ F s = (1/N) Σ_i (J_i s)ᵀ H_i (J_i s)``, undamped; one ``J s``, no ``Jᵀ u``.
+
+        Twice the quadratic model of the KL of the step ``s``: ``KL(θ + s) ≈ ½ sᵀ F s``.
+        """
+        js = self.linearization.jvp(s)
+        local = (js * categorical_fisher_product(self.q, js)).sum() / max(self.n_states, 1)
+        return self.reducer.weighted_mean(local, self.n_states)

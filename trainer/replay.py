@@ -1,0 +1,122 @@
+"""Logged decisions replayed through a bundle's decision code: states, contexts, served probabilities.
+
+numpy and onnxruntime only (no torch): ``evaluate`` and the gate use it as well as the
+trainer. A logged row's state is rebuilt exactly as the server built it (the float16
+embedding, the first ``window`` behaviour ids, the hour the server logged); its context is
+what the guardrails and the rule engine saw. ``replay`` runs a ``ModelSet`` on them, in
+chunks: the decision inputs (guardrail weights, guard veto, the rule engine's answer, the
+masked ``q``) and the exact probability that the bundle serves each action — the target
+policy of off-policy evaluation, computed by the server's own code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+from core.domain import N_ACTIONS, Context, FloatArray, PageType
+from policy.decision import DecisionInputs
+from weights.model_set import ModelSet
+
+F32 = npt.NDArray[np.float32]
+CHUNK = 16384
+
+
+@dataclass(slots=True)
+class LoggedSteps:
+    """Logged decisions as the decision code's inputs, in the table's row order."""
+
+    states: F32  # (N, state_dim)
+    contexts: list[Context]
+    actions: npt.NDArray[np.int64]  # (N,) served action index 0..4
+    propensity: FloatArray  # (N,) logged probability of the served action
+    behavior_probs: FloatArray  # (N, A) logged served probabilities (the behaviour policy)
+
+    def __len__(self) -> int:
+        return len(self.actions)
+
+
+def embeddings_of(decisions: pa.Table, item_dim: int) -> F32:
+    column = decisions.column("item_embedding").combine_chunks()
+    lengths = column.value_lengths().to_numpy(zero_copy_only=False)
+    if len(lengths) and not (lengths == item_dim).all():
+        bad = int(np.argmax(lengths != item_dim))
+        raise ValueError(f"item_embedding: row {bad} has {lengths[bad]} values, the bundle expects {item_dim}")
+    values = column.flatten().to_numpy(zero_copy_only=False)
+    return values.astype(np.float32).reshape(len(decisions), item_dim)
+
+
+def logged_steps(decisions: pa.Table, model: ModelSet) -> LoggedSteps:
+    """States and contexts of every logged decision, for ``model``'s feature spec."""
+    spec = model.encoder.spec
+    hours = decisions.column("hour").to_numpy().astype(np.int64)
+    behavior = decisions.column("recent_behavior_ids").to_pylist()
+    states = model.encoder.encode_columns(embeddings_of(decisions, spec.item_dim), behavior, hours)
+    pages = decisions.column("page_type").to_pylist()
+    carts = decisions.column("cart_item_count").to_pylist()
+    contexts = [Context(PageType(p), c, h, len(b)) for p, c, h, b in zip(pages, carts, hours.tolist(), behavior, strict=True)]
+    served = np.array(decisions.column("served_probs").combine_chunks().flatten().to_numpy(zero_copy_only=False),
+                        dtype=np.float64).reshape(len(decisions), N_ACTIONS)
+    return LoggedSteps(
+        states=states,
+        contexts=contexts,
+        actions=decisions.column("action").to_numpy().astype(np.int64) - 1,
+        propensity=decisions.column("propensity").to_numpy().astype(np.float64),
+        behavior_probs=served,
+    )
+
+
+@dataclass(slots=True)
+class Replay:
+    """A bundle's view of logged steps: its decision inputs and served distribution per row."""
+
+    log_weights: FloatArray  # (N, A) log guardrail weights, -inf where banned
+    allowed: npt.NDArray[np.bool_]  # (N, A) neither banned nor vetoed by this bundle's guard
+    fallback: npt.NDArray[np.int64]  # (N,) the rule engine's action index
+    ok: npt.NDArray[np.bool_]  # (N,) the decoder decides (else the rule engine, with certainty)
+    allow: FloatArray  # (N, A) this bundle's guard allow-probabilities
+    served: FloatArray  # (N, A) the probability this bundle serves each action
+
+
+def replay(model: ModelSet, steps: LoggedSteps, chunk: int = CHUNK) -> Replay:
+    parts: list[tuple[DecisionInputs, FloatArray]] = []
+    for start in range(0, len(steps), chunk):
+        states = steps.states[start : start + chunk]
+        contexts = steps.contexts[start : start + chunk]
+        logits, allow = model.infer(states)
+        inputs = model.decision.inputs(contexts, logits, allow)
+        parts.append((inputs, served_of(model, inputs)))
+    if not parts:
+        empty = np.zeros((0, N_ACTIONS))
+        return Replay(empty, empty.astype(bool), np.zeros(0, np.int64), np.zeros(0, bool), empty, empty)
+    arrays = [decoder_arrays(p) for p, _ in parts]
+    log_weights, allowed, fallback, ok = (np.concatenate([a[i] for a in arrays]) for i in range(4))
+    return Replay(log_weights, allowed, fallback, ok, np.concatenate([p.allow for p, _ in parts]),
+                  np.concatenate([s for _, s in parts]))
+
+
+def decoder_arrays(inputs: DecisionInputs) -> tuple[FloatArray, npt.NDArray[np.bool_], npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
+    """What the decoder works on per row, as arrays: log guardrail weights (-inf banned), allowed, the rule
+    engine's action index, and whether the decoder decides (the trainer's torch decoder takes the same)."""
+    with np.errstate(divide="ignore"):
+        log_weights = np.where(inputs.weights > 0, np.log(np.where(inputs.weights > 0, inputs.weights, 1.0)), -np.inf)
+    fallback = np.array([f.action.index for f in inputs.fallbacks], dtype=np.int64)
+    return log_weights, inputs.allowed, fallback, inputs.ok
+
+
+def served_of(model: ModelSet, inputs: DecisionInputs) -> FloatArray:
+    """Exact served distribution per row, as ``decide_batch`` computes it (without drawing)."""
+    n = len(inputs.ok)
+    served = np.zeros((n, N_ACTIONS))
+    rows = np.flatnonzero(inputs.ok)
+    fallback = decoder_arrays(inputs)[2]
+    if len(rows):
+        served[rows] = model.decision.decoder.served_batch(inputs.q[rows], fallback[rows])
+    certain = np.flatnonzero(~inputs.ok)
+    served[certain, fallback[certain]] = 1.0
+    return served
+
+

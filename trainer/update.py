@@ -1,0 +1,196 @@
+"""One off-policy natural-gradient step on the policy, KL-constrained.
+
+Surrogate, over the step's logged rows i (those the decoder decides)::
+
+    L(θ) = (1/N) Σ_i min(ρ_i(θ), c) Â_i,    ρ_i(θ) = P_θ(a_i | s_i) / μ_i
+
+with P_θ the served distribution of the new bundle (``TorchDecoder``: guardrails, the new
+guard's veto, sampled majority, fallback, exploration), μ_i the logged propensity and c
+``max_ratio``. Its gradient g is taken in chunks (the decoder's count-vector tensors are
+large); the trust region is on the masked policy q = softmax(z + g_guard) over the allowed
+actions, whose Fisher has the Gauss-Newton form (``fisher.GaussNewtonFisher``). CG solves
+(F + λI) s = g on a subsample of the states, the step is scaled with the undamped sᵀFs of the
+whole batch to the KL target δ, then line-searched on the measured KL and surrogate
+(``trust_region``). Every mean goes through the ``Reducer``, so data-parallel ranks take the
+same step.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from trainer.config import TrainConfig
+from trainer.distributed import Reducer
+from trainer.fisher import GaussNewtonFisher, flat_params, masked_log_probs, mean_kl, set_flat_params
+from trainer.networks import PolicyNet
+from trainer.served import TorchDecoder
+from trainer.trust_region import ConstraintTracker, Evaluation, backtracking_line_search, natural_gradient_step
+
+CHUNK = 8192
+
+
+@dataclass
+class Stats:
+    """What the updates of one run measured (into the manifest's training metrics)."""
+
+    # Every TRPO step is sized so the quadratic KL model equals δ, so "the accepted KL is near δ"
+    # holds on almost every step and says nothing. The constraint is counted as binding when the
+    # measured KL broke the trust region and the line search had to shrink the step for it:
+    # the quadratic model failed there (the monitor's > 5 % threshold is about that).
+    tracker: ConstraintTracker = field(default_factory=lambda: ConstraintTracker(bind_threshold=math.inf))
+    kls: list[float] = field(default_factory=list)
+    improvements: list[float] = field(default_factory=list)
+    ess: float = math.nan
+    failed: int = 0
+    support_limited: bool = False  # a step was shrunk to keep KL(new ‖ behaviour) within max_behavior_kl
+
+    def summary(self) -> dict[str, float]:
+        accepted = [k for k in self.kls if math.isfinite(k)]
+        return {
+            "kl_to_old": sum(accepted) / len(accepted) if accepted else 0.0,
+            "constraint_activation_rate": self.tracker.bind_rate if self.tracker.steps else 0.0,
+            "lagrange_multiplier": self.tracker.eta if self.tracker.eta is not None else math.nan,
+            "updates_accepted": float(len(accepted)),
+            "updates_failed": float(self.failed),
+            "updates_aborted": float(self.tracker.aborted),
+            "surrogate_improvement": sum(self.improvements),
+            "effective_sample_size": self.ess,
+            "support_limited": float(self.support_limited),
+        }
+
+
+@dataclass
+class StepOutcome:
+    accepted: bool
+    kl: float
+    improvement: float
+    eta: float
+    cg_iterations: int
+    reason: str | None
+
+    def to_dict(self) -> dict[str, object]:
+        return {"accepted": self.accepted, "kl": self.kl, "improvement": self.improvement, "eta": self.eta,
+                "cg_iterations": self.cg_iterations, "reason": self.reason}
+
+
+@dataclass
+class Batch:
+    states: Tensor  # (N, S) float32
+    actions: Tensor  # (N,) long
+    propensity: Tensor  # (N,) float64
+    advantages: Tensor  # (N,) float64
+    log_weights: Tensor  # (N, A) float64, -inf banned
+    allowed: Tensor  # (N, A) bool
+    fallback: Tensor  # (N,) long
+    behavior: Tensor  # (N, A) float64 logged served probabilities
+
+    def rows(self, sl: slice) -> Batch:
+        return Batch(self.states[sl], self.actions[sl], self.propensity[sl], self.advantages[sl], self.log_weights[sl],
+                     self.allowed[sl], self.fallback[sl], self.behavior[sl])
+
+
+def served_prob(policy: PolicyNet, decoder: TorchDecoder, b: Batch) -> Tensor:
+    """P_θ(a_i | s_i) for the logged actions (rows the decoder decides)."""
+    served = decoder.served(decoder.masked_q(policy(b.states), b.log_weights, b.allowed), b.fallback, b.allowed.any(dim=1))
+    return served.gather(1, b.actions[:, None])[:, 0]
+
+
+def surrogate_terms(policy: PolicyNet, decoder: TorchDecoder, b: Batch, max_ratio: float) -> Tensor:
+    ratio = served_prob(policy, decoder, b) / b.propensity
+    return torch.clamp(ratio, max=max_ratio) * b.advantages
+
+
+def surrogate_value(policy: PolicyNet, decoder: TorchDecoder, b: Batch, max_ratio: float, reducer: Reducer) -> float:
+    n = len(b.states)
+    with torch.no_grad():
+        total = sum(float(surrogate_terms(policy, decoder, b.rows(slice(i, i + CHUNK)), max_ratio).sum()) for i in range(0, n, CHUNK))
+    return float(reducer.weighted_mean(torch.tensor(total / max(n, 1), dtype=torch.float64), n))
+
+
+def surrogate_gradient(policy: PolicyNet, decoder: TorchDecoder, b: Batch, max_ratio: float, reducer: Reducer) -> Tensor:
+    """∇_θ L as one flat vector (chunked backward), averaged across ranks."""
+    n = len(b.states)
+    policy.zero_grad(set_to_none=True)
+    for i in range(0, n, CHUNK):
+        part = surrogate_terms(policy, decoder, b.rows(slice(i, i + CHUNK)), max_ratio).sum() / n
+        part.backward()  # type: ignore[no-untyped-call]
+    grad = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in policy.parameters()])
+    policy.zero_grad(set_to_none=True)
+    return reducer.weighted_mean(grad.double(), n).to(grad.dtype)
+
+
+def effective_sample_size(policy: PolicyNet, decoder: TorchDecoder, b: Batch, max_ratio: float) -> float:
+    """(Σρ)² / (N Σρ²) of the truncated importance ratios: 1 when the new policy is the behaviour."""
+    with torch.no_grad():
+        ratios = torch.cat([torch.clamp(served_prob(policy, decoder, b.rows(slice(i, i + CHUNK))) / b.propensity[i : i + CHUNK],
+                                        max=max_ratio) for i in range(0, len(b.states), CHUNK)])
+    return float(ratios.sum() ** 2 / (len(ratios) * (ratios**2).sum())) if len(ratios) else math.nan
+
+
+def served_kl_to_behavior(policy: PolicyNet, decoder: TorchDecoder, b: Batch, reducer: Reducer) -> float:
+    """Mean KL(new ‖ behaviour) of the served distributions on the batch (behaviour floored at 1e-6)."""
+    total = 0.0
+    with torch.no_grad():
+        for i in range(0, len(b.states), CHUNK):
+            r = b.rows(slice(i, i + CHUNK))
+            p = decoder.served(decoder.masked_q(policy(r.states), r.log_weights, r.allowed), r.fallback, r.allowed.any(dim=1))
+            terms = torch.where(p > 0, p * (torch.log(torch.where(p > 0, p, 1.0)) - torch.log(torch.clamp(r.behavior, min=1e-6))), 0.0)
+            total += float(terms.sum())
+    return float(reducer.weighted_mean(torch.tensor(total / max(len(b.states), 1), dtype=torch.float64), len(b.states)))
+
+
+def _within_support(policy: PolicyNet, decoder: TorchDecoder, b: Batch, theta0: Tensor, limit: float, reducer: Reducer) -> bool:
+    """Shrink an accepted step (halving, up to 10 times) until the served distribution's KL to the
+    logged behaviour is within ``limit``; True when the step had to be shrunk (the logs' support
+    limits the run: the caller stops updating)."""
+    theta1 = flat_params(policy)
+    fraction = 1.0
+    for _ in range(10):
+        if served_kl_to_behavior(policy, decoder, b, reducer) <= limit:
+            return fraction < 1.0
+        fraction *= 0.5
+        set_flat_params(policy, theta0 + fraction * (theta1 - theta0))
+    set_flat_params(policy, theta0)
+    return True
+
+
+def natural_step(policy: PolicyNet, decoder: TorchDecoder, b: Batch, config: TrainConfig, stats: Stats, reducer: Reducer,
+                 generator: torch.Generator) -> StepOutcome:
+    if not bool(b.allowed.any(dim=1).all()):  # the caller draws batches from the rows the decoder decides
+        raise ValueError("natural_step: every row needs an allowed action (rule-answered rows carry no gradient)")
+    log_guard = torch.where(b.allowed, b.log_weights, -torch.inf).to(b.states.dtype)
+    with torch.no_grad():
+        log_q_old = masked_log_probs(policy(b.states), log_guard)
+    before = surrogate_value(policy, decoder, b, config.max_ratio, reducer)
+    grad = surrogate_gradient(policy, decoder, b, config.max_ratio, reducer)
+    fisher = GaussNewtonFisher.from_module(policy, b.states, log_guard, damping=config.damping, subsample=config.fisher_fraction,
+                                           generator=generator, reducer=reducer)
+    whole = GaussNewtonFisher.from_module(policy, b.states, log_guard, damping=0.0, reducer=reducer)
+    step = natural_gradient_step(fisher, whole.curvature, grad, delta=config.kl_delta, cg_iterations=config.cg_iters,
+                                 cg_rtol=config.cg_residual_tol)
+    if not step.scaled.ok or step.scaled.step is None:
+        stats.tracker.record(step.scaled, None, config.kl_delta)
+        return StepOutcome(False, math.nan, 0.0, math.nan, step.cg.iterations, step.scaled.aborted)
+
+    def evaluate() -> Evaluation:
+        with torch.no_grad():
+            kl = float(reducer.weighted_mean(mean_kl(log_q_old, policy(b.states), log_guard).double(), len(b.states)))
+        return Evaluation(kl, surrogate_value(policy, decoder, b, config.max_ratio, reducer))
+
+    theta0 = flat_params(policy)
+    search = backtracking_line_search(policy, step.scaled.step.to(theta0.dtype), evaluate, surrogate_before=before,
+                                      delta=config.kl_delta, expected_improvement=step.scaled.expected_improvement,
+                                      max_tries=config.line_search_steps, kl_fits=2)  # resize to the measured KL: lands near δ
+    stats.tracker.record(step.scaled, search, config.kl_delta)
+    if search.accepted and config.max_behavior_kl is not None:
+        stats.support_limited = _within_support(policy, decoder, b, theta0, config.max_behavior_kl, reducer)
+    if search.accepted:
+        stats.kls.append(search.kl)
+        stats.improvements.append(search.improvement)
+    else:
+        stats.failed += 1
+    return StepOutcome(search.accepted, search.kl, search.improvement, step.scaled.multiplier, step.cg.iterations, search.reason)
