@@ -105,8 +105,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _config(args: argparse.Namespace) -> TrainConfig:
-    from trainer.config import TrainConfig
-    from trainer.guard_train import GuardConfig
+    from trainer.config import GuardConfig, TrainConfig
 
     try:
         values: dict[str, Any] = json.loads(args.config.read_text()) if args.config else {}

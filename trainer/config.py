@@ -1,4 +1,4 @@
-"""The trainer's configuration: one frozen dataclass, a docstring per field, recorded in the manifest."""
+"""The trainer's configuration: frozen dataclasses (the run, and its guard), a docstring per field, recorded in the manifest."""
 
 from __future__ import annotations
 
@@ -7,7 +7,82 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainer.guard_train import GuardConfig
+from core.domain import Action, Outcome
+
+
+@dataclass(frozen=True, slots=True)
+class GuardConfig:
+    """How the Action Guard is labelled, trained and thresholded."""
+
+    harmful_outcomes: tuple[Outcome, ...] = (Outcome.COMPLAINT,)
+    """Outcomes that make the decision they name harmful, whenever they happen."""
+    exit_counts: bool = True
+    """Whether an EXIT soon after a decision (``exit_within_s``) makes it harmful."""
+    exit_within_s: float = 30.0
+    """Largest gap in seconds from the decision's to the EXIT's event time that counts as "right after"
+    (inclusive). The simulator reports the EXIT at the end of the page dwell (median 40 s)."""
+    exit_exempt_actions: tuple[Action, ...] = (Action.EXIT,)
+    """Served actions after which an EXIT is never harm (serving EXIT asks the shopper to leave)."""
+    hidden: int = 64
+    """Width of the two hidden layers (64, as the bundled guard); ignored when warm-starting from ``init``."""
+    epochs: int = 10
+    """Passes over the training side."""
+    batch_size: int = 1024
+    """Rows per gradient step."""
+    learning_rate: float = 1e-3
+    """AdamW step size."""
+    weight_decay: float = 1e-4
+    """AdamW decoupled weight decay."""
+    holdout_fraction: float = 0.2
+    """Expected share of sessions held out for the threshold and the metrics (whole sessions)."""
+    split_seed: int = 0
+    """Key of the session hash that splits train / held-out; keep it fixed across retrainings."""
+    max_false_block_rate: float = 0.015
+    """Cap on the held-out false-block rate (share of harmless served pairs vetoed), in [0, 1)."""
+    harmful_weight: float | None = None
+    """Loss weight of a harmful row (harmless rows weigh 1); None: ``n_harmless / n_harmful`` on the training side."""
+    seed: int = 0
+    """Seed of the initialisation and the shuffling."""
+
+    def __post_init__(self) -> None:
+        if not all(isinstance(o, Outcome) for o in self.harmful_outcomes):
+            raise ValueError(f"harmful_outcomes: expected Outcome values, got {self.harmful_outcomes!r}")
+        if not all(isinstance(a, Action) for a in self.exit_exempt_actions):
+            raise ValueError(f"exit_exempt_actions: expected Action values, got {self.exit_exempt_actions!r}")
+        if not math.isfinite(self.exit_within_s):
+            raise ValueError(f"exit_within_s: expected a finite number, got {self.exit_within_s!r}")
+        for name in ("hidden", "epochs", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: expected >= 1, got {getattr(self, name)!r}")
+        if not (self.learning_rate > 0 and math.isfinite(self.learning_rate)):
+            raise ValueError(f"learning_rate: expected > 0, got {self.learning_rate!r}")
+        if not (self.weight_decay >= 0 and math.isfinite(self.weight_decay)):
+            raise ValueError(f"weight_decay: expected >= 0, got {self.weight_decay!r}")
+        if not 0.0 < self.holdout_fraction < 1.0:
+            raise ValueError(f"holdout_fraction: expected in (0, 1), got {self.holdout_fraction!r}")
+        if not 0.0 <= self.max_false_block_rate < 1.0:
+            raise ValueError(f"max_false_block_rate: expected in [0, 1), got {self.max_false_block_rate!r}")
+        if self.harmful_weight is not None and not (self.harmful_weight > 0 and math.isfinite(self.harmful_weight)):
+            raise ValueError(f"harmful_weight: expected > 0 or None, got {self.harmful_weight!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON data (enums by key), for the bundle manifest's training record."""
+        return {
+            "harmful_outcomes": [o.key for o in self.harmful_outcomes],
+            "exit_counts": self.exit_counts,
+            "exit_within_s": self.exit_within_s,
+            "exit_exempt_actions": [a.key for a in self.exit_exempt_actions],
+            "hidden": self.hidden,
+            "epochs": self.epochs,
+            "batch_size": self.batch_size,
+            "learning_rate": self.learning_rate,
+            "weight_decay": self.weight_decay,
+            "holdout_fraction": self.holdout_fraction,
+            "split_seed": self.split_seed,
+            "max_false_block_rate": self.max_false_block_rate,
+            "harmful_weight": self.harmful_weight,
+            "seed": self.seed,
+        }
 
 
 @dataclass(frozen=True)

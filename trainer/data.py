@@ -14,7 +14,7 @@ from experience.attribution import AttributionConfig
 from experience.returns import discounted_returns, normalize_rewards
 from experience.sessions import EpisodeConfig, Episodes, build_episodes, split_by_session
 from trainer.config import TrainConfig
-from trainer.guard_train import harmful_labels
+from trainer.guard_labels import harmful_labels
 from trainer.replay import LoggedSteps, logged_steps
 from weights.model_set import ModelSet
 

@@ -23,7 +23,8 @@ import pyarrow as pa
 
 from experience.returns import GAMMA
 from experience.sessions import EpisodeConfig, build_episodes
-from trainer import offline
+from trainer import offline, q_model
+from trainer.bootstrap import Estimate
 from trainer.replay import LoggedSteps, logged_steps, replay
 from weights.model_set import ModelSet
 
@@ -62,7 +63,7 @@ def evaluate_bundle(model: ModelSet, decisions: pa.Table, outcomes: pa.Table, ep
     ordered = decisions.take(pa.array(episodes.rows))
     steps = logged_steps(ordered, model)
     served = replay(model, steps).served
-    q_hat = offline.cross_fit_q(episodes, q_features(steps, episodes.starts, episodes.lengths, seed), steps.actions, gamma=gamma,
+    q_hat = q_model.cross_fit_q(episodes, q_features(steps, episodes.starts, episodes.lengths, seed), steps.actions, gamma=gamma,
                                 seed=seed)
     report = offline.evaluate(episodes, steps.propensity, served, steps.actions, q_hat, gamma=gamma, n_boot=n_boot, seed=seed,
                               max_ratio=max_ratio)
@@ -73,7 +74,7 @@ def evaluate_bundle(model: ModelSet, decisions: pa.Table, outcomes: pa.Table, ep
 class GateResult:
     publish: bool
     reason: str
-    difference: offline.Estimate
+    difference: Estimate
     new: Evaluation
     current: Evaluation
 

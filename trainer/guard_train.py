@@ -1,13 +1,7 @@
-"""Training the Action Guard: harm labels from the logs, a supervised GuardNet, a threshold from held-out data.
+"""Training the Action Guard: a supervised GuardNet on the harm labels, thresholded on held-out sessions.
 
-**Labels** (``harmful_labels``). A logged decision is *harmful* when an outcome that names it
-(by ``decision_id``, after de-duplication by ``outcome_id`` as the episodes do) is one of
-``GuardConfig.harmful_outcomes`` (COMPLAINT by default), or, when ``exit_counts``, is an EXIT
-whose gap ``outcome.event_time_s − decision.event_time_s ≤ exit_within_s`` (the shopper left
-right after the action). The outcome names its decision, so it follows it; a negative gap is
-clock skew and counts as within the window. An EXIT after a served action in
-``exit_exempt_actions`` (EXIT itself by default: serving it asks the shopper to leave) is not
-harm. Outcomes naming decisions not in the table are ignored.
+Labels come from ``trainer.guard_labels``; the threshold and the held-out figures from
+``trainer.guard_threshold``; the configuration is ``trainer.config.GuardConfig``.
 
 **Training** (``train_guard``). ``GuardNet`` outputs an allow logit for every action, but only
 the served action of each row has a label, so the loss is a binary cross-entropy on the
@@ -25,45 +19,28 @@ out iff a keyed 64-bit BLAKE2b hash of its id, as a fraction of 2⁶⁴, is belo
 other rows, so on growing logs a session keeps its side from one retraining to the next and a
 warm-started guard is never evaluated on sessions it was trained on.
 
-**Threshold** (``choose_threshold``). The guard vetoes ``(s, a)`` iff ``allow_prob < threshold``
-(``guard.action_guard.ActionGuard``). On the held-out harmless pairs ``p_1 ≤ … ≤ p_n`` (the
-served actions of the held-out rows that did no harm), the false-block rate of ``t`` is
-``FBR(t) = #{i : p_i < t} / n``. The threshold is the largest ``t`` with ``FBR(t) ≤ r``
-(``max_false_block_rate``): with ``k`` the largest integer such that ``k / n ≤ r``, that is
-``t = p_(k+1)``, the ``r``-quantile of the harmless allow-probabilities. Pairs tied with it are
-allowed, so ties only lower the rate reached; any larger ``t`` blocks ``p_(k+1)`` too and
-exceeds the cap. With no held-out harmless pair nothing bounds the rate: the threshold is 0
-(no veto).
-
-**Metrics** (``guard_metrics``), on the held-out pairs at the chosen threshold, "blocked" meaning
-vetoed and "positive" meaning harmful: accuracy (blocked ⇔ harmful), false-block rate, recall
-(share of harmful pairs blocked), precision (share of blocked pairs that were harmful), AUC of
-``1 − allow_prob`` as a harm score (rank-based, ties count one half), base rate and counts. A
-rate with an empty denominator is reported as 0 and an AUC with one class empty as 0.5; the
-counts tell these cases apart.
-
 Auto-labels from update steps where η spikes are not derived here: ``train_guard`` only takes
 them as ``extra_harmful``, extra harmful rows for training (the held-out metrics and the
 threshold keep to the outcome labels, so figures stay comparable with and without them).
+
 """
 
 from __future__ import annotations
 
 import copy
 import logging
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import pyarrow as pa
-import pyarrow.compute as pc
 import torch
 import torch.nn.functional as F  # noqa: N812
 
-from core.domain import N_ACTIONS, Action, Outcome
-from experience.sessions import OUTCOME_COLUMNS, dedupe_outcomes, session_codes, split_by_session
+from core.domain import N_ACTIONS
+from experience.sessions import session_codes, split_by_session
+from trainer.config import GuardConfig
+from trainer.guard_threshold import choose_threshold, guard_metrics
 from trainer.networks import GuardNet
 
 log = logging.getLogger(__name__)
@@ -72,191 +49,6 @@ BoolArray = npt.NDArray[np.bool_]
 FloatArray = npt.NDArray[np.float64]
 
 _EVAL_BATCH = 8192
-
-
-@dataclass(frozen=True, slots=True)
-class GuardConfig:
-    """How the Action Guard is labelled, trained and thresholded."""
-
-    harmful_outcomes: tuple[Outcome, ...] = (Outcome.COMPLAINT,)
-    """Outcomes that make the decision they name harmful, whenever they happen."""
-    exit_counts: bool = True
-    """Whether an EXIT soon after a decision (``exit_within_s``) makes it harmful."""
-    exit_within_s: float = 30.0
-    """Largest gap in seconds from the decision's to the EXIT's event time that counts as "right after"
-    (inclusive). The simulator reports the EXIT at the end of the page dwell (median 40 s)."""
-    exit_exempt_actions: tuple[Action, ...] = (Action.EXIT,)
-    """Served actions after which an EXIT is never harm (serving EXIT asks the shopper to leave)."""
-    hidden: int = 64
-    """Width of the two hidden layers (64, as the bundled guard); ignored when warm-starting from ``init``."""
-    epochs: int = 10
-    """Passes over the training side."""
-    batch_size: int = 1024
-    """Rows per gradient step."""
-    learning_rate: float = 1e-3
-    """AdamW step size."""
-    weight_decay: float = 1e-4
-    """AdamW decoupled weight decay."""
-    holdout_fraction: float = 0.2
-    """Expected share of sessions held out for the threshold and the metrics (whole sessions)."""
-    split_seed: int = 0
-    """Key of the session hash that splits train / held-out; keep it fixed across retrainings."""
-    max_false_block_rate: float = 0.015
-    """Cap on the held-out false-block rate (share of harmless served pairs vetoed), in [0, 1)."""
-    harmful_weight: float | None = None
-    """Loss weight of a harmful row (harmless rows weigh 1); None: ``n_harmless / n_harmful`` on the training side."""
-    seed: int = 0
-    """Seed of the initialisation and the shuffling."""
-
-    def __post_init__(self) -> None:
-        if not all(isinstance(o, Outcome) for o in self.harmful_outcomes):
-            raise ValueError(f"harmful_outcomes: expected Outcome values, got {self.harmful_outcomes!r}")
-        if not all(isinstance(a, Action) for a in self.exit_exempt_actions):
-            raise ValueError(f"exit_exempt_actions: expected Action values, got {self.exit_exempt_actions!r}")
-        if not math.isfinite(self.exit_within_s):
-            raise ValueError(f"exit_within_s: expected a finite number, got {self.exit_within_s!r}")
-        for name in ("hidden", "epochs", "batch_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}: expected >= 1, got {getattr(self, name)!r}")
-        if not (self.learning_rate > 0 and math.isfinite(self.learning_rate)):
-            raise ValueError(f"learning_rate: expected > 0, got {self.learning_rate!r}")
-        if not (self.weight_decay >= 0 and math.isfinite(self.weight_decay)):
-            raise ValueError(f"weight_decay: expected >= 0, got {self.weight_decay!r}")
-        if not 0.0 < self.holdout_fraction < 1.0:
-            raise ValueError(f"holdout_fraction: expected in (0, 1), got {self.holdout_fraction!r}")
-        if not 0.0 <= self.max_false_block_rate < 1.0:
-            raise ValueError(f"max_false_block_rate: expected in [0, 1), got {self.max_false_block_rate!r}")
-        if self.harmful_weight is not None and not (self.harmful_weight > 0 and math.isfinite(self.harmful_weight)):
-            raise ValueError(f"harmful_weight: expected > 0 or None, got {self.harmful_weight!r}")
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain JSON data (enums by key), for the bundle manifest's training record."""
-        return {
-            "harmful_outcomes": [o.key for o in self.harmful_outcomes],
-            "exit_counts": self.exit_counts,
-            "exit_within_s": self.exit_within_s,
-            "exit_exempt_actions": [a.key for a in self.exit_exempt_actions],
-            "hidden": self.hidden,
-            "epochs": self.epochs,
-            "batch_size": self.batch_size,
-            "learning_rate": self.learning_rate,
-            "weight_decay": self.weight_decay,
-            "holdout_fraction": self.holdout_fraction,
-            "split_seed": self.split_seed,
-            "max_false_block_rate": self.max_false_block_rate,
-            "harmful_weight": self.harmful_weight,
-            "seed": self.seed,
-        }
-
-
-# --- labels ---------------------------------------------------------------------------------
-
-
-def _require(table: pa.Table, columns: tuple[str, ...], kind: str) -> None:
-    missing = [c for c in columns if c not in table.column_names]
-    if missing:
-        raise ValueError(f"{kind} table lacks column(s) {missing}")
-
-
-def harmful_labels(decisions: pa.Table, outcomes: pa.Table, config: GuardConfig | None = None) -> BoolArray:
-    """Per decision row (in table order): did it do harm? See the module doc for the rule.
-
-    Reads ``decision_id``, ``event_time_s`` and ``action`` of the decisions and the outcome
-    columns that ``dedupe_outcomes`` keys on. Vectorised: one set-membership test for the
-    harmful outcomes, one group-by (earliest EXIT per decision) and one hash lookup.
-    """
-    config = config or GuardConfig()
-    _require(decisions, ("decision_id", "event_time_s", "action"), "decisions")
-    _require(outcomes, OUTCOME_COLUMNS, "outcomes")
-    ids = decisions["decision_id"]
-    harmful = np.zeros(decisions.num_rows, dtype=np.bool_)
-    kept = outcomes.select(["decision_id", "outcome", "event_time_s"]).take(dedupe_outcomes(outcomes))
-    kind = kept["outcome"]
-    if config.harmful_outcomes:
-        codes = pa.array([int(o) for o in config.harmful_outcomes], type=kind.type)
-        named = kept.filter(pc.is_in(kind, value_set=codes))["decision_id"].combine_chunks()
-        harmful |= np.asarray(pc.is_in(ids, value_set=named).to_numpy(zero_copy_only=False), dtype=np.bool_)
-    if config.exit_counts:
-        harmful |= _early_exit(decisions, kept.filter(pc.equal(kind, int(Outcome.EXIT))), config)
-    return harmful
-
-
-def _early_exit(decisions: pa.Table, exits: pa.Table, config: GuardConfig) -> BoolArray:
-    """Per decision row: its earliest EXIT is within ``exit_within_s`` and its action is not exempt."""
-    first = exits.group_by("decision_id").aggregate([("event_time_s", "min")])
-    where = pc.index_in(decisions["decision_id"], value_set=first["decision_id"].combine_chunks())
-    found = np.asarray(where.is_valid().to_numpy(zero_copy_only=False), dtype=np.bool_)
-    t_exit = np.full(decisions.num_rows, np.inf)
-    t_exit[found] = first["event_time_s_min"].to_numpy()[where.to_numpy(zero_copy_only=False)[found].astype(np.int64)]
-    gap = t_exit - np.asarray(decisions["event_time_s"].to_numpy(), dtype=np.float64)
-    exempt = np.isin(decisions["action"].to_numpy(), [int(a) for a in config.exit_exempt_actions])
-    return np.asarray(found & (gap <= config.exit_within_s) & ~exempt, dtype=np.bool_)
-
-
-# --- split, threshold, metrics: numpy kernels -------------------------------------------------
-
-
-def choose_threshold(harmless_allow: FloatArray, max_false_block_rate: float) -> float:
-    """The largest ``t`` with ``#{p_i < t} / n ≤ r``: ``p_(k+1)`` of the sorted harmless allow-probabilities,
-    ``k = max{k : k / n ≤ r}`` (see the module doc); 0 (no veto) when there is no harmless pair."""
-    if not 0.0 <= max_false_block_rate < 1.0:
-        raise ValueError(f"max_false_block_rate: expected in [0, 1), got {max_false_block_rate!r}")
-    p = np.sort(np.asarray(harmless_allow, dtype=np.float64))
-    n = len(p)
-    if n == 0:
-        return 0.0
-    k = math.floor(max_false_block_rate * n)
-    while k > 0 and k / n > max_false_block_rate:  # guard against rounding in r·n
-        k -= 1
-    while k + 1 < n and (k + 1) / n <= max_false_block_rate:
-        k += 1
-    return float(p[k])
-
-
-def rank_auc(harm_score: FloatArray, harmful: BoolArray) -> float:
-    """P(score of a harmful pair > score of a harmless one) + ½ P(tie), from average ranks
-    (Mann–Whitney U / (n₊ n₋)); 0.5 when either class is empty."""
-    score = np.asarray(harm_score, dtype=np.float64)
-    pos = np.asarray(harmful, dtype=np.bool_)
-    n_pos, n = int(pos.sum()), len(score)
-    if n_pos == 0 or n_pos == n:
-        return 0.5
-    order = np.argsort(score, kind="stable")
-    s = score[order]
-    new = np.concatenate([[True], s[1:] != s[:-1]])
-    starts = np.flatnonzero(new)
-    ends = np.append(starts[1:], n)
-    ranks = np.empty(n, dtype=np.float64)
-    ranks[order] = ((starts + 1 + ends) / 2.0)[np.cumsum(new) - 1]  # 1-based ranks, ties averaged
-    u = ranks[pos].sum() - n_pos * (n_pos + 1) / 2.0
-    return float(u / (n_pos * (n - n_pos)))
-
-
-def _rate(num: int, den: int) -> float:
-    return num / den if den else 0.0
-
-
-def guard_metrics(allow: FloatArray, harmful: BoolArray, threshold: float) -> dict[str, float]:
-    """Held-out figures at ``threshold`` (vetoed iff ``allow < threshold``); keys ``guard_*`` (see the module doc)."""
-    allow = np.asarray(allow, dtype=np.float64)
-    harmful = np.asarray(harmful, dtype=np.bool_)
-    blocked = allow < threshold
-    n, n_harm = len(allow), int(harmful.sum())
-    n_false_blocks, n_caught = int((blocked & ~harmful).sum()), int((blocked & harmful).sum())
-    return {
-        "guard_threshold": float(threshold),
-        "guard_accuracy": _rate(int((blocked == harmful).sum()), n),
-        "guard_false_block_rate": _rate(n_false_blocks, n - n_harm),
-        "guard_recall": _rate(n_caught, n_harm),
-        "guard_precision": _rate(n_caught, int(blocked.sum())),
-        "guard_auc": rank_auc(1.0 - allow, harmful),
-        "guard_base_rate": _rate(n_harm, n),
-        "guard_n_heldout": float(n),
-        "guard_n_heldout_harmful": float(n_harm),
-    }
-
-
-# --- training -----------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True, eq=False)

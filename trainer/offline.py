@@ -46,142 +46,51 @@ the paired CI of their gap. IPS, DR and the behaviour value are means of per-epi
 (one matrix product per chunk of resamples); SNIPS's normaliser is recomputed per resample.
 The intervals ignore the variance of fitting Q̂.
 
-**Q̂ for DR** (``fit_q_model``): per-action ridge regression of the discounted return-to-go on
-standardised features, closed form; ``cross_fit_q`` predicts each episode's steps with a model
-fitted on the other folds of episodes. Monte Carlo returns-to-go estimate Q^μ, not Q^π: DR stays
-unbiased, it only gains less variance reduction than with Q^π.
-
 Cost, 10⁶ steps on one core: ``evaluate`` with 400 resamples ≈ 3 s, ``cross_fit_q`` with 50
 features ≈ 3 s. (On an oversubscribed machine, multi-threaded BLAS can be ten times slower:
 set ``OPENBLAS_NUM_THREADS`` at the entry point.)
+
+
+The inputs are checked in ``trainer.ope_arrays``; the bootstrap is ``trainer.bootstrap``; Q̂ is
+``trainer.q_model``.
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
-from collections.abc import Iterator, Mapping
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from core.domain import N_ACTIONS, FloatArray
-from experience.returns import GAMMA, episode_returns, mean_return, session_returns
+from core.domain import FloatArray
+from experience.returns import GAMMA, mean_return, session_returns
 from experience.sessions import Episodes
-
-IntArray = npt.NDArray[np.int64]
-BoolArray = npt.NDArray[np.bool_]
+from trainer.bootstrap import Estimate, bootstrap_counts, interval
+from trainer.ope_arrays import (
+    BoolArray,
+    IntArray,
+    Layout,
+    check_actions,
+    check_behavior_prob,
+    check_matrix,
+    check_target_probs,
+    layout,
+)
 
 MAX_RATIO = 10.0
 MAX_WEIGHT = 100.0
 N_BOOT = 400
 LEVEL = 0.95
 ESTIMATORS = ("ips", "snips", "dr", "behavior_value")
-_WORK = 1 << 22
-"""Elements per bootstrap or regression work array (32 MiB of float64)."""
-_PROB_SUM_TOL = 1e-4
-"""How far a row of ``target_probs`` may sum from 1 (float32 softmax outputs)."""
-
-
-# --- input checks ------------------------------------------------------------------------------
-
-
-def _vector(values: Any, n: int, name: str) -> FloatArray:
-    x = np.asarray(values, dtype=np.float64)
-    if x.shape != (n,):
-        raise ValueError(f"{name}: expected shape ({n},), got {x.shape}")
-    if not np.isfinite(x).all():
-        raise ValueError(f"{name}: {int((~np.isfinite(x)).sum())} non-finite value(s)")
-    return x
-
-
-def _matrix(values: Any, n: int, name: str) -> FloatArray:
-    x = np.asarray(values, dtype=np.float64)
-    if x.shape != (n, N_ACTIONS):
-        raise ValueError(f"{name}: expected shape ({n}, {N_ACTIONS}), got {x.shape}")
-    if not np.isfinite(x).all():
-        raise ValueError(f"{name}: {int((~np.isfinite(x)).sum())} non-finite value(s)")
-    return x
-
-
-def _actions(values: Any, n: int, name: str = "actions") -> IntArray:
-    a = np.asarray(values)
-    if a.shape != (n,):
-        raise ValueError(f"{name}: expected shape ({n},), got {a.shape}")
-    if a.dtype.kind not in "iu":
-        raise ValueError(f"{name}: expected integer action indices, got dtype {a.dtype}")
-    if n and (a.min() < 0 or a.max() >= N_ACTIONS):
-        raise ValueError(f"{name}: action indices must be in 0..{N_ACTIONS - 1}, got {int(a.min())}..{int(a.max())}")
-    return a.astype(np.int64)
-
-
-def _target_probs(values: Any, n: int) -> FloatArray:
-    p = _matrix(values, n, "target_probs")
-    if (p < 0).any():
-        raise ValueError(f"target_probs: {int((p < 0).sum())} negative value(s)")
-    off = np.abs(p.sum(axis=1) - 1.0) > _PROB_SUM_TOL
-    if off.any():
-        raise ValueError(f"target_probs: {int(off.sum())} row(s) do not sum to 1 (first: row {int(np.argmax(off))})")
-    return p
-
-
-def _behavior_prob(values: Any, n: int) -> FloatArray:
-    mu = _vector(values, n, "behavior_prob")
-    bad = (mu <= 0) | (mu > 1 + 1e-6)
-    if bad.any():
-        raise ValueError(f"behavior_prob: {int(bad.sum())} value(s) outside (0, 1] (first: step {int(np.argmax(bad))})")
-    return mu
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class _Layout:
-    """Episodes as flat steps: ``starts`` / ``lengths`` per episode, episode and in-episode index per step."""
-
-    rewards: FloatArray
-    starts: IntArray
-    lengths: IntArray
-    episode: IntArray
-    t: IntArray
-
-    @property
-    def n_steps(self) -> int:
-        return len(self.rewards)
-
-    @property
-    def n_episodes(self) -> int:
-        return len(self.starts)
-
-    def fingerprint(self) -> str:
-        """A hash of the episode structure and rewards: equal for reports of the same logs."""
-        digest = hashlib.sha256()
-        for a in (self.lengths, self.rewards):
-            digest.update(np.ascontiguousarray(a).tobytes())
-        return digest.hexdigest()[:16]
-
-
-def _layout(episodes: Episodes) -> _Layout:
-    rewards = np.asarray(episodes.rewards, dtype=np.float64)
-    starts = np.asarray(episodes.starts, dtype=np.int64)
-    lengths = np.asarray(episodes.lengths, dtype=np.int64)
-    if rewards.ndim != 1 or starts.ndim != 1 or starts.shape != lengths.shape:
-        raise ValueError("episodes: rewards, starts and lengths must be 1-d, starts and lengths of equal length")
-    if len(starts) == 0:
-        raise ValueError("episodes: no episodes")
-    tiled = starts[0] == 0 and lengths.min() >= 1 and np.array_equal(starts[1:], starts[:-1] + lengths[:-1])
-    if not tiled or starts[-1] + lengths[-1] != len(rewards):
-        raise ValueError("episodes: starts / lengths must tile the steps in order (starts[0] == 0, every length >= 1)")
-    if not np.isfinite(rewards).all():
-        raise ValueError(f"episodes: {int((~np.isfinite(rewards)).sum())} non-finite reward(s)")
-    episode = np.repeat(np.arange(len(starts), dtype=np.int64), lengths)
-    return _Layout(rewards=rewards, starts=starts, lengths=lengths, episode=episode, t=np.arange(len(rewards)) - starts[episode])
 
 
 # --- importance weights ------------------------------------------------------------------------
 
 
-def _segment_cumsum(x: npt.NDArray[Any], starts: IntArray, lengths: IntArray) -> npt.NDArray[Any]:
+def segment_cumsum(x: npt.NDArray[Any], starts: IntArray, lengths: IntArray) -> npt.NDArray[Any]:
     """Running sums restarted at every episode: one global ``cumsum`` minus the sum before each episode."""
     total = np.cumsum(x)
     before = np.concatenate([np.zeros(1, dtype=total.dtype), total])[starts]
@@ -198,7 +107,7 @@ def importance_ratios(target_probs: FloatArray, actions: IntArray, behavior_prob
 def cumulative_weights(ratios: FloatArray, starts: IntArray, lengths: IntArray, max_weight: float = MAX_WEIGHT) -> FloatArray:
     """``w_{0:t} = min(Π_{k ≤ t} ρ_k, max_weight)`` within each episode, no padding.
 
-    The product is a running sum of ``log ρ`` restarted per episode (``_segment_cumsum``); a zero
+    The product is a running sum of ``log ρ`` restarted per episode (``segment_cumsum``); a zero
     ratio (π gives the served action no mass) is counted separately and zeroes the weight from
     that step on. The cap is applied in log space, so nothing overflows, and capped weights are
     exactly ``max_weight``. Rounding: the restart subtracts two running sums over all steps, an
@@ -211,8 +120,8 @@ def cumulative_weights(ratios: FloatArray, starts: IntArray, lengths: IntArray, 
 def _cumulative_weights(ratios: FloatArray, starts: IntArray, lengths: IntArray, max_weight: float) -> tuple[FloatArray, BoolArray]:
     """``cumulative_weights`` and, per step, whether the cap cut its weight."""
     zero = ratios <= 0
-    log_product = _segment_cumsum(np.log(np.where(zero, 1.0, ratios)), starts, lengths)
-    dead = _segment_cumsum(zero.astype(np.int64), starts, lengths) > 0
+    log_product = segment_cumsum(np.log(np.where(zero, 1.0, ratios)), starts, lengths)
+    dead = segment_cumsum(zero.astype(np.int64), starts, lengths) > 0
     log_cap = math.log(max_weight)
     capped = ~dead & (log_product > log_cap)
     weights = np.exp(np.minimum(log_product, log_cap))
@@ -287,7 +196,7 @@ class _WpdisPlan:
     """γ^t for t = 0 … max L − 1."""
 
     @classmethod
-    def build(cls, lay: _Layout, weights: FloatArray, gamma: float) -> _WpdisPlan:
+    def build(cls, lay: Layout, weights: FloatArray, gamma: float) -> _WpdisPlan:
         order = np.argsort(-lay.lengths, kind="stable")
         sorted_len = lay.lengths[order]
         n_t = int(sorted_len[0])
@@ -317,42 +226,6 @@ class _WpdisPlan:
             normaliser[:, t] = sums[:, 1] + ended[:, k]
         ratio = np.divide(numerator, normaliser, out=np.zeros_like(numerator), where=normaliser > 0)
         return ratio @ self.discount
-
-
-# --- bootstrap ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Estimate:
-    """A point estimate (on the full sample) with its percentile bootstrap interval."""
-
-    value: float
-    ci_low: float
-    ci_high: float
-
-    def to_dict(self) -> dict[str, float]:
-        return asdict(self)
-
-
-def bootstrap_counts(n_episodes: int, n_boot: int, seed: int) -> Iterator[FloatArray]:
-    """Episode multiplicities of ``n_boot`` resamples, in chunks of rows ``(b, E)`` (each row sums to ``E``).
-
-    Resample ``i`` draws ``E`` episode indices uniformly with replacement from the generator of
-    child ``i`` of ``SeedSequence(seed)``: it depends on ``(seed, E, i)`` only, not on the chunking.
-    """
-    children = np.random.SeedSequence(seed).spawn(n_boot)
-    rows = max(1, _WORK // max(n_episodes, 1))
-    for lo in range(0, n_boot, rows):
-        chunk = children[lo : lo + rows]
-        counts = np.empty((len(chunk), n_episodes), dtype=np.float64)
-        for i, child in enumerate(chunk):
-            counts[i] = np.bincount(np.random.default_rng(child).integers(0, n_episodes, size=n_episodes), minlength=n_episodes)
-        yield counts
-
-
-def _interval(samples: FloatArray, value: float, level: float) -> Estimate:
-    low, high = np.percentile(samples, [50 * (1 - level), 50 * (1 + level)])
-    return Estimate(value=value, ci_low=float(low), ci_high=float(high))
 
 
 # --- the report --------------------------------------------------------------------------------
@@ -453,12 +326,12 @@ def evaluate(
     other episodes (``cross_fit_q``). Bad inputs raise ``ValueError`` naming the argument.
     """
     _check_settings(gamma, max_ratio, max_weight, n_boot, level)
-    lay = _layout(episodes)
+    lay = layout(episodes)
     n = lay.n_steps
-    mu = _behavior_prob(behavior_prob, n)
-    pi = _target_probs(target_probs, n)
-    a = _actions(actions, n)
-    q = None if q_hat is None else _matrix(q_hat, n, "q_hat")
+    mu = check_behavior_prob(behavior_prob, n)
+    pi = check_target_probs(target_probs, n)
+    a = check_actions(actions, n)
+    q = None if q_hat is None else check_matrix(q_hat, n, "q_hat")
 
     raw = importance_ratios(pi, a, mu, max_ratio=math.inf)
     ratios = np.minimum(raw, max_ratio)
@@ -484,7 +357,7 @@ def evaluate(
             chunks[name].append(column)
         chunks["snips"].append(plan.values(counts))
     samples = {name: np.concatenate(parts) for name, parts in chunks.items()}
-    est = {name: _interval(samples[name], values[name], level) for name in samples}
+    est = {name: interval(samples[name], values[name], level) for name in samples}
 
     return OfflineReport(
         ips=est["ips"],
@@ -523,144 +396,4 @@ def difference(new: OfflineReport, old: OfflineReport, estimator: str = "snips")
     a, b = getattr(new, estimator), getattr(old, estimator)
     if a is None or b is None:
         raise ValueError(f"estimator: {estimator!r} is missing from a report (no q_hat)")
-    return _interval(new.samples[estimator] - old.samples[estimator], a.value - b.value, new.level)
-
-
-# --- Q̂ for DR ----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class QModel:
-    """Per-action linear Q̂: ``Q̂(s, a) = b_a + θ_aᵀ z(s)``, ``z = (x − mean) / scale`` (``fit_q_model``)."""
-
-    mean: FloatArray
-    """(d,) feature means of the fitting data."""
-    scale: FloatArray
-    """(d,) feature standard deviations (1 where a feature is constant)."""
-    coef: FloatArray
-    """(5, d + 1): per action the intercept ``b_a``, then ``θ_a``."""
-    n_per_action: IntArray
-    """Fitting rows per action; an action without any predicts the mean return of all rows."""
-    ridge: float
-
-    def predict(self, features: npt.NDArray[np.floating[Any]]) -> FloatArray:
-        """Q̂ for every action: (N, d) → (N, 5), float64, in row chunks."""
-        x = np.asarray(features)
-        d = len(self.mean)
-        if x.ndim != 2 or x.shape[1] != d:
-            raise ValueError(f"features: expected shape (N, {d}), got {x.shape}")
-        out = np.empty((len(x), N_ACTIONS), dtype=np.float64)
-        for lo, z in _standardised_chunks(x, self.mean, self.scale):
-            out[lo : lo + len(z)] = z @ self.coef[:, 1:].T + self.coef[:, 0]
-        return out
-
-
-def _standardised_chunks(
-    x: npt.NDArray[Any], mean: FloatArray, scale: FloatArray, rows: IntArray | None = None
-) -> Iterator[tuple[int, FloatArray]]:
-    """``(x[rows] − mean) / scale`` in float64, a chunk of rows at a time, with each chunk's offset into ``rows``."""
-    n = len(x) if rows is None else len(rows)
-    size = max(1, _WORK // max(x.shape[1], 1))
-    for lo in range(0, n, size):
-        part = x[lo : lo + size] if rows is None else x[rows[lo : lo + size]]
-        z = (np.asarray(part, dtype=np.float64) - mean) / scale
-        if not np.isfinite(z).all():
-            raise ValueError("features: non-finite value(s)")
-        yield lo, z
-
-
-def fit_q_model(
-    features: npt.NDArray[np.floating[Any]], actions: npt.NDArray[np.integer[Any]], returns_to_go: FloatArray, ridge: float = 1.0
-) -> QModel:
-    """Per-action ridge regression of the return-to-go on standardised features, in closed form.
-
-    Features are standardised with their mean and std over all rows; per action ``a``, with
-    ``Z_a`` its rows' standardised features prefixed by a column of ones and ``y_a`` their returns::
-
-        (Z_aᵀ Z_a + λ P) β_a = Z_aᵀ y_a,     P = diag(0, 1, …, 1)   (the intercept is not penalised)
-
-    ``Z_aᵀ Z_a`` is accumulated over row chunks in float64 (memory O(chunk · d + 5 d²), time
-    O(N d²): about a second for 10⁶ × 50). Fit on episodes other than those evaluated
-    (``cross_fit_q``): a Q̂ fitted on the evaluation data itself makes DR biased.
-    """
-    x = np.asarray(features)
-    if x.ndim != 2:
-        raise ValueError(f"features: expected a 2-d array (N, d), got shape {x.shape}")
-    n, d = x.shape
-    if n == 0:
-        raise ValueError("features: no rows")
-    a = _actions(actions, n)
-    y = _vector(returns_to_go, n, "returns_to_go")
-    if not (math.isfinite(ridge) and ridge > 0):
-        raise ValueError(f"ridge: expected a finite number > 0, got {ridge!r}")
-
-    total, total_sq = np.zeros(d), np.zeros(d)
-    for _, chunk in _standardised_chunks(x, np.zeros(d), np.ones(d)):
-        total += chunk.sum(axis=0)
-    mean = total / n
-    for _, chunk in _standardised_chunks(x, mean, np.ones(d)):
-        total_sq += np.einsum("ij,ij->j", chunk, chunk)
-    std = np.sqrt(total_sq / n)
-    scale = np.where(std > 1e-12 * np.maximum(np.abs(mean), 1.0), std, 1.0)
-
-    # Rows in action order, so each action's rows in a chunk are one contiguous block.
-    by_action = np.argsort(a, kind="stable")
-    bounds = np.searchsorted(a[by_action], np.arange(N_ACTIONS + 1))
-    gram = np.zeros((N_ACTIONS, d + 1, d + 1))
-    moment = np.zeros((N_ACTIONS, d + 1))
-    for action in range(N_ACTIONS):
-        rows = by_action[bounds[action] : bounds[action + 1]]
-        for lo, z in _standardised_chunks(x, mean, scale, rows):
-            z1 = np.concatenate([np.ones((len(z), 1)), z], axis=1)
-            gram[action] += z1.T @ z1
-            moment[action] += z1.T @ y[rows[lo : lo + len(z)]]
-
-    counts = np.bincount(a, minlength=N_ACTIONS).astype(np.int64)
-    penalty = ridge * np.diag(np.r_[0.0, np.ones(d)])
-    coef = np.zeros((N_ACTIONS, d + 1))
-    coef[:, 0] = y.mean()
-    for fitted in np.flatnonzero(counts):
-        coef[fitted] = np.linalg.solve(gram[fitted] + penalty, moment[fitted])
-    return QModel(mean=mean, scale=scale, coef=coef, n_per_action=counts, ridge=ridge)
-
-
-def episode_folds(n_episodes: int, n_folds: int = 2, seed: int = 0) -> IntArray:
-    """Per episode its fold ``0 … n_folds − 1``: a seeded random permutation dealt round-robin (sizes differ by ≤ 1)."""
-    if isinstance(n_folds, bool) or not isinstance(n_folds, int) or n_folds < 2:
-        raise ValueError(f"n_folds: expected an integer >= 2, got {n_folds!r}")
-    if n_episodes < n_folds:
-        raise ValueError(f"episodes: {n_episodes} episode(s) cannot fill {n_folds} folds")
-    folds = np.empty(n_episodes, dtype=np.int64)
-    folds[np.random.default_rng(seed).permutation(n_episodes)] = np.arange(n_episodes) % n_folds
-    return folds
-
-
-def cross_fit_q(
-    episodes: Episodes,
-    features: npt.NDArray[np.floating[Any]],
-    actions: npt.NDArray[np.integer[Any]],
-    *,
-    n_folds: int = 2,
-    ridge: float = 1.0,
-    gamma: float = GAMMA,
-    seed: int = 0,
-) -> FloatArray:
-    """Q̂ (N, 5) for every step, each predicted by a ``fit_q_model`` fitted on the *other* folds' episodes.
-
-    Folds are whole episodes (``episode_folds``), so no step's Q̂ has seen its own episode's
-    rewards and DR stays unbiased. Targets: the discounted returns-to-go ``G_t`` of the raw rewards
-    (``episode_returns``); ``features`` (N, d) are per step, in the episodes' step order.
-    """
-    lay = _layout(episodes)
-    x = np.asarray(features)
-    if x.ndim != 2 or len(x) != lay.n_steps:
-        raise ValueError(f"features: expected shape ({lay.n_steps}, d), got {x.shape}")
-    a = _actions(actions, lay.n_steps)
-    returns = episode_returns(episodes, gamma)
-    fold = episode_folds(lay.n_episodes, n_folds, seed)[lay.episode]
-    q_hat = np.empty((lay.n_steps, N_ACTIONS), dtype=np.float64)
-    for k in range(n_folds):
-        held = fold == k
-        model = fit_q_model(x[~held], a[~held], returns[~held], ridge)
-        q_hat[held] = model.predict(x[held])
-    return q_hat
+    return interval(new.samples[estimator] - old.samples[estimator], a.value - b.value, new.level)

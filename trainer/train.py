@@ -163,7 +163,8 @@ def train(decisions: pa.Table, outcomes: pa.Table, init: Bundle, config: TrainCo
     n_batch = min(len(eligible), config.batch)
     rows = None
     if n_batch < world:
-        warnings.append(f"only {len(eligible)} logged rows are decided by the decoder under the new guard: no policy step")
+        warnings.append(f"a batch of {n_batch} rows for {world} ranks ({len(eligible)} logged rows are decided by the decoder "
+                        "under the new guard): no policy step")
     for step in range(config.updates if n_batch >= world else 0):
         # every rank draws the same batch, then takes its shard of it
         batch = torch.sort(eligible[torch.randperm(len(eligible), generator=batch_gen)[:n_batch]]).values[rank::world].to(dev)
@@ -180,8 +181,6 @@ def train(decisions: pa.Table, outcomes: pa.Table, init: Bundle, config: TrainCo
         warnings.append("no natural-gradient step was taken: the bundle's policy is the starting one")
     if rows is not None and len(rows.states):
         stats.ess = update.effective_sample_size(policy, decoder, rows, config.max_ratio)  # the final policy, on the last batch
-    if stats.tracker.steps == 0:
-        warnings.append("no natural-gradient step was taken: the bundle's policy is the starting one")
     kl_behavior = behavior_kl(policy, decoder, states, targets, exp.steps.behavior_probs)
     if kl_behavior > config.behavior_kl_warn:
         warnings.append(f"KL(new ‖ behaviour) = {kl_behavior:.3f} > {config.behavior_kl_warn}: the logs no longer support "

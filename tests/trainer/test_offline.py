@@ -17,18 +17,10 @@ import pytest
 from core.domain import N_ACTIONS, FloatArray
 from experience.returns import GAMMA, mean_return, session_returns
 from experience.sessions import Episodes, JoinReport
-from trainer.offline import (
-    IntArray,
-    bootstrap_counts,
-    cross_fit_q,
-    cumulative_weights,
-    difference,
-    effective_sample_size,
-    episode_folds,
-    evaluate,
-    fit_q_model,
-    importance_ratios,
-)
+from trainer.bootstrap import bootstrap_counts
+from trainer.offline import cumulative_weights, difference, effective_sample_size, evaluate, importance_ratios
+from trainer.ope_arrays import IntArray
+from trainer.q_model import cross_fit_q, episode_folds, fit_q_model
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -18,10 +19,9 @@ from simulator.config import SimConfig
 from simulator.drive import run_in_process, run_logged
 from simulator.world import World
 from tests.harness import ROOT, fresh_bundle, fresh_bundle_bytes
-from trainer.config import TrainConfig
+from trainer.config import GuardConfig, TrainConfig
 from trainer.data import episode_config, split
 from trainer.evaluation import evaluate_bundle, gate
-from trainer.guard_train import GuardConfig
 from trainer.train import TrainResult, train
 from weights.bundle import read_bundle
 from weights.model_set import LoadOptions, ModelSet
@@ -104,6 +104,31 @@ def test_gate_refuses_a_worse_bundle_and_passes_a_better_one(logs: Path, trained
     # The other way round the paired difference is positive; whether its lower bound clears 0
     # depends on how many held-out sessions there are (here a few hundred: it may not).
     assert gate(good, default, tolerance=0.0).difference.value > 0
+
+
+def test_no_step_is_reported_once(logs: Path) -> None:
+    source = DirectorySource(logs)
+    # a batch of one row cannot be sharded over two ranks: the loop takes no step at all
+    result = train(source.table("decisions"), source.table("outcomes"), fresh_bundle(), dataclasses.replace(FAST, batch=1),
+                   device="cpu", rank=0, world=2)
+    assert any(w.startswith("a batch of 1 rows for 2 ranks") for w in result.warnings), result.warnings
+    no_step = [w for w in result.warnings if w.startswith("no natural-gradient step")]
+    assert len(no_step) == 1, result.warnings
+    assert result.manifest["trainer"]["warnings"] == result.warnings
+    assert result.metrics["updates_accepted"] == 0.0
+
+
+def test_group_advantages_train_a_better_policy_too(logs: Path) -> None:
+    """``advantage="group"`` (page-type groups, no value net): the same loop, judged by the simulator's truth."""
+    source = DirectorySource(logs)
+    config = dataclasses.replace(FAST, advantage="group")
+    result = train(source.table("decisions"), source.table("outcomes"), fresh_bundle(), config, device="cpu")
+    assert result.manifest["trainer"]["config"]["advantage"] == "group"
+    assert result.metrics["updates_accepted"] >= 1
+    options = LoadOptions(warmup_batch=8)
+    gain, se = paired_gain(ModelSet.load(read_bundle(result.bundle), options), ModelSet.load(fresh_bundle(), options), seed=23,
+                           sessions=1500)
+    assert gain > 2 * se, (gain, se)
 
 
 def test_same_logs_and_seed_give_the_same_bytes(logs: Path, trained: TrainResult) -> None:
