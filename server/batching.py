@@ -14,7 +14,7 @@ calls, parsing, answering.
 Why not a thread: onnxruntime releases the GIL, but everything around it (encoding, the
 decision, every GIL handoff) makes an inference thread and the gRPC threads take turns at
 the GIL, and on 2 vCPUs each turn is a futex wake and a context switch. Measured with
-h2load (``bench/README.md``): 61-64 % of a bare gRPC server's throughput with paced batches
+h2load (``docs/performance.md``): 61-64 % of a bare gRPC server's throughput with paced batches
 on the loop, against 41-46 % with the thread and 34 % on the loop without pauses.
 
 A batch only ever holds requests that read the same model set, so a hot swap never mixes

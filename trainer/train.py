@@ -5,7 +5,7 @@
    rebuild every logged state with the starting bundle's feature encoder.
 3. Train the Action Guard on (state, served action, harmful) and pick its threshold.
 4. With the new guard fixed, compute per logged state what the new bundle's decoder works on:
-   guardrail weights, the veto, the rule engine's fallback (``ModelSet.decision_inputs``).
+   guardrail weights, the veto, the rule engine's fallback (``policy.decision.DecisionProcedure.inputs``).
 5. Advantages: returns minus a learned value baseline (or group-relative z-scores).
 6. ``updates`` natural-gradient steps on the policy (``trainer.update``): the surrogate
    is the truncated importance ratio (new served probability / logged propensity) times the
