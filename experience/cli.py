@@ -1,7 +1,8 @@
 """``shopping-agent logs cat DIR [--kind decisions|outcomes]``: the log records as JSON lines.
 
 For people debugging and for any tool that wants the records without our reader: one JSON
-object per record, oldest segment first, with a ``kind`` key added. Exit 0, or 2 when DIR
+object per record, oldest segment first, with a ``kind`` key added, in the current schema
+(version-1 segments upgraded on read, see ``experience.upgrade``). Exit 0, or 2 when DIR
 is not a log directory.
 """
 
@@ -14,8 +15,10 @@ from pathlib import Path
 from typing import TextIO
 
 from experience.kinds import KINDS
+from experience.salt import read_salt
 from experience.schema import SCHEMAS
 from experience.segments import DirectorySource
+from experience.upgrade import V1Reading
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -38,7 +41,7 @@ def _cat(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
         print(f"shopping-agent logs: {args.dir} holds no decisions/ or outcomes/ directory", file=sys.stderr)
         return 2
     fields = [f.strip() for f in args.fields.split(",")] if args.fields else None
-    source = DirectorySource(args.dir)
+    source = DirectorySource(args.dir, V1Reading(read_salt(args.dir) or b""))  # a local server's salt, if it kept one there
     for kind in (args.kind,) if args.kind else KINDS:
         if fields is not None:
             unknown = [f for f in fields if f not in SCHEMAS[kind].names]

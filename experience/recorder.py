@@ -8,8 +8,18 @@ Arrow record batch per kind and appends it to the open segment (``SegmentWriter`
 rotates by size and age. ``close()`` drains the queues and finalises the segments; the
 server calls it after in-flight calls have finished, so every answered decision is on disk.
 
-Sampling is by session (a hash of ``session_id``), so a session's decisions and outcomes are
-kept or skipped together, by every server process alike; the rate is in every record.
+When the disk fails (full, I/O errors) the writer keeps the records it could not write
+(``SegmentWriter`` holds them, in the same segment file) and tries again with exponential
+back-off (``retry_min_seconds`` doubling to ``retry_max_seconds``); meanwhile records wait in
+the queue, whose bound counts the held ones, so a long outage drops new records (counted,
+``queue_full``), not memory. The kind is *degraded* from the first failed attempt to the
+next good one: one log line when that starts, one when it ends, and ``observer.degraded``.
+Every record accepted is written, or counted as dropped: at shutdown, what the disk still
+refuses is counted (``write_error``).
+
+Sampling is by session, a hash of ``session_id`` keyed with the salt, so a session's
+decisions and outcomes are kept or skipped together, by every server process alike, and a
+client cannot choose its session id to be logged or not; the rate is in every record.
 """
 
 from __future__ import annotations
@@ -17,8 +27,6 @@ from __future__ import annotations
 import collections
 import hashlib
 import logging
-import os
-import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -31,12 +39,16 @@ import pyarrow as pa
 from core.domain import Decision, DecisionRequest, OutcomeReport
 from experience.kinds import KINDS
 from experience.records import LoggedDecision, LoggedOutcome, decisions_batch, outcomes_batch
+from experience.salt import SALT_FILE as SALT_FILE
+from experience.salt import SaltError as SaltError
+from experience.salt import resolve_salt as resolve_salt
 from experience.segments import SegmentWriter, recover_abandoned
+from policy.features import FeatureSpec
 
 log = logging.getLogger(__name__)
 
-SALT_FILE = ".user-salt"
 _DROP_LOG_INTERVAL_S = 10.0
+_SAMPLE = b"sa.sample"
 
 
 class RecorderObserver(Protocol):
@@ -48,6 +60,10 @@ class RecorderObserver(Protocol):
 
     def queued(self, kind: str, depth: int) -> None: ...
 
+    def write_failed(self, kind: str) -> None: ...
+
+    def degraded(self, kind: str, degraded: bool) -> None: ...
+
 
 @dataclass(frozen=True, slots=True)
 class RecorderOptions:
@@ -56,46 +72,35 @@ class RecorderOptions:
     segment_bytes: int = 64 * 1024 * 1024
     segment_seconds: float = 300.0
     flush_seconds: float = 0.25
+    retry_min_seconds: float = 0.5
+    retry_max_seconds: float = 30.0
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.sample_rate <= 1.0:
             raise ValueError(f"sample_rate: expected 0..1, got {self.sample_rate}")
         if self.max_queue < 1 or self.segment_bytes < 1 or self.segment_seconds <= 0 or self.flush_seconds <= 0:
             raise ValueError("max_queue and segment_bytes must be >= 1, segment_seconds and flush_seconds > 0")
+        if not 0 < self.retry_min_seconds <= self.retry_max_seconds:
+            raise ValueError("retry_min_seconds must be > 0 and <= retry_max_seconds")
 
 
-def session_sampled(session_id: str, rate: float) -> bool:
-    """Whether a session is logged at ``rate``: the same answer in every process and on every day."""
+def session_sampled(session_id: str, rate: float, salt: bytes) -> bool:
+    """Whether a session is logged at ``rate``: the same answer in every process sharing the salt, on every day."""
     if rate >= 1.0:
         return True
     if rate <= 0.0:
         return False
-    digest = hashlib.blake2b(session_id.encode(), digest_size=8).digest()
+    digest = hashlib.blake2b(session_id.encode(), key=salt, digest_size=8, person=_SAMPLE).digest()
     return int.from_bytes(digest, "little") < rate * 2.0**64
 
 
-def resolve_salt(root: Path, configured: str) -> bytes:
-    """The configured salt, else a random one kept in ``root/.user-salt`` (shared by every writer on the volume)."""
-    if configured:
-        return hashlib.blake2b(configured.encode(), digest_size=32).digest()
-    path = root / SALT_FILE
-    root.mkdir(parents=True, exist_ok=True)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        for _ in range(50):  # another process may be writing it this very moment
-            text = path.read_text().strip()
-            if len(text) == 64:
-                return bytes.fromhex(text)
-            time.sleep(0.01)
-        raise ValueError(f"{path}: not a 64-hex-digit salt; remove it or set the salt explicitly") from None
-    try:
-        os.write(fd, secrets.token_hex(32).encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    log.warning("no user-id salt configured; created a random one", extra={"fields": {"path": str(path)}})
-    return bytes.fromhex(path.read_text().strip())
+@dataclass(slots=True)
+class _Health:
+    """One kind's writer: failed attempts in a row, when to try again, since when it fails."""
+
+    failures: int = 0
+    retry_at: float = 0.0
+    since: float = 0.0
 
 
 class ExperienceRecorder:
@@ -106,8 +111,11 @@ class ExperienceRecorder:
         self._salt = salt
         self._observer = observer
         self._clock = clock
+        self._spec = FeatureSpec()  # the last served bundle's, for decisions made without one (no model loaded)
         self._queues: dict[str, collections.deque[Any]] = {kind: collections.deque() for kind in KINDS}
         self._writers = {kind: SegmentWriter(self.root, kind, options.segment_bytes, options.segment_seconds) for kind in KINDS}
+        self._held = dict.fromkeys(KINDS, 0)  # records the writers hold after a failed write (they count against max_queue)
+        self._health = {kind: _Health() for kind in KINDS}
         self._dropped = dict.fromkeys(KINDS, 0)  # since start, for the log line
         self._dropped_logged = dict.fromkeys(KINDS, 0)
         self._drop_log_after = 0.0
@@ -123,13 +131,21 @@ class ExperienceRecorder:
 
     # --- request path --------------------------------------------------------------------
     def sampled(self, session_id: str) -> bool:
-        return session_sampled(session_id, self.options.sample_rate)
+        return session_sampled(session_id, self.options.sample_rate, self._salt)
 
-    def decision(self, request: DecisionRequest, hour: int, decision: Decision, decision_id: str) -> bool:
-        """Queue one answered decision; False when its session is not sampled or the queue is full."""
+    def decision(self, request: DecisionRequest, hour: int, decision: Decision, decision_id: str,
+                 spec: FeatureSpec | None = None) -> bool:
+        """Queue one answered decision; False when its session is not sampled or the queue is full.
+
+        ``spec``: the feature spec of the bundle that served it (``None``: no bundle; the last one's).
+        """
         if not self.sampled(request.session_id):
             return False
-        return self._put("decisions", LoggedDecision(request, hour, decision, decision_id, self._clock()))
+        if spec is None:
+            spec = self._spec
+        else:
+            self._spec = spec
+        return self._put("decisions", LoggedDecision(request, hour, decision, decision_id, self._clock(), spec))
 
     def outcome(self, report: OutcomeReport) -> bool:
         if not self.sampled(report.session_id):
@@ -138,7 +154,7 @@ class ExperienceRecorder:
 
     def _put(self, kind: str, item: Any) -> bool:
         queue = self._queues[kind]
-        if self._closed or len(queue) >= self.options.max_queue:
+        if self._closed or len(queue) + self._held[kind] >= self.options.max_queue:
             self._dropped[kind] += 1
             if self._observer is not None:
                 self._observer.dropped(kind, "closed" if self._closed else "queue_full", 1)
@@ -149,58 +165,114 @@ class ExperienceRecorder:
     def depth(self, kind: str) -> int:
         return len(self._queues[kind])
 
+    def degraded(self, kind: str) -> bool:
+        """Whether the last attempt to write ``kind`` failed (it is retried with back-off)."""
+        return self._health[kind].failures > 0
+
     # --- writer thread -------------------------------------------------------------------
     def _run(self) -> None:
         while not self._stop.wait(self.options.flush_seconds):
             self.flush()
-        self.flush()
-        for writer in self._writers.values():
-            self._guarded(writer.close)
+        self._drain()
 
     def flush(self) -> None:
-        """Write what is queued now (called by the writer thread; by tests once it has stopped)."""
+        """Write what is queued now, unless a kind waits out its back-off (the writer thread; tests once it stopped)."""
+        now = time.monotonic()
         for kind in KINDS:
-            queue = self._queues[kind]
+            self._flush_kind(kind, now, final=False)
+        self._log_drops()
+
+    def _flush_kind(self, kind: str, now: float, final: bool) -> None:
+        queue, writer, health = self._queues[kind], self._writers[kind], self._health[kind]
+        if self._observer is not None:
+            self._observer.queued(kind, len(queue) + writer.held_rows)
+        if not final and health.failures and now < health.retry_at:
+            return
+        error: OSError | None = None
+        try:
+            self._written(kind, writer.retry())  # what an earlier failure left held goes first
             n = len(queue)
-            if self._observer is not None:
-                self._observer.queued(kind, n)
-            writer = self._writers[kind]
-            if n == 0:
-                if writer.due():
-                    self._guarded(writer.rotate)
-                continue
-            items = [queue.popleft() for _ in range(n)]
+            if n:
+                batch = self._batch(kind, [queue.popleft() for _ in range(n)])
+                if batch is not None:
+                    self._written(kind, writer.write(batch))
+        except OSError as exc:
+            error = exc
+        if writer.due():  # finalised even while writes fail: what the segment holds becomes readable
             try:
-                batch = self._batch(kind, items)
-                writer.write(batch)
-            except Exception:
-                log.exception("could not write log records; they are lost", extra={"fields": {"kind": kind, "records": n}})
-                self._dropped[kind] += n
-                if self._observer is not None:
-                    self._observer.dropped(kind, "write_error", n)
-                self._writers[kind] = self._replace(writer)
-                continue
+                writer.rotate()
+            except OSError as exc:
+                error = error or exc
+        self._held[kind] = writer.held_rows
+        if error is not None:
+            self._failed(kind, error, now)
+        elif health.failures:
+            self._recovered(kind, now)
+
+    def _batch(self, kind: str, items: list[Any]) -> pa.RecordBatch | None:
+        """The records as a batch; ``None`` when they cannot be encoded (a bug: dropped, counted, logged)."""
+        try:
+            if kind == "decisions":
+                return decisions_batch(items, self._salt, self.options.sample_rate)
+            return outcomes_batch(items, self._salt, self.options.sample_rate)
+        except Exception:
+            log.exception("could not encode log records; they are lost", extra={"fields": {"kind": kind, "records": len(items)}})
+            self._drop(kind, "write_error", len(items))
+            return None
+
+    def _written(self, kind: str, n: int) -> None:
+        if n:
             self.written[kind] += n
             if self._observer is not None:
                 self._observer.written(kind, n)
+
+    def _drop(self, kind: str, reason: str, n: int) -> None:
+        if n:
+            self._dropped[kind] += n
+            if self._observer is not None:
+                self._observer.dropped(kind, reason, n)
+
+    def _failed(self, kind: str, exc: OSError, now: float) -> None:
+        health = self._health[kind]
+        health.failures += 1
+        delay = min(self.options.retry_max_seconds, self.options.retry_min_seconds * 2.0 ** min(health.failures - 1, 30))
+        health.retry_at = now + delay
+        if self._observer is not None:
+            self._observer.write_failed(kind)
+        if health.failures > 1:
+            return
+        health.since = now
+        if self._observer is not None:
+            self._observer.degraded(kind, True)
+        log.error("cannot write log segments; records are kept and retried with back-off (new ones queue, and are dropped "
+                  "and counted once the queue is full)",
+                  extra={"fields": {"kind": kind, "error": f"{type(exc).__name__}: {exc.strerror or exc}", "held": self._held[kind],
+                                    "segment": str(self._writers[kind].open_path), "retry_in_s": delay}})
+
+    def _recovered(self, kind: str, now: float) -> None:
+        health = self._health[kind]
+        log.warning("log segments are written again", extra={"fields": {
+            "kind": kind, "failed_attempts": health.failures, "degraded_s": round(now - health.since, 3)}})
+        self._health[kind] = _Health()
+        if self._observer is not None:
+            self._observer.degraded(kind, False)
+
+    def _drain(self) -> None:
+        """At shutdown: one last try whatever the back-off, finalise the segments, count what the disk refused."""
+        now = time.monotonic()
+        for kind in KINDS:
+            self._flush_kind(kind, now, final=True)
+            queue, writer = self._queues[kind], self._writers[kind]
+            lost = writer.close()
+            if self._health[kind].failures:  # the last try failed too: the queue was never taken
+                lost += len(queue)
+                queue.clear()
+            self._held[kind] = 0
+            if lost:
+                log.error("log records could not be written before shutdown; they are lost",
+                          extra={"fields": {"kind": kind, "records": lost}})
+                self._drop(kind, "write_error", lost)
         self._log_drops()
-
-    def _batch(self, kind: str, items: list[Any]) -> pa.RecordBatch:
-        if kind == "decisions":
-            return decisions_batch(items, self._salt, self.options.sample_rate)
-        return outcomes_batch(items, self.options.sample_rate)
-
-    def _replace(self, broken: SegmentWriter) -> SegmentWriter:
-        """After a failed write: keep what the broken segment has (finalise it if possible), start afresh."""
-        self._guarded(broken.close)
-        return SegmentWriter(self.root, broken.kind, self.options.segment_bytes, self.options.segment_seconds)
-
-    @staticmethod
-    def _guarded(fn: Callable[[], object]) -> None:
-        try:
-            fn()
-        except Exception:
-            log.exception("could not finalise a log segment")
 
     def _log_drops(self) -> None:
         if self._dropped == self._dropped_logged:
@@ -219,13 +291,9 @@ class ExperienceRecorder:
         if self._thread.is_alive():
             self._thread.join(timeout)
         elif self._thread.ident is None:  # never started: write in this thread
-            self.flush()
-            for writer in self._writers.values():
-                self._guarded(writer.close)
+            self._drain()
         for kind, queue in self._queues.items():  # a record that raced the close, or a writer that hung
             if queue:
                 log.error("log records left unwritten at close", extra={"fields": {"kind": kind, "records": len(queue)}})
-                self._dropped[kind] += len(queue)
-                if self._observer is not None:
-                    self._observer.dropped(kind, "closed", len(queue))
+                self._drop(kind, "closed", len(queue))
                 queue.clear()

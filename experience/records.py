@@ -1,13 +1,15 @@
 """Decisions and outcomes as Arrow record batches in the log schema (``experience.schema``).
 
 Built column by column from a list of queued items: one pass per column, the embeddings and
-the per-action vectors stacked into one numpy array each. User ids are hashed here (keyed
-BLAKE2b with the salt), on the writer's thread, not on the request path.
+the per-action vectors stacked into one numpy array each. Every id a caller sent is hashed
+here (keyed BLAKE2b with the salt), on the writer's thread, not on the request path, and the
+behaviour ids become the encoder's bucket indices: nothing the caller typed reaches the disk.
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -16,6 +18,12 @@ import pyarrow as pa
 
 from core.domain import N_ACTIONS, Decision, DecisionRequest, OutcomeReport
 from experience.schema import DECISIONS, OUTCOMES, SCHEMA_VERSION
+from policy.features import FeatureSpec, behavior_buckets
+
+# One BLAKE2b personalisation per column: equal ids hash alike within a column, never across
+# columns (a session id and an item id that happen to be equal give unrelated hashes).
+SESSION, ITEM, REQUEST, OUTCOME, DECISION = b"sa.session", b"sa.item", b"sa.request", b"sa.outcome", b"sa.decision"
+_ISSUED_ID = re.compile(r"[0-9a-f]{32}")  # the form of a decision id the server hands out
 
 
 @dataclass(slots=True)
@@ -27,6 +35,7 @@ class LoggedDecision:
     decision: Decision
     decision_id: str
     time_s: float
+    spec: FeatureSpec  # the served bundle's: its buckets are what the state was built from
 
 
 @dataclass(slots=True)
@@ -40,6 +49,22 @@ def hash_user(user_id: str, salt: bytes) -> str:
     return hashlib.blake2b(user_id.encode(), key=salt, digest_size=16).hexdigest()
 
 
+def hash_id(value: str, salt: bytes, column: bytes) -> str:
+    """Keyed BLAKE2b-128 of an id for one column (``SESSION``, ``ITEM`` …), hex; ``""`` stays ``""``."""
+    if not value:
+        return ""
+    return hashlib.blake2b(value.encode(), key=salt, digest_size=16, person=column).hexdigest()
+
+
+def outcome_decision_id(decision_id: str, salt: bytes) -> str:
+    """An outcome's ``decision_id`` as logged: kept when it has the form of an issued id, else hashed.
+
+    An issued id (32 hex digits) is the server's random number, not the caller's data, and the
+    decisions carry it as it is; anything else cannot name a decision the server made.
+    """
+    return decision_id if _ISSUED_ID.fullmatch(decision_id) else hash_id(decision_id, salt, DECISION)
+
+
 def _vectors(rows: Sequence[np.ndarray], dtype: type, typ: pa.DataType) -> pa.FixedSizeListArray:
     flat: np.ndarray = np.array(rows, dtype=dtype).reshape(-1)  # one C loop; np.stack checks every row in Python
     return pa.FixedSizeListArray.from_arrays(pa.array(flat, type=typ), N_ACTIONS)
@@ -49,9 +74,14 @@ def _string_lists(rows: Sequence[Sequence[str]]) -> pa.ListArray:
     return pa.array([list(r) for r in rows], type=pa.list_(pa.string()))
 
 
+def _int_lists(rows: Sequence[Sequence[int]]) -> pa.ListArray:
+    return pa.array(rows, type=pa.list_(pa.int32()))
+
+
 def decisions_batch(items: Sequence[LoggedDecision], salt: bytes, sample_rate: float) -> pa.RecordBatch:
     n = len(items)
     reqs = [i.request for i in items]
+    sessions = {s: hash_id(s, salt, SESSION) for s in {r.session_id for r in reqs}}  # a session's decisions share a flush
     ds = [i.decision for i in items]
     embeddings = [r.item_embedding for r in reqs]
     lengths = np.fromiter((e.shape[0] for e in embeddings), dtype=np.int32, count=n)
@@ -64,12 +94,14 @@ def decisions_batch(items: Sequence[LoggedDecision], salt: bytes, sample_rate: f
         "decision_id": pa.array([i.decision_id for i in items], type=pa.string()),
         "time_s": pa.array([i.time_s for i in items], type=pa.float64()),
         "event_time_s": pa.array([r.event_time_s for r in reqs], type=pa.float64()),
-        "session_id": pa.array([r.session_id for r in reqs], type=pa.string()),
+        "session_id": pa.array([sessions[r.session_id] for r in reqs], type=pa.string()),
         "user_hash": pa.array([hash_user(r.user_id, salt) for r in reqs], type=pa.string()),
-        "item_id": pa.array([r.item_id for r in reqs], type=pa.string()),
-        "request_id": pa.array([r.request_id for r in reqs], type=pa.string()),
+        "item_id": pa.array([hash_id(r.item_id, salt, ITEM) for r in reqs], type=pa.string()),
+        "request_id": pa.array([hash_id(r.request_id, salt, REQUEST) for r in reqs], type=pa.string()),
         "item_embedding": embedding,
-        "recent_behavior_ids": _string_lists([r.recent_behavior_ids for r in reqs]),
+        "behavior_bucket_indices": _int_lists([behavior_buckets(i.request.recent_behavior_ids, i.spec) for i in items]),
+        "behavior_bucket_count": pa.array([i.spec.behavior_buckets for i in items], type=pa.int32()),
+        "n_recent_behaviors": pa.array([len(r.recent_behavior_ids) for r in reqs], type=pa.int32()),
         "page_type": pa.array([int(r.page_type) for r in reqs], type=pa.int8()),
         "cart_item_count": pa.array([r.cart_item_count for r in reqs], type=pa.int32()),
         "hour": pa.array([i.hour for i in items], type=pa.int8()),
@@ -91,14 +123,14 @@ def decisions_batch(items: Sequence[LoggedDecision], salt: bytes, sample_rate: f
     return pa.RecordBatch.from_arrays(list(columns.values()), schema=DECISIONS)
 
 
-def outcomes_batch(items: Sequence[LoggedOutcome], sample_rate: float) -> pa.RecordBatch:
+def outcomes_batch(items: Sequence[LoggedOutcome], salt: bytes, sample_rate: float) -> pa.RecordBatch:
     n = len(items)
     reports = [i.report for i in items]
     columns = {
         "schema_version": pa.array(np.full(n, SCHEMA_VERSION, dtype=np.int16)),
-        "outcome_id": pa.array([r.outcome_id for r in reports], type=pa.string()),
-        "decision_id": pa.array([r.decision_id for r in reports], type=pa.string()),
-        "session_id": pa.array([r.session_id for r in reports], type=pa.string()),
+        "outcome_id": pa.array([hash_id(r.outcome_id, salt, OUTCOME) for r in reports], type=pa.string()),
+        "decision_id": pa.array([outcome_decision_id(r.decision_id, salt) for r in reports], type=pa.string()),
+        "session_id": pa.array([hash_id(r.session_id, salt, SESSION) for r in reports], type=pa.string()),
         "outcome": pa.array([int(r.outcome) for r in reports], type=pa.int8()),
         "value": pa.array([r.value for r in reports], type=pa.float64()),
         "coupon_discount": pa.array([r.coupon_discount for r in reports], type=pa.float64()),

@@ -1,20 +1,32 @@
 """The decision and outcome log records, as Arrow schemas: the contract between writer and readers.
 
 One row per decision the server answered (sampled by session, see ``sample_rate``) and one
-row per outcome the frontend reported. Columns are only ever added; ``schema_version`` says
-which columns a segment has. Enumerations are stored as their proto numbers (``Action``,
-``Source``, ``PageType``, ``Outcome`` in ``core.domain``). Times are seconds since the Unix
-epoch (float64). Per-action vectors are in ``ACTIONS`` order (add_to_cart … exit).
+row per outcome the frontend reported. ``schema_version`` says which columns a segment has
+and what they hold; ``experience.upgrade`` reads older versions as this one. Enumerations
+are stored as their proto numbers (``Action``, ``Source``, ``PageType``, ``Outcome`` in
+``core.domain``). Times are seconds since the Unix epoch (float64). Per-action vectors are
+in ``ACTIONS`` order (add_to_cart … exit).
+
+No raw identifier and no free text reaches the disk: every id a caller sends is stored as a
+keyed hash (``experience.records``: BLAKE2b-128 keyed with the log salt, hex, one domain tag
+per column, so equal ids give equal hashes within a column and nothing else), and the
+behaviour ids only as the hashing-trick buckets the feature encoder reads.
 
 Decision columns:
 
-- ``decision_id``: the id returned to the caller; seeds the decision's sampling (replay).
+- ``decision_id``: the id the server generated and returned (128 random bits, hex); seeds
+  the decision's sampling (replay).
 - ``time_s``: server wall clock when the decision was made; ``event_time_s``: the request's
   ``event_time`` (the server time when absent): joins and attribution use event times.
-- ``session_id``, ``item_id``, ``request_id``: as sent. ``user_hash``: keyed BLAKE2b-128 of
-  the user id with the configured salt, hex; raw user ids never reach the disk.
-- ``item_embedding`` (float16), ``recent_behavior_ids``, ``page_type``, ``cart_item_count``:
-  the raw inputs from which the trainer rebuilds the state; ``hour`` is the local hour the
+- ``session_id``, ``item_id``, ``request_id``: keyed hashes of the ids sent (an empty
+  ``request_id`` stays empty). ``user_hash``: keyed BLAKE2b-128 of the user id (no domain tag,
+  as in version 1, so user hashes of both versions agree).
+- ``item_embedding`` (float16), ``behavior_bucket_indices``, ``page_type``,
+  ``cart_item_count``: the inputs from which the trainer rebuilds the state;
+  ``behavior_bucket_indices`` are ``policy.features.behavior_buckets`` of the request's
+  behaviour ids (the first ``behavior_window``, most recent first) under the served bundle's
+  feature spec, whose bucket count is ``behavior_bucket_count``; ``n_recent_behaviors`` is
+  how many behaviour ids the request had (a rule input); ``hour`` is the local hour the
   server computed from ``event_time_s``.
 - ``action``, ``source``, ``propensity``, ``votes``, ``samples``, ``rule``: what was served.
 - ``served_probs``: the probability of each action under the whole decision procedure (the
@@ -24,10 +36,16 @@ Decision columns:
 - ``model_version``; ``sample_rate``: the logging sample rate in force (a session is kept
   whole or not at all).
 
-Outcome columns: ``outcome_id`` (de-duplication key), ``decision_id`` (may name a decision
-not, or not yet, in the logs), ``session_id``, ``outcome``, ``value`` (order GMV),
+Outcome columns: ``outcome_id`` (keyed hash; the de-duplication key), ``decision_id`` (as
+sent when it has the form of an id the server issues, 32 hex digits, else a keyed hash; may
+name a decision not, or not yet, in the logs), ``session_id`` (keyed hash, the same as the
+decisions' for the same session: the join key), ``outcome``, ``value`` (order GMV),
 ``coupon_discount``, ``event_time_s`` (when it happened, frontend clock), ``received_s``
 (server clock), ``sample_rate``.
+
+Versions: 1 stored ``session_id``, ``item_id``, ``request_id``, ``outcome_id`` and every
+outcome ``decision_id`` as sent, and ``recent_behavior_ids`` (the raw ids) instead of
+``behavior_bucket_indices``, ``behavior_bucket_count`` and ``n_recent_behaviors``. 2 is this.
 """
 
 from __future__ import annotations
@@ -37,7 +55,7 @@ import pyarrow as pa
 from core.domain import N_ACTIONS
 from experience.kinds import DECISIONS_KIND, KINDS, OUTCOMES_KIND
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 DECISIONS = pa.schema(
     [
@@ -50,7 +68,9 @@ DECISIONS = pa.schema(
         pa.field("item_id", pa.string(), nullable=False),
         pa.field("request_id", pa.string(), nullable=False),
         pa.field("item_embedding", pa.list_(pa.float16()), nullable=False),
-        pa.field("recent_behavior_ids", pa.list_(pa.string()), nullable=False),
+        pa.field("behavior_bucket_indices", pa.list_(pa.int32()), nullable=False),
+        pa.field("behavior_bucket_count", pa.int32(), nullable=False),
+        pa.field("n_recent_behaviors", pa.int32(), nullable=False),
         pa.field("page_type", pa.int8(), nullable=False),
         pa.field("cart_item_count", pa.int32(), nullable=False),
         pa.field("hour", pa.int8(), nullable=False),

@@ -11,6 +11,13 @@ The IPC *stream* format (not the file format) is used on purpose: a stream is re
 its last complete batch, so a segment left open by a writer that was killed (SIGKILL, OOM)
 is not lost: the next writer on the directory finds it (its lock is free), and finalises it
 as it is. ``recover_abandoned`` does this; a reader stops quietly at a torn last batch.
+
+A write is all or nothing. Each batch is encoded in memory first (one IPC message), then
+written at the end of the segment's complete messages; a write that fails (disk full, I/O
+error) is cut back off the file and its message is *held* by the writer, to go in on the
+next write, so one segment file is reused however many writes fail, and a segment never
+holds half a batch. The end-of-stream marker is optional in the format, so a segment is
+finalised on a full disk too (without it).
 """
 
 from __future__ import annotations
@@ -29,13 +36,15 @@ from typing import Protocol
 import pyarrow as pa
 
 from experience.kinds import KINDS
-from experience.schema import SCHEMAS
+from experience.schema import SCHEMA_VERSION, SCHEMAS
+from experience.upgrade import V1Reading, segment_version, upgrade_v1
 
 log = logging.getLogger(__name__)
 
 SUFFIX = ".arrows"
 OPEN_PREFIX = ".open-"
 _IPC_OPTIONS = pa.ipc.IpcWriteOptions(compression="zstd")
+_EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # the IPC stream's end-of-stream marker: continuation, length 0
 
 
 def _fsync_dir(path: Path) -> None:
@@ -52,11 +61,47 @@ def segment_dir(root: Path, kind: str) -> Path:
     return root / kind
 
 
+def _stream(schema: pa.Schema, batches: list[pa.RecordBatch]) -> pa.Buffer:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, schema, options=_IPC_OPTIONS) as writer:
+        for batch in batches:
+            writer.write_batch(batch)
+    return sink.getvalue()
+
+
+class _Encoder:
+    """A batch as the bytes it adds to a stream: a stream is the schema, then its batches' messages, then EOS."""
+
+    def __init__(self, schema: pa.Schema) -> None:
+        self.schema = schema
+        empty = _stream(schema, []).to_pybytes()
+        if not empty.endswith(_EOS):
+            raise RuntimeError("pyarrow wrote an IPC stream without its end-of-stream marker")
+        self.header = empty[: -len(_EOS)]
+
+    def message(self, batch: pa.RecordBatch) -> pa.Buffer:
+        data = _stream(self.schema, [batch])
+        start, end = len(self.header), data.size - len(_EOS)
+        if data[:start].to_pybytes() != self.header or data[end:].to_pybytes() != _EOS:
+            raise RuntimeError("pyarrow wrote an IPC stream that is not its schema, its batch and EOS")
+        return data[start:end]  # a view: no copy
+
+
+def _write_at(fd: int, data: bytes | pa.Buffer, offset: int) -> int:
+    """Write all of ``data`` at ``offset`` (a full disk may take part of it, then fail); returns the offset after it."""
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, offset)
+        view, offset = view[n:], offset + n
+    return offset
+
+
 class SegmentWriter:
     """Appends record batches of one kind to rotating segments under ``root/kind``.
 
-    Not thread-safe: one writer thread owns it. ``write`` rotates by size and age;
-    ``close`` finalises the open segment. Every finalised segment is complete.
+    Not thread-safe: one writer thread owns it. ``write`` appends (or holds, when the write
+    fails: ``held_rows``); ``due`` says when to ``rotate``; ``close`` finalises the open
+    segment. Every finalised segment is complete.
     """
 
     def __init__(self, root: Path, kind: str, max_bytes: int, max_seconds: float) -> None:
@@ -66,61 +111,151 @@ class SegmentWriter:
         self.schema = SCHEMAS[kind]
         self.max_bytes = max_bytes
         self.max_seconds = max_seconds
+        self._encoder = _Encoder(self.schema)
         self._tag = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
         self._seq = 0
-        self._file: pa.NativeFile | None = None
         self._fd = -1
-        self._stream: pa.ipc.RecordBatchStreamWriter | None = None
         self._path: Path | None = None
+        self._size = 0  # bytes of complete messages in the open segment (0: not even the schema yet)
+        self._torn = False  # a failed write could not be cut off again: append nothing more to this file
         self._opened_at = 0.0
+        self._held: list[pa.Buffer] = []  # messages not yet in the file
+        self.held_rows = 0
         self.finalised: list[Path] = []
 
-    def write(self, batch: pa.RecordBatch) -> None:
-        if batch.num_rows == 0:
-            return
-        if self._stream is None:
+    @property
+    def open_path(self) -> Path | None:
+        return self._path
+
+    def write(self, batch: pa.RecordBatch) -> int:
+        """Append ``batch`` after what is held; returns the rows now in the file (held ones included).
+
+        On ``OSError`` nothing is half-written: the batch is held with the others, for the next call.
+        """
+        if batch.num_rows:
+            self._held.append(self._encoder.message(batch))
+            self.held_rows += batch.num_rows
+        return self.retry()
+
+    def retry(self) -> int:
+        """Write what is held; returns the rows written (``OSError``: still held)."""
+        if not self._held:
+            return 0
+        if self._torn:  # finalise what the torn file holds; the held messages start a new one
+            if self._size:
+                self._seal()
+            else:
+                self._discard()
+        if self._fd < 0:
             self._open()
-        assert self._stream is not None and self._file is not None
-        self._stream.write_batch(batch)
-        if self._file.tell() >= self.max_bytes or time.monotonic() - self._opened_at >= self.max_seconds:
-            self.rotate()
-
-    def rotate(self) -> Path | None:
-        """Finalise the open segment (if any); the next write opens a new one."""
-        if self._stream is None or self._path is None or self._file is None:
-            return None
-        stream, file, path, fd = self._stream, self._file, self._path, self._fd
-        self._stream, self._file, self._path, self._fd = None, None, None, -1
+        parts: list[bytes | pa.Buffer] = [self._encoder.header] if self._size == 0 else []
+        end = self._size
         try:
-            stream.close()
-            file.flush()
-            os.fsync(fd)
-            final = self.dir / (path.name.removeprefix(OPEN_PREFIX))
-            os.replace(path, final)
-            _fsync_dir(self.dir)
-        finally:  # a failed close (disk full) still releases the file and its lock; recovery finds the segment
-            file.close()
-            os.close(fd)
-        self.finalised.append(final)
-        return final
-
-    def close(self) -> None:
-        self.rotate()
+            for part in parts + self._held:
+                end = _write_at(self._fd, part, end)
+        except OSError:
+            self._cut()
+            raise
+        self._size = end
+        rows, self._held, self.held_rows = self.held_rows, [], 0
+        return rows
 
     def due(self) -> bool:
-        """Whether the open segment is old enough to finalise even without new records."""
-        return self._stream is not None and time.monotonic() - self._opened_at >= self.max_seconds
+        """Whether the open segment is big or old enough to finalise (with or without new records)."""
+        return self._size > 0 and (self._size >= self.max_bytes or time.monotonic() - self._opened_at >= self.max_seconds)
 
+    def rotate(self) -> Path | None:
+        """Finalise the open segment (if it holds records); the next write opens a new one.
+
+        Held messages go in first when they can; when they cannot, the segment is finalised
+        without them and they wait for the next one. ``OSError`` (fsync, rename): the
+        segment stays open, complete, for another try.
+        """
+        if self._fd < 0:
+            return None
+        try:
+            self.retry()
+        except OSError:
+            pass
+        if self._size == 0:
+            if not self._held:
+                self._discard()
+            return None
+        return self._seal()
+
+    def close(self) -> int:
+        """Finalise the open segment; returns the rows still held, which are given up (0 normally).
+
+        A segment that cannot be finalised is left as it is (complete up to its last batch):
+        ``recover_abandoned`` finalises it at the next start.
+        """
+        try:
+            self.rotate()
+        except OSError as exc:
+            log.error("could not finalise a log segment; it is left for recovery at the next start",
+                      extra={"fields": {"segment": str(self._path), "error": str(exc)}})
+        dropped, self._held, self.held_rows = self.held_rows, [], 0
+        if self._fd >= 0:
+            if self._size == 0:
+                self._discard()
+            else:
+                self._release()
+        return dropped
+
+    # --- the open file ---------------------------------------------------------------------
     def _open(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
         self._seq += 1
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
         path = self.dir / f"{OPEN_PREFIX}{self.kind}-{stamp}-{self._tag}-{self._seq:06d}{SUFFIX}"
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o640)
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        self._fd, self._path = fd, path
-        self._file = pa.OSFile(str(path), "w")  # ``fd`` stays open only to hold the lock (and to fsync)
-        self._stream = pa.ipc.new_stream(self._file, self.schema, options=_IPC_OPTIONS)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            path.unlink(missing_ok=True)
+            raise
+        self._fd, self._path, self._size, self._torn = fd, path, 0, False
         self._opened_at = time.monotonic()
+
+    def _cut(self) -> None:
+        """After a failed write: the file back to its complete messages (truncating frees space, so it works on a full disk)."""
+        try:
+            os.ftruncate(self._fd, self._size)
+        except OSError:
+            self._torn = True  # readers stop at the torn batch; what follows goes to a new segment
+
+    def _seal(self) -> Path:
+        assert self._path is not None
+        if not self._torn:
+            try:
+                _write_at(self._fd, _EOS, self._size)
+            except OSError:  # full disk: the marker is optional, the stream ends at its last message
+                self._cut()
+        os.fsync(self._fd)
+        final = self.dir / self._path.name.removeprefix(OPEN_PREFIX)
+        try:
+            os.replace(self._path, final)
+        except FileNotFoundError:  # the volume lost the open segment: nothing to retry
+            self._release()
+            raise
+        self._release()
+        try:
+            _fsync_dir(self.dir)
+        except OSError:
+            log.warning("could not fsync a log directory", extra={"fields": {"dir": str(self.dir)}})
+        self.finalised.append(final)
+        return final
+
+    def _discard(self) -> None:
+        """Remove the open segment, which holds nothing (not even the schema)."""
+        if self._path is not None:
+            self._path.unlink(missing_ok=True)
+        self._release()
+
+    def _release(self) -> None:
+        os.close(self._fd)  # and with it the flock
+        self._fd, self._path, self._size, self._torn = -1, None, 0, False
 
 
 def recover_abandoned(root: Path, kind: str) -> list[Path]:
@@ -187,10 +322,12 @@ def read_segment(path: Path) -> Iterator[pa.RecordBatch]:
 
 
 class DirectorySource:
-    """Finalised segments under ``root``, oldest first."""
+    """Finalised segments under ``root``, oldest first, in the current schema (older versions upgraded on read)."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, v1: V1Reading | None = None) -> None:
         self.root = Path(root)
+        self.v1 = v1 or V1Reading()
+        self._warned = False
 
     def segments(self, kind: str) -> list[Path]:
         directory = segment_dir(self.root, kind)
@@ -202,18 +339,32 @@ class DirectorySource:
         schema = SCHEMAS[kind]
         for path in self.segments(kind):
             for batch in read_segment(path):
+                version = segment_version(batch)
+                if version == 1:
+                    self._warn_v1(path)
+                    batch = upgrade_v1(batch, kind, self.v1)
+                elif version > SCHEMA_VERSION:
+                    raise ValueError(f"{path}: log schema version {version}; this reader knows up to {SCHEMA_VERSION}")
                 yield _conform(batch, schema)
 
     def table(self, kind: str) -> pa.Table:
         return pa.Table.from_batches(list(self.batches(kind)), schema=SCHEMAS[kind])
 
+    def _warn_v1(self, path: Path) -> None:
+        if self._warned or self.v1.salt:
+            return
+        self._warned = True
+        log.warning("reading version-1 log segments (raw ids) without the servers' salt: their ids are hashed without a "
+                    "key, so a session that spans version-1 and version-2 segments counts as two",
+                    extra={"fields": {"segment": str(path)}})
+
 
 def _conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
-    """A batch in the current schema: columns only ever get added, so an older segment gains nulls."""
+    """A batch in the current schema: a column it lacks gains nulls, a column the schema lacks is dropped."""
     if batch.schema.equals(schema, check_metadata=False):
         return batch
     columns = []
     for field in schema:
         index = batch.schema.get_field_index(field.name)
         columns.append(batch.column(index).cast(field.type) if index >= 0 else pa.nulls(batch.num_rows, field.type))
-    return pa.RecordBatch.from_arrays(columns, names=schema.names)
+    return pa.RecordBatch.from_arrays(columns, schema=schema)

@@ -81,6 +81,15 @@ def bucket(behavior_id: str, buckets: int) -> int:
     return int.from_bytes(hashlib.blake2b(behavior_id.encode(), digest_size=8).digest(), "little") % buckets
 
 
+def behavior_buckets(behavior_ids: Sequence[str], spec: FeatureSpec) -> list[int]:
+    """The hashing-trick rows the encoder reads for these behaviour ids (most recent first).
+
+    ``bucket(id, spec.behavior_buckets)`` of the first ``spec.behavior_window`` ids: the whole
+    behaviour input of the state, so the decision log keeps these instead of the ids.
+    """
+    return [bucket(b, spec.behavior_buckets) for b in behavior_ids[: spec.behavior_window]]
+
+
 class FeatureEncoder:
     def __init__(self, spec: FeatureSpec, behavior_table: F32) -> None:
         if behavior_table.shape != (spec.behavior_buckets, spec.behavior_dim):
@@ -108,30 +117,31 @@ class FeatureEncoder:
         rows = np.full((n, window), spec.behavior_buckets, dtype=np.int64)  # the padding row is zeros
         counts = np.ones(n, dtype=np.float32)
         for i, req in enumerate(reqs):
-            ids = req.recent_behavior_ids[:window]
-            if ids:
-                rows[i, : len(ids)] = [bucket(b, spec.behavior_buckets) for b in ids]
-                counts[i] = len(ids)
+            if req.recent_behavior_ids:
+                indices = behavior_buckets(req.recent_behavior_ids, spec)
+                rows[i, : len(indices)] = indices
+                counts[i] = len(indices)
         out[:, self._behavior_at : self._hour_at] = self._padded[rows].sum(axis=1) / counts[:, None]
         out[np.arange(n), self._hour_at + np.asarray(hours, dtype=np.int64)] = 1.0
         return out
 
-    def encode_columns(self, embeddings: F32, behavior_ids: Sequence[Sequence[str]], hours: npt.NDArray[np.int64]) -> F32:
-        """``encode_batch`` from columns (logged decisions): each distinct behaviour id is hashed once."""
+    def encode_columns(self, embeddings: F32, buckets: Sequence[Sequence[int]], hours: npt.NDArray[np.int64]) -> F32:
+        """``encode_batch`` from columns (logged decisions): ``buckets`` per row as ``behavior_buckets`` gives them."""
         spec = self.spec
         n = len(embeddings)
         out = np.zeros((n, spec.state_dim), dtype=np.float32)
         out[:, : spec.item_dim] = embeddings
         window = spec.behavior_window
-        rows = np.full((n, window), spec.behavior_buckets, dtype=np.int64)
+        rows = np.full((n, window), -1, dtype=np.int64)
         counts = np.ones(n, dtype=np.float32)
-        buckets: dict[str, int] = {}
-        for i, ids in enumerate(behavior_ids):
-            ids = ids[:window]
-            if ids:
-                rows[i, : len(ids)] = [buckets[b] if b in buckets else buckets.setdefault(b, bucket(b, spec.behavior_buckets))
-                                       for b in ids]
-                counts[i] = len(ids)
+        for i, indices in enumerate(buckets):
+            indices = indices[:window]
+            if len(indices):
+                rows[i, : len(indices)] = indices
+                counts[i] = len(indices)
+        if (rows >= spec.behavior_buckets).any() or (rows < -1).any():
+            raise ValueError(f"behaviour buckets: expected indices in 0..{spec.behavior_buckets - 1}")
+        rows[rows < 0] = spec.behavior_buckets  # the padding row is zeros
         out[:, self._behavior_at : self._hour_at] = self._padded[rows].sum(axis=1) / counts[:, None]
         out[np.arange(n), self._hour_at + hours] = 1.0
         return out

@@ -189,11 +189,22 @@ class ExperienceMetrics:
         self.records_dropped = Counter("shopping_agent_log_records_dropped",
                                        "Log records lost, by kind and reason (queue_full, write_error, closed).",
                                        ["kind", "reason"], registry=r)
-        self.queue_depth = Gauge("shopping_agent_log_queue_depth", "Log records waiting for the writer thread, by kind.",
+        self.queue_depth = Gauge("shopping_agent_log_queue_depth",
+                                 "Log records waiting for the writer thread, by kind (those held after a failed write included).",
                                  ["kind"], registry=r, multiprocess_mode="livesum")
+        self.write_errors = Counter("shopping_agent_log_write_errors",
+                                    "Attempts to write or finalise a log segment that failed (disk full, I/O error), by kind; "
+                                    "retried with exponential back-off.", ["kind"], registry=r)
+        self.writer_degraded = Gauge("shopping_agent_log_writer_degraded",
+                                     "1 while the last attempt to write a kind's log segments failed (records are held and "
+                                     "retried), else 0.", ["kind"], registry=r, multiprocess_mode="livemax")
         self._written = {k: self.records_written.labels(kind=k) for k in KINDS}
         self._dropped = {(k, why): self.records_dropped.labels(kind=k, reason=why) for k in KINDS for why in LOG_DROP_REASONS}
         self._depth = {k: self.queue_depth.labels(kind=k) for k in KINDS}
+        self._errors = {k: self.write_errors.labels(kind=k) for k in KINDS}
+        self._degraded = {k: self.writer_degraded.labels(kind=k) for k in KINDS}
+        for gauge in self._degraded.values():
+            gauge.set(0)
 
     def written(self, kind: str, n: int) -> None:
         self._written[kind].inc(n)
@@ -203,6 +214,12 @@ class ExperienceMetrics:
 
     def queued(self, kind: str, depth: int) -> None:
         self._depth[kind].set(depth)
+
+    def write_failed(self, kind: str) -> None:
+        self._errors[kind].inc()
+
+    def degraded(self, kind: str, degraded: bool) -> None:
+        self._degraded[kind].set(1 if degraded else 0)
 
 
 def _timestamp(text: Any) -> float:

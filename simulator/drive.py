@@ -31,12 +31,14 @@ from core.domain import Action, Decision, DecisionRequest, OutcomeReport, Source
 from experience.recorder import ExperienceRecorder, RecorderOptions
 from experience.returns import GAMMA, MeanReturn, mean_return, session_returns
 from experience.sessions import EpisodeConfig, build_episodes
-from policy.features import context_of
+from policy.features import FeatureEncoder, context_of
 from simulator.world import OutcomeEvent, ShopperSession, World
 
 
 class BatchDecider(Protocol):
-    """What ``ModelSet`` offers: decisions for a batch of requests with given decision ids."""
+    """What ``ModelSet`` offers: decisions for a batch of requests with given decision ids, and its encoder."""
+
+    encoder: FeatureEncoder  # the log records the encoder's buckets of the behaviour ids
 
     def run(self, requests: Sequence[DecisionRequest], contexts: Sequence[Any], decision_ids: Sequence[str]) -> list[Decision]: ...
 
@@ -163,7 +165,7 @@ def run_in_process(world: World, model: BatchDecider, sessions: range, tz: tzinf
             trace.model_versions.add(decision.model_version)
             trace.decided(session.session_id, did, req.event_time_s, decision.action, decision.source)
             if recorder is not None:
-                recorder.decision(req, ctx.hour, decision, did)
+                recorder.decision(req, ctx.hour, decision, did, model.encoder.spec)
             for report in reports_for(session, did, session.respond(decision.action)):
                 trace.reported(report)
                 if recorder is not None:

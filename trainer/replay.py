@@ -2,8 +2,8 @@
 
 numpy and onnxruntime only (no torch): ``evaluate`` and the gate use it as well as the
 trainer. A logged row's state is rebuilt exactly as the server built it (the float16
-embedding, the first ``window`` behaviour ids, the hour the server logged); its context is
-what the guardrails and the rule engine saw. ``replay`` runs a ``ModelSet`` on them, in
+embedding, the behaviour buckets the server's encoder read, the hour the server logged);
+its context is what the guardrails and the rule engine saw. ``replay`` runs a ``ModelSet`` on them, in
 chunks: the decision inputs (guardrail weights, guard veto, the rule engine's answer, the
 masked ``q``) and the exact probability that the bundle serves each action — the target
 policy of off-policy evaluation, computed by the server's own code.
@@ -19,6 +19,7 @@ import pyarrow as pa
 
 from core.domain import N_ACTIONS, Context, FloatArray, PageType
 from policy.decision import DecisionInputs
+from policy.features import FeatureSpec
 from weights.model_set import ModelSet
 
 F32 = npt.NDArray[np.float32]
@@ -49,15 +50,35 @@ def embeddings_of(decisions: pa.Table, item_dim: int) -> F32:
     return values.astype(np.float32).reshape(len(decisions), item_dim)
 
 
+def buckets_of(decisions: pa.Table, spec: FeatureSpec) -> list[list[int]]:
+    """Per row, the behaviour buckets the encoder reads under ``spec``; ``ValueError`` when the log cannot give them.
+
+    The log holds the buckets of the serving bundle's spec, not the ids: a bundle with another
+    bucket count, or a longer window than a row has buckets for, cannot rebuild those states.
+    """
+    counts = np.asarray(decisions.column("behavior_bucket_count").to_numpy(), dtype=np.int64)
+    if len(counts) and (counts != spec.behavior_buckets).any():
+        row = int(np.argmax(counts != spec.behavior_buckets))
+        raise ValueError(f"behavior_bucket_count: row {row} was logged with {counts[row]} behaviour buckets, the bundle's "
+                         f"encoder has {spec.behavior_buckets}; the logs keep buckets, not ids, so its states cannot be rebuilt")
+    buckets = decisions.column("behavior_bucket_indices").to_pylist()
+    n_recent = decisions.column("n_recent_behaviors").to_pylist()
+    for row, (indices, n) in enumerate(zip(buckets, n_recent, strict=True)):
+        if len(indices) < min(n, spec.behavior_window):
+            raise ValueError(f"behavior_bucket_indices: row {row} has {len(indices)} of its {n} behaviour ids, the bundle's "
+                             f"window is {spec.behavior_window}; its state cannot be rebuilt")
+    return buckets
+
+
 def logged_steps(decisions: pa.Table, model: ModelSet) -> LoggedSteps:
     """States and contexts of every logged decision, for ``model``'s feature spec."""
     spec = model.encoder.spec
     hours = decisions.column("hour").to_numpy().astype(np.int64)
-    behavior = decisions.column("recent_behavior_ids").to_pylist()
-    states = model.encoder.encode_columns(embeddings_of(decisions, spec.item_dim), behavior, hours)
+    states = model.encoder.encode_columns(embeddings_of(decisions, spec.item_dim), buckets_of(decisions, spec), hours)
     pages = decisions.column("page_type").to_pylist()
     carts = decisions.column("cart_item_count").to_pylist()
-    contexts = [Context(PageType(p), c, h, len(b)) for p, c, h, b in zip(pages, carts, hours.tolist(), behavior, strict=True)]
+    n_recent = decisions.column("n_recent_behaviors").to_pylist()
+    contexts = [Context(PageType(p), c, h, b) for p, c, h, b in zip(pages, carts, hours.tolist(), n_recent, strict=True)]
     served = np.array(decisions.column("served_probs").combine_chunks().flatten().to_numpy(zero_copy_only=False),
                         dtype=np.float64).reshape(len(decisions), N_ACTIONS)
     return LoggedSteps(

@@ -58,8 +58,10 @@ def test_open_segment_is_hidden_until_rotated(tmp_path: Path) -> None:
 def test_rotates_by_size_and_by_age(tmp_path: Path) -> None:
     by_size = SegmentWriter(tmp_path / "a", "outcomes", max_bytes=1, max_seconds=3600)
     for i in range(4):
-        by_size.write(outcome_batch(i, 1))
-    assert len(by_size.finalised) == 4  # each write crossed the size bound
+        assert by_size.write(outcome_batch(i, 1)) == 1
+        assert by_size.due()  # each write crossed the size bound
+        by_size.rotate()
+    assert len(by_size.finalised) == 4
     by_age = SegmentWriter(tmp_path / "b", "outcomes", max_bytes=10**9, max_seconds=0.05)
     by_age.write(outcome_batch(0, 1))
     assert not by_age.due()
@@ -87,8 +89,7 @@ from tests.experience.test_segments import outcome_batch
 from experience.segments import SegmentWriter
 w = SegmentWriter(Path(sys.argv[1]), "outcomes", max_bytes=10**9, max_seconds=3600)
 for i in range(3):
-    w.write(outcome_batch(10 * i, 10))
-w._file.flush()
+    w.write(outcome_batch(10 * i, 10))  # in the file when write returns
 print("written", flush=True)
 time.sleep(60)
 """

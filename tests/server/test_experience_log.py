@@ -1,4 +1,4 @@
-"""Decision and outcome logs written by the real server: content, sampling, drops, shutdown."""
+"""Decision and outcome logs written by the real server: content, hashed ids, sampling, drops, shutdown."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -20,11 +22,13 @@ from prometheus_client import CollectorRegistry
 
 from core.domain import Outcome, OutcomeReport
 from experience.recorder import SALT_FILE, ExperienceRecorder, RecorderOptions, resolve_salt, session_sampled
-from experience.records import hash_user
-from experience.segments import DirectorySource
+from experience.records import DECISION, ITEM, OUTCOME, REQUEST, SESSION, hash_id, hash_user
+from experience.segments import DirectorySource, read_segment
+from policy.features import FeatureSpec, behavior_buckets
 from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
 from server.metrics import Metrics
-from tests.harness import ROOT, request, running_server, spawn_server, stub
+from tests.harness import ROOT, Spawned, request, running_server, spawn_server, stub
+from tests.small_disk import SmallDisk, mounted
 
 
 def outcome(**overrides: object) -> pb.ReportOutcomeRequest:
@@ -40,6 +44,7 @@ def tables(root: Path) -> tuple[pa.Table, pa.Table]:
 
 
 def test_every_answer_and_outcome_is_logged_with_what_was_served(tmp_path: Path) -> None:
+    key = resolve_salt(tmp_path, "pepper")
     responses = {}
     with running_server(log_dir=tmp_path, log_user_salt="pepper") as live, grpc.insecure_channel(live.target) as ch:
         call = stub(ch)
@@ -56,11 +61,13 @@ def test_every_answer_and_outcome_is_logged_with_what_was_served(tmp_path: Path)
     assert decisions.num_rows == 12 and outcomes.num_rows == 12
     for row in decisions.to_pylist():
         req, resp = responses[row["decision_id"]]
-        assert row["session_id"] == req.session_id and row["item_id"] == req.item_id and row["request_id"] == req.request_id
-        assert row["user_hash"] == hash_user(req.user_id, resolve_salt(tmp_path, "pepper")) != req.user_id
+        assert row["session_id"] == hash_id(req.session_id, key, SESSION) != req.session_id
+        assert row["item_id"] == hash_id(req.item_id, key, ITEM) and row["request_id"] == hash_id(req.request_id, key, REQUEST)
+        assert row["user_hash"] == hash_user(req.user_id, key) != req.user_id
         assert row["event_time_s"] == pytest.approx(req.event_time.seconds)
         np.testing.assert_allclose(row["item_embedding"], np.float16(list(req.item_embedding)), rtol=0, atol=0)
-        assert row["recent_behavior_ids"] == list(req.recent_behavior_ids)
+        assert row["behavior_bucket_indices"] == behavior_buckets(req.recent_behavior_ids, FeatureSpec())
+        assert (row["behavior_bucket_count"], row["n_recent_behaviors"]) == (2048, len(req.recent_behavior_ids))
         assert (row["page_type"], row["cart_item_count"]) == (req.page_type, req.cart_item_count)
         assert (row["action"], row["source"], row["votes"], row["samples"]) == (resp.action, resp.source, resp.votes, resp.samples)
         assert row["propensity"] == resp.propensity and row["model_version"] == resp.model_version
@@ -68,11 +75,14 @@ def test_every_answer_and_outcome_is_logged_with_what_was_served(tmp_path: Path)
         assert row["policy_probs"] == [s.policy_probability for s in resp.action_scores]
         assert row["blocked"] == [s.blocked for s in resp.action_scores]
         assert row["served_probs"][row["action"] - 1] == row["propensity"]
-        assert row["sample_rate"] == 1.0 and row["schema_version"] == 1
+        assert row["sample_rate"] == 1.0 and row["schema_version"] == 2
     by_id = {row["outcome_id"]: row for row in outcomes.to_pylist()}
-    assert by_id["o-5"]["outcome"] == Outcome.ORDER and by_id["o-5"]["value"] == 42.0 and by_id["o-5"]["coupon_discount"] == 3.5
-    assert by_id["o-5"]["event_time_s"] == 1_790_000_105
-    assert {row["decision_id"] for row in by_id.values()} == set(responses)
+    o5 = by_id[hash_id("o-5", key, OUTCOME)]
+    assert o5["outcome"] == Outcome.ORDER and o5["value"] == 42.0 and o5["coupon_discount"] == 3.5
+    assert o5["event_time_s"] == 1_790_000_105
+    assert {row["decision_id"] for row in by_id.values()} == set(responses)  # issued ids are kept: the join key
+    session_of = {row["decision_id"]: row["session_id"] for row in decisions.to_pylist()}
+    assert all(row["session_id"] == session_of[row["decision_id"]] for row in by_id.values())  # one key for both kinds
     assert registry.get_sample_value("shopping_agent_log_records_written_total", {"kind": "decisions"}) == 12
     assert registry.get_sample_value("shopping_agent_log_records_written_total", {"kind": "outcomes"}) == 12
     assert registry.get_sample_value("shopping_agent_outcomes_received_total", {"outcome": "order"}) == 12
@@ -120,7 +130,11 @@ def test_unknown_decision_is_accepted_and_logging_off_says_so(channel: grpc.Chan
 def test_unknown_decision_is_logged(tmp_path: Path) -> None:
     with running_server(log_dir=tmp_path) as live, grpc.insecure_channel(live.target) as ch:
         assert stub(ch).ReportOutcome(outcome(decision_id="arrives-before-its-decision"), timeout=5).logged
-    assert tables(tmp_path)[1].column("decision_id").to_pylist() == ["arrives-before-its-decision"]
+        assert stub(ch).ReportOutcome(outcome(decision_id="0" * 32, outcome_id="o-2"), timeout=5).logged
+    key = resolve_salt(tmp_path, "")  # the server's, kept next to the logs (no salt configured)
+    # Not of the form of an id the server issues: the caller's text, so it is hashed like any other id.
+    assert tables(tmp_path)[1].column("decision_id").to_pylist() == [hash_id("arrives-before-its-decision", key, DECISION),
+                                                                      "0" * 32]
 
 
 def test_sampling_keeps_sessions_whole(tmp_path: Path) -> None:
@@ -131,7 +145,8 @@ def test_sampling_keeps_sessions_whole(tmp_path: Path) -> None:
             resp = call.RecommendAction(request(session_id=s), timeout=5)
             call.ReportOutcome(outcome(decision_id=resp.decision_id, session_id=s, outcome_id=f"o-{s}"), timeout=5)
     decisions, outcomes = tables(tmp_path)
-    expected = {s for s in sessions if session_sampled(s, 0.5)}
+    key = resolve_salt(tmp_path, "")
+    expected = {hash_id(s, key, SESSION) for s in sessions if session_sampled(s, 0.5, key)}
     assert 5 < len(expected) < 35  # the hash really splits them
     assert set(decisions.column("session_id").to_pylist()) == expected == set(outcomes.column("session_id").to_pylist())
     assert set(decisions.column("sample_rate").to_pylist()) == {0.5}
@@ -150,7 +165,7 @@ def test_full_queue_drops_are_counted_and_logged(tmp_path: Path, caplog: pytest.
     value = metrics.registry.get_sample_value
     assert value("shopping_agent_log_records_dropped_total", {"kind": "outcomes", "reason": "queue_full"}) == 3
     recorder.close()  # wakes the writer: what was queued is written
-    assert tables(tmp_path)[1].column("outcome_id").to_pylist() == ["o0", "o1"]
+    assert tables(tmp_path)[1].column("outcome_id").to_pylist() == [hash_id(f"o{i}", b"k" * 32, OUTCOME) for i in (0, 1)]
     assert value("shopping_agent_log_records_written_total", {"kind": "outcomes"}) == 2
     logged = [r.fields["dropped_total"] for r in caplog.records if r.getMessage().startswith("log records dropped")]  # type: ignore[attr-defined]
     assert logged and logged[-1]["outcomes"] == 3
@@ -158,18 +173,28 @@ def test_full_queue_drops_are_counted_and_logged(tmp_path: Path, caplog: pytest.
     assert value("shopping_agent_log_records_dropped_total", {"kind": "outcomes", "reason": "closed"}) == 1
 
 
-def test_write_error_is_counted_and_the_writer_goes_on(tmp_path: Path) -> None:
+def test_a_write_error_holds_the_records_and_the_writer_goes_on(tmp_path: Path) -> None:
     metrics = Metrics(CollectorRegistry())
-    recorder = ExperienceRecorder(tmp_path, b"k" * 32, RecorderOptions(), metrics.experience)  # not started: flush by hand
-    shutil.rmtree(tmp_path / "outcomes")  # the volume lost the directory: the next segment cannot be created
+    options = RecorderOptions(retry_min_seconds=0.01, retry_max_seconds=0.01)
+    recorder = ExperienceRecorder(tmp_path, b"k" * 32, options, metrics.experience)  # not started: flush by hand
+    shutil.rmtree(tmp_path / "outcomes")
+    (tmp_path / "outcomes").write_bytes(b"")  # a file where the directory was: no segment can be created (any user)
     recorder.outcome(_report(0))
     recorder.flush()
     value = metrics.registry.get_sample_value
-    assert value("shopping_agent_log_records_dropped_total", {"kind": "outcomes", "reason": "write_error"}) == 1
+    assert value("shopping_agent_log_write_errors_total", {"kind": "outcomes"}) == 1
+    assert value("shopping_agent_log_writer_degraded", {"kind": "outcomes"}) == 1
+    assert value("shopping_agent_log_writer_degraded", {"kind": "decisions"}) == 0
+    assert recorder.degraded("outcomes")
+    (tmp_path / "outcomes").unlink()
     recorder.outcome(_report(1))
-    recorder.flush()  # a fresh writer recreated the directory
+    time.sleep(0.02)  # the back-off
+    recorder.flush()  # the held record first, then the new one
+    assert not recorder.degraded("outcomes") and value("shopping_agent_log_writer_degraded", {"kind": "outcomes"}) == 0
     recorder.close()
-    assert tables(tmp_path)[1].column("outcome_id").to_pylist() == ["o1"]
+    assert tables(tmp_path)[1].column("outcome_id").to_pylist() == [hash_id(f"o{i}", b"k" * 32, OUTCOME) for i in (0, 1)]
+    assert value("shopping_agent_log_records_written_total", {"kind": "outcomes"}) == 2
+    assert value("shopping_agent_log_records_dropped_total", {"kind": "outcomes", "reason": "write_error"}) == 0
 
 
 def test_salt_file_is_created_once_and_shared(tmp_path: Path) -> None:
@@ -215,9 +240,10 @@ def test_sigterm_mid_run_loses_nothing(tmp_path: Path) -> None:
         for t in threads:
             t.join(20)
     decisions, outcomes = tables(tmp_path)
+    key = resolve_salt(tmp_path, "")
     assert len(answered) >= 200
     assert set(answered) <= set(decisions.column("decision_id").to_pylist())
-    assert set(outcomes_logged) <= set(outcomes.column("outcome_id").to_pylist())
+    assert {hash_id(o, key, OUTCOME) for o in outcomes_logged} <= set(outcomes.column("outcome_id").to_pylist())
     assert not list(tmp_path.rglob(".open-*"))  # every segment finalised
 
 
@@ -239,3 +265,134 @@ def test_logs_cat_prints_json_lines(tmp_path: Path) -> None:
     missing = subprocess.run([sys.executable, "-m", "server", "logs", "cat", str(tmp_path / "none")], capture_output=True,
                              text=True, cwd=ROOT, timeout=60)
     assert missing.returncode == 2 and "holds no decisions/" in missing.stderr
+
+
+SECRETS = {  # what a shopper typed or is known by: none of it may reach the logs volume
+    "session_id": "sess-alice-7f3c",
+    "user_id": "alice@example.com",
+    "item_id": "sku-RED-SHOES-42",
+    "request_id": "req-checkout-991",
+}
+BEHAVIOUR = ["search:red running shoes size 42", "view:sku-RED-SHOES-42", "search:pregnancy test", "cart:sku-9"]
+
+
+def _plain_bytes(root: Path) -> bytes:
+    """Every file under ``root`` as stored, and every segment's batches again without compression."""
+    out = []
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        out.append(path.read_bytes())
+        for batch in read_segment(path) if path.suffix == ".arrows" else ():
+            sink = pa.BufferOutputStream()
+            with pa.ipc.new_stream(sink, batch.schema) as writer:  # uncompressed: strings as they are
+                writer.write_batch(batch)
+            out.append(sink.getvalue().to_pybytes())
+    return b"\n".join(out)
+
+
+def test_no_raw_id_or_search_text_reaches_the_disk(tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    with running_server(log_dir=logs, log_user_salt="pepper") as live, grpc.insecure_channel(live.target) as ch:
+        call = stub(ch)
+        resp = call.RecommendAction(request(recent_behavior_ids=BEHAVIOUR, **SECRETS), timeout=5)
+        for i, decision_id in enumerate((resp.decision_id, "client-typed decision id")):
+            assert call.ReportOutcome(outcome(decision_id=decision_id, session_id=SECRETS["session_id"],
+                                              outcome_id=f"order-alice-000{i}"), timeout=5).logged
+    decisions, outcomes = tables(logs)
+    assert decisions.num_rows == 1 and outcomes.num_rows == 2
+    stored = _plain_bytes(logs)
+    cat = subprocess.run([sys.executable, "-m", "server", "logs", "cat", str(logs)], capture_output=True, cwd=ROOT, timeout=60)
+    assert cat.returncode == 0
+    assert resp.decision_id.encode() in stored and resp.decision_id.encode() in cat.stdout  # the check can see strings
+    for text in [*SECRETS.values(), *BEHAVIOUR, "order-alice-0000", "order-alice-0001", "client-typed decision id",
+                 "red running shoes", "pregnancy", "alice"]:
+        assert text.encode() not in stored, text
+        assert text.encode() not in cat.stdout, text
+    assert not (logs / SALT_FILE).exists()  # a configured salt is never written down
+    key = resolve_salt(logs, "pepper")
+    row = decisions.to_pylist()[0]
+    assert row["behavior_bucket_indices"] == behavior_buckets(BEHAVIOUR, FeatureSpec()) and row["n_recent_behaviors"] == 4
+    assert outcomes.column("session_id").to_pylist() == [hash_id(SECRETS["session_id"], key, SESSION)] * 2 == [row["session_id"]] * 2
+
+
+def test_sampling_is_keyed_with_the_salt() -> None:
+    sessions = [f"session-{i}" for i in range(2000)]
+    kept = {salt: {s for s in sessions if session_sampled(s, 0.3, salt)} for salt in (b"a" * 32, b"b" * 32)}
+    assert kept[b"a" * 32] == {s for s in sessions if session_sampled(s, 0.3, b"a" * 32)}  # the same salt: the same sessions
+    assert 500 < len(kept[b"a" * 32]) < 700 and 500 < len(kept[b"b" * 32]) < 700
+    overlap = len(kept[b"a" * 32] & kept[b"b" * 32])
+    assert 100 < overlap < 260  # another salt: another, independent sample (0.3 * 0.3 * 2000 = 180 expected)
+    unkeyed = {s for s in sessions if session_sampled(s, 0.3, b"")}
+    assert unkeyed != kept[b"a" * 32]  # a client who can compute the hash without the salt cannot pick its side
+
+
+def test_recorders_with_one_salt_keep_the_same_sessions(tmp_path: Path) -> None:
+    """Two processes (here: two recorders) on one salt log the same sessions whole; another salt logs others."""
+    reports = [OutcomeReport(f"d{i}", f"s{i}", f"o{i}", Outcome.SHARE, 0.0, 0.0, 1.0e9) for i in range(200)]
+    logged = {}
+    for name, salt in (("a", b"x" * 32), ("b", b"x" * 32), ("c", b"y" * 32)):
+        recorder = ExperienceRecorder(tmp_path / name, salt, RecorderOptions(sample_rate=0.5))
+        logged[name] = {r.session_id for r in reports if recorder.outcome(r)}
+        recorder.close()
+        assert len(tables(tmp_path / name)[1]) == len(logged[name])
+    assert logged["a"] == logged["b"] != logged["c"]
+    assert 60 < len(logged["a"]) < 140
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[SmallDisk]:
+    yield from mounted(tmp_path)
+
+
+def _log_metrics(server: Spawned) -> dict[str, float]:
+    port = next(json.loads(line)["port"] for line in server.lines if '"msg": "metrics endpoint"' in line)
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    return {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines() if line.startswith("shopping_agent_log_")}
+
+
+def test_a_full_log_volume_degrades_the_logs_not_the_service(small_disk: SmallDisk) -> None:
+    """The server on a 1 MiB tmpfs that fills up: it keeps answering, writes one segment file per kind, logs one line
+    per change, and once there is room again every answered decision and acknowledged outcome is on disk."""
+    logs, env = small_disk.path / "logs", {"SHOPPING_AGENT_LOG_USER_SALT": "pepper"}
+    answered, acknowledged, most_open = 0, 0, 0
+    with spawn_server("--log-dir", str(logs), "--log-segment-seconds", "1", env=env) as server, \
+            grpc.insecure_channel(server.target) as ch:
+        call = stub(ch)
+
+        def one(i: int) -> None:
+            nonlocal answered, acknowledged
+            resp = call.RecommendAction(request(session_id=f"s{i % 20}", seed=i % 5), timeout=5)
+            answered += 1
+            ack = call.ReportOutcome(outcome(decision_id=resp.decision_id, session_id=f"s{i % 20}", outcome_id=f"o{i}"), timeout=5)
+            acknowledged += ack.logged
+
+        for i in range(30):
+            one(i)
+        small_disk.fill()
+        seen, started, i = len(server.lines), time.monotonic(), 30
+        while time.monotonic() - started < 2.5:
+            one(i)
+            i += 1
+            most_open = max(most_open, len(list(logs.rglob(".open-*"))))
+        during = [json.loads(line)["msg"] for line in server.lines[seen:] if line.startswith("{")]
+        full = _log_metrics(server)
+        small_disk.free()
+        deadline = time.monotonic() + 10
+        while any(v for k, v in _log_metrics(server).items() if k.startswith("shopping_agent_log_writer_degraded")):
+            assert time.monotonic() < deadline, "the writer did not recover"
+            time.sleep(0.1)
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(30) == 0
+    assert full['shopping_agent_log_writer_degraded{kind="decisions"}'] == 1
+    assert 1 <= full['shopping_agent_log_write_errors_total{kind="decisions"}'] <= 4  # 0.5 s doubling: not one per flush
+    assert most_open <= 2  # one open segment per kind, however many writes failed
+    assert during.count("cannot write log segments; records are kept and retried with back-off (new ones queue, and are "
+                        "dropped and counted once the queue is full)") == 2 and len(during) == 2  # one per kind, no traceback
+    assert not any("Traceback" in line for line in server.lines)
+    decisions, outcomes = tables(logs)
+    assert decisions.num_rows == answered > 30 and outcomes.num_rows == acknowledged == answered
+    assert not list(logs.rglob(".open-*"))
+    with spawn_server("--log-dir", str(logs), env=env) as again:  # a clean restart: nothing to recover
+        again.proc.send_signal(signal.SIGTERM)
+        assert again.proc.wait(30) == 0
+    assert not any("recovered a log segment" in line for line in again.lines)
