@@ -227,14 +227,17 @@ def run_workers(config: Config, environ: Mapping[str, str]) -> int:
     endpoint = None
     try:
         port = config.port or free_port(config.host)
+        health_port = free_port(config.host) if config.health_port == 0 else config.health_port  # one port for all
         if config.metrics and config.metrics_port is not None:
             registry = CollectorRegistry()
             collector = multiprocess.MultiProcessCollector(None, path=str(mp_dir.path))  # type: ignore[no-untyped-call]
             registry.register(collector)
             registry.register(ModelAgeCollector(collector))
-            endpoint = MetricsEndpoint.serve(registry, config.metrics_host, config.metrics_port)
+            endpoint = MetricsEndpoint.for_config(registry, config)  # the same TLS and limits as a single process
             log.info("metrics endpoint", extra={"fields": {"host": config.metrics_host, "port": endpoint.port}})
-        child_args = to_args(config, workers=1, port=port, reuse_port=True, metrics_port=None, metrics_multiproc_dir=None)
+        # Every other option (TLS files, limits, keepalive) reaches each worker as the same flag.
+        child_args = to_args(config, workers=1, port=port, health_port=health_port, reuse_port=True, metrics_port=None,
+                             metrics_multiproc_dir=None)
         # The salt travels in the environment, not on a command line that `ps` shows.
         env = {**environ, "PROMETHEUS_MULTIPROC_DIR": str(mp_dir.path), SALT_ENV: config.log_user_salt}
         sup.spawn([sys.executable, "-m", "server", "serve", *child_args], env)

@@ -202,6 +202,13 @@ _SELECTOR = {
                            "values": {"type": "array", "items": {"type": "string"}}}}},
     },
 }
+_KEY_SELECTOR = {"type": "object", "required": ["name", "key"], "additionalProperties": False,
+                 "properties": {"name": {"type": "string"}, "key": {"type": "string"}, "optional": {"type": "boolean"}}}
+_SECRET_OR_CONFIGMAP = {"type": "object", "additionalProperties": False, "minProperties": 1, "maxProperties": 1,
+                        "properties": {"secret": _KEY_SELECTOR, "configMap": _KEY_SELECTOR}}
+_TLS_CONFIG = {"type": "object", "additionalProperties": False,
+               "properties": {"ca": _SECRET_OR_CONFIGMAP, "cert": _SECRET_OR_CONFIGMAP, "keySecret": _KEY_SELECTOR,
+                              "serverName": {"type": "string"}, "insecureSkipVerify": {"type": "boolean"}}}
 CRD_SCHEMAS: dict[str, Doc] = {
     "ServiceMonitor": {
         "type": "object", "required": ["apiVersion", "kind", "metadata", "spec"], "additionalProperties": False,
@@ -218,7 +225,8 @@ CRD_SCHEMAS: dict[str, Doc] = {
                         "type": "object", "additionalProperties": False,
                         "properties": {"port": {"type": "string"}, "path": {"type": "string", "pattern": "^/"},
                                        "scheme": {"enum": ["http", "https", "HTTP", "HTTPS"]},
-                                       "interval": _DURATION, "scrapeTimeout": _DURATION, "honorLabels": {"type": "boolean"}}}},
+                                       "interval": _DURATION, "scrapeTimeout": _DURATION, "honorLabels": {"type": "boolean"},
+                                       "tlsConfig": _TLS_CONFIG}}},
                 },
             },
         },
@@ -331,7 +339,10 @@ def test_probes_are_native_grpc_health_checks_on_the_grpc_port(rendered: dict[st
         probe = c[kind]
         assert set(probe) - {"grpc", "periodSeconds", "timeoutSeconds", "failureThreshold", "successThreshold",
                              "initialDelaySeconds", "terminationGracePeriodSeconds"} == set(), kind
-        assert probe["grpc"]["port"] == config.port == container_port(c, "grpc"), kind
+        if config.tls_cert is None:
+            assert probe["grpc"]["port"] == config.port == container_port(c, "grpc"), kind
+        else:  # the kubelet's gRPC probes cannot do TLS: the plaintext health-only port
+            assert probe["grpc"]["port"] == config.health_port == container_port(c, "health"), kind
         assert probe["grpc"].get("service", "") in ("", SERVICE_NAME), f"{kind}: the server reports health for '' and {SERVICE_NAME}"
     # A draining pod reports NOT_SERVING: liveness must not kill it before the drain ends.
     live = c["livenessProbe"]
@@ -395,7 +406,11 @@ def test_services_route_to_the_named_container_ports(rendered: dict[str, list[Do
     assert headless["clusterIP"] == "None", "client-side round robin needs one DNS record per pod"
     assert not headless.get("publishNotReadyAddresses", False), "clients must not be sent to pods without a model"
     assert [p["name"] for p in headless["ports"]] == ["grpc"]
-    assert all(p["appProtocol"] == "kubernetes.io/h2c" for p in [*headless["ports"], cluster_ip["ports"][0]])
+    config = server_config(deployment)
+    grpc_protocol = "https" if config.tls_cert is not None else "kubernetes.io/h2c"  # h2c would be a lie over TLS
+    assert all(p["appProtocol"] == grpc_protocol for p in [*headless["ports"], cluster_ip["ports"][0]])
+    metrics_port = next(p for p in cluster_ip["ports"] if p["name"] == "metrics")
+    assert metrics_port["appProtocol"] == ("https" if config.metrics_tls_cert is not None else "http")
 
 
 def test_rollout_never_drops_below_the_disruption_budget(rendered: dict[str, list[Doc]]) -> None:
@@ -439,7 +454,7 @@ def test_network_policy_lets_only_the_frontend_call_and_only_prometheus_scrape(r
     c = container(deployment, "server")
     policy = one(docs, "NetworkPolicy", SERVER)["spec"]
     assert selects(policy["podSelector"], pod_labels(deployment))
-    assert policy["policyTypes"] == ["Ingress"]
+    assert policy["policyTypes"] == ["Ingress", "Egress"]
     by_port: dict[str, list[Doc]] = {}
     for rule in policy["ingress"]:
         assert rule.get("ports"), "an ingress rule without ports opens every port"
@@ -447,7 +462,9 @@ def test_network_policy_lets_only_the_frontend_call_and_only_prometheus_scrape(r
         for port in rule["ports"]:
             container_port(c, port["port"])  # a named container port
             by_port.setdefault(port["port"], []).extend(rule["from"])
-    assert set(by_port) == {p["name"] for p in c["ports"]}
+    # The plaintext health port gets no rule: only the node (the kubelet's probes) reaches it.
+    assert set(by_port) == {p["name"] for p in c["ports"]} - {"health"}
+    assert server_config(deployment).health_port == container_port(c, "health")
     for peer in by_port["grpc"]:
         assert "ipBlock" not in peer
         assert peer["podSelector"]["matchLabels"] == {"shopping-agent.io/client": "frontend"}
@@ -458,7 +475,46 @@ def test_network_policy_lets_only_the_frontend_call_and_only_prometheus_scrape(r
     trainer = one(docs, "NetworkPolicy", TRAINER)["spec"]
     assert selects(trainer["podSelector"], pod_labels(one(docs, "CronJob", TRAINER)))
     assert not selects(trainer["podSelector"], pod_labels(deployment))
-    assert trainer["ingress"] == [] and trainer["policyTypes"] == ["Ingress"]
+    assert trainer["ingress"] == [] and trainer["egress"] == [] and trainer["policyTypes"] == ["Ingress", "Egress"]
+
+
+def test_server_pods_may_send_only_dns_queries_to_the_cluster_dns(rendered: dict[str, list[Doc]]) -> None:
+    policy = one(rendered["base"], "NetworkPolicy", SERVER)["spec"]
+    assert policy["egress"], "Egress without rules would also block DNS"
+    for rule in policy["egress"]:
+        assert rule.get("to"), "an egress rule without peers allows every destination"
+        assert {(p["port"], p["protocol"]) for p in rule["ports"]} == {(53, "UDP"), (53, "TCP")}
+        for peer in rule["to"]:
+            assert "ipBlock" not in peer
+            assert peer["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "kube-system"}
+            assert peer["podSelector"]["matchLabels"] == {"k8s-app": "kube-dns"}
+
+
+def test_tls_files_come_from_a_secret_mounted_whole_and_prometheus_trusts_its_ca(rendered: dict[str, list[Doc]]) -> None:
+    """A Secret volume is updated in place when cert-manager renews (the server re-reads the files); a subPath
+    mount never is. The Secret must exist (not optional): without it the pod would serve without TLS."""
+    docs = rendered["base"]
+    deployment = one(docs, "Deployment", SERVER)
+    c, config = container(deployment, "server"), server_config(deployment)
+    assert config.tls_cert and config.tls_key and config.tls_client_ca, "the gRPC port serves mutual TLS"
+    assert config.metrics_tls_cert and config.metrics_tls_key
+    volumes = {v["name"]: v for v in spec_of(deployment)["volumes"]}
+    secrets = set()
+    for path in (config.tls_cert, config.tls_key, config.tls_client_ca, config.metrics_tls_cert, config.metrics_tls_key):
+        holding = [m for m in c["volumeMounts"] if PurePosixPath(path).parent == PurePosixPath(m["mountPath"])]
+        assert len(holding) == 1, f"{path}: no mount holds it"
+        volume_mount = holding[0]
+        assert volume_mount.get("readOnly") is True and "subPath" not in volume_mount and "subPathExpr" not in volume_mount
+        source = volumes[volume_mount["name"]]["secret"]
+        assert not source.get("optional", False) and "items" not in source, "the file names are the Secret's keys"
+        assert source["defaultMode"] & 0o007 == 0, "the private key must not be world-readable"
+        secrets.add((source["secretName"], PurePosixPath(path).name))
+    [secret] = {name for name, _ in secrets}
+    assert {key for _, key in secrets} == {"tls.crt", "tls.key", "ca.crt"}  # what cert-manager writes
+    [endpoint] = one(docs, "ServiceMonitor", SERVER)["spec"]["endpoints"]
+    assert endpoint["scheme"] == "https"
+    assert endpoint["tlsConfig"]["ca"] == {"secret": {"name": secret, "key": PurePosixPath(config.tls_client_ca).name}}
+    assert endpoint["tlsConfig"]["serverName"] and not endpoint["tlsConfig"].get("insecureSkipVerify", False)
 
 
 def test_service_monitor_scrapes_the_metrics_port_once_per_pod(rendered: dict[str, list[Doc]]) -> None:

@@ -1,0 +1,213 @@
+"""TLS from certificate files that are rotated under a running server (cert-manager, a Secret volume).
+
+``CertificateFiles`` names a certificate chain, its key and, for mutual TLS, the CA
+certificates that client certificates must chain to. ``ReloadingCertificates`` reads them at
+start (any problem is a ``TlsError`` naming the flag and the file, and the server does not
+start) and again whenever their signature changes: (device, inode, size, mtime) of each
+file, through symlinks. A Secret volume swaps its ``..data`` symlink, cert-manager and
+operators rename files into place: both change it. New files are checked whole before they
+are used (PEM that parses, a key that matches the certificate, a CA file that holds
+certificates, no file changed while it was read); otherwise the certificates in use stay in
+use and the reason is logged, once per signature. A rotation that renames the files one by
+one passes through such a state and is taken up as soon as the last file is in place.
+
+The gRPC port gets ``grpc.dynamic_ssl_server_credentials``, whose fetcher grpc calls before
+the handshake of every new connection: a few ``stat`` calls, and a new configuration only
+when the files changed. /metrics asks ``ssl_context()`` for each connection the same way.
+Connections already open keep the certificates they started with. The private key is never
+logged and never leaves this process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import ssl
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from server.config import Config
+
+log = logging.getLogger(__name__)
+
+Signature = tuple[tuple[int, int, int, int], ...]
+
+
+class TlsError(ValueError):
+    """Certificate files that cannot be used."""
+
+
+@dataclass(frozen=True)
+class CertificateFiles:
+    cert: Path
+    key: Path
+    client_ca: Path | None = None
+    flag: str = "--tls-cert"
+    """The flag the messages name."""
+
+    @property
+    def paths(self) -> tuple[Path, ...]:
+        return (self.cert, self.key) if self.client_ca is None else (self.cert, self.key, self.client_ca)
+
+    @property
+    def mutual(self) -> bool:
+        return self.client_ca is not None
+
+
+def grpc_files(config: Config) -> CertificateFiles | None:
+    if config.tls_cert is None or config.tls_key is None:
+        return None
+    return CertificateFiles(config.tls_cert, config.tls_key, config.tls_client_ca, "--tls-cert")
+
+
+def metrics_files(config: Config) -> CertificateFiles | None:
+    if config.metrics_tls_cert is None or config.metrics_tls_key is None:
+        return None
+    return CertificateFiles(config.metrics_tls_cert, config.metrics_tls_key, config.metrics_tls_client_ca, "--metrics-tls-cert")
+
+
+def check_files(config: Config) -> None:
+    """Raise ``TlsError`` unless every configured set of certificate files is usable (at start, before serving)."""
+    for files in (grpc_files(config), metrics_files(config)):
+        if files is not None:
+            load(files)
+
+
+def signature(files: CertificateFiles) -> Signature:
+    stats = [os.stat(path) for path in files.paths]
+    return tuple((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) for st in stats)
+
+
+@dataclass(frozen=True)
+class Certificates:
+    """One consistent read of the files, and a server ``SSLContext`` built from the same read."""
+
+    cert_chain: bytes
+    private_key: bytes
+    client_ca: bytes | None
+    signature: Signature
+    context: ssl.SSLContext
+
+
+def load(files: CertificateFiles) -> Certificates:
+    try:
+        before = signature(files)
+        cert, key = files.cert.read_bytes(), files.key.read_bytes()
+        client_ca = files.client_ca.read_bytes() if files.client_ca is not None else None
+    except OSError as exc:
+        raise TlsError(f"{files.flag}: cannot read {exc.filename}: {exc.strerror}") from None
+    context = server_context(files)
+    try:
+        after = signature(files)
+    except OSError as exc:
+        raise TlsError(f"{files.flag}: {exc.filename} went away while it was read") from None
+    if after != before:
+        raise TlsError(f"{files.flag}: the files changed while they were read")
+    return Certificates(cert, key, client_ca, before, context)
+
+
+def server_context(files: CertificateFiles) -> ssl.SSLContext:
+    """TLS 1.2 or later; with a client CA, a client certificate it signed is required."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        # An empty password: an encrypted key fails here instead of OpenSSL prompting on a terminal.
+        context.load_cert_chain(files.cert, files.key, password=b"")
+    except (ssl.SSLError, OSError, ValueError) as exc:
+        raise TlsError(f"{files.flag}: {files.cert} and {files.key} are not a PEM certificate chain and its "
+                       f"unencrypted private key ({_reason(exc)})") from None
+    if files.client_ca is not None:
+        try:
+            context.load_verify_locations(cafile=files.client_ca)
+        except (ssl.SSLError, OSError, ValueError) as exc:
+            raise TlsError(f"{files.flag}: {files.client_ca} holds no usable PEM CA certificate ({_reason(exc)})") from None
+        if not context.get_ca_certs():
+            raise TlsError(f"{files.flag}: {files.client_ca} holds no CA certificate")
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
+def _reason(exc: BaseException) -> str:
+    return getattr(exc, "reason", None) or getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+
+
+class ReloadingCertificates:
+    """The certificates in use, re-read when the files' signature changes. Safe from any thread."""
+
+    def __init__(self, files: CertificateFiles) -> None:
+        self.files = files
+        self.current = load(files)
+        self.reloads = 0
+        self.refusals = 0
+        self._examined: Signature | str = self.current.signature
+        self._lock = threading.Lock()
+        log.info("certificates loaded", extra={"fields": self._fields()})
+
+    def refresh(self) -> Certificates | None:
+        """The new certificates if the files changed and are usable; None if unchanged or unusable (the old stay)."""
+        try:
+            probe: Signature | str = signature(self.files)
+        except OSError as exc:
+            probe = f"cannot stat {exc.filename}: {exc.strerror}"
+        with self._lock:
+            if probe == self._examined:
+                return None
+            self._examined = probe
+            try:
+                if isinstance(probe, str):
+                    raise TlsError(f"{self.files.flag}: {probe}")
+                loaded = load(self.files)
+            except TlsError as exc:
+                self.refusals += 1
+                log.warning("new certificate files refused; the current ones stay in use",
+                            extra={"fields": {**self._fields(), "reason": str(exc)}})
+                return None
+            self._examined = loaded.signature  # the files may have changed again since the probe: this is what is held
+            self.current = loaded
+            self.reloads += 1
+        log.info("certificates reloaded", extra={"fields": self._fields()})
+        return loaded
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """The context for a new connection (after picking up changed files)."""
+        self.refresh()
+        return self.current.context
+
+    def _fields(self) -> dict[str, object]:
+        fields: dict[str, object] = {"flag": self.files.flag, "cert": str(self.files.cert), "mutual_tls": self.files.mutual}
+        fields.update(_describe(self.current.cert_chain))
+        return fields
+
+
+def _describe(cert_chain: bytes) -> dict[str, object]:
+    """Subject and expiry of the leaf certificate, for the logs."""
+    from cryptography import x509
+
+    try:
+        leaf = x509.load_pem_x509_certificate(cert_chain)
+    except ValueError:
+        return {}
+    return {"subject": leaf.subject.rfc4514_string(), "not_after": leaf.not_valid_after_utc.isoformat()}
+
+
+def _grpc_configuration(certificates: Certificates) -> grpc.ServerCertificateConfiguration:
+    return grpc.ssl_server_certificate_configuration([(certificates.private_key, certificates.cert_chain)],
+                                                     root_certificates=certificates.client_ca)
+
+
+def server_credentials(source: ReloadingCertificates) -> grpc.ServerCredentials:
+    """Credentials whose certificates follow the files; with a client CA, a client certificate is required."""
+
+    def fetch() -> grpc.ServerCertificateConfiguration | None:
+        try:
+            new = source.refresh()
+        except Exception:  # never into grpc's handshake: keep what is in use
+            log.exception("reading the certificate files failed; the current ones stay in use")
+            return None
+        return None if new is None else _grpc_configuration(new)
+
+    return grpc.dynamic_ssl_server_credentials(_grpc_configuration(source.current), fetch,
+                                               require_client_authentication=source.files.mutual)

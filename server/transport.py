@@ -1,0 +1,73 @@
+"""How the gRPC servers meet the network: one set of channel options, and the credentials of a port.
+
+Every server of the process (the service port and the plaintext health port) is built by
+``new_server`` with the options of ``server_options``, so each limit is set in one place:
+
+- ``maximum_concurrent_rpcs``: calls in progress over all connections. grpc counts a call
+  from the moment its HEADERS arrive, before any message, so calls that never send their
+  request count too; past the limit grpc answers new calls RESOURCE_EXHAUSTED ("Concurrent
+  RPC limit exceeded!") itself, before any handler runs, so they are not in
+  ``grpc_server_*`` (the client sees them);
+- ``grpc.max_concurrent_streams``: calls at once on one connection (HTTP/2 SETTINGS); the
+  server resets streams past it (REFUSED_STREAM);
+- keepalive: the server pings every connection (even one whose only calls are stuck, so a
+  dead peer's calls are freed) and closes it when the ping is not answered in time (grpc-core
+  acts on ``grpc.http2.ping_timeout_ms`` for that, so it is set with the keepalive timeout); a
+  client that pings more often than allowed collects strikes and is sent GOAWAY
+  (ENHANCE_YOUR_CALM);
+- ``grpc.max_connection_idle_ms`` closes connections with no call in progress,
+  ``grpc.max_connection_age_ms`` (plus 30 s of grace) every connection, stuck calls
+  included; ``grpc.server_handshake_timeout_ms`` bounds the TLS handshake and the wait for
+  the client's HTTP/2 settings.
+"""
+
+from __future__ import annotations
+
+import grpc
+from grpc import aio
+
+from server.config import Config
+
+CONNECTION_AGE_GRACE_MS = 30_000
+HEALTH_MAX_CONCURRENT_RPCS = 64
+"""The health port serves probes: a few calls at a time."""
+
+
+def _ms(seconds: float) -> int:
+    return max(1, round(seconds * 1000))
+
+
+def server_options(config: Config) -> list[tuple[str, int]]:
+    options = [
+        ("grpc.max_receive_message_length", config.max_message_bytes),
+        ("grpc.so_reuseport", 1 if config.reuse_port else 0),
+        ("grpc.max_concurrent_streams", config.max_concurrent_streams),
+        ("grpc.keepalive_time_ms", _ms(config.keepalive_seconds)),
+        ("grpc.keepalive_timeout_ms", _ms(config.keepalive_timeout_seconds)),
+        ("grpc.http2.ping_timeout_ms", _ms(config.keepalive_timeout_seconds)),  # what closes the connection (default 1 min)
+        ("grpc.keepalive_permit_without_calls", 1),  # idle connections are pinged, and clients may ping them too
+        ("grpc.http2.max_pings_without_data", 0),  # keep pinging connections whose calls send nothing
+        # GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS is spelt this way (a "..._recv_..." key is ignored).
+        ("grpc.http2.min_ping_interval_without_data_ms", round(config.keepalive_min_client_ping_seconds * 1000)),
+        ("grpc.http2.max_ping_strikes", config.keepalive_max_ping_strikes),
+        ("grpc.server_handshake_timeout_ms", _ms(config.handshake_timeout_seconds)),
+    ]
+    if config.max_connection_idle_seconds is not None:
+        options.append(("grpc.max_connection_idle_ms", _ms(config.max_connection_idle_seconds)))
+    if config.max_connection_age_seconds is not None:  # clients reconnect, re-resolve and spread over new pods
+        options += [("grpc.max_connection_age_ms", _ms(config.max_connection_age_seconds)),
+                    ("grpc.max_connection_age_grace_ms", CONNECTION_AGE_GRACE_MS)]
+    return options
+
+
+def new_server(config: Config, maximum_concurrent_rpcs: int | None) -> aio.Server:
+    return aio.server(options=server_options(config), maximum_concurrent_rpcs=maximum_concurrent_rpcs)
+
+
+def add_port(server: aio.Server, host: str, port: int, credentials: grpc.ServerCredentials | None) -> int:
+    """Bind ``host:port`` (TLS with ``credentials``, else plaintext); return the bound port."""
+    address = f"{host}:{port}"
+    bound = server.add_secure_port(address, credentials) if credentials is not None else server.add_insecure_port(address)
+    if bound == 0:
+        raise OSError(f"cannot bind {address}")
+    return int(bound)
