@@ -33,6 +33,7 @@ FROM base AS source
 WORKDIR /src
 RUN python -m venv /opt/venv
 COPY pyproject.toml README.md ./
+COPY requirements ./requirements
 COPY core ./core
 COPY guard ./guard
 COPY policy ./policy
@@ -44,15 +45,23 @@ COPY server ./server
 
 FROM source AS build-serve
 ARG RUNTIME=cpu
+# Dependencies from the hash-pinned lock (scripts/lock.sh), then the project itself without resolving anything.
 RUN case "${RUNTIME}" in cpu|gpu) ;; *) echo "RUNTIME must be cpu or gpu, got ${RUNTIME}" >&2; exit 2;; esac \
-    && pip install --no-cache-dir "/src[${RUNTIME}]"
+    && pip install --no-cache-dir --require-hashes -r "/src/requirements/serve-${RUNTIME}.txt" \
+    && pip install --no-cache-dir --no-deps "/src[${RUNTIME}]"
 
 FROM source AS build-trainer
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
-RUN pip install --no-cache-dir --extra-index-url "${TORCH_INDEX_URL}" "/src[cpu,train]"
+# Everything but torch from the hash-pinned lock; torch (pinned by version) from its own index
+# only (--index-url, not --extra-index-url: no other index can offer a higher "torch").
+RUN pip install --no-cache-dir --require-hashes -r /src/requirements/trainer.txt \
+    && pip install --no-cache-dir --index-url "${TORCH_INDEX_URL}" torch==2.13.0 \
+    && pip install --no-cache-dir --no-deps "/src[cpu,train]"
 
 FROM base AS trainer
 COPY --from=build-trainer /opt/venv /opt/venv
+# An empty working directory: nothing relative resolves to a real file (see SECURITY.md).
+WORKDIR /var/empty
 USER 10001:10001
 ENTRYPOINT ["shopping-agent"]
 # The CronJob's mounts (k8s/base/cronjob.yaml), which gives its own command line.
@@ -61,6 +70,9 @@ CMD ["cycle", "--logs=/logs", "--weights-dir=/weights"]
 # Last, so that a build without --target gives the serving image.
 FROM base AS serve
 COPY --from=build-serve /opt/venv /opt/venv
+# An empty working directory: onnxruntime would resolve a graph's relative external-data path
+# here (bundles with any are refused before that; see SECURITY.md).
+WORKDIR /var/empty
 USER 10001:10001
 EXPOSE 50051 9095
 ENTRYPOINT ["shopping-agent"]

@@ -7,7 +7,9 @@ the CPU provider. Which provider a session really got is read back from
 
 from __future__ import annotations
 
+import functools
 import logging
+import tempfile
 from typing import Any
 
 import numpy as np
@@ -45,6 +47,17 @@ def choose_providers(device: str, available: list[str]) -> list[str]:
     return ["CPUExecutionProvider"]
 
 
+@functools.cache
+def empty_directory() -> str:
+    """A private, empty directory (0700, per process): where onnxruntime is told external data lives.
+
+    A graph is loaded from bytes, so onnxruntime would resolve an external-data path against
+    the working directory. ``weights.onnx_check`` refuses such graphs first; this makes the
+    runtime itself find nothing even if one got past.
+    """
+    return tempfile.mkdtemp(prefix="shopping-agent-onnx-")
+
+
 class OnnxModel:
     """A single-input, single-output ONNX graph on an onnxruntime session."""
 
@@ -54,6 +67,7 @@ class OnnxModel:
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
         options.log_severity_level = 3
+        options.add_session_config_entry("session.model_external_initializers_file_folder_path", empty_directory())
         providers = choose_providers(device, ort.get_available_providers())
         self.name = name
         self.session = ort.InferenceSession(model, sess_options=options, providers=providers)

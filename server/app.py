@@ -2,7 +2,11 @@
 
 Shutdown has one owner and one order: health to NOT_SERVING, stop accepting and let
 in-flight calls finish within the grace, stop the micro-batcher, write out
-and finalise the decision and outcome logs, stop the metrics endpoint.
+and finalise the decision and outcome logs, close the plaintext health port (the probes
+read NOT_SERVING until then), stop the metrics endpoint.
+
+The service port serves TLS when certificate files are configured (``server.tls``); its
+limits and keepalive are ``server.transport``'s.
 """
 
 from __future__ import annotations
@@ -17,14 +21,16 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 from prometheus_client import CollectorRegistry
 
+from server import transport
 from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
 from server.batching import MicroBatcher
 from server.config import Config
 from server.grpc_metrics import InstrumentedRegistrar
 from server.metrics import Metrics
 from server.metrics_http import MetricsEndpoint
-from server.models import ModelHolder, active_path, load_file, load_initial, load_options
+from server.models import ModelHolder, active_path, load_file, load_initial, load_options, sandbox_limits
 from server.servicer import ShoppingAgentServicer, add_to_server
+from server.tls import ReloadingCertificates, grpc_files, server_credentials
 from server.watcher import WeightsWatcher
 from weights.bundle import BundleError
 from weights.model_set import ModelSet, NoModel
@@ -47,8 +53,11 @@ class ShoppingAgentServer:
         self.models = ModelHolder(on_swap=self.metrics.model_served if self.metrics else None)
         self.health = health.aio.HealthServicer()
         self.port: int | None = None
+        self.health_port: int | None = None
         self.metrics_endpoint: MetricsEndpoint | None = None
+        self.certificates: ReloadingCertificates | None = None
         self._server: aio.Server | None = None
+        self._health_server: aio.Server | None = None
         self._batcher: MicroBatcher | None = None
         self._loading: asyncio.Task[None] | None = None
         self._watcher: WeightsWatcher | None = None
@@ -58,14 +67,9 @@ class ShoppingAgentServer:
     async def start(self) -> int:
         """Bind, start serving (health NOT_SERVING), load the model in the background; return the port."""
         config = self.config
-        options = [
-            ("grpc.max_receive_message_length", config.max_message_bytes),
-            ("grpc.so_reuseport", 1 if config.reuse_port else 0),
-        ]
-        if config.max_connection_age_seconds is not None:  # clients reconnect, re-resolve and spread over new pods
-            options += [("grpc.max_connection_age_ms", int(config.max_connection_age_seconds * 1000)),
-                        ("grpc.max_connection_age_grace_ms", 30_000)]
-        server = aio.server(options=options)
+        files = grpc_files(config)
+        self.certificates = ReloadingCertificates(files) if files is not None else None  # TlsError: before anything starts
+        server = transport.new_server(config, config.max_concurrent_rpcs)
         self._batcher = MicroBatcher(config.max_batch, config.max_queue, self.metrics.batch if self.metrics else None,
                                      duty=config.batch_duty, max_delay_s=config.max_batch_delay_ms / 1000.0,
                                      gap_s=config.batch_gap_ms / 1000.0)
@@ -79,34 +83,51 @@ class ShoppingAgentServer:
         health_pb2_grpc.add_HealthServicer_to_server(self.health, registrar)
         names = (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME)
         reflection_pb2_grpc.add_ServerReflectionServicer_to_server(reflection.aio.ReflectionServicer(names), registrar)
-        port = server.add_insecure_port(f"{config.host}:{config.port}")
-        if port == 0:
-            raise OSError(f"cannot bind {config.host}:{config.port}")
+        credentials = server_credentials(self.certificates) if self.certificates is not None else None
+        port = transport.add_port(server, config.host, config.port, credentials)
+        health_server = self._health_only_server() if config.health_port is not None else None
         if self.metrics is not None and config.metrics_port is not None:
-            self.metrics_endpoint = MetricsEndpoint.serve(self.registry, config.metrics_host, config.metrics_port)
-            log.info("metrics endpoint", extra={"fields": {"host": config.metrics_host, "port": self.metrics_endpoint.port}})
+            self.metrics_endpoint = MetricsEndpoint.for_config(self.registry, config)
+            log.info("metrics endpoint", extra={"fields": {"host": config.metrics_host, "port": self.metrics_endpoint.port,
+                                                           "tls": config.metrics_tls_cert is not None}})
         await self._set_health(NOT_SERVING)
+        if health_server is not None:
+            await health_server.start()
+            self._health_server = health_server
+            log.info("health port", extra={"fields": {"host": config.host, "port": self.health_port}})
         await server.start()
         self._server, self.port = server, port
-        log.info("listening", extra={"fields": {"host": config.host, "port": port}})
+        log.info("listening", extra={"fields": {"host": config.host, "port": port, "tls": credentials is not None,
+                                                "mutual_tls": config.tls_client_ca is not None}})
         self._loading = asyncio.get_running_loop().create_task(self._load(), name="initial-load")
         return port
+
+    def _health_only_server(self) -> aio.Server:
+        """A plaintext server with grpc.health.v1 only, bound to ``health_port``: what the kubelet's gRPC
+        probes (which cannot do TLS) call when the service port serves TLS."""
+        assert self.config.health_port is not None
+        server = transport.new_server(self.config, transport.HEALTH_MAX_CONCURRENT_RPCS)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, InstrumentedRegistrar(server, self.metrics))
+        self.health_port = transport.add_port(server, self.config.host, self.config.health_port, None)
+        return server
 
     async def _load(self) -> None:
         loop = asyncio.get_running_loop()
         try:
-            model, seen = await loop.run_in_executor(None, load_initial, self.config)
+            model, seen, rejected = await loop.run_in_executor(None, load_initial, self.config)
         except Exception:
             log.exception("no model could be loaded; answering from the rule engine (FALLBACK_NO_MODEL)")
-            model, seen = None, None
+            model, seen, rejected = None, None, None
+        if rejected is not None:  # the active bundle was refused at start: counted like a refused swap
+            self._rejected(rejected, 0.0)
         if model is not None:
             await self._swap_in(model)
         path = active_path(self.config)
         if path is not None:  # even after a failed start: publishing a good bundle recovers the server
-            options = load_options(self.config)
+            options, limits = load_options(self.config), sandbox_limits(self.config)
             self._watcher = WeightsWatcher(
                 path,
-                load=lambda p: load_file(p, options),
+                load=lambda p: load_file(p, options, limits),
                 # The watcher thread waits for the swap, so swaps happen in the order they were loaded.
                 on_loaded=lambda m, s: asyncio.run_coroutine_threadsafe(self._swapped(m, s), loop).result(30),
                 on_rejected=lambda e, s: self._call_soon(loop, self._rejected, e, s),
@@ -165,6 +186,12 @@ class ShoppingAgentServer:
                 self._batcher = None
             if self.recorder is not None:
                 await asyncio.get_running_loop().run_in_executor(None, self.recorder.close)
+            if self._health_server is not None:
+                await self._health_server.stop(0)
+                self._health_server = None
+            if self.metrics_endpoint is not None:
+                self.metrics_endpoint.stop()
+                self.metrics_endpoint = None
             return
         log.info("draining", extra={"fields": {"grace_s": grace, "drain_delay_s": drain_delay}})
         await self.health.enter_graceful_shutdown()
@@ -179,6 +206,8 @@ class ShoppingAgentServer:
             await self._batcher.close()
         if self.recorder is not None:  # after the last call: every answered decision is written
             await asyncio.get_running_loop().run_in_executor(None, self.recorder.close)
+        if self._health_server is not None:  # last: the probes read NOT_SERVING, not a refused port, until here
+            await self._health_server.stop(0)
         if self.metrics_endpoint is not None:
             self.metrics_endpoint.stop()
         self._server = None

@@ -35,20 +35,26 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 async def serve(config: Config) -> int:
     from server.app import ShoppingAgentServer
 
-    server = ShoppingAgentServer(config)
-    await server.start()
+    try:
+        server = ShoppingAgentServer(config)
+    except ValueError as exc:  # the log salt (experience.salt.SaltError): a setup problem to report, not a crash
+        print(f"shopping-agent: {exc}", file=sys.stderr)
+        return 2
     loop = asyncio.get_running_loop()
-    stopping: list[asyncio.Task[None]] = []
+    requested = asyncio.Event()
 
     def on_signal(signum: int) -> None:
-        if stopping:
-            return
-        log.info("signal received, shutting down", extra={"fields": {"signal": signal.Signals(signum).name}})
-        stopping.append(loop.create_task(server.stop()))
+        if not requested.is_set():
+            log.info("signal received, shutting down", extra={"fields": {"signal": signal.Signals(signum).name}})
+            requested.set()
 
+    # Before start(): a SIGTERM that arrives while the server binds or right after it logs
+    # "listening" is a shutdown like any other, not the default action (killed, logs unflushed).
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, on_signal, signum)
-    await server.stopped.wait()
+    await server.start()
+    await requested.wait()
+    await server.stop()
     return 0
 
 
@@ -96,9 +102,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         logs.configure(config.log_level, config.log_format)
         from policy.onnx_model import RuntimeMissing, choose_providers, onnxruntime
+        from server.models import load_options
+        from server.tls import check_files
 
         try:
             choose_providers(config.device, onnxruntime().get_available_providers())
+            load_options(config)  # the bundle public key, if one is configured, must be a readable Ed25519 key
+            check_files(config)  # TLS certificates and keys: readable, PEM, a key that matches (TlsError is a ValueError)
         except (RuntimeMissing, ValueError) as exc:
             print(f"shopping-agent: {exc}", file=sys.stderr)
             return 2

@@ -2,8 +2,8 @@
 
 Every field can be set by a command-line flag (``--max-batch``) or an environment variable
 (``SHOPPING_AGENT_MAX_BATCH``); flags win over the environment, which wins over the
-defaults. No other module reads ``os.environ``. ``describe()`` renders the table in the
-README.
+defaults. No other module reads ``os.environ``. ``describe()`` renders the table in
+docs/configuration.md.
 """
 
 from __future__ import annotations
@@ -35,6 +35,14 @@ class Config:
     metrics: bool = _opt(True, "collect Prometheus metrics (--no-metrics turns collection and the endpoint off)")
     metrics_host: str = _opt("0.0.0.0", "address of the HTTP /metrics endpoint")
     metrics_port: int | None = _opt(9095, "port of the HTTP /metrics endpoint; 0 picks a free port (logged); empty: no endpoint")
+    metrics_tls_cert: Path | None = _opt(None, "PEM certificate chain of /metrics: with --metrics-tls-key it serves HTTPS only "
+                                               "(the files are re-read when they change)")
+    metrics_tls_key: Path | None = _opt(None, "PEM private key (unencrypted) of --metrics-tls-cert")
+    metrics_tls_client_ca: Path | None = _opt(None, "PEM CA certificates: /metrics then requires a client certificate one of "
+                                                    "them signed (needs --metrics-tls-cert)")
+    metrics_max_connections: int = _opt(64, "most /metrics connections open at once; past it the oldest one still sending its "
+                                            "request is closed, or the new one gets 503 when all are being answered")
+    metrics_timeout_seconds: float = _opt(5.0, "a /metrics connection has this long for its TLS handshake, request and answer")
     weights_dir: Path | None = _opt(None, "directory holding the active bundle (weights_active.bundle); unset: the embedded default")
     weights_poll_seconds: float = _opt(1.0, "how often the active bundle is stat()ed (the source of truth on NFS, where inotify is blind)")
     weights_inotify: bool = _opt(True, "also watch the weights directory with inotify (watchdog), so changes are seen sooner")
@@ -57,13 +65,40 @@ class Config:
         None, "close each client connection after this long (then 30 s to finish calls), so clients re-resolve DNS and "
               "reach new pods; empty: never")
     max_message_bytes: int = _opt(64 * 1024, "largest accepted request message (gRPC RESOURCE_EXHAUSTED above)")
+    tls_cert: Path | None = _opt(None, "PEM certificate chain of the gRPC port: with --tls-key the port serves TLS only "
+                                       "(the files are re-read when they change, no restart)")
+    tls_key: Path | None = _opt(None, "PEM private key (unencrypted) of --tls-cert")
+    tls_client_ca: Path | None = _opt(None, "PEM CA certificates: clients must present a certificate one of them signed "
+                                            "(mutual TLS; needs --tls-cert)")
+    health_port: int | None = _opt(None, "a second, plaintext gRPC port serving grpc.health.v1 only, for kubelet probes (which "
+                                         "cannot do TLS); 0 picks a free port; empty: none")
+    max_concurrent_rpcs: int | None = _opt(2048, "calls in progress at once over all connections (twice the default "
+                                                 "--max-queue; each costs about 20 KB); past it new calls fail at once with "
+                                                 "RESOURCE_EXHAUSTED; empty: no limit")
+    max_concurrent_streams: int = _opt(256, "calls in progress at once on one connection (HTTP/2 MAX_CONCURRENT_STREAMS); "
+                                            "the server refuses the streams past it")
+    max_connection_idle_seconds: float | None = _opt(300.0, "close a connection (GOAWAY) that had no call in progress for "
+                                                            "this long; empty: never")
+    keepalive_seconds: float = _opt(60.0, "ping each client connection this often, to find dead peers and free their calls")
+    keepalive_timeout_seconds: float = _opt(20.0, "close a connection whose peer does not answer a ping within this")
+    keepalive_min_client_ping_seconds: float = _opt(10.0, "a client ping sooner than this after the previous one is a strike")
+    keepalive_max_ping_strikes: int = _opt(2, "strikes after which the connection is closed (GOAWAY ENHANCE_YOUR_CALM); "
+                                              "0: unlimited")
+    handshake_timeout_seconds: float = _opt(10.0, "a new connection has this long for its TLS handshake and HTTP/2 settings")
     samples: int | None = _opt(None, "K, samples drawn per decision (default: the bundle's)")
     min_votes: int | None = _opt(None, "votes the majority needs before the rule engine answers (default: the bundle's)")
     exploration_epsilon: float | None = _opt(None, "probability of an exploration draw (default: the bundle's)")
     guard_threshold: float | None = _opt(None, "guard allow-probability below which an action is vetoed (default: the bundle's)")
+    bundle_public_key: Path | None = _opt(None, "Ed25519 public key (PEM): load only bundles signed by its private key; "
+                                                "unset: signatures are not checked")
+    validate_memory_mb: int = _opt(512, "address-space limit (MiB) of the child process that loads and self-tests each new "
+                                        "bundle before the server does; 0: no child (validate in-process)")
+    validate_timeout_seconds: float = _opt(30.0, "how long that child may take before the bundle is rejected")
+    max_outcome_value: float = _opt(1_000_000.0, "largest ReportOutcome value or coupon_discount accepted (INVALID_ARGUMENT above)")
     log_dir: Path | None = _opt(None, "write decision and outcome logs (Arrow IPC segments) under this directory; unset: no logs")
     log_sample_rate: float = _opt(1.0, "share of sessions whose decisions and outcomes are logged (a session is kept whole)")
-    log_user_salt: str = _opt("", "secret salt for hashing user ids in the logs; empty: a random salt kept in LOG_DIR/.user-salt")
+    log_user_salt: str = _opt("", "secret key of every id hash and of session sampling in the logs; empty: a random salt kept "
+                                  "in LOG_DIR/.user-salt (on the logs volume: development only, warned at each start)")
     log_queue: int = _opt(8192, "log records waiting for the writer thread before new ones are dropped (and counted)")
     log_segment_mb: float = _opt(64.0, "finalise a log segment once it holds this many MB")
     log_segment_seconds: float = _opt(300.0, "finalise a log segment once it is this old")
@@ -108,18 +143,53 @@ class Config:
             problems.append(f"exploration_epsilon: expected 0..1, got {self.exploration_epsilon}")
         if self.guard_threshold is not None and not 0 <= self.guard_threshold <= 1:
             problems.append(f"guard_threshold: expected 0..1, got {self.guard_threshold}")
+        if self.validate_memory_mb != 0 and self.validate_memory_mb < 256:
+            problems.append(f"validate_memory_mb: expected 0 (off) or >= 256, got {self.validate_memory_mb}")
+        if not 0 < self.validate_timeout_seconds <= 3600:
+            problems.append(f"validate_timeout_seconds: expected 0 < seconds <= 3600, got {self.validate_timeout_seconds}")
+        if not 0 < self.max_outcome_value < float("inf"):
+            problems.append(f"max_outcome_value: expected a finite number > 0, got {self.max_outcome_value}")
         if self.max_connection_age_seconds is not None and not self.max_connection_age_seconds > 0:
             problems.append(f"max_connection_age_seconds: expected > 0, got {self.max_connection_age_seconds}")
         if not 0 <= self.log_sample_rate <= 1:
             problems.append(f"log_sample_rate: expected 0..1, got {self.log_sample_rate}")
         if self.log_segment_mb <= 0 or self.log_segment_seconds <= 0 or self.log_flush_seconds <= 0:
             problems.append("log_segment_mb, log_segment_seconds and log_flush_seconds must be > 0")
+        problems += self._transport_problems()
         try:
             ZoneInfo(self.timezone)
         except (ZoneInfoNotFoundError, ValueError):
             problems.append(f"timezone: unknown IANA timezone {self.timezone!r}")
         if problems:
             raise ValueError("; ".join(problems))
+
+    def _transport_problems(self) -> list[str]:
+        """TLS, the gRPC limits and the /metrics limits."""
+        problems: list[str] = []
+        for prefix in ("", "metrics_"):
+            cert, key, ca = (f"{prefix}tls_{part}" for part in ("cert", "key", "client_ca"))
+            if (getattr(self, cert) is None) != (getattr(self, key) is None):
+                given, missing = (cert, key) if getattr(self, key) is None else (key, cert)
+                problems.append(f"{missing}: {_flag(given)} needs {_flag(missing)} too (both or neither)")
+            if getattr(self, ca) is not None and getattr(self, cert) is None:
+                problems.append(f"{ca}: {_flag(ca)} (mutual TLS) needs {_flag(cert)} and {_flag(key)}")
+        if self.health_port is not None and not 0 <= self.health_port <= 65535:
+            problems.append(f"health_port: expected 0..65535, got {self.health_port}")
+        elif self.health_port is not None and self.health_port != 0 and self.health_port == self.port:
+            problems.append(f"health_port: --health-port must differ from --port ({self.port})")
+        if self.max_concurrent_rpcs is not None and self.max_concurrent_rpcs < 1:
+            problems.append(f"max_concurrent_rpcs: expected >= 1 or empty, got {self.max_concurrent_rpcs}")
+        for name in ("max_concurrent_streams", "metrics_max_connections"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name}: expected >= 1, got {getattr(self, name)}")
+        for name in ("keepalive_seconds", "keepalive_timeout_seconds", "handshake_timeout_seconds", "metrics_timeout_seconds"):
+            if not 0 < getattr(self, name) < float("inf"):
+                problems.append(f"{name}: expected a finite number > 0, got {getattr(self, name)}")
+        if self.max_connection_idle_seconds is not None and not self.max_connection_idle_seconds > 0:
+            problems.append(f"max_connection_idle_seconds: expected > 0 or empty, got {self.max_connection_idle_seconds}")
+        if not 0 <= self.keepalive_min_client_ping_seconds < float("inf") or self.keepalive_max_ping_strikes < 0:
+            problems.append("keepalive_min_client_ping_seconds and keepalive_max_ping_strikes must be >= 0")
+        return problems
 
     @property
     def tz(self) -> ZoneInfo:
@@ -204,7 +274,7 @@ def to_args(config: Config, **overrides: Any) -> list[str]:
 
 
 def describe() -> str:
-    """The configuration table (Markdown) for the README."""
+    """The configuration table (Markdown) for docs/configuration.md."""
     rows = ["| flag | environment | default | meaning |", "|---|---|---|---|"]
     for f in dataclasses.fields(Config):
         rows.append(f"| `{_flag(f.name)}` | `{_env_name(f.name)}` | `{f.default}` | {f.metadata['help']} |")

@@ -6,6 +6,7 @@ attribute assignment, so a request in flight keeps the object it read.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -13,15 +14,19 @@ from typing import Any
 
 from server.config import Config
 from server.watcher import Signature, signature
-from weights.bundle import BundleError, read_bundle
+from weights.bundle import BundleError, read_bundle, read_file
 from weights.embedded import default_bundle, default_manifest
 from weights.model_set import LoadOptions, ModelSet, NoModel
+from weights.sandbox import SandboxLimits, validate_in_child
+from weights.signing import load_public_key, public_key_bytes
 from weights.store import ACTIVE_NAME
 
 log = logging.getLogger(__name__)
 
 
 def load_options(config: Config) -> LoadOptions:
+    """How this server loads bundles (reads the public key file: ``KeyFileError`` when it is not one)."""
+    key = None if config.bundle_public_key is None else public_key_bytes(load_public_key(config.bundle_public_key))
     return LoadOptions(
         device=config.device,
         threads=config.intra_op_threads,
@@ -30,7 +35,15 @@ def load_options(config: Config) -> LoadOptions:
         min_votes=config.min_votes,
         exploration_epsilon=config.exploration_epsilon,
         guard_threshold=config.guard_threshold,
+        public_key=key,
     )
+
+
+def sandbox_limits(config: Config) -> SandboxLimits | None:
+    """The validating child's limits; None when validation runs in-process."""
+    if config.validate_memory_mb == 0:
+        return None
+    return SandboxLimits(memory_bytes=config.validate_memory_mb * 1024 * 1024, timeout_s=config.validate_timeout_seconds)
 
 
 class ModelHolder:
@@ -57,13 +70,20 @@ def active_path(config: Config) -> Path | None:
     return None if config.weights_dir is None else Path(config.weights_dir) / ACTIVE_NAME
 
 
-def load_file(path: Path, options: LoadOptions) -> ModelSet:
-    """Read, validate, self-test and warm up the bundle at ``path`` (raises BundleError)."""
-    return ModelSet.load(read_bundle(path), options)
+def load_file(path: Path, options: LoadOptions, limits: SandboxLimits | None = None) -> ModelSet:
+    """Read, validate, self-test and warm up the bundle at ``path`` (raises BundleError).
+
+    With ``limits``, a child process loads the same bytes first under a memory limit and a
+    timeout; this process loads them only once the child succeeded.
+    """
+    data = read_file(path)
+    if limits is not None:
+        validate_in_child(data, options, limits)
+    return ModelSet.load(read_bundle(data), options)
 
 
-def load_initial(config: Config) -> tuple[ModelSet | NoModel, Signature | None]:
-    """The model set to serve at start, and the signature of the active file it judged.
+def load_initial(config: Config) -> tuple[ModelSet | NoModel, Signature | None, BundleError | None]:
+    """The model set to serve at start, the signature of the active file it judged, and why that file was refused.
 
     The weights directory's active bundle, else the embedded default (or no model). The
     signature is taken before reading, so a file replaced meanwhile looks changed to the
@@ -71,20 +91,24 @@ def load_initial(config: Config) -> tuple[ModelSet | NoModel, Signature | None]:
     """
     options = load_options(config)
     path = active_path(config)
-    seen = None
+    seen, rejected = None, None
     if path is not None:
         seen = signature(path)
         try:
-            model = load_file(path, options)
+            model = load_file(path, options, sandbox_limits(config))
             log.info("loaded bundle", extra={"fields": {"path": str(path), "model_version": model.version,
                                                         "providers": list(model.policy.providers)}})
-            return model, seen
+            return model, seen, None
         except BundleError as exc:
+            rejected = exc
+            if exc.reason == "io" and not path.exists():
+                rejected = None  # no bundle published yet: nothing was refused
             log.warning("cannot serve the active bundle", extra={"fields": {"path": str(path), "reason": exc.reason, "error": str(exc)}})
     if not config.use_embedded_default:
         log.warning("no model loaded: answering from the rule engine (source FALLBACK_NO_MODEL)")
-        return NoModel(default_manifest()), seen
-    model = ModelSet.load(default_bundle(), options)
+        return NoModel(default_manifest()), seen, rejected
+    # the embedded default is ours (in the package, not on the volume): no signature or child needed
+    model = ModelSet.load(default_bundle(), dataclasses.replace(options, public_key=None))
     log.info("loaded the embedded default bundle", extra={"fields": {"model_version": model.version,
                                                                      "providers": list(model.policy.providers)}})
-    return model, seen
+    return model, seen, rejected

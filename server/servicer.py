@@ -115,12 +115,14 @@ class ShoppingAgentServicer:
         self._batcher = batcher
         self._metrics = metrics
         self._min_budget_s = config.min_inference_budget_ms / 1000.0
-        self._limits_cache = Limits(models.current.item_dim, config.max_recent_behavior_ids, config.max_id_length)
+        self._limits_cache = Limits(models.current.item_dim, config.max_recent_behavior_ids, config.max_id_length,
+                                    config.max_outcome_value)
         service = pb.DESCRIPTOR.services_by_name["ShoppingAgent"].full_name
         self._rpc = MethodMetrics(metrics, "unary", service, "RecommendAction") if metrics is not None else None
     def _limits(self, item_dim: int) -> Limits:
         if self._limits_cache.item_dim != item_dim:  # a swapped-in bundle with another item dimension
-            self._limits_cache = Limits(item_dim, self._config.max_recent_behavior_ids, self._config.max_id_length)
+            self._limits_cache = Limits(item_dim, self._config.max_recent_behavior_ids, self._config.max_id_length,
+                                        self._config.max_outcome_value)
         return self._limits_cache
 
     async def RecommendAction(  # noqa: N802 - the gRPC method name
@@ -170,7 +172,8 @@ class ShoppingAgentServicer:
         try:
             decision = await self._decide(model, req, ctx, decision_id, context.time_remaining())
             if self._recorder is not None:  # before answering: an answered decision is a logged one
-                self._recorder.decision(req, ctx.hour, decision, decision_id)
+                self._recorder.decision(req, ctx.hour, decision, decision_id,
+                                        model.encoder.spec if isinstance(model, ModelSet) else None)
             return to_response(decision, decision_id, req.request_id)
         except asyncio.CancelledError:
             raise

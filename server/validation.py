@@ -33,6 +33,7 @@ class Limits:
     item_dim: int
     max_recent_behavior_ids: int
     max_id_length: int
+    max_outcome_value: float = 1_000_000.0  # an order's value and a coupon's discount: what training may be told
 
 
 def _required_id(value: str, name: str, limits: Limits) -> str:
@@ -52,9 +53,11 @@ def _event_time(msg: pb.RecommendActionRequest | pb.ReportOutcomeRequest, now_s:
     return ts.seconds + ts.nanos * 1e-9
 
 
-def _amount(value: float, name: str) -> float:
+def _amount(value: float, name: str, limit: float) -> float:
     if not math.isfinite(value) or value < 0:
         raise InvalidRequest(name, f"must be a finite amount >= 0, got {value}")
+    if value > limit:
+        raise InvalidRequest(name, f"must be at most {limit:g} (the server's max_outcome_value), got {value:g}")
     return value
 
 
@@ -70,8 +73,8 @@ def parse_outcome(msg: pb.ReportOutcomeRequest, limits: Limits, now_s: float) ->
         session_id=session_id,
         outcome_id=outcome_id,
         outcome=Outcome(msg.outcome),
-        value=_amount(msg.value, "value"),
-        coupon_discount=_amount(msg.coupon_discount, "coupon_discount"),
+        value=_amount(msg.value, "value", limits.max_outcome_value),
+        coupon_discount=_amount(msg.coupon_discount, "coupon_discount", limits.max_outcome_value),
         event_time_s=_event_time(msg, now_s),
     )
 

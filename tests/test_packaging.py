@@ -78,3 +78,35 @@ def test_a_missing_onnxruntime_is_a_clear_error_at_start() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert out.returncode == 2
     assert "onnxruntime is not installed" in out.stderr and "shopping-agent[cpu]" in out.stderr
+
+
+def _locked(name: str) -> dict[str, str]:
+    """package → version pinned in requirements/NAME.txt, each with at least one sha256."""
+    text = (ROOT / "requirements" / f"{name}.txt").read_text()
+    pins = {}
+    for block in text.split("\n") :
+        if block and not block.startswith((" ", "#")) and "==" in block:
+            package, version = block.split(" ")[0].split("==")
+            pins[package.lower()] = version
+    entries = [e for e in text.replace("\\\n", " ").split("\n") if e and not e.startswith(("#", " "))]
+    assert all("--hash=sha256:" in e for e in entries), f"{name}: a pin without a hash"
+    return pins
+
+
+def test_the_image_lock_files_pin_every_dependency_with_hashes() -> None:
+    """The images install from requirements/*.txt with --require-hashes (scripts/lock.sh writes them)."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+
+    def names(requirements: list[str]) -> set[str]:
+        return {r.split(">")[0].split("=")[0].split("<")[0].split("[")[0].strip().lower() for r in requirements}
+
+    base = names(project["dependencies"])
+    cpu, gpu, trainer = _locked("serve-cpu"), _locked("serve-gpu"), _locked("trainer")
+    assert base <= set(cpu) and base <= set(gpu) and base <= set(trainer)
+    assert "onnxruntime" in cpu and "onnxruntime-gpu" not in cpu
+    assert "onnxruntime-gpu" in gpu and "onnxruntime" not in gpu
+    assert "onnx" in trainer and "torch" not in trainer  # torch comes from its own index (Dockerfile)
+    assert not {p for p in trainer if p.startswith(("nvidia-", "cuda-", "triton"))}
+    assert "torch" not in cpu and "torch" not in gpu

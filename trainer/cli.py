@@ -21,7 +21,6 @@ import json
 import logging
 import os
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -57,6 +56,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     _common(p)
     p.add_argument("--weights-dir", type=Path, required=True, help="the served weights directory (publish target)")
     p.add_argument("--force", action="store_true", help="publish even when the gate refuses")
+    p.add_argument("--sign-key", type=Path, help="sign the new bundle with this Ed25519 private key (PEM) before publishing")
+    p.add_argument("--public-key", type=Path, help="validate as servers with --bundle-public-key do (needs --sign-key)")
     p.add_argument("--init", type=Path, help="start from this bundle (default: the active one, else the embedded default)")
     p.add_argument("--json", action="store_true", help="print the gate's report as JSON")
     p.set_defaults(handler=_cycle)
@@ -124,12 +125,20 @@ def _config(args: argparse.Namespace) -> TrainConfig:
         raise UsageError(f"--config: {exc}") from None
 
 
-def _logs(path: Path) -> tuple[Any, Any]:
+def _logs(path: Path, bundle: Any) -> tuple[Any, Any]:
+    """The decision and outcome tables; version-1 segments are read for ``bundle``'s feature spec.
+
+    Their ids are hashed on read with the salt a local server kept next to the logs, if there
+    is one (so they join its version-2 records); the trainer is never given the servers' salt.
+    """
+    from experience.salt import read_salt
     from experience.segments import DirectorySource
+    from experience.upgrade import V1Reading
+    from policy.features import FeatureSpec
 
     if not (path / "decisions").is_dir():
         raise UsageError(f"--logs: {path} has no decisions/ directory")
-    source = DirectorySource(path)
+    source = DirectorySource(path, V1Reading(read_salt(path) or b"", FeatureSpec.parse(bundle.manifest["feature_spec"])))
     return source.table("decisions"), source.table("outcomes")
 
 
@@ -158,8 +167,9 @@ def _train(args: argparse.Namespace) -> int:
     from weights.store import atomic_write
 
     config = _config(args)
-    decisions, outcomes = _logs(args.logs)
-    result = _trained(args, _bundle(args.init), decisions, outcomes, config)
+    init = _bundle(args.init)
+    decisions, outcomes = _logs(args.logs, init)
+    result = _trained(args, init, decisions, outcomes, config)
     if args.rank != 0:
         return 0
     atomic_write(args.out, result.bundle)
@@ -171,8 +181,9 @@ def _evaluate(args: argparse.Namespace) -> int:
     from trainer.evaluation import evaluate_bundle
     from weights.model_set import LoadOptions, ModelSet
 
-    model = ModelSet.load(_bundle(args.bundle), LoadOptions(device="cpu", warmup_batch=1))
-    decisions, outcomes = _logs(args.logs)
+    bundle = _bundle(args.bundle)
+    model = ModelSet.load(bundle, LoadOptions(device="cpu", warmup_batch=1))
+    decisions, outcomes = _logs(args.logs, bundle)
     result = {"bundle": str(args.bundle), "model_version": model.version,
               **evaluate_bundle(model, decisions, outcomes, n_boot=args.bootstrap, seed=args.seed).to_dict()}
     if args.json:
@@ -189,14 +200,18 @@ def _cycle(args: argparse.Namespace) -> int:
     from trainer.data import episode_config, split
     from trainer.evaluation import Evaluation, evaluate_bundle, gate
     from weights.bundle import read_bundle
-    from weights.model_set import LoadOptions, ModelSet, verify
-    from weights.store import WeightsStore, atomic_write
+    from weights.model_set import LoadOptions, ModelSet
+    from weights.signing import load_private_key, load_public_key, public_key_bytes, sign
+    from weights.store import WeightsStore
+    from weights.validate import verify
 
     config = _config(args)
-    store = WeightsStore(args.weights_dir, verify)
+    key = None if args.public_key is None else public_key_bytes(load_public_key(args.public_key))
+    store = WeightsStore(args.weights_dir, lambda data: verify(data, key))
     current_bundle = read_bundle(store.active_path) if store.active_path.exists() else _bundle(None)
-    decisions, outcomes = _logs(args.logs)
-    result = _trained(args, _bundle(args.init) if args.init else current_bundle, decisions, outcomes, config)
+    init = _bundle(args.init) if args.init else current_bundle
+    decisions, outcomes = _logs(args.logs, init)
+    result = _trained(args, init, decisions, outcomes, config)
     if args.rank != 0:
         return 0  # rank 0 evaluates, gates and publishes
     _, (held_d, held_o) = split(decisions, outcomes, config.heldout_fraction, config.seed)
@@ -214,10 +229,8 @@ def _cycle(args: argparse.Namespace) -> int:
                          if getattr(estimates, name) is not None} | {"offline_dr_minus_current": verdict.difference.value})
     if published:
         args.weights_dir.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=args.weights_dir) as tmp:
-            path = Path(tmp) / "new.bundle"
-            atomic_write(path, result.bundle)
-            outcome = store.publish(path)
+        data = result.bundle if args.sign_key is None else sign(result.bundle, load_private_key(args.sign_key))
+        outcome = store.publish(data)
         report["published"] = outcome.status
     print(json.dumps(report, default=float) if args.json else f"{'published' if published else 'refused'}: {verdict.reason}")
     if not published:

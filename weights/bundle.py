@@ -11,10 +11,18 @@ gives the same bytes) holding:
 - ``golden_states.npy``, ``golden_outputs.npy``: inputs and expected outputs (policy logits
   ⊕ guard allow-probabilities) for the load-time self-test.
 
+and, when signed (``weights.signing``), ``signature.ed25519``: an Ed25519 signature of the
+manifest's bytes (which carry every part's sha256).
+
 Parsing is safe by construction: JSON, ONNX protobuf and ``.npy`` read with
-``allow_pickle=False``; member sizes are checked before anything is decompressed. Nothing
-is ever unpickled. ``read_bundle`` checks the container (members, sizes, checksums, format
-version); ``weights.model_set.ModelSet.load`` checks the contents.
+``allow_pickle=False``; nothing is ever unpickled. A file on the weights volume is hostile
+until proved otherwise, so ``read_bundle`` reads only a regular file of at most
+``MAX_BUNDLE_BYTES`` (a FIFO, a device or ``/dev/zero`` is refused before a byte is read),
+accepts only *stored* members (nothing to inflate: a small zip cannot expand in memory),
+exactly the expected member names once each, and turns any failure at all into a
+``BundleError`` with a reason. It checks the container (members, sizes, checksums, format
+version, model version, created-at); ``weights.model_set.ModelSet.load`` checks the contents
+(``weights.onnx_check`` before onnxruntime sees a graph).
 """
 
 from __future__ import annotations
@@ -22,8 +30,11 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
+import stat
 import zipfile
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -34,10 +45,11 @@ FORMAT = "shopping-agent-bundle"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 PARTS = ("policy.onnx", "guard.onnx", "behavior_table.npy", "golden_states.npy", "golden_outputs.npy")
-MAX_PART_BYTES = 256 * 1024 * 1024
-MAX_MANIFEST_BYTES = 4 * 1024 * 1024
+SIGNATURE = "signature.ed25519"
+MAX_BUNDLE_BYTES = 128 * 1024 * 1024  # the default bundle is 1.9 MB; two MLPs of this kind stay far below
+MAX_PART_BYTES = 64 * 1024 * 1024
+MAX_MANIFEST_BYTES = 1024 * 1024
 _ZIP_TIME = (1980, 1, 1, 0, 0, 0)
-_COMPRESSIONS = (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED)
 
 
 class BundleError(ValueError):
@@ -52,6 +64,8 @@ class BundleError(ValueError):
 class Bundle:
     manifest: dict[str, Any]
     parts: dict[str, bytes]
+    manifest_bytes: bytes = b""  # as stored: what a signature covers
+    signature: bytes | None = None
 
     @property
     def model_version(self) -> str:
@@ -94,45 +108,95 @@ def write_bundle(path: Path | io.BytesIO, manifest: dict[str, Any], parts: dict[
     }
     members = {MANIFEST: json.dumps(manifest, indent=2, sort_keys=True).encode() + b"\n"}
     members.update({name: parts[name] for name in PARTS})
+    write_members(path, members)
+    return manifest
+
+
+def write_members(path: Path | io.BytesIO, members: dict[str, bytes]) -> None:
+    """The zip container: stored members in name order, fixed timestamps (the same members, the same bytes)."""
     with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED) as zf:
         for name in sorted(members):
             info = zipfile.ZipInfo(name, date_time=_ZIP_TIME)
             info.external_attr = 0o644 << 16
             zf.writestr(info, members[name])
-    return manifest
 
 
-def read_bundle(source: Path | bytes) -> Bundle:
-    """Open and check a bundle's container: members, sizes, format version, checksums."""
+def read_file(path: Path | str, limit: int = MAX_BUNDLE_BYTES) -> bytes:
+    """The bytes of a regular file of at most ``limit`` bytes; raises ``BundleError("io" | "size")``.
+
+    Opened non-blocking (a FIFO does not wait for a writer) and checked with ``fstat`` on the
+    open descriptor, so a file swapped in between the check and the read cannot slip past.
+    """
     try:
-        data = source if isinstance(source, bytes) else Path(source).read_bytes()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
-        raise BundleError("io", f"cannot read bundle: {exc.strerror or exc}") from None
+        raise BundleError("io", f"cannot read bundle {path}: {exc.strerror or exc}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise BundleError("io", f"cannot read bundle {path}: not a regular file (a bundle is one plain file)")
+        if info.st_size > limit:
+            raise BundleError("size", f"the file is {info.st_size} bytes, more than the {limit}-byte limit")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            data = f.read(limit + 1)
+    except OSError as exc:
+        raise BundleError("io", f"cannot read bundle {path}: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise BundleError("size", f"the file grew past the {limit}-byte limit while being read")
+    return data
+
+
+def read_bundle(source: Path | str | bytes) -> Bundle:
+    """Open and check a bundle's container: members, sizes, format version, checksums.
+
+    Every failure, whatever raised it (a damaged zip, a manifest nested past the parser's
+    recursion limit, memory), is a ``BundleError``: the caller keeps serving what it has.
+    """
+    try:
+        return _read_bundle(source if isinstance(source, bytes) else read_file(source))
+    except BundleError:
+        raise
+    except Exception as exc:  # a hostile file must never escape as another type (no fallback, no count)
+        raise BundleError("invalid", f"cannot parse bundle: {type(exc).__name__}: {str(exc)[:200]}") from None
+
+
+def _read_bundle(data: bytes) -> Bundle:
+    if len(data) > MAX_BUNDLE_BYTES:
+        raise BundleError("size", f"the bundle is {len(data)} bytes, more than the {MAX_BUNDLE_BYTES}-byte limit")
     try:
         zf = zipfile.ZipFile(io.BytesIO(data))
     except zipfile.BadZipFile as exc:
         raise BundleError("format", f"not a bundle (bad zip container: {exc})") from None
     with zf:
-        infos = {i.filename: i for i in zf.infolist()}
+        listed_infos = zf.infolist()
+        infos = {i.filename: i for i in listed_infos}
+        if len(infos) != len(listed_infos):
+            names = [i.filename for i in listed_infos]
+            raise BundleError("format", f"duplicate members {sorted({n for n in names if names.count(n) > 1})}")
         expected = {MANIFEST, *PARTS}
-        if set(infos) != expected:
+        if not expected <= set(infos) <= expected | {SIGNATURE}:
             raise BundleError(
                 "format",
-                f"unexpected members: missing {sorted(expected - set(infos))}, extra {sorted(set(infos) - expected)}",
+                f"unexpected members: missing {sorted(expected - set(infos))}, extra {sorted(set(infos) - expected - {SIGNATURE})}",
             )
-        if infos[MANIFEST].file_size > MAX_MANIFEST_BYTES or any(infos[p].file_size > MAX_PART_BYTES for p in PARTS):
-            raise BundleError("format", "a member is larger than the size limit")
-        odd = sorted(n for n, i in infos.items() if i.flag_bits & 0x1 or i.compress_type not in _COMPRESSIONS)
+        odd = sorted(n for n, i in infos.items() if i.flag_bits & 0x1 or i.compress_type != zipfile.ZIP_STORED
+                     or i.compress_size != i.file_size)
         if odd:
-            raise BundleError("format", f"members {odd} are encrypted or use an unsupported compression")
+            raise BundleError("format", f"members {odd} are compressed or encrypted: a bundle stores its members as they are")
+        limits = {MANIFEST: MAX_MANIFEST_BYTES, SIGNATURE: 64}
+        too_big = sorted(n for n, i in infos.items() if i.file_size > limits.get(n, MAX_PART_BYTES))
+        if too_big or sum(i.file_size for i in listed_infos) > len(data):
+            raise BundleError("size", f"members {too_big or sorted(infos)} are larger than the size limits")
         try:
-            raw = {name: zf.read(name) for name in expected}
+            raw = {name: zf.read(name) for name in infos}
         except (zipfile.BadZipFile, OSError, EOFError, ValueError, RuntimeError, NotImplementedError) as exc:
             raise BundleError("format", f"damaged bundle: {exc}") from None
     try:
         manifest = json.loads(raw[MANIFEST])
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BundleError("format", f"manifest.json: not valid JSON ({exc})") from None
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise BundleError("format", f"manifest.json: not valid JSON ({type(exc).__name__}: {str(exc)[:200]})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise BundleError("format", f"manifest.json: format is not {FORMAT!r}")
     if manifest.get("format_version") != FORMAT_VERSION:
@@ -142,6 +206,9 @@ def read_bundle(source: Path | bytes) -> Bundle:
         )
     if not isinstance(manifest.get("model_version"), str) or not manifest["model_version"]:
         raise BundleError("schema", "manifest.json: model_version must be a non-empty string")
+    created_at = manifest.get("created_at")
+    if created_at is not None and parse_time(created_at) is None:
+        raise BundleError("schema", f"manifest.json: created_at must be an ISO 8601 time with a zone, got {str(created_at)[:40]!r}")
     listed = manifest.get("parts")
     if not isinstance(listed, dict):
         raise BundleError("schema", "manifest.json: parts must be an object")
@@ -149,4 +216,16 @@ def read_bundle(source: Path | bytes) -> Bundle:
         entry = listed.get(name)
         if not isinstance(entry, dict) or entry.get("sha256") != sha256(raw[name]) or entry.get("size") != len(raw[name]):
             raise BundleError("checksum", f"{name}: sha256 or size does not match the manifest")
-    return Bundle(manifest=manifest, parts={name: raw[name] for name in PARTS})
+    return Bundle(manifest=manifest, parts={name: raw[name] for name in PARTS}, manifest_bytes=raw[MANIFEST],
+                  signature=raw.get(SIGNATURE))
+
+
+def parse_time(value: Any) -> datetime | None:
+    """An ISO 8601 time with a zone (``2026-11-30T00:00:00Z``), or None when ``value`` is not one."""
+    if not isinstance(value, str) or len(value) > 64:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo is not None else None

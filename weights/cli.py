@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import errno
 import json
+import os
 import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -17,9 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from policy.onnx_model import RuntimeMissing
-from weights.bundle import BundleError, read_bundle, sha256
-from weights.model_set import verify
-from weights.store import PublishResult, StoreError, WeightsStore, atomic_write, check_version_name
+from weights.bundle import BundleError, read_bundle, read_file, sha256
+from weights.sandbox import SandboxLimits
+from weights.signing import KeyFileError, keypair_pem, load_private_key, load_public_key, public_key_bytes, sign
+from weights.store import PublishResult, StoreError, Validator, WeightsStore, atomic_write, check_version_name
+from weights.validate import verify
 
 EXIT_OK = 0
 EXIT_INVALID = 1
@@ -48,7 +51,19 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
     p = sub.add_parser("verify", help="validate a bundle fully, as a server would load it")
     p.add_argument("file", type=Path)
+    _validation(p)
     p.set_defaults(weights_handler=_verify)
+
+    p = sub.add_parser("keygen", help="make an Ed25519 key pair for signing bundles (PEM files)")
+    p.add_argument("--private", type=Path, required=True, help="where to write the private key (mode 0600; keep it secret)")
+    p.add_argument("--public", type=Path, required=True, help="where to write the public key (for --bundle-public-key)")
+    p.set_defaults(weights_handler=_keygen)
+
+    p = sub.add_parser("sign", help="sign a bundle with an Ed25519 private key")
+    p.add_argument("file", type=Path)
+    p.add_argument("--key", type=Path, required=True, help="the private key (PEM)")
+    p.add_argument("--out", type=Path, help="where to write the signed bundle (default: replace FILE atomically)")
+    p.set_defaults(weights_handler=_sign)
 
     p = sub.add_parser("show", help="print a bundle's manifest, or a weights directory's active bundle and history")
     what = p.add_mutually_exclusive_group(required=True)
@@ -61,12 +76,27 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("file", type=Path)
     p.add_argument("--dir", type=Path, required=True, help="the weights directory (the volume the servers watch)")
     p.add_argument("--keep", type=_positive, default=10, help="published versions to keep for rollback (default 10)")
+    p.add_argument("--sign-key", type=Path, help="sign the bundle with this Ed25519 private key (PEM) before publishing")
+    _validation(p)
     p.set_defaults(weights_handler=_publish, weights_verdict="refused")
 
     p = sub.add_parser("rollback", help="make the previously published (or a named) version the active one")
     p.add_argument("--dir", type=Path, required=True, help="the weights directory")
     p.add_argument("--to", metavar="VERSION", help="the version to activate (default: the one published before the active one)")
+    _validation(p)
     p.set_defaults(weights_handler=_rollback, weights_verdict="refused")
+
+
+def _validation(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--public-key", type=Path, help="accept only bundles signed by this Ed25519 public key (PEM), as the servers do")
+    p.add_argument("--validate-memory-mb", type=int, default=SandboxLimits().memory_bytes // 2**20,
+                   help="address-space limit of the validating child process (default %(default)s; 0: validate in-process)")
+
+
+def _validator(args: argparse.Namespace) -> Validator:
+    key = None if args.public_key is None else public_key_bytes(load_public_key(args.public_key))
+    limits = None if args.validate_memory_mb == 0 else SandboxLimits(memory_bytes=args.validate_memory_mb * 2**20)
+    return lambda data: verify(data, key, limits)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -79,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
         return _fail(EXIT_ERROR if exc.reason in _IO_REASONS else EXIT_INVALID, verdict, exc.reason, exc)
     except StoreError as exc:
         return _fail(EXIT_ERROR if exc.reason in _IO_REASONS else EXIT_INVALID, "refused", exc.reason, exc)
-    except RuntimeMissing as exc:
+    except (RuntimeMissing, KeyFileError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_ERROR
     except OSError as exc:
@@ -126,23 +156,39 @@ def _init(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    try:
-        data = args.file.read_bytes()
-    except OSError as exc:
-        raise BundleError("io", f"cannot read bundle {args.file}: {exc.strerror or exc}") from None
-    bundle = verify(data)
-    print(f"ok {bundle.model_version}")
+    bundle = _validator(args)(read_file(args.file))
+    print(f"ok {bundle.model_version}{' (signed)' if bundle.signature is not None else ''}")
+    return EXIT_OK
+
+
+def _keygen(args: argparse.Namespace) -> int:
+    private, public = keypair_pem()
+    fd = os.open(args.private, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # never overwrite a key
+    with os.fdopen(fd, "wb") as f:
+        f.write(private)
+    atomic_write(args.public, public)
+    print(f"wrote {args.private} (private, 0600) and {args.public} (public)")
+    return EXIT_OK
+
+
+def _sign(args: argparse.Namespace) -> int:
+    data = sign(read_file(args.file), load_private_key(args.key))
+    atomic_write(args.out or args.file, data)
+    print(f"signed {read_bundle(data).model_version} into {args.out or args.file} (sha256 {sha256(data)})")
     return EXIT_OK
 
 
 def _publish(args: argparse.Namespace) -> int:
-    result = WeightsStore(args.dir, verify, keep=args.keep).publish(args.file)
+    data = read_file(args.file)
+    if args.sign_key is not None:
+        data = sign(data, load_private_key(args.sign_key))
+    result = WeightsStore(args.dir, _validator(args), keep=args.keep).publish(data)
     print(_result_line(result))
     return EXIT_OK
 
 
 def _rollback(args: argparse.Namespace) -> int:
-    result = WeightsStore(args.dir, verify).rollback(args.to)
+    result = WeightsStore(args.dir, _validator(args)).rollback(args.to)
     print(_result_line(result))
     return EXIT_OK
 
@@ -155,17 +201,14 @@ def _result_line(result: PublishResult) -> str:
 
 def _show(args: argparse.Namespace) -> int:
     if args.dir is None:
-        try:
-            data = args.file.read_bytes()
-        except OSError as exc:
-            raise BundleError("io", f"cannot read bundle {args.file}: {exc.strerror or exc}") from None
+        data = read_file(args.file)
         manifest = read_bundle(data).manifest
         if args.json:
             print(json.dumps(manifest, indent=2, sort_keys=True))
         else:
             print("\n".join([_row("file", f"{args.file} ({len(data)} bytes, sha256 {sha256(data)})"), *_manifest_lines(manifest)]))
         return EXIT_OK
-    return _show_dir(WeightsStore(args.dir, verify), args.json)
+    return _show_dir(WeightsStore(args.dir, verify), args.json)  # reads manifests only: never validates
 
 
 def _show_dir(store: WeightsStore, as_json: bool) -> int:

@@ -26,7 +26,9 @@ from policy.decision import DecisionProcedure, Rules
 from policy.decoder import MajorityDecoder
 from policy.features import FeatureEncoder, FeatureSpec
 from policy.onnx_model import OnnxModel, RuntimeMissing
-from weights.bundle import Bundle, BundleError, read_bundle
+from weights.bundle import Bundle, BundleError
+from weights.onnx_check import check_model
+from weights.signing import check_signature
 
 log = logging.getLogger(__name__)
 F32 = npt.NDArray[np.float32]
@@ -43,6 +45,7 @@ class LoadOptions:
     min_votes: int | None = None
     exploration_epsilon: float | None = None
     guard_threshold: float | None = None
+    public_key: bytes | None = None  # raw Ed25519 key: only bundles signed by it load (weights.signing)
 
 
 def _section(manifest: dict[str, Any], key: str) -> Any:
@@ -86,8 +89,22 @@ class ModelSet:
 
     @classmethod
     def load(cls, bundle: Bundle, options: LoadOptions | None = None) -> ModelSet:
-        """Validate every part, build the sessions, self-test on the golden data, warm up."""
+        """Validate every part, build the sessions, self-test on the golden data, warm up.
+
+        Raises ``BundleError`` for anything wrong with the bundle, whatever went wrong inside
+        (``RuntimeMissing`` only when onnxruntime itself is not installed).
+        """
         options = options or LoadOptions()
+        try:
+            return cls._load(bundle, options)
+        except (BundleError, RuntimeMissing):
+            raise
+        except Exception as exc:  # a hostile bundle must not escape as another type: it would skip the fallback and the count
+            raise BundleError("invalid", f"cannot load bundle: {type(exc).__name__}: {str(exc)[:200]}") from None
+
+    @classmethod
+    def _load(cls, bundle: Bundle, options: LoadOptions) -> ModelSet:
+        check_signature(bundle, options.public_key)
         m = bundle.manifest
         try:
             spec = FeatureSpec.parse(_section(m, "feature_spec"))
@@ -119,6 +136,8 @@ class ModelSet:
         if not np.isfinite(table).all():
             raise BundleError("nonfinite", "behavior_table.npy: contains NaN or Inf")
         table.setflags(write=False)
+        for name in ("policy.onnx", "guard.onnx"):
+            check_model(name, bundle.parts[name])  # before onnxruntime sees it: no external data, no allocating operators
         try:
             policy = OnnxModel("policy", bundle.parts["policy.onnx"], options.device, options.threads)
             guard_model = OnnxModel("guard", bundle.parts["guard.onnx"], options.device, options.threads)
@@ -147,6 +166,8 @@ class ModelSet:
         got = np.concatenate([logits, allow], axis=1)
         if not np.isfinite(got).all():
             raise BundleError("nonfinite", "the graphs produce NaN or Inf on the golden inputs")
+        if not ((allow >= 0.0) & (allow <= 1.0)).all():
+            raise BundleError("range", "the guard's allow-probabilities on the golden inputs leave [0, 1]")
         error = float(np.abs(got - expected).max())
         if not error <= tolerance:
             raise BundleError("golden", f"golden self-test failed: max error {error:.3g} > tolerance {tolerance:.3g}")
@@ -161,6 +182,8 @@ class ModelSet:
         logits, allow = self.policy.run(states), self.guard_model.run(states)
         if not (np.isfinite(logits).all() and np.isfinite(allow).all()):
             raise FloatingPointError("the model produced NaN or Inf for this input")
+        if not ((allow >= 0.0) & (allow <= 1.0)).all():
+            raise FloatingPointError("the guard produced an allow-probability outside [0, 1] for this input")
         return logits, allow
 
     def run(self, requests: Sequence[DecisionRequest], contexts: Sequence[Context], decision_ids: Sequence[str]) -> list[Decision]:
@@ -193,12 +216,3 @@ class NoModel:
         """The rule engine's answer (the servicer names the source: FALLBACK_NO_MODEL)."""
         return self.decision.fallback(ctx, source)
 
-
-def verify(data: bytes) -> Bundle:
-    """Full validation, as a server would load it (on CPU): raises ``BundleError`` with a reason.
-
-    The validator ``weights.store.WeightsStore`` is given, so the store needs no runtime parts.
-    """
-    bundle = read_bundle(data)
-    ModelSet.load(bundle, LoadOptions(device="cpu"))
-    return bundle

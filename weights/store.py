@@ -36,7 +36,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from weights.bundle import Bundle, BundleError, read_bundle, sha256
+from weights.bundle import Bundle, BundleError, read_bundle, read_file, sha256
 
 log = logging.getLogger(__name__)
 
@@ -205,17 +205,14 @@ class WeightsStore:
         finally:
             os.close(fd)  # releases the lock
 
-    def publish(self, path: Path | str) -> PublishResult:
-        """Validate the bundle at ``path``, keep it in the history and make it the active one.
+    def publish(self, source: Path | str | bytes) -> PublishResult:
+        """Validate the bundle at ``source`` (a path, or the bytes), keep it in the history and make it the active one.
 
         Idempotent: the bundle already active gives ``unchanged`` and touches nothing.
         Raises ``BundleError`` for a bundle that must not be served and ``StoreError`` for a
         refusal; in both cases the active file and the history are untouched.
         """
-        try:
-            data = Path(path).read_bytes()
-        except OSError as exc:
-            raise BundleError("io", f"cannot read bundle {path}: {exc.strerror or exc}") from None
+        data = source if isinstance(source, bytes) else read_file(source)
         version = self.validate(data).model_version
         check_version_name(version)
         digest = sha256(data)

@@ -76,3 +76,21 @@ def test_unknown_method_is_unimplemented(channel: grpc.Channel) -> None:
 
 def test_unspecified_page_type_is_accepted(channel: grpc.Channel) -> None:
     assert stub(channel).RecommendAction(request(page_type=pb.PAGE_TYPE_UNSPECIFIED), timeout=5).decision_id
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"value": 1e308}, "value: must be at most 1e+06 (the server's max_outcome_value), got 1e+308"),
+    ({"value": 1_000_000.5}, "value: must be at most 1e+06"),
+    ({"coupon_discount": 2e6}, "coupon_discount: must be at most 1e+06"),
+    ({"value": float("nan")}, "value: must be a finite amount >= 0"),
+])
+def test_outcome_amounts_are_bounded(channel: grpc.Channel, fields: dict[str, object], message: str) -> None:
+    """An order worth 1e308 would have gone into training as a reward: refused, naming the field."""
+    report = pb.ReportOutcomeRequest(decision_id="d-1", session_id="s-1", outcome_id="o-cap", outcome=pb.OUTCOME_ORDER, **fields)
+    with pytest.raises(grpc.RpcError) as caught:
+        stub(channel).ReportOutcome(report, timeout=10)
+    assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert message in (caught.value.details() or "")
+    ok = stub(channel).ReportOutcome(pb.ReportOutcomeRequest(decision_id="d-1", session_id="s-1", outcome_id="o-ok",
+                                                             outcome=pb.OUTCOME_ORDER, value=1_000_000.0), timeout=10)
+    assert ok.outcome_id == "o-ok"

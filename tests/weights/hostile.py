@@ -1,0 +1,159 @@
+"""Hostile bundles, built the way an attacker with write access to the weights volume would build them.
+
+Each returns the bytes of a file that a server must refuse (see tests/weights/test_hostile_bundles.py
+and tests/server/test_hostile_active_bundle.py). They start from the embedded default bundle, so
+everything but the attack is valid.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import warnings
+import zipfile
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from weights.bundle import MANIFEST, PARTS, npy_bytes, write_bundle
+from weights.embedded import default_bundle
+
+SECRET_RELATIVE = "tmp/x/secret.txt"
+
+
+def rebuilt(parts: dict[str, bytes] | None = None, **manifest: Any) -> bytes:
+    """The default bundle with some parts or manifest keys replaced; checksums recomputed (as an attacker can)."""
+    base = default_bundle()
+    kept = {k: v for k, v in base.manifest.items() if k not in ("format", "format_version", "parts")}
+    out = io.BytesIO()
+    write_bundle(out, {**kept, **manifest}, {**base.parts, **(parts or {})})
+    return out.getvalue()
+
+
+def zero_golden(parts: dict[str, bytes]) -> dict[str, bytes]:
+    """Golden states of zeros: the self-test never exercises what the graph reads (the attack of the finding)."""
+    states = default_bundle().array("golden_states.npy")
+    return {**parts, "golden_states.npy": npy_bytes(np.zeros_like(states))}
+
+
+def external_data_guard() -> bytes:
+    """guard.onnx whose first initializer lives in an external file at a relative path."""
+    model = onnx.load_from_string(default_bundle().parts["guard.onnx"])
+    tensor = model.graph.initializer[0]
+    tensor.ClearField("raw_data")
+    tensor.data_location = TensorProto.EXTERNAL
+    for key, value in (("location", SECRET_RELATIVE), ("offset", "0"), ("length", str(4 * int(np.prod(tensor.dims))))):
+        entry = tensor.external_data.add()
+        entry.key, entry.value = key, value
+    return model.SerializeToString()
+
+
+def allocating_guard(rows: int = 200_000, cols: int = 2_000) -> bytes:
+    """A guard graph that allocates rows×cols floats with ConstantOfShape (1.6 GB by default) and passes its shape along."""
+    state_dim = 920
+    shape = numpy_helper.from_array(np.array([rows, cols], dtype=np.int64), "shape")
+    nodes = [
+        helper.make_node("ConstantOfShape", ["shape"], ["big"], value=numpy_helper.from_array(np.array([1.0], dtype=np.float32))),
+        helper.make_node("ReduceMean", ["big"], ["m"], keepdims=1),
+        helper.make_node("Gemm", ["state", "w", "b"], ["z"]),
+        helper.make_node("Mul", ["z", "m"], ["allow_prob"]),
+    ]
+    inits = [shape, numpy_helper.from_array(np.zeros((state_dim, 5), np.float32), "w"),
+             numpy_helper.from_array(np.full(5, 0.5, np.float32), "b")]
+    graph = helper.make_graph(nodes, "guard", [helper.make_tensor_value_info("state", TensorProto.FLOAT, ["N", state_dim])],
+                              [helper.make_tensor_value_info("allow_prob", TensorProto.FLOAT, ["N", 5])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+def out_of_range_guard() -> tuple[bytes, bytes]:
+    """A guard that answers 2.0 for every action (no sigmoid), and golden outputs that agree with it."""
+    state_dim = 920
+    nodes = [helper.make_node("Gemm", ["state", "w", "b"], ["allow_prob"])]
+    inits = [numpy_helper.from_array(np.zeros((state_dim, 5), np.float32), "w"), numpy_helper.from_array(np.full(5, 2.0, np.float32), "b")]
+    graph = helper.make_graph(nodes, "guard", [helper.make_tensor_value_info("state", TensorProto.FLOAT, ["N", state_dim])],
+                              [helper.make_tensor_value_info("allow_prob", TensorProto.FLOAT, ["N", 5])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    golden = default_bundle().array("golden_outputs.npy").copy()
+    golden[:, 5:] = 2.0
+    return model, npy_bytes(golden)
+
+
+def members(entries: list[tuple[str, bytes]], compression: int = zipfile.ZIP_STORED) -> bytes:
+    """A zip of exactly these (name, data) entries, duplicates allowed (zipfile warns, and writes them)."""
+    out = io.BytesIO()
+    with warnings.catch_warnings(), zipfile.ZipFile(out, "w", compression=compression) as zf:
+        warnings.simplefilter("ignore", UserWarning)
+        for name, data in entries:
+            zf.writestr(zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0)), data, compress_type=compression)
+    return out.getvalue()
+
+
+def default_members() -> list[tuple[str, bytes]]:
+    with zipfile.ZipFile(io.BytesIO(rebuilt())) as zf:
+        return [(name, zf.read(name)) for name in sorted(zf.namelist())]
+
+
+def _deflated(entries: dict[str, bytes], zeros: dict[str, int]) -> bytes:
+    """A deflated zip of ``entries`` plus members of ``zeros[name]`` zero bytes, streamed (never held in memory)."""
+    out = io.BytesIO()
+    chunk = bytes(1 << 20)
+    with zipfile.ZipFile(out, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=1) as zf:
+        for name in sorted({*entries, *zeros}):
+            if name in zeros:
+                info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
+                info.compress_type = zipfile.ZIP_DEFLATED
+                with zf.open(info, "w", force_zip64=True) as f:
+                    for _ in range(zeros[name] // len(chunk)):
+                        f.write(chunk)
+            else:
+                zf.writestr(zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0)), entries[name], compress_type=zipfile.ZIP_DEFLATED)
+    return out.getvalue()
+
+
+def inflating(part: str = "behavior_table.npy", size: int = 256 * 1024 * 1024) -> bytes:
+    """Every member deflated, one of them ``size`` bytes of zeros (a few hundred kB on disk), its manifest entry matching."""
+    entries = dict(default_members())
+    manifest = json.loads(entries[MANIFEST])
+    manifest["parts"][part] = {"sha256": "0" * 64, "size": size}
+    entries[MANIFEST] = json.dumps(manifest).encode()
+    del entries[part]
+    return _deflated(entries, {part: size})
+
+
+def zero_parts(size: int = 256 * 1024 * 1024) -> bytes:
+    """Every part ``size`` bytes of zeros, deflated: 1.25 GiB declared in a file of about 1.3 MB."""
+    entries = {MANIFEST: dict(default_members())[MANIFEST]}
+    return _deflated(entries, dict.fromkeys(PARTS, size))
+
+
+def nested_manifest(depth: int = 200_000) -> bytes:
+    entries = dict(default_members())
+    entries[MANIFEST] = b"[" * depth + b"]" * depth
+    return members(sorted(entries.items()))
+
+
+def duplicate_member() -> bytes:
+    entries = default_members()
+    fake = rebuilt(model_version="the-second-copy-wins")
+    with zipfile.ZipFile(io.BytesIO(fake)) as zf:
+        second = zf.read(MANIFEST)
+    return members([*entries, (MANIFEST, second)])
+
+
+def broadcasting_guard(n: int = 60_000) -> bytes:
+    """Only allowed operators, and still 14 GB: (n, 1) + (1, n) broadcast, reduced to a scalar that scales the guard."""
+    state_dim = 920
+    nodes = [
+        helper.make_node("Add", ["column", "row"], ["big"]),
+        helper.make_node("ReduceMean", ["big"], ["m"], keepdims=1),
+        helper.make_node("Gemm", ["state", "w", "b"], ["z"]),
+        helper.make_node("Mul", ["z", "m"], ["zm"]),
+        helper.make_node("Sigmoid", ["zm"], ["allow_prob"]),
+    ]
+    inits = [numpy_helper.from_array(np.zeros((n, 1), np.float32), "column"), numpy_helper.from_array(np.zeros((1, n), np.float32), "row"),
+             numpy_helper.from_array(np.zeros((state_dim, 5), np.float32), "w"), numpy_helper.from_array(np.full(5, 0.5, np.float32), "b")]
+    graph = helper.make_graph(nodes, "guard", [helper.make_tensor_value_info("state", TensorProto.FLOAT, ["N", state_dim])],
+                              [helper.make_tensor_value_info("allow_prob", TensorProto.FLOAT, ["N", 5])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()

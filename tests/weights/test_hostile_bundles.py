@@ -1,0 +1,196 @@
+"""Every attack on the weights volume that a review found, each refused with its reason and bounded memory.
+
+The validating process's peak memory is measured on the real command (``shopping-agent weights
+verify`` in a child process, ``RUSAGE_CHILDREN``), not estimated.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from tests.harness import ROOT
+from tests.weights import hostile
+from weights.bundle import BundleError, read_bundle
+from weights.model_set import LoadOptions, ModelSet
+from weights.validate import verify
+
+OPTIONS = LoadOptions(device="cpu", warmup_batch=1)
+
+
+def refused(data: bytes) -> BundleError:
+    """The in-process path a server takes (read, then load), which must raise BundleError and nothing else."""
+    with pytest.raises(BundleError) as caught:
+        ModelSet.load(read_bundle(data), OPTIONS)
+    return caught.value
+
+
+def verify_cli(path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], int]:
+    """``shopping-agent weights verify`` in its own process: its result and its peak RSS in MB (itself and its children)."""
+    code = ("import resource, subprocess, sys\n"
+            "p = subprocess.run([sys.executable, '-m', 'server', 'weights', 'verify', *sys.argv[1:]], capture_output=True, text=True)\n"
+            "sys.stdout.write(p.stdout); sys.stderr.write(p.stderr)\n"
+            "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024, file=sys.stderr)\n"
+            "sys.exit(p.returncode)")
+    done = subprocess.run([sys.executable, "-c", code, str(path), *args], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    peak_mb = int(done.stderr.strip().splitlines()[-1])
+    return done, peak_mb
+
+
+def test_an_external_data_reference_is_refused_even_where_the_file_exists(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    secret = tmp_path / hostile.SECRET_RELATIVE
+    secret.parent.mkdir(parents=True)
+    secret.write_bytes(os.urandom(920 * 64 * 4))  # as big as the initializer it stands for
+    monkeypatch.chdir(tmp_path)  # onnxruntime would resolve the relative location here
+    data = hostile.rebuilt(hostile.zero_golden({"guard.onnx": hostile.external_data_guard()}))
+    error = refused(data)
+    assert error.reason == "onnx" and "external data" in str(error) and "w_state" in str(error)
+
+
+def test_the_runtime_itself_finds_no_external_data_either(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Defence in depth: with the graph check bypassed, onnxruntime looks in an empty private directory, not the cwd."""
+    from policy.onnx_model import OnnxModel, empty_directory
+
+    secret = tmp_path / hostile.SECRET_RELATIVE
+    secret.parent.mkdir(parents=True)
+    secret.write_bytes(os.urandom(920 * 64 * 4))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(Exception, match=r"secret\.txt|external|External"):
+        OnnxModel("guard", hostile.external_data_guard(), device="cpu")
+    assert os.listdir(empty_directory()) == []
+
+
+def test_an_allocating_graph_is_refused_before_onnxruntime_runs_it() -> None:
+    data = hostile.rebuilt({"guard.onnx": hostile.allocating_guard()})
+    error = refused(data)
+    assert error.reason == "onnx" and "ConstantOfShape" in str(error)
+
+
+def test_guard_outputs_outside_zero_one_are_refused() -> None:
+    guard, golden = hostile.out_of_range_guard()
+    error = refused(hostile.rebuilt({"guard.onnx": guard, "golden_outputs.npy": golden}))
+    assert error.reason == "range"
+
+
+@pytest.fixture(scope="module")
+def inflating_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("inflating")
+    files = {"inflating": hostile.inflating(), "zero_parts": hostile.zero_parts()}
+    for name, data in files.items():
+        (root / name).write_bytes(data)
+    return {name: root / name for name in files}
+
+
+@pytest.mark.parametrize("name", ["inflating", "zero_parts"])
+def test_compressed_members_are_refused_without_inflating_them(inflating_files: dict[str, Path], name: str) -> None:
+    path = inflating_files[name]
+    assert path.stat().st_size < 2 * 1024 * 1024  # 256 MiB to 1.25 GiB declared in about a megabyte
+    error = refused(path.read_bytes())
+    assert error.reason == "format" and "compressed" in str(error)
+    done, peak_mb = verify_cli(path, "--validate-memory-mb", "0")  # in-process: the read itself must stay small
+    assert done.returncode == 1 and "compressed" in done.stderr
+    assert peak_mb < 150, f"verify peaked at {peak_mb} MB"
+
+
+def test_a_deeply_nested_manifest_is_a_bundle_error_not_a_crash() -> None:
+    error = refused(hostile.nested_manifest())
+    assert error.reason == "format" and "RecursionError" in str(error)
+
+
+def test_duplicate_member_names_are_refused() -> None:
+    error = refused(hostile.duplicate_member())
+    assert error.reason == "format" and "duplicate members ['manifest.json']" in str(error)
+
+
+def test_created_at_must_be_a_time_with_a_zone() -> None:
+    for bad in (12, "yesterday", "2026-11-30T00:00:00", ["2026"]):
+        error = refused(hostile.rebuilt(created_at=bad))
+        assert error.reason == "schema" and "created_at" in str(error)
+    ModelSet.load(read_bundle(hostile.rebuilt(created_at="2026-11-30T00:00:00+01:00")), OPTIONS)
+
+
+def test_a_device_a_fifo_and_a_huge_file_are_refused_before_a_byte_is_read(tmp_path: Path) -> None:
+    with pytest.raises(BundleError, match="not a regular file") as caught:
+        read_bundle(Path("/dev/zero"))
+    assert caught.value.reason == "io"
+    fifo = tmp_path / "fifo.bundle"
+    os.mkfifo(fifo)
+    result: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            read_bundle(fifo)
+        except BundleError as exc:
+            result.append(exc)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(5)
+    assert not reader.is_alive(), "reading a FIFO blocked"
+    assert "not a regular file" in str(result[0])
+    sparse = tmp_path / "huge.bundle"
+    with sparse.open("wb") as f:
+        f.truncate(200 * 1024 * 1024)  # a sparse file: 200 MB declared, nothing on disk
+    with pytest.raises(BundleError, match="more than the") as caught:
+        read_bundle(sparse)
+    assert caught.value.reason == "size"
+
+
+def test_any_failure_inside_a_load_is_a_bundle_error() -> None:
+    """Values of the wrong type deep in the manifest fail in code that never expected them: still a BundleError."""
+    for manifest in ({"decoder": {"samples": 10, "min_votes": 4, "exploration_epsilon": 0.05, "exploration_temperature": "hot"}},
+                     {"guardrails": {"static": {"add_to_cart": [1.0]}, "rules": []}},
+                     {"golden": []}):
+        error = refused(hostile.rebuilt(**manifest))
+        assert error.reason in ("schema", "invalid"), error
+
+
+def test_the_validating_child_is_bounded_in_memory_and_time() -> None:
+    """The allocating graph with the graph check out of the way: the child process, not the server, runs out of room."""
+    from weights.sandbox import SandboxLimits, validate_in_child
+
+    data = (ROOT / "weights" / "data" / "default.bundle").read_bytes()
+    report = validate_in_child(data, OPTIONS, SandboxLimits())
+    assert report["ok"] and int(str(report["peak_rss_kb"])) < 300_000
+    with pytest.raises(BundleError) as caught:
+        validate_in_child(data, OPTIONS, SandboxLimits(memory_bytes=256 * 1024 * 1024))
+    assert caught.value.reason == "limits" and "256 MiB" in str(caught.value)
+    with pytest.raises(BundleError, match=r"longer than 0\.05 s") as caught:
+        validate_in_child(data, OPTIONS, SandboxLimits(timeout_s=0.05))
+    assert caught.value.reason == "limits"
+
+
+def test_a_graph_of_allowed_operators_that_allocates_is_stopped_by_the_child(tmp_path: Path) -> None:
+    """The graph check passes it (only allowed operators); the 512 MiB child is what refuses it, not the caller's memory."""
+    from weights.onnx_check import check_model
+    from weights.sandbox import SandboxLimits, validate_in_child
+
+    guard = hostile.broadcasting_guard()
+    check_model("guard.onnx", guard)  # allowed, operator by operator
+    data = hostile.rebuilt({"guard.onnx": guard})
+    with pytest.raises(BundleError) as caught:
+        validate_in_child(data, OPTIONS, SandboxLimits())
+    assert caught.value.reason in ("limits", "shape", "invalid"), caught.value  # out of room in the child, one way or another
+    path = tmp_path / "broadcasting.bundle"
+    path.write_bytes(data)
+    done, peak_mb = verify_cli(path)  # the real command: its process tree stayed far below the 14 GB the graph asks for
+    assert done.returncode == 1 and peak_mb < 600, (done.stderr, peak_mb)
+
+
+def test_verify_and_publish_validate_in_a_bounded_child_by_default(tmp_path: Path) -> None:
+    path = tmp_path / "nested.bundle"
+    path.write_bytes(hostile.nested_manifest())
+    done, _ = verify_cli(path)
+    assert done.returncode == 1 and "invalid (format)" in done.stderr and "Traceback" not in done.stderr
+    good = tmp_path / "good.bundle"
+    good.write_bytes(hostile.rebuilt())
+    done, peak_mb = verify_cli(good)
+    assert done.returncode == 0 and done.stdout.startswith("ok default-sim")
+    assert verify(good.read_bytes()).model_version == "default-sim-20261130"
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss > 0 and peak_mb < 300

@@ -1,0 +1,100 @@
+"""Signed bundles: a server with a public key loads only bundles signed by its private key."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from tests.harness import ROOT
+from tests.weights import hostile
+from weights.bundle import MANIFEST, SIGNATURE, BundleError, read_bundle
+from weights.model_set import LoadOptions, ModelSet
+from weights.signing import KeyFileError, keypair_pem, load_private_key, load_public_key, public_key_bytes, sign
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("keys")
+    out = {}
+    for who in ("ours", "theirs"):
+        private, public = keypair_pem()
+        (root / f"{who}.key").write_bytes(private)
+        (root / f"{who}.pub").write_bytes(public)
+        out[who], out[f"{who}_pub"] = root / f"{who}.key", root / f"{who}.pub"
+    return out
+
+
+def options(keys: dict[str, Path], who: str = "ours") -> LoadOptions:
+    return LoadOptions(device="cpu", warmup_batch=1, public_key=public_key_bytes(load_public_key(keys[f"{who}_pub"])))
+
+
+def test_a_signed_bundle_loads_and_keeps_its_parts(keys: dict[str, Path]) -> None:
+    data = hostile.rebuilt()
+    signed = sign(data, load_private_key(keys["ours"]))
+    bundle = read_bundle(signed)
+    assert bundle.signature is not None and len(bundle.signature) == 64
+    assert bundle.parts == read_bundle(data).parts and bundle.manifest == read_bundle(data).manifest
+    assert ModelSet.load(bundle, options(keys)).version == "default-sim-20261130"
+    assert sign(signed, load_private_key(keys["ours"])) == signed  # Ed25519 is deterministic; re-signing replaces
+
+
+def test_unsigned_and_mis_signed_bundles_are_refused(keys: dict[str, Path]) -> None:
+    data = hostile.rebuilt()
+    with pytest.raises(BundleError, match="not signed") as caught:
+        ModelSet.load(read_bundle(data), options(keys))
+    assert caught.value.reason == "signature"
+    theirs = sign(data, load_private_key(keys["theirs"]))
+    with pytest.raises(BundleError, match="does not verify"):
+        ModelSet.load(read_bundle(theirs), options(keys))
+    ModelSet.load(read_bundle(theirs), LoadOptions(device="cpu", warmup_batch=1))  # without a key: not checked
+
+
+def test_a_tampered_manifest_breaks_the_signature(keys: dict[str, Path]) -> None:
+    signed = sign(hostile.rebuilt(), load_private_key(keys["ours"]))
+    with zipfile.ZipFile(io.BytesIO(signed)) as zf:
+        entries = [(n, zf.read(n)) for n in sorted(zf.namelist())]
+    manifest = json.loads(dict(entries)[MANIFEST])
+    manifest["guard"]["threshold"] = 0.0  # veto nothing
+    tampered = hostile.members([(n, json.dumps(manifest).encode() if n == MANIFEST else d) for n, d in entries])
+    assert SIGNATURE in zipfile.ZipFile(io.BytesIO(tampered)).namelist()
+    with pytest.raises(BundleError, match="does not verify"):
+        ModelSet.load(read_bundle(tampered), options(keys))
+
+
+def test_key_files_of_the_wrong_kind_are_clear_errors(keys: dict[str, Path], tmp_path: Path) -> None:
+    with pytest.raises(KeyFileError, match="not a readable PEM public key"):
+        load_public_key(keys["ours"])
+    (tmp_path / "junk.pem").write_text("-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----\n")
+    with pytest.raises(KeyFileError):
+        load_public_key(tmp_path / "junk.pem")
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "server", "weights", *args], capture_output=True, text=True, timeout=120, cwd=ROOT)
+
+
+def test_keygen_sign_verify_and_publish_on_the_command_line(tmp_path: Path) -> None:
+    assert cli("keygen", "--private", str(tmp_path / "k"), "--public", str(tmp_path / "k.pub")).returncode == 0
+    assert (tmp_path / "k").stat().st_mode & 0o777 == 0o600
+    assert cli("keygen", "--private", str(tmp_path / "k"), "--public", str(tmp_path / "k.pub")).returncode != 0  # never overwrites
+    bundle = tmp_path / "b.bundle"
+    bundle.write_bytes(hostile.rebuilt())
+    out = cli("verify", str(bundle), "--public-key", str(tmp_path / "k.pub"))
+    assert out.returncode == 1 and "invalid (signature)" in out.stderr
+    assert cli("sign", str(bundle), "--key", str(tmp_path / "k")).returncode == 0
+    out = cli("verify", str(bundle), "--public-key", str(tmp_path / "k.pub"))
+    assert out.returncode == 0 and "(signed)" in out.stdout
+    unsigned = tmp_path / "u.bundle"
+    unsigned.write_bytes(hostile.rebuilt(model_version="v2"))
+    pv = tmp_path / "pv"
+    out = cli("publish", str(unsigned), "--dir", str(pv), "--public-key", str(tmp_path / "k.pub"))
+    assert out.returncode == 1 and "refused (signature)" in out.stderr
+    out = cli("publish", str(unsigned), "--dir", str(pv), "--public-key", str(tmp_path / "k.pub"), "--sign-key", str(tmp_path / "k"))
+    assert out.returncode == 0, out.stderr
+    assert read_bundle(pv / "weights_active.bundle").signature is not None

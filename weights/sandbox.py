@@ -1,0 +1,103 @@
+"""Validate a candidate bundle in a child process with an address-space limit and a timeout.
+
+Loading a bundle runs onnxruntime on graphs someone else wrote. ``weights.onnx_check``
+refuses what we know to be dangerous, but the last word on "does this fit in the pod" is to
+try it where failing costs nothing: a child process (``python -m weights.sandbox``) gets the
+bundle's bytes on stdin, sets ``RLIMIT_AS`` to ``memory_bytes``, and does exactly what a
+server does (``read_bundle`` → ``ModelSet.load``: schema, signature, graph checks, sessions,
+golden self-test, warm-up). Only when it answers ``ok`` within ``timeout_s`` does the caller
+load the same bytes itself. A child that runs out of memory, hangs or dies is a
+``BundleError`` with reason ``limits``; the server keeps serving what it had.
+
+The parent passes the bytes it already read (not the path), so the file cannot be swapped
+between the check and the load.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+
+from weights.bundle import MAX_BUNDLE_BYTES, BundleError, read_bundle
+from weights.model_set import LoadOptions, ModelSet
+
+_ANSWER_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    """Limits of the validating child; ``memory_bytes`` is its whole address space (virtual memory)."""
+
+    memory_bytes: int = 512 * 1024 * 1024  # under the pod's 512Mi: the interpreter and onnxruntime need about 300 MiB of it
+    timeout_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.memory_bytes < 256 * 1024 * 1024:
+            raise ValueError(f"validation memory limit: expected at least 256 MiB, got {self.memory_bytes} bytes")
+        if not 0 < self.timeout_s <= 3600:
+            raise ValueError(f"validation timeout: expected 0 < seconds <= 3600, got {self.timeout_s}")
+
+
+def validate_in_child(data: bytes, options: LoadOptions, limits: SandboxLimits) -> dict[str, object]:
+    """Run the full load of ``data`` under ``limits`` in a child; its report (``peak_rss_kb`` …), or ``BundleError``.
+
+    The child loads with the caller's ``options``, on CPU with one thread.
+    """
+    fields = {k: (v.hex() if isinstance(v, bytes) else v) for k, v in asdict(options).items()}
+    fields.update(device="cpu", threads=1)
+    # -P: the working directory is not on the child's path (nothing there can shadow our packages)
+    command = [sys.executable, "-P", "-m", "weights.sandbox", str(limits.memory_bytes), json.dumps(fields)]
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "TMPDIR", "OMP_NUM_THREADS", "PYTHONPATH")}
+    try:
+        done = subprocess.run(command, input=data, capture_output=True, timeout=limits.timeout_s, env=env, check=False)
+    except subprocess.TimeoutExpired:
+        raise BundleError("limits", f"validating the bundle took longer than {limits.timeout_s:g} s") from None
+    answer = _answer(done.stdout)
+    if answer is None:
+        hint = "out of memory" if done.returncode in (-9, 137) or b"MemoryError" in done.stderr else f"exit {done.returncode}"
+        raise BundleError("limits", f"the validating process died ({hint}) under a {limits.memory_bytes // 2**20} MiB "
+                                    "address-space limit")
+    if not answer.get("ok"):
+        reason, message = str(answer.get("reason", "invalid")), str(answer.get("message", ""))
+        raise BundleError(reason if reason != "memory" else "limits", message)
+    return answer
+
+
+def _answer(stdout: bytes) -> dict[str, object] | None:
+    try:
+        answer = json.loads(stdout[-_ANSWER_BYTES:].decode().strip().splitlines()[-1])
+    except (ValueError, IndexError, UnicodeDecodeError):
+        return None
+    return answer if isinstance(answer, dict) else None
+
+
+def _child(memory_bytes: int, fields: dict[str, object]) -> dict[str, object]:
+    resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    try:
+        key = fields.get("public_key")
+        options = LoadOptions(**{**fields, "public_key": bytes.fromhex(key) if isinstance(key, str) else None})  # type: ignore[arg-type]
+        data = sys.stdin.buffer.read(MAX_BUNDLE_BYTES + 1)
+        model = ModelSet.load(read_bundle(data), options)
+    except BundleError as exc:
+        return {"ok": False, "reason": exc.reason, "message": str(exc)}
+    except MemoryError:
+        return {"ok": False, "reason": "memory", "message": f"validation ran out of its {memory_bytes // 2**20} MiB address space"}
+    return {"ok": True, "model_version": model.version, "peak_rss_kb": _peak_rss_kb()}
+
+
+def _peak_rss_kb() -> int:
+    """This process's peak RSS since exec (VmHWM; ru_maxrss would include the forked parent's pages)."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    return -1
+
+
+if __name__ == "__main__":
+    print(json.dumps(_child(int(sys.argv[1]), json.loads(sys.argv[2]))), flush=True)
