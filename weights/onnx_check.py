@@ -77,12 +77,25 @@ def _varint(data: memoryview, pos: int) -> tuple[int, int]:
         shift += 7
 
 
+_MAX_TAG = (1 << 32) - 1  # protobuf's C++ parser reads a tag as 32 bits and drops the rest
+_MAX_FIELD = (1 << 29) - 1
+
+
 def _fields(data: memoryview) -> Iterator[tuple[int, int, int | memoryview]]:
-    """(field number, wire type, value): an int for varints and fixed, a view for length-delimited."""
+    """(field number, wire type, value): an int for varints and fixed, a view for length-delimited.
+
+    A tag is read exactly as protobuf's C++ parser (which onnxruntime uses) would: a tag longer
+    than 5 bytes, above 32 bits, or of field 0 is refused. Otherwise a tag like ``BA 80 80 80 10``
+    would be an unknown field 2²⁹+7 here and field 7 (the graph) there: a graph this check never
+    saw.
+    """
     pos = 0
     while pos < len(data):
+        start = pos
         key, pos = _varint(data, pos)
         number, wire = key >> 3, key & 7
+        if pos - start > 5 or key > _MAX_TAG or not 1 <= number <= _MAX_FIELD:
+            raise BundleError("onnx", f"protobuf tag {bytes(data[start:pos]).hex()} is out of range: not a well-formed ONNX model")
         if wire == 0:
             value, pos = _varint(data, pos)
             yield number, wire, value

@@ -157,3 +157,29 @@ def broadcasting_guard(n: int = 60_000) -> bytes:
     graph = helper.make_graph(nodes, "guard", [helper.make_tensor_value_info("state", TensorProto.FLOAT, ["N", state_dim])],
                               [helper.make_tensor_value_info("allow_prob", TensorProto.FLOAT, ["N", 5])], inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def hidden_node_guard() -> bytes:
+    """The default guard with a ConstantOfShape node under a 5-byte tag whose bit 32 is set.
+
+    A parser that reads the tag as 64 bits sees unknown field 2²⁹+1 and skips it; protobuf's C++
+    parser (onnxruntime's) truncates the tag to 32 bits and reads field 1 of GraphProto: a node.
+    """
+    model = onnx.load_from_string(default_bundle().parts["guard.onnx"])
+    hidden = helper.make_node("ConstantOfShape", ["shape_in"], ["never_used"],
+                              value=numpy_helper.from_array(np.array([1.0], dtype=np.float32)))
+    key = (1 << 3) | 2
+    tag = bytes([(key >> (7 * i)) & 0x7F | 0x80 for i in range(4)] + [((key >> 28) & 0x0F) | 0x10])
+    payload = hidden.SerializeToString()
+    graph = model.graph.SerializeToString() + tag + _varint(len(payload)) + payload
+    model.ClearField("graph")
+    return model.SerializeToString() + _varint((7 << 3) | 2) + _varint(len(graph)) + graph

@@ -72,6 +72,17 @@ def test_an_allocating_graph_is_refused_before_onnxruntime_runs_it() -> None:
     assert error.reason == "onnx" and "ConstantOfShape" in str(error)
 
 
+def test_a_node_hidden_under_an_out_of_range_protobuf_tag_is_refused() -> None:
+    """Found in review: the graph check and onnxruntime must read the same fields from the same bytes."""
+    import onnxruntime
+
+    guard = hostile.hidden_node_guard()
+    with pytest.raises(Exception, match="ConstantOfShape"):  # onnxruntime reads the hidden node (and trips on its input)
+        onnxruntime.InferenceSession(guard, providers=["CPUExecutionProvider"])
+    error = refused(hostile.rebuilt({"guard.onnx": guard}))
+    assert error.reason == "onnx" and "protobuf tag" in str(error)
+
+
 def test_guard_outputs_outside_zero_one_are_refused() -> None:
     guard, golden = hostile.out_of_range_guard()
     error = refused(hostile.rebuilt({"guard.onnx": guard, "golden_outputs.npy": golden}))
