@@ -28,7 +28,7 @@ from server.config import Config
 from server.grpc_metrics import InstrumentedRegistrar
 from server.metrics import Metrics
 from server.metrics_http import MetricsEndpoint
-from server.models import ModelHolder, active_path, load_file, load_initial, load_options, sandbox_limits
+from server.models import ModelHolder, active_path, load_file, load_initial, load_options, make_validator
 from server.servicer import ShoppingAgentServicer, add_to_server
 from server.tls import ReloadingCertificates, grpc_files, server_credentials
 from server.watcher import WeightsWatcher
@@ -62,6 +62,7 @@ class ShoppingAgentServer:
         self._loading: asyncio.Task[None] | None = None
         self._watcher: WeightsWatcher | None = None
         self.recorder = make_recorder(config, self.metrics)
+        self.validator = make_validator(config)  # validates bundles from the volume in limited children
         self.stopped = asyncio.Event()
 
     async def start(self) -> int:
@@ -114,7 +115,7 @@ class ShoppingAgentServer:
     async def _load(self) -> None:
         loop = asyncio.get_running_loop()
         try:
-            model, seen, rejected = await loop.run_in_executor(None, load_initial, self.config)
+            model, seen, rejected = await loop.run_in_executor(None, load_initial, self.config, self.validator)
         except Exception:
             log.exception("no model could be loaded; answering from the rule engine (FALLBACK_NO_MODEL)")
             model, seen, rejected = None, None, None
@@ -124,10 +125,10 @@ class ShoppingAgentServer:
             await self._swap_in(model)
         path = active_path(self.config)
         if path is not None:  # even after a failed start: publishing a good bundle recovers the server
-            options, limits = load_options(self.config), sandbox_limits(self.config)
+            options, validator = load_options(self.config), self.validator
             self._watcher = WeightsWatcher(
                 path,
-                load=lambda p: load_file(p, options, limits),
+                load=lambda p: load_file(p, options, validator),
                 # The watcher thread waits for the swap, so swaps happen in the order they were loaded.
                 on_loaded=lambda m, s: asyncio.run_coroutine_threadsafe(self._swapped(m, s), loop).result(30),
                 on_rejected=lambda e, s: self._call_soon(loop, self._rejected, e, s),
@@ -192,6 +193,8 @@ class ShoppingAgentServer:
             if self.metrics_endpoint is not None:
                 self.metrics_endpoint.stop()
                 self.metrics_endpoint = None
+            if self.validator is not None:
+                self.validator.close()
             return
         log.info("draining", extra={"fields": {"grace_s": grace, "drain_delay_s": drain_delay}})
         await self.health.enter_graceful_shutdown()
@@ -202,6 +205,8 @@ class ShoppingAgentServer:
             self._loading.cancel()
         if self._watcher is not None:
             await asyncio.get_running_loop().run_in_executor(None, self._watcher.stop)
+        if self.validator is not None:  # after the watcher: no bundle is being validated any more
+            await asyncio.get_running_loop().run_in_executor(None, self.validator.close)
         if self._batcher is not None:
             await self._batcher.close()
         if self.recorder is not None:  # after the last call: every answered decision is written

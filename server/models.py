@@ -16,8 +16,9 @@ from server.config import Config
 from server.watcher import Signature, signature
 from weights.bundle import BundleError, read_bundle, read_file
 from weights.embedded import default_bundle, default_manifest
+from weights.forkserver import Validator
 from weights.model_set import LoadOptions, ModelSet, NoModel
-from weights.sandbox import SandboxLimits, validate_in_child
+from weights.sandbox import SandboxLimits
 from weights.signing import load_public_key, public_key_bytes
 from weights.store import ACTIVE_NAME
 
@@ -39,11 +40,11 @@ def load_options(config: Config) -> LoadOptions:
     )
 
 
-def sandbox_limits(config: Config) -> SandboxLimits | None:
-    """The validating child's limits; None when validation runs in-process."""
+def make_validator(config: Config) -> Validator | None:
+    """The server's validating process (started on first use); None when bundles are validated in-process only."""
     if config.validate_memory_mb == 0:
         return None
-    return SandboxLimits(memory_bytes=config.validate_memory_mb * 1024 * 1024, timeout_s=config.validate_timeout_seconds)
+    return Validator(SandboxLimits(memory_bytes=config.validate_memory_mb * 1024 * 1024, timeout_s=config.validate_timeout_seconds))
 
 
 class ModelHolder:
@@ -70,19 +71,19 @@ def active_path(config: Config) -> Path | None:
     return None if config.weights_dir is None else Path(config.weights_dir) / ACTIVE_NAME
 
 
-def load_file(path: Path, options: LoadOptions, limits: SandboxLimits | None = None) -> ModelSet:
+def load_file(path: Path, options: LoadOptions, validator: Validator | None = None) -> ModelSet:
     """Read, validate, self-test and warm up the bundle at ``path`` (raises BundleError).
 
-    With ``limits``, a child process loads the same bytes first under a memory limit and a
-    timeout; this process loads them only once the child succeeded.
+    With a ``validator``, a child process loads the same bytes first under a memory limit and
+    a timeout; this process loads them only once the child succeeded.
     """
     data = read_file(path)
-    if limits is not None:
-        validate_in_child(data, options, limits)
+    if validator is not None:
+        validator.validate(data, options)
     return ModelSet.load(read_bundle(data), options)
 
 
-def load_initial(config: Config) -> tuple[ModelSet | NoModel, Signature | None, BundleError | None]:
+def load_initial(config: Config, validator: Validator | None = None) -> tuple[ModelSet | NoModel, Signature | None, BundleError | None]:
     """The model set to serve at start, the signature of the active file it judged, and why that file was refused.
 
     The weights directory's active bundle, else the embedded default (or no model). The
@@ -95,7 +96,7 @@ def load_initial(config: Config) -> tuple[ModelSet | NoModel, Signature | None, 
     if path is not None:
         seen = signature(path)
         try:
-            model = load_file(path, options, sandbox_limits(config))
+            model = load_file(path, options, validator)
             log.info("loaded bundle", extra={"fields": {"path": str(path), "model_version": model.version,
                                                         "providers": list(model.policy.providers)}})
             return model, seen, None

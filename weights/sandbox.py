@@ -47,13 +47,10 @@ def validate_in_child(data: bytes, options: LoadOptions, limits: SandboxLimits) 
 
     The child loads with the caller's ``options``, on CPU with one thread.
     """
-    fields = {k: (v.hex() if isinstance(v, bytes) else v) for k, v in asdict(options).items()}
-    fields.update(device="cpu", threads=1)
     # -P: the working directory is not on the child's path (nothing there can shadow our packages)
-    command = [sys.executable, "-P", "-m", "weights.sandbox", str(limits.memory_bytes), json.dumps(fields)]
-    env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "TMPDIR", "OMP_NUM_THREADS", "PYTHONPATH")}
+    command = [sys.executable, "-P", "-m", "weights.sandbox", str(limits.memory_bytes), json.dumps(_fields(options))]
     try:
-        done = subprocess.run(command, input=data, capture_output=True, timeout=limits.timeout_s, env=env, check=False)
+        done = subprocess.run(command, input=data, capture_output=True, timeout=limits.timeout_s, env=_environment(), check=False)
     except subprocess.TimeoutExpired:
         raise BundleError("limits", f"validating the bundle took longer than {limits.timeout_s:g} s") from None
     answer = _answer(done.stdout)
@@ -61,10 +58,24 @@ def validate_in_child(data: bytes, options: LoadOptions, limits: SandboxLimits) 
         hint = "out of memory" if done.returncode in (-9, 137) or b"MemoryError" in done.stderr else f"exit {done.returncode}"
         raise BundleError("limits", f"the validating process died ({hint}) under a {limits.memory_bytes // 2**20} MiB "
                                     "address-space limit")
+    return _verdict(answer)
+
+
+def _verdict(answer: dict[str, object]) -> dict[str, object]:
     if not answer.get("ok"):
         reason, message = str(answer.get("reason", "invalid")), str(answer.get("message", ""))
         raise BundleError(reason if reason != "memory" else "limits", message)
     return answer
+
+
+def _fields(options: LoadOptions) -> dict[str, object]:
+    fields = {k: (v.hex() if isinstance(v, bytes) else v) for k, v in asdict(options).items()}
+    fields.update(device="cpu", threads=1)
+    return fields
+
+
+def _environment() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "TMPDIR", "OMP_NUM_THREADS", "PYTHONPATH")}
 
 
 def _answer(stdout: bytes) -> dict[str, object] | None:
@@ -75,20 +86,28 @@ def _answer(stdout: bytes) -> dict[str, object] | None:
     return answer if isinstance(answer, dict) else None
 
 
-def _child(memory_bytes: int, fields: dict[str, object]) -> dict[str, object]:
+def _limit_self(memory_bytes: int) -> None:
     os.nice(10)  # validation must not take CPU from the requests the parent is serving
     resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+def _validate(data: bytes, memory_bytes: int, fields: dict[str, object]) -> dict[str, object]:
+    """In the limited process: the server's whole load of ``data``; the answer as plain data."""
     try:
         key = fields.get("public_key")
         options = LoadOptions(**{**fields, "public_key": bytes.fromhex(key) if isinstance(key, str) else None})  # type: ignore[arg-type]
-        data = sys.stdin.buffer.read(MAX_BUNDLE_BYTES + 1)
         model = ModelSet.load(read_bundle(data), options)
     except BundleError as exc:
         return {"ok": False, "reason": exc.reason, "message": str(exc)}
     except MemoryError:
         return {"ok": False, "reason": "memory", "message": f"validation ran out of its {memory_bytes // 2**20} MiB address space"}
     return {"ok": True, "model_version": model.version, "peak_rss_kb": _peak_rss_kb()}
+
+
+def _child(memory_bytes: int, fields: dict[str, object]) -> dict[str, object]:
+    _limit_self(memory_bytes)
+    return _validate(sys.stdin.buffer.read(MAX_BUNDLE_BYTES + 1), memory_bytes, fields)
 
 
 def _peak_rss_kb() -> int:
@@ -101,4 +120,9 @@ def _peak_rss_kb() -> int:
 
 
 if __name__ == "__main__":
-    print(json.dumps(_child(int(sys.argv[1]), json.loads(sys.argv[2]))), flush=True)
+    if sys.argv[1:] == ["--serve"]:
+        from weights.forkserver import serve_forever
+
+        serve_forever()
+    else:
+        print(json.dumps(_child(int(sys.argv[1]), json.loads(sys.argv[2]))), flush=True)

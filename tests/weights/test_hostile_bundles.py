@@ -11,6 +11,7 @@ import resource
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -205,3 +206,36 @@ def test_verify_and_publish_validate_in_a_bounded_child_by_default(tmp_path: Pat
     assert done.returncode == 0 and done.stdout.startswith("ok default-sim")
     assert verify(good.read_bytes()).model_version == "default-sim-20261130"
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss > 0 and peak_mb < 300
+
+
+def test_the_fork_server_validates_refuses_times_out_and_survives_its_own_death() -> None:
+    """The server's validating process: one start, then a limited fork per bundle."""
+    from weights.forkserver import Validator
+    from weights.sandbox import SandboxLimits
+
+    validator = Validator(SandboxLimits())
+    try:
+        good = (ROOT / "weights" / "data" / "default.bundle").read_bytes()
+        report = validator.validate(good, OPTIONS)
+        assert report["ok"] and 0 < int(str(report["peak_rss_kb"])) < 300_000
+        with pytest.raises(BundleError) as caught:  # 14 GB asked for, the fork under 512 MiB refuses it
+            validator.validate(hostile.rebuilt({"guard.onnx": hostile.broadcasting_guard()}), OPTIONS)
+        assert caught.value.reason in ("limits", "shape", "invalid")
+        with pytest.raises(BundleError, match="not valid JSON"):  # refusals keep their reason and message
+            validator.validate(hostile.nested_manifest(), OPTIONS)
+        assert validator._proc is not None
+        validator._proc.kill()  # the validating process dies: the next bundle starts a new one
+        validator._proc.wait(10)
+        assert validator.validate(good, OPTIONS)["ok"]
+    finally:
+        validator.close()
+    hurried = Validator(SandboxLimits(timeout_s=0.01))
+    try:
+        hurried.start()
+        time.sleep(1.0)  # let it import: the fork's own work is what must overrun
+        with pytest.raises(BundleError, match="took longer") as caught:
+            hurried.validate(good, OPTIONS)
+        assert caught.value.reason == "limits"
+        assert hurried._proc is not None and hurried._proc.poll() is None  # only the fork was killed
+    finally:
+        hurried.close()

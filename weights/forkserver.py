@@ -1,0 +1,175 @@
+"""A validating process that starts once and forks a limited child per bundle, so a swap does not pay for a new interpreter.
+
+``weights.sandbox.validate_in_child`` starts a fresh ``python -m weights.sandbox`` for every
+bundle: safe, but about 280 ms of interpreter, numpy and onnxruntime start-up on every swap,
+competing with serving for the pod's cores. ``Validator`` keeps one such process
+(``python -m weights.sandbox --serve``) that has imported them once and, for each bundle,
+forks a child that sets its own address-space limit and nice level and does the server's whole
+load (``weights.sandbox._validate``). The forked child starts with nothing but imports: the
+validating process never creates an onnxruntime session itself, so no thread pool is forked.
+
+Protocol on the validating process's stdin/stdout: a JSON header line (``size``, ``memory``,
+``timeout``, ``fields``), then ``size`` bytes of bundle; one JSON answer line back. A child
+that overruns its timeout is killed; one that dies without answering (the memory limit, a
+crash in onnxruntime) is reported; either is reason ``limits``. If the validating process
+itself dies, the next bundle starts a new one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from weights.bundle import BundleError
+from weights.model_set import LoadOptions
+from weights.sandbox import SandboxLimits, _environment, _fields, _limit_self, _validate, _verdict
+
+log = logging.getLogger(__name__)
+
+_SLACK_S = 5.0  # the validating process's own timeout is the child's; the caller waits a little longer
+
+
+class Validator:
+    """One long-lived validating process for this server (thread-safe; one bundle at a time)."""
+
+    def __init__(self, limits: SandboxLimits) -> None:
+        self.limits = limits
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        with self._lock:
+            self._ensure()
+
+    def validate(self, data: bytes, options: LoadOptions) -> dict[str, object]:
+        """The child's report for ``data`` (``peak_rss_kb`` …), or ``BundleError``; as ``validate_in_child``."""
+        header = {"size": len(data), "memory": self.limits.memory_bytes, "timeout": self.limits.timeout_s,
+                  "fields": _fields(options)}
+        with self._lock:
+            proc = self._ensure()
+            assert proc.stdin is not None and proc.stdout is not None
+            try:
+                proc.stdin.write(json.dumps(header).encode() + b"\n" + data)
+                proc.stdin.flush()
+                line = _read_line(proc.stdout.fileno(), self.limits.timeout_s + _SLACK_S)
+            except (OSError, EOFError, TimeoutError) as exc:
+                self._discard()
+                raise BundleError("limits", f"the validating process failed ({type(exc).__name__}); it is restarted") from None
+        try:
+            answer = json.loads(line)
+        except ValueError:
+            answer = None
+        if not isinstance(answer, dict):
+            raise BundleError("limits", "the validating process gave no answer")
+        return _verdict(answer)
+
+    def close(self) -> None:
+        with self._lock:
+            self._discard()
+
+    def _ensure(self) -> subprocess.Popen[bytes]:
+        if self._proc is not None and self._proc.poll() is not None:
+            log.warning("the validating process ended (exit %s); starting a new one", self._proc.returncode)
+            self._discard()
+        if self._proc is None:
+            self._proc = subprocess.Popen([sys.executable, "-P", "-m", "weights.sandbox", "--serve"], stdin=subprocess.PIPE,
+                                          stdout=subprocess.PIPE, env=_environment())
+        return self._proc
+
+    def _discard(self) -> None:
+        if self._proc is not None:
+            if self._proc.poll() is None:
+                self._proc.kill()
+            self._proc.wait(10)
+            for stream in (self._proc.stdin, self._proc.stdout):
+                if stream is not None:
+                    stream.close()
+            self._proc = None
+
+
+def _read_line(fd: int, timeout_s: float) -> bytes:
+    deadline = time.monotonic() + timeout_s
+    chunks = []
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+            raise TimeoutError
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            raise EOFError("the validating process ended")
+        chunks.append(chunk)
+        if chunk.endswith(b"\n"):
+            return b"".join(chunks)
+
+
+# --- the validating process ---------------------------------------------------------------------
+
+
+def serve_forever() -> None:
+    """``python -m weights.sandbox --serve``: import once, then fork one limited child per request."""
+    import onnxruntime  # noqa: F401  (imported once here, inherited by every child: the point of this process)
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server stops it (stdin closes, or kill), not a terminal's ^C
+    stdin = sys.stdin.buffer
+    while True:
+        header = stdin.readline()
+        if not header:
+            return
+        request = json.loads(header)
+        data = stdin.read(int(request["size"]))
+        answer = _fork_one(data, int(request["memory"]), float(request["timeout"]), request["fields"])
+        sys.stdout.write(json.dumps(answer) + "\n")
+        sys.stdout.flush()
+
+
+def _fork_one(data: bytes, memory_bytes: int, timeout_s: float, fields: dict[str, object]) -> dict[str, object]:
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: limit itself, validate, answer, and leave without running any cleanup of the parent's
+        os.close(read_end)
+        try:
+            _limit_self(memory_bytes)
+            answer = _validate(data, memory_bytes, fields)
+        except BaseException as exc:
+            answer = {"ok": False, "reason": "invalid", "message": f"{type(exc).__name__}: {str(exc)[:200]}"}
+        try:
+            os.write(write_end, json.dumps(answer).encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    try:
+        return _collect(pid, read_end, timeout_s, memory_bytes)
+    finally:
+        os.close(read_end)
+
+
+def _collect(pid: int, fd: int, timeout_s: float, memory_bytes: int) -> dict[str, object]:
+    deadline = time.monotonic() + timeout_s
+    chunks: list[bytes] = []
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return {"ok": False, "reason": "limits", "message": f"validating the bundle took longer than {timeout_s:g} s"}
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    _, status = os.waitpid(pid, 0)
+    try:
+        answer = json.loads(b"".join(chunks))
+    except ValueError:
+        answer = None
+    if isinstance(answer, dict):
+        return answer
+    how = f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else f"exit {os.WEXITSTATUS(status)}"
+    return {"ok": False, "reason": "limits",
+            "message": f"the validating process died ({how}) under a {memory_bytes // 2**20} MiB address-space limit"}
