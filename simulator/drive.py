@@ -28,6 +28,7 @@ from typing import Any, Protocol
 import pyarrow as pa
 
 from core.domain import Action, Decision, DecisionRequest, OutcomeReport, Source
+from experience.objective import BusinessObjective
 from experience.recorder import ExperienceRecorder, RecorderOptions
 from experience.returns import GAMMA, MeanReturn, mean_return, session_returns
 from experience.sessions import EpisodeConfig, build_episodes
@@ -111,8 +112,15 @@ class Trace:
         episodes = build_episodes(*self.tables(), config)
         return mean_return(session_returns(episodes, gamma=gamma))
 
+    def business(self, objective: BusinessObjective | None = None) -> dict[str, MeanReturn]:
+        """What the shop earned from the sessions traced: net GMV, complaints, the business objective (per session)."""
+        decisions, outcomes = self.tables()
+        sessions = list(dict.fromkeys(decisions.column("session_id").to_pylist()))
+        return (objective or BusinessObjective()).summary(sessions, outcomes)
+
     def summary(self, config: EpisodeConfig | None = None) -> dict[str, Any]:
         value = self.value(config)
+        business = self.business() if self.decision_ids else {}
         sources: dict[str, int] = {}
         for s in self.sources:
             key = Source(s).name.lower()
@@ -126,6 +134,7 @@ class Trace:
             "ci_low": value.low,
             "ci_high": value.high,
             "stderr": value.stderr,
+            **{f"{name}_per_session": {"mean": m.mean, "ci_low": m.low, "ci_high": m.high} for name, m in business.items()},
             "sources": dict(sorted(sources.items())),
             "model_versions": sorted(self.model_versions),
         }
