@@ -39,6 +39,16 @@ class LoggedSteps:
     def __len__(self) -> int:
         return len(self.actions)
 
+    @property
+    def certain(self) -> npt.NDArray[np.bool_]:
+        """(N,) rows the behaviour served with certainty (a rule-engine answer: degraded, no model, every action vetoed).
+
+        Such a row says nothing about any other action: its propensity is 1 for the action the
+        rules chose, 0 for the rest, so an importance ratio against it is not an estimate of
+        anything. The trainer leaves these rows out of the surrogate and the KL to the behaviour.
+        """
+        return np.asarray(self.behavior_probs.max(axis=1) >= 1.0 - 1e-12, dtype=np.bool_)
+
 
 def embeddings_of(decisions: pa.Table, item_dim: int) -> F32:
     column = decisions.column("item_embedding").combine_chunks()

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import torch
 
@@ -159,7 +160,8 @@ def train(decisions: pa.Table, outcomes: pa.Table, init: Bundle, config: TrainCo
     behavior = torch.as_tensor(exp.steps.behavior_probs, device=dev)
     stats = update.Stats()
     batch_gen = torch.Generator().manual_seed(config.seed)  # the same on every rank: the same batch
-    eligible = torch.nonzero(targets.ok.cpu()).flatten()  # rows the decoder decides (the rest carry no gradient)
+    random_rows = torch.as_tensor(~exp.steps.certain)  # served at random by the behaviour: the rows a ratio can use
+    eligible = torch.nonzero(targets.ok.cpu() & random_rows).flatten()  # and decided by the new decoder (others: no gradient)
     n_batch = min(len(eligible), config.batch)
     rows = None
     if n_batch < world:
@@ -181,7 +183,7 @@ def train(decisions: pa.Table, outcomes: pa.Table, init: Bundle, config: TrainCo
         warnings.append("no natural-gradient step was taken: the bundle's policy is the starting one")
     if rows is not None and len(rows.states):
         stats.ess = update.effective_sample_size(policy, decoder, rows, config.max_ratio)  # the final policy, on the last batch
-    kl_behavior = behavior_kl(policy, decoder, states, targets, exp.steps.behavior_probs)
+    kl_behavior = behavior_kl(policy, decoder, states, targets, exp.steps.behavior_probs, ~exp.steps.certain)
     if kl_behavior > config.behavior_kl_warn:
         warnings.append(f"KL(new ‖ behaviour) = {kl_behavior:.3f} > {config.behavior_kl_warn}: the logs no longer support "
                         "a step this far; collect fresh data under this policy before training further")
@@ -194,6 +196,7 @@ def train(decisions: pa.Table, outcomes: pa.Table, init: Bundle, config: TrainCo
         "return_variance_ratio": _variance_ratio(exp),
         "train_steps": float(n),
         "train_episodes": float(exp.episodes.n_episodes),
+        "train_rows_served_with_certainty": float(exp.steps.certain.sum()),  # left out of the surrogate and the KL
     }
     metrics = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and math.isfinite(float(v))}
     policy = policy.cpu()
@@ -218,8 +221,12 @@ def train(decisions: pa.Table, outcomes: pa.Table, init: Bundle, config: TrainCo
 
 
 def behavior_kl(policy: torch.nn.Module, decoder: TorchDecoder, states: torch.Tensor, targets: Targets, behavior: FloatArray,
-                chunk: int = 8192) -> float:
-    """Mean KL(new ‖ behaviour) of the served distributions over the logged states."""
+                rows: npt.NDArray[np.bool_] | None = None, chunk: int = 8192) -> float:
+    """Mean KL(new ‖ behaviour) of the served distributions over the logged states (``rows`` of them).
+
+    The trainer passes the rows the behaviour served at random: against a point mass (a
+    rule-engine answer) the KL only measures the floor below, not how far the policy moved.
+    """
     from trainer.evaluation import mean_kl
 
     parts = []
@@ -228,7 +235,14 @@ def behavior_kl(policy: torch.nn.Module, decoder: TorchDecoder, states: torch.Te
             sl = slice(i, i + chunk)
             q = decoder.masked_q(policy(states[sl]), targets.log_weights[sl], targets.allowed[sl])
             parts.append(decoder.served(q, targets.fallback[sl], targets.ok[sl]).cpu().numpy())
-    return mean_kl(np.concatenate(parts), np.maximum(behavior, 1e-6)) if parts else 0.0  # floored: finite where the old guard vetoed
+    if not parts:
+        return 0.0
+    served, logged = np.concatenate(parts), np.maximum(behavior, 1e-6)  # floored: finite where the old guard vetoed
+    if rows is not None:
+        if not rows.any():
+            return 0.0
+        served, logged = served[rows], logged[rows]
+    return mean_kl(served, logged)
 
 
 def _variance_ratio(exp: Experience) -> float:

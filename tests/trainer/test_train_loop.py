@@ -10,8 +10,10 @@ from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
+from core.domain import Source
 from experience.returns import session_returns
 from experience.segments import DirectorySource
 from experience.sessions import build_episodes
@@ -129,6 +131,41 @@ def test_group_advantages_train_a_better_policy_too(logs: Path) -> None:
     gain, se = paired_gain(ModelSet.load(read_bundle(result.bundle), options), ModelSet.load(fresh_bundle(), options), seed=23,
                            sessions=1500)
     assert gain > 2 * se, (gain, se)
+
+
+def _served_with_certainty(decisions: pa.Table, share: float, seed: int) -> tuple[pa.Table, int]:
+    """A share of the rows turned into rule-engine answers: the served action with probability 1 (as degraded ones are logged)."""
+    n = decisions.num_rows
+    pick = np.random.default_rng(seed).random(n) < share
+    served_type = decisions.schema.field("served_probs").type
+    served = np.array(decisions.column("served_probs").combine_chunks().flatten().to_numpy(), dtype=np.float64).reshape(n, 5)
+    index = np.asarray(decisions.column("action").to_numpy(), dtype=np.int64) - 1
+    served[pick] = 0.0
+    served[pick, index[pick]] = 1.0
+    propensity = np.where(pick, 1.0, decisions.column("propensity").to_numpy())
+    source = np.where(pick, int(Source.FALLBACK_DEGRADED), decisions.column("source").to_numpy())
+    columns = {
+        "served_probs": pa.FixedSizeListArray.from_arrays(pa.array(served.reshape(-1), type=served_type.value_type), 5),
+        "propensity": pa.array(propensity, type=decisions.schema.field("propensity").type),
+        "source": pa.array(source, type=decisions.schema.field("source").type),
+    }
+    for name, column in columns.items():
+        decisions = decisions.set_column(decisions.schema.get_field_index(name), decisions.schema.field(name), column)
+    return decisions, int(pick.sum())
+
+
+def test_rows_served_with_certainty_leave_the_step_alone(logs: Path, trained: TrainResult) -> None:
+    """15 % of rows logged as rule-engine answers (propensity 1) carry no ratio: the step is the one the rest supports."""
+    source = DirectorySource(logs)
+    decisions, outcomes = source.table("decisions"), source.table("outcomes")
+    polluted, n_certain = _served_with_certainty(decisions, 0.15, seed=3)
+    result = train(polluted, outcomes, fresh_bundle(), FAST, device="cpu")
+    clean = trained.metrics
+    # the training side holds about 80 % of the sessions (the rest is the gate's)
+    assert result.metrics["train_rows_served_with_certainty"] >= clean["train_rows_served_with_certainty"] + 0.6 * n_certain
+    assert result.metrics["updates_accepted"] == clean["updates_accepted"] >= 1
+    assert 0.5 * clean["kl_to_old"] <= result.metrics["kl_to_old"] <= 2.0 * clean["kl_to_old"]
+    assert result.metrics["kl_to_behavior"] <= 2.0 * clean["kl_to_behavior"] + 0.05  # not the floor of the point masses
 
 
 def test_same_logs_and_seed_give_the_same_bytes(logs: Path, trained: TrainResult) -> None:
