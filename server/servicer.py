@@ -171,6 +171,8 @@ class ShoppingAgentServicer:
         log_context.set({"decision_id": decision_id, "request_id": req.request_id})  # this call's task only
         try:
             decision = await self._decide(model, req, ctx, decision_id, context.time_remaining())
+            if self._metrics is not None:  # every answered decision counted here, once, whoever made it
+                self._metrics.decision_served(decision)
             if self._recorder is not None:  # before answering: an answered decision is a logged one
                 self._recorder.decision(req, ctx.hour, decision, decision_id,
                                         model.encoder.spec if isinstance(model, ModelSet) else None)
@@ -199,14 +201,7 @@ class ShoppingAgentServicer:
 
     async def _decide(self, model: ModelSet | NoModel, req: DecisionRequest, ctx: Context, decision_id: str,
                       remaining_s: float | None) -> Decision:
-        """The decision for one request, counted here once whoever made it (batcher or rules)."""
-        decision = await self._made(model, req, ctx, decision_id, remaining_s)
-        if self._metrics is not None:
-            self._metrics.decision_served(decision)
-        return decision
-
-    async def _made(self, model: ModelSet | NoModel, req: DecisionRequest, ctx: Context, decision_id: str,
-                    remaining_s: float | None) -> Decision:
+        """The decision for one request, from the batcher or the rules (the caller counts it, once)."""
         if not model.ready:
             return model.fallback(ctx, Source.FALLBACK_NO_MODEL)
         if remaining_s is not None and remaining_s < self._min_budget_s:

@@ -38,13 +38,9 @@ Q̂ ignores the action or the policy is deterministic.
 **ESS** ``(Σ w)² / Σ w²`` of the final trajectory weights ``w_{e,0:L_e−1}`` (``ess``, at most
 ``E``), and of all per-step weights ``w_{0:t}`` (``ess_steps``, at most ``N``).
 
-**Confidence intervals**: percentile bootstrap over episodes (``n_boot`` resamples of ``E``
-episodes with replacement). Resample ``b`` is drawn from its own generator, child ``b`` of
-``SeedSequence(seed)``, so it depends only on ``(seed, E)``: two reports of the same logs and
-seed (the new bundle and the active one) use the very same resamples, and ``difference`` gives
-the paired CI of their gap. IPS, DR and the behaviour value are means of per-episode terms
-(one matrix product per chunk of resamples); SNIPS's normaliser is recomputed per resample.
-The intervals ignore the variance of fitting Q̂.
+**Confidence intervals**: the percentile bootstrap over episodes of ``trainer.bootstrap``, the
+same resamples for the same logs and seed, so ``difference`` gives the paired CI of two
+reports' gap.
 
 Cost, 10⁶ steps on one core: ``evaluate`` with 400 resamples ≈ 3 s, ``cross_fit_q`` with 50
 features ≈ 3 s. (On an oversubscribed machine, multi-threaded BLAS can be ten times slower:
