@@ -1,6 +1,9 @@
-"""Small decision tables for the join and attribution tests, with just the columns they read."""
+"""Small decision and outcome tables for the join, attribution, label and objective tests, with just the columns they read."""
 
 from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import pyarrow as pa
 
@@ -16,3 +19,19 @@ def decisions(*rows: tuple[str, str, float, int]) -> pa.Table:
             "action": pa.array(actions, pa.int8()),
         }
     )
+
+
+_OUTCOME_COLUMNS = {
+    "outcome_id": pa.string(), "decision_id": pa.string(), "session_id": pa.string(), "outcome": pa.int8(),
+    "value": pa.float64(), "coupon_discount": pa.float64(), "event_time_s": pa.float64(), "received_s": pa.float64(),
+}
+_OUTCOME_DEFAULTS = {"decision_id": "?", "session_id": "s", "value": 0.0, "coupon_discount": 0.0, "event_time_s": 0.0}
+
+
+def outcome_table(rows: Iterable[Mapping[str, Any]]) -> pa.Table:
+    """Outcome records from dicts of their columns; unset ones are filler, ``received_s`` 1 s after the event."""
+    full = [{**_OUTCOME_DEFAULTS, **row} for row in rows]
+    for row in full:
+        row.setdefault("received_s", row["event_time_s"] + 1.0)
+        row["outcome"] = int(row["outcome"])
+    return pa.table({name: pa.array([row[name] for row in full], typ) for name, typ in _OUTCOME_COLUMNS.items()})

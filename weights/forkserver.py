@@ -5,7 +5,7 @@ bundle: safe, but about 280 ms of interpreter, numpy and onnxruntime start-up on
 competing with serving for the pod's cores. ``Validator`` keeps one such process
 (``python -m weights.sandbox --serve``) that has imported them once and, for each bundle,
 forks a child that sets its own address-space limit and nice level and does the server's whole
-load (``weights.sandbox._validate``). The forked child starts with nothing but imports: the
+load (``weights.sandbox.validate_bytes``). The forked child starts with nothing but imports: the
 validating process never creates an onnxruntime session itself, so no thread pool is forked.
 
 Protocol on the validating process's stdin/stdout: a JSON header line (``size``, ``memory``,
@@ -29,7 +29,7 @@ import time
 
 from weights.bundle import BundleError
 from weights.model_set import LoadOptions
-from weights.sandbox import SandboxLimits, _environment, _fields, _limit_self, _validate, _verdict
+from weights.sandbox import SandboxLimits, child_environment, child_fields, limit_self, validate_bytes, verdict
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ class Validator:
     def validate(self, data: bytes, options: LoadOptions) -> dict[str, object]:
         """The child's report for ``data`` (``peak_rss_kb`` …), or ``BundleError``; as ``validate_in_child``."""
         header = {"size": len(data), "memory": self.limits.memory_bytes, "timeout": self.limits.timeout_s,
-                  "fields": _fields(options)}
+                  "fields": child_fields(options)}
         with self._lock:
             proc = self._ensure()
             assert proc.stdin is not None and proc.stdout is not None
@@ -68,7 +68,7 @@ class Validator:
             answer = None
         if not isinstance(answer, dict):
             raise BundleError("limits", "the validating process gave no answer")
-        return _verdict(answer)
+        return verdict(answer)
 
     def close(self) -> None:
         with self._lock:
@@ -80,7 +80,7 @@ class Validator:
             self._discard()
         if self._proc is None:
             self._proc = subprocess.Popen([sys.executable, "-P", "-m", "weights.sandbox", "--serve"], stdin=subprocess.PIPE,
-                                          stdout=subprocess.PIPE, env=_environment())
+                                          stdout=subprocess.PIPE, env=child_environment())
         return self._proc
 
     def _discard(self) -> None:
@@ -135,8 +135,8 @@ def _fork_one(data: bytes, memory_bytes: int, timeout_s: float, fields: dict[str
     if pid == 0:  # the child: limit itself, validate, answer, and leave without running any cleanup of the parent's
         os.close(read_end)
         try:
-            _limit_self(memory_bytes)
-            answer = _validate(data, memory_bytes, fields)
+            limit_self(memory_bytes)
+            answer = validate_bytes(data, memory_bytes, fields)
         except BaseException as exc:
             answer = {"ok": False, "reason": "invalid", "message": f"{type(exc).__name__}: {str(exc)[:200]}"}
         try:

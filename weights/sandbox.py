@@ -48,9 +48,9 @@ def validate_in_child(data: bytes, options: LoadOptions, limits: SandboxLimits) 
     The child loads with the caller's ``options``, on CPU with one thread.
     """
     # -P: the working directory is not on the child's path (nothing there can shadow our packages)
-    command = [sys.executable, "-P", "-m", "weights.sandbox", str(limits.memory_bytes), json.dumps(_fields(options))]
+    command = [sys.executable, "-P", "-m", "weights.sandbox", str(limits.memory_bytes), json.dumps(child_fields(options))]
     try:
-        done = subprocess.run(command, input=data, capture_output=True, timeout=limits.timeout_s, env=_environment(), check=False)
+        done = subprocess.run(command, input=data, capture_output=True, timeout=limits.timeout_s, env=child_environment(), check=False)
     except subprocess.TimeoutExpired:
         raise BundleError("limits", f"validating the bundle took longer than {limits.timeout_s:g} s") from None
     answer = _answer(done.stdout)
@@ -58,23 +58,26 @@ def validate_in_child(data: bytes, options: LoadOptions, limits: SandboxLimits) 
         hint = "out of memory" if done.returncode in (-9, 137) or b"MemoryError" in done.stderr else f"exit {done.returncode}"
         raise BundleError("limits", f"the validating process died ({hint}) under a {limits.memory_bytes // 2**20} MiB "
                                     "address-space limit")
-    return _verdict(answer)
+    return verdict(answer)
 
 
-def _verdict(answer: dict[str, object]) -> dict[str, object]:
+def verdict(answer: dict[str, object]) -> dict[str, object]:
+    """A validating child's answer: returned when it is ok, else raised as the ``BundleError`` it names."""
     if not answer.get("ok"):
         reason, message = str(answer.get("reason", "invalid")), str(answer.get("message", ""))
         raise BundleError(reason if reason != "memory" else "limits", message)
     return answer
 
 
-def _fields(options: LoadOptions) -> dict[str, object]:
+def child_fields(options: LoadOptions) -> dict[str, object]:
+    """``options`` as JSON data for a child, which always loads on CPU with one thread."""
     fields = {k: (v.hex() if isinstance(v, bytes) else v) for k, v in asdict(options).items()}
     fields.update(device="cpu", threads=1)
     return fields
 
 
-def _environment() -> dict[str, str]:
+def child_environment() -> dict[str, str]:
+    """The few variables a validating child needs; nothing else of the server's environment reaches it."""
     return {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "TMPDIR", "OMP_NUM_THREADS", "PYTHONPATH")}
 
 
@@ -86,13 +89,13 @@ def _answer(stdout: bytes) -> dict[str, object] | None:
     return answer if isinstance(answer, dict) else None
 
 
-def _limit_self(memory_bytes: int) -> None:
+def limit_self(memory_bytes: int) -> None:
     os.nice(10)  # validation must not take CPU from the requests the parent is serving
     resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
-def _validate(data: bytes, memory_bytes: int, fields: dict[str, object]) -> dict[str, object]:
+def validate_bytes(data: bytes, memory_bytes: int, fields: dict[str, object]) -> dict[str, object]:
     """In the limited process: the server's whole load of ``data``; the answer as plain data."""
     try:
         key = fields.get("public_key")
@@ -106,8 +109,8 @@ def _validate(data: bytes, memory_bytes: int, fields: dict[str, object]) -> dict
 
 
 def _child(memory_bytes: int, fields: dict[str, object]) -> dict[str, object]:
-    _limit_self(memory_bytes)
-    return _validate(sys.stdin.buffer.read(MAX_BUNDLE_BYTES + 1), memory_bytes, fields)
+    limit_self(memory_bytes)
+    return validate_bytes(sys.stdin.buffer.read(MAX_BUNDLE_BYTES + 1), memory_bytes, fields)
 
 
 def _peak_rss_kb() -> int:

@@ -12,7 +12,7 @@ import pytest
 from core.domain import Action, Outcome
 from experience.attribution import DEFAULT_RULES, AttributionConfig, AttributionRule, ConfigError, attribute
 from experience.sessions import EpisodeConfig, build_episodes
-from tests.log_tables import decisions
+from tests.log_tables import decisions, outcome_table
 
 T0 = 1_700_000_000.25  # a realistic epoch time with a fractional part
 DAY, HOUR = 86_400.0, 3_600.0
@@ -22,20 +22,8 @@ ORDER = int(Outcome.ORDER)
 
 def outcomes(*rows: tuple[str, str, int, float, float, float]) -> pa.Table:
     """Rows of (outcome_id, session_id, outcome, event_time_s, value, coupon_discount); received 1 s later."""
-    ids, sessions, kinds, times, values, discounts = zip(*rows, strict=True) if rows else ((), (), (), (), (), ())
-    return pa.table(
-        {
-            "outcome_id": pa.array(ids, pa.string()),
-            "decision_id": pa.array(["?"] * len(ids), pa.string()),
-            "session_id": pa.array(sessions, pa.string()),
-            "outcome": pa.array(kinds, pa.int8()),
-            "value": pa.array(values, pa.float64()),
-            "coupon_discount": pa.array(discounts, pa.float64()),
-            "event_time_s": pa.array(times, pa.float64()),
-            "received_s": pa.array([t + 1 for t in times], pa.float64()),
-        }
-    )
-
+    keys = ("outcome_id", "session_id", "outcome", "event_time_s", "value", "coupon_discount")
+    return outcome_table(dict(zip(keys, r, strict=True)) for r in rows)
 
 def rewards_by_decision(d: pa.Table, o: pa.Table, config: EpisodeConfig | None = None) -> dict[str, float]:
     episodes = build_episodes(d, o, config)

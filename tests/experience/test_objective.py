@@ -7,19 +7,13 @@ import pytest
 
 from core.domain import Outcome
 from experience.objective import BusinessObjective
+from tests.log_tables import outcome_table
 
 
 def outcomes(*rows: tuple[str, str, Outcome, float, float]) -> pa.Table:
     """(outcome_id, session_id, outcome, value, coupon_discount); times and decision ids are filler."""
-    oid, sid, kind, value, discount = zip(*rows, strict=True) if rows else ((), (), (), (), ())
-    n = len(rows)
-    return pa.table({
-        "outcome_id": pa.array(oid, pa.string()), "decision_id": pa.array(["d"] * n, pa.string()),
-        "session_id": pa.array(sid, pa.string()), "outcome": pa.array([int(k) for k in kind], pa.int8()),
-        "value": pa.array(value, pa.float64()), "coupon_discount": pa.array(discount, pa.float64()),
-        "event_time_s": pa.array([1.0] * n, pa.float64()), "received_s": pa.array([1.0] * n, pa.float64()),
-    })
-
+    keys = ("outcome_id", "session_id", "outcome", "value", "coupon_discount")
+    return outcome_table(dict(zip(keys, r, strict=True)) for r in rows)
 
 def test_net_gmv_minus_complaints_per_session() -> None:
     table = outcomes(

@@ -13,7 +13,7 @@ from core.domain import Action, Outcome
 from experience.attribution import ConfigError
 from experience.schema import DECISIONS, OUTCOMES
 from experience.sessions import HORIZON_S, EpisodeConfig, Episodes, build_episodes
-from tests.log_tables import decisions
+from tests.log_tables import decisions, outcome_table
 
 T0 = 1_700_000_000.0
 HOUR = 3_600.0
@@ -23,21 +23,8 @@ ORDER, EXIT = int(Outcome.ORDER), int(Outcome.EXIT)
 
 def outcomes(*rows: tuple[Any, ...]) -> pa.Table:
     """Rows of (outcome_id, session_id, outcome, event_time_s, value[, received_s]); received 1 s after the event by default."""
-    full = [(*r, r[3] + 1.0) if len(r) == 5 else r for r in rows]
-    ids, sessions, kinds, times, values, received = zip(*full, strict=True) if full else ((), (), (), (), (), ())
-    return pa.table(
-        {
-            "outcome_id": pa.array(ids, pa.string()),
-            "decision_id": pa.array(["?"] * len(ids), pa.string()),
-            "session_id": pa.array(sessions, pa.string()),
-            "outcome": pa.array(kinds, pa.int8()),
-            "value": pa.array(values, pa.float64()),
-            "coupon_discount": pa.array([0.0] * len(ids), pa.float64()),
-            "event_time_s": pa.array(times, pa.float64()),
-            "received_s": pa.array(received, pa.float64()),
-        }
-    )
-
+    keys = ("outcome_id", "session_id", "outcome", "event_time_s", "value", "received_s")
+    return outcome_table(dict(zip(keys, r, strict=False)) for r in rows)
 
 def with_schema(table: pa.Table, schema: pa.Schema) -> pa.Table:
     """``table`` widened to the full log schema: the missing columns get zeros, empty strings and lists."""

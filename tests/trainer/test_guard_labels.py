@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 from core.domain import Action, Outcome
-from tests.log_tables import decisions
+from tests.log_tables import decisions, outcome_table
 from trainer.config import GuardConfig
 from trainer.guard_labels import harmful_labels
 
@@ -18,21 +18,8 @@ ATC, VD, EXIT = int(Action.ADD_TO_CART), int(Action.VIEW_DETAIL), int(Action.EXI
 
 def outcomes(*rows: tuple[str, str, Outcome, float, float]) -> pa.Table:
     """Rows of (outcome_id, decision_id, outcome, event_time_s, received_s); the other columns are filler."""
-    oid, did, kind, t, received = zip(*rows, strict=True)
-    n = len(rows)
-    return pa.table(
-        {
-            "outcome_id": pa.array(oid, pa.string()),
-            "decision_id": pa.array(did, pa.string()),
-            "session_id": pa.array(["s"] * n, pa.string()),
-            "outcome": pa.array([int(k) for k in kind], pa.int8()),
-            "value": pa.array([0.0] * n, pa.float64()),
-            "coupon_discount": pa.array([0.0] * n, pa.float64()),
-            "event_time_s": pa.array(t, pa.float64()),
-            "received_s": pa.array(received, pa.float64()),
-        }
-    )
-
+    keys = ("outcome_id", "decision_id", "outcome", "event_time_s", "received_s")
+    return outcome_table(dict(zip(keys, r, strict=True)) for r in rows)
 
 # --- labels --------------------------------------------------------------------------------------
 

@@ -7,7 +7,6 @@ verify`` in a child process, ``RUSAGE_CHILDREN``), not estimated.
 from __future__ import annotations
 
 import os
-import resource
 import subprocess
 import sys
 import threading
@@ -205,7 +204,7 @@ def test_verify_and_publish_validate_in_a_bounded_child_by_default(tmp_path: Pat
     done, peak_mb = verify_cli(good)
     assert done.returncode == 0 and done.stdout.startswith("ok default-sim")
     assert verify(good.read_bytes()).model_version == "default-sim-20261130"
-    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss > 0 and peak_mb < 300
+    assert peak_mb < 300
 
 
 def test_the_fork_server_validates_refuses_times_out_and_survives_its_own_death() -> None:
