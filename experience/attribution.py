@@ -2,7 +2,8 @@
 
 A rule ``AttributionRule(action, outcome, window_s, field, weight)`` reads: every outcome of
 kind ``outcome`` credits ``weight × outcome[field]`` to the *latest* decision ``d`` of the same
-session whose served action is ``action`` and whose time window holds the outcome:
+session whose served action is ``action`` (any served action when ``action`` is None, ``"any"``
+in JSON) and whose time window holds the outcome:
 
     d.event_time_s  ≤  o.event_time_s  ≤  d.event_time_s + window_s        (both edges inclusive)
 
@@ -12,15 +13,39 @@ several rules (each credits its own latest decision), and one decision may colle
 several outcomes (two orders within 24 h of one add_to_cart both count). Steps that no rule
 credits get 0. The window's end is ``event_time_s + window_s`` computed in float64.
 
+The fields (``FIELDS``) are the outcome's ``value`` and ``coupon_discount`` columns,
+``net_value`` = value − coupon_discount, and ``count`` = 1 per outcome (a complaint rule of
+weight −10 costs 10 per complaint).
+
 The outcome is matched by session and event time, **not** by its ``decision_id``: the frontend
 reports an order against whatever decision it saw last, which is rarely the one that caused it.
 
-Defaults (``DEFAULT_RULES``): add_to_cart then an ORDER within 24 h ⇒ 0.3 × GMV (``value``);
-apply_coupon then an ORDER within 1 h ⇒ 0.7 × ``coupon_discount``.
+**Defaults** (``DEFAULT_RULES``): the business objective (``experience.objective``), each
+outcome placed at the step where it is observed — an ORDER credits its ``net_value`` to the
+latest decision at or before it, whatever that decision served; a COMPLAINT credits −10 (the
+objective's ``complaint_cost``) the same way; the window is the default episode horizon, 72 h,
+so a late order still counts. Summed over a session (γ = 1) these rewards are exactly the
+session's objective, for two reasons that matter:
+
+- *Not gameable by coupons.* A coupon's discount is subtracted from the order it rides on, so
+  a coupon pays only where it brings orders worth more than it gives away; under the old
+  last-touch rules below a coupon for every shopper *earned* 0.7 × its discount.
+- *Valid for per-decision importance weights.* A step's reward depends only on what happened
+  up to the moment it is observed, that is on the actions at or before it, never on later
+  ones; so the per-decision weight w₀..t (``trainer.offline``) is the correct weight for it.
+  Under last touch, an add_to_cart's credit depended on whether a *later* step served
+  add_to_cart too, whose ratios w₀..t leaves out: the gate came out biased.
+
+The credit to "the decision the shopper saw last" is no claim about which decision caused the
+order: the learner (returns, advantages) spreads it back over the earlier steps.
+
+``LAST_TOUCH_RULES`` are the former defaults, still a valid config: add_to_cart then an ORDER
+within 24 h ⇒ 0.3 × GMV (``value``); apply_coupon then an ORDER within 1 h ⇒ 0.7 ×
+``coupon_discount``.
 
 A config is a plain dict in bundles and trainer configs (``AttributionConfig.to_dict``)::
 
-    {"rules": [{"action": "add_to_cart", "outcome": "order", "window_s": 86400.0, "field": "value", "weight": 0.3}, ...]}
+    {"rules": [{"action": "any", "outcome": "order", "window_s": 259200.0, "field": "net_value", "weight": 1.0}, ...]}
 """
 
 from __future__ import annotations
@@ -37,8 +62,12 @@ from core.domain import Action, FloatArray, Outcome
 
 IntArray = npt.NDArray[np.int64]
 
-FIELDS: tuple[str, ...] = ("value", "coupon_discount")
-"""The outcome columns a rule can credit."""
+COLUMNS: tuple[str, ...] = ("value", "coupon_discount")
+"""The outcome columns the fields are computed from (``attribute`` takes them)."""
+FIELDS: tuple[str, ...] = (*COLUMNS, "net_value", "count")
+"""What a rule can credit: the columns, ``net_value`` = value − coupon_discount, ``count`` = 1 per outcome."""
+ANY = "any"
+"""``action`` in JSON for a rule that credits the latest decision whatever it served (None in the dataclass)."""
 
 _RULE_KEYS = ("action", "outcome", "window_s", "field", "weight")
 
@@ -59,9 +88,10 @@ def config_object(spec: Any, allowed: Sequence[str], where: str) -> Mapping[str,
 
 @dataclass(frozen=True, slots=True)
 class AttributionRule:
-    """``outcome`` within ``window_s`` after a step that served ``action`` ⇒ ``weight × outcome[field]``."""
+    """``outcome`` within ``window_s`` after a step that served ``action`` (None: any) ⇒ ``weight × outcome[field]``."""
 
-    action: Action
+    action: Action | None
+    """The served action of the credited decision; None credits the latest decision whatever it served."""
     outcome: Outcome
     window_s: float
     """Inclusive window after the decision's event time, in seconds (≥ 0)."""
@@ -70,8 +100,8 @@ class AttributionRule:
     weight: float
 
     def __post_init__(self) -> None:
-        if not isinstance(self.action, Action):
-            raise ConfigError(f"action: expected an Action, got {self.action!r}")
+        if self.action is not None and not isinstance(self.action, Action):
+            raise ConfigError(f"action: expected an Action or None (any), got {self.action!r}")
         if not isinstance(self.outcome, Outcome):
             raise ConfigError(f"outcome: expected an Outcome, got {self.outcome!r}")
         if not math.isfinite(self.window_s) or self.window_s < 0:
@@ -83,7 +113,7 @@ class AttributionRule:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "action": self.action.key,
+            "action": ANY if self.action is None else self.action.key,
             "outcome": self.outcome.key,
             "window_s": self.window_s,
             "field": self.field,
@@ -98,9 +128,10 @@ class AttributionRule:
         if missing:
             raise ConfigError(f"{where}: missing key(s) {missing}")
         try:
-            action = Action.from_key(_str(spec["action"]))
+            key = _str(spec["action"])
+            action = None if key == ANY else Action.from_key(key)
         except ValueError as exc:
-            raise ConfigError(f"{where}.action: {exc}") from None
+            raise ConfigError(f"{where}.action: {exc}, or {ANY!r}") from None
         try:
             outcome = Outcome.from_key(_str(spec["outcome"]))
         except ValueError as exc:
@@ -130,9 +161,16 @@ def _number(value: Any, key: str) -> float:
 
 
 DEFAULT_RULES: tuple[AttributionRule, ...] = (
+    AttributionRule(None, Outcome.ORDER, window_s=72 * 3600.0, field="net_value", weight=1.0),
+    AttributionRule(None, Outcome.COMPLAINT, window_s=72 * 3600.0, field="count", weight=-10.0),
+)
+"""The business objective where it is observed (see the module doc): ``BusinessObjective().rules(HORIZON_S)``."""
+
+LAST_TOUCH_RULES: tuple[AttributionRule, ...] = (
     AttributionRule(Action.ADD_TO_CART, Outcome.ORDER, window_s=24 * 3600.0, field="value", weight=0.3),
     AttributionRule(Action.APPLY_COUPON, Outcome.ORDER, window_s=3600.0, field="coupon_discount", weight=0.7),
 )
+"""The defaults before the business objective: last-touch credit to add_to_cart and apply_coupon (gameable, see above)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,7 +208,8 @@ def attribute(
 
     Steps must be in episode order: sorted by (session code, event time, decision id). Outcomes
     may be in any order; they should already be de-duplicated and restricted to the sessions'
-    horizons. Session codes are integers shared by steps and outcomes.
+    horizons. Session codes are integers shared by steps and outcomes. ``out_fields`` holds the
+    outcome ``COLUMNS``; ``net_value`` and ``count`` are computed from them.
 
     Per rule, vectorised: merge the rule's candidate steps and outcomes in one order by
     (session, time, steps before outcomes at equal time), carry the last candidate forward
@@ -180,7 +219,7 @@ def attribute(
     n = len(step_session)
     rewards = np.zeros(n, dtype=np.float64)
     for rule in rules:
-        cand = np.flatnonzero(step_action == int(rule.action))
+        cand = np.arange(n, dtype=np.int64) if rule.action is None else np.flatnonzero(step_action == int(rule.action))
         outs = np.flatnonzero(out_kind == int(rule.outcome))
         if len(cand) == 0 or len(outs) == 0:
             continue
@@ -195,6 +234,15 @@ def attribute(
         found = last >= 0
         step = np.where(found, last, 0)
         hit = found & (step_session[step] == out_session[o]) & (out_time[o] <= step_time[step] + rule.window_s)
-        credit = rule.weight * out_fields[rule.field][o[hit]]
+        credit = rule.weight * outcome_field(out_fields, rule.field, o[hit])
         rewards += np.bincount(step[hit], weights=credit, minlength=n)
     return rewards
+
+
+def outcome_field(columns: Mapping[str, FloatArray], field: str, rows: IntArray) -> FloatArray:
+    """``field`` (one of ``FIELDS``) of the outcomes ``rows``, from the outcome ``COLUMNS``."""
+    if field == "net_value":
+        return np.asarray(columns["value"][rows] - columns["coupon_discount"][rows], dtype=np.float64)
+    if field == "count":
+        return np.ones(len(rows), dtype=np.float64)
+    return np.asarray(columns[field][rows], dtype=np.float64)

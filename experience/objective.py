@@ -9,6 +9,16 @@ raises ``mean_return`` while the discounts it gives away lower net GMV: this fig
 
 ``complaint_cost`` (default 10 currency units, about a support contact; the simulator's order
 values have medians of 8 to 200) is a business choice: set it to what a complaint costs.
+
+**As rewards.** ``rules(window_s)`` are attribution rules that place the objective where it is
+observed: each order's net value and each complaint's cost go to the latest decision at or
+before it (``experience.attribution``; they are its ``DEFAULT_RULES``). ``episode_config()``
+turns them into episodes; summed over a session's steps with γ = 1 those rewards are the
+session's objective, for every outcome within the episode horizon (72 h from the session's
+first decision: the logs cannot judge later ones, and ``per_session`` here counts them all —
+in the simulator, a late order after 72 h is about one in 400 of the late ones). The gate
+(``trainer.evaluation``) estimates exactly that sum; per-decision importance weights are valid
+for it because no reward depends on a later action.
 """
 
 from __future__ import annotations
@@ -21,8 +31,12 @@ import numpy as np
 import pyarrow as pa
 
 from core.domain import FloatArray, Outcome
+from experience.attribution import AttributionConfig, AttributionRule
 from experience.returns import MeanReturn, mean_return
-from experience.sessions import dedupe_outcomes
+from experience.sessions import HORIZON_S, EpisodeConfig, dedupe_outcomes
+
+GAMMA = 1.0
+"""The objective is per session, undiscounted: the γ to sum its rewards with (``session_returns(..., gamma=GAMMA)``)."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +61,17 @@ class BusinessObjective:
     def __post_init__(self) -> None:
         if not (self.complaint_cost >= 0 and math.isfinite(self.complaint_cost)):
             raise ValueError(f"complaint_cost: expected a finite number >= 0, got {self.complaint_cost!r}")
+
+    def rules(self, window_s: float = HORIZON_S) -> tuple[AttributionRule, ...]:
+        """The objective as attribution rules: ORDER → the latest decision, net value; COMPLAINT → it, −complaint_cost each."""
+        return (
+            AttributionRule(None, Outcome.ORDER, window_s=window_s, field="net_value", weight=1.0),
+            AttributionRule(None, Outcome.COMPLAINT, window_s=window_s, field="count", weight=-self.complaint_cost),
+        )
+
+    def episode_config(self, horizon_s: float = HORIZON_S) -> EpisodeConfig:
+        """Episodes whose rewards sum (γ = ``GAMMA``) to the objective: these rules over the whole horizon, no terminal adjustment."""
+        return EpisodeConfig(horizon_s=horizon_s, open_terminal_reward=0.0, attribution=AttributionConfig(self.rules(horizon_s)))
 
     def per_session(self, sessions: Sequence[str] | np.ndarray, outcomes: pa.Table) -> SessionBusiness:
         """The objective of each of ``sessions`` (ids as in the outcome records); a session without outcomes earns 0."""

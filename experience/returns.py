@@ -7,7 +7,8 @@ Episodes are flat per-step arrays cut by ``starts`` / ``lengths`` (``Episodes`` 
     G_t^(n) = Σ_{k < min(n, L-t)} γ^k r_{t+k}                       (n-step, cut at the episode end)
 
 **mean_return** — the one definition of "expected discounted return per session", used by the
-trainer's reports, the simulator and the offline estimators: the mean over episodes of ``G_0``,
+trainer's reports, the simulator and the offline estimators (which the gate runs with γ = 1 on
+the objective's rewards, ``experience.objective``): the mean over episodes of ``G_0``,
 the return from each session's first step, computed with the *raw* attributed rewards
 (``Episodes.rewards``, currency units, terminal adjustment included; never the normalised ones)
 and ``γ = GAMMA = 0.85``::
@@ -155,11 +156,14 @@ def mean_return(session_g0: FloatArray) -> MeanReturn:
 
 @dataclass(frozen=True, slots=True)
 class RewardScale:
-    """Quantile normalisation parameters: ``r ↦ clip(r, low, high) / scale`` for r ≠ 0, zeros stay 0.
+    """Quantile normalisation parameters: ``r ↦ r / scale`` (``clip``: ``clip(r, low, high) / scale``) for r ≠ 0, zeros stay 0.
 
     Record ``to_dict()`` with the trained policy; ``apply`` the same parameters to new rewards.
-    A non-zero reward below ``low`` becomes ``low`` whatever its sign, so fit on rewards of the
-    same kind (terminal penalties included) as those it will be applied to.
+    By default the rewards are only divided by one positive number, so the policy that is best
+    for the normalised rewards is the one best for the raw ones, which the gate judges. With
+    ``clip`` a non-zero reward below ``low`` becomes ``low`` whatever its sign, and one above
+    ``high`` becomes ``high``: the trainer then optimises something the gate does not see (a
+    large order counts as a typical one), so it is an option, not the default.
     """
 
     low: float
@@ -172,16 +176,19 @@ class RewardScale:
     upper_q: float
     n_nonzero: int
     """How many non-zero rewards the quantiles were taken over."""
+    clip: bool = False
+    """Clip to [low, high] before scaling."""
 
     def apply(self, rewards: FloatArray) -> FloatArray:
         r = np.asarray(rewards, dtype=np.float64)
-        return np.where(r != 0.0, np.clip(r, self.low, self.high) / self.scale, 0.0)
+        return np.where(r != 0.0, (np.clip(r, self.low, self.high) if self.clip else r) / self.scale, 0.0)
 
     def to_dict(self) -> dict[str, float | int]:
         return asdict(self)
 
 
-def fit_reward_scale(rewards: FloatArray, lower_q: float = 0.05, upper_q: float = 0.95, min_scale: float = 1.0) -> RewardScale:
+def fit_reward_scale(rewards: FloatArray, lower_q: float = 0.05, upper_q: float = 0.95, min_scale: float = 1.0, *,
+                     clip: bool = False) -> RewardScale:
     """Quantiles of the **non-zero** rewards (linear interpolation, ``np.quantile``'s default).
 
     Rewards are sparse: most steps are 0, so quantiles over all steps would be 0 and 0. Taking
@@ -196,12 +203,13 @@ def fit_reward_scale(rewards: FloatArray, lower_q: float = 0.05, upper_q: float 
     r = np.asarray(rewards, dtype=np.float64)
     nonzero = r[r != 0.0]
     low, high = (float(q) for q in np.quantile(nonzero, [lower_q, upper_q])) if len(nonzero) else (0.0, 0.0)
-    return RewardScale(low=low, high=high, scale=max(high - low, min_scale), lower_q=lower_q, upper_q=upper_q, n_nonzero=len(nonzero))
+    return RewardScale(low=low, high=high, scale=max(high - low, min_scale), lower_q=lower_q, upper_q=upper_q, n_nonzero=len(nonzero),
+                       clip=clip)
 
 
 def normalize_rewards(
-    rewards: FloatArray, lower_q: float = 0.05, upper_q: float = 0.95, min_scale: float = 1.0
+    rewards: FloatArray, lower_q: float = 0.05, upper_q: float = 0.95, min_scale: float = 1.0, *, clip: bool = False
 ) -> tuple[FloatArray, RewardScale]:
-    """``fit_reward_scale`` then ``apply``: the normalised rewards and the parameters to record."""
-    scale = fit_reward_scale(rewards, lower_q, upper_q, min_scale)
+    """``fit_reward_scale`` then ``apply``: the normalised rewards and the parameters to record (no clipping by default)."""
+    scale = fit_reward_scale(rewards, lower_q, upper_q, min_scale, clip=clip)
     return scale.apply(rewards), scale

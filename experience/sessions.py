@@ -37,7 +37,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from core.domain import FloatArray, Outcome
-from experience.attribution import FIELDS, AttributionConfig, ConfigError, IntArray, attribute, config_object
+from experience.attribution import COLUMNS, AttributionConfig, ConfigError, IntArray, attribute, config_object
 
 BoolArray = npt.NDArray[np.bool_]
 
@@ -260,7 +260,7 @@ def build_episodes(decisions: pa.Table, outcomes: pa.Table, config: EpisodeConfi
         t0 = steps.t0[np.where(orphan, 0, code)]
         inside = ~orphan & (time >= t0) & (time <= t0 + config.horizon_s)
     code, time, kind = code[inside], time[inside], np.asarray(out["outcome"].to_numpy())[inside]
-    fields = {f: np.asarray(out[f].to_numpy(), dtype=np.float64)[inside] for f in FIELDS}
+    fields = {f: np.asarray(out[f].to_numpy(), dtype=np.float64)[inside] for f in COLUMNS}
 
     closed = np.zeros(len(steps.t0), dtype=np.bool_)
     closed[code[kind == int(Outcome.EXIT)]] = True

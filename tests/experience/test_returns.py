@@ -151,20 +151,22 @@ def _orders(*rows: tuple[str, float, float]) -> pa.Table:
 
 
 def test_session_returns_and_mean_return() -> None:
-    # Session a: an order at t=25 credits a1 with 0.3 × 100 = 30 -> G_0 = 30. Session b: 0.3 × 10 = 3 -> G_0 = 3.
+    # Session a: an order of 100 at t=25 credits a3 (the latest decision, t=20) -> G_0 = 0.85² · 100 = 72.25.
+    # Session b: 10 at t=5 credits b1 -> G_0 = 10.
     episodes = build_episodes(_two_sessions(), _orders(("a", 25.0, 100.0), ("b", 5.0, 10.0)))
     g0 = session_returns(episodes)
-    np.testing.assert_allclose(g0, [30.0, 3.0])
-    np.testing.assert_allclose(episode_returns(episodes), [30.0, 0.0, 0.0, 3.0])
-    np.testing.assert_allclose(episode_returns(episodes, n=1), [30.0, 0.0, 0.0, 3.0])
+    np.testing.assert_allclose(g0, [72.25, 10.0])
+    np.testing.assert_allclose(episode_returns(episodes), [72.25, 85.0, 100.0, 10.0])
+    np.testing.assert_allclose(episode_returns(episodes, n=1), [0.0, 0.0, 100.0, 10.0])
+    np.testing.assert_allclose(session_returns(episodes, gamma=1.0), [100.0, 10.0])  # undiscounted: the net GMV
     # Other rewards on the same steps: r = [0, 0, 1, 0] -> G_0(a) = 0.85², G_0(b) = 0.
     np.testing.assert_allclose(session_returns(episodes, np.array([0.0, 0.0, 1.0, 0.0])), [0.7225, 0.0])
     m = mean_return(g0)
-    stderr = math.sqrt(((30 - 16.5) ** 2 + (3 - 16.5) ** 2) / 1) / math.sqrt(2)  # sample std (ddof 1) / √n
-    assert (m.mean, m.n) == (16.5, 2)
+    stderr = math.sqrt(((72.25 - 41.125) ** 2 + (10 - 41.125) ** 2) / 1) / math.sqrt(2)  # sample std (ddof 1) / √n
+    assert (m.mean, m.n) == (41.125, 2)
     assert m.stderr == pytest.approx(stderr)
-    assert [m.low, m.high] == pytest.approx([16.5 - Z_95 * stderr, 16.5 + Z_95 * stderr])
-    assert json.loads(json.dumps(m.to_dict()))["mean"] == 16.5
+    assert [m.low, m.high] == pytest.approx([41.125 - Z_95 * stderr, 41.125 + Z_95 * stderr])
+    assert json.loads(json.dumps(m.to_dict()))["mean"] == 41.125
 
 
 def test_mean_return_edge_cases() -> None:
@@ -176,10 +178,21 @@ def test_mean_return_edge_cases() -> None:
     assert session_returns(episodes).shape == (0,)
 
 
-def test_quantile_normalisation_over_nonzero_rewards() -> None:
+def test_quantile_normalisation_over_nonzero_rewards_scales_without_clipping() -> None:
     nonzero = np.arange(1.0, 101.0)  # 1 … 100
     rewards = np.concatenate([np.zeros(900), nonzero])  # 90 % zeros: all-step quantiles would be 0 and 0
     normed, scale = normalize_rewards(rewards)
+    # np.quantile, linear: q05 = 1 + 0.05 · 99 = 5.95, q95 = 1 + 0.95 · 99 = 95.05; the default only divides by the spread.
+    assert [scale.low, scale.high] == pytest.approx([5.95, 95.05]) and scale.scale == pytest.approx(89.1) and not scale.clip
+    np.testing.assert_allclose(normed, rewards / 89.1)
+    np.testing.assert_allclose(scale.apply(np.array([0.0, 1000.0, -5.0])), [0.0, 1000.0 / 89.1, -5.0 / 89.1])
+    assert json.loads(json.dumps(scale.to_dict())) == scale.to_dict()
+
+
+def test_quantile_normalisation_with_clipping() -> None:
+    nonzero = np.arange(1.0, 101.0)  # 1 … 100
+    rewards = np.concatenate([np.zeros(900), nonzero])
+    normed, scale = normalize_rewards(rewards, clip=True)
     # np.quantile, linear: q05 = 1 + 0.05 · 99 = 5.95, q95 = 1 + 0.95 · 99 = 95.05
     assert [scale.low, scale.high] == pytest.approx([5.95, 95.05]) and scale.n_nonzero == 100
     assert scale.scale == pytest.approx(89.1)

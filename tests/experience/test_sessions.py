@@ -86,7 +86,8 @@ def test_order_does_not_depend_on_input_row_order() -> None:
         assert step_ids(e, d2) == step_ids(reference, THREE_SESSIONS)
         np.testing.assert_array_equal(e.rewards, reference.rewards)
         np.testing.assert_array_equal(e.closed, reference.closed)
-    assert by_decision(reference, THREE_SESSIONS) == {"a1": 0.0, "a2": 30.0, "a3": 0.0, "b1": 3.0, "b2": 0.0, "c1": 0.0}
+    # The default rules credit an order's net value to the latest decision at or before it: a3 (after a2 on the tie), b2.
+    assert by_decision(reference, THREE_SESSIONS) == {"a1": 0.0, "a2": 0.0, "a3": 100.0, "b1": 0.0, "b2": 10.0, "c1": 0.0}
     assert reference.closed.tolist() == [False, False, True]
 
 
@@ -94,7 +95,7 @@ def test_out_of_order_outcomes() -> None:
     d = decisions(("a1", "s", T0, CART), ("a2", "s", T0 + 100, CART))
     # Arrival order (received_s) is the reverse of event order.
     o = outcomes(("late", "s", ORDER, T0 + 150, 10.0, T0 + 200), ("early", "s", ORDER, T0 + 50, 100.0, T0 + 300))
-    assert by_decision(build_episodes(d, o), d) == {"a1": 30.0, "a2": 3.0}
+    assert by_decision(build_episodes(d, o), d) == {"a1": 100.0, "a2": 10.0}
 
 
 def test_duplicate_outcomes_keep_the_first_received() -> None:
@@ -103,7 +104,7 @@ def test_duplicate_outcomes_keep_the_first_received() -> None:
         ("o", "s", ORDER, T0 + 5, 100.0, T0 + 30), ("o", "s", ORDER, T0 + 10, 999.0, T0 + 20), ("o", "s", ORDER, T0 + 1, 555.0, T0 + 40)
     )
     e = build_episodes(d, o)
-    assert e.rewards.tolist() == [pytest.approx(0.3 * 999.0)]
+    assert e.rewards.tolist() == [999.0]
     assert e.report.n_duplicate_outcomes == 2 and e.report.n_outcomes == 3
 
 
@@ -112,7 +113,7 @@ def test_duplicate_ties_are_broken_by_content_not_row_order() -> None:
     rows = [("o", "s", ORDER, T0 + 10, 200.0, T0 + 20), ("o", "s", ORDER, T0 + 10, 100.0, T0 + 20)]
     first = build_episodes(d, outcomes(*rows))
     second = build_episodes(d, outcomes(*reversed(rows)))
-    assert first.rewards.tolist() == second.rewards.tolist() == [30.0]  # the smaller value sorts first
+    assert first.rewards.tolist() == second.rewards.tolist() == [100.0]  # the smaller value sorts first
     assert first.report.n_duplicate_outcomes == 1
 
 
@@ -120,7 +121,7 @@ def test_orphan_outcomes_are_counted_and_ignored() -> None:
     d = decisions(("a", "s", T0, CART))
     o = outcomes(("o1", "ghost", ORDER, T0 + 1, 100.0), ("o2", "ghost", EXIT, T0 + 2, 0.0), ("o3", "s", ORDER, T0 + 3, 10.0))
     e = build_episodes(d, o)
-    assert e.rewards.tolist() == [3.0] and not e.closed[0]
+    assert e.rewards.tolist() == [10.0] and not e.closed[0]
     assert e.report.n_orphan_outcomes == 2 and e.report.n_outcomes_outside_horizon == 0
 
 
@@ -143,7 +144,7 @@ def test_horizon_truncates_and_ignores_late_outcomes() -> None:
     e = build_episodes(d, o)
     assert step_ids(e, d) == [["d0", "d1", "d2"], ["u"]]
     assert e.truncated.tolist() == [True, False] and e.closed.tolist() == [False, False]
-    assert by_decision(e, d) == {"d0": 0.0, "d1": 0.0, "d2": 30.0, "u": 0.0}
+    assert by_decision(e, d) == {"d0": 0.0, "d1": 0.0, "d2": 100.0, "u": 0.0}
     assert e.report.n_truncated_steps == 2 and e.report.n_outcomes_outside_horizon == 3
 
 
@@ -169,8 +170,8 @@ def test_terminal_adjustment_for_open_episodes() -> None:
     d = decisions(("a1", "a", T0, CART), ("a2", "a", T0 + 1, VIEW), ("b1", "b", T0, CART), ("b2", "b", T0 + 1, VIEW), ("c1", "c", T0, VIEW))
     o = outcomes(("o", "a", ORDER, T0 + 2, 100.0), ("x", "b", EXIT, T0 + 3, 0.0))
     e = build_episodes(d, o, EpisodeConfig(open_terminal_reward=-2.5))
-    assert by_decision(e, d) == {"a1": 30.0, "a2": -2.5, "b1": 0.0, "b2": 0.0, "c1": -2.5}
-    assert by_decision(build_episodes(d, o), d)["a2"] == 0.0  # default: no adjustment
+    assert by_decision(e, d) == {"a1": 0.0, "a2": 97.5, "b1": 0.0, "b2": 0.0, "c1": -2.5}  # a2: the order, then −2.5
+    assert by_decision(build_episodes(d, o), d)["a2"] == 100.0  # default: no adjustment
 
 
 def test_empty_inputs() -> None:
@@ -185,7 +186,7 @@ def test_full_schema_tables() -> None:
     d = with_schema(decisions(("a", "s", T0, CART), ("v", "s", T0 + 1, VIEW)), DECISIONS)
     o = with_schema(outcomes(("o", "s", ORDER, T0 + 2, 50.0)), OUTCOMES)
     e = build_episodes(d, o)
-    assert d.schema == DECISIONS and e.rewards.tolist() == [15.0, 0.0]
+    assert d.schema == DECISIONS and e.rewards.tolist() == [0.0, 50.0]
 
 
 def test_bad_tables() -> None:
