@@ -34,5 +34,5 @@ def header(module: str, started: float, argv: Sequence[str] | None, **machine: A
 
 def write_results(path: Path, results: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(results, indent=2) + "\n")
+    path.write_text(json.dumps(results, indent=2, default=float) + "\n")
     print(f"\nresults: {path}")

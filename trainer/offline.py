@@ -1,8 +1,10 @@
-"""Off-policy evaluation on logged sessions: per-decision IPS, its self-normalised form, doubly robust; bootstrap CIs.
+"""Off-policy evaluation on logged sessions: per-decision IPS, its self-normalised form, doubly robust, trajectory IS.
 
 numpy only (no torch): the ``evaluate`` command runs it next to onnxruntime. Every estimate is in
 the units of ``mean_return`` (``experience.returns``): the expected discounted return per
-session from its first step, raw attributed rewards, ``γ = GAMMA``. The logs were served by the
+session from its first step, of the episodes' raw rewards, with the ``gamma`` given. The gate
+gives it the business objective's rewards and γ = 1 (``trainer.evaluation``), so there every
+estimate is of the objective per session. The logs were served by the
 behaviour policy μ (its propensity of the served action is logged); the target policy π is the
 one being evaluated. Per step ``t`` of episode ``e`` (flat arrays in ``Episodes`` step order)::
 
@@ -12,6 +14,22 @@ one being evaluated. Per step ``t`` of episode ``e`` (flat arrays in ``Episodes`
     IPS   (PDIS)  V = (1/E) Σ_e Σ_t γ^t w_{0:t} r_t
     SNIPS (WPDIS) V = Σ_t γ^t (Σ_e w_{e,0:t} r_{e,t}) / (Σ_e w̄_{e,t})
     DR            V = (1/E) Σ_e Σ_t γ^t [w_{0:t} (r_t − Q̂(s_t, a_t)) + w_{0:t−1} V̂(s_t)],  V̂(s) = Σ_a π(a|s) Q̂(s, a)
+    TIS           V = (1/E) Σ_e w_{e,0:L_e−1} Σ_t γ^t r_{e,t}                trajectory-wise, for comparison
+
+**Which weights are valid.** The per-decision estimators weight ``r_t`` by ``w_{0:t}`` only, which
+is right when ``r_t`` depends on the actions up to ``t`` and not on later ones: rewards placed at
+the step where they are observed, as the default rules place them (``experience.attribution``).
+A credit rule that makes ``r_t`` depend on later actions (last touch: an add_to_cart earns the
+order only if no later step served add_to_cart) biases them, and only TIS, whose one weight is
+the whole session's, stays unbiased; it pays for that with a larger variance. TIS next to DR
+is the check that the credit assignment in use is one the per-decision weights can carry.
+
+**Rows served with certainty** (a rule-engine answer, logged with μ(a_t|s_t) = 1) need no special
+case: their ratio π(a_t|s_t) / 1 is the exact likelihood ratio of what was served, and with π = μ
+there (the target answers the same with certainty) it is exactly 1, so every estimator is then
+exactly the behaviour's value. What such a row cannot show is any other action: π's mass on
+actions μ gave no probability is outside the logs' support, and no weighting can estimate it;
+the gate measures that mass and refuses a bundle that puts too much there.
 
 **Truncation** applies twice: to each ratio (``max_ratio``) and to each cumulative weight
 (``max_weight``), the cap taken on the running product, ``min(W, Π ρ)``, not recursively. So no
@@ -80,7 +98,7 @@ MAX_RATIO = 10.0
 MAX_WEIGHT = 100.0
 N_BOOT = 400
 LEVEL = 0.95
-ESTIMATORS = ("ips", "snips", "dr", "behavior_value")
+ESTIMATORS = ("ips", "snips", "dr", "tis", "behavior_value")
 
 
 # --- importance weights ------------------------------------------------------------------------
@@ -146,6 +164,11 @@ def effective_sample_size(weights: FloatArray) -> float:
 def pdis_terms(rewards: FloatArray, weights: FloatArray, discount: FloatArray, starts: IntArray) -> FloatArray:
     """Per episode ``Σ_t γ^t w_{0:t} r_t``; IPS (PDIS, Precup et al. 2000) is their mean."""
     return np.add.reduceat(discount * weights * rewards, starts)
+
+
+def tis_terms(rewards: FloatArray, weights: FloatArray, discount: FloatArray, starts: IntArray, lengths: IntArray) -> FloatArray:
+    """Per episode ``w_{0:L−1} Σ_t γ^t r_t``: the session's return times its final (truncated) weight; TIS is their mean."""
+    return weights[starts + lengths - 1] * np.add.reduceat(discount * rewards, starts)
 
 
 def dr_terms(
@@ -235,6 +258,8 @@ class OfflineReport:
     snips: Estimate
     dr: Estimate | None
     """None when no Q̂ was given."""
+    tis: Estimate
+    """Trajectory-wise IS: valid whatever the credit assignment, noisier."""
     behavior_value: Estimate
     """The on-policy mean_return of the logs (the behaviour policy's value), same resamples."""
     ess: float
@@ -249,6 +274,10 @@ class OfflineReport:
     """Steps whose cumulative weight was cut to ``max_weight``."""
     mean_final_weight: float
     """Mean of the final trajectory weights: near 1 when the estimates are sound (E_μ[w] = 1 untruncated)."""
+    final_weight: Estimate
+    """``mean_final_weight`` with its interval (same resamples). The weights' estimate of a number known to be 1: an
+    interval far from 1 says they missed the sessions that carry the mean (a heavy tail not yet sampled) or that a
+    few carry it all, and then the estimates are no better."""
     gamma: float
     max_ratio: float
     max_weight: float
@@ -268,6 +297,7 @@ class OfflineReport:
             "ips": self.ips.to_dict(),
             "snips": self.snips.to_dict(),
             "dr": self.dr.to_dict() if self.dr is not None else None,
+            "tis": self.tis.to_dict(),
             "behavior_value": self.behavior_value.to_dict(),
             "diagnostics": {
                 "ess": self.ess,
@@ -277,6 +307,7 @@ class OfflineReport:
                 "n_clipped_ratios": self.n_clipped_ratios,
                 "n_clipped_weights": self.n_clipped_weights,
                 "mean_final_weight": self.mean_final_weight,
+                "final_weight": self.final_weight.to_dict(),
                 "gamma": self.gamma,
                 "max_ratio": cap(self.max_ratio),
                 "max_weight": cap(self.max_weight),
@@ -313,7 +344,7 @@ def evaluate(
     level: float = LEVEL,
     seed: int = 0,
 ) -> OfflineReport:
-    """Estimate the target policy's mean_return from the logs: IPS, SNIPS, DR (with ``q_hat``), behaviour value.
+    """Estimate the target policy's mean_return from the logs: IPS, SNIPS, DR (with ``q_hat``), TIS, behaviour value.
 
     All per-step inputs are in the episodes' step order (length ``N = len(episodes.rewards)``):
     ``behavior_prob`` the logged propensity μ(a_t|s_t) ∈ (0, 1] of the served action,
@@ -336,8 +367,9 @@ def evaluate(
     discount = gamma ** lay.t.astype(np.float64)
 
     # Per-episode terms: the estimate under multiplicities c is Σ_e c_e term_e / E.
-    names = ["ips", "behavior_value"] + (["dr"] if q is not None else [])
-    columns = [pdis_terms(lay.rewards, weights, discount, lay.starts), session_returns(episodes, gamma=gamma)]
+    names = ["ips", "behavior_value", "tis", "final_weight"] + (["dr"] if q is not None else [])
+    columns = [pdis_terms(lay.rewards, weights, discount, lay.starts), session_returns(episodes, gamma=gamma),
+               tis_terms(lay.rewards, weights, discount, lay.starts, lay.lengths), final]
     if q is not None:
         columns.append(dr_terms(lay.rewards, weights, discount, lay.starts, pi, a, q))
     terms = np.stack(columns, axis=1)
@@ -359,6 +391,7 @@ def evaluate(
         ips=est["ips"],
         snips=est["snips"],
         dr=est.get("dr"),
+        tis=est["tis"],
         behavior_value=est["behavior_value"],
         ess=effective_sample_size(final),
         ess_steps=effective_sample_size(weights),
@@ -367,6 +400,7 @@ def evaluate(
         n_clipped_ratios=int((raw > max_ratio).sum()),
         n_clipped_weights=int(capped.sum()),
         mean_final_weight=float(final.mean()),
+        final_weight=est["final_weight"],
         gamma=gamma,
         max_ratio=max_ratio,
         max_weight=max_weight,

@@ -72,6 +72,8 @@ def test_two_episodes_by_hand() -> None:
     assert report.dr is not None and report.dr.value == pytest.approx(1.25, abs=1e-12)
     # Behaviour: G0(A) = 2 + 0.5·4 = 4, G0(B) = 1; mean 2.5.
     assert report.behavior_value.value == pytest.approx(2.5, abs=1e-12)
+    # TIS: A's final weight 1.0 × G0(A) 4 = 4, B: 2 × 1 = 2; mean 3.
+    assert report.tis.value == pytest.approx(3.0, abs=1e-12)
     # ESS: final weights [1, 2] → 9/5; all step weights [0.5, 1, 2] → 3.5² / 5.25 = 7/3.
     assert report.ess == pytest.approx(1.8) and report.ess_steps == pytest.approx(7 / 3)
     # Resamples are AA, AB/BA or BB, each extreme with probability 1/4, so the 95 % percentile
@@ -86,9 +88,9 @@ def test_two_episodes_by_hand() -> None:
 def test_report_json_has_exactly_the_gate_keys() -> None:
     episodes = make_episodes([2, 1], HAND_REWARDS)
     without_q = evaluate(episodes, HAND_MU, HAND_PI, HAND_ACTIONS, n_boot=20, max_weight=math.inf).to_dict()
-    assert set(without_q) == {"ips", "snips", "dr", "behavior_value", "diagnostics"}
+    assert set(without_q) == {"ips", "snips", "dr", "tis", "behavior_value", "diagnostics"}
     assert without_q["dr"] is None
-    for key in ("ips", "snips", "behavior_value"):
+    for key in ("ips", "snips", "tis", "behavior_value"):
         assert set(without_q[key]) == {"value", "ci_low", "ci_high"}
     assert without_q["diagnostics"]["max_weight"] is None  # no cap: null, not Infinity
     assert json.loads(json.dumps(without_q, allow_nan=False)) == without_q
@@ -117,11 +119,11 @@ def test_target_equal_to_behaviour_gives_the_on_policy_mean_return() -> None:
     # A Q̂ that ignores the action: V̂(s) = Q̂(s, a_t), so the DR correction cancels step by step.
     q_state = np.repeat(rng.normal(size=(len(actions), 1)), N_ACTIONS, axis=1)
     report = evaluate(episodes, mu, probs, actions, q_state, n_boot=50, seed=3)
-    for est in (report.ips, report.snips, report.behavior_value):
+    for est in (report.ips, report.snips, report.tis, report.behavior_value):
         assert est.value == pytest.approx(truth, rel=1e-12, abs=1e-12)
     assert report.dr is not None and report.dr.value == pytest.approx(truth, rel=1e-12, abs=1e-12)
     # Every weight is 1, so every resample gives the same number to every estimator.
-    for name in ("ips", "snips", "dr"):
+    for name in ("ips", "snips", "dr", "tis"):
         np.testing.assert_allclose(report.samples[name], report.samples["behavior_value"], rtol=1e-12, atol=1e-12)
     assert report.ess == report.n_episodes and report.ess_steps == report.n_steps
 
@@ -254,6 +256,70 @@ def test_the_interval_shrinks_as_one_over_root_e() -> None:
     assert 3.0 < widths[0] / widths[1] < 5.3  # √16 = 4
 
 
+# --- which weights the credit assignment allows; rows served with certainty --------------------
+
+
+def test_per_decision_weights_need_rewards_at_the_observation_step_and_tis_does_not() -> None:
+    """Two steps, actions 0/1 uniform under μ, π(0) = p at both; an order (worth 1) follows when a₀ = 0 or a₁ = 0.
+
+    The four episodes (a₀, a₁) ∈ {0,1}², one each, are μ's distribution exactly, so each estimate
+    here *is* its expectation. True value under π: P(a₀ = 0 or a₁ = 0) = 1 − (1 − p)².
+    Last-touch credit: step 1 takes the order when a₁ = 0, else step 0 when a₀ = 0; so r₀ depends
+    on a₁, PDIS weighs it by w₀ only and gets E_μ = p · ½ + p instead of p (1 − p) + p. Placed where
+    it is observed (step 1, whatever was served) PDIS is exact; TIS is exact with either.
+    """
+    p = 0.8
+    pairs = [(0, 0), (0, 1), (1, 0), (1, 1)]
+    actions = np.array([a for pair in pairs for a in pair])
+    mu = np.full(8, 0.5)
+    pi = np.tile([p, 1 - p, 0, 0, 0], (8, 1))
+    last_touch = np.array([r for a0, a1 in pairs for r in (float(a0 == 0 and a1 != 0), float(a1 == 0))])
+    observed = np.array([r for a0, a1 in pairs for r in (0.0, float(a0 == 0 or a1 == 0))])
+    truth = 1 - (1 - p) ** 2
+    exact: dict[str, Any] = {"gamma": 1.0, "max_ratio": math.inf, "max_weight": math.inf, "n_boot": 5}
+    biased = evaluate(make_episodes([2] * 4, last_touch), mu, pi, actions, **exact)
+    assert biased.ips.value == pytest.approx(0.5 * p + p) and biased.ips.value - truth > 0.2  # 1.2 for a true 0.96
+    assert biased.tis.value == pytest.approx(truth)
+    at_observation = evaluate(make_episodes([2] * 4, observed), mu, pi, actions, **exact)
+    assert at_observation.ips.value == pytest.approx(truth) and at_observation.tis.value == pytest.approx(truth)
+
+
+def test_rows_served_with_certainty_enter_with_their_exact_ratio() -> None:
+    """Rule-engine rows (μ one-hot, propensity 1) among sampled ones: π = μ is exactly the behaviour's value."""
+    rng = np.random.default_rng(17)
+    episodes, probs, actions = random_logs(rng, 400)
+    certain = rng.random(len(actions)) < 0.3
+    probs[certain] = one_hot(actions[certain])
+    mu = probs[np.arange(len(actions)), actions]
+    assert (mu[certain] == 1.0).all()
+    q_state = np.repeat(rng.normal(size=(len(actions), 1)), N_ACTIONS, axis=1)
+    report = evaluate(episodes, mu, probs, actions, q_state, n_boot=50, seed=3)
+    truth = report.behavior_value.value
+    assert truth == pytest.approx(mean_return(session_returns(episodes)).mean, rel=1e-12)
+    for name in ("ips", "snips", "dr", "tis"):
+        assert getattr(report, name).value == pytest.approx(truth, rel=1e-12, abs=1e-12), name
+    assert report.ess == report.n_episodes  # every ratio is 1, the certain rows' π(a)/1 included
+
+
+def test_rows_served_with_certainty_keep_the_estimates_unbiased() -> None:
+    """An MDP where the behaviour is deterministic in some states (and the target answers the same there)."""
+    rng = np.random.default_rng(2024)
+    mdp = make_mdp(rng)
+    behaviour, target = mdp.behaviour.copy(), mdp.target.copy()
+    for t, x, a in ((0, 1, 2), (1, 0, 0), (2, 2, 1)):  # rule-engine states: certain in both policies
+        behaviour[t, x], target[t, x] = one_hot(np.array([a]))[0], one_hot(np.array([a]))[0]
+    mdp = dataclasses.replace(mdp, behaviour=behaviour, target=target)
+    start = np.array([0.3, 0.4, 0.3])
+    logs = mdp.sample(20_000, rng, start, noise=1.0)
+    assert (logs["behavior_prob"] == 1.0).mean() > 0.1  # the certain rows are there
+    truth = mdp.value(start)
+    uncapped: dict[str, Any] = {"max_ratio": math.inf, "max_weight": math.inf, "n_boot": 200, "seed": 5}
+    report = evaluate(logs["episodes"], logs["behavior_prob"], logs["target_probs"], logs["actions"], logs["q"], **uncapped)
+    for name in ("ips", "dr", "tis"):
+        est = getattr(report, name)
+        assert est.ci_low <= truth <= est.ci_high, (name, est, truth)
+
+
 # --- weights, truncation, ESS ------------------------------------------------------------------
 
 
@@ -275,6 +341,10 @@ def test_truncation_caps_ratios_and_cumulative_weights() -> None:
     report = evaluate(episodes, mu, pi, actions, gamma=1.0, max_ratio=4.0, max_weight=50.0, n_boot=5)
     assert (report.n_clipped_ratios, report.n_clipped_weights) == (4, 2)
     assert report.ips.value == pytest.approx(4 + 16 + 50 + 50)
+    assert report.tis.value == 0.0  # the session's final weight: the last ratio is 0
+    report = evaluate(make_episodes([4], np.ones(4)), mu[:4], pi[:4], actions[:4], gamma=1.0, max_ratio=4.0, max_weight=50.0,
+                      n_boot=5)
+    assert report.tis.value == pytest.approx(50 * 4)  # 4 · 4 · 4 · 4 = 256 capped at 50, times the return 4
     # Uncapped weights overflow nothing: a 1000-step episode of ratio 10 has log-weight 2303.
     long = cumulative_weights(np.full(1000, 10.0), np.array([0]), np.array([1000]), max_weight=1e6)
     assert long.max() == 1e6 and np.isfinite(long).all()

@@ -22,7 +22,7 @@ from simulator.drive import run_in_process, run_logged
 from simulator.world import World
 from tests.harness import ROOT, fresh_bundle, fresh_bundle_bytes
 from trainer.config import GuardConfig, TrainConfig
-from trainer.data import episode_config, split
+from trainer.data import split
 from trainer.evaluation import evaluate_bundle, gate
 from trainer.train import TrainResult, train
 from weights.bundle import read_bundle
@@ -44,9 +44,9 @@ def paired_gain(new: ModelSet, old: ModelSet, seed: int, sessions: int = 3000) -
 
 
 def true_value(model: ModelSet, seed: int, sessions: int = 2000) -> tuple[float, float]:
-    """The simulator's mean_return of ``model`` on sessions it never trained on, and its standard error."""
-    summary = run_in_process(World(SimConfig(), seed), model, range(sessions), ZoneInfo("UTC")).summary()
-    return summary["mean_return"], summary["stderr"]
+    """The simulator's business objective per session of ``model`` (what the gate estimates), and its standard error."""
+    objective = run_in_process(World(SimConfig(), seed), model, range(sessions), ZoneInfo("UTC")).business()["objective"]
+    return objective.mean, objective.stderr
 
 
 @pytest.fixture(scope="module")
@@ -81,12 +81,12 @@ def test_offline_estimates_bracket_the_true_values(logs: Path, trained: TrainRes
     source = DirectorySource(logs)
     _, (held_d, held_o) = split(source.table("decisions"), source.table("outcomes"), FAST.heldout_fraction, FAST.seed)
     options = LoadOptions(warmup_batch=8)
-    behaviour = evaluate_bundle(ModelSet.load(fresh_bundle(), options), held_d, held_o, episode_config(FAST), n_boot=200)
+    behaviour = evaluate_bundle(ModelSet.load(fresh_bundle(), options), held_d, held_o, n_boot=200)  # the objective, γ = 1
     truth, se = true_value(ModelSet.load(fresh_bundle(), options), seed=11, sessions=SESSIONS)  # the logged world itself
     # On-policy, every estimator is the logged mean and its interval must contain the truth of that world
     assert behaviour.report.ips is not None and behaviour.report.ips.ci_low - 2 * se <= truth <= behaviour.report.ips.ci_high + 2 * se
     assert behaviour.behavior_kl < 1e-3
-    new = evaluate_bundle(ModelSet.load(read_bundle(trained.bundle), options), held_d, held_o, episode_config(FAST), n_boot=200)
+    new = evaluate_bundle(ModelSet.load(read_bundle(trained.bundle), options), held_d, held_o, n_boot=200)
     new_truth, new_se = true_value(ModelSet.load(read_bundle(trained.bundle), options), seed=11, sessions=SESSIONS)
     dr = new.report.dr
     assert dr is not None
@@ -99,8 +99,8 @@ def test_gate_refuses_a_worse_bundle_and_passes_a_better_one(logs: Path, trained
     source = DirectorySource(logs)
     _, (held_d, held_o) = split(source.table("decisions"), source.table("outcomes"), FAST.heldout_fraction, FAST.seed)
     options = LoadOptions(warmup_batch=8)
-    good = evaluate_bundle(ModelSet.load(read_bundle(trained.bundle), options), held_d, held_o, episode_config(FAST), n_boot=200)
-    default = evaluate_bundle(ModelSet.load(fresh_bundle(), options), held_d, held_o, episode_config(FAST), n_boot=200)
+    good = evaluate_bundle(ModelSet.load(read_bundle(trained.bundle), options), held_d, held_o, n_boot=200)
+    default = evaluate_bundle(ModelSet.load(fresh_bundle(), options), held_d, held_o, n_boot=200)
     refused = gate(default, good, tolerance=0.0)  # "new" = the untrained default, "current" = the trained one
     assert not refused.publish and refused.difference.value < 0 and "may be worse" in refused.reason
     # The other way round the paired difference is positive; whether its lower bound clears 0
