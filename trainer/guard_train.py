@@ -19,9 +19,20 @@ out iff a keyed 64-bit BLAKE2b hash of its id, as a fraction of 2⁶⁴, is belo
 other rows, so on growing logs a session keeps its side from one retraining to the next and a
 warm-started guard is never evaluated on sessions it was trained on.
 
-Auto-labels from update steps where η spikes are not derived here: ``train_guard`` only takes
-them as ``extra_harmful``, extra harmful rows for training (the held-out metrics and the
-threshold keep to the outcome labels, so figures stay comparable with and without them).
+**Veto or none.** At the threshold chosen on the held-out harmless pairs, the guard keeps its
+veto only if it beats never blocking on the held-out pairs by ``guard_threshold.decide_veto``
+(an exact one-sided binomial test of its precision against the cost break-even; the criterion
+is ``VetoCriterion``). If it does not, the bundle ships it with threshold 0.0: the server vetoes
+iff allow-probability < threshold, so nothing is ever vetoed. ``GuardResult.veto`` and
+``veto_reason`` say which, and the metrics carry the guard's figures at its candidate threshold
+next to never blocking's (``guard_threshold.heldout_report``). ``assess_guard`` gives the same
+verdict and figures for a guard kept as it is, at its own threshold, on the same split.
+
+Auto-labels from update steps where η spikes are derived in ``trainer.guard_spikes``;
+``train_guard`` takes them as ``extra_harmful``, extra harmful rows for training only (the
+held-out metrics, the threshold and the veto keep to the outcome labels, so figures stay
+comparable with and without them, and a guard that learns the wrong thing from them loses its
+veto).
 
 """
 
@@ -40,7 +51,7 @@ import torch.nn.functional as F  # noqa: N812
 from core.domain import N_ACTIONS
 from experience.sessions import session_codes, split_by_session
 from trainer.config import GuardConfig
-from trainer.guard_threshold import choose_threshold, guard_metrics
+from trainer.guard_threshold import VetoCriterion, choose_threshold, heldout_report
 from trainer.networks import GuardNet
 
 log = logging.getLogger(__name__)
@@ -53,13 +64,19 @@ _EVAL_BATCH = 8192
 
 @dataclass(frozen=True, slots=True, eq=False)
 class GuardResult:
-    """A trained guard (on CPU, eval mode), its threshold and its held-out figures."""
+    """A trained guard (on CPU, eval mode), its threshold, whether it vetoes, and its held-out figures."""
 
     net: GuardNet
     threshold: float
-    """Veto iff allow-probability < threshold; goes to the bundle's ``guard.threshold``."""
+    """Veto iff allow-probability < threshold; goes to the bundle's ``guard.threshold``. 0.0 when ``veto`` is False."""
+    veto: bool
+    """The guard beat never blocking on the held-out pairs (``decide_veto``) and ships with its veto."""
+    veto_reason: str
+    """Why (or why not), one line for the manifest."""
+    candidate_threshold: float
+    """The threshold at the false-block cap, whose figures the metrics report, veto or not."""
     metrics: dict[str, float]
-    """``guard_metrics`` plus training counts (``guard_n_train*``, ``guard_harmful_weight``, ``guard_train_loss``)."""
+    """``heldout_report``'s figures plus training counts (``guard_n_train*``, ``guard_harmful_weight``, ``guard_train_loss``)."""
     heldout: BoolArray = field(repr=False)
     """Per input row: held out (True) or trained on."""
 
@@ -138,6 +155,7 @@ def train_guard(
     init: GuardNet | None = None,
     device: str | torch.device = "cpu",
     extra_harmful: BoolArray | None = None,
+    criterion: VetoCriterion | None = None,
 ) -> GuardResult:
     """Train a guard on the training sessions and choose its threshold on the held-out ones (module doc).
 
@@ -145,8 +163,9 @@ def train_guard(
     bool outcome labels (``harmful_labels``), ``sessions`` (N,) session ids for the split.
     ``init`` warm-starts from a copy of a guard (its width wins over ``config.hidden``).
     ``extra_harmful`` (N,) bool marks further harmful rows for training only (η-spike
-    auto-labels; not derived in this module). The whole training side is moved to ``device``
-    once; the returned net is on the CPU.
+    auto-labels, ``trainer.guard_spikes``). ``criterion`` decides whether the guard keeps its veto
+    (default ``VetoCriterion()``); a guard that does not earn it is returned with threshold 0.0. The
+    whole training side is moved to ``device`` once; the returned net is on the CPU.
     """
     config = config or GuardConfig()
     _check_inputs(states, actions, harmful, sessions)
@@ -175,20 +194,56 @@ def train_guard(
     net = net.cpu().eval()
     ho = torch.from_numpy(np.flatnonzero(heldout))
     allow, ho_harm = served_allow(net, states[ho], actions[ho]), labels[heldout]
-    threshold = choose_threshold(allow[~ho_harm], config.max_false_block_rate)
-    metrics = guard_metrics(allow, ho_harm, threshold)
+    candidate = choose_threshold(allow[~ho_harm], config.max_false_block_rate)
     codes = session_codes(sessions)[1]
-    n_sessions = [len(np.unique(codes[side])) for side in (~heldout, heldout)]
-    metrics |= {
+    counts = {
         "guard_n_train": float(len(y)),
         "guard_n_train_harmful": float(n_harm),
-        "guard_n_train_sessions": float(n_sessions[0]),
-        "guard_n_heldout_sessions": float(n_sessions[1]),
+        "guard_n_train_sessions": float(len(np.unique(codes[~heldout]))),
+        "guard_n_heldout_sessions": float(len(np.unique(codes[heldout]))),
         "guard_harmful_weight": float(weight),
         "guard_train_loss": loss,
     }
+    return _judged(net, candidate, allow, ho_harm, heldout, counts, config, criterion)
+
+
+def assess_guard(
+    net: GuardNet,
+    threshold: float,
+    states: torch.Tensor,
+    actions: torch.Tensor,
+    harmful: torch.Tensor,
+    sessions: npt.NDArray[Any],
+    config: GuardConfig | None = None,
+    criterion: VetoCriterion | None = None,
+) -> GuardResult:
+    """A guard kept as it is (the starting bundle's, say, when the retrained one would move what is served too
+    far): its held-out figures at its own ``threshold`` on ``train_guard``'s split of the same rows, and whether
+    it still earns its veto there (its false-block rate must also keep ``config.max_false_block_rate``). The
+    result's ``threshold`` is ``threshold`` if so, else 0.0; ``net`` is used as given (CPU, not copied)."""
+    config = config or GuardConfig()
+    _check_inputs(states, actions, harmful, sessions)
+    heldout = split_by_session(sessions, config.holdout_fraction, config.split_seed)
+    if not heldout.any():
+        raise ValueError(f"the session split held out none of {len(heldout)} rows")
+    ho = torch.from_numpy(np.flatnonzero(heldout))
+    allow = served_allow(net, states[ho], actions[ho])
+    counts = {"guard_n_heldout_sessions": float(len(np.unique(session_codes(sessions)[1][heldout])))}
+    return _judged(net, float(threshold), allow, harmful.cpu().numpy()[heldout], heldout, counts, config, criterion)
+
+
+def _judged(
+    net: GuardNet, candidate: float, allow: FloatArray, ho_harm: BoolArray, heldout: BoolArray, counts: dict[str, float],
+    config: GuardConfig, criterion: VetoCriterion | None,
+) -> GuardResult:
+    """The verdict at ``candidate`` on the held-out pairs, its figures plus ``counts``, as a ``GuardResult``."""
+    decision, metrics = heldout_report(allow, ho_harm, candidate, criterion, config.max_false_block_rate)
+    metrics |= counts
     log.info(
-        "guard: threshold %.4f, held-out accuracy %.4f, false-block rate %.4f, recall %.4f, AUC %.4f",
-        threshold, metrics["guard_accuracy"], metrics["guard_false_block_rate"], metrics["guard_recall"], metrics["guard_auc"],
+        "guard: candidate threshold %.4f, held-out accuracy %.4f (never blocking %.4f), false-block rate %.4f, recall %.4f, "
+        "AUC %.4f; %s",
+        candidate, metrics["guard_accuracy"], metrics["guard_never_block_accuracy"], metrics["guard_false_block_rate"],
+        metrics["guard_recall"], metrics["guard_auc"], decision.reason,
     )
-    return GuardResult(net=net, threshold=threshold, metrics=metrics, heldout=heldout)
+    return GuardResult(net=net, threshold=metrics["guard_threshold"], veto=decision.veto, veto_reason=decision.reason,
+                       candidate_threshold=candidate, metrics=metrics, heldout=heldout)

@@ -12,7 +12,8 @@ import torch
 from core.domain import Action
 from experience.sessions import split_by_session
 from trainer.config import GuardConfig
-from trainer.guard_train import GuardResult, train_guard
+from trainer.guard_threshold import guard_table
+from trainer.guard_train import GuardResult, assess_guard, train_guard
 
 # --- split ----------------------------------------------------------------------------------------
 
@@ -82,6 +83,45 @@ def test_trained_guard_separates_the_harmful_region(trained: GuardResult) -> Non
     assert vetoed[inside, RISKY].mean() > 0.95
     assert vetoed[outside, RISKY].mean() < 0.05
     assert vetoed[:, [a.index for a in Action if a.index != RISKY]].mean() < 0.03
+
+
+def test_an_informative_guard_keeps_its_veto(trained: GuardResult) -> None:
+    m = trained.metrics
+    assert trained.veto and trained.veto_reason.startswith("veto:")
+    assert trained.threshold == trained.candidate_threshold == m["guard_threshold"] == m["guard_candidate_threshold"] > 0.0
+    assert m["guard_veto_enabled"] == 1.0 and m["guard_veto_p_value"] < 1e-6
+    assert m["guard_accuracy"] > m["guard_never_block_accuracy"] == pytest.approx(1.0 - m["guard_base_rate"])
+    assert m["guard_precision_lower"] > m["guard_break_even_precision"] == 0.5
+    assert m["guard_auc_lower"] > 0.85 and m["guard_never_block_auc"] == 0.5
+    assert all(type(v) is float for v in m.values())  # into the manifest's training_metrics as they are
+    assert guard_table(m).splitlines()[3].startswith("shipped: guard")
+
+
+def test_a_guard_on_noise_ships_with_no_veto() -> None:
+    """Harm independent of state and action (base rate 6 %): whatever the net learns, it cannot beat never blocking."""
+    states, actions, _, sessions = synthetic(12_000, seed=3)
+    harmful = torch.from_numpy(np.random.default_rng(4).random(12_000) < 0.06)
+    result = train_guard(states, actions, harmful, sessions, config=dataclasses.replace(CONFIG, epochs=3))
+    m = result.metrics
+    assert not result.veto and result.veto_reason.startswith("no veto:")
+    assert result.threshold == m["guard_threshold"] == 0.0 < result.candidate_threshold == m["guard_candidate_threshold"]
+    assert m["guard_veto_enabled"] == 0.0 and m["guard_precision_lower"] < 0.5
+    assert m["guard_false_block_rate"] <= CONFIG.max_false_block_rate and m["guard_auc_lower"] < 0.5  # no better than chance
+    with torch.no_grad():
+        assert not (torch.sigmoid(result.net(states)) < result.threshold).any()  # the server vetoes nothing
+    assert guard_table(m).splitlines()[3].startswith("shipped: no veto")
+
+
+def test_a_kept_guard_is_judged_at_its_own_threshold(trained: GuardResult) -> None:
+    states, actions, harmful, sessions = synthetic(8000, seed=5)  # this run's rows, the same world
+    kept = assess_guard(trained.net, trained.threshold, states, actions, harmful, sessions, CONFIG)
+    assert kept.veto and kept.threshold == kept.candidate_threshold == trained.threshold and kept.net is trained.net
+    assert kept.metrics["guard_accuracy"] > kept.metrics["guard_never_block_accuracy"]
+    assert np.array_equal(kept.heldout, split_by_session(sessions, CONFIG.holdout_fraction, CONFIG.split_seed))
+    strict = assess_guard(trained.net, 0.999, states, actions, harmful, sessions, CONFIG)  # blocks far past the cap
+    assert not strict.veto and strict.threshold == 0.0 and "cap" in strict.veto_reason
+    noise = torch.from_numpy(np.random.default_rng(6).random(8000) < 0.06)
+    assert not assess_guard(trained.net, trained.threshold, states, actions, noise, sessions, CONFIG).veto
 
 
 def test_training_split_is_by_session(trained: GuardResult) -> None:
