@@ -1,0 +1,146 @@
+"""The learned critic R_ψ(s, a) − V_φ(s) against closed forms: returns that depend only on the action."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from trainer.config import TrainConfig
+from trainer.critic import Critic, critic_advantages, fit_critic
+
+MEANS = torch.tensor([0.0, 1.0, 3.0, -1.0, 2.0])  # E[G | a]: the state says nothing about the return
+RANK = [2, 4, 1, 0, 3]  # the actions from best to worst
+
+
+def _bandit(n: int, seed: int = 0, noise: float = 0.5) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Uniformly served actions, G = MEANS[a] + noise, and a state-dependent π = softmax(s W)."""
+    gen = torch.Generator().manual_seed(seed)
+    states = torch.randn(n, 4, generator=gen)
+    actions = torch.randint(0, 5, (n,), generator=gen)
+    returns = MEANS[actions] + noise * torch.randn(n, generator=gen)
+    pi = torch.softmax(states @ torch.randn(4, 5, generator=gen), dim=1)
+    return states, actions, returns, pi
+
+
+@pytest.fixture(scope="module")
+def fitted(one_thread: None) -> tuple[Critic, tuple[torch.Tensor, ...]]:
+    data = _bandit(8192)
+    return fit_critic(*data, hidden=64, epochs=6, batch=256, lr=3e-3, seed=1), data
+
+
+def test_the_critic_learns_the_action_values_and_their_value_under_pi(fitted: tuple[Critic, tuple[torch.Tensor, ...]]) -> None:
+    critic, (states, _, _, pi) = fitted
+    r = critic.action_values(states)
+    assert r.shape == (len(states), 5) and r.dtype == torch.float32
+    assert float((r - MEANS).abs().mean()) < 0.1  # R_ψ(s, a) ≈ E[G | a] at every state
+    v = critic.values(states)
+    assert float((v - (pi * r).sum(dim=1)).abs().mean()) < 0.05  # V_φ(s) ≈ Σ_a π(a|s) R_ψ(s, a) ...
+    assert float((v - pi @ MEANS).abs().mean()) < 0.1  # ... ≈ Σ_a π(a|s) E[G | a], state by state
+    assert float(v.std()) > 0.5  # not the behaviour's mean return (1.0 everywhere): V follows π
+    assert critic.metrics["critic_value_rmse"] < 0.1
+    r2 = 1 - 0.25 / float(MEANS.var(correction=0) + 0.25)  # the share of Var G the action explains
+    assert abs(critic.metrics["critic_return_r2"] - r2) < 0.03
+
+
+def test_the_advantages_rank_the_actions_and_are_centred_under_pi(fitted: tuple[Critic, tuple[torch.Tensor, ...]]) -> None:
+    critic, (states, actions, returns, pi) = fitted
+    adv = critic_advantages(critic, states, actions)
+    assert adv.shape == (len(states),) and adv.dtype == torch.float64
+    expected = MEANS[actions] - pi @ MEANS  # Â(s, a) = E[G | a] − Σ_b π(b|s) E[G | b]
+    assert float((adv - expected.double()).abs().mean()) < 0.1
+    # every action at every state: Â(s, a) − Â(s, b) ≈ E[G | a] − E[G | b] ≥ 1, so the ranking holds row by row
+    all_actions = [critic_advantages(critic, states, torch.full_like(actions, a)) for a in range(5)]
+    order = torch.argsort(torch.stack(all_actions, dim=1), dim=1, descending=True)
+    assert float((order == torch.tensor(RANK)).all(dim=1).double().mean()) > 0.95
+    centred = (pi.double() * torch.stack(all_actions, dim=1)).sum(dim=1)  # E_{a∼π} Â(s, a) ≈ 0
+    assert float(centred.abs().mean()) < 0.05
+    # the option: the observed return against V_φ, exactly
+    observed = critic_advantages(critic, states, actions, returns, observed_returns=True)
+    torch.testing.assert_close(observed, returns.double() - critic.values(states).double())
+
+
+def test_chunks_do_not_change_the_advantages_and_no_rows_give_none(fitted: tuple[Critic, tuple[torch.Tensor, ...]]) -> None:
+    critic, (states, actions, _, _) = fitted
+    torch.testing.assert_close(critic_advantages(critic, states, actions, chunk=1000), critic_advantages(critic, states, actions))
+    empty = critic_advantages(critic, states[:0], actions[:0])
+    assert empty.shape == (0,) and empty.dtype == torch.float64
+
+
+def test_the_fit_is_deterministic_for_a_seed_and_leaves_the_global_rng_alone(one_thread: None) -> None:
+    data = _bandit(1024, seed=3)
+    before = torch.random.get_rng_state()
+    a, b = (fit_critic(*data, hidden=8, epochs=2, seed=5) for _ in range(2))
+    assert torch.equal(torch.random.get_rng_state(), before)
+    c = fit_critic(*data, hidden=8, epochs=2, seed=6)
+    for net in ("returns", "value"):
+        pa_, pb_, pc_ = (list(getattr(x, net).parameters()) for x in (a, b, c))
+        assert all(torch.equal(x, y) for x, y in zip(pa_, pb_, strict=True))
+        assert not all(torch.equal(x, y) for x, y in zip(pa_, pc_, strict=True))
+    assert a.metrics == b.metrics
+    torch.testing.assert_close(critic_advantages(a, data[0], data[1]), critic_advantages(b, data[0], data[1]), rtol=0, atol=0)
+
+
+def test_a_constant_return_gives_zero_advantages(one_thread: None) -> None:
+    states, actions, _, pi = _bandit(512, seed=4)
+    critic = fit_critic(states, actions, torch.full((512,), 2.5), pi, hidden=8, epochs=1, seed=0)
+    adv = critic_advantages(critic, states, actions)
+    assert float(adv.abs().max()) == 0.0  # standardised targets all 0 = the zero-initialised outputs: no gradient, R = V = μ
+    assert critic.metrics["critic_return_r2"] == 0.0
+
+
+def _bad(name: str) -> dict[str, Any]:
+    states, actions, returns, pi = _bandit(16, seed=2)
+    cases: dict[str, dict[str, Any]] = {
+        "states": {"states": states[:, 0]},
+        "states0": {"states": states[:0], "actions": actions[:0], "returns": returns[:0], "pi": pi[:0]},
+        "actions": {"actions": actions.float()},
+        "actions_range": {"actions": actions + 5},
+        "actions_len": {"actions": actions[:3]},
+        "returns": {"returns": returns[:3]},
+        "returns_nan": {"returns": returns * torch.nan},
+        "pi": {"pi": pi[:, :4]},
+        "pi_sum": {"pi": pi * 2},
+        "pi_neg": {"pi": pi - 0.5},
+        "pi_shape": {"pi": pi[:3]},
+        "hidden": {"hidden": 0},
+        "epochs": {"epochs": 0},
+        "batch": {"batch": 0},
+        "lr": {"lr": 0.0},
+    }
+    return {"states": states, "actions": actions, "returns": returns, "pi": pi, **cases[name]}
+
+
+@pytest.mark.parametrize("case", ["states", "states0", "actions", "actions_range", "actions_len", "returns", "returns_nan", "pi",
+                                  "pi_sum", "pi_neg", "pi_shape", "hidden", "epochs", "batch", "lr"])
+def test_bad_inputs_raise_value_error_naming_the_argument(case: str) -> None:
+    argument = case.split("_")[0].rstrip("0")
+    with pytest.raises(ValueError, match=rf"^{argument}:"):
+        fit_critic(**_bad(case))
+
+
+def test_bad_advantage_inputs_raise_value_error_naming_the_argument(fitted: tuple[Critic, tuple[torch.Tensor, ...]]) -> None:
+    critic, (states, actions, returns, _) = fitted
+    with pytest.raises(ValueError, match=r"^states:"):
+        critic_advantages(critic, states[:, 0], actions)
+    with pytest.raises(ValueError, match=r"^actions:"):
+        critic_advantages(critic, states, actions[:5])
+    with pytest.raises(ValueError, match=r"^actions:"):
+        critic_advantages(critic, states, actions + 5)
+    with pytest.raises(ValueError, match=r"^returns:"):
+        critic_advantages(critic, states, actions, observed_returns=True)
+    with pytest.raises(ValueError, match=r"^returns:"):
+        critic_advantages(critic, states, actions, returns[:5], observed_returns=True)
+    with pytest.raises(ValueError, match=r"^chunk:"):
+        critic_advantages(critic, states, actions, chunk=0)
+
+
+def test_the_config_accepts_the_critic_and_checks_its_fields() -> None:
+    config = TrainConfig(advantage="critic", critic_hidden=16, critic_epochs=2)
+    assert config.to_dict()["advantage"] == "critic" and config.to_dict()["critic_hidden"] == 16
+    for name in ("critic_hidden", "critic_epochs"):
+        with pytest.raises(ValueError, match=f"{name}: expected >= 1"):
+            TrainConfig.with_overrides(**{name: 0})
+    with pytest.raises(ValueError, match="advantage: expected baseline, group or critic"):
+        TrainConfig(advantage="q")
