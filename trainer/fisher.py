@@ -20,6 +20,15 @@ the other term of the chain rule, ``Σ_a ∂KL/∂z_ia · ∂²z_ia/∂θ²``, v
 once per update (``Linearization``) and then costs one ``J v`` and one ``Jᵀ u`` per product,
 optionally on a fixed random subset of the states (the TRPO paper's subsampled Fisher), with
 damping, and averaged across data-parallel ranks through a ``Reducer``.
+**The served distribution.** What the bundle serves is not ``q`` but ``P_i = D_i(z_i)``: the
+sampled-majority decoder with its fallback and exploration (``trainer.served``), a smooth
+function of the logits. Its Fisher in logit space is ``M_i = D_iᵀ diag(1/P_i) D_i`` with
+``D_i = ∂P_i/∂z_i`` (A × A; terms with ``P_ia = 0`` dropped), the Hessian of
+``KL(P_i^old ‖ P_i^θ)`` at ``θ_old`` for the same reason as above (``Σ_a ∂P_ia/∂z = 0``).
+``served_metric`` computes ``M_i`` with one backward pass per action through the decoder, and
+``GaussNewtonFisher(..., metric=M)`` uses ``M_i u`` in place of ``H_i u``: the trust region is
+then on the distribution the shoppers see (``TrainConfig.trust_region = "served"``).
+
 ``fvp_double_backward`` is the textbook reference (Spinning Up, SB3-contrib): the gradient of
 ``∇KL · v``; ``fvp_gauss_newton`` is the same product as ``GaussNewtonFisher`` without reuse.
 Both are for tests and the bench.
@@ -187,6 +196,25 @@ def subsample_indices(n: int, fraction: float, generator: torch.Generator) -> Te
     return torch.randperm(n, generator=generator)[:k].sort().values
 
 
+def served_metric(served: Callable[[Tensor], Tensor], logits: Tensor) -> Tensor:
+    """``M_i = D_iᵀ diag(1/P_i) D_i`` per row (N, A, A), ``P = served(logits)``, ``D_i = ∂P_i/∂z_i``.
+
+    ``served`` maps logits (N, A) to the served probabilities (N, A) row by row (no coupling
+    between rows, so the gradient of ``P[:, a].sum()`` is row ``a`` of every ``D_i``): one
+    backward pass per action. Actions with ``P_ia = 0`` (blocked, or certain rows) carry no
+    information and are dropped. Symmetric positive semi-definite; ``M_i 1 = 0`` whenever the
+    decoder ignores a constant shift of the logits, as softmax does.
+    """
+    z = logits.detach().requires_grad_(True)
+    with torch.enable_grad():
+        p = served(z)
+        rows = [torch.autograd.grad(p[:, a].sum(), z, retain_graph=a + 1 < p.shape[1])[0] for a in range(p.shape[1])]
+    d = torch.stack(rows, dim=1).detach().double()  # (N, A_out, A_in): d[i, a, k] = ∂P_ia / ∂z_ik
+    pd = p.detach().double()
+    inv = torch.where(pd > 0, 1.0 / torch.where(pd > 0, pd, 1.0), 0.0)
+    return torch.einsum("iak,ia,ial->ikl", d, inv, d)
+
+
 class GaussNewtonFisher:
     """The damped Fisher operator of one update: ``v ↦ F v + λ v``, forward pass done once.
 
@@ -202,13 +230,18 @@ class GaussNewtonFisher:
     after the reduction.
     """
 
-    def __init__(self, linearization: Linearization, log_guard: Tensor, *, damping: float = 0.0, reducer: Reducer | None = None) -> None:
+    def __init__(self, linearization: Linearization, log_guard: Tensor, *, damping: float = 0.0, reducer: Reducer | None = None,
+                 metric: Tensor | None = None) -> None:
         if damping < 0:
             raise ValueError(f"damping must be ≥ 0, got {damping}")
         check_guard(log_guard)
         self.linearization = linearization
         self.q: Tensor = masked_log_probs(linearization.logits, log_guard).exp()
         self.n_states: int = self.q.shape[0]
+        if metric is not None and metric.shape != (self.n_states, self.q.shape[1], self.q.shape[1]):
+            raise ValueError(f"metric: expected ({self.n_states}, {self.q.shape[1]}, {self.q.shape[1]}), got {tuple(metric.shape)}")
+        self.metric = None if metric is None else metric.to(self.q.dtype)
+        """Per state ``M_i`` (logit space) in place of the categorical ``H_i``: the served distribution's Fisher."""
         self.damping = damping
         self.reducer: Reducer = reducer if reducer is not None else LocalReducer()
 
@@ -223,21 +256,32 @@ class GaussNewtonFisher:
         subsample: float | None = None,
         generator: torch.Generator | None = None,
         reducer: Reducer | None = None,
+        served: Callable[[Tensor, Tensor], Tensor] | None = None,
     ) -> GaussNewtonFisher:
         """The operator at the module's current parameters, on all states or a random ``subsample`` fraction of them.
 
         ``generator`` draws the subset (default: seeded 0, so every call draws the same one).
+        ``served`` maps (logits, row indices into ``states``) to the served probabilities of
+        those rows: given, the operator is the served distribution's Fisher (``served_metric``).
         """
+        idx = torch.arange(states.shape[0], device=states.device)
         if subsample is not None and subsample < 1.0:
             gen = generator if generator is not None else torch.Generator().manual_seed(0)
             idx = subsample_indices(states.shape[0], subsample, gen).to(states.device)
             states, log_guard = states[idx], log_guard[idx]
-        return cls(Linearization(logits_fn(module, states), flat_params(module)), log_guard, damping=damping, reducer=reducer)
+        lin = Linearization(logits_fn(module, states), flat_params(module))
+        metric = None if served is None else served_metric(lambda z: served(z, idx), lin.logits)
+        return cls(lin, log_guard, damping=damping, reducer=reducer, metric=metric)
+
+    def _apply_metric(self, u: Tensor) -> Tensor:
+        if self.metric is None:
+            return categorical_fisher_product(self.q, u)
+        return torch.einsum("ikl,il->ik", self.metric, u.to(self.metric.dtype)).to(u.dtype)
 
     def __call__(self, v: Tensor) -> Tensor:
         """``F v + λ v``, ``F`` averaged over the states (and the ranks)."""
         jv = self.linearization.jvp(v)
-        fv = self.linearization.vjp(categorical_fisher_product(self.q, jv)) / max(self.n_states, 1)
+        fv = self.linearization.vjp(self._apply_metric(jv)) / max(self.n_states, 1)
         return self.reducer.weighted_mean(fv, self.n_states) + self.damping * v
 
     def curvature(self, s: Tensor) -> Tensor:
@@ -246,5 +290,5 @@ class GaussNewtonFisher:
         Twice the quadratic model of the KL of the step ``s``: ``KL(θ + s) ≈ ½ sᵀ F s``.
         """
         js = self.linearization.jvp(s)
-        local = (js * categorical_fisher_product(self.q, js)).sum() / max(self.n_states, 1)
+        local = (js * self._apply_metric(js)).sum() / max(self.n_states, 1)
         return self.reducer.weighted_mean(local, self.n_states)

@@ -7,8 +7,12 @@ Surrogate, over the step's logged rows i (those the decoder decides)::
 with P_θ the served distribution of the new bundle (``TorchDecoder``: guardrails, the new
 guard's veto, sampled majority, fallback, exploration), μ_i the logged propensity and c
 ``max_ratio``. Its gradient g is taken in chunks (the decoder's count-vector tensors are
-large); the trust region is on the masked policy q = softmax(z + g_guard) over the allowed
-actions, whose Fisher has the Gauss-Newton form (``fisher.GaussNewtonFisher``). CG solves
+large); the trust region is on the served distribution P_θ itself (``trust_region = "served"``,
+the default: its Fisher through the decoder's Jacobian, ``fisher.served_metric``, and the
+measured KL(P_old ‖ P_θ) in the line search), or on the masked policy q = softmax(z + g_guard)
+over the allowed actions (``"policy"``). Both Fishers have the Gauss-Newton form
+(``fisher.GaussNewtonFisher``). A δ on q is not a δ on what is served: the sampled majority
+sharpens q, so one step of 0.05 on q moved the served distribution by 0.3 to 1. CG solves
 (F + λI) s = g on a subsample of the states, the step is scaled with the undamped sᵀFs of the
 whole batch to the KL target δ, then line-searched on the measured KL and surrogate
 (``trust_region``). Every mean goes through the ``Reducer``, so data-parallel ranks take the
@@ -18,6 +22,7 @@ same step.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -47,6 +52,7 @@ class Stats:
     ess: float = math.nan
     failed: int = 0
     support_limited: bool = False  # a step was shrunk to keep KL(new ‖ behaviour) within max_behavior_kl
+    etas: list[float] = field(default_factory=list)  # η of every update (nan when aborted), for the guard's spike labels
 
     def summary(self) -> dict[str, float]:
         accepted = [k for k in self.kls if math.isfinite(k)]
@@ -97,6 +103,19 @@ def served_prob(policy: PolicyNet, decoder: TorchDecoder, b: Batch) -> Tensor:
     """P_θ(a_i | s_i) for the logged actions (rows the decoder decides)."""
     served = decoder.served(decoder.masked_q(policy(b.states), b.log_weights, b.allowed), b.fallback, b.allowed.any(dim=1))
     return served.gather(1, b.actions[:, None])[:, 0]
+
+
+def served_probs(policy: PolicyNet, decoder: TorchDecoder, b: Batch) -> Tensor:
+    """P_θ(· | s_i) for every row of the batch, (N, A), without gradient, in chunks."""
+    with torch.no_grad():
+        return torch.cat([decoder.served(decoder.masked_q(policy(r.states), r.log_weights, r.allowed), r.fallback, r.allowed.any(dim=1))
+                          for r in (b.rows(slice(i, i + CHUNK)) for i in range(0, len(b.states), CHUNK))])
+
+
+def served_kl(p_old: Tensor, p_new: Tensor) -> Tensor:
+    """Per row KL(p_old ‖ p_new); 0 where p_old = 0, +inf where p_new = 0 < p_old."""
+    terms = torch.where(p_old > 0, p_old * (torch.log(torch.where(p_old > 0, p_old, 1.0)) - torch.log(p_new)), 0.0)
+    return terms.sum(dim=1)
 
 
 def surrogate_terms(policy: PolicyNet, decoder: TorchDecoder, b: Batch, max_ratio: float) -> Tensor:
@@ -159,38 +178,65 @@ def _within_support(policy: PolicyNet, decoder: TorchDecoder, b: Batch, theta0: 
 
 
 def natural_step(policy: PolicyNet, decoder: TorchDecoder, b: Batch, config: TrainConfig, stats: Stats, reducer: Reducer,
-                 generator: torch.Generator) -> StepOutcome:
+                 generator: torch.Generator, shrink: Callable[[Tensor], bool] | None = None) -> StepOutcome:
+    """One step (module doc). ``shrink(θ_0)``, called on an accepted step after the support limit, may pull the
+    parameters back towards ``θ_0`` (returning True when it did: the run then stops); what is reported is the
+    step as finally applied."""
     if not bool(b.allowed.any(dim=1).all()):  # the caller draws batches from the rows the decoder decides
         raise ValueError("natural_step: every row needs an allowed action (rule-answered rows carry no gradient)")
     log_guard = torch.where(b.allowed, b.log_weights, -torch.inf).to(b.states.dtype)
+    served = config.trust_region == "served"
     with torch.no_grad():
         log_q_old = masked_log_probs(policy(b.states), log_guard)
+    p_old = served_probs(policy, decoder, b) if served else None
     before = surrogate_value(policy, decoder, b, config.max_ratio, reducer)
     grad = surrogate_gradient(policy, decoder, b, config.max_ratio, reducer)
+
+    def decode(z: Tensor, idx: Tensor) -> Tensor:  # the served distribution of rows ``idx`` of the batch, from their logits
+        return decoder.served_of(z, b.log_weights[idx], b.allowed[idx], b.fallback[idx], b.allowed[idx].any(dim=1))
+
     fisher = GaussNewtonFisher.from_module(policy, b.states, log_guard, damping=config.damping, subsample=config.fisher_fraction,
-                                           generator=generator, reducer=reducer)
-    whole = GaussNewtonFisher.from_module(policy, b.states, log_guard, damping=0.0, reducer=reducer)
+                                           generator=generator, reducer=reducer, served=decode if served else None)
+    whole = GaussNewtonFisher.from_module(policy, b.states, log_guard, damping=0.0, reducer=reducer, served=decode if served else None)
     step = natural_gradient_step(fisher, whole.curvature, grad, delta=config.kl_delta, cg_iterations=config.cg_iters,
                                  cg_rtol=config.cg_residual_tol)
     if not step.scaled.ok or step.scaled.step is None:
         stats.tracker.record(step.scaled, None, config.kl_delta)
+        stats.etas.append(math.nan)
         return StepOutcome(False, math.nan, 0.0, math.nan, step.cg.iterations, step.scaled.aborted)
 
-    def evaluate() -> Evaluation:
+    def measured_kl() -> float:
         with torch.no_grad():
-            kl = float(reducer.weighted_mean(mean_kl(log_q_old, policy(b.states), log_guard).double(), len(b.states)))
-        return Evaluation(kl, surrogate_value(policy, decoder, b, config.max_ratio, reducer))
+            if p_old is not None:
+                local = served_kl(p_old, served_probs(policy, decoder, b)).mean()
+            else:
+                local = mean_kl(log_q_old, policy(b.states), log_guard)
+        return float(reducer.weighted_mean(local.double(), len(b.states)))
+
+    def evaluate() -> Evaluation:
+        return Evaluation(measured_kl(), surrogate_value(policy, decoder, b, config.max_ratio, reducer))
 
     theta0 = flat_params(policy)
     search = backtracking_line_search(policy, step.scaled.step.to(theta0.dtype), evaluate, surrogate_before=before,
                                       delta=config.kl_delta, expected_improvement=step.scaled.expected_improvement,
                                       max_tries=config.line_search_steps, kl_fits=2)  # resize to the measured KL: lands near δ
     stats.tracker.record(step.scaled, search, config.kl_delta)
+    stats.etas.append(step.scaled.multiplier)
+    kl, improvement = search.kl, search.improvement
+    limited = False
     if search.accepted and config.max_behavior_kl is not None:
-        stats.support_limited = _within_support(policy, decoder, b, theta0, config.max_behavior_kl, reducer)
-    if search.accepted:
-        stats.kls.append(search.kl)
-        stats.improvements.append(search.improvement)
+        limited = _within_support(policy, decoder, b, theta0, config.max_behavior_kl, reducer)
+    if search.accepted and shrink is not None and bool(torch.any(flat_params(policy) != theta0)):
+        limited |= shrink(theta0)
+    stats.support_limited |= limited
+    if limited and bool(torch.any(flat_params(policy) != theta0)):  # what was applied is the shrunk step: measure it again
+        kl, improvement = evaluate()
+        improvement -= before
+    accepted = search.accepted and bool(torch.any(flat_params(policy) != theta0))
+    if accepted:
+        stats.kls.append(kl)
+        stats.improvements.append(improvement)
     else:
         stats.failed += 1
-    return StepOutcome(search.accepted, search.kl, search.improvement, step.scaled.multiplier, step.cg.iterations, search.reason)
+    reason = search.reason if not search.accepted else None if accepted else "shrunk to nothing by max_behavior_kl"
+    return StepOutcome(accepted, kl, improvement, step.scaled.multiplier, step.cg.iterations, reason)

@@ -100,3 +100,49 @@ def test_rows_without_an_allowed_action_are_refused(setup: tuple) -> None:
         update.natural_step(policy, decoder, dataclasses.replace(b, allowed=allowed), CONFIG, update.Stats(), LocalReducer(),
                             torch.Generator())
     assert np.isnan(update.Stats().summary()["effective_sample_size"])
+
+
+def _served_kl_after_step(setup: tuple, trust_region: str) -> tuple[float, float]:
+    policy, decoder, b = setup
+    config = dataclasses.replace(CONFIG, trust_region=trust_region)
+    p_old = update.served_probs(policy, decoder, b)
+    outcome = update.natural_step(policy, decoder, b, config, update.Stats(), LocalReducer(), torch.Generator().manual_seed(2))
+    assert outcome.accepted, outcome
+    return float(update.served_kl(p_old, update.served_probs(policy, decoder, b)).mean()), outcome.kl
+
+
+def test_served_metric_is_the_hessian_of_the_served_kl(setup: tuple) -> None:
+    """M_i = Dᵀ diag(1/P) D equals ∂²/∂z² KL(P(z_old) ‖ P(z)) at z_old, row by row (autograd's Hessian)."""
+    from trainer.fisher import served_metric
+
+    policy, decoder, b = setup
+    rows = slice(0, 4)
+    with torch.no_grad():
+        z0 = policy(b.states[rows]).double()
+    lw, allowed, fallback = b.log_weights[rows], b.allowed[rows], b.fallback[rows]
+
+    def served(z: torch.Tensor) -> torch.Tensor:
+        return decoder.served_of(z, lw, allowed, fallback, allowed.any(dim=1))
+
+    metric = served_metric(served, z0)
+    p_old = served(z0).detach()
+    for i in range(4):
+        def kl(zi: torch.Tensor, i: int = i) -> torch.Tensor:
+            z = z0.clone()
+            z[i] = zi
+            return update.served_kl(p_old[i : i + 1], served(z)[i : i + 1]).sum()
+
+        hessian = torch.autograd.functional.hessian(kl, z0[i].clone())
+        torch.testing.assert_close(metric[i], hessian, rtol=1e-6, atol=1e-9)
+    assert torch.allclose(metric.sum(dim=2), torch.zeros(4, A, dtype=metric.dtype), atol=1e-9)  # M 1 = 0: softmax ignores a shift
+
+
+def test_the_served_trust_region_bounds_what_is_served(setup: tuple) -> None:
+    """δ on the served distribution: the applied served KL lands near δ; δ on the masked policy overshoots it."""
+    state = {k: v.clone() for k, v in setup[0].state_dict().items()}
+    served_kl, reported = _served_kl_after_step(setup, "served")
+    assert 0.5 * CONFIG.kl_delta <= served_kl <= 1.5 * CONFIG.kl_delta
+    assert reported == pytest.approx(served_kl, rel=1e-6)  # what the step reports is what was applied
+    setup[0].load_state_dict(state)
+    policy_kl, _ = _served_kl_after_step(setup, "policy")
+    assert policy_kl > 1.5 * served_kl, (policy_kl, served_kl)
