@@ -3,7 +3,7 @@
 Torch is imported only by the commands that train: ``evaluate`` needs none.
 
 - ``train --logs DIR --out BUNDLE [--init BUNDLE] [--device auto|cpu|cuda]``: a new bundle.
-- ``evaluate BUNDLE --logs DIR [--json]``: offline estimates of the bundle's mean_return on the
+- ``evaluate BUNDLE --logs DIR [--json]``: offline estimates of the business objective per session on the
   logs (IPS, SNIPS, DR with 95 % intervals) and the logged behaviour's value. No torch.
 - ``cycle --logs DIR --weights-dir DIR``: train from the active bundle, evaluate new and
   current on the held-out sessions, publish when the gate passes (``--force``: regardless).
@@ -70,7 +70,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, help="TrainConfig.seed")
     p.add_argument("--updates", type=int, help="TrainConfig.updates")
     p.add_argument("--kl-delta", type=float, help="TrainConfig.kl_delta")
-    p.add_argument("--advantage", choices=("baseline", "group"), help="TrainConfig.advantage")
+    p.add_argument("--advantage", choices=("baseline", "group", "critic"), help="TrainConfig.advantage")
     p.add_argument("--version", dest="model_version", help="model version of the new bundle (default trained-<time>-s<seed>)")
 
 
@@ -178,27 +178,34 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _evaluate(args: argparse.Namespace) -> int:
+    """The gate's view of one bundle: its business objective per session on the logs (``trainer.evaluation``)."""
     from trainer.evaluation import evaluate_bundle
     from weights.model_set import LoadOptions, ModelSet
 
     bundle = _bundle(args.bundle)
     model = ModelSet.load(bundle, LoadOptions(device="cpu", warmup_batch=1))
     decisions, outcomes = _logs(args.logs, bundle)
-    result = {"bundle": str(args.bundle), "model_version": model.version,
+    result = {"bundle": str(args.bundle), "model_version": model.version, "value": "business objective per session",
               **evaluate_bundle(model, decisions, outcomes, n_boot=args.bootstrap, seed=args.seed).to_dict()}
     if args.json:
         print(json.dumps(result, allow_nan=False, default=float))
     else:
-        for key in ("ips", "snips", "dr", "behavior_value"):
+        print("business objective per session (net GMV − complaint costs), estimated on the logs:")
+        for key in ("ips", "snips", "dr", "tis", "behavior_value"):
             est = result[key]
             print(f"{key:15s} {est['value']:10.4f}   95% CI [{est['ci_low']:.4f}, {est['ci_high']:.4f}]")
+        diagnostics = result["diagnostics"]
+        print(f"ess             {diagnostics['ess']:10.1f}   of {diagnostics['n_episodes']} sessions")
+        print(f"unsupported     {result['unsupported_mass']:10.4g}   (mean probability on actions the logs never served)")
         print(f"kl_to_behavior  {result['kl_to_behavior']:10.4g}   steps {result['steps']}")
     return 0
 
 
 def _cycle(args: argparse.Namespace) -> int:
-    from trainer.data import episode_config, split
+    """Train, then gate on the business objective of the held-out sessions (whatever reward the training used)."""
+    from trainer.data import split
     from trainer.evaluation import Evaluation, evaluate_bundle, gate
+    from trainer.window import select as select_window
     from weights.bundle import read_bundle
     from weights.model_set import LoadOptions, ModelSet
     from weights.signing import load_private_key, load_public_key, public_key_bytes, sign
@@ -214,19 +221,21 @@ def _cycle(args: argparse.Namespace) -> int:
     result = _trained(args, init, decisions, outcomes, config)
     if args.rank != 0:
         return 0  # rank 0 evaluates, gates and publishes
-    _, (held_d, held_o) = split(decisions, outcomes, config.heldout_fraction, config.seed)
+    window = select_window(decisions, outcomes, config.window_hours, config.window_versions)  # the logs the run read
+    _, (held_d, held_o) = split(window.decisions, window.outcomes, config.heldout_fraction, config.seed)
     options = LoadOptions(device="cpu", warmup_batch=1)
     new_model, current_model = ModelSet.load(read_bundle(result.bundle), options), ModelSet.load(current_bundle, options)
-    def judged(model: ModelSet) -> Evaluation:
-        return evaluate_bundle(model, held_d, held_o, episode_config(config), n_boot=config.bootstrap, seed=config.seed,
-                               max_ratio=config.max_ratio)
+    def judged(model: ModelSet) -> Evaluation:  # the objective's episodes and γ = 1: not the training reward's
+        return evaluate_bundle(model, held_d, held_o, n_boot=config.bootstrap, seed=config.seed, max_ratio=config.max_ratio)
 
     verdict = gate(judged(new_model), judged(current_model), config.tolerance)
     report = {"model_version": new_model.version, "current_version": current_model.version, **verdict.to_dict()}
     published = verdict.publish or args.force
     estimates = verdict.new.report
-    result.with_metrics({f"offline_{name}": getattr(estimates, name).value for name in ("ips", "snips", "dr", "behavior_value")
-                         if getattr(estimates, name) is not None} | {"offline_dr_minus_current": verdict.difference.value})
+    result.with_metrics({f"offline_{name}": getattr(estimates, name).value for name in ("ips", "snips", "dr", "tis", "behavior_value")
+                         if getattr(estimates, name) is not None}
+                        | {"offline_dr_minus_current": verdict.difference.value, "offline_ess": estimates.ess,
+                           "offline_unsupported_mass": verdict.new.unsupported_mass})
     if published:
         args.weights_dir.mkdir(parents=True, exist_ok=True)
         data = result.bundle if args.sign_key is None else sign(result.bundle, load_private_key(args.sign_key))

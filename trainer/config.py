@@ -39,6 +39,11 @@ class GuardConfig:
     """Key of the session hash that splits train / held-out; keep it fixed across retrainings."""
     max_false_block_rate: float = 0.015
     """Cap on the held-out false-block rate (share of harmless served pairs vetoed), in [0, 1)."""
+    harm_cost_ratio: float = 1.0
+    """What a harmful action let through costs, in false blocks (``trainer.guard_threshold.VetoCriterion``):
+    the guard keeps its veto only if its held-out precision beats ``1 / (1 + ratio)`` at ``veto_confidence``."""
+    veto_confidence: float = 0.95
+    """One-sided confidence of the exact binomial test that the guard beats never blocking."""
     harmful_weight: float | None = None
     """Loss weight of a harmful row (harmless rows weigh 1); None: ``n_harmless / n_harmful`` on the training side."""
     seed: int = 0
@@ -62,6 +67,10 @@ class GuardConfig:
             raise ValueError(f"holdout_fraction: expected in (0, 1), got {self.holdout_fraction!r}")
         if not 0.0 <= self.max_false_block_rate < 1.0:
             raise ValueError(f"max_false_block_rate: expected in [0, 1), got {self.max_false_block_rate!r}")
+        if not (self.harm_cost_ratio > 0 and math.isfinite(self.harm_cost_ratio)):
+            raise ValueError(f"harm_cost_ratio: expected > 0, got {self.harm_cost_ratio!r}")
+        if not 0.0 < self.veto_confidence < 1.0:
+            raise ValueError(f"veto_confidence: expected in (0, 1), got {self.veto_confidence!r}")
         if self.harmful_weight is not None and not (self.harmful_weight > 0 and math.isfinite(self.harmful_weight)):
             raise ValueError(f"harmful_weight: expected > 0 or None, got {self.harmful_weight!r}")
 
@@ -80,6 +89,8 @@ class GuardConfig:
             "holdout_fraction": self.holdout_fraction,
             "split_seed": self.split_seed,
             "max_false_block_rate": self.max_false_block_rate,
+            "harm_cost_ratio": self.harm_cost_ratio,
+            "veto_confidence": self.veto_confidence,
             "harmful_weight": self.harmful_weight,
             "seed": self.seed,
         }
@@ -89,6 +100,12 @@ class GuardConfig:
 class TrainConfig:
     seed: int = 0
     """Seed of every random choice (splits, subsamples, initialisation, golden data): same logs + seed ⇒ same bundle bytes on CPU."""
+    window_versions: int | None = 1
+    """Read only the decisions of the last this-many model versions (by when each was first logged), whole
+    sessions (``trainer.window``): the run learns from what the policy it starts from served. None: all."""
+    window_hours: float | None = None
+    """Read only the decisions logged within this many hours of the newest one (with ``window_versions``,
+    both must hold). None: no limit by time."""
     heldout_fraction: float = 0.2
     """Share of sessions (by hash) kept out of training for the gate's offline estimates."""
     gamma: float = 0.85
@@ -101,13 +118,18 @@ class TrainConfig:
     """Quantile-normalise the rewards (5 % / 95 % of the non-zero ones) before the returns; the step is
     KL-scaled so this changes the baseline's numerics, not the step size."""
     advantage: str = "baseline"
-    """``baseline`` (G − V̂(s), a learned value net) or ``group`` (z-score of G within the page type)."""
+    """``baseline`` (G − V̂(s), a learned value net), ``group`` (z-score of G within the page type) or ``critic``
+    (R_ψ(s, a) − V_φ(s): a return-mapping net per action and its value under the starting policy, ``trainer.critic``)."""
     group_std_floor: float = 1e-3
     """Floor of the group standard deviation (``advantage = group``)."""
     value_hidden: int = 64
     """Hidden width of the value baseline."""
     value_epochs: int = 4
     """Passes of the value fit over its rows."""
+    critic_hidden: int = 64
+    """Hidden width of the critic's two networks, R_ψ and V_φ (``advantage = critic``)."""
+    critic_epochs: int = 4
+    """Passes over the fit rows of each of the critic's two fits (``advantage = critic``)."""
     max_fit_rows: int = 262_144
     """At most this many training rows (sampled) fit the value baseline and the guard."""
     max_ratio: float = 10.0
@@ -133,12 +155,32 @@ class TrainConfig:
     """Keep the served distribution within this mean KL(new ‖ behaviour) of the logged one: a step that would
     go further is shrunk and the run stops there (off-policy estimates, the gate's included, are only reliable
     where the logs have support). None: no limit (the run still warns above ``behavior_kl_warn``)."""
+    min_trajectory_ess: float | None = 0.15
+    """Stop where the gate can still judge the run: a step that would bring the ESS of the training sessions'
+    whole-trajectory weights below this fraction of them is shrunk (halving) and the run stops. The gate
+    refuses below 0.05 of the held-out sessions (``trainer.evaluation.MIN_ESS_FRACTION``); 0.15 leaves room
+    for the held-out sample's own noise. None: no limit."""
+    trust_region: str = "served"
+    """What δ constrains: ``served``, the distribution the bundle serves (the decoder's sampled majority,
+    fallback and exploration; its Fisher through the decoder's Jacobian), or ``policy``, the masked
+    softmax before the decoder (cheaper; the served distribution then moves several times δ)."""
+    exploration_epsilon: float | None = 0.1
+    """The new bundle's exploration share (``decoder.exploration_epsilon``): the behaviour that the next run
+    learns from stays broad (every allowed action keeps at least about ε·q_T). None: the starting bundle's."""
+    exploration_temperature: float | None = None
+    """The new bundle's exploration temperature T (draws from q^(1/T)); a large T (say 100) makes exploration
+    nearly uniform over the allowed actions, an ε floor. None: the starting bundle's."""
+    guard_kl_budget: float | None = 0.05
+    """Largest mean KL(served under the retrained guard ‖ served under the starting guard), the starting
+    policy on the training states, that a run may spend on the guard: above it the starting bundle's guard
+    (and threshold) is kept, so a re-chosen veto cannot move what is served past the trust region. None: no limit."""
     behavior_kl_warn: float = 0.3
     """Above this mean KL(new ‖ behaviour) on the logged states the run warns and marks the manifest."""
     guard: GuardConfig = field(default_factory=GuardConfig)
     """How the Action Guard is labelled, trained and thresholded."""
     tolerance: float = 0.0
-    """Gate: publish when the paired lower bound of (new − current) DR value is ≥ −tolerance (mean_return units)."""
+    """Gate: publish when the paired lower bound of (new − current) DR value is ≥ −tolerance (in the business
+    objective's units: currency per session)."""
     bootstrap: int = 200
     """Bootstrap resamples of the offline confidence intervals."""
 
@@ -148,9 +190,23 @@ class TrainConfig:
             problems.append(f"heldout_fraction: expected in (0, 1), got {self.heldout_fraction}")
         if not 0 <= self.gamma <= 1:
             problems.append(f"gamma: expected in [0, 1], got {self.gamma}")
-        if self.advantage not in ("baseline", "group"):
-            problems.append(f"advantage: expected baseline or group, got {self.advantage!r}")
-        for name in ("value_hidden", "value_epochs", "max_fit_rows", "updates", "batch", "cg_iters", "line_search_steps", "bootstrap"):
+        if self.window_versions is not None and self.window_versions < 1:
+            problems.append(f"window_versions: expected >= 1 or None, got {self.window_versions}")
+        if self.window_hours is not None and not (self.window_hours > 0 and math.isfinite(self.window_hours)):
+            problems.append(f"window_hours: expected > 0 or None, got {self.window_hours}")
+        if self.exploration_epsilon is not None and not 0.0 <= self.exploration_epsilon <= 1.0:
+            problems.append(f"exploration_epsilon: expected in [0, 1] or None, got {self.exploration_epsilon}")
+        temperature = self.exploration_temperature
+        if temperature is not None and not (temperature > 0 and math.isfinite(temperature)):
+            problems.append(f"exploration_temperature: expected > 0 or None, got {self.exploration_temperature}")
+        if self.min_trajectory_ess is not None and not 0.0 < self.min_trajectory_ess <= 1.0:
+            problems.append(f"min_trajectory_ess: expected in (0, 1] or None, got {self.min_trajectory_ess}")
+        if self.trust_region not in ("served", "policy"):
+            problems.append(f"trust_region: expected served or policy, got {self.trust_region!r}")
+        if self.advantage not in ("baseline", "group", "critic"):
+            problems.append(f"advantage: expected baseline, group or critic, got {self.advantage!r}")
+        for name in ("value_hidden", "value_epochs", "critic_hidden", "critic_epochs", "max_fit_rows", "updates", "batch", "cg_iters",
+                     "line_search_steps", "bootstrap"):
             if getattr(self, name) < 1:
                 problems.append(f"{name}: expected >= 1, got {getattr(self, name)}")
         for name in ("max_ratio", "kl_delta", "horizon_hours"):

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
 import hashlib
 import json
@@ -31,17 +32,23 @@ import torch
 
 from core.domain import N_ACTIONS, FloatArray
 from guard.action_guard import ActionGuard
+from policy.decoder import MajorityDecoder
 from policy.features import FeatureSpec
 from trainer import update
 from trainer.advantages import baseline_advantages, fit_value, group_advantages
 from trainer.config import TrainConfig
+from trainer.critic import critic_advantages, fit_critic
 from trainer.data import Experience, experience, split
 from trainer.distributed import LocalReducer, Reducer
 from trainer.export import export_bundle
-from trainer.guard_train import train_guard
+from trainer.fisher import flat_params, set_flat_params
+from trainer.guard_spikes import SpikeLog, SpikeRule
+from trainer.guard_threshold import VetoCriterion
+from trainer.guard_train import assess_guard, train_guard
 from trainer.networks import GuardNet, PolicyNet, guard_from_arrays, policy_from_arrays
 from trainer.replay import decoder_arrays
 from trainer.served import TorchDecoder
+from trainer.window import select as select_window
 from weights import mlp
 from weights.bundle import Bundle
 from weights.model_set import LoadOptions, ModelSet
@@ -102,13 +109,22 @@ def targets_for(base: ModelSet, exp: Experience, guard: GuardNet, threshold: flo
     return Targets(*(torch.as_tensor(a, device=device) for a in (log_w, allowed, fallback, ok)))
 
 
-def advantages_for(exp: Experience, config: TrainConfig, states: torch.Tensor, rows: np.ndarray) -> torch.Tensor:
+def advantages_for(exp: Experience, config: TrainConfig, states: torch.Tensor, rows: np.ndarray,
+                   pi: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+    """Per training row Â (float64), and the fit's metrics. ``pi`` (len(rows), A): what the starting bundle serves
+    at the fit rows (``advantage = critic``: V_φ is fitted to E_{a∼π} R_ψ(s, a))."""
     returns = torch.as_tensor(exp.returns, dtype=torch.float32, device=states.device)
+    if config.advantage == "critic":
+        if pi is None:
+            raise ValueError("pi: required with advantage=critic")
+        acts = torch.as_tensor(exp.steps.actions, device=states.device)
+        critic = fit_critic(states[rows], acts[rows], returns[rows], pi, config.critic_hidden, config.critic_epochs, seed=config.seed)
+        return critic_advantages(critic, states, acts), dict(critic.metrics)
     if config.advantage == "group":
         groups = np.array([int(c.page_type) for c in exp.steps.contexts], dtype=np.int64)
-        return torch.as_tensor(group_advantages(exp.returns, groups, config.group_std_floor), device=states.device)
+        return torch.as_tensor(group_advantages(exp.returns, groups, config.group_std_floor), device=states.device), {}
     value = fit_value(states[rows], returns[rows], config.value_hidden, config.value_epochs, seed=config.seed)
-    return baseline_advantages(states, returns, value).double()
+    return baseline_advantages(states, returns, value).double(), {}
 
 
 def _created_at(decisions: pa.Table) -> str:
@@ -129,8 +145,10 @@ def train(decisions: pa.Table, outcomes: pa.Table, init: Bundle, config: TrainCo
     spec = base.encoder.spec
     warnings: list[str] = []
 
-    # 1-2. the training side, as arrays in episode order
-    (train_d, train_o), _ = split(decisions, outcomes, config.heldout_fraction, config.seed)
+    # 1-2. the window, the training side, as arrays in episode order
+    window = select_window(decisions, outcomes, config.window_hours, config.window_versions)
+    log.info("window: %d of %d logged decisions, model versions %s", window.decisions.num_rows, decisions.num_rows, window.versions)
+    (train_d, train_o), _ = split(window.decisions, window.outcomes, config.heldout_fraction, config.seed)
     exp = experience(train_d, train_o, base, config)
     n = len(exp.steps)
     if n == 0:
@@ -144,18 +162,34 @@ def train(decisions: pa.Table, outcomes: pa.Table, init: Bundle, config: TrainCo
     # 3. the guard
     init_guard = guard_from_arrays(mlp.guard_params_from_onnx(init.parts["guard.onnx"]), spec.state_dim)
     rows_t = torch.from_numpy(fit_rows)
-    guarded = train_guard(states[rows_t].cpu(), actions[rows_t].cpu(), torch.from_numpy(exp.harmful[fit_rows]), sessions[fit_rows],
-                          config.guard, init=init_guard, device=dev)
+    criterion = VetoCriterion(config.guard.harm_cost_ratio, config.guard.veto_confidence)
+    guard_rows = (states[rows_t].cpu(), actions[rows_t].cpu(), torch.from_numpy(exp.harmful[fit_rows]), sessions[fit_rows])
+    guarded = train_guard(*guard_rows, config.guard, init=init_guard, device=dev, criterion=criterion)
 
-    # 4. the new bundle's decoder inputs, fixed for the policy update
+    # 4. the new bundle's decoder inputs, fixed for the policy update; the guard's change within its budget
+    policy = policy_from_arrays(mlp.policy_params_from_onnx(init.parts["policy.onnx"])).to(dev)
+    decoder_spec = shipped_decoder(base.manifest["decoder"], config)
+    decoder = TorchDecoder(MajorityDecoder(decoder_spec["samples"], decoder_spec["min_votes"], decoder_spec["exploration_epsilon"],
+                                           decoder_spec["exploration_temperature"]), torch.float64, dev)
+    init_threshold = float(base.manifest["guard"]["threshold"])
     targets = targets_for(base, exp, guarded.net, guarded.threshold, dev)
+    old_targets = targets_for(base, exp, init_guard, init_threshold, dev)
+    guard_kl = served_kl_between(policy, decoder, states, targets, old_targets, fit_rows)
+    guard_kept = config.guard_kl_budget is not None and guard_kl > config.guard_kl_budget
+    if guard_kept:
+        warnings.append(f"the retrained guard would move the served distribution by KL {guard_kl:.3f} > guard_kl_budget "
+                        f"{config.guard_kl_budget}: the starting bundle's guard is kept")
+        guarded = assess_guard(init_guard, init_threshold, *guard_rows, config.guard, criterion)  # judged at its own threshold
+        targets = old_targets if guarded.threshold == init_threshold else targets_for(base, exp, init_guard, guarded.threshold, dev)
+    log.info("guard change: served KL %.4f (budget %s)%s", guard_kl, config.guard_kl_budget, ": kept the old guard" if guard_kept else "")
 
     # 5. advantages
-    advantages = advantages_for(exp, config, states, fit_rows).to(dev)
+    pi_fit = served_probs_at(policy, decoder, states, targets, fit_rows) if config.advantage == "critic" else None
+    advantages, advantage_metrics = advantages_for(exp, config, states, fit_rows, pi_fit)
+    advantages = advantages.to(dev)
 
     # 6. natural-gradient steps
-    policy = policy_from_arrays(mlp.policy_params_from_onnx(init.parts["policy.onnx"])).to(dev)
-    decoder = TorchDecoder(base.decision.decoder, torch.float64, dev)
+    start_policy = copy.deepcopy(policy)
     propensity = torch.as_tensor(exp.steps.propensity, device=dev)
     behavior = torch.as_tensor(exp.steps.behavior_probs, device=dev)
     stats = update.Stats()
@@ -167,14 +201,21 @@ def train(decisions: pa.Table, outcomes: pa.Table, init: Bundle, config: TrainCo
     if n_batch < world:
         warnings.append(f"a batch of {n_batch} rows for {world} ranks ({len(eligible)} logged rows are decided by the decoder "
                         "under the new guard): no policy step")
+    spike_log = SpikeLog()
     for step in range(config.updates if n_batch >= world else 0):
         # every rank draws the same batch, then takes its shard of it
-        batch = torch.sort(eligible[torch.randperm(len(eligible), generator=batch_gen)[:n_batch]]).values[rank::world].to(dev)
+        whole = torch.sort(eligible[torch.randperm(len(eligible), generator=batch_gen)[:n_batch]]).values
+        batch = whole[rank::world].to(dev)
         rows = update.Batch(states[batch], actions[batch], propensity[batch], advantages[batch], targets.log_weights[batch],
                             targets.allowed[batch], targets.fallback[batch], behavior[batch])
         fisher_gen = torch.Generator().manual_seed(config.seed * 1_000_003 + step * 7919 + rank)  # per rank: its shard's subsample
-        outcome = update.natural_step(policy, decoder, rows, config, stats, reducer, fisher_gen)
+        def ess_limit(theta0: torch.Tensor) -> bool:
+            return _within_trajectory_ess(policy, decoder, states, targets, exp, theta0, config)
+
+        outcome = update.natural_step(policy, decoder, rows, config, stats, reducer, fisher_gen,
+                                      shrink=ess_limit if config.min_trajectory_ess is not None else None)
         log.info("update %d: %s", step, outcome.to_dict())
+        spike_log.record(outcome.eta, whole.numpy())
         if stats.support_limited:
             log.info("stopping after update %d: the next step would leave the logs' support (max_behavior_kl %s)", step,
                      config.max_behavior_kl)
@@ -183,7 +224,21 @@ def train(decisions: pa.Table, outcomes: pa.Table, init: Bundle, config: TrainCo
         warnings.append("no natural-gradient step was taken: the bundle's policy is the starting one")
     if rows is not None and len(rows.states):
         stats.ess = update.effective_sample_size(policy, decoder, rows, config.max_ratio)  # the final policy, on the last batch
+    # 6b. η-spike auto-labels fine-tune the guard, within the same budget on what is served
+    spikes = spike_log.labels(advantages.cpu().numpy(), SpikeRule())
+    extra = spikes.harmful[fit_rows]
+    if extra.any() and not guard_kept:
+        tuned = train_guard(*guard_rows, config.guard, init=guarded.net, device=dev, extra_harmful=extra, criterion=criterion)
+        tuned_targets = targets_for(base, exp, tuned.net, tuned.threshold, dev)
+        tuned_kl = served_kl_between(policy, decoder, states, tuned_targets, targets, fit_rows)
+        if config.guard_kl_budget is None or tuned_kl <= config.guard_kl_budget:
+            guarded, targets = tuned, tuned_targets
+        log.info("guard fine-tuned on %d η-spike labels: served KL %.4f, %s", int(extra.sum()), tuned_kl,
+                 "kept" if guarded is tuned else "over the budget, dropped")
     kl_behavior = behavior_kl(policy, decoder, states, targets, exp.steps.behavior_probs, ~exp.steps.certain)
+    random_np = ~exp.steps.certain
+    kl_start = served_kl_between(policy, decoder, states, targets, targets, np.flatnonzero(random_np), start_policy)
+    ess_fraction = trajectory_ess_fraction(policy, decoder, states, targets, exp, config.max_ratio)
     if kl_behavior > config.behavior_kl_warn:
         warnings.append(f"KL(new ‖ behaviour) = {kl_behavior:.3f} > {config.behavior_kl_warn}: the logs no longer support "
                         "a step this far; collect fresh data under this policy before training further")
@@ -192,7 +247,13 @@ def train(decisions: pa.Table, outcomes: pa.Table, init: Bundle, config: TrainCo
     metrics = {
         **stats.summary(),
         **guarded.metrics,
+        **spikes.metrics(),
+        **advantage_metrics,
         "kl_to_behavior": kl_behavior,
+        "kl_served_to_start": kl_start,  # what the run applied: KL(new ‖ starting bundle) served, all random rows
+        "trajectory_ess_fraction": ess_fraction,  # of the training sessions, at the final policy
+        "guard_served_kl": guard_kl,
+        "guard_kept_from_start": float(guard_kept),
         "return_variance_ratio": _variance_ratio(exp),
         "train_steps": float(n),
         "train_episodes": float(exp.episodes.n_episodes),
@@ -207,13 +268,15 @@ def train(decisions: pa.Table, outcomes: pa.Table, init: Bundle, config: TrainCo
     digest = hashlib.sha256(json.dumps([base.version, config.to_dict()], sort_keys=True, default=str).encode()).hexdigest()[:8]
     version = model_version or f"trained-{created_at.replace(':', '').replace('-', '')}-{digest}"
     manifest = {
-        **{k: base.manifest[k] for k in ("feature_spec", "actions", "guardrails", "fallback_rules", "decoder", "golden")},
+        **{k: base.manifest[k] for k in ("feature_spec", "actions", "guardrails", "fallback_rules", "golden")},
+        "decoder": decoder_spec,
         "model_version": version,
         "created_at": created_at,
-        "guard": {"threshold": float(guarded.threshold)},
+        "guard": {"threshold": float(guarded.threshold), "veto": guarded.veto, "veto_reason": guarded.veto_reason},
         "training_metrics": metrics,
         "trainer": {"config": config.to_dict(), "reward_scale": exp.reward_scale, "init_model_version": base.version,
-                    "warnings": warnings, "device": str(dev), "beyond_logged_support": kl_behavior > config.behavior_kl_warn},
+                    "warnings": warnings, "device": str(dev), "beyond_logged_support": kl_behavior > config.behavior_kl_warn,
+                    "window": window.describe(config.window_hours, config.window_versions)},
         "provenance": {"kind": "trained", "builder": "trainer.train", **(provenance or {})},
     }
     data = export_bundle(policy, guarded.net, base.encoder.behavior_table, spec, manifest, config.seed)
@@ -243,6 +306,84 @@ def behavior_kl(policy: torch.nn.Module, decoder: TorchDecoder, states: torch.Te
             return 0.0
         served, logged = served[rows], logged[rows]
     return mean_kl(served, logged)
+
+
+def shipped_decoder(start: dict[str, Any], config: TrainConfig) -> dict[str, Any]:
+    """The decoder settings of the new bundle: the starting bundle's, with the run's exploration where set."""
+    out = dict(start)
+    if config.exploration_epsilon is not None:
+        out["exploration_epsilon"] = config.exploration_epsilon
+    if config.exploration_temperature is not None:
+        out["exploration_temperature"] = config.exploration_temperature
+    return out
+
+
+def trajectory_ess_fraction(policy: torch.nn.Module, decoder: TorchDecoder, states: torch.Tensor, targets: Targets,
+                            exp: Experience, max_ratio: float) -> float:
+    """ESS / E of the sessions' whole-trajectory weights Π_t min(P_new(a_t|s_t) / μ_t, max_ratio) on the training side.
+
+    The gate's estimators weight an order, observed at a session's last step, by the whole session's
+    weight, and the gate refuses below an ESS floor (``trainer.evaluation``): the trainer stops where
+    the gate can still judge it. Rows served with certainty enter with their exact target probability.
+    """
+    rows = np.arange(len(exp.steps), dtype=np.int64)
+    p = served_probs_at(policy, decoder, states, targets, rows)
+    acts = torch.as_tensor(exp.steps.actions, device=p.device)
+    ratio = p.gather(1, acts[:, None])[:, 0].cpu().numpy() / exp.steps.propensity
+    log_w = np.log(np.clip(np.minimum(ratio, max_ratio), 1e-300, None))
+    per_session = np.add.reduceat(log_w, exp.episodes.starts) if len(log_w) else np.zeros(0)
+    w = np.exp(per_session - per_session.max()) if len(per_session) else per_session
+    return float(w.sum() ** 2 / (w @ w) / len(w)) if len(w) and (w @ w) > 0 else 0.0
+
+
+def _within_trajectory_ess(policy: torch.nn.Module, decoder: TorchDecoder, states: torch.Tensor, targets: Targets,
+                           exp: Experience, theta0: torch.Tensor, config: TrainConfig) -> bool:
+    """Halve an accepted step (up to 10 times, else undo it) until the trajectory ESS fraction is at least
+    ``config.min_trajectory_ess``; True when it had to be shrunk (the run then stops updating)."""
+    assert config.min_trajectory_ess is not None
+    theta1 = flat_params(policy)
+    fraction = 1.0
+    for _ in range(10):
+        ess = trajectory_ess_fraction(policy, decoder, states, targets, exp, config.max_ratio)
+        if ess >= config.min_trajectory_ess:
+            if fraction < 1.0:
+                log.info("step shrunk to %.3g of itself: trajectory ESS %.3f of the sessions", fraction, ess)
+            return fraction < 1.0
+        fraction *= 0.5
+        set_flat_params(policy, theta0 + fraction * (theta1 - theta0))
+    set_flat_params(policy, theta0)
+    return True
+
+
+def served_probs_at(policy: torch.nn.Module, decoder: TorchDecoder, states: torch.Tensor, targets: Targets,
+                    rows: npt.NDArray[np.int64], chunk: int = 8192) -> torch.Tensor:
+    """(len(rows), A): what ``policy`` serves at ``rows`` under ``targets``, without gradient."""
+    parts = []
+    with torch.no_grad():
+        for i in range(0, len(rows), chunk):
+            r = torch.as_tensor(rows[i : i + chunk], device=states.device)
+            q = decoder.masked_q(policy(states[r]), targets.log_weights[r], targets.allowed[r])
+            parts.append(decoder.served(q, targets.fallback[r], targets.ok[r]))
+    return torch.cat(parts) if parts else torch.zeros((0, N_ACTIONS), dtype=torch.float64, device=states.device)
+
+
+def served_kl_between(policy: torch.nn.Module, decoder: TorchDecoder, states: torch.Tensor, new: Targets, old: Targets,
+                      rows: npt.NDArray[np.int64], old_policy: torch.nn.Module | None = None, chunk: int = 8192) -> float:
+    """Mean over ``rows`` of KL(P_new ‖ P_old): the served distributions of ``policy`` under ``new`` and of
+    ``old_policy`` (default: the same policy) under ``old``. 0 for no rows."""
+    if len(rows) == 0:
+        return 0.0
+    old_policy = old_policy or policy
+    total = 0.0
+    with torch.no_grad():
+        for i in range(0, len(rows), chunk):
+            r = torch.as_tensor(rows[i : i + chunk], device=states.device)
+            s = states[r]
+            p = decoder.served(decoder.masked_q(policy(s), new.log_weights[r], new.allowed[r]), new.fallback[r], new.ok[r])
+            q = decoder.served(decoder.masked_q(old_policy(s), old.log_weights[r], old.allowed[r]), old.fallback[r], old.ok[r])
+            terms = torch.where(p > 0, p * (torch.log(torch.where(p > 0, p, 1.0)) - torch.log(torch.clamp(q, min=1e-6))), 0.0)
+            total += float(terms.sum())
+    return total / len(rows)
 
 
 def _variance_ratio(exp: Experience) -> float:
