@@ -3,15 +3,18 @@
 Provenance (recorded in the manifest's ``provenance``):
 
 1. an untrained initial bundle: ``weights.initial.make_bundle`` with seed ``INIT_SEED``;
-2. ``SESSIONS`` simulated shopper sessions (``simulator``, world seed ``SIM_SEED``)
-   served by it in-process, through the real decision code and the real log recorder (fixed
-   clock and salt, so the logs are the same on every run);
-3. the trainer (``trainer.train``, ``TrainConfig(seed=TRAIN_SEED)`` defaults) on those logs;
-4. the gate: offline DR estimates of the trained and the initial bundle on the held-out
-   sessions; the build fails unless the trained one is not worse;
-5. the simulator's true value of both, on sessions the trainer never saw (``EVAL_SEED``).
+2. ``CYCLES`` CronJob cycles, as ``shopping-agent cycle`` runs them: the active bundle serves
+   ``SESSIONS`` new simulated sessions (world seed ``SIM_SEED``) in-process, through the real
+   decision code and the real log recorder (fixed clock and salt, so the logs are the same on
+   every run), appended to one log directory; the trainer (``TrainConfig(seed=TRAIN_SEED)``
+   defaults: the last version's window) trains from the active bundle; the gate compares it
+   with the active one on the window's held-out sessions (the business objective) and it
+   becomes the active one if it passes. The default is the last bundle the gate published
+   (renamed ``DEFAULT_MODEL_VERSION``); the build fails if none passed;
+3. the simulator's true value (the business objective per session) of the result and of the
+   initial bundle, on sessions of another world (``EVAL_SEED``).
 
-Needs the ``train`` (or ``test``) extra: torch and onnx. Takes about two minutes on 2 cores.
+Needs the ``train`` (or ``test``) extra: torch and onnx. Takes about three minutes on 2 cores.
 On the same CPU type the bytes are identical; ``--check`` rebuilds and compares (bytes, or,
 on another CPU where float rounding may differ, the networks' outputs within 1e-3).
 
@@ -43,10 +46,10 @@ from weights.model_set import LoadOptions, ModelSet  # noqa: E402
 INIT_SEED = 20261130
 INIT_VERSION = "default-init-20261130"
 CREATED_AT = "2026-11-30T00:00:00Z"
-SIM_SEED, SESSIONS = 1130, 6000
+SIM_SEED, SESSIONS, CYCLES = 1130, 6000, 3
 TRAIN_SEED = 0
 EVAL_SEED, EVAL_SESSIONS = 2026, 3000
-LOG_CLOCK_S = 1_795_996_800.0  # 2026-12-01T00:00:00Z: the logs' server time, fixed
+LOG_CLOCK_S = 1_795_996_800.0  # 2026-12-01T00:00:00Z: the first cycle's server time, fixed; each cycle 2 h later
 TARGET = ROOT / "weights" / "data" / "default.bundle"
 
 
@@ -55,39 +58,58 @@ def initial() -> bytes:
 
 
 def build() -> bytes:
+    """``CYCLES`` CronJob cycles from the untrained bundle, as ``shopping-agent cycle`` runs them (see the module doc)."""
     from trainer.config import TrainConfig
-    from trainer.data import episode_config, split
+    from trainer.data import split
     from trainer.evaluation import evaluate_bundle, gate
-    from trainer.train import train
+    from trainer.train import TrainResult, train
+    from trainer.window import select
 
     init = read_bundle(initial())
     options = LoadOptions(device="cpu", warmup_batch=8)
     init_model = ModelSet.load(init, options)
+    world = World(SimConfig(), SIM_SEED)
     config = TrainConfig(seed=TRAIN_SEED)
+    active, active_model, published, history = init, init_model, None, []
     with tempfile.TemporaryDirectory(prefix="default-bundle-") as tmp:
         logs = Path(tmp)
-        run_logged(World(SimConfig(), SIM_SEED), init_model, range(SESSIONS), ZoneInfo("UTC"), logs,
-                   b"default-bundle-salt".ljust(32, b"."), clock=lambda: LOG_CLOCK_S)
-        source = DirectorySource(logs)
-        decisions, outcomes = source.table("decisions"), source.table("outcomes")
-    result = train(decisions, outcomes, init, config, device="cpu", model_version=DEFAULT_MODEL_VERSION)
-    _, (held_d, held_o) = split(decisions, outcomes, config.heldout_fraction, config.seed)
-    kwargs = {"n_boot": config.bootstrap, "seed": config.seed, "max_ratio": config.max_ratio}
-    new_eval = evaluate_bundle(ModelSet.load(read_bundle(result.bundle), options), held_d, held_o, episode_config(config), **kwargs)
-    verdict = gate(new_eval, evaluate_bundle(init_model, held_d, held_o, episode_config(config), **kwargs), config.tolerance)
-    if not verdict.publish:
-        raise SystemExit(f"the trained default did not pass the gate: {verdict.reason}")
-    world = World(SimConfig(), EVAL_SEED)
-    true_new = run_in_process(world, ModelSet.load(read_bundle(result.bundle), options), range(EVAL_SESSIONS), ZoneInfo("UTC"))
-    true_init = run_in_process(world, init_model, range(EVAL_SESSIONS), ZoneInfo("UTC"))
+        for cycle in range(CYCLES):
+            clock = LOG_CLOCK_S + cycle * 7200.0
+            run_logged(world, active_model, range(cycle * SESSIONS, (cycle + 1) * SESSIONS), ZoneInfo("UTC"), logs,
+                       b"default-bundle-salt".ljust(32, b"."), clock=lambda clock=clock: clock)
+            source = DirectorySource(logs)
+            decisions, outcomes = source.table("decisions"), source.table("outcomes")
+            version = f"{DEFAULT_MODEL_VERSION}-cycle{cycle + 1}"
+            result: TrainResult = train(decisions, outcomes, active, config, device="cpu", model_version=version)
+            window = select(decisions, outcomes, config.window_hours, config.window_versions)
+            _, (held_d, held_o) = split(window.decisions, window.outcomes, config.heldout_fraction, config.seed)
+            kwargs = {"n_boot": config.bootstrap, "seed": config.seed, "max_ratio": config.max_ratio}
+            new_eval = evaluate_bundle(ModelSet.load(read_bundle(result.bundle), options), held_d, held_o, **kwargs)
+            verdict = gate(new_eval, evaluate_bundle(active_model, held_d, held_o, **kwargs), config.tolerance)
+            history.append({"cycle": cycle + 1, "publish": verdict.publish, "reason": verdict.reason,
+                            "dr_difference": verdict.difference.to_dict(), "decisions": window.decisions.num_rows,
+                            "model_version": version})
+            if verdict.publish:
+                published, active = (result, new_eval, verdict, decisions, outcomes), read_bundle(result.bundle)
+                active_model = ModelSet.load(active, options)
+    if published is None:
+        raise SystemExit(f"no cycle passed the gate: {history}")
+    result, new_eval, verdict, decisions, outcomes = published  # the last bundle the gate published, renamed
+    result.manifest["model_version"] = DEFAULT_MODEL_VERSION
+    truth = World(SimConfig(), EVAL_SEED)
+    true_new = run_in_process(truth, active_model, range(EVAL_SESSIONS), ZoneInfo("UTC")).summary()
+    true_init = run_in_process(truth, init_model, range(EVAL_SESSIONS), ZoneInfo("UTC")).summary()
     result.manifest["provenance"] = {
         **result.manifest["provenance"],
         "script": "scripts/build_default_bundle.py",
         "init": {"builder": "weights.initial.make_bundle", "seed": INIT_SEED, "model_version": INIT_VERSION},
-        "logs": {"simulator_seed": SIM_SEED, "sessions": SESSIONS, "decisions": decisions.num_rows, "outcomes": outcomes.num_rows},
+        "logs": {"simulator_seed": SIM_SEED, "sessions_per_cycle": SESSIONS, "cycles": CYCLES,
+                 "decisions": decisions.num_rows, "outcomes": outcomes.num_rows},
+        "cycles": history,
         "gate": {"dr_difference": verdict.difference.to_dict(), "reason": verdict.reason},
-        "simulator_true_value": {"seed": EVAL_SEED, "sessions": EVAL_SESSIONS,
-                                 "trained": round(true_new.value().mean, 4), "initial": round(true_init.value().mean, 4)},
+        "simulator_true_value": {"seed": EVAL_SEED, "sessions": EVAL_SESSIONS, "measure": "business objective per session",
+                                 "trained": round(true_new["objective_per_session"]["mean"], 4),
+                                 "initial": round(true_init["objective_per_session"]["mean"], 4)},
     }
     report = new_eval.report
     return result.with_metrics({"offline_ips": report.ips.value, "offline_snips": report.snips.value,

@@ -93,7 +93,7 @@ def test_make_bundle_is_deterministic_and_seeded() -> None:
 
 def test_embedded_default_is_reproducible_from_the_build_script() -> None:
     result = subprocess.run([sys.executable, str(ROOT / "scripts" / "build_default_bundle.py"), "--check"],
-                            cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+                            cwd=ROOT, capture_output=True, text=True, timeout=420, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
