@@ -13,6 +13,7 @@ import pytest
 import simulator.world as world_module
 from core.domain import Action, Outcome, PageType
 from simulator import SERVABLE, Intent, PageView, ShopperSession, SimConfig, World, effect_table
+from simulator.reference import intent_policy
 
 Decider = Callable[[ShopperSession, PageView], Action]
 Trace = list[tuple[object, ...]]
@@ -35,17 +36,6 @@ def random_decider(session: ShopperSession, page: PageView) -> Action:
 
 def constant(action: Action) -> Decider:
     return lambda session, page: action
-
-
-def intent_oracle(session: ShopperSession, page: PageView) -> Action:
-    """The intent-optimal play of the effect table: prepare the shopper, then add to cart."""
-    if session.intent is Intent.BARGAIN_HUNTER and not session.coupon_claimed:
-        return Action.APPLY_COUPON
-    if session.intent is Intent.SOCIAL_SHARER and not session.shared:
-        return Action.SHARE_SOCIAL
-    if session.intent is Intent.BROWSER and session.details_opened < 3:
-        return Action.VIEW_DETAIL
-    return Action.ADD_TO_CART
 
 
 def feature_decider(session: ShopperSession, page: PageView) -> Action:
@@ -191,7 +181,7 @@ def test_events_are_in_time_order_and_well_formed(world: World) -> None:
     starts = set()
     for index in range(1500):
         session = world.session(index)
-        decide = intent_oracle if index % 2 else random_decider
+        decide = intent_policy if index % 2 else random_decider
         pages, _, events = play(session, decide)
         starts.add(int(pages[0].event_time_s // HOUR_S) % 24)
         claimed = False
@@ -245,7 +235,7 @@ def test_observed_features_partly_reveal_the_intent(world: World) -> None:
 
 def test_the_best_action_depends_on_the_intent(world: World) -> None:
     n = 2000
-    oracle, oracle_by = value(world, intent_oracle, n)
+    oracle, oracle_by = value(world, intent_policy, n)
     always_cart, cart_by = value(world, constant(Action.ADD_TO_CART), n)
     baselines = [always_cart, value(world, random_decider, n)[0]]
     baselines += [value(world, constant(a), 300)[0] for a in SERVABLE if a is not Action.ADD_TO_CART]

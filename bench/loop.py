@@ -1,0 +1,358 @@
+"""The learning loop on the simulator: from the untrained bundle, CronJob cycles, against strong baselines.
+
+    .venv/bin/python -m bench.loop [--cycles 5] [--sessions 20000] [--eval-sessions 20000] [--seed 7] [--no-vw]
+
+One world (``--seed``: catalogue, prices, shoppers), disjoint session ranges. Each cycle:
+
+1. the active bundle serves the next ``--sessions`` sessions through the real recorder, appended
+   to one log directory (as the servers' PV holds them);
+2. ``shopping-agent cycle`` runs on that directory, in process, with its default config (or
+   ``--config``): train from the active bundle on its window of the logs → evaluate → gate →
+   publish into a weights directory;
+3. the active bundle after the cycle plays the truth sessions ``[10⁶, 10⁶ + --eval-sessions)``,
+   the same shoppers and dice every cycle: the business objective per session (net GMV − 10 per
+   complaint), net GMV, and the action mix.
+
+Baselines on the same truth sessions: every constant action (the best one named), the intent
+policy that reads each shopper's hidden intent (a reference, not a bound), and Vowpal Wabbit's
+contextual-bandit learner (``--cb_adf``, doubly robust, one pass; an optional bench dependency:
+``pip install vowpalwabbit``) trained on each cycle's logs — the same rows the trainer read —
+with the return-to-go of the objective as its cost, played greedily. Intervals on differences
+are paired over the shared sessions. Writes ``bench/results/loop.json`` and ``loop.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import io
+import json
+import math
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import numpy as np
+import pyarrow as pa
+
+from bench.procs import REPO
+from bench.report import write_results
+from core.domain import Action, Source
+from experience.objective import BusinessObjective
+from experience.returns import Z_95, discounted_returns
+from experience.segments import DirectorySource
+from experience.sessions import build_episodes
+from policy.features import FeatureSpec, behavior_buckets, local_hour
+from simulator.config import SERVABLE, SimConfig
+from simulator.drive import Trace, decision_id, reports_for, run_in_process, run_logged
+from simulator.reference import intent_policy
+from simulator.world import PageView, ShopperSession, World
+from weights.bundle import read_bundle
+from weights.initial import make_bundle
+from weights.model_set import LoadOptions, ModelSet
+from weights.store import WeightsStore
+from weights.validate import verify
+
+TRUTH_FIRST = 1_000_000
+SALT = b"bench-loop".ljust(32, b".")
+UTC = ZoneInfo("UTC")
+Choose = Callable[[ShopperSession, PageView], Action]
+
+
+# --- the deciders that are not bundles ---------------------------------------------------------
+
+
+def play(world: World, sessions: range, choose: Choose) -> Trace:
+    """Each session against ``choose(session, page)``, traced as ``run_in_process`` traces a bundle."""
+    trace = Trace()
+    for index in sessions:
+        session = world.session(index)
+        step = 0
+        while (page := session.page()) is not None:
+            did = decision_id(world.seed, index, step)
+            action = choose(session, page)
+            trace.decided(session.session_id, did, page.event_time_s, action, Source.POLICY)
+            for report in reports_for(session, did, session.respond(action)):
+                trace.reported(report)
+            step += 1
+        trace.sessions_finished += 1
+    return trace
+
+
+def constant(action: Action) -> Choose:
+    return lambda session, page: action
+
+
+
+# --- Vowpal Wabbit on the same logs --------------------------------------------------------------
+
+
+class VWFeatures:
+    """What the policy sees, as VW features: the behaviour buckets, the hour, a fixed projection of the embedding."""
+
+    def __init__(self, spec: FeatureSpec, dim: int = 32) -> None:
+        self.spec = spec
+        self.projection = (np.random.default_rng(0).standard_normal((spec.item_dim, dim)) / math.sqrt(dim)).astype(np.float32)
+
+    def shared(self, buckets: Sequence[int], hour: int, embedding: np.ndarray) -> str:
+        e = np.asarray(embedding, dtype=np.float32) @ self.projection
+        return "shared |s " + " ".join(f"b{b}" for b in buckets) + f" h{hour} " + " ".join(f"e{j}:{v:.4f}" for j, v in enumerate(e))
+
+
+def _actions_lines(label_at: int | None = None, cost: float = 0.0, prob: float = 1.0) -> list[str]:
+    return [(f"0:{cost:.6f}:{prob:.6f} " if i == label_at else "") + f"|a a{int(a)}" for i, a in enumerate(SERVABLE)]
+
+
+def train_vw(decisions: pa.Table, outcomes: pa.Table, features: VWFeatures, passes: int = 1) -> Any:
+    """``--cb_adf --cb_type dr`` on the logged rows served a servable action; cost = −(return-to-go of the objective)/100."""
+    import vowpalwabbit
+
+    episodes = build_episodes(decisions, outcomes)
+    ordered = decisions.take(pa.array(episodes.rows))
+    togo = discounted_returns(episodes.rewards, episodes.starts, episodes.lengths, 1.0)
+    actions = ordered.column("action").to_numpy()
+    prop = ordered.column("propensity").to_numpy()
+    hours = ordered.column("hour").to_numpy()
+    buckets = ordered.column("behavior_bucket_indices").to_pylist()
+    emb = np.asarray(ordered.column("item_embedding").combine_chunks().values.to_numpy(zero_copy_only=False),
+                     dtype=np.float32).reshape(len(ordered), -1)
+    slot = {int(a): i for i, a in enumerate(SERVABLE)}
+    vw = vowpalwabbit.Workspace("--cb_adf --cb_type dr -q sa --quiet --power_t 0 -l 0.01 --random_seed 1")
+    for _ in range(passes):
+        for i in range(len(ordered)):
+            if int(actions[i]) not in slot:
+                continue
+            lines = [features.shared(buckets[i], int(hours[i]), emb[i]),
+                     *_actions_lines(slot[int(actions[i])], -togo[i] / 100.0, float(prop[i]))]
+            vw.learn(lines)
+    return vw
+
+
+def vw_chooser(vw: Any, features: VWFeatures) -> Choose:
+    def choose(session: ShopperSession, page: PageView) -> Action:
+        lines = [features.shared(behavior_buckets(page.recent_behavior_ids, features.spec), local_hour(page.event_time_s, UTC),
+                                 page.item_embedding), *_actions_lines()]
+        scores = vw.predict(lines)  # cb_adf: the predicted cost of each action line
+        return SERVABLE[int(np.argmin(scores))]
+
+    return choose
+
+
+# --- scoring -------------------------------------------------------------------------------------
+
+
+def per_session(trace: Trace, world: World, sessions: range) -> dict[str, np.ndarray]:
+    ids = [f"sim{world.seed}-s{i}" for i in sessions]
+    b = BusinessObjective().per_session(ids, trace.tables()[1])
+    return {"objective": b.objective, "net_gmv": b.net_gmv, "complaints": b.complaints}
+
+
+def interval(x: np.ndarray) -> dict[str, float]:
+    m, se = float(np.mean(x)), float(np.std(x, ddof=1) / math.sqrt(len(x)))
+    return {"mean": m, "ci_low": m - Z_95 * se, "ci_high": m + Z_95 * se}
+
+
+def scored(name: str, trace: Trace, world: World, sessions: range) -> dict[str, Any]:
+    values = per_session(trace, world, sessions)
+    mix = np.bincount(np.asarray(trace.actions, dtype=np.int64) - 1, minlength=5) / max(len(trace.actions), 1)  # Action 1..5
+    return {"name": name, **{k: interval(v) for k, v in values.items()},
+            "action_mix": dict(zip([a.key for a in Action], mix.tolist(), strict=True)), "_per_session": values}
+
+
+def paired(a: dict[str, Any], b: dict[str, Any], key: str = "objective") -> dict[str, float]:
+    return interval(a["_per_session"][key] - b["_per_session"][key])
+
+
+def exploration(decisions: pa.Table) -> dict[str, float]:
+    """How broad the logged behaviour was: mean entropy of the served distribution, share of near-certain rows."""
+    p = np.asarray(decisions.column("served_probs").combine_chunks().values.to_numpy(), dtype=np.float64).reshape(-1, 5)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        entropy = -np.where(p > 0, p * np.log(p), 0.0).sum(axis=1)
+    return {"mean_entropy_nats": float(entropy.mean()), "share_max_prob_over_0.99": float((p.max(axis=1) > 0.99).mean()),
+            "min_served_prob_of_served_action": float(decisions.column("propensity").to_numpy().min())}
+
+
+# --- the loop ------------------------------------------------------------------------------------
+
+
+def run_cycle(logs: Path, weights: Path, config: Path | None) -> tuple[int, dict[str, Any]]:
+    from trainer.cli import main as trainer_main
+
+    argv = ["cycle", "--logs", str(logs), "--weights-dir", str(weights), "--device", "cpu", "--json"]
+    if config is not None:
+        argv += ["--config", str(config)]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = trainer_main(argv)
+    text = out.getvalue().strip().splitlines()
+    report = json.loads(text[-1]) if text and text[-1].startswith("{") else {}
+    return code, report
+
+
+def _gate_summary(report: dict[str, Any]) -> dict[str, Any]:
+    keep = {k: report.get(k) for k in ("publish", "reason", "published", "model_version", "current_version")}
+    for side in ("new", "current"):
+        ev = report.get(side) or {}
+        keep[side] = {k: ev.get(k) for k in ("ips", "snips", "dr", "tis", "behavior_value") if k in ev}
+    keep["difference"] = report.get("dr_difference") or report.get("difference")
+    return keep
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.loop", description=__doc__.splitlines()[0])
+    p.add_argument("--cycles", type=int, default=5)
+    p.add_argument("--sessions", type=int, default=20_000, help="sessions logged per cycle")
+    p.add_argument("--eval-sessions", type=int, default=20_000, help="truth sessions, the same every cycle")
+    p.add_argument("--seed", type=int, default=7, help="the world")
+    p.add_argument("--first-session", type=int, default=0, help="first logged session (cycles take consecutive ranges)")
+    p.add_argument("--config", type=Path, help="a TrainConfig JSON for every cycle")
+    p.add_argument("--no-vw", action="store_true", help="skip Vowpal Wabbit")
+    p.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "loop.json")
+    args = p.parse_args(argv)
+    if not (1 <= args.cycles <= 20 and 500 <= args.sessions <= 200_000 and 500 <= args.eval_sessions <= 200_000):
+        p.error("--cycles 1..20, --sessions and --eval-sessions 500..200,000")
+    if args.first_session + args.cycles * args.sessions > TRUTH_FIRST:
+        p.error("the logged sessions would reach the truth sessions")
+    vw_ok = not args.no_vw
+    if vw_ok:
+        try:
+            import vowpalwabbit  # noqa: F401
+        except ImportError:
+            print("vowpalwabbit is not installed (pip install vowpalwabbit): VW skipped", file=sys.stderr)
+            vw_ok = False
+    started = time.monotonic()
+    world = World(SimConfig(), args.seed)
+    truth = range(TRUTH_FIRST, TRUTH_FIRST + args.eval_sessions)
+    options = LoadOptions(device="cpu", warmup_batch=8)
+
+    baselines = [scored(f"always {a.key}", play(world, truth, constant(a)), world, truth) for a in SERVABLE]
+    best_constant = max(baselines, key=lambda r: r["objective"]["mean"])
+    oracle = scored("intent policy", play(world, truth, intent_policy), world, truth)
+    print(f"best constant: {best_constant['name']} {best_constant['objective']['mean']:.2f}; "
+          f"intent policy {oracle['objective']['mean']:.2f}", flush=True)
+
+    cycles: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="bench-loop-") as tmp:
+        logs, wdir = Path(tmp) / "logs", Path(tmp) / "weights"
+        store = WeightsStore(wdir, lambda data: verify(data, None))
+        store.publish(make_bundle(20261130, "default-init-20261130", "2026-11-30T00:00:00Z"))
+        active = ModelSet.load(read_bundle(store.active_path), options)
+        cycles.append({"cycle": 0, "version": active.version,
+                       "truth": scored("untrained", run_in_process(world, active, truth, UTC), world, truth)})
+        for c in range(1, args.cycles + 1):
+            t0 = time.monotonic()
+            served = range(args.first_session + (c - 1) * args.sessions, args.first_session + c * args.sessions)
+            run_logged(world, active, served, UTC, logs, SALT)
+            source = DirectorySource(logs)
+            decisions, outcomes = source.table("decisions"), source.table("outcomes")
+            mine = decisions.filter(pa.compute.equal(decisions.column("model_version"), active.version))
+            mine_o = outcomes.filter(pa.compute.is_in(outcomes.column("session_id"), pa.compute.unique(mine.column("session_id"))))
+            code, report = run_cycle(logs, wdir, args.config)
+            new_bundle = read_bundle(store.active_path)
+            active = ModelSet.load(new_bundle, options)
+            entry: dict[str, Any] = {
+                "cycle": c, "exit": code, "gate": _gate_summary(report), "version": active.version,
+                "logs": {"decisions_this_cycle": mine.num_rows, "decisions_in_directory": decisions.num_rows, **exploration(mine)},
+                "manifest": {k: active.manifest.get("training_metrics", {}).get(k) for k in (
+                    "kl_to_old", "kl_served_to_start", "kl_to_behavior", "updates_accepted", "updates_failed",
+                    "surrogate_improvement", "effective_sample_size", "support_limited", "guard_served_kl",
+                    "guard_kept_from_start", "guard_veto_enabled", "guard_accuracy", "guard_never_block_accuracy",
+                    "guard_false_block_rate", "guard_recall", "guard_auc", "offline_dr", "offline_dr_minus_current")},
+                "window": active.manifest.get("trainer", {}).get("window"),
+                "truth": scored(active.version, run_in_process(world, active, truth, UTC), world, truth),
+            }
+            if vw_ok:
+                features = VWFeatures(active.encoder.spec)
+                vw = train_vw(mine, mine_o, features)
+                entry["vw"] = scored("vw cb_adf", play(world, truth, vw_chooser(vw, features)), world, truth)
+                vw.finish()
+            cycles.append(entry)
+            t = entry["truth"]["objective"]
+            print(f"cycle {c}: exit {code}, {active.version}, objective {t['mean']:.2f} [{t['ci_low']:.2f}, {t['ci_high']:.2f}]"
+                  + (f", vw {entry['vw']['objective']['mean']:.2f}" if vw_ok else "") + f" ({time.monotonic() - t0:.0f} s)", flush=True)
+
+    final = cycles[-1]
+    # the guard table: the shipped guard against never blocking, and what its veto does to the truth
+    metrics = active.manifest.get("training_metrics", {})
+    guard: dict[str, Any] = {"shipped_threshold": active.manifest["guard"]["threshold"], "veto": active.manifest["guard"].get("veto"),
+                             "veto_reason": active.manifest["guard"].get("veto_reason"),
+                             "heldout": {k: v for k, v in metrics.items() if k.startswith("guard_")}}
+    candidate = float(metrics.get("guard_candidate_threshold", 0.0))
+    for name, threshold in (("never blocking", 0.0), ("candidate threshold", candidate)):
+        model = ModelSet.load(new_bundle, dataclasses.replace(options, guard_threshold=threshold))
+        guard[name] = scored(name, run_in_process(world, model, truth, UTC), world, truth)
+        guard[name]["vs_shipped"] = paired(final["truth"], guard[name])
+    targets = {
+        "vs_best_constant": paired(final["truth"], best_constant),
+        "vs_vw": paired(final["truth"], final["vw"]) if vw_ok else None,
+        "share_of_intent_policy": final["truth"]["objective"]["mean"] / oracle["objective"]["mean"],
+        "no_cycle_worse_beyond_ci": all(paired(b["truth"], a["truth"])["ci_high"] >= 0 for a, b in pairwise(cycles)),
+        "cycle_vs_previous": [paired(b["truth"], a["truth"]) for a, b in pairwise(cycles)],
+    }
+    targets["met"] = bool(targets["vs_best_constant"]["ci_low"] > 0 and (not vw_ok or targets["vs_vw"]["ci_low"] > 0)
+                          and targets["share_of_intent_policy"] >= 0.8 and targets["no_cycle_worse_beyond_ci"])
+
+    def strip(x: Any) -> Any:
+        if isinstance(x, dict):
+            return {k: strip(v) for k, v in x.items() if not k.startswith("_")}
+        if isinstance(x, list):
+            return [strip(v) for v in x]
+        return x
+
+    result = strip({"world_seed": args.seed, "sessions_per_cycle": args.sessions, "truth_sessions": [truth.start, truth.stop],
+                    "config": str(args.config) if args.config else "default", "seconds": time.monotonic() - started,
+                    "constants": baselines, "best_constant": best_constant["name"], "intent_policy": oracle,
+                    "cycles": cycles, "targets": targets, "guard": guard})
+    write_results(args.out, result)
+    plot(result, args.out.with_suffix(".png"))
+    print(json.dumps(result["targets"], indent=1, default=float))
+    if "guard_accuracy" in metrics and "guard_never_block_accuracy" in metrics:
+        from trainer.guard_threshold import guard_table
+
+        print(guard_table(metrics))
+    return 0
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cycles = result["cycles"]
+    xs = [c["cycle"] for c in cycles]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    best = next(b for b in result["constants"] if b["name"] == result["best_constant"])
+    panels = ((axes[0], "objective", "objective per session (net GMV − 10/complaint)"), (axes[1], "net_gmv", "net GMV per session"))
+    for ax, key, title in panels:
+        def band(entries: list[dict[str, Any]], label: str, style: str, x: list[int], ax: Any = ax, key: str = key) -> None:
+            m = [e[key]["mean"] for e in entries]
+            lo = [e[key]["mean"] - e[key]["ci_low"] for e in entries]
+            hi = [e[key]["ci_high"] - e[key]["mean"] for e in entries]
+            ax.errorbar(x, m, yerr=[lo, hi], fmt=style, capsize=3, label=label)
+
+        band([c["truth"] for c in cycles], "served policy (after cycle)", "o-", xs)
+        if all("vw" in c for c in cycles[1:]) and len(cycles) > 1:
+            band([c["vw"] for c in cycles[1:]], "VW cb_adf on the cycle's logs", "s--", xs[1:])
+        for ref, style in ((best, "k:"), (result["intent_policy"], "g-.")):
+            ax.axhline(ref[key]["mean"], linestyle=style[1:], color=style[0], label=ref["name"])
+        ax.set_xlabel("cycle")
+        ax.set_title(title, fontsize=10)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    n_truth = result["truth_sessions"][1] - result["truth_sessions"][0]
+    fig.suptitle(f"bench.loop: world {result['world_seed']}, {result['sessions_per_cycle']:,} sessions a cycle, "
+                 f"truth on {n_truth:,} shared sessions", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
