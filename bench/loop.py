@@ -16,7 +16,7 @@ One world (``--seed``: catalogue, prices, shoppers), disjoint session ranges. Ea
 Baselines on the same truth sessions: every constant action (the best one named), the intent
 policy that reads each shopper's hidden intent (a reference, not a bound), and Vowpal Wabbit's
 contextual-bandit learner (``--cb_adf``, doubly robust, one pass; an optional bench dependency:
-``pip install vowpalwabbit``) trained on each cycle's logs — the same rows the trainer read —
+``pip install -e '.[bench]'``) trained on each cycle's logs — the same rows the trainer read —
 with the return-to-go of the objective as its cost, played greedily. Intervals on differences
 are paired over the shared sessions. Writes ``bench/results/loop.json`` and ``loop.png``.
 """
@@ -224,7 +224,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             import vowpalwabbit  # noqa: F401
         except ImportError:
-            print("vowpalwabbit is not installed (pip install vowpalwabbit): VW skipped", file=sys.stderr)
+            print("vowpalwabbit is not installed (pip install -e '.[bench]'): VW skipped", file=sys.stderr)
             vw_ok = False
     started = time.monotonic()
     world = World(SimConfig(), args.seed)
@@ -320,7 +320,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        print("matplotlib is not installed (pip install -e '.[bench]'): no plot", file=sys.stderr)
+        return
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
