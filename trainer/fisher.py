@@ -240,7 +240,7 @@ class GaussNewtonFisher:
         self.n_states: int = self.q.shape[0]
         if metric is not None and metric.shape != (self.n_states, self.q.shape[1], self.q.shape[1]):
             raise ValueError(f"metric: expected ({self.n_states}, {self.q.shape[1]}, {self.q.shape[1]}), got {tuple(metric.shape)}")
-        self.metric = None if metric is None else metric.to(self.q.dtype)
+        self.metric = None if metric is None else metric.double()  # float64: the served Fisher is ill-conditioned
         """Per state ``M_i`` (logit space) in place of the categorical ``H_i``: the served distribution's Fisher."""
         self.damping = damping
         self.reducer: Reducer = reducer if reducer is not None else LocalReducer()

@@ -24,9 +24,13 @@ LOGITS = np.array([0.8, 1.6, 0.2, -0.6, 2.5], dtype=np.float32)
 PERMISSIVE = np.full(5, 0.9, dtype=np.float32)
 
 
+VETO_AT = 0.2
+"""The guard threshold the decision tests run under (the default bundle ships no veto: its guard does not earn one)."""
+
+
 @pytest.fixture(scope="module")
 def model(default_bundle: Bundle) -> ModelSet:
-    return ModelSet.load(default_bundle, LoadOptions(device="cpu", warmup_batch=4))
+    return ModelSet.load(default_bundle, LoadOptions(device="cpu", warmup_batch=4, guard_threshold=VETO_AT))
 
 
 def load_reason(data: bytes, options: LoadOptions | None = None) -> str:
@@ -45,11 +49,12 @@ def masked_softmax(logits: np.ndarray, weights: np.ndarray) -> np.ndarray:
 
 
 def test_default_bundle_loads_and_passes_its_golden_self_test(model: ModelSet, default_bundle: Bundle) -> None:
+    model = ModelSet.load(default_bundle, LoadOptions(device="cpu", warmup_batch=4))
     assert model.ready is True
     assert model.version == DEFAULT_MODEL_VERSION
     assert model.encoder.spec.state_dim == 920
     decoder = model.decision.decoder
-    assert (decoder.samples, decoder.min_votes, decoder.epsilon, decoder.temperature) == (10, 4, 0.05, 1.2)
+    assert (decoder.samples, decoder.min_votes, decoder.epsilon, decoder.temperature) == (10, 4, 0.1, 1.2)  # the trainer's ε
     assert model.decision.guard.threshold == default_bundle.manifest["guard"]["threshold"]  # chosen by the trainer on held-out data
     assert model.decision.guardrails.static.tolist() == STATIC.tolist()
     states = default_bundle.array("golden_states.npy")
@@ -299,7 +304,8 @@ def test_decisions_follow_served_probs_and_sources_are_consistent(model: ModelSe
     assert set(sources) == {Source.POLICY, Source.FALLBACK_LOW_CONSENSUS, Source.EXPLORATION}
     p = served
     assert (np.abs(freq / n - p) <= 5 * np.sqrt(p * (1 - p) / n)).all(), (freq / n, p)
-    assert abs(sources[Source.EXPLORATION] / n - 0.05) <= 5 * math.sqrt(0.05 * 0.95 / n)
+    eps = model.decision.decoder.epsilon
+    assert abs(sources[Source.EXPLORATION] / n - eps) <= 5 * math.sqrt(eps * (1 - eps) / n)
 
 
 def test_epsilon_override_turns_exploration_off(default_bundle: Bundle) -> None:
