@@ -96,7 +96,7 @@ def one_seed(seed: int, settings: Settings, behaviour: Bundle, *, judge_behaviou
     held = logged(world, behaviour_model, range(s, 2 * s))
     evaluation = evaluate_bundle(new, *held, n_boot=settings.bootstrap, seed=seed)
     current = evaluate_bundle(behaviour_model, *held, n_boot=settings.bootstrap, seed=seed)
-    verdict = gate(evaluation, current, settings.config.tolerance)
+    verdict = gate(evaluation, current, settings.config.tolerance, **settings.config.gate_limits())
     row = {"seed": seed, **judged(world, new, evaluation, settings), "updates_accepted": trained.metrics.get("updates_accepted"),
            "gate": {"publish": verdict.publish, "reason": verdict.reason, "dr_difference": verdict.difference.to_dict()}}
     if judge_behaviour:

@@ -85,7 +85,8 @@ def build() -> bytes:
             _, (held_d, held_o) = split(window.decisions, window.outcomes, config.heldout_fraction, config.seed)
             kwargs = {"n_boot": config.bootstrap, "seed": config.seed, "max_ratio": config.max_ratio}
             new_eval = evaluate_bundle(ModelSet.load(read_bundle(result.bundle), options), held_d, held_o, **kwargs)
-            verdict = gate(new_eval, evaluate_bundle(active_model, held_d, held_o, **kwargs), config.tolerance)
+            verdict = gate(new_eval, evaluate_bundle(active_model, held_d, held_o, **kwargs), config.tolerance,
+                           **config.gate_limits())
             history.append({"cycle": cycle + 1, "publish": verdict.publish, "reason": verdict.reason,
                             "dr_difference": verdict.difference.to_dict(), "decisions": window.decisions.num_rows,
                             "model_version": version})

@@ -228,7 +228,7 @@ def _cycle(args: argparse.Namespace) -> int:
     def judged(model: ModelSet) -> Evaluation:  # the objective's episodes and γ = 1: not the training reward's
         return evaluate_bundle(model, held_d, held_o, n_boot=config.bootstrap, seed=config.seed, max_ratio=config.max_ratio)
 
-    verdict = gate(judged(new_model), judged(current_model), config.tolerance)
+    verdict = gate(judged(new_model), judged(current_model), config.tolerance, **config.gate_limits())
     report = {"model_version": new_model.version, "current_version": current_model.version, **verdict.to_dict()}
     published = verdict.publish or args.force
     estimates = verdict.new.report

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from core.domain import Action, Outcome
 
@@ -96,6 +96,14 @@ class GuardConfig:
         }
 
 
+class GateLimits(TypedDict):
+    """The keyword arguments of ``trainer.evaluation.gate`` a ``TrainConfig`` sets."""
+
+    min_ess_fraction: float
+    min_ess: float
+    max_unsupported: float
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     seed: int = 0
@@ -181,6 +189,14 @@ class TrainConfig:
     tolerance: float = 0.0
     """Gate: publish when the paired lower bound of (new − current) DR value is ≥ −tolerance (in the business
     objective's units: currency per session)."""
+    gate_min_ess_fraction: float = 0.05
+    """Gate: refuse when the new bundle's ESS on the held-out sessions is below this share of them
+    (``trainer.evaluation.MIN_ESS_FRACTION``, where the reasons are)."""
+    gate_min_ess: float = 100.0
+    """Gate: ... or below this many sessions (``trainer.evaluation.MIN_ESS``)."""
+    gate_max_unsupported: float = 0.01
+    """Gate: refuse when the new bundle puts more than this mean probability per decision on actions the
+    logs never served at that state (``trainer.evaluation.MAX_UNSUPPORTED``)."""
     bootstrap: int = 200
     """Bootstrap resamples of the offline confidence intervals."""
 
@@ -214,6 +230,8 @@ class TrainConfig:
                 problems.append(f"{name}: expected > 0, got {getattr(self, name)}")
         if not 0 < self.fisher_fraction <= 1:
             problems.append(f"fisher_fraction: expected in (0, 1], got {self.fisher_fraction}")
+        if not (0.0 <= self.gate_min_ess_fraction <= 1.0 and self.gate_min_ess >= 0 and 0.0 <= self.gate_max_unsupported <= 1.0):
+            problems.append("gate_min_ess_fraction and gate_max_unsupported must be in [0, 1], gate_min_ess >= 0")
         if self.damping < 0 or self.tolerance < 0:
             problems.append("damping and tolerance must be >= 0")
         if problems:
@@ -223,6 +241,11 @@ class TrainConfig:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "guard"}
         out["guard"] = self.guard.to_dict()
         return out
+
+    def gate_limits(self) -> GateLimits:
+        """The keyword arguments of ``trainer.evaluation.gate`` that this config sets."""
+        return {"min_ess_fraction": self.gate_min_ess_fraction, "min_ess": self.gate_min_ess,
+                "max_unsupported": self.gate_max_unsupported}
 
     @classmethod
     def with_overrides(cls, **values: Any) -> TrainConfig:

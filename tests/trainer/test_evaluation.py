@@ -16,6 +16,7 @@ from experience.objective import BusinessObjective
 from experience.segments import DirectorySource
 from experience.sessions import Episodes, JoinReport, build_episodes
 from trainer import offline
+from trainer.config import TrainConfig
 from trainer.evaluation import (
     MAX_UNSUPPORTED,
     MIN_ESS,
@@ -88,6 +89,15 @@ def test_the_gate_refuses_when_the_effective_sample_size_is_too_low() -> None:
     small = gate(few, few_current, tolerance=1.0)
     assert not small.publish and "too few effective sessions" in small.reason and small.checks["ess_floor"] == MIN_ESS
     assert gate(few, few_current, tolerance=1.0, min_ess=0.0).publish
+
+
+def test_the_train_config_sets_the_gates_limits_with_the_same_defaults() -> None:
+    assert TrainConfig().gate_limits() == {"min_ess_fraction": MIN_ESS_FRACTION, "min_ess": MIN_ESS, "max_unsupported": MAX_UNSUPPORTED}
+    current, far = _evaluation(0.0, n_episodes=10_000), _evaluation(6.0, n_episodes=10_000)
+    assert not gate(far, current, 0.0, **TrainConfig().gate_limits()).publish
+    assert gate(far, current, 0.0, **TrainConfig(gate_min_ess_fraction=0.0).gate_limits()).publish
+    with pytest.raises(ValueError, match="gate_min_ess_fraction"):
+        TrainConfig(gate_min_ess_fraction=1.5)
 
 
 def test_the_gate_refuses_probability_on_actions_the_logs_never_served() -> None:
