@@ -39,6 +39,7 @@ Parameters travel as one flat vector ``θ ∈ R^P`` (``flat_params`` / ``set_fla
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
@@ -46,6 +47,9 @@ from torch import Tensor, nn
 from torch.func import functional_call, vjp
 
 from trainer.distributed import LocalReducer, Reducer
+
+METRIC_CHUNK = 8192
+"""Rows per ``served_metric`` call when an operator is built (the decoder's graph is per row)."""
 
 LogitsFn = Callable[[Tensor], Tensor]
 """A pure function ``θ (P,) ↦ z (N, A)``: the policy's logits on a fixed batch of states."""
@@ -215,6 +219,10 @@ def served_metric(served: Callable[[Tensor], Tensor], logits: Tensor) -> Tensor:
     return torch.einsum("iak,ia,ial->ikl", d, inv, d)
 
 
+def _rows_of(served: Callable[[Tensor, Tensor], Tensor], rows: Tensor, logits: Tensor) -> Tensor:
+    return served(logits, rows)
+
+
 class GaussNewtonFisher:
     """The damped Fisher operator of one update: ``v ↦ F v + λ v``, forward pass done once.
 
@@ -270,7 +278,12 @@ class GaussNewtonFisher:
             idx = subsample_indices(states.shape[0], subsample, gen).to(states.device)
             states, log_guard = states[idx], log_guard[idx]
         lin = Linearization(logits_fn(module, states), flat_params(module))
-        metric = None if served is None else served_metric(lambda z: served(z, idx), lin.logits)
+        metric = None
+        if served is not None:  # rows are independent: in chunks, so the decoder's graph stays small
+            decode = served
+            parts = [served_metric(functools.partial(_rows_of, decode, idx[i : i + METRIC_CHUNK]), lin.logits[i : i + METRIC_CHUNK])
+                     for i in range(0, len(idx), METRIC_CHUNK)]
+            metric = torch.cat(parts) if parts else None
         return cls(lin, log_guard, damping=damping, reducer=reducer, metric=metric)
 
     def _apply_metric(self, u: Tensor) -> Tensor:

@@ -30,7 +30,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import torch
 
-from core.domain import N_ACTIONS, FloatArray
+from core.domain import N_ACTIONS, FloatArray, Source
 from guard.action_guard import ActionGuard
 from policy.decoder import MajorityDecoder
 from policy.features import FeatureSpec
@@ -46,6 +46,7 @@ from trainer.guard_spikes import SpikeLog, SpikeRule
 from trainer.guard_threshold import VetoCriterion
 from trainer.guard_train import assess_guard, train_guard
 from trainer.networks import GuardNet, PolicyNet, guard_from_arrays, policy_from_arrays
+from trainer.offline import MAX_WEIGHT
 from trainer.replay import decoder_arrays
 from trainer.served import TorchDecoder
 from trainer.window import select as select_window
@@ -180,7 +181,11 @@ def train(decisions: pa.Table, outcomes: pa.Table, init: Bundle, config: TrainCo
         warnings.append(f"the retrained guard would move the served distribution by KL {guard_kl:.3f} > guard_kl_budget "
                         f"{config.guard_kl_budget}: the starting bundle's guard is kept")
         guarded = assess_guard(init_guard, init_threshold, *guard_rows, config.guard, criterion)  # judged at its own threshold
-        targets = old_targets if guarded.threshold == init_threshold else targets_for(base, exp, init_guard, guarded.threshold, dev)
+        if guarded.threshold != init_threshold:  # the old veto no longer earns its place: dropping it is a change too
+            targets = targets_for(base, exp, init_guard, guarded.threshold, dev)
+            guard_kl = served_kl_between(policy, decoder, states, targets, old_targets, fit_rows)
+        else:
+            targets, guard_kl = old_targets, 0.0
     log.info("guard change: served KL %.4f (budget %s)%s", guard_kl, config.guard_kl_budget, ": kept the old guard" if guard_kept else "")
 
     # 5. advantages
@@ -230,14 +235,20 @@ def train(decisions: pa.Table, outcomes: pa.Table, init: Bundle, config: TrainCo
     if extra.any() and not guard_kept:
         tuned = train_guard(*guard_rows, config.guard, init=guarded.net, device=dev, extra_harmful=extra, criterion=criterion)
         tuned_targets = targets_for(base, exp, tuned.net, tuned.threshold, dev)
-        tuned_kl = served_kl_between(policy, decoder, states, tuned_targets, targets, fit_rows)
-        if config.guard_kl_budget is None or tuned_kl <= config.guard_kl_budget:
-            guarded, targets = tuned, tuned_targets
+        tuned_kl = served_kl_between(policy, decoder, states, tuned_targets, old_targets, fit_rows)  # against the starting guard
+        within = config.guard_kl_budget is None or tuned_kl <= config.guard_kl_budget
+        if within and config.min_trajectory_ess is not None:  # and still where the gate can judge the bundle
+            within = trajectory_ess_fraction(policy, decoder, states, tuned_targets, exp, config.max_ratio) >= config.min_trajectory_ess
+        if within:
+            guarded, targets, guard_kl = tuned, tuned_targets, tuned_kl
         log.info("guard fine-tuned on %d η-spike labels: served KL %.4f, %s", int(extra.sum()), tuned_kl,
                  "kept" if guarded is tuned else "over the budget, dropped")
     kl_behavior = behavior_kl(policy, decoder, states, targets, exp.steps.behavior_probs, ~exp.steps.certain)
     random_np = ~exp.steps.certain
-    kl_start = served_kl_between(policy, decoder, states, targets, targets, np.flatnonzero(random_np), start_policy)
+    start_decoder = TorchDecoder(base.decision.decoder, torch.float64, dev)
+    kl_start = served_kl_between(policy, decoder, states, targets, old_targets, np.flatnonzero(random_np), start_policy,
+                                 old_decoder=start_decoder)
+    kl_steps = served_kl_between(policy, decoder, states, targets, targets, np.flatnonzero(random_np), start_policy)
     ess_fraction = trajectory_ess_fraction(policy, decoder, states, targets, exp, config.max_ratio)
     if kl_behavior > config.behavior_kl_warn:
         warnings.append(f"KL(new ‖ behaviour) = {kl_behavior:.3f} > {config.behavior_kl_warn}: the logs no longer support "
@@ -250,7 +261,8 @@ def train(decisions: pa.Table, outcomes: pa.Table, init: Bundle, config: TrainCo
         **spikes.metrics(),
         **advantage_metrics,
         "kl_to_behavior": kl_behavior,
-        "kl_served_to_start": kl_start,  # what the run applied: KL(new ‖ starting bundle) served, all random rows
+        "kl_served_to_start": kl_start,  # what the run applied: KL(new bundle ‖ starting bundle) as served, all random rows
+        "kl_served_policy_steps": kl_steps,  # of which the policy's steps alone (the final guard and decoder on both sides)
         "trajectory_ess_fraction": ess_fraction,  # of the training sessions, at the final policy
         "guard_served_kl": guard_kl,
         "guard_kept_from_start": float(guard_kept),
@@ -324,14 +336,19 @@ def trajectory_ess_fraction(policy: torch.nn.Module, decoder: TorchDecoder, stat
 
     The gate's estimators weight an order, observed at a session's last step, by the whole session's
     weight, and the gate refuses below an ESS floor (``trainer.evaluation``): the trainer stops where
-    the gate can still judge it. Rows served with certainty enter with their exact target probability.
+    the gate can still judge it. Rows are weighted as the gate weights them: truncated ratios, the whole
+    weight capped at ``offline.MAX_WEIGHT``, ratio 1 for degraded and no-model rows (whatever bundle is
+    deployed, the server answers those from the rules), the exact target probability for the others.
     """
     rows = np.arange(len(exp.steps), dtype=np.int64)
     p = served_probs_at(policy, decoder, states, targets, rows)
     acts = torch.as_tensor(exp.steps.actions, device=p.device)
     ratio = p.gather(1, acts[:, None])[:, 0].cpu().numpy() / exp.steps.propensity
+    source = np.asarray(exp.decisions.column("source").to_numpy(zero_copy_only=False), dtype=np.int64)
+    ratio[np.isin(source, (int(Source.FALLBACK_DEGRADED), int(Source.FALLBACK_NO_MODEL)))] = 1.0  # as the gate: any bundle serves those so
     log_w = np.log(np.clip(np.minimum(ratio, max_ratio), 1e-300, None))
     per_session = np.add.reduceat(log_w, exp.episodes.starts) if len(log_w) else np.zeros(0)
+    per_session = np.minimum(per_session, math.log(MAX_WEIGHT))  # the gate's cap on a cumulative weight
     w = np.exp(per_session - per_session.max()) if len(per_session) else per_session
     return float(w.sum() ** 2 / (w @ w) / len(w)) if len(w) and (w @ w) > 0 else 0.0
 
@@ -368,19 +385,22 @@ def served_probs_at(policy: torch.nn.Module, decoder: TorchDecoder, states: torc
 
 
 def served_kl_between(policy: torch.nn.Module, decoder: TorchDecoder, states: torch.Tensor, new: Targets, old: Targets,
-                      rows: npt.NDArray[np.int64], old_policy: torch.nn.Module | None = None, chunk: int = 8192) -> float:
-    """Mean over ``rows`` of KL(P_new ‖ P_old): the served distributions of ``policy`` under ``new`` and of
-    ``old_policy`` (default: the same policy) under ``old``. 0 for no rows."""
+                      rows: npt.NDArray[np.int64], old_policy: torch.nn.Module | None = None, chunk: int = 8192,
+                      old_decoder: TorchDecoder | None = None) -> float:
+    """Mean over ``rows`` of KL(P_new ‖ P_old): the served distributions of ``policy`` under ``new`` (through
+    ``decoder``) and of ``old_policy`` (default: the same policy) under ``old`` (through ``old_decoder``, default
+    ``decoder``). 0 for no rows."""
     if len(rows) == 0:
         return 0.0
     old_policy = old_policy or policy
+    old_decoder = old_decoder or decoder
     total = 0.0
     with torch.no_grad():
         for i in range(0, len(rows), chunk):
             r = torch.as_tensor(rows[i : i + chunk], device=states.device)
             s = states[r]
             p = decoder.served(decoder.masked_q(policy(s), new.log_weights[r], new.allowed[r]), new.fallback[r], new.ok[r])
-            q = decoder.served(decoder.masked_q(old_policy(s), old.log_weights[r], old.allowed[r]), old.fallback[r], old.ok[r])
+            q = old_decoder.served(old_decoder.masked_q(old_policy(s), old.log_weights[r], old.allowed[r]), old.fallback[r], old.ok[r])
             terms = torch.where(p > 0, p * (torch.log(torch.where(p > 0, p, 1.0)) - torch.log(torch.clamp(q, min=1e-6))), 0.0)
             total += float(terms.sum())
     return total / len(rows)

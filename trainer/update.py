@@ -52,7 +52,6 @@ class Stats:
     ess: float = math.nan
     failed: int = 0
     support_limited: bool = False  # a step was shrunk to keep KL(new ‖ behaviour) within max_behavior_kl
-    etas: list[float] = field(default_factory=list)  # η of every update (nan when aborted), for the guard's spike labels
 
     def summary(self) -> dict[str, float]:
         accepted = [k for k in self.kls if math.isfinite(k)]
@@ -202,7 +201,6 @@ def natural_step(policy: PolicyNet, decoder: TorchDecoder, b: Batch, config: Tra
                                  cg_rtol=config.cg_residual_tol)
     if not step.scaled.ok or step.scaled.step is None:
         stats.tracker.record(step.scaled, None, config.kl_delta)
-        stats.etas.append(math.nan)
         return StepOutcome(False, math.nan, 0.0, math.nan, step.cg.iterations, step.scaled.aborted)
 
     def measured_kl() -> float:
@@ -221,7 +219,6 @@ def natural_step(policy: PolicyNet, decoder: TorchDecoder, b: Batch, config: Tra
                                       delta=config.kl_delta, expected_improvement=step.scaled.expected_improvement,
                                       max_tries=config.line_search_steps, kl_fits=2)  # resize to the measured KL: lands near δ
     stats.tracker.record(step.scaled, search, config.kl_delta)
-    stats.etas.append(step.scaled.multiplier)
     kl, improvement = search.kl, search.improvement
     limited = False
     if search.accepted and config.max_behavior_kl is not None:
@@ -238,5 +235,7 @@ def natural_step(policy: PolicyNet, decoder: TorchDecoder, b: Batch, config: Tra
         stats.improvements.append(improvement)
     else:
         stats.failed += 1
-    reason = search.reason if not search.accepted else None if accepted else "shrunk to nothing by max_behavior_kl"
+    reason = search.reason if not search.accepted else None if accepted else "undone: past max_behavior_kl or the trajectory-ESS stop"
+    if not accepted:
+        kl, improvement = 0.0, 0.0
     return StepOutcome(accepted, kl, improvement, step.scaled.multiplier, step.cg.iterations, reason)
