@@ -304,15 +304,10 @@ def behavior_kl(policy: torch.nn.Module, decoder: TorchDecoder, states: torch.Te
     """
     from trainer.evaluation import mean_kl
 
-    parts = []
-    with torch.no_grad():
-        for i in range(0, len(states), chunk):
-            sl = slice(i, i + chunk)
-            q = decoder.masked_q(policy(states[sl]), targets.log_weights[sl], targets.allowed[sl])
-            parts.append(decoder.served(q, targets.fallback[sl], targets.ok[sl]).cpu().numpy())
-    if not parts:
+    if len(states) == 0:
         return 0.0
-    served, logged = np.concatenate(parts), np.maximum(behavior, 1e-6)  # floored: finite where the old guard vetoed
+    served = served_probs_at(policy, decoder, states, targets, np.arange(len(states)), chunk).cpu().numpy()
+    logged = np.maximum(behavior, 1e-6)  # floored: finite where the old guard vetoed
     if rows is not None:
         if not rows.any():
             return 0.0
@@ -392,18 +387,9 @@ def served_kl_between(policy: torch.nn.Module, decoder: TorchDecoder, states: to
     ``decoder``). 0 for no rows."""
     if len(rows) == 0:
         return 0.0
-    old_policy = old_policy or policy
-    old_decoder = old_decoder or decoder
-    total = 0.0
-    with torch.no_grad():
-        for i in range(0, len(rows), chunk):
-            r = torch.as_tensor(rows[i : i + chunk], device=states.device)
-            s = states[r]
-            p = decoder.served(decoder.masked_q(policy(s), new.log_weights[r], new.allowed[r]), new.fallback[r], new.ok[r])
-            q = old_decoder.served(old_decoder.masked_q(old_policy(s), old.log_weights[r], old.allowed[r]), old.fallback[r], old.ok[r])
-            terms = torch.where(p > 0, p * (torch.log(torch.where(p > 0, p, 1.0)) - torch.log(torch.clamp(q, min=1e-6))), 0.0)
-            total += float(terms.sum())
-    return total / len(rows)
+    p = served_probs_at(policy, decoder, states, new, rows, chunk)
+    q = served_probs_at(old_policy or policy, old_decoder or decoder, states, old, rows, chunk)
+    return float(update.served_kl(p, torch.clamp(q, min=1e-6)).mean())  # floored: finite where the old guard vetoed
 
 
 def _variance_ratio(exp: Experience) -> float:
