@@ -16,8 +16,8 @@ One world (``--seed``: catalogue, prices, shoppers), disjoint session ranges. Ea
 Baselines on the same truth sessions: every constant action (the best one named), the intent
 policy that reads each shopper's hidden intent (a reference, not a bound), and Vowpal Wabbit's
 contextual-bandit learner (``--cb_adf``, doubly robust, one pass; an optional bench dependency:
-``pip install -e '.[bench]'``) trained on each cycle's logs — the same rows the trainer read —
-with the return-to-go of the objective as its cost, played greedily. Intervals on differences
+``pip install -e '.[bench]'``) trained on each cycle's logs (every row the active version logged: the
+trainer's window, held-out side included), with the return-to-go of the objective as its cost, played greedily. Intervals on differences
 are paired over the shared sessions. Writes ``bench/results/loop.json`` and ``loop.png``.
 """
 

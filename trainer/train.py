@@ -41,7 +41,6 @@ from trainer.critic import critic_advantages, fit_critic
 from trainer.data import Experience, experience, split
 from trainer.distributed import LocalReducer, Reducer
 from trainer.export import export_bundle
-from trainer.fisher import flat_params, set_flat_params
 from trainer.guard_spikes import SpikeLog, SpikeRule
 from trainer.guard_threshold import VetoCriterion
 from trainer.guard_train import assess_guard, train_guard
@@ -352,19 +351,13 @@ def _within_trajectory_ess(policy: torch.nn.Module, decoder: TorchDecoder, state
                            exp: Experience, theta0: torch.Tensor, config: TrainConfig) -> bool:
     """Halve an accepted step (up to 10 times, else undo it) until the trajectory ESS fraction is at least
     ``config.min_trajectory_ess``; True when it had to be shrunk (the run then stops updating)."""
-    assert config.min_trajectory_ess is not None
-    theta1 = flat_params(policy)
-    fraction = 1.0
-    for _ in range(10):
-        ess = trajectory_ess_fraction(policy, decoder, states, targets, exp, config.max_ratio)
-        if ess >= config.min_trajectory_ess:
-            if fraction < 1.0:
-                log.info("step shrunk to %.3g of itself: trajectory ESS %.3f of the sessions", fraction, ess)
-            return fraction < 1.0
-        fraction *= 0.5
-        set_flat_params(policy, theta0 + fraction * (theta1 - theta0))
-    set_flat_params(policy, theta0)
-    return True
+    floor = config.min_trajectory_ess
+    assert floor is not None
+    shrunk = update.shrink_until(policy, theta0, lambda: trajectory_ess_fraction(policy, decoder, states, targets, exp,
+                                                                                  config.max_ratio) >= floor)
+    if shrunk:
+        log.info("step shrunk or undone: the trajectory ESS would fall below %.3g of the sessions", floor)
+    return shrunk
 
 
 def served_probs_at(policy: torch.nn.Module, decoder: TorchDecoder, states: torch.Tensor, targets: Targets,

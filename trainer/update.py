@@ -161,19 +161,23 @@ def served_kl_to_behavior(policy: PolicyNet, decoder: TorchDecoder, b: Batch, re
     return float(reducer.weighted_mean(torch.tensor(total / max(len(b.states), 1), dtype=torch.float64), len(b.states)))
 
 
-def _within_support(policy: PolicyNet, decoder: TorchDecoder, b: Batch, theta0: Tensor, limit: float, reducer: Reducer) -> bool:
-    """Shrink an accepted step (halving, up to 10 times) until the served distribution's KL to the
-    logged behaviour is within ``limit``; True when the step had to be shrunk (the logs' support
-    limits the run: the caller stops updating)."""
+def shrink_until(policy: torch.nn.Module, theta0: Tensor, ok: Callable[[], bool], halvings: int = 10) -> bool:
+    """Pull the step θ₁ − θ₀ just taken back by halves until ``ok()`` holds (at most ``halvings`` tries, else
+    undo it); True when the step had to be shrunk (a limit binds: the caller stops updating)."""
     theta1 = flat_params(policy)
     fraction = 1.0
-    for _ in range(10):
-        if served_kl_to_behavior(policy, decoder, b, reducer) <= limit:
+    for _ in range(halvings):
+        if ok():
             return fraction < 1.0
         fraction *= 0.5
         set_flat_params(policy, theta0 + fraction * (theta1 - theta0))
     set_flat_params(policy, theta0)
     return True
+
+
+def _within_support(policy: PolicyNet, decoder: TorchDecoder, b: Batch, theta0: Tensor, limit: float, reducer: Reducer) -> bool:
+    """``shrink_until`` the served distribution's KL to the logged behaviour is within ``limit``."""
+    return shrink_until(policy, theta0, lambda: served_kl_to_behavior(policy, decoder, b, reducer) <= limit)
 
 
 def natural_step(policy: PolicyNet, decoder: TorchDecoder, b: Batch, config: TrainConfig, stats: Stats, reducer: Reducer,
@@ -185,9 +189,9 @@ def natural_step(policy: PolicyNet, decoder: TorchDecoder, b: Batch, config: Tra
         raise ValueError("natural_step: every row needs an allowed action (rule-answered rows carry no gradient)")
     log_guard = torch.where(b.allowed, b.log_weights, -torch.inf).to(b.states.dtype)
     served = config.trust_region == "served"
-    with torch.no_grad():
-        log_q_old = masked_log_probs(policy(b.states), log_guard)
-    p_old = served_probs(policy, decoder, b) if served else None
+    with torch.no_grad():  # the reference of the measured KL: what is served, or the masked policy
+        p_old = served_probs(policy, decoder, b) if served else None
+        log_q_old = None if served else masked_log_probs(policy(b.states), log_guard)
     before = surrogate_value(policy, decoder, b, config.max_ratio, reducer)
     grad = surrogate_gradient(policy, decoder, b, config.max_ratio, reducer)
 
@@ -208,6 +212,7 @@ def natural_step(policy: PolicyNet, decoder: TorchDecoder, b: Batch, config: Tra
             if p_old is not None:
                 local = served_kl(p_old, served_probs(policy, decoder, b)).mean()
             else:
+                assert log_q_old is not None
                 local = mean_kl(log_q_old, policy(b.states), log_guard)
         return float(reducer.weighted_mean(local.double(), len(b.states)))
 
