@@ -19,6 +19,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from bench.procs import REPO
 from bench.report import add_json_flag, header, write_results
@@ -61,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, make in CASES.items():
             path = Path(tmp) / "candidate.bundle"
             path.write_bytes(make())
-            row = {"case": name, "file_bytes": path.stat().st_size, "child": measure(path)}
+            row: dict[str, Any] = {"case": name, "file_bytes": path.stat().st_size, "child": measure(path)}
             if args.in_process:
                 row["in_process"] = measure(path, "--validate-memory-mb", "0")
             rows.append(row)
