@@ -11,7 +11,8 @@ One world (``--seed``: catalogue, prices, shoppers), disjoint session ranges. Ea
    publish into a weights directory;
 3. the active bundle after the cycle plays the truth sessions ``[10⁶, 10⁶ + --eval-sessions)``,
    the same shoppers and dice every cycle: the business objective per session (net GMV − 10 per
-   complaint), net GMV, and the action mix.
+   complaint), net GMV, and the action mix; a candidate the gate refused plays them too (kept by
+   ``cycle --candidate-out``), so the bench shows whether the gate turned down a gain or a loss.
 
 Baselines on the same truth sessions: every constant action (the best one named), the intent
 policy that reads each shopper's hidden intent (a reference, not a bound), and Vowpal Wabbit's
@@ -181,10 +182,10 @@ def exploration(decisions: pa.Table) -> dict[str, float]:
 # --- the loop ------------------------------------------------------------------------------------
 
 
-def run_cycle(logs: Path, weights: Path, config: Path | None) -> tuple[int, dict[str, Any]]:
+def run_cycle(logs: Path, weights: Path, config: Path | None, candidate: Path) -> tuple[int, dict[str, Any]]:
     from trainer.cli import main as trainer_main
 
-    argv = ["cycle", "--logs", str(logs), "--weights-dir", str(weights), "--device", "cpu", "--json"]
+    argv = ["cycle", "--logs", str(logs), "--weights-dir", str(weights), "--device", "cpu", "--json", "--candidate-out", str(candidate)]
     if config is not None:
         argv += ["--config", str(config)]
     out = io.StringIO()
@@ -214,6 +215,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--config", type=Path, help="a TrainConfig JSON for every cycle")
     p.add_argument("--no-vw", action="store_true", help="skip Vowpal Wabbit")
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "loop.json")
+    p.add_argument("--workdir", type=Path,
+                   help="keep the logs, weights and candidates here (an empty or new directory; default: a temporary one)")
     args = p.parse_args(argv)
     if not (1 <= args.cycles <= 20 and 500 <= args.sessions <= 200_000 and 500 <= args.eval_sessions <= 200_000):
         p.error("--cycles 1..20, --sessions and --eval-sessions 500..200,000")
@@ -238,7 +241,9 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"intent policy {oracle['objective']['mean']:.2f}", flush=True)
 
     cycles: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="bench-loop-") as tmp:
+    if args.workdir is not None and args.workdir.exists() and any(args.workdir.iterdir()):
+        p.error(f"--workdir {args.workdir}: not empty")
+    with contextlib.nullcontext(str(args.workdir)) if args.workdir else tempfile.TemporaryDirectory(prefix="bench-loop-") as tmp:
         logs, wdir = Path(tmp) / "logs", Path(tmp) / "weights"
         store = WeightsStore(wdir, lambda data: verify(data, None))
         store.publish(make_bundle(20261130, "default-init-20261130", "2026-11-30T00:00:00Z"))
@@ -253,7 +258,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             decisions, outcomes = source.table("decisions"), source.table("outcomes")
             mine = decisions.filter(pa.compute.equal(decisions.column("model_version"), active.version))
             mine_o = outcomes.filter(pa.compute.is_in(outcomes.column("session_id"), pa.compute.unique(mine.column("session_id"))))
-            code, report = run_cycle(logs, wdir, args.config)
+            code, report = run_cycle(logs, wdir, args.config, Path(tmp) / f"candidate-{c}.bundle")
             new_bundle = read_bundle(store.active_path)
             active = ModelSet.load(new_bundle, options)
             entry: dict[str, Any] = {
@@ -267,6 +272,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "window": active.manifest.get("trainer", {}).get("window"),
                 "truth": scored(active.version, run_in_process(world, active, truth, UTC), world, truth),
             }
+            if code != 0 and report.get("candidate"):  # refused: what the gate turned down, by the truth
+                refused = ModelSet.load(read_bundle(Path(report["candidate"])), options)
+                entry["refused_candidate"] = scored(refused.version, run_in_process(world, refused, truth, UTC), world, truth)
+                entry["refused_candidate"]["vs_served"] = paired(entry["refused_candidate"], entry["truth"])
+                entry["refused_candidate"]["manifest"] = {k: refused.manifest.get("training_metrics", {}).get(k) for k in (
+                    "kl_served_to_start", "updates_accepted", "surrogate_improvement", "support_limited")}
             if vw_ok:
                 features = VWFeatures(active.encoder.spec)
                 vw = train_vw(mine, mine_o, features)
@@ -275,6 +286,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             cycles.append(entry)
             t = entry["truth"]["objective"]
             print(f"cycle {c}: exit {code}, {active.version}, objective {t['mean']:.2f} [{t['ci_low']:.2f}, {t['ci_high']:.2f}]"
+                  + (f", refused candidate {entry['refused_candidate']['objective']['mean']:.2f}" if "refused_candidate" in entry else "")
                   + (f", vw {entry['vw']['objective']['mean']:.2f}" if vw_ok else "") + f" ({time.monotonic() - t0:.0f} s)", flush=True)
 
     final = cycles[-1]

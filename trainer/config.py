@@ -199,6 +199,10 @@ class TrainConfig:
     logs never served at that state (``trainer.evaluation.MAX_UNSUPPORTED``)."""
     bootstrap: int = 200
     """Bootstrap resamples of the offline confidence intervals."""
+    second_look_level: float | None = 0.99
+    """``cycle``: keep a refused candidate and judge it once more, on the next run's logs it never saw, with the
+    paired interval at this level (``trainer.second_look``: with the first look at 0.95, a worse candidate is
+    published with probability at most 3 %). None: a refused candidate is discarded."""
 
     def __post_init__(self) -> None:
         problems = []
@@ -215,6 +219,8 @@ class TrainConfig:
         temperature = self.exploration_temperature
         if temperature is not None and not (temperature > 0 and math.isfinite(temperature)):
             problems.append(f"exploration_temperature: expected > 0 or None, got {self.exploration_temperature}")
+        if self.second_look_level is not None and not 0.5 <= self.second_look_level < 1.0:
+            problems.append(f"second_look_level: expected in [0.5, 1) or None, got {self.second_look_level}")
         if self.min_trajectory_ess is not None and not 0.0 < self.min_trajectory_ess <= 1.0:
             problems.append(f"min_trajectory_ess: expected in (0, 1] or None, got {self.min_trajectory_ess}")
         if self.trust_region not in ("served", "policy"):

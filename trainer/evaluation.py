@@ -136,7 +136,8 @@ def target_probs(model: ModelSet, steps: LoggedSteps, served: npt.NDArray[np.flo
 
 def evaluate_bundle(model: ModelSet, decisions: pa.Table, outcomes: pa.Table, episode_config: EpisodeConfig | None = None,
                     *, gamma: float = OBJECTIVE_GAMMA, n_boot: int = 200, seed: int = 0,
-                    max_ratio: float = offline.MAX_RATIO, max_weight: float = offline.MAX_WEIGHT) -> Evaluation:
+                    max_ratio: float = offline.MAX_RATIO, max_weight: float = offline.MAX_WEIGHT,
+                    level: float = offline.LEVEL) -> Evaluation:
     """The offline estimates of ``model``'s objective per session on the logs (the defaults: the gate's view).
 
     ``episode_config`` and ``gamma`` default to the business objective's episodes and γ = 1; others
@@ -150,7 +151,7 @@ def evaluate_bundle(model: ModelSet, decisions: pa.Table, outcomes: pa.Table, ep
     q_hat = q_model.cross_fit_q(episodes, q_features(steps, episodes.starts, episodes.lengths, seed), steps.actions, gamma=gamma,
                                 seed=seed)
     report = offline.evaluate(episodes, steps.propensity, target, steps.actions, q_hat, gamma=gamma, n_boot=n_boot, seed=seed,
-                              max_ratio=max_ratio, max_weight=max_weight)
+                              max_ratio=max_ratio, max_weight=max_weight, level=level)
     return Evaluation(report, mean_kl(target, np.maximum(steps.behavior_probs, 1e-6)),  # finite where the logs were certain
                       len(steps), unsupported_mass(target, steps.behavior_probs), int(steps.certain.sum()))
 

@@ -221,8 +221,8 @@ def train(decisions: pa.Table, outcomes: pa.Table, init: Bundle, config: TrainCo
         log.info("update %d: %s", step, outcome.to_dict())
         spike_log.record(outcome.eta, whole.numpy())
         if stats.support_limited:
-            log.info("stopping after update %d: the next step would leave the logs' support (max_behavior_kl %s)", step,
-                     config.max_behavior_kl)
+            log.info("stopping after update %d: a further step would leave what the logs can judge (max_behavior_kl %s, "
+                     "min_trajectory_ess %s)", step, config.max_behavior_kl, config.min_trajectory_ess)
             break
     if stats.tracker.steps == 0:
         warnings.append("no natural-gradient step was taken: the bundle's policy is the starting one")

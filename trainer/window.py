@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -32,9 +33,26 @@ class Window:
     """The model versions of the kept decisions, oldest first."""
 
     def describe(self, hours: float | None, versions: int | None) -> dict[str, Any]:
-        return {"hours": hours, "versions": versions, "decisions": self.decisions.num_rows,
-                "sessions": len(pc.unique(self.decisions.column("session_id"))) if self.decisions.num_rows else 0,
-                "model_versions": self.versions}
+        """The manifest's record of what was read; ``newest_time_s`` tells later runs which sessions came after it."""
+        n = self.decisions.num_rows
+        return {"hours": hours, "versions": versions, "decisions": n,
+                "sessions": len(pc.unique(self.decisions.column("session_id"))) if n else 0,
+                "model_versions": self.versions,
+                "newest_time_s": float(pc.max(self.decisions.column("time_s")).as_py()) if n else None}
+
+
+def first_times(decisions: pa.Table) -> tuple[npt.NDArray[np.object_], npt.NDArray[np.float64]]:
+    """Each session's id and the ``time_s`` of its first logged decision."""
+    grouped = decisions.group_by("session_id").aggregate([("time_s", "min")])
+    return (grouped.column("session_id").to_numpy(zero_copy_only=False),
+            np.asarray(grouped.column("time_s_min").to_numpy(), dtype=np.float64))
+
+
+def sessions_of(decisions: pa.Table, outcomes: pa.Table, session_ids: pa.Array) -> tuple[pa.Table, pa.Table]:
+    """The decisions and outcomes of these sessions."""
+    d = decisions.filter(pc.is_in(decisions.column("session_id"), session_ids))
+    o = outcomes.filter(pc.is_in(outcomes.column("session_id"), session_ids)) if outcomes.num_rows else outcomes
+    return d, o
 
 
 def _versions_by_first_time(decisions: pa.Table) -> list[str]:
@@ -61,7 +79,5 @@ def select(decisions: pa.Table, outcomes: pa.Table, hours: float | None = None, 
     order = np.lexsort((times, decisions.column("session_id").to_numpy(zero_copy_only=False)))
     sessions = decisions.column("session_id").to_numpy(zero_copy_only=False)[order]
     first = np.concatenate([[True], sessions[1:] != sessions[:-1]])
-    kept_sessions = pa.array(sessions[first][keep[order][first]])
-    d = decisions.filter(pc.is_in(decisions.column("session_id"), kept_sessions))
-    o = outcomes.filter(pc.is_in(outcomes.column("session_id"), kept_sessions)) if outcomes.num_rows else outcomes
+    d, o = sessions_of(decisions, outcomes, pa.array(sessions[first][keep[order][first]]))
     return Window(d, o, _versions_by_first_time(d) if d.num_rows else [])

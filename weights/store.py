@@ -6,6 +6,8 @@ Layout of the directory (nothing else is required; servers read only the active 
     DIR/history/<model_version>.bundle every published version still kept (the last ``keep``)
     DIR/history/index.json             [{model_version, sha256, published_at}, …], oldest first
     DIR/.lock                          flock'd by publish and rollback, so two publishers queue
+    DIR/pending/candidate.bundle       a candidate the gate refused, kept for one second look
+                                       (``trainer.second_look``); never served
 
 Every write goes the same way: the bytes into ``.tmp-*`` in the target's directory, flush,
 fsync, ``os.replace`` onto the final name, fsync the directory. A reader therefore sees the
@@ -41,6 +43,8 @@ from weights.bundle import Bundle, BundleError, read_bundle, read_file, sha256
 log = logging.getLogger(__name__)
 
 ACTIVE_NAME = "weights_active.bundle"
+PENDING_DIR = "pending"
+PENDING_NAME = "candidate.bundle"
 HISTORY_DIR = "history"
 INDEX_NAME = "index.json"
 LOCK_NAME = ".lock"
@@ -164,6 +168,10 @@ class WeightsStore:
     def index_path(self) -> Path:
         return self.history_dir / INDEX_NAME
 
+    @property
+    def pending_path(self) -> Path:
+        return self.directory / PENDING_DIR / PENDING_NAME
+
     # --- reading ---------------------------------------------------------------------------
 
     def active(self) -> dict[str, Any] | None:
@@ -239,6 +247,31 @@ class WeightsStore:
             self._remove_unlisted(entries)
         log.debug("published %s (sha256 %s) in %s", version, digest, self.directory)
         return PublishResult("published", version, digest, previous)
+
+    def hold(self, data: bytes) -> str:
+        """Keep a refused candidate for a second look: validated as a publish is, written atomically; its version.
+
+        One candidate at a time (a new one replaces the old). Servers never read it.
+        """
+        version = self.validate(data).model_version
+        check_version_name(version)
+        with self.lock():
+            self.pending_path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(self.pending_path, data)
+        return version
+
+    def pending(self) -> bytes | None:
+        """The kept candidate's bytes, None when there is none (validate them before use)."""
+        try:
+            return self.pending_path.read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def drop_pending(self) -> None:
+        with self.lock():
+            with contextlib.suppress(FileNotFoundError):
+                self.pending_path.unlink()
+                fsync_dir(self.pending_path.parent)
 
     def rollback(self, to: str | None = None) -> PublishResult:
         """Activate the version published before the active one, or the version ``to``.

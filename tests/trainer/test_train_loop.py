@@ -194,10 +194,13 @@ def test_cycle_publishes_then_refuses_without_force(logs: Path, tmp_path: Path) 
     tiny.write_text(json.dumps({"updates": 1, "batch": 8192, "value_epochs": 2, "guard": {"epochs": 2}, "bootstrap": 100,
                                 "kl_delta": 1e-6}))
     worse = [*cmd[:-5], "--config", str(tiny), "--init", str(fresh_path), "--version", "tiny-step", "--device", "cpu", "--json"]
-    refused = subprocess.run(worse, capture_output=True, text=True, cwd=ROOT, timeout=600)
+    candidate = tmp_path / "candidate.bundle"
+    refused = subprocess.run([*worse, "--candidate-out", str(candidate)], capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert refused.returncode == 3, refused.stderr[-2000:]
     verdict = json.loads(refused.stdout)
     assert not verdict["publish"] and "published" not in verdict and verdict["dr_difference"]["value"] < 0
+    assert verdict["candidate"] == str(candidate)  # the refused bundle is kept for inspection, not published
+    assert ModelSet.load(read_bundle(candidate), LoadOptions(warmup_batch=1)).version == "tiny-step"
     assert ModelSet.load(read_bundle(weights / "weights_active.bundle"), LoadOptions(warmup_batch=1)).version == report["model_version"]
     forced = subprocess.run([*worse, "--force"], capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert forced.returncode == 0 and json.loads(forced.stdout)["published"] == "published"

@@ -1,0 +1,129 @@
+"""The second look at a refused candidate: which sessions it never saw, when it is stale, and the cycle that keeps and publishes it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import pyarrow as pa
+import pytest
+
+from simulator.config import SimConfig
+from simulator.drive import run_logged
+from simulator.world import World
+from tests.harness import ROOT, fresh_bundle, fresh_bundle_bytes
+from trainer.data import heldout_sessions
+from trainer.second_look import stale_reason, unseen_sessions
+from trainer.window import select
+from weights.bundle import BundleError, read_bundle
+from weights.model_set import LoadOptions, ModelSet
+from weights.store import WeightsStore
+from weights.validate import verify
+
+
+def _tables(sessions: list[tuple[str, list[float]]]) -> tuple[pa.Table, pa.Table]:
+    ids = [s for s, times in sessions for _ in times]
+    times = [t for _, ts in sessions for t in ts]
+    decisions = pa.table({"session_id": ids, "time_s": times, "model_version": ["v1"] * len(ids)})
+    outcomes = pa.table({"session_id": [s for s, _ in sessions], "time_s": [ts[-1] + 1 for _, ts in sessions]})
+    return decisions, outcomes
+
+
+def _manifest(newest: Any = 100.0, init: Any = "v1", fraction: Any = 0.2, seed: Any = 0) -> dict[str, Any]:
+    return {"trainer": {"init_model_version": init, "window": {"newest_time_s": newest},
+                        "config": {"heldout_fraction": fraction, "seed": seed}}}
+
+
+def test_unseen_sessions_are_the_fresh_ones_and_the_candidates_own_heldout() -> None:
+    before = [(f"old-{i}", [10.0 + i * 0.01, 50.0]) for i in range(400)]
+    spanning = [("span", [99.0, 150.0])]  # began inside what the candidate read: it may have trained on it
+    after = [(f"new-{i}", [100.5, 120.0]) for i in range(30)]
+    decisions, outcomes = _tables(before + spanning + after)
+    window = select(decisions, outcomes)
+    unseen = unseen_sessions(window, _manifest())
+    kept = set(unseen.decisions.column("session_id").to_pylist())
+    held = {s for s, h in zip([s for s, _ in before], heldout_sessions(pa.array([s for s, _ in before]), 0.2, 0), strict=True) if h}
+    assert {f"new-{i}" for i in range(30)} <= kept  # every session first logged after the candidate's newest record
+    assert kept - {f"new-{i}" for i in range(30)} - {"span"} == held  # and exactly the old sessions its split held out
+    assert 40 <= len(held) <= 120  # about 20 % of 400
+    assert unseen.n_fresh == 30 and unseen.n_heldout == len(held) + ("span" in kept)
+    assert set(unseen.outcomes.column("session_id").to_pylist()) == kept  # outcomes follow their sessions
+    assert unseen.describe() == {"after_time_s": 100.0, "fresh_sessions": 30, "heldout_sessions": unseen.n_heldout}
+
+
+@pytest.mark.parametrize(("manifest", "reason"), [
+    ({}, "no trainer record"),
+    (_manifest(init="v0"), "trained from 'v0'"),
+    (_manifest(newest=None), "newest_time_s"),
+    (_manifest(newest="100"), "newest_time_s"),
+    (_manifest(newest=float("nan")), "newest_time_s"),
+    (_manifest(newest=True), "newest_time_s"),
+    (_manifest(fraction=1.5), "heldout_fraction"),
+    (_manifest(seed="0"), "heldout_fraction and seed"),
+])
+def test_a_candidate_that_cannot_be_judged_is_stale_and_says_why(manifest: dict[str, Any], reason: str) -> None:
+    assert reason in (stale_reason(manifest, "v1") or "")
+
+
+def test_a_candidate_from_the_active_bundle_with_its_record_is_not_stale() -> None:
+    assert stale_reason(_manifest(), "v1") is None
+
+
+def test_the_store_keeps_one_validated_candidate_apart_from_what_is_served(tmp_path: Path) -> None:
+    store = WeightsStore(tmp_path, lambda data: verify(data, None))
+    assert store.pending() is None
+    with pytest.raises(BundleError):
+        store.hold(b"PK\x03\x04 not a bundle")
+    assert store.pending() is None and not store.active_path.exists()
+    version = store.hold(fresh_bundle_bytes())
+    assert store.pending() == fresh_bundle_bytes() and version == read_bundle(fresh_bundle_bytes()).manifest["model_version"]
+    assert not store.active_path.exists()  # nothing is served from it
+    store.drop_pending()
+    store.drop_pending()  # idempotent
+    assert store.pending() is None
+
+
+def _cycle(logs: Path, weights: Path, config: Path) -> tuple[int, dict[str, Any], str]:
+    cmd = [sys.executable, "-m", "server", "cycle", "--logs", str(logs), "--weights-dir", str(weights), "--config", str(config),
+           "--device", "cpu", "--json"]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert done.returncode in (0, 3), done.stderr[-2000:]
+    return done.returncode, json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
+
+
+def test_cycle_keeps_a_refused_candidate_and_publishes_it_on_a_second_look(tmp_path: Path) -> None:
+    logs, weights = tmp_path / "logs", tmp_path / "weights"
+    store = WeightsStore(weights, lambda data: verify(data, None))
+    store.publish(fresh_bundle_bytes())  # the bundle that serves the logs is the active one
+    behaviour = ModelSet.load(fresh_bundle(), LoadOptions(warmup_batch=8))
+    run_logged(World(SimConfig(), 11), behaviour, range(2500), ZoneInfo("UTC"), logs, b"k" * 32)
+    fast = {"updates": 2, "batch": 8192, "value_epochs": 2, "guard": {"epochs": 2}, "bootstrap": 100}
+    strict, normal = tmp_path / "strict.json", tmp_path / "normal.json"
+    strict.write_text(json.dumps({**fast, "gate_min_ess": 1e9}))  # a first look that cannot pass
+    normal.write_text(json.dumps(fast))
+
+    code, first, _ = _cycle(logs, weights, strict)
+    assert code == 3 and "too few effective sessions" in first["reason"]
+    kept = first["kept_for_second_look"]
+    assert kept == first["model_version"] and store.pending() is not None
+    assert ModelSet.load(read_bundle(store.active_path), LoadOptions(warmup_batch=1)).version == behaviour.version
+
+    # The same logs again: no session is fresh, the candidate's own held-out sessions judge it, at the stricter level.
+    code, second, _ = _cycle(logs, weights, normal)
+    assert code == 0 and second["second_look"] is True and second["model_version"] == kept and second["level"] == 0.99
+    assert second["sessions"]["fresh_sessions"] == 0 and second["sessions"]["heldout_sessions"] > 300
+    assert second["published"] == "published" and store.pending() is None
+    assert ModelSet.load(read_bundle(store.active_path), LoadOptions(warmup_batch=1)).version == kept
+
+    # A kept file that is not a bundle (a full disk, a hostile write) is dropped with its reason; the run trains as always.
+    store.pending_path.write_bytes(b"PK\x03\x04 garbage")
+    code, third, _ = _cycle(logs, weights, strict)
+    assert code == 3 and "not a valid bundle" in third["second_look"]["reason"]
+    assert third["kept_for_second_look"] == third["model_version"]  # the new refused candidate replaces it
+    assert read_bundle(store.pending() or b"").manifest["model_version"] == third["model_version"]
+    # and the served bundle is untouched
+    assert ModelSet.load(read_bundle(store.active_path), LoadOptions(warmup_batch=1)).version == kept
