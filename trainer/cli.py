@@ -7,7 +7,8 @@ Torch is imported only by the commands that train: ``evaluate`` needs none.
   logs (IPS, SNIPS, DR with 95 % intervals) and the logged behaviour's value. No torch.
 - ``cycle --logs DIR --weights-dir DIR``: train from the active bundle, evaluate new and
   current on the held-out sessions, publish when the gate passes (``--force``: regardless;
-  ``--candidate-out FILE``: keep the trained bundle whatever the verdict).
+  ``--candidate-out FILE``: keep the trained bundle whatever the verdict). A refused candidate
+  gets a second look in the next run (``trainer.cycle``, ``trainer.second_look``).
   What the CronJob runs. Exit 0 published (or unchanged), 3 refused by the gate, 1 failed,
   2 bad usage.
 
@@ -205,122 +206,6 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 
 def _cycle(args: argparse.Namespace) -> int:
-    """Train, then gate on the business objective of the held-out sessions (whatever reward the training used).
+    from trainer.cycle import run_cycle
 
-    Before training, a candidate an earlier run refused gets its second look (``trainer.second_look``).
-    """
-    from trainer.distributed import DistEnv
-    from trainer.window import select as select_window
-    from weights.bundle import read_bundle
-    from weights.model_set import LoadOptions, ModelSet
-    from weights.signing import load_public_key, public_key_bytes
-    from weights.store import WeightsStore, atomic_write
-    from weights.validate import verify
-
-    config = _config(args)
-    key = None if args.public_key is None else public_key_bytes(load_public_key(args.public_key))
-    store = WeightsStore(args.weights_dir, lambda data: verify(data, key))
-    current_bundle = read_bundle(store.active_path) if store.active_path.exists() else _bundle(None)
-    init = _bundle(args.init) if args.init else current_bundle
-    decisions, outcomes = _logs(args.logs, init)
-    window = select_window(decisions, outcomes, config.window_hours, config.window_versions)  # the logs the run reads
-    options = LoadOptions(device="cpu", warmup_batch=1)
-    current_model = ModelSet.load(current_bundle, options)
-    # One process only: under torchrun every rank would have to agree on the look before any trains.
-    second = config.second_look_level is not None and DistEnv.parse(os.environ).world_size == 1
-    looked = _second_look(args, store, config, current_model, window) if second else None
-    if looked is not None and looked.get("publish"):
-        print(json.dumps(looked, default=float) if args.json else f"published the kept candidate: {looked['reason']}")
-        return 0
-    result = _trained(args, init, decisions, outcomes, config)
-    if args.rank != 0:
-        return 0  # rank 0 evaluates, gates and publishes
-    from trainer.data import split
-    from trainer.evaluation import gate
-
-    _, (held_d, held_o) = split(window.decisions, window.outcomes, config.heldout_fraction, config.seed)
-    new_model = ModelSet.load(read_bundle(result.bundle), options)
-    verdict = gate(_judged(config, new_model, held_d, held_o), _judged(config, current_model, held_d, held_o), config.tolerance,
-                   **config.gate_limits())
-    report: dict[str, Any] = {"model_version": new_model.version, "current_version": current_model.version, **verdict.to_dict()}
-    if looked is not None:
-        report["second_look"] = looked
-    if args.candidate_out is not None:
-        atomic_write(args.candidate_out, result.bundle)
-        report["candidate"] = str(args.candidate_out)
-    published = verdict.publish or args.force
-    estimates = verdict.new.report
-    result.with_metrics({f"offline_{name}": getattr(estimates, name).value for name in ("ips", "snips", "dr", "tis", "behavior_value")
-                         if getattr(estimates, name) is not None}
-                        | {"offline_dr_minus_current": verdict.difference.value, "offline_ess": estimates.ess,
-                           "offline_unsupported_mass": verdict.new.unsupported_mass})
-    if published or second:
-        signed = _signed(args, result.bundle)
-        if published:
-            report["published"] = _publish(args, store, signed)
-        else:
-            report["kept_for_second_look"] = store.hold(signed)
-    print(json.dumps(report, default=float) if args.json else f"{'published' if published else 'refused'}: {verdict.reason}")
-    if not published:
-        log.warning("nothing published: %s", verdict.reason)
-        return EXIT_REFUSED
-    return 0
-
-
-def _judged(config: TrainConfig, model: Any, decisions: Any, outcomes: Any, level: float | None = None) -> Any:
-    """The gate's view: the objective's episodes and γ = 1, not the training reward's."""
-    from trainer.evaluation import evaluate_bundle
-    from trainer.offline import LEVEL
-
-    return evaluate_bundle(model, decisions, outcomes, n_boot=config.bootstrap, seed=config.seed, max_ratio=config.max_ratio,
-                           level=LEVEL if level is None else level)
-
-
-def _signed(args: argparse.Namespace, data: bytes) -> bytes:
-    from weights.signing import load_private_key, sign
-
-    return data if args.sign_key is None else sign(data, load_private_key(args.sign_key))
-
-
-def _publish(args: argparse.Namespace, store: Any, data: bytes) -> str:
-    args.weights_dir.mkdir(parents=True, exist_ok=True)
-    return str(store.publish(data).status)
-
-
-def _second_look(args: argparse.Namespace, store: Any, config: TrainConfig, current: Any, window: Any) -> dict[str, Any] | None:
-    """Judge the kept candidate, if any, on the window's sessions it never saw; publish it if the gate passes.
-
-    Returns the look's report (None without a kept candidate). The candidate is dropped either way:
-    each gets one second look.
-    """
-    from trainer.evaluation import gate
-    from trainer.second_look import stale_reason, unseen_sessions
-    from weights.bundle import BundleError
-    from weights.model_set import LoadOptions, ModelSet
-
-    data = store.pending()
-    if data is None:
-        return None
-    try:
-        candidate = ModelSet.load(store.validate(data), LoadOptions(device="cpu", warmup_batch=1))
-    except (BundleError, ValueError) as exc:
-        store.drop_pending()
-        log.warning("the kept candidate is not a valid bundle, dropped: %s", exc)
-        return {"publish": False, "reason": f"the kept candidate is not a valid bundle: {exc}"}
-    stale = stale_reason(candidate.manifest, current.version)
-    if stale is not None:
-        store.drop_pending()
-        log.info("the kept candidate %s is stale, dropped: %s", candidate.version, stale)
-        return {"model_version": candidate.version, "publish": False, "reason": f"stale: {stale}"}
-    unseen = unseen_sessions(window, candidate.manifest)
-    level = config.second_look_level
-    assert level is not None
-    verdict = gate(_judged(config, candidate, unseen.decisions, unseen.outcomes, level),
-                   _judged(config, current, unseen.decisions, unseen.outcomes, level), config.tolerance, **config.gate_limits())
-    report: dict[str, Any] = {"model_version": candidate.version, "current_version": current.version, "second_look": True,
-                              "level": level, "sessions": unseen.describe(), **verdict.to_dict()}
-    log.info("second look at %s on %d unseen sessions: %s", candidate.version, unseen.n_fresh + unseen.n_heldout, verdict.reason)
-    if verdict.publish:
-        report["published"] = _publish(args, store, data)  # the bytes kept: signed already when signing is on
-    store.drop_pending()
-    return report
+    return run_cycle(args)

@@ -201,8 +201,9 @@ class TrainConfig:
     """Bootstrap resamples of the offline confidence intervals."""
     second_look_level: float | None = 0.99
     """``cycle``: keep a refused candidate and judge it once more, on the next run's logs it never saw, with the
-    paired interval at this level (``trainer.second_look``: with the first look at 0.95, a worse candidate is
-    published with probability at most 3 %). None: a refused candidate is discarded."""
+    paired interval at this level (``trainer.second_look``: with the first look at 0.95, a candidate worse by more
+    than ``tolerance`` is published with probability at most about 2.5 % + (1 − level) / 2, nominally). None: a
+    refused candidate is discarded."""
 
     def __post_init__(self) -> None:
         problems = []

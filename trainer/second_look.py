@@ -8,20 +8,31 @@ interval and be refused: in ``bench.loop`` the refused candidates of cycles 3–
 cycle's logs are served by the same bundle and the candidate never saw them: a judge about
 six times the size.
 
-How (``cycle``). A refused candidate is kept in the weights directory (``WeightsStore.hold``,
-validated as a publish is; servers never read it). The next run, before training, looks at
-it once more if it was trained from the bundle now active: new and current are evaluated
-on the window's sessions the candidate never trained on (``unseen_sessions``: those first
-logged after the newest record it read, ``trainer.window.newest_time_s`` in its manifest,
-and those its own split held out) and gated as before, with the interval at
-``TrainConfig.second_look_level``. Passed: it is published and the run ends there (the next
-cycle trains from it, on its own logs). Refused, or stale (trained from another bundle, or
-without the manifest fields): dropped, and the run trains a new candidate as always.
+How (``trainer.cycle``). A refused candidate is kept in the weights directory
+(``WeightsStore.hold``, validated as a publish is; servers never read it). The next run,
+before training, looks at it once more if it was trained from the bundle now active: new and
+current are evaluated on the window's sessions the candidate never trained on
+(``unseen_sessions``: those first logged after the newest record it read,
+``trainer.window.newest_time_s`` in its manifest, and those its own split held out) and gated
+as before, with the interval at ``TrainConfig.second_look_level`` and at least 1,000
+bootstrap resamples. Passed: it is published, with this look's estimates in its manifest, and
+the run ends (the next cycle trains from it, on its own logs). Refused, stale (trained from
+another bundle, or without the manifest fields) or unreadable: dropped, and the run trains a
+new candidate as always. While fewer sessions than its first look had have been logged since,
+it waits (kept; the run trains as always, and a new refused candidate replaces it).
 
-Error rate. Each candidate is looked at twice at most: first at the gate's level (its lower
-bound is one-sided 97.5 %), then at ``second_look_level`` (0.99: one-sided 99.5 %). By the
-union bound a candidate that is really worse is published with probability at most
-2.5 % + 0.5 % = 3 %, against 2.5 % for one look.
+What makes "never saw" true: the logs are append-only and a session's id is stable between
+runs. A run reads whole sessions (``trainer.window``), so every session it trained on was first
+logged at or before the newest record it read; pruning a session's early segments, or ids
+rehashed with another salt between the runs, would break that (the trainer never prunes and
+the salt is kept next to the logs).
+
+Error rate, nominally. Each candidate is looked at twice at most: first at the gate's level
+(the paired lower bound is one-sided 97.5 %), then at ``second_look_level`` (0.99: one-sided
+99.5 %). By the union bound a candidate worse by more than ``tolerance`` (0) is published with
+probability at most 2.5 % + 0.5 % = 3 %, against 2.5 % for one look; the percentile bootstrap
+and the truncated weights make both figures approximate (``bench.gate_calibration`` measures
+the first look's coverage).
 """
 
 from __future__ import annotations
@@ -42,7 +53,7 @@ class Unseen:
 
     decisions: pa.Table
     outcomes: pa.Table
-    after_s: float
+    newest_time_s: float
     """The newest ``time_s`` the candidate read."""
     n_fresh: int
     """Sessions first logged after ``after_s``."""
@@ -50,7 +61,7 @@ class Unseen:
     """Sessions first logged before it that the candidate's own split held out."""
 
     def describe(self) -> dict[str, Any]:
-        return {"after_time_s": self.after_s, "fresh_sessions": self.n_fresh, "heldout_sessions": self.n_heldout}
+        return {"newest_time_s": self.newest_time_s, "fresh_sessions": self.n_fresh, "heldout_sessions": self.n_heldout}
 
 
 def stale_reason(manifest: dict[str, Any], current_version: str) -> str | None:
@@ -65,9 +76,10 @@ def stale_reason(manifest: dict[str, Any], current_version: str) -> str | None:
     newest = window.get("newest_time_s") if isinstance(window, dict) else None
     if isinstance(newest, bool) or not isinstance(newest, int | float) or not math.isfinite(newest):
         return "its manifest does not say which logs it read (trainer.window.newest_time_s)"
-    split = _split_of(trainer)
-    if split is None:
-        return "its manifest has no valid heldout_fraction and seed"
+    config = trainer.get("config")
+    if _split_of(trainer) is None:
+        values = {k: config.get(k) for k in ("heldout_fraction", "seed")} if isinstance(config, dict) else None
+        return f"its manifest's trainer.config has no valid heldout_fraction in (0, 1) and integer seed: {values!r}"
     return None
 
 
@@ -88,7 +100,8 @@ def unseen_sessions(window: Window, manifest: dict[str, Any]) -> Unseen:
     trainer = manifest["trainer"]
     after = float(trainer["window"]["newest_time_s"])
     split = _split_of(trainer)
-    assert split is not None, "stale_reason first"
+    if split is None:
+        raise ValueError("trainer.config: no valid heldout_fraction and seed (check stale_reason first)")
     if window.decisions.num_rows == 0:
         return Unseen(window.decisions, window.outcomes, after, 0, 0)
     ids, first = first_times(window.decisions)

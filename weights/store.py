@@ -254,18 +254,20 @@ class WeightsStore:
         One candidate at a time (a new one replaces the old). Servers never read it.
         """
         version = self.validate(data).model_version
-        check_version_name(version)
         with self.lock():
             self.pending_path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write(self.pending_path, data)
         return version
 
     def pending(self) -> bytes | None:
-        """The kept candidate's bytes, None when there is none (validate them before use)."""
-        try:
-            return self.pending_path.read_bytes()
-        except FileNotFoundError:
+        """The kept candidate's bytes, None when there is none; validate them before use.
+
+        Read as a bundle file is (``read_file``: a regular file within the size limit, a FIFO never
+        waited on), so anything else there raises ``BundleError``.
+        """
+        if not os.path.lexists(self.pending_path):
             return None
+        return read_file(self.pending_path)
 
     def drop_pending(self) -> None:
         with self.lock():

@@ -52,7 +52,7 @@ def test_unseen_sessions_are_the_fresh_ones_and_the_candidates_own_heldout() -> 
     assert 40 <= len(held) <= 120  # about 20 % of 400
     assert unseen.n_fresh == 30 and unseen.n_heldout == len(held) + ("span" in kept)
     assert set(unseen.outcomes.column("session_id").to_pylist()) == kept  # outcomes follow their sessions
-    assert unseen.describe() == {"after_time_s": 100.0, "fresh_sessions": 30, "heldout_sessions": unseen.n_heldout}
+    assert unseen.describe() == {"newest_time_s": 100.0, "fresh_sessions": 30, "heldout_sessions": unseen.n_heldout}
 
 
 @pytest.mark.parametrize(("manifest", "reason"), [
@@ -63,7 +63,7 @@ def test_unseen_sessions_are_the_fresh_ones_and_the_candidates_own_heldout() -> 
     (_manifest(newest=float("nan")), "newest_time_s"),
     (_manifest(newest=True), "newest_time_s"),
     (_manifest(fraction=1.5), "heldout_fraction"),
-    (_manifest(seed="0"), "heldout_fraction and seed"),
+    (_manifest(seed="0"), "integer seed: {'heldout_fraction': 0.2, 'seed': '0'}"),
 ])
 def test_a_candidate_that_cannot_be_judged_is_stale_and_says_why(manifest: dict[str, Any], reason: str) -> None:
     assert reason in (stale_reason(manifest, "v1") or "")
@@ -95,35 +95,54 @@ def _cycle(logs: Path, weights: Path, config: Path) -> tuple[int, dict[str, Any]
     return done.returncode, json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
 
 
-def test_cycle_keeps_a_refused_candidate_and_publishes_it_on_a_second_look(tmp_path: Path) -> None:
+def test_cycle_keeps_a_refused_candidate_waits_for_fresh_logs_and_publishes_it_on_a_second_look(tmp_path: Path) -> None:
     logs, weights = tmp_path / "logs", tmp_path / "weights"
     store = WeightsStore(weights, lambda data: verify(data, None))
     store.publish(fresh_bundle_bytes())  # the bundle that serves the logs is the active one
     behaviour = ModelSet.load(fresh_bundle(), LoadOptions(warmup_batch=8))
-    run_logged(World(SimConfig(), 11), behaviour, range(2500), ZoneInfo("UTC"), logs, b"k" * 32)
+    world = World(SimConfig(), 11)
+    run_logged(world, behaviour, range(2500), ZoneInfo("UTC"), logs, b"k" * 32)
     fast = {"updates": 2, "batch": 8192, "value_epochs": 2, "guard": {"epochs": 2}, "bootstrap": 100}
     strict, normal = tmp_path / "strict.json", tmp_path / "normal.json"
     strict.write_text(json.dumps({**fast, "gate_min_ess": 1e9}))  # a first look that cannot pass
     normal.write_text(json.dumps(fast))
 
-    code, first, _ = _cycle(logs, weights, strict)
-    assert code == 3 and "too few effective sessions" in first["reason"]
-    kept = first["kept_for_second_look"]
-    assert kept == first["model_version"] and store.pending() is not None
-    assert ModelSet.load(read_bundle(store.active_path), LoadOptions(warmup_batch=1)).version == behaviour.version
+    def active() -> str:
+        return ModelSet.load(read_bundle(store.active_path), LoadOptions(warmup_batch=1)).version
 
-    # The same logs again: no session is fresh, the candidate's own held-out sessions judge it, at the stricter level.
+    code, first, _ = _cycle(logs, weights, strict)
+    assert code == 3 and "too few effective sessions" in first["reason"] and "second_look" not in first
+    assert first["kept_for_second_look"] == first["model_version"] and store.pending() is not None
+    assert active() == behaviour.version
+
+    # The same logs again: nothing logged since, so the kept candidate waits; the run trains and its refusal replaces it.
+    code, again, _ = _cycle(logs, weights, strict)
+    assert code == 3 and again["second_look"]["waiting"] is True and again["second_look"]["model_version"] == first["model_version"]
+    assert again["second_look"]["sessions"]["fresh_sessions"] == 0
+    kept = again["kept_for_second_look"]
+    assert kept == again["model_version"] == first["model_version"]  # the same logs and seed: the same candidate
+
+    # The next cycle's logs, served by the same bundle: the candidate never saw them; judged at the stricter level.
+    run_logged(world, behaviour, range(2500, 5000), ZoneInfo("UTC"), logs, b"k" * 32)
     code, second, _ = _cycle(logs, weights, normal)
     assert code == 0 and second["second_look"] is True and second["model_version"] == kept and second["level"] == 0.99
-    assert second["sessions"]["fresh_sessions"] == 0 and second["sessions"]["heldout_sessions"] > 300
-    assert second["published"] == "published" and store.pending() is None
-    assert ModelSet.load(read_bundle(store.active_path), LoadOptions(warmup_batch=1)).version == kept
+    assert second["bootstrap"] == 1000 and second["sessions"]["fresh_sessions"] == 2500
+    assert 300 < second["sessions"]["heldout_sessions"] < 700  # its own split's 20 % of the first 2,500
+    assert second["published"] == "published" and store.pending() is None and active() == kept
+    metrics = ModelSet.load(read_bundle(store.active_path), LoadOptions(warmup_batch=1)).manifest["training_metrics"]
+    assert metrics["second_look"] == 1.0 and metrics["offline_dr_minus_current"] == pytest.approx(second["dr_difference"]["value"])
 
-    # A kept file that is not a bundle (a full disk, a hostile write) is dropped with its reason; the run trains as always.
+    # A kept file that is not a bundle (a torn write, a hostile one) is dropped with its reason; the run trains as always.
     store.pending_path.write_bytes(b"PK\x03\x04 garbage")
     code, third, _ = _cycle(logs, weights, strict)
-    assert code == 3 and "not a valid bundle" in third["second_look"]["reason"]
-    assert third["kept_for_second_look"] == third["model_version"]  # the new refused candidate replaces it
+    assert code == 3 and "no second look" in third["second_look"]["reason"]
+    assert third["kept_for_second_look"] == third["model_version"]
     assert read_bundle(store.pending() or b"").manifest["model_version"] == third["model_version"]
-    # and the served bundle is untouched
-    assert ModelSet.load(read_bundle(store.active_path), LoadOptions(warmup_batch=1)).version == kept
+
+    # Keeping can fail too (here the pending directory is a file: as a full disk would, an OSError): still a refusal, exit 3.
+    store.drop_pending()
+    store.pending_path.parent.rmdir()
+    store.pending_path.parent.write_bytes(b"in the way")
+    code, fourth, _ = _cycle(logs, weights, strict)
+    assert code == 3 and fourth["kept_for_second_look"] is None and fourth["not_kept"]
+    assert active() == kept  # the served bundle is untouched throughout

@@ -1,0 +1,205 @@
+"""``cycle``, the CronJob's command: a second look at a kept candidate, else train → gate → publish, or keep the refused one.
+
+1. A candidate an earlier run refused, if one is kept, is judged again on the window's sessions
+   it never saw (``trainer.second_look``); passed, it is published and the run ends.
+2. Otherwise: train from the active bundle on the window, evaluate new and current on the
+   held-out sessions (the business objective, γ = 1), publish when the gate passes; a refused
+   candidate is kept for step 1 of a later run.
+
+Exit codes (``trainer.cli``): 0 published or unchanged, 3 refused, 1 failed, 2 bad usage.
+Keeping or looking at a candidate never turns a refusal into a failure: what goes wrong there
+(an unreadable kept file, a full disk) is logged and reported, and the candidate dropped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import logging
+import os
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trainer.config import TrainConfig
+    from trainer.evaluation import Evaluation, GateResult
+    from trainer.window import Window
+    from weights.model_set import LoadOptions, ModelSet
+    from weights.store import WeightsStore
+
+log = logging.getLogger(__name__)
+
+LOOK_BOOTSTRAP = 1000
+"""Bootstrap resamples of the second look at least: its 0.5 % tail needs more than the first look's 200."""
+
+
+def run_cycle(args: argparse.Namespace) -> int:
+    from trainer.cli import EXIT_REFUSED, _bundle, _config, _logs, _trained
+    from trainer.data import split
+    from trainer.evaluation import gate
+    from trainer.window import select as select_window
+    from weights.bundle import read_bundle
+    from weights.model_set import LoadOptions, ModelSet
+    from weights.signing import load_public_key, public_key_bytes
+    from weights.store import WeightsStore, atomic_write
+    from weights.validate import verify
+
+    config = _config(args)
+    key = None if args.public_key is None else public_key_bytes(load_public_key(args.public_key))
+    store = WeightsStore(args.weights_dir, lambda data: verify(data, key))
+    current_bundle = read_bundle(store.active_path) if store.active_path.exists() else _bundle(None)
+    init = _bundle(args.init) if args.init else current_bundle
+    decisions, outcomes = _logs(args.logs, init)
+    window = select_window(decisions, outcomes, config.window_hours, config.window_versions)  # the logs the run reads
+    options = LoadOptions(device="cpu", warmup_batch=1)
+    current = ModelSet.load(current_bundle, options)
+    looks = _looks_apply(args, config)
+    looked = second_look(args, store, config, current, window, options) if looks else None
+    if looked is not None and looked.get("published"):
+        print(json.dumps(looked, default=float) if args.json else f"published the kept candidate: {looked['reason']}")
+        return 0
+
+    result = _trained(args, init, decisions, outcomes, config)
+    if args.rank != 0:
+        return 0  # rank 0 evaluates, gates and publishes
+    _, (held_d, held_o) = split(window.decisions, window.outcomes, config.heldout_fraction, config.seed)
+    new = ModelSet.load(read_bundle(result.bundle), options)
+    verdict = gate(judged(config, new, held_d, held_o), judged(config, current, held_d, held_o), config.tolerance,
+                   **config.gate_limits())
+    report: dict[str, Any] = {"model_version": new.version, "current_version": current.version, **verdict.to_dict()}
+    if looked is not None:
+        report["second_look"] = looked
+    published = verdict.publish or args.force
+    result.with_metrics(offline_metrics(verdict))
+    signed = _signed(args, result.bundle)
+    if args.candidate_out is not None:
+        atomic_write(args.candidate_out, signed)  # the very bytes published or kept
+        report["candidate"] = str(args.candidate_out)
+    if published:
+        report["published"] = _publish(args, store, signed)
+    elif looks:
+        report["kept_for_second_look"] = _hold(store, signed, report)
+    print(json.dumps(report, default=float) if args.json else f"{'published' if published else 'refused'}: {verdict.reason}")
+    if not published:
+        log.warning("nothing published: %s", verdict.reason)
+        return EXIT_REFUSED
+    return 0
+
+
+def _looks_apply(args: argparse.Namespace, config: TrainConfig) -> bool:
+    """Whether this run looks at and keeps candidates: not with ``--init`` or ``--force`` (the operator chose), not under torchrun."""
+    from trainer.distributed import DistEnv
+
+    # Under torchrun every rank would have to agree on the look before any trains.
+    return (config.second_look_level is not None and args.init is None and not args.force
+            and DistEnv.parse(os.environ).world_size == 1)
+
+
+def judged(config: TrainConfig, model: ModelSet, decisions: Any, outcomes: Any, level: float | None = None,
+           n_boot: int | None = None) -> Evaluation:
+    """The gate's view of ``model``: the objective's episodes and γ = 1, not the training reward's."""
+    from trainer.evaluation import evaluate_bundle
+    from trainer.offline import LEVEL
+
+    return evaluate_bundle(model, decisions, outcomes, n_boot=n_boot or config.bootstrap, seed=config.seed,
+                           max_ratio=config.max_ratio, level=LEVEL if level is None else level)
+
+
+def offline_metrics(verdict: GateResult) -> dict[str, float]:
+    """The gate's estimates of the new bundle, for its manifest's training metrics (and the served gauges)."""
+    estimates = verdict.new.report
+    values = {f"offline_{name}": getattr(estimates, name).value for name in ("ips", "snips", "dr", "tis", "behavior_value")
+              if getattr(estimates, name) is not None}
+    return values | {"offline_dr_minus_current": verdict.difference.value, "offline_ess": estimates.ess,
+                     "offline_unsupported_mass": verdict.new.unsupported_mass}
+
+
+def _signed(args: argparse.Namespace, data: bytes) -> bytes:
+    from weights.signing import load_private_key, sign
+
+    return data if args.sign_key is None else sign(data, load_private_key(args.sign_key))
+
+
+def _publish(args: argparse.Namespace, store: WeightsStore, data: bytes) -> str:
+    args.weights_dir.mkdir(parents=True, exist_ok=True)
+    return str(store.publish(data).status)
+
+
+def _hold(store: WeightsStore, data: bytes, report: dict[str, Any]) -> str | None:
+    """Keep a refused candidate; on failure (a full disk, a bundle the store's check refuses) say why and keep nothing."""
+    from weights.bundle import BundleError
+    from weights.store import StoreError
+
+    try:
+        return store.hold(data)
+    except (BundleError, StoreError, OSError) as exc:
+        log.warning("the refused candidate could not be kept for a second look: %s", exc)
+        report["not_kept"] = str(exc)
+        return None
+
+
+def second_look(args: argparse.Namespace, store: WeightsStore, config: TrainConfig, current: ModelSet, window: Window,
+                options: LoadOptions) -> dict[str, Any] | None:
+    """Judge the kept candidate, if any, on the window's sessions it never saw; publish it if the gate passes.
+
+    Returns the look's report (None without a kept candidate). The candidate is dropped once
+    looked at, or when it cannot be (stale, unreadable, a failure on the way); it stays only
+    while too few sessions have been logged since it was trained (``waiting``).
+    """
+    try:
+        data = store.pending()
+        if data is None:
+            return None
+        report = _look(args, store, config, current, window, options, data)
+    except Exception as exc:  # the look is optional: a kept file that always fails must not block every later run
+        log.exception("no second look; the kept candidate is dropped")
+        report = {"publish": False, "reason": f"no second look: {type(exc).__name__}: {exc}"}
+    if not report.get("waiting"):
+        try:
+            store.drop_pending()
+        except OSError as exc:
+            log.warning("the kept candidate could not be removed: %s", exc)
+    return report
+
+
+def _look(args: argparse.Namespace, store: WeightsStore, config: TrainConfig, current: ModelSet, window: Window,
+          options: LoadOptions, data: bytes) -> dict[str, Any]:
+    from trainer.evaluation import gate
+    from trainer.second_look import stale_reason, unseen_sessions
+    from weights.model_set import ModelSet
+
+    candidate = ModelSet.load(store.validate(data), options)
+    head: dict[str, Any] = {"model_version": candidate.version, "current_version": current.version}
+    stale = stale_reason(candidate.manifest, current.version)
+    if stale is not None:
+        log.info("the kept candidate %s is stale: %s", candidate.version, stale)
+        return {**head, "publish": False, "reason": f"stale: {stale}"}
+    unseen = unseen_sessions(window, candidate.manifest)
+    if unseen.n_fresh < max(unseen.n_heldout, 1):  # a judge at least the size of the first look, or wait
+        reason = (f"waiting: {unseen.n_fresh} sessions logged since it was trained, fewer than the {unseen.n_heldout} "
+                  "its first look had")
+        log.info("the kept candidate %s is %s", candidate.version, reason)
+        return {**head, "publish": False, "waiting": True, "reason": reason, "sessions": unseen.describe()}
+    level = config.second_look_level
+    if level is None:
+        raise ValueError("second_look_level: None turns the second look off")
+    n_boot = max(config.bootstrap, LOOK_BOOTSTRAP)
+    verdict = gate(judged(config, candidate, unseen.decisions, unseen.outcomes, level, n_boot),
+                   judged(config, current, unseen.decisions, unseen.outcomes, level, n_boot), config.tolerance,
+                   **config.gate_limits())
+    report = {**head, "second_look": True, "level": level, "bootstrap": n_boot, "sessions": unseen.describe(), **verdict.to_dict()}
+    log.info("second look at %s on %d unseen sessions: %s", candidate.version, unseen.n_fresh + unseen.n_heldout, verdict.reason)
+    if verdict.publish:  # with the estimates of this look in its manifest, signed with today's key
+        report["published"] = _publish(args, store, _signed(args, _with_metrics(data, offline_metrics(verdict) | {"second_look": 1.0})))
+    return report
+
+
+def _with_metrics(data: bytes, extra: dict[str, float]) -> bytes:
+    """The bundle ``data`` with ``extra`` over its training metrics (unsigned: sign it again)."""
+    from weights.bundle import PARTS, read_bundle, write_bundle
+
+    bundle = read_bundle(data)
+    manifest = {**bundle.manifest, "training_metrics": {**bundle.manifest.get("training_metrics", {}), **extra}}
+    out = io.BytesIO()
+    write_bundle(out, manifest, {name: bundle.parts[name] for name in PARTS})
+    return out.getvalue()
