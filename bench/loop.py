@@ -202,6 +202,13 @@ def _gate_summary(report: dict[str, Any]) -> dict[str, Any]:
         ev = report.get(side) or {}
         keep[side] = {k: ev.get(k) for k in ("ips", "snips", "dr", "tis", "behavior_value") if k in ev}
     keep["difference"] = report.get("dr_difference") or report.get("difference")
+    look = report.get("second_look")
+    if look is True:  # this run published the kept candidate on its second look
+        keep["second_look"] = {"published": True, "sessions": report.get("sessions"), "level": report.get("level")}
+    elif isinstance(look, dict):  # a look before this run trained: refused, waiting, stale or unreadable
+        keep["second_look"] = {k: look.get(k) for k in ("model_version", "publish", "reason", "sessions", "level", "dr_difference")}
+    if "kept_for_second_look" in report:
+        keep["kept_for_second_look"] = report["kept_for_second_look"]
     return keep
 
 
