@@ -139,6 +139,14 @@ def make_reducer(where: DistEnv) -> Reducer:
 
 
 def shutdown() -> None:
-    """Leave the process group, if one was joined."""
+    """Leave the process group, if one was joined: all ranks together, then each tears its part down.
+
+    The barrier first: rank 0 hosts the group's store, and a rank that tears down while another
+    is still talking to it can abort that one ("terminate called without an active exception",
+    seen under load in CI). A dead peer makes the barrier fail after the group's timeout instead.
+    """
     if dist.is_initialized():
-        dist.destroy_process_group()
+        try:
+            dist.barrier()
+        finally:
+            dist.destroy_process_group()
