@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -294,6 +295,15 @@ def session_codes(sessions: npt.NDArray[Any]) -> tuple[list[Any], npt.NDArray[np
     return encoded.dictionary.to_pylist(), np.asarray(encoded.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
+def session_hashes(distinct: Sequence[Any], key: bytes) -> npt.NDArray[np.uint64]:
+    """``blake2b_64(str(s), key=key)`` per session id: a session's draw depends on its id and the key alone."""
+    return np.fromiter(
+        (int.from_bytes(hashlib.blake2b(str(s).encode(), digest_size=8, key=key).digest(), "little") for s in distinct),
+        dtype=np.uint64,
+        count=len(distinct),
+    )
+
+
 def split_by_session(sessions: npt.NDArray[Any], holdout_fraction: float, seed: int = 0, salt: bytes = b"") -> BoolArray:
     """Held-out mask per row: session ``s`` is held out iff ``blake2b_64(str(s), key=salt ‖ seed) / 2⁶⁴ < holdout_fraction``.
 
@@ -304,10 +314,7 @@ def split_by_session(sessions: npt.NDArray[Any], holdout_fraction: float, seed: 
     """
     distinct, inverse = session_codes(sessions)
     key = salt + int(seed).to_bytes(8, "little", signed=True)
-    cut = holdout_fraction * 2.0**64
-    held = np.fromiter(
-        (int.from_bytes(hashlib.blake2b(str(s).encode(), digest_size=8, key=key).digest(), "little") < cut for s in distinct),
-        dtype=np.bool_,
-        count=len(distinct),
-    )
+    threshold = math.ceil(holdout_fraction * 2.0**64)  # h < cut ⟺ h < ⌈cut⌉ for integer h: exact, as before
+    hashes = session_hashes(distinct, key)
+    held = hashes < np.uint64(threshold) if threshold < 2**64 else np.ones(len(hashes), dtype=np.bool_)
     return held[inverse]

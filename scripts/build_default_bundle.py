@@ -24,6 +24,7 @@ Run: ``python scripts/build_default_bundle.py [--check]``
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import tempfile
 from pathlib import Path
@@ -60,10 +61,11 @@ def initial() -> bytes:
 def build() -> bytes:
     """``CYCLES`` CronJob cycles from the untrained bundle, as ``shopping-agent cycle`` runs them (see the module doc)."""
     from trainer.config import TrainConfig
+    from trainer.cycle import judged
     from trainer.data import split
-    from trainer.evaluation import evaluate_bundle, gate
+    from trainer.evaluation import gate
     from trainer.train import TrainResult, train
-    from trainer.window import select
+    from trainer.window import for_config
 
     init = read_bundle(initial())
     options = LoadOptions(device="cpu", warmup_batch=8)
@@ -76,17 +78,15 @@ def build() -> bytes:
         for cycle in range(CYCLES):
             clock = LOG_CLOCK_S + cycle * 7200.0
             run_logged(world, active_model, range(cycle * SESSIONS, (cycle + 1) * SESSIONS), ZoneInfo("UTC"), logs,
-                       b"default-bundle-salt".ljust(32, b"."), clock=lambda clock=clock: clock)
+                       b"default-bundle-salt".ljust(32, b"."), clock=functools.partial(float, clock))  # a fixed clock per cycle
             source = DirectorySource(logs)
             decisions, outcomes = source.table("decisions"), source.table("outcomes")
             version = f"{DEFAULT_MODEL_VERSION}-cycle{cycle + 1}"
             result: TrainResult = train(decisions, outcomes, active, config, device="cpu", model_version=version)
-            window = select(decisions, outcomes, config.window_hours, config.window_versions)
+            window = for_config(decisions, outcomes, config)
             _, (held_d, held_o) = split(window.decisions, window.outcomes, config.heldout_fraction, config.seed)
-            kwargs = {"n_boot": config.bootstrap, "seed": config.seed, "max_ratio": config.max_ratio}
-            new_eval = evaluate_bundle(ModelSet.load(read_bundle(result.bundle), options), held_d, held_o, **kwargs)
-            verdict = gate(new_eval, evaluate_bundle(active_model, held_d, held_o, **kwargs), config.tolerance,
-                           **config.gate_limits())
+            new_eval = judged(config, ModelSet.load(read_bundle(result.bundle), options), held_d, held_o)
+            verdict = gate(new_eval, judged(config, active_model, held_d, held_o), config.tolerance, **config.gate_limits())
             history.append({"cycle": cycle + 1, "publish": verdict.publish, "reason": verdict.reason,
                             "dr_difference": verdict.difference.to_dict(), "decisions": window.decisions.num_rows,
                             "model_version": version})

@@ -114,6 +114,11 @@ class TrainConfig:
     window_hours: float | None = None
     """Read only the decisions logged within this many hours of the newest one (with ``window_versions``,
     both must hold). None: no limit by time."""
+    max_sessions: int | None = None
+    """Read at most this many of the window's sessions: a sample by keyed hash of the session id (``trainer.window``),
+    the same on every rerun of the same logs and key. None: every session of the window."""
+    sample_key: int = 0
+    """Key of that sample's hash; change it for another sample of the same logs."""
     heldout_fraction: float = 0.2
     """Share of sessions (by hash) kept out of training for the gate's offline estimates."""
     gamma: float = 0.85
@@ -213,6 +218,8 @@ class TrainConfig:
             problems.append(f"gamma: expected in [0, 1], got {self.gamma}")
         if self.window_versions is not None and self.window_versions < 1:
             problems.append(f"window_versions: expected >= 1 or None, got {self.window_versions}")
+        if self.max_sessions is not None and self.max_sessions < 1:
+            problems.append(f"max_sessions: expected >= 1 or None, got {self.max_sessions}")
         if self.window_hours is not None and not (self.window_hours > 0 and math.isfinite(self.window_hours)):
             problems.append(f"window_hours: expected > 0 or None, got {self.window_hours}")
         if self.exploration_epsilon is not None and not 0.0 <= self.exploration_epsilon <= 1.0:

@@ -37,7 +37,7 @@ def run_cycle(args: argparse.Namespace) -> int:
     from trainer.cli import EXIT_REFUSED, _bundle, _config, _logs, _trained
     from trainer.data import split
     from trainer.evaluation import gate
-    from trainer.window import select as select_window
+    from trainer.window import for_config as window_for
     from weights.bundle import read_bundle
     from weights.model_set import LoadOptions, ModelSet
     from weights.signing import load_public_key, public_key_bytes
@@ -50,7 +50,7 @@ def run_cycle(args: argparse.Namespace) -> int:
     current_bundle = read_bundle(store.active_path) if store.active_path.exists() else _bundle(None)
     init = _bundle(args.init) if args.init else current_bundle
     decisions, outcomes = _logs(args.logs, init)
-    window = select_window(decisions, outcomes, config.window_hours, config.window_versions)  # the logs the run reads
+    window = window_for(decisions, outcomes, config)  # the logs the run reads
     options = LoadOptions(device="cpu", warmup_batch=1)
     current = ModelSet.load(current_bundle, options)
     looks = _looks_apply(args, config)

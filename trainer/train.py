@@ -48,7 +48,7 @@ from trainer.networks import GuardNet, PolicyNet, guard_from_arrays, policy_from
 from trainer.offline import MAX_WEIGHT
 from trainer.replay import decoder_arrays
 from trainer.served import TorchDecoder
-from trainer.window import select as select_window
+from trainer.window import for_config as window_for
 from weights import mlp
 from weights.bundle import Bundle
 from weights.model_set import LoadOptions, ModelSet
@@ -146,7 +146,7 @@ def train(decisions: pa.Table, outcomes: pa.Table, init: Bundle, config: TrainCo
     warnings: list[str] = []
 
     # 1-2. the window, the training side, as arrays in episode order
-    window = select_window(decisions, outcomes, config.window_hours, config.window_versions)
+    window = window_for(decisions, outcomes, config)
     log.info("window: %d of %d logged decisions, model versions %s", window.decisions.num_rows, decisions.num_rows, window.versions)
     (train_d, train_o), _ = split(window.decisions, window.outcomes, config.heldout_fraction, config.seed)
     exp = experience(train_d, train_o, base, config)
@@ -287,7 +287,7 @@ def train(decisions: pa.Table, outcomes: pa.Table, init: Bundle, config: TrainCo
         "training_metrics": metrics,
         "trainer": {"config": config.to_dict(), "reward_scale": exp.reward_scale, "init_model_version": base.version,
                     "warnings": warnings, "device": str(dev), "beyond_logged_support": kl_behavior > config.behavior_kl_warn,
-                    "window": window.describe(config.window_hours, config.window_versions)},
+                    "window": window.describe()},
         "provenance": {"kind": "trained", "builder": "trainer.train", **(provenance or {})},
     }
     data = export_bundle(policy, guarded.net, base.encoder.behavior_table, spec, manifest, config.seed)

@@ -12,17 +12,30 @@ logged propensity, so a window that spans versions is still exact for the ratios
 
 Both may be given (a decision must pass both); ``None`` turns one off. A session is kept or
 dropped whole, by its first decision, so no episode loses its start; its outcomes follow it.
+
+- ``max_sessions = K``: then at most ``K`` of the window's sessions, a sample keyed by
+  ``sample_key``: the ``K`` whose ``blake2b_64(session id, key)`` is smallest (bottom-k), so
+  the same logs and key give the same sample on every rerun and every rank, each session's
+  draw depends on its id alone, and the sample is uniform over the window's sessions.
+
+``for_config`` reads all four from a ``TrainConfig``; the manifest records them
+(``Window.describe``) with the session counts before and after the sample.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
+
+from experience.sessions import session_hashes
+
+SAMPLE_SALT = b"session-sample"  # independent of the gate's and the guard's splits
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,14 +44,38 @@ class Window:
     outcomes: pa.Table
     versions: list[str]
     """The model versions of the kept decisions, oldest first."""
+    settings: dict[str, Any] = field(default_factory=dict)
+    """What selected it: hours, versions, max_sessions, sample_key."""
+    sessions_in_window: int | None = None
+    """Sessions in the window before the sample (None: no sample was taken)."""
 
-    def describe(self, hours: float | None, versions: int | None) -> dict[str, Any]:
+    def describe(self) -> dict[str, Any]:
         """The manifest's record of what was read; ``newest_time_s`` tells later runs which sessions came after it."""
         n = self.decisions.num_rows
-        return {"hours": hours, "versions": versions, "decisions": n,
-                "sessions": len(pc.unique(self.decisions.column("session_id"))) if n else 0,
+        sessions = len(pc.unique(self.decisions.column("session_id"))) if n else 0
+        return {**self.settings, "decisions": n, "sessions": sessions,
+                "sessions_in_window": sessions if self.sessions_in_window is None else self.sessions_in_window,
                 "model_versions": self.versions,
                 "newest_time_s": float(pc.max(self.decisions.column("time_s")).as_py()) if n else None}
+
+
+def for_config(decisions: pa.Table, outcomes: pa.Table, config: Any) -> Window:
+    """``select`` with a ``TrainConfig``'s window and sample."""
+    return select(decisions, outcomes, config.window_hours, config.window_versions, config.max_sessions, config.sample_key)
+
+
+def sample_sessions(window: Window, max_sessions: int, key: int) -> Window:
+    """At most ``max_sessions`` of the window's sessions, bottom-k by keyed hash (see the module doc)."""
+    if window.decisions.num_rows == 0:
+        return window
+    distinct = pc.unique(window.decisions.column("session_id"))
+    if len(distinct) <= max_sessions:
+        return dataclasses.replace(window, sessions_in_window=len(distinct))
+    ids = distinct.to_numpy(zero_copy_only=False)
+    hashes = session_hashes(ids, SAMPLE_SALT + int(key).to_bytes(8, "little", signed=True))
+    keep = np.argsort(hashes, kind="stable")[:max_sessions]
+    d, o = sessions_of(window.decisions, window.outcomes, pa.array(ids[keep]))
+    return Window(d, o, _versions_by_first_time(d), window.settings, len(distinct))
 
 
 def first_times(decisions: pa.Table) -> tuple[npt.NDArray[np.object_], npt.NDArray[np.float64]]:
@@ -60,8 +97,18 @@ def _versions_by_first_time(decisions: pa.Table) -> list[str]:
     return [str(v) for v in grouped.column("model_version").to_pylist()]
 
 
-def select(decisions: pa.Table, outcomes: pa.Table, hours: float | None = None, versions: int | None = None) -> Window:
-    """The decisions (and their sessions' outcomes) of the window; see the module doc."""
+def select(decisions: pa.Table, outcomes: pa.Table, hours: float | None = None, versions: int | None = None,
+           max_sessions: int | None = None, sample_key: int = 0) -> Window:
+    """The decisions (and their sessions' outcomes) of the window, then its sample; see the module doc."""
+    if max_sessions is not None and (isinstance(max_sessions, bool) or not isinstance(max_sessions, int) or max_sessions < 1):
+        raise ValueError(f"max_sessions: expected an integer >= 1 or None, got {max_sessions!r}")
+    window = _window(decisions, outcomes, hours, versions)
+    settings = {"hours": hours, "versions": versions, "max_sessions": max_sessions, "sample_key": sample_key}
+    window = dataclasses.replace(window, settings=settings)
+    return window if max_sessions is None else sample_sessions(window, max_sessions, sample_key)
+
+
+def _window(decisions: pa.Table, outcomes: pa.Table, hours: float | None, versions: int | None) -> Window:
     if hours is not None and not hours > 0:
         raise ValueError(f"window_hours: expected > 0 or None, got {hours!r}")
     if versions is not None and versions < 1:

@@ -55,6 +55,20 @@ def test_the_window_reads_the_last_version_only(logs: tuple[Path, TrainResult]) 
     assert everything.metrics["train_steps"] > result.metrics["train_steps"]
 
 
+def test_a_keyed_sample_of_the_window_is_what_a_run_reads_and_records(logs: tuple[Path, TrainResult]) -> None:
+    root, first = logs
+    source = DirectorySource(root)
+    d, o = source.table("decisions"), source.table("outcomes")
+    config = dataclasses.replace(FAST, max_sessions=500, sample_key=7)
+    sampled = train(d, o, read_bundle(first.bundle), config, device="cpu")
+    window = sampled.manifest["trainer"]["window"]
+    assert window["sessions"] == 500 and window["sessions_in_window"] == SESSIONS
+    assert window["max_sessions"] == 500 and window["sample_key"] == 7 and window["model_versions"] == ["second"]
+    assert sampled.manifest["trainer"]["config"]["max_sessions"] == 500
+    again = train(d, o, read_bundle(first.bundle), config, device="cpu")
+    assert again.bundle == sampled.bundle  # the same logs and key: the same sample, the same bytes
+
+
 def test_a_guard_change_over_the_budget_keeps_the_starting_guard(logs: tuple[Path, TrainResult]) -> None:
     root, _ = logs
     source = DirectorySource(root)

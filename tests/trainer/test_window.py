@@ -46,7 +46,8 @@ def test_hours_count_back_from_the_newest_decision() -> None:
     assert sessions(select(d, o, hours=2.0).decisions) == ["c", "d", "e"]  # 7310 − 7200 = 110: c (110) is in, b (90) is not
     assert sessions(select(d, o, hours=1.0).decisions) == ["e"]
     both = select(d, o, hours=2.0, versions=1)
-    assert sessions(both.decisions) == ["e"] and both.describe(2.0, 1)["sessions"] == 1
+    assert sessions(both.decisions) == ["e"] and both.describe()["sessions"] == 1
+    assert both.describe()["hours"] == 2.0 and both.describe()["versions"] == 1
 
 
 def test_the_edge_of_an_hours_window_is_inclusive() -> None:
@@ -54,10 +55,57 @@ def test_the_edge_of_an_hours_window_is_inclusive() -> None:
     assert "c" in sessions(select(d, o, hours=(7310.0 - 110.0) / 3600.0).decisions)
 
 
-@pytest.mark.parametrize(("kwargs", "field"), [({"hours": 0.0}, "window_hours"), ({"versions": 0}, "window_versions")])
+@pytest.mark.parametrize(("kwargs", "field"), [({"hours": 0.0}, "window_hours"), ({"versions": 0}, "window_versions"),
+                                               ({"max_sessions": 0}, "max_sessions")])
 def test_bad_windows_name_the_field(kwargs: dict, field: str) -> None:
     d, o = logs()
     with pytest.raises(ValueError, match=field):
         select(d, o, **kwargs)
     with pytest.raises(ValueError, match=field):
         TrainConfig(**{field: next(iter(kwargs.values()))})
+
+
+def many(n: int, version: str = "v1") -> tuple[pa.Table, pa.Table]:
+    ids = [f"s{i}" for i in range(n) for _ in range(3)]
+    decisions = pa.table({"session_id": ids, "time_s": [float(i) for i in range(len(ids))], "model_version": [version] * len(ids)})
+    outcomes = pa.table({"session_id": [f"s{i}" for i in range(0, n, 2)]})
+    return decisions, outcomes
+
+
+def test_a_sample_keeps_whole_sessions_the_same_on_every_rerun_and_another_with_another_key() -> None:
+    d, o = many(1000)
+    a = select(d, o, max_sessions=100)
+    assert len(sessions(a.decisions)) == 100 and a.decisions.num_rows == 300  # whole sessions: all three rows each
+    assert set(sessions(a.outcomes)) <= set(sessions(a.decisions))  # outcomes follow their sessions
+    assert sessions(select(d, o, max_sessions=100).decisions) == sessions(a.decisions)  # a rerun: the same sample
+    other = select(d, o, max_sessions=100, sample_key=1)
+    assert len(set(sessions(other.decisions)) & set(sessions(a.decisions))) < 40  # about 10 of 100 by chance
+    record = a.describe()
+    assert record["max_sessions"] == 100 and record["sample_key"] == 0
+    assert record["sessions"] == 100 and record["sessions_in_window"] == 1000
+
+
+def test_a_sessions_draw_depends_on_its_id_alone() -> None:
+    # bottom-k: a session sampled from the larger logs is sampled from any part of them that contains it
+    d, o = many(1000)
+    big = set(sessions(select(d, o, max_sessions=100).decisions))
+    half = d.filter(pa.compute.is_in(d.column("session_id"), pa.array([f"s{i}" for i in range(500)])))
+    small = set(sessions(select(half, o, max_sessions=100).decisions))
+    assert big & {f"s{i}" for i in range(500)} <= small
+
+
+def test_a_sample_no_smaller_than_the_window_keeps_it_and_says_so() -> None:
+    d, o = many(50)
+    w = select(d, o, max_sessions=100)
+    assert w.decisions.num_rows == d.num_rows and w.describe()["sessions_in_window"] == 50
+    assert select(d, o).describe()["max_sessions"] is None
+
+
+def test_the_sample_is_taken_after_the_window() -> None:
+    d1, _ = many(200, "v1")
+    d2, _ = many(200, "v2")
+    d2 = d2.set_column(0, "session_id", pa.array([f"t{s}" for s in d2.column("session_id").to_pylist()]))
+    d2 = d2.set_column(1, "time_s", pa.array([t + 10_000.0 for t in d2.column("time_s").to_pylist()]))
+    d = pa.concat_tables([d1, d2])
+    w = select(d, pa.table({"session_id": pa.array([], pa.string())}), versions=1, max_sessions=30)
+    assert w.versions == ["v2"] and len(sessions(w.decisions)) == 30 and w.describe()["sessions_in_window"] == 200
