@@ -1,10 +1,11 @@
 """The CronJob's command on a million logged decisions: ``shopping-agent cycle``, timed end to end.
 
-    .venv/bin/python -m bench.cycle [--decisions 1000000] [--device cpu]
+    .venv/bin/python -m bench.cycle [--decisions 1000000] [--device cpu] [--max-sessions N]
 
 Uses the logs ``bench.log_read`` generates (``bench/results/logs-<N>``; generated here if
 missing), a fresh temporary weights directory (so the current bundle is the embedded
-default), and the default ``TrainConfig``. Reports the wall time, the peak RSS and the gate's
+default), and the default ``TrainConfig`` (``--max-sessions``: with that keyed sample of the
+window's sessions, ``trainer.window``). Reports the wall time, the peak RSS and the gate's
 verdict (target: ≤ 10 minutes on this machine's CPU). A child process, bounded by ``--timeout``.
 """
 
@@ -31,6 +32,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--decisions", type=int, default=1_000_000)
     p.add_argument("--device", default="cpu", choices=("auto", "cpu", "cuda"))
     p.add_argument("--timeout", type=float, default=1800.0)
+    p.add_argument("--max-sessions", type=int, help="TrainConfig.max_sessions (default: none, every session of the window)")
+    p.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "cycle.json")
     args = p.parse_args(argv)
     root = REPO / "bench" / "results" / f"logs-{args.decisions}"
     if not (root / "bench-info.json").exists():
@@ -38,6 +41,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-cycle-") as tmp:
         cmd = [sys.executable, "-m", "server", "cycle", "--logs", str(root), "--weights-dir", str(Path(tmp) / "weights"),
                "--device", args.device, "--json"]
+        if args.max_sessions is not None:
+            config = Path(tmp) / "config.json"
+            config.write_text(json.dumps({"max_sessions": args.max_sessions}))
+            cmd += ["--config", str(config)]
         started = time.monotonic()
         run = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=args.timeout)
         seconds = time.monotonic() - started
@@ -48,8 +55,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"\ncycle on {args.decisions:,} logged decisions: {seconds:.0f} s (target <= {TARGET_S:.0f} s "
           f"{'met' if seconds <= TARGET_S else 'MISSED'}), peak RSS {peak_mb:,.0f} MB, exit {run.returncode}, "
           f"publish {report.get('publish')}, DR new − current {report.get('dr_difference')}")
-    out = REPO / "bench" / "results" / "cycle.json"
-    out.write_text(json.dumps({"decisions": args.decisions, "seconds": seconds, "peak_rss_mb": peak_mb, "exit": run.returncode,
+    out = args.out
+    out.write_text(json.dumps({"decisions": args.decisions, "max_sessions": args.max_sessions, "seconds": seconds,
+                               "peak_rss_mb": peak_mb, "exit": run.returncode,
                                "report": report, "stderr_tail": run.stderr[-4000:]}, indent=2, default=float) + "\n")
     return 0 if run.returncode in (0, 3) else 1
 
