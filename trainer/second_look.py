@@ -3,7 +3,7 @@
 Why. The gate judges a candidate on the held-out share of one window (20 % of a cycle's
 sessions). The business objective per session is noisy (order values), so a candidate a few
 currency units per session better, the gain one trust-region step brings, can sit inside the
-interval and be refused: in ``bench.loop`` the refused candidates of cycles 3–5 were +2.4 to
+interval and be refused: in ``bench.loop`` the refused candidates of cycles 3–5 were +2.2 to
 +3.4 better by the simulator's truth while the gate's intervals were ±5–6 wide. The next
 cycle's logs are served by the same bundle and the candidate never saw them: a judge about
 six times the size.
