@@ -129,8 +129,8 @@ def _config(args: argparse.Namespace) -> TrainConfig:
         raise UsageError(f"--config: {exc}") from None
 
 
-def _logs(path: Path, bundle: Any) -> tuple[Any, Any]:
-    """The decision and outcome tables; version-1 segments are read for ``bundle``'s feature spec.
+def _source(path: Path, bundle: Any) -> Any:
+    """The log directory as a ``DirectorySource``; version-1 segments are read for ``bundle``'s feature spec.
 
     Their ids are hashed on read with the salt a local server kept next to the logs, if there
     is one (so they join its version-2 records); the trainer is never given the servers' salt.
@@ -142,8 +142,20 @@ def _logs(path: Path, bundle: Any) -> tuple[Any, Any]:
 
     if not (path / "decisions").is_dir():
         raise UsageError(f"--logs: {path} has no decisions/ directory")
-    source = DirectorySource(path, V1Reading(read_salt(path) or b"", FeatureSpec.parse(bundle.manifest["feature_spec"])))
+    return DirectorySource(path, V1Reading(read_salt(path) or b"", FeatureSpec.parse(bundle.manifest["feature_spec"])))
+
+
+def _logs(path: Path, bundle: Any) -> tuple[Any, Any]:
+    """Every decision and outcome (``evaluate``: judged on all it is given)."""
+    source = _source(path, bundle)
     return source.table("decisions"), source.table("outcomes")
+
+
+def _window(path: Path, bundle: Any, config: TrainConfig) -> Any:
+    """What a run reads: its window and sample, in two passes (``trainer.reading``)."""
+    from trainer.reading import read_window
+
+    return read_window(_source(path, bundle), config)
 
 
 def _bundle(path: Path | None) -> Any:
@@ -153,15 +165,16 @@ def _bundle(path: Path | None) -> Any:
     return default_bundle() if path is None or str(path) == "default" else read_bundle(path)
 
 
-def _trained(args: argparse.Namespace, init: Any, decisions: Any, outcomes: Any, config: Any) -> Any:
+def _trained(args: argparse.Namespace, init: Any, window: Any, config: Any) -> Any:
     """Train; under torchrun every rank runs this and takes the identical step (only rank 0 writes)."""
     from trainer.distributed import init_from_env, make_reducer
     from trainer.train import train
 
     where = init_from_env(os.environ)
     args.rank = where.rank
-    result = train(decisions, outcomes, init, config, device=args.device, reducer=make_reducer(where), rank=where.rank,
-                   world=where.world_size, model_version=args.model_version, provenance={"logs": str(args.logs)})
+    result = train(window.decisions, window.outcomes, init, config, device=args.device, reducer=make_reducer(where),
+                   rank=where.rank, world=where.world_size, model_version=args.model_version, provenance={"logs": str(args.logs)},
+                   window=window)
     for warning in result.warnings:
         log.warning("%s", warning)
     return result
@@ -172,8 +185,7 @@ def _train(args: argparse.Namespace) -> int:
 
     config = _config(args)
     init = _bundle(args.init)
-    decisions, outcomes = _logs(args.logs, init)
-    result = _trained(args, init, decisions, outcomes, config)
+    result = _trained(args, init, _window(args.logs, init, config), config)
     if args.rank != 0:
         return 0
     atomic_write(args.out, result.bundle)

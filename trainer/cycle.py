@@ -34,10 +34,9 @@ LOOK_BOOTSTRAP = 1000
 
 
 def run_cycle(args: argparse.Namespace) -> int:
-    from trainer.cli import EXIT_REFUSED, _bundle, _config, _logs, _trained
+    from trainer.cli import EXIT_REFUSED, _bundle, _config, _trained, _window
     from trainer.data import split
     from trainer.evaluation import gate
-    from trainer.window import for_config as window_for
     from weights.bundle import read_bundle
     from weights.model_set import LoadOptions, ModelSet
     from weights.signing import load_public_key, public_key_bytes
@@ -49,8 +48,7 @@ def run_cycle(args: argparse.Namespace) -> int:
     store = WeightsStore(args.weights_dir, lambda data: verify(data, key))
     current_bundle = read_bundle(store.active_path) if store.active_path.exists() else _bundle(None)
     init = _bundle(args.init) if args.init else current_bundle
-    decisions, outcomes = _logs(args.logs, init)
-    window = window_for(decisions, outcomes, config)  # the logs the run reads
+    window = _window(args.logs, init, config)  # the logs the run reads, in two passes
     options = LoadOptions(device="cpu", warmup_batch=1)
     current = ModelSet.load(current_bundle, options)
     looks = _looks_apply(args, config)
@@ -59,7 +57,7 @@ def run_cycle(args: argparse.Namespace) -> int:
         print(json.dumps(looked, default=float) if args.json else f"published the kept candidate: {looked['reason']}")
         return 0
 
-    result = _trained(args, init, decisions, outcomes, config)
+    result = _trained(args, init, window, config)
     if args.rank != 0:
         return 0  # rank 0 evaluates, gates and publishes
     _, (held_d, held_o) = split(window.decisions, window.outcomes, config.heldout_fraction, config.seed)

@@ -48,6 +48,7 @@ from trainer.networks import GuardNet, PolicyNet, guard_from_arrays, policy_from
 from trainer.offline import MAX_WEIGHT
 from trainer.replay import decoder_arrays
 from trainer.served import TorchDecoder
+from trainer.window import Window
 from trainer.window import for_config as window_for
 from weights import mlp
 from weights.bundle import Bundle
@@ -135,7 +136,7 @@ def _created_at(decisions: pa.Table) -> str:
 
 def train(decisions: pa.Table, outcomes: pa.Table, init: Bundle, config: TrainConfig, *, device: str = "auto",
           reducer: Reducer | None = None, rank: int = 0, world: int = 1, model_version: str | None = None,
-          provenance: dict[str, Any] | None = None) -> TrainResult:
+          provenance: dict[str, Any] | None = None, window: Window | None = None) -> TrainResult:
     started = time.monotonic()
     reducer = reducer or LocalReducer()
     dev = pick_device(device)
@@ -146,7 +147,7 @@ def train(decisions: pa.Table, outcomes: pa.Table, init: Bundle, config: TrainCo
     warnings: list[str] = []
 
     # 1-2. the window, the training side, as arrays in episode order
-    window = window_for(decisions, outcomes, config)
+    window = window if window is not None else window_for(decisions, outcomes, config)  # given: read in two passes
     log.info("window: %d of %d logged decisions, model versions %s", window.decisions.num_rows, decisions.num_rows, window.versions)
     (train_d, train_o), _ = split(window.decisions, window.outcomes, config.heldout_fraction, config.seed)
     exp = experience(train_d, train_o, base, config)

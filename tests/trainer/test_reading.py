@@ -1,0 +1,55 @@
+"""Reading a run's logs in two passes gives the window and sample that selecting on every row gives, from real segments."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from zoneinfo import ZoneInfo
+
+import pytest
+
+from experience.segments import DirectorySource
+from simulator.config import SimConfig
+from simulator.drive import run_logged
+from simulator.world import World
+from tests.harness import fresh_bundle
+from trainer.config import TrainConfig
+from trainer.reading import read_window
+from trainer.window import for_config
+from weights.bundle import read_bundle
+from weights.initial import make_bundle
+from weights.model_set import LoadOptions, ModelSet
+
+
+@pytest.fixture(scope="module")
+def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two model versions, several segments each, as the CronJob finds them."""
+    root = tmp_path_factory.mktemp("reading-logs")
+    model = ModelSet.load(fresh_bundle(), LoadOptions(warmup_batch=8))
+    world = World(SimConfig(), 5)
+    run_logged(world, model, range(300), ZoneInfo("UTC"), root, b"r" * 32, clock=lambda: 1_000.0, batch=64)
+    later = ModelSet.load(read_bundle(make_bundle(7, "later", "2026-12-01T00:00:00Z")), LoadOptions(warmup_batch=8))
+    run_logged(world, later, range(300, 600), ZoneInfo("UTC"), root, b"r" * 32, clock=lambda: 9_000.0, batch=64)
+    return root
+
+
+@pytest.mark.parametrize("config", [
+    TrainConfig(),  # the last version
+    TrainConfig(window_versions=None),  # everything
+    TrainConfig(window_versions=None, max_sessions=150, sample_key=3),
+    TrainConfig(window_versions=None, window_hours=1.0),
+    TrainConfig(window_versions=None, max_sessions=10_000),
+])
+def test_two_passes_read_exactly_what_selecting_on_every_row_reads(logs: Path, config: TrainConfig) -> None:
+    source = DirectorySource(logs)
+    assert len(source.segments("decisions")) >= 2  # really more than one segment
+    whole = for_config(source.table("decisions"), source.table("outcomes"), config)
+    read = read_window(DirectorySource(logs), config)
+    assert read.decisions.equals(whole.decisions) and read.outcomes.equals(whole.outcomes)
+    assert read.versions == whole.versions and read.describe() == whole.describe()
+    assert read.decisions.num_rows > 0
+
+
+def test_an_empty_log_directory_reads_as_an_empty_window(tmp_path: Path) -> None:
+    (tmp_path / "decisions").mkdir()
+    window = read_window(DirectorySource(tmp_path), TrainConfig())
+    assert window.decisions.num_rows == 0 and window.outcomes.num_rows == 0 and window.describe()["sessions"] == 0
