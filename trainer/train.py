@@ -148,7 +148,9 @@ def train(decisions: pa.Table, outcomes: pa.Table, init: Bundle, config: TrainCo
 
     # 1-2. the window, the training side, as arrays in episode order
     window = window if window is not None else window_for(decisions, outcomes, config)  # given: read in two passes
-    log.info("window: %d of %d logged decisions, model versions %s", window.decisions.num_rows, decisions.num_rows, window.versions)
+    record = window.describe()
+    log.info("window: %d decisions of %d sessions (%s in the window before any sample), model versions %s",
+             record["decisions"], record["sessions"], record["sessions_in_window"], window.versions)
     (train_d, train_o), _ = split(window.decisions, window.outcomes, config.heldout_fraction, config.seed)
     exp = experience(train_d, train_o, base, config)
     n = len(exp.steps)
@@ -288,7 +290,7 @@ def train(decisions: pa.Table, outcomes: pa.Table, init: Bundle, config: TrainCo
         "training_metrics": metrics,
         "trainer": {"config": config.to_dict(), "reward_scale": exp.reward_scale, "init_model_version": base.version,
                     "warnings": warnings, "device": str(dev), "beyond_logged_support": kl_behavior > config.behavior_kl_warn,
-                    "window": window.describe()},
+                    "window": record},
         "provenance": {"kind": "trained", "builder": "trainer.train", **(provenance or {})},
     }
     data = export_bundle(policy, guarded.net, base.encoder.behavior_table, spec, manifest, config.seed)
