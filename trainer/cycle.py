@@ -163,16 +163,16 @@ def second_look(args: argparse.Namespace, store: WeightsStore, config: TrainConf
 def _look(args: argparse.Namespace, store: WeightsStore, config: TrainConfig, current: ModelSet, window: Window,
           options: LoadOptions, data: bytes) -> dict[str, Any]:
     from trainer.evaluation import gate
-    from trainer.second_look import stale_reason, unseen_sessions
+    from trainer.second_look import candidate_record, unseen_sessions
     from weights.model_set import ModelSet
 
     candidate = ModelSet.load(store.validate(data), options)
     head: dict[str, Any] = {"model_version": candidate.version, "current_version": current.version}
-    stale = stale_reason(candidate.manifest, current.version)
-    if stale is not None:
-        log.info("the kept candidate %s is stale: %s", candidate.version, stale)
-        return {**head, "publish": False, "reason": f"stale: {stale}"}
-    unseen = unseen_sessions(window, candidate.manifest)
+    record = candidate_record(candidate.manifest, current.version)
+    if isinstance(record, str):
+        log.info("the kept candidate %s is stale: %s", candidate.version, record)
+        return {**head, "publish": False, "reason": f"stale: {record}"}
+    unseen = unseen_sessions(window, record)
     if unseen.n_fresh < max(unseen.n_heldout, 1):  # a judge at least the size of the first look, or wait
         reason = (f"waiting: {unseen.n_fresh} sessions logged since it was trained, fewer than the {unseen.n_heldout} "
                   "its first look had")

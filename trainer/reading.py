@@ -32,8 +32,8 @@ def read_window(source: DirectorySource, config: Any) -> Window:
     narrow_schema = pa.schema([SCHEMAS["decisions"].field(name) for name in NARROW])
     narrow = pa.Table.from_batches([batch.select(list(NARROW)) for batch in source.batches("decisions")], schema=narrow_schema)
     chosen = for_config(narrow, SCHEMAS["outcomes"].empty_table(), config)
-    sessions = pc.unique(chosen.decisions.column("session_id")) if chosen.decisions.num_rows else pa.array([], pa.string())
-    del narrow
+    sessions = pc.unique(chosen.decisions.column("session_id"))
+    del narrow  # only the chosen ids are needed from here
     decisions = pa.Table.from_batches(list(_rows_of(source.batches("decisions"), sessions)), schema=SCHEMAS["decisions"])
     outcomes = pa.Table.from_batches(list(_rows_of(source.batches("outcomes"), sessions)), schema=SCHEMAS["outcomes"])
     return Window(decisions, outcomes, chosen.versions, chosen.settings, chosen.sessions_in_window)

@@ -12,7 +12,7 @@ How (``trainer.cycle``). A refused candidate is kept in the weights directory
 (``WeightsStore.hold``, validated as a publish is; servers never read it). The next run,
 before training, looks at it once more if it was trained from the bundle now active: new and
 current are evaluated on the window's sessions the candidate never trained on
-(``unseen_sessions``: those first logged after the newest record it read,
+(``candidate_record``, ``unseen_sessions``: those first logged after the newest record it read,
 ``trainer.window.newest_time_s`` in its manifest, and those its own split held out) and gated
 as before, with the interval at ``TrainConfig.second_look_level`` and at least 1,000
 bootstrap resamples. Passed: it is published, with this look's estimates in its manifest, and
@@ -48,6 +48,17 @@ from trainer.window import Window, first_times, sessions_of
 
 
 @dataclass(frozen=True, slots=True)
+class Record:
+    """What a kept candidate's manifest says about the logs it trained on."""
+
+    newest_time_s: float
+    """The newest ``time_s`` it read (``trainer.window.newest_time_s``)."""
+    heldout_fraction: float
+    seed: int
+    """With ``heldout_fraction``: the split that held its gate's sessions out (``trainer.data.split``)."""
+
+
+@dataclass(frozen=True, slots=True)
 class Unseen:
     """The sessions of a window a candidate never trained on."""
 
@@ -56,7 +67,7 @@ class Unseen:
     newest_time_s: float
     """The newest ``time_s`` the candidate read."""
     n_fresh: int
-    """Sessions first logged after ``after_s``."""
+    """Sessions first logged after ``newest_time_s``."""
     n_heldout: int
     """Sessions first logged before it that the candidate's own split held out."""
 
@@ -64,8 +75,8 @@ class Unseen:
         return {"newest_time_s": self.newest_time_s, "fresh_sessions": self.n_fresh, "heldout_sessions": self.n_heldout}
 
 
-def stale_reason(manifest: dict[str, Any], current_version: str) -> str | None:
-    """Why a kept candidate cannot be judged against ``current_version`` (None: it can)."""
+def candidate_record(manifest: dict[str, Any], current_version: str) -> Record | str:
+    """What the kept candidate read, or why it cannot be judged against ``current_version`` (it is stale)."""
     trainer = manifest.get("trainer")
     if not isinstance(trainer, dict):
         return "its manifest has no trainer record"
@@ -77,36 +88,22 @@ def stale_reason(manifest: dict[str, Any], current_version: str) -> str | None:
     if isinstance(newest, bool) or not isinstance(newest, int | float) or not math.isfinite(newest):
         return "its manifest does not say which logs it read (trainer.window.newest_time_s)"
     config = trainer.get("config")
-    if _split_of(trainer) is None:
-        values = {k: config.get(k) for k in ("heldout_fraction", "seed")} if isinstance(config, dict) else None
+    fraction, seed = (config.get("heldout_fraction"), config.get("seed")) if isinstance(config, dict) else (None, None)
+    if (isinstance(fraction, bool) or not isinstance(fraction, int | float) or not 0.0 < fraction < 1.0
+            or isinstance(seed, bool) or not isinstance(seed, int)):
+        values = {"heldout_fraction": fraction, "seed": seed} if isinstance(config, dict) else None
         return f"its manifest's trainer.config has no valid heldout_fraction in (0, 1) and integer seed: {values!r}"
-    return None
+    return Record(float(newest), float(fraction), seed)
 
 
-def _split_of(trainer: dict[str, Any]) -> tuple[float, int] | None:
-    config = trainer.get("config")
-    if not isinstance(config, dict):
-        return None
-    fraction, seed = config.get("heldout_fraction"), config.get("seed")
-    if isinstance(fraction, bool) or not isinstance(fraction, int | float) or not 0.0 < fraction < 1.0:
-        return None
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        return None
-    return float(fraction), seed
-
-
-def unseen_sessions(window: Window, manifest: dict[str, Any]) -> Unseen:
-    """The whole sessions of ``window`` the candidate of ``manifest`` never trained on (check ``stale_reason`` first)."""
-    trainer = manifest["trainer"]
-    after = float(trainer["window"]["newest_time_s"])
-    split = _split_of(trainer)
-    if split is None:
-        raise ValueError("trainer.config: no valid heldout_fraction and seed (check stale_reason first)")
+def unseen_sessions(window: Window, record: Record) -> Unseen:
+    """The whole sessions of ``window`` the candidate of ``record`` never trained on."""
+    after = record.newest_time_s
     if window.decisions.num_rows == 0:
         return Unseen(window.decisions, window.outcomes, after, 0, 0)
     ids, first = first_times(window.decisions)
     fresh = first > after
-    held = heldout_sessions(pa.array(ids), *split)
+    held = heldout_sessions(pa.array(ids), record.heldout_fraction, record.seed)
     keep = fresh | held
     d, o = sessions_of(window.decisions, window.outcomes, pa.array(ids[keep]))
     return Unseen(d, o, after, int(fresh.sum()), int((held & ~fresh).sum()))

@@ -17,7 +17,7 @@ from simulator.drive import run_logged
 from simulator.world import World
 from tests.harness import ROOT, fresh_bundle, fresh_bundle_bytes
 from trainer.data import heldout_sessions
-from trainer.second_look import stale_reason, unseen_sessions
+from trainer.second_look import Record, candidate_record, unseen_sessions
 from trainer.window import select
 from weights.bundle import BundleError, read_bundle
 from weights.model_set import LoadOptions, ModelSet
@@ -44,7 +44,9 @@ def test_unseen_sessions_are_the_fresh_ones_and_the_candidates_own_heldout() -> 
     after = [(f"new-{i}", [100.5, 120.0]) for i in range(30)]
     decisions, outcomes = _tables(before + spanning + after)
     window = select(decisions, outcomes)
-    unseen = unseen_sessions(window, _manifest())
+    record = candidate_record(_manifest(), "v1")
+    assert isinstance(record, Record)
+    unseen = unseen_sessions(window, record)
     kept = set(unseen.decisions.column("session_id").to_pylist())
     held = {s for s, h in zip([s for s, _ in before], heldout_sessions(pa.array([s for s, _ in before]), 0.2, 0), strict=True) if h}
     assert {f"new-{i}" for i in range(30)} <= kept  # every session first logged after the candidate's newest record
@@ -66,11 +68,12 @@ def test_unseen_sessions_are_the_fresh_ones_and_the_candidates_own_heldout() -> 
     (_manifest(seed="0"), "integer seed: {'heldout_fraction': 0.2, 'seed': '0'}"),
 ])
 def test_a_candidate_that_cannot_be_judged_is_stale_and_says_why(manifest: dict[str, Any], reason: str) -> None:
-    assert reason in (stale_reason(manifest, "v1") or "")
+    record = candidate_record(manifest, "v1")
+    assert isinstance(record, str) and reason in record
 
 
 def test_a_candidate_from_the_active_bundle_with_its_record_is_not_stale() -> None:
-    assert stale_reason(_manifest(), "v1") is None
+    assert candidate_record(_manifest(), "v1") == Record(100.0, 0.2, 0)
 
 
 def test_the_store_keeps_one_validated_candidate_apart_from_what_is_served(tmp_path: Path) -> None:
