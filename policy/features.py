@@ -125,8 +125,10 @@ class FeatureEncoder:
         out[np.arange(n), self._hour_at + np.asarray(hours, dtype=np.int64)] = 1.0
         return out
 
-    def encode_columns(self, embeddings: F32, buckets: Sequence[Sequence[int]], hours: npt.NDArray[np.int64]) -> F32:
-        """``encode_batch`` from columns (logged decisions): ``buckets`` per row as ``behavior_buckets`` gives them."""
+    def encode_columns(self, embeddings: npt.NDArray[np.floating], buckets: Sequence[Sequence[int]],
+                       hours: npt.NDArray[np.int64]) -> F32:
+        """``encode_batch`` from columns (logged decisions): ``buckets`` per row as ``behavior_buckets`` gives them;
+        ``embeddings`` as logged (float16) or wider, widened into the float32 state."""
         spec = self.spec
         n = len(embeddings)
         out = np.zeros((n, spec.state_dim), dtype=np.float32)

@@ -62,7 +62,7 @@ def build() -> bytes:
     """``CYCLES`` CronJob cycles from the untrained bundle, as ``shopping-agent cycle`` runs them (see the module doc)."""
     from trainer.config import TrainConfig
     from trainer.cycle import judged
-    from trainer.data import split
+    from trainer.data import side
     from trainer.evaluation import gate
     from trainer.train import TrainResult, train
     from trainer.window import for_config
@@ -84,7 +84,7 @@ def build() -> bytes:
             version = f"{DEFAULT_MODEL_VERSION}-cycle{cycle + 1}"
             result: TrainResult = train(decisions, outcomes, active, config, device="cpu", model_version=version)
             window = for_config(decisions, outcomes, config)
-            _, (held_d, held_o) = split(window.decisions, window.outcomes, config.heldout_fraction, config.seed)
+            held_d, held_o = side(window.decisions, window.outcomes, config.heldout_fraction, config.seed, heldout=True)
             new_eval = judged(config, ModelSet.load(read_bundle(result.bundle), options), held_d, held_o)
             verdict = gate(new_eval, judged(config, active_model, held_d, held_o), config.tolerance, **config.gate_limits())
             history.append({"cycle": cycle + 1, "publish": verdict.publish, "reason": verdict.reason,

@@ -35,7 +35,7 @@ LOOK_BOOTSTRAP = 1000
 
 def run_cycle(args: argparse.Namespace) -> int:
     from trainer.cli import EXIT_REFUSED, _bundle, _config, _trained, _window
-    from trainer.data import split
+    from trainer.data import side
     from trainer.evaluation import gate
     from weights.bundle import read_bundle
     from weights.model_set import LoadOptions, ModelSet
@@ -60,7 +60,7 @@ def run_cycle(args: argparse.Namespace) -> int:
     result = _trained(args, init, window, config)
     if args.rank != 0:
         return 0  # rank 0 evaluates, gates and publishes
-    _, (held_d, held_o) = split(window.decisions, window.outcomes, config.heldout_fraction, config.seed)
+    held_d, held_o = side(window.decisions, window.outcomes, config.heldout_fraction, config.seed, heldout=True)
     new = ModelSet.load(read_bundle(result.bundle), options)
     verdict = gate(judged(config, new, held_d, held_o), judged(config, current, held_d, held_o), config.tolerance,
                    **config.gate_limits())

@@ -34,10 +34,21 @@ Tables = tuple[pa.Table, pa.Table]
 
 def split(decisions: pa.Table, outcomes: pa.Table, fraction: float, seed: int) -> tuple[Tables, Tables]:
     """(train decisions, train outcomes), (held-out decisions, held-out outcomes), by session."""
+    return side(decisions, outcomes, fraction, seed, heldout=False), side(decisions, outcomes, fraction, seed, heldout=True)
+
+
+def side(decisions: pa.Table, outcomes: pa.Table, fraction: float, seed: int, *, heldout: bool) -> Tables:
+    """One side of ``split``, without copying the other (the gate reads only the held-out side)."""
     d_held = heldout_sessions(decisions.column("session_id"), fraction, seed)
     o_held = heldout_sessions(outcomes.column("session_id"), fraction, seed)
-    return ((decisions.filter(pa.array(~d_held)), outcomes.filter(pa.array(~o_held))),
-            (decisions.filter(pa.array(d_held)), outcomes.filter(pa.array(o_held))))
+    return decisions.filter(pa.array(d_held == heldout)), outcomes.filter(pa.array(o_held == heldout))
+
+
+def training_rows(decisions: pa.Table, outcomes: pa.Table, fraction: float, seed: int) -> tuple[npt.NDArray[np.int64], pa.Table]:
+    """The training side as row indices of ``decisions`` (no copy of the table) and its outcomes."""
+    d_held = heldout_sessions(decisions.column("session_id"), fraction, seed)
+    o_held = heldout_sessions(outcomes.column("session_id"), fraction, seed)
+    return np.flatnonzero(~d_held).astype(np.int64), outcomes.filter(pa.array(~o_held))
 
 
 def episode_config(config: TrainConfig) -> EpisodeConfig:
@@ -49,7 +60,7 @@ def episode_config(config: TrainConfig) -> EpisodeConfig:
 class Experience:
     """One side of the split, every per-step array in episode order."""
 
-    decisions: pa.Table  # the logged rows, in episode order
+    decisions: pa.Table  # the logged rows, in episode order, without their item embeddings (in ``steps.states``)
     episodes: Episodes  # rows re-indexed: row i of ``decisions`` is step i
     steps: LoggedSteps  # states, contexts, actions, propensities (for the model's feature spec)
     returns: FloatArray  # (N,) discounted returns of the (normalised) rewards
@@ -57,9 +68,16 @@ class Experience:
     reward_scale: dict[str, Any]
 
 
-def experience(decisions: pa.Table, outcomes: pa.Table, model: ModelSet, config: TrainConfig) -> Experience:
-    episodes = build_episodes(decisions, outcomes, episode_config(config))
-    ordered = decisions.take(pa.array(episodes.rows))
+def experience(decisions: pa.Table, outcomes: pa.Table, model: ModelSet, config: TrainConfig,
+               rows: npt.NDArray[np.int64] | None = None) -> Experience:
+    """The experience of ``decisions`` (only its ``rows``, when given: the training side of a window, which is then
+    never copied whole; the item embeddings go from the window's column straight into the states, in episode order)."""
+    narrow = decisions.drop_columns(["item_embedding"])
+    if rows is not None:
+        narrow = narrow.take(pa.array(rows))
+    episodes = build_episodes(narrow, outcomes, episode_config(config))
+    ordered = narrow.take(pa.array(episodes.rows))
+    del narrow
     harmful = harmful_labels(ordered, outcomes, config.guard)
     rewards = episodes.rewards
     scale: dict[str, Any] = {}
@@ -68,4 +86,5 @@ def experience(decisions: pa.Table, outcomes: pa.Table, model: ModelSet, config:
         scale = fitted.to_dict()
     returns = discounted_returns(rewards, episodes.starts, episodes.lengths, config.gamma)
     reindexed = dataclasses.replace(episodes, rows=np.arange(len(ordered), dtype=np.int64))
-    return Experience(ordered, reindexed, logged_steps(ordered, model), returns, harmful, scale)
+    order = episodes.rows if rows is None else rows[episodes.rows]
+    return Experience(ordered, reindexed, logged_steps(decisions, model, order), returns, harmful, scale)

@@ -144,8 +144,8 @@ def evaluate_bundle(model: ModelSet, decisions: pa.Table, outcomes: pa.Table, ep
     estimate something else (a training reward, say) and are for experiments, never for the gate.
     """
     episodes = build_episodes(decisions, outcomes, episode_config or BusinessObjective().episode_config())
-    ordered = decisions.take(pa.array(episodes.rows))
-    steps = logged_steps(ordered, model)
+    ordered = decisions.drop_columns(["item_embedding"]).take(pa.array(episodes.rows))
+    steps = logged_steps(decisions, model, episodes.rows)
     sources = (np.asarray(ordered.column("source").to_numpy(), dtype=np.int64) if "source" in ordered.column_names else None)
     target = target_probs(model, steps, replay(model, steps).served, sources)
     q_hat = q_model.cross_fit_q(episodes, q_features(steps, episodes.starts, episodes.lengths, seed), steps.actions, gamma=gamma,

@@ -122,19 +122,21 @@ def served_allow(net: GuardNet, states: torch.Tensor, actions: torch.Tensor) -> 
 
 
 def _fit(
-    net: GuardNet, states: torch.Tensor, actions: torch.Tensor, allow: torch.Tensor, weights: torch.Tensor, config: GuardConfig
+    net: GuardNet, states: torch.Tensor, rows: torch.Tensor, actions: torch.Tensor, allow: torch.Tensor, weights: torch.Tensor,
+    config: GuardConfig,
 ) -> float:
-    """Minimise the weighted BCE of the served action's allow logit; the last epoch's mean loss."""
+    """Minimise the weighted BCE of the served action's allow logit over ``states[rows]`` (gathered batch by batch,
+    never copied whole; ``actions``, ``allow``, ``weights`` are per row of ``rows``); the last epoch's mean loss."""
     optimiser = torch.optim.AdamW(net.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
     shuffle = torch.Generator().manual_seed(config.seed)
-    n, total_weight, mean_loss = states.shape[0], weights.sum(), 0.0
+    n, total_weight, mean_loss = rows.shape[0], weights.sum(), 0.0
     net.train()
     for epoch in range(config.epochs):
         order = torch.randperm(n, generator=shuffle).to(states.device)
         loss_sum = torch.zeros((), device=states.device)  # summed on the device: no host sync per step
         for lo in range(0, n, config.batch_size):
             idx = order[lo : lo + config.batch_size]
-            z = net(states[idx]).gather(1, actions[idx, None])[:, 0]
+            z = net(states[rows[idx]]).gather(1, actions[idx, None])[:, 0]
             w = weights[idx]
             weighted = (F.binary_cross_entropy_with_logits(z, allow[idx], reduction="none") * w).sum()
             optimiser.zero_grad(set_to_none=True)
@@ -185,7 +187,8 @@ def train_guard(
     net = _new_net(states.shape[1], config, init).to(device)
     loss = _fit(
         net,
-        states[tr].to(device),
+        states.to(device),
+        tr.to(device),
         actions[tr].to(device),
         (~y).to(torch.float32).to(device),
         torch.where(y, weight, 1.0).to(torch.float32).to(device),

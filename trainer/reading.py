@@ -1,12 +1,13 @@
 """Reading a run's logs in two passes, so what is held is the window's sample, not the whole history.
 
 1. The narrow pass: ``session_id``, ``time_s`` and ``model_version`` of every logged decision,
-   segment by segment (three columns, about 100 bytes a decision). On them the run's window and
-   sample are chosen (``trainer.window.for_config``): which sessions it reads.
+   batch by batch, reduced as it goes to each session's first decision (``trainer.session_index``:
+   one row a session, never a Python object per id). On them the run's window and sample are
+   chosen (``trainer.window.choose``): which sessions it reads.
 2. The wide pass: every segment again, each batch filtered to those sessions before it is kept,
    decisions and outcomes alike.
 
-Peak memory is then the narrow columns, the chosen sessions' rows and one segment, where reading
+Peak memory is then the session index, the chosen sessions' rows and one segment, where reading
 every segment whole (``DirectorySource.table``) holds every row ever logged (about 2 KB a
 decision, most of it the item embedding). The result is the same window ``for_config`` gives on
 the whole tables (tested), with the window's session count from before the sample.
@@ -22,25 +23,23 @@ import pyarrow.compute as pc
 
 from experience.schema import SCHEMAS
 from experience.segments import DirectorySource
-from trainer.window import Window, for_config
-
-NARROW = ("session_id", "time_s", "model_version")
+from trainer.session_index import NARROW, SessionIndex
+from trainer.window import Window, choose, settings_of, versions_by_first_time
 
 
 def read_window(source: DirectorySource, config: Any) -> Window:
     """The decisions and outcomes of ``config``'s window and sample, read in two passes (see the module doc)."""
-    narrow_schema = pa.schema([SCHEMAS["decisions"].field(name) for name in NARROW])
-    narrow = pa.Table.from_batches([batch.select(list(NARROW)) for batch in source.batches("decisions")], schema=narrow_schema)
-    chosen = for_config(narrow, SCHEMAS["outcomes"].empty_table(), config)
-    sessions = pc.unique(chosen.decisions.column("session_id"))
-    del narrow  # only the chosen ids are needed from here
+    index = SessionIndex.of(batch.select(list(NARROW)) for batch in source.batches("decisions"))
+    sessions, in_window = choose(index, config.window_hours, config.window_versions, config.max_sessions, config.sample_key)
+    del index  # only the chosen ids are needed from here
     decisions = pa.Table.from_batches(list(_rows_of(source.batches("decisions"), sessions)), schema=SCHEMAS["decisions"])
     outcomes = pa.Table.from_batches(list(_rows_of(source.batches("outcomes"), sessions)), schema=SCHEMAS["outcomes"])
-    return Window(decisions, outcomes, chosen.versions, chosen.settings, chosen.sessions_in_window)
+    return Window(decisions, outcomes, versions_by_first_time(decisions), settings_of(config), in_window)
 
 
-def _rows_of(batches: Iterator[pa.RecordBatch], sessions: pa.Array) -> Iterator[pa.RecordBatch]:
+def _rows_of(batches: Iterator[pa.RecordBatch], sessions: pa.ChunkedArray) -> Iterator[pa.RecordBatch]:
+    ids = sessions.combine_chunks()
     for batch in batches:
-        kept = batch.filter(pc.is_in(batch.column("session_id"), sessions))
+        kept = batch.filter(pc.is_in(batch.column("session_id"), ids))
         if kept.num_rows:
             yield kept

@@ -50,14 +50,16 @@ class LoggedSteps:
         return np.asarray(self.behavior_probs.max(axis=1) >= 1.0 - 1e-12, dtype=np.bool_)
 
 
-def embeddings_of(decisions: pa.Table, item_dim: int) -> F32:
+def embeddings_of(decisions: pa.Table, item_dim: int, order: npt.NDArray[np.int64] | None = None) -> npt.NDArray[np.floating]:
+    """(N, item_dim) item embeddings as logged (float16), in ``order`` (row indices) when given: one copy of the
+    column, not a float32 widening of it (the encoder widens row by row into the state)."""
     column = decisions.column("item_embedding").combine_chunks()
     lengths = column.value_lengths().to_numpy(zero_copy_only=False)
     if len(lengths) and not (lengths == item_dim).all():
         bad = int(np.argmax(lengths != item_dim))
         raise ValueError(f"item_embedding: row {bad} has {lengths[bad]} values, the bundle expects {item_dim}")
-    values = column.flatten().to_numpy(zero_copy_only=False)
-    return values.astype(np.float32).reshape(len(decisions), item_dim)
+    values = column.flatten().to_numpy(zero_copy_only=False).reshape(len(decisions), item_dim)
+    return values if order is None else values[order]
 
 
 def buckets_of(decisions: pa.Table, spec: FeatureSpec) -> list[list[int]]:
@@ -80,11 +82,16 @@ def buckets_of(decisions: pa.Table, spec: FeatureSpec) -> list[list[int]]:
     return buckets
 
 
-def logged_steps(decisions: pa.Table, model: ModelSet) -> LoggedSteps:
-    """States and contexts of every logged decision, for ``model``'s feature spec."""
+def logged_steps(decisions: pa.Table, model: ModelSet, order: npt.NDArray[np.int64] | None = None) -> LoggedSteps:
+    """States and contexts of every logged decision, for ``model``'s feature spec, in ``order`` (row indices of
+    ``decisions``) when given: the table itself is never copied whole, only the columns the steps need."""
     spec = model.encoder.spec
+    embeddings = embeddings_of(decisions, spec.item_dim, order)
+    if order is not None:
+        decisions = decisions.drop_columns(["item_embedding"]).take(pa.array(order))
     hours = decisions.column("hour").to_numpy().astype(np.int64)
-    states = model.encoder.encode_columns(embeddings_of(decisions, spec.item_dim), buckets_of(decisions, spec), hours)
+    states = model.encoder.encode_columns(embeddings, buckets_of(decisions, spec), hours)
+    del embeddings
     pages = decisions.column("page_type").to_pylist()
     carts = decisions.column("cart_item_count").to_pylist()
     n_recent = decisions.column("n_recent_behaviors").to_pylist()

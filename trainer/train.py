@@ -38,7 +38,7 @@ from trainer import update
 from trainer.advantages import baseline_advantages, fit_value, group_advantages
 from trainer.config import TrainConfig
 from trainer.critic import critic_advantages, fit_critic
-from trainer.data import Experience, experience, split
+from trainer.data import Experience, experience, training_rows
 from trainer.distributed import LocalReducer, Reducer
 from trainer.export import export_bundle
 from trainer.guard_spikes import SpikeLog, SpikeRule
@@ -110,6 +110,14 @@ def targets_for(base: ModelSet, exp: Experience, guard: GuardNet, threshold: flo
     return Targets(*(torch.as_tensor(a, device=device) for a in (log_w, allowed, fallback, ok)))
 
 
+def rows_of(x: torch.Tensor, rows: npt.NDArray[np.int64]) -> torch.Tensor:
+    """``x[rows]``, but ``x`` itself (no copy) when ``rows`` is every row in order, as a fit sample of at most
+    ``max_fit_rows`` sorted rows is whenever the training side is no larger: states are the run's largest array."""
+    if len(rows) == len(x) and (len(rows) == 0 or (rows[0] == 0 and rows[-1] == len(x) - 1)):
+        return x
+    return x[torch.as_tensor(rows, device=x.device)]
+
+
 def advantages_for(exp: Experience, config: TrainConfig, states: torch.Tensor, rows: np.ndarray,
                    pi: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """Per training row Â (float64), and the fit's metrics. ``pi`` (len(rows), A): what the starting bundle serves
@@ -119,12 +127,13 @@ def advantages_for(exp: Experience, config: TrainConfig, states: torch.Tensor, r
         if pi is None:
             raise ValueError("pi: required with advantage=critic")
         acts = torch.as_tensor(exp.steps.actions, device=states.device)
-        critic = fit_critic(states[rows], acts[rows], returns[rows], pi, config.critic_hidden, config.critic_epochs, seed=config.seed)
+        critic = fit_critic(rows_of(states, rows), acts[rows], returns[rows], pi, config.critic_hidden, config.critic_epochs,
+                            seed=config.seed)
         return critic_advantages(critic, states, acts), dict(critic.metrics)
     if config.advantage == "group":
         groups = np.array([int(c.page_type) for c in exp.steps.contexts], dtype=np.int64)
         return torch.as_tensor(group_advantages(exp.returns, groups, config.group_std_floor), device=states.device), {}
-    value = fit_value(states[rows], returns[rows], config.value_hidden, config.value_epochs, seed=config.seed)
+    value = fit_value(rows_of(states, rows), returns[rows], config.value_hidden, config.value_epochs, seed=config.seed)
     return baseline_advantages(states, returns, value).double(), {}
 
 
@@ -151,8 +160,8 @@ def train(decisions: pa.Table, outcomes: pa.Table, init: Bundle, config: TrainCo
     record = window.describe()
     log.info("window: %d decisions of %d sessions (%s in the window before any sample), model versions %s",
              record["decisions"], record["sessions"], record["sessions_in_window"], window.versions)
-    (train_d, train_o), _ = split(window.decisions, window.outcomes, config.heldout_fraction, config.seed)
-    exp = experience(train_d, train_o, base, config)
+    rows_train, outcomes_train = training_rows(window.decisions, window.outcomes, config.heldout_fraction, config.seed)
+    exp = experience(window.decisions, outcomes_train, base, config, rows_train)
     n = len(exp.steps)
     if n == 0:
         raise ValueError("no logged decisions on the training side")
@@ -166,7 +175,7 @@ def train(decisions: pa.Table, outcomes: pa.Table, init: Bundle, config: TrainCo
     init_guard = guard_from_arrays(mlp.guard_params_from_onnx(init.parts["guard.onnx"]), spec.state_dim)
     rows_t = torch.from_numpy(fit_rows)
     criterion = VetoCriterion(config.guard.harm_cost_ratio, config.guard.veto_confidence)
-    guard_rows = (states[rows_t].cpu(), actions[rows_t].cpu(), torch.from_numpy(exp.harmful[fit_rows]), sessions[fit_rows])
+    guard_rows = (rows_of(states, fit_rows).cpu(), actions[rows_t].cpu(), torch.from_numpy(exp.harmful[fit_rows]), sessions[fit_rows])
     guarded = train_guard(*guard_rows, config.guard, init=init_guard, device=dev, criterion=criterion)
 
     # 4. the new bundle's decoder inputs, fixed for the policy update; the guard's change within its budget

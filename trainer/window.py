@@ -24,7 +24,6 @@ dropped whole, by its first decision, so no episode loses its start; its outcome
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from experience.sessions import session_hashes
+from trainer.session_index import SessionIndex
 
 SAMPLE_SALT = b"session-sample"  # independent of the gate's and the guard's splits
 
@@ -64,18 +64,33 @@ def for_config(decisions: pa.Table, outcomes: pa.Table, config: Any) -> Window:
     return select(decisions, outcomes, config.window_hours, config.window_versions, config.max_sessions, config.sample_key)
 
 
-def sample_sessions(window: Window, max_sessions: int, key: int) -> Window:
-    """At most ``max_sessions`` of the window's sessions, bottom-k by keyed hash (see the module doc)."""
-    if window.decisions.num_rows == 0:
-        return window
-    distinct = pc.unique(window.decisions.column("session_id"))
-    if len(distinct) <= max_sessions:
-        return dataclasses.replace(window, sessions_in_window=len(distinct))
-    ids = distinct.to_numpy(zero_copy_only=False)
-    hashes = session_hashes(ids, SAMPLE_SALT + int(key).to_bytes(8, "little", signed=True))
-    keep = np.argsort(hashes, kind="stable")[:max_sessions]
-    d, o = sessions_of(window.decisions, window.outcomes, pa.array(ids[keep]))
-    return Window(d, o, _versions_by_first_time(d), window.settings, len(distinct))
+def settings_of(config: Any) -> dict[str, Any]:
+    return {"hours": config.window_hours, "versions": config.window_versions, "max_sessions": config.max_sessions,
+            "sample_key": config.sample_key}
+
+
+def choose(index: SessionIndex, hours: float | None = None, versions: int | None = None, max_sessions: int | None = None,
+           sample_key: int = 0) -> tuple[pa.ChunkedArray, int | None]:
+    """The ids of the window's sessions after the sample, and the window's session count before the sample (None:
+    no sample asked for); see the module doc. Works on the sessions' first decisions alone (``SessionIndex``)."""
+    if hours is not None and not hours > 0:
+        raise ValueError(f"window_hours: expected > 0 or None, got {hours!r}")
+    if versions is not None and versions < 1:
+        raise ValueError(f"window_versions: expected >= 1 or None, got {versions!r}")
+    if max_sessions is not None and (isinstance(max_sessions, bool) or not isinstance(max_sessions, int) or max_sessions < 1):
+        raise ValueError(f"max_sessions: expected an integer >= 1 or None, got {max_sessions!r}")
+    first = index.sessions
+    keep = pa.array(np.ones(first.num_rows, dtype=bool))
+    if hours is not None and index.newest_s is not None:
+        keep = pc.and_(keep, pc.greater_equal(first.column("time_s"), index.newest_s - hours * 3600.0))
+    if versions is not None:
+        recent = index.versions_by_first_time()[-versions:]
+        keep = pc.and_(keep, pc.is_in(first.column("model_version"), pa.array(recent, pa.string())))
+    ids = first.column("session_id").filter(keep)
+    if max_sessions is None or len(ids) <= max_sessions:
+        return ids, None if max_sessions is None else len(ids)
+    hashes = session_hashes(ids.to_numpy(zero_copy_only=False), SAMPLE_SALT + int(sample_key).to_bytes(8, "little", signed=True))
+    return ids.take(pa.array(np.argsort(hashes, kind="stable")[:max_sessions])), len(ids)
 
 
 def first_times(decisions: pa.Table) -> tuple[npt.NDArray[np.object_], npt.NDArray[np.float64]]:
@@ -85,14 +100,17 @@ def first_times(decisions: pa.Table) -> tuple[npt.NDArray[np.object_], npt.NDArr
             np.asarray(grouped.column("time_s_min").to_numpy(), dtype=np.float64))
 
 
-def sessions_of(decisions: pa.Table, outcomes: pa.Table, session_ids: pa.Array) -> tuple[pa.Table, pa.Table]:
+def sessions_of(decisions: pa.Table, outcomes: pa.Table, session_ids: pa.Array | pa.ChunkedArray) -> tuple[pa.Table, pa.Table]:
     """The decisions and outcomes of these sessions."""
     d = decisions.filter(pc.is_in(decisions.column("session_id"), session_ids))
     o = outcomes.filter(pc.is_in(outcomes.column("session_id"), session_ids)) if outcomes.num_rows else outcomes
     return d, o
 
 
-def _versions_by_first_time(decisions: pa.Table) -> list[str]:
+def versions_by_first_time(decisions: pa.Table) -> list[str]:
+    """The model versions of these decisions, by the first time each was logged."""
+    if decisions.num_rows == 0:
+        return []
     grouped = decisions.group_by("model_version").aggregate([("time_s", "min")]).sort_by("time_s_min")
     return [str(v) for v in grouped.column("model_version").to_pylist()]
 
@@ -100,31 +118,11 @@ def _versions_by_first_time(decisions: pa.Table) -> list[str]:
 def select(decisions: pa.Table, outcomes: pa.Table, hours: float | None = None, versions: int | None = None,
            max_sessions: int | None = None, sample_key: int = 0) -> Window:
     """The decisions (and their sessions' outcomes) of the window, then its sample; see the module doc."""
-    if max_sessions is not None and (isinstance(max_sessions, bool) or not isinstance(max_sessions, int) or max_sessions < 1):
-        raise ValueError(f"max_sessions: expected an integer >= 1 or None, got {max_sessions!r}")
-    window = _window(decisions, outcomes, hours, versions)
     settings = {"hours": hours, "versions": versions, "max_sessions": max_sessions, "sample_key": sample_key}
-    window = dataclasses.replace(window, settings=settings)
-    return window if max_sessions is None else sample_sessions(window, max_sessions, sample_key)
-
-
-def _window(decisions: pa.Table, outcomes: pa.Table, hours: float | None, versions: int | None) -> Window:
-    if hours is not None and not hours > 0:
-        raise ValueError(f"window_hours: expected > 0 or None, got {hours!r}")
-    if versions is not None and versions < 1:
-        raise ValueError(f"window_versions: expected >= 1 or None, got {versions!r}")
-    if decisions.num_rows == 0 or (hours is None and versions is None):
-        return Window(decisions, outcomes, _versions_by_first_time(decisions) if decisions.num_rows else [])
-    keep = np.ones(decisions.num_rows, dtype=bool)
-    times = decisions.column("time_s").to_numpy()
-    if hours is not None:
-        keep &= times >= times.max() - hours * 3600.0
-    if versions is not None:
-        recent = _versions_by_first_time(decisions)[-versions:]
-        keep &= pc.is_in(decisions.column("model_version"), pa.array(recent)).to_numpy(zero_copy_only=False)
-    # whole sessions, by their first decision
-    order = np.lexsort((times, decisions.column("session_id").to_numpy(zero_copy_only=False)))
-    sessions = decisions.column("session_id").to_numpy(zero_copy_only=False)[order]
-    first = np.concatenate([[True], sessions[1:] != sessions[:-1]])
-    d, o = sessions_of(decisions, outcomes, pa.array(sessions[first][keep[order][first]]))
-    return Window(d, o, _versions_by_first_time(d) if d.num_rows else [])
+    index = SessionIndex.of([decisions])
+    ids, in_window = choose(index, hours, versions, max_sessions, sample_key)
+    if decisions.num_rows == 0:
+        return Window(decisions, outcomes, [], settings)
+    if hours is not None or versions is not None or len(ids) < index.sessions.num_rows:
+        decisions, outcomes = sessions_of(decisions, outcomes, ids)
+    return Window(decisions, outcomes, versions_by_first_time(decisions), settings, in_window)
