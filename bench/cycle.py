@@ -1,11 +1,12 @@
 """The CronJob's command on a million logged decisions: ``shopping-agent cycle``, timed end to end.
 
-    .venv/bin/python -m bench.cycle [--decisions 1000000] [--device cpu] [--max-sessions N]
+    .venv/bin/python -m bench.cycle [--decisions 1000000] [--data DIR] [--device cpu] [--max-sessions N | --every-session]
 
-Uses the logs ``bench.log_read`` generates (``bench/results/logs-<N>``; generated here if
-missing), a fresh temporary weights directory (so the current bundle is the embedded
-default), and the default ``TrainConfig`` (``--max-sessions``: with that keyed sample of the
-window's sessions, ``trainer.window``). Reports the wall time, the peak RSS and the gate's
+Uses the logs ``bench.log_read`` generates (``--data``, default ``bench/results/logs-<N>``;
+generated there if missing: keep 10M decisions, 16 GB, outside the repo), a fresh temporary
+weights directory (so the current bundle is the embedded default), and the default
+``TrainConfig``: its sample of the window's sessions (``--max-sessions`` another size,
+``--every-session`` none; ``trainer.window``). Reports the wall time, the peak RSS and the gate's
 verdict (target: ≤ 10 minutes on this machine's CPU). A child process, bounded by ``--timeout``.
 """
 
@@ -23,6 +24,7 @@ from pathlib import Path
 
 from bench.log_read import generate
 from bench.procs import REPO
+from trainer.config import TrainConfig
 
 TARGET_S = 600.0
 
@@ -32,18 +34,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--decisions", type=int, default=1_000_000)
     p.add_argument("--device", default="cpu", choices=("auto", "cpu", "cuda"))
     p.add_argument("--timeout", type=float, default=1800.0)
-    p.add_argument("--max-sessions", type=int, help="TrainConfig.max_sessions (default: none, every session of the window)")
+    p.add_argument("--data", type=Path, help="the log directory (default bench/results/logs-<decisions>)")
+    sample = p.add_mutually_exclusive_group()
+    sample.add_argument("--max-sessions", type=int, help="TrainConfig.max_sessions (default: TrainConfig's)")
+    sample.add_argument("--every-session", action="store_true", help="no sample: every session of the window")
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "cycle.json")
     args = p.parse_args(argv)
-    root = REPO / "bench" / "results" / f"logs-{args.decisions}"
+    root = args.data or REPO / "bench" / "results" / f"logs-{args.decisions}"
     if not (root / "bench-info.json").exists():
         generate(root, args.decisions, 0)
     with tempfile.TemporaryDirectory(prefix="bench-cycle-") as tmp:
         cmd = [sys.executable, "-m", "server", "cycle", "--logs", str(root), "--weights-dir", str(Path(tmp) / "weights"),
                "--device", args.device, "--json"]
-        if args.max_sessions is not None:
+        if args.max_sessions is not None or args.every_session:
             config = Path(tmp) / "config.json"
-            config.write_text(json.dumps({"max_sessions": args.max_sessions}))
+            config.write_text(json.dumps({"max_sessions": None if args.every_session else args.max_sessions}))
             cmd += ["--config", str(config)]
         started = time.monotonic()
         run = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=args.timeout)
@@ -56,7 +61,8 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{'met' if seconds <= TARGET_S else 'MISSED'}), peak RSS {peak_mb:,.0f} MB, exit {run.returncode}, "
           f"publish {report.get('publish')}, DR new − current {report.get('dr_difference')}")
     out = args.out
-    out.write_text(json.dumps({"decisions": args.decisions, "max_sessions": args.max_sessions, "seconds": seconds,
+    sessions = None if args.every_session else args.max_sessions or TrainConfig().max_sessions
+    out.write_text(json.dumps({"decisions": args.decisions, "max_sessions": sessions, "seconds": seconds,
                                "peak_rss_mb": peak_mb, "exit": run.returncode,
                                "report": report, "stderr_tail": run.stderr[-4000:]}, indent=2, default=float) + "\n")
     return 0 if run.returncode in (0, 3) else 1

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
+from core.progress import progress
 from experience.kinds import KINDS
 from experience.salt import read_salt
 from experience.schema import SCHEMAS
@@ -48,9 +49,15 @@ def _cat(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
             if unknown and args.kind:
                 print(f"shopping-agent logs: --fields: no column {unknown[0]!r} in {kind}", file=sys.stderr)
                 return 2
-        for batch in source.batches(kind):
-            if fields is not None:
-                batch = batch.select([f for f in fields if f in batch.schema.names])
-            for record in batch.to_pylist():
-                out.write(json.dumps({"kind": kind, **record}, allow_nan=False) + "\n")
+        paths = source.segments(kind)
+        with progress(f"logs.{kind}", total=len(paths), unit="segment") as bar:
+            for path in paths:
+                rows = 0
+                for batch in source.segment_batches(path, kind):
+                    if fields is not None:
+                        batch = batch.select([f for f in fields if f in batch.schema.names])
+                    for record in batch.to_pylist():
+                        out.write(json.dumps({"kind": kind, **record}, allow_nan=False) + "\n")
+                    rows += batch.num_rows
+                bar.update(1, rows=rows)
     return 0

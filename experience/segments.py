@@ -336,16 +336,20 @@ class DirectorySource:
         return sorted(p for p in directory.iterdir() if p.name.endswith(SUFFIX) and not p.name.startswith("."))
 
     def batches(self, kind: str) -> Iterator[pa.RecordBatch]:
-        schema = SCHEMAS[kind]
         for path in self.segments(kind):
-            for batch in read_segment(path):
-                version = segment_version(batch)
-                if version == 1:
-                    self._warn_v1(path)
-                    batch = upgrade_v1(batch, kind, self.v1)
-                elif version > SCHEMA_VERSION:
-                    raise ValueError(f"{path}: log schema version {version}; this reader knows up to {SCHEMA_VERSION}")
-                yield _conform(batch, schema)
+            yield from self.segment_batches(path, kind)
+
+    def segment_batches(self, path: Path, kind: str) -> Iterator[pa.RecordBatch]:
+        """The batches of one of ``segments(kind)``, in the current schema."""
+        schema = SCHEMAS[kind]
+        for batch in read_segment(path):
+            version = segment_version(batch)
+            if version == 1:
+                self._warn_v1(path)
+                batch = upgrade_v1(batch, kind, self.v1)
+            elif version > SCHEMA_VERSION:
+                raise ValueError(f"{path}: log schema version {version}; this reader knows up to {SCHEMA_VERSION}")
+            yield _conform(batch, schema)
 
     def table(self, kind: str) -> pa.Table:
         return pa.Table.from_batches(list(self.batches(kind)), schema=SCHEMAS[kind])

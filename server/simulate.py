@@ -32,6 +32,7 @@ import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from core.domain import Action, OutcomeReport, Source
+from core.progress import Progress, progress
 from experience.recorder import resolve_salt
 from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
 from server._gen.shopping_agent.v1 import shopping_agent_pb2_grpc as pb_grpc
@@ -118,10 +119,12 @@ def _in_process(world: World, sessions: range, args: argparse.Namespace) -> dict
     model = ModelSet.load(bundle, LoadOptions(warmup_batch=args.batch))
     tz = ZoneInfo(args.timezone)
     written = None
-    if args.log_dir:
-        trace, written = run_logged(world, model, sessions, tz, args.log_dir, resolve_salt(args.log_dir, ""), batch=args.batch)
-    else:
-        trace = run_in_process(world, model, sessions, tz, batch=args.batch)
+    with progress("simulate", total=len(sessions), unit="session") as bar:
+        if args.log_dir:
+            trace, written = run_logged(world, model, sessions, tz, args.log_dir, resolve_salt(args.log_dir, ""), batch=args.batch,
+                                        on_finished=bar.update)
+        else:
+            trace = run_in_process(world, model, sessions, tz, batch=args.batch, on_finished=bar.update)
     if args.trace:
         with args.trace.open("w") as f:
             for did in trace.decision_ids:
@@ -138,8 +141,9 @@ def _in_process(world: World, sessions: range, args: argparse.Namespace) -> dict
 class _Run:
     """State shared by the client threads: the sessions to take, the merged trace, the counts."""
 
-    def __init__(self, sessions: range, trace_file: TextIO | None) -> None:
+    def __init__(self, sessions: range, trace_file: TextIO | None, progress: Progress | None = None) -> None:
         self._next = iter(sessions)
+        self.progress = progress
         self._lock = threading.Lock()
         self.trace = Trace()
         self.answered = 0
@@ -166,6 +170,8 @@ class _Run:
     def finished(self, session: Trace) -> None:
         with self._lock:
             _merge(self.trace, session)
+            if self.progress is not None:
+                self.progress.update(1)
 
     def fail(self, message: str) -> None:
         with self._lock:
@@ -234,13 +240,14 @@ def _client(world: World, run: _Run, target: str, deadline_s: float) -> None:
 def _over_grpc(world: World, sessions: range, args: argparse.Namespace) -> dict[str, Any]:
     trace_file = args.trace.open("w") if args.trace else None
     try:
-        run = _Run(sessions, trace_file)
-        threads = [threading.Thread(target=_client, args=(world, run, args.target, args.deadline_ms / 1000.0), daemon=True)
-                   for _ in range(min(args.concurrency, len(sessions)))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        with progress("simulate", total=len(sessions), unit="session") as bar:
+            run = _Run(sessions, trace_file, bar)
+            threads = [threading.Thread(target=_client, args=(world, run, args.target, args.deadline_ms / 1000.0), daemon=True)
+                       for _ in range(min(args.concurrency, len(sessions)))]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
     finally:
         if trace_file is not None:
             trace_file.close()

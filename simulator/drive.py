@@ -146,8 +146,9 @@ def reports_for(session: ShopperSession, decision: str, events: Iterable[Outcome
 
 
 def run_in_process(world: World, model: BatchDecider, sessions: range, tz: tzinfo, recorder: ExperienceRecorder | None = None,
-                   batch: int = 256, trace: Trace | None = None) -> Trace:
-    """Run ``sessions`` of ``world`` against ``model``, ``batch`` sessions in lock-step."""
+                   batch: int = 256, trace: Trace | None = None, on_finished: Callable[[int], None] | None = None) -> Trace:
+    """Run ``sessions`` of ``world`` against ``model``, ``batch`` sessions in lock-step; ``on_finished(k)`` after each
+    round in which ``k`` sessions finished (progress)."""
     trace = trace if trace is not None else Trace()
     pending = iter(sessions)
     active: list[tuple[int, ShopperSession]] = []
@@ -182,18 +183,22 @@ def run_in_process(world: World, model: BatchDecider, sessions: range, tz: tzinf
             steps[index] += 1
         if recorder is not None:
             recorder.flush()  # in this thread: the queue never fills however fast we go
-        trace.sessions_finished += sum(1 for _, s, _ in live if s.ended) + len(active) - len(live)
+        done = sum(1 for _, s, _ in live if s.ended) + len(active) - len(live)
+        trace.sessions_finished += done
+        if on_finished is not None:
+            on_finished(done)
         active = [(i, s) for i, s, _ in live if not s.ended]
 
 
 def run_logged(world: World, model: BatchDecider, sessions: range, tz: tzinfo, root: Path, salt: bytes, *,
-               clock: Callable[[], float] = time.time, batch: int = 256) -> tuple[Trace, dict[str, int]]:
+               clock: Callable[[], float] = time.time, batch: int = 256,
+               on_finished: Callable[[int], None] | None = None) -> tuple[Trace, dict[str, int]]:
     """``run_in_process`` writing the server's decision and outcome logs under ``root``; returns the trace and
     the records written per kind. The recorder is flushed in this thread after each batch, so its queue
     only needs room for one batch's decisions and their outcomes; ``close`` finalises the segments."""
     recorder = ExperienceRecorder(root, salt, RecorderOptions(max_queue=max(8192, 32 * batch)), clock=clock)
     try:
-        trace = run_in_process(world, model, sessions, tz, recorder, batch=batch)
+        trace = run_in_process(world, model, sessions, tz, recorder, batch=batch, on_finished=on_finished)
     finally:
         recorder.close()
     return trace, dict(recorder.written)

@@ -30,6 +30,8 @@ import numpy.typing as npt
 import torch
 from torch import nn
 
+from core.progress import progress
+
 FloatArray = npt.NDArray[np.float64]
 
 
@@ -51,14 +53,16 @@ def fit_value(states: torch.Tensor, returns: torch.Tensor, hidden: int = 64, epo
     opt = torch.optim.Adam(net.parameters(), lr=lr)
     n = len(states)
     target = returns.to(states.dtype)
-    for _ in range(epochs):
-        perm = torch.randperm(n, generator=gen).to(states.device)
-        for start in range(0, n, batch):
-            idx = perm[start : start + batch]
-            loss = torch.mean((net(states[idx]) - target[idx]) ** 2)
-            opt.zero_grad()
-            loss.backward()  # type: ignore[no-untyped-call]
-            opt.step()
+    with progress("train.value", total=epochs, unit="epoch") as bar:
+        for _ in range(epochs):
+            perm = torch.randperm(n, generator=gen).to(states.device)
+            for start in range(0, n, batch):
+                idx = perm[start : start + batch]
+                loss = torch.mean((net(states[idx]) - target[idx]) ** 2)
+                opt.zero_grad()
+                loss.backward()  # type: ignore[no-untyped-call]
+                opt.step()
+            bar.update(1, rows=n)
     return net
 
 

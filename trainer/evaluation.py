@@ -60,6 +60,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from core.domain import Source
+from core.progress import progress
 from experience.objective import GAMMA as OBJECTIVE_GAMMA
 from experience.objective import BusinessObjective
 from experience.sessions import EpisodeConfig, build_episodes
@@ -143,15 +144,19 @@ def evaluate_bundle(model: ModelSet, decisions: pa.Table, outcomes: pa.Table, ep
     ``episode_config`` and ``gamma`` default to the business objective's episodes and γ = 1; others
     estimate something else (a training reward, say) and are for experiments, never for the gate.
     """
-    episodes = build_episodes(decisions, outcomes, episode_config or BusinessObjective().episode_config())
-    ordered = decisions.drop_columns(["item_embedding"]).take(pa.array(episodes.rows))
-    steps = logged_steps(decisions, model, episodes.rows)
-    sources = (np.asarray(ordered.column("source").to_numpy(), dtype=np.int64) if "source" in ordered.column_names else None)
-    target = target_probs(model, steps, replay(model, steps).served, sources)
-    q_hat = q_model.cross_fit_q(episodes, q_features(steps, episodes.starts, episodes.lengths, seed), steps.actions, gamma=gamma,
-                                seed=seed)
-    report = offline.evaluate(episodes, steps.propensity, target, steps.actions, q_hat, gamma=gamma, n_boot=n_boot, seed=seed,
-                              max_ratio=max_ratio, max_weight=max_weight, level=level)
+    with progress(f"evaluate.{model.version}", total=3, unit="stage") as bar:
+        episodes = build_episodes(decisions, outcomes, episode_config or BusinessObjective().episode_config())
+        ordered = decisions.drop_columns(["item_embedding"]).take(pa.array(episodes.rows))
+        steps = logged_steps(decisions, model, episodes.rows)
+        sources = (np.asarray(ordered.column("source").to_numpy(), dtype=np.int64) if "source" in ordered.column_names else None)
+        target = target_probs(model, steps, replay(model, steps).served, sources)
+        bar.update(1, rows=len(steps))  # replayed: the bundle's served distribution at every logged state
+        q_hat = q_model.cross_fit_q(episodes, q_features(steps, episodes.starts, episodes.lengths, seed), steps.actions,
+                                    gamma=gamma, seed=seed)
+        bar.update(1)  # the DR's Q̂, cross-fitted
+        report = offline.evaluate(episodes, steps.propensity, target, steps.actions, q_hat, gamma=gamma, n_boot=n_boot, seed=seed,
+                                  max_ratio=max_ratio, max_weight=max_weight, level=level)
+        bar.update(1, resamples=n_boot)
     return Evaluation(report, mean_kl(target, np.maximum(steps.behavior_probs, 1e-6)),  # finite where the logs were certain
                       len(steps), unsupported_mass(target, steps.behavior_probs), int(steps.certain.sum()))
 

@@ -49,6 +49,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 
 from core.domain import N_ACTIONS
+from core.progress import progress
 from experience.sessions import session_codes, split_by_session
 from trainer.config import GuardConfig
 from trainer.guard_threshold import VetoCriterion, choose_threshold, heldout_report
@@ -131,20 +132,22 @@ def _fit(
     shuffle = torch.Generator().manual_seed(config.seed)
     n, total_weight, mean_loss = rows.shape[0], weights.sum(), 0.0
     net.train()
-    for epoch in range(config.epochs):
-        order = torch.randperm(n, generator=shuffle).to(states.device)
-        loss_sum = torch.zeros((), device=states.device)  # summed on the device: no host sync per step
-        for lo in range(0, n, config.batch_size):
-            idx = order[lo : lo + config.batch_size]
-            z = net(states[rows[idx]]).gather(1, actions[idx, None])[:, 0]
-            w = weights[idx]
-            weighted = (F.binary_cross_entropy_with_logits(z, allow[idx], reduction="none") * w).sum()
-            optimiser.zero_grad(set_to_none=True)
-            (weighted / w.sum()).backward()  # type: ignore[no-untyped-call]
-            optimiser.step()
-            loss_sum += weighted.detach()
-        mean_loss = float(loss_sum / total_weight)
-        log.info("guard epoch %d/%d: weighted BCE %.5f", epoch + 1, config.epochs, mean_loss)
+    with progress("train.guard", total=config.epochs, unit="epoch") as bar:
+        for epoch in range(config.epochs):
+            order = torch.randperm(n, generator=shuffle).to(states.device)
+            loss_sum = torch.zeros((), device=states.device)  # summed on the device: no host sync per step
+            for lo in range(0, n, config.batch_size):
+                idx = order[lo : lo + config.batch_size]
+                z = net(states[rows[idx]]).gather(1, actions[idx, None])[:, 0]
+                w = weights[idx]
+                weighted = (F.binary_cross_entropy_with_logits(z, allow[idx], reduction="none") * w).sum()
+                optimiser.zero_grad(set_to_none=True)
+                (weighted / w.sum()).backward()  # type: ignore[no-untyped-call]
+                optimiser.step()
+                loss_sum += weighted.detach()
+            mean_loss = float(loss_sum / total_weight)
+            log.info("guard epoch %d/%d: weighted BCE %.5f", epoch + 1, config.epochs, mean_loss)
+            bar.update(1, rows=n)
     return mean_loss
 
 

@@ -21,6 +21,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from core.progress import progress
 from experience.schema import SCHEMAS
 from experience.segments import DirectorySource
 from trainer.session_index import NARROW, SessionIndex
@@ -29,12 +30,26 @@ from trainer.window import Window, choose, settings_of, versions_by_first_time
 
 def read_window(source: DirectorySource, config: Any) -> Window:
     """The decisions and outcomes of ``config``'s window and sample, read in two passes (see the module doc)."""
-    index = SessionIndex.of(batch.select(list(NARROW)) for batch in source.batches("decisions"))
+    index = SessionIndex.of(batch.select(list(NARROW)) for batch in _read(source, "decisions", "read.narrow"))
     sessions, in_window = choose(index, config.window_hours, config.window_versions, config.max_sessions, config.sample_key)
     del index  # only the chosen ids are needed from here
-    decisions = pa.Table.from_batches(list(_rows_of(source.batches("decisions"), sessions)), schema=SCHEMAS["decisions"])
-    outcomes = pa.Table.from_batches(list(_rows_of(source.batches("outcomes"), sessions)), schema=SCHEMAS["outcomes"])
+    decisions = pa.Table.from_batches(list(_rows_of(_read(source, "decisions", "read.decisions"), sessions)),
+                                      schema=SCHEMAS["decisions"])
+    outcomes = pa.Table.from_batches(list(_rows_of(_read(source, "outcomes", "read.outcomes"), sessions)),
+                                     schema=SCHEMAS["outcomes"])
     return Window(decisions, outcomes, versions_by_first_time(decisions), settings_of(config), in_window)
+
+
+def _read(source: DirectorySource, kind: str, stage: str) -> Iterator[pa.RecordBatch]:
+    """Every batch of ``kind``, segment by segment, with the stage's progress (segments and rows read)."""
+    paths = source.segments(kind)
+    with progress(stage, total=len(paths), unit="segment") as bar:
+        for path in paths:
+            rows = 0
+            for batch in source.segment_batches(path, kind):
+                rows += batch.num_rows
+                yield batch
+            bar.update(1, rows=rows)
 
 
 def _rows_of(batches: Iterator[pa.RecordBatch], sessions: pa.ChunkedArray) -> Iterator[pa.RecordBatch]:

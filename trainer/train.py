@@ -31,6 +31,7 @@ import pyarrow as pa
 import torch
 
 from core.domain import N_ACTIONS, FloatArray, Source
+from core.progress import progress
 from guard.action_guard import ActionGuard
 from policy.decoder import MajorityDecoder
 from policy.features import FeatureSpec
@@ -218,24 +219,26 @@ def train(decisions: pa.Table, outcomes: pa.Table, init: Bundle, config: TrainCo
         warnings.append(f"a batch of {n_batch} rows for {world} ranks ({len(eligible)} logged rows are decided by the decoder "
                         "under the new guard): no policy step")
     spike_log = SpikeLog()
-    for step in range(config.updates if n_batch >= world else 0):
-        # every rank draws the same batch, then takes its shard of it
-        whole = torch.sort(eligible[torch.randperm(len(eligible), generator=batch_gen)[:n_batch]]).values
-        batch = whole[rank::world].to(dev)
-        rows = update.Batch(states[batch], actions[batch], propensity[batch], advantages[batch], targets.log_weights[batch],
-                            targets.allowed[batch], targets.fallback[batch], behavior[batch])
-        fisher_gen = torch.Generator().manual_seed(config.seed * 1_000_003 + step * 7919 + rank)  # per rank: its shard's subsample
-        def ess_limit(theta0: torch.Tensor) -> bool:
-            return _within_trajectory_ess(policy, decoder, states, targets, exp, theta0, config)
+    with progress("train.updates", total=config.updates, unit="step") as bar:
+        for step in range(config.updates if n_batch >= world else 0):
+            # every rank draws the same batch, then takes its shard of it
+            whole = torch.sort(eligible[torch.randperm(len(eligible), generator=batch_gen)[:n_batch]]).values
+            batch = whole[rank::world].to(dev)
+            rows = update.Batch(states[batch], actions[batch], propensity[batch], advantages[batch], targets.log_weights[batch],
+                                targets.allowed[batch], targets.fallback[batch], behavior[batch])
+            fisher_gen = torch.Generator().manual_seed(config.seed * 1_000_003 + step * 7919 + rank)  # per rank: its shard's subsample
+            def ess_limit(theta0: torch.Tensor) -> bool:
+                return _within_trajectory_ess(policy, decoder, states, targets, exp, theta0, config)
 
-        outcome = update.natural_step(policy, decoder, rows, config, stats, reducer, fisher_gen,
-                                      shrink=ess_limit if config.min_trajectory_ess is not None else None)
-        log.info("update %d: %s", step, outcome.to_dict())
-        spike_log.record(outcome.eta, whole.numpy())
-        if stats.support_limited:
-            log.info("stopping after update %d: a further step would leave what the logs can judge (max_behavior_kl %s, "
-                     "min_trajectory_ess %s)", step, config.max_behavior_kl, config.min_trajectory_ess)
-            break
+            outcome = update.natural_step(policy, decoder, rows, config, stats, reducer, fisher_gen,
+                                          shrink=ess_limit if config.min_trajectory_ess is not None else None)
+            log.info("update %d: %s", step, outcome.to_dict())
+            bar.update(1, rows=len(whole))
+            spike_log.record(outcome.eta, whole.numpy())
+            if stats.support_limited:
+                log.info("stopping after update %d: a further step would leave what the logs can judge (max_behavior_kl %s, "
+                         "min_trajectory_ess %s)", step, config.max_behavior_kl, config.min_trajectory_ess)
+                break
     if stats.tracker.steps == 0:
         warnings.append("no natural-gradient step was taken: the bundle's policy is the starting one")
     if rows is not None and len(rows.states):

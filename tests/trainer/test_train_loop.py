@@ -184,6 +184,13 @@ def test_cycle_publishes_then_refuses_without_force(logs: Path, tmp_path: Path) 
     assert first.returncode == 0, first.stderr[-2000:]
     report = json.loads(first.stdout)
     assert report["published"] == "published" and "value" in report["dr_difference"]
+    # the CronJob's log (not a terminal): one final JSON progress line per stage, with what it did
+    final = {line["progress"]: line for line in map(json.loads, (x for x in first.stderr.splitlines() if x.startswith("{")))
+             if line["final"]}
+    assert {"read.narrow", "read.decisions", "read.outcomes", "train.guard", "train.value", "train.updates"} <= set(final)
+    assert final["read.decisions"]["done"] == final["read.decisions"]["total"] > 0 and final["read.decisions"]["rows"] > 0
+    assert final["train.updates"]["done"] >= 1 and final["train.updates"]["total"] == 2
+    assert sum(1 for stage in final if stage.startswith("evaluate.")) == 2  # the gate judged the new and the current bundle
     active = ModelSet.load(read_bundle(weights / "weights_active.bundle"), LoadOptions(warmup_batch=1))
     assert active.version == report["model_version"]
     assert "offline_dr" in active.manifest["training_metrics"]
