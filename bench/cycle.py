@@ -7,7 +7,9 @@ generated there if missing: keep 10M decisions, 16 GB, outside the repo), a fres
 weights directory (so the current bundle is the embedded default), and the default
 ``TrainConfig``: its sample of the window's sessions (``--max-sessions`` another size,
 ``--every-session`` none; ``trainer.window``). Reports the wall time, the peak RSS and the gate's
-verdict (target: ≤ 10 minutes on this machine's CPU). A child process, bounded by ``--timeout``.
+verdict (target: ≤ 10 minutes on this machine's CPU), and keeps the trained bundle next to the JSON
+(``--out`` with ``.bundle``: ``shopping-agent simulate --bundle`` scores it by the truth). A child
+process, bounded by ``--timeout``.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         generate(root, args.decisions, 0)
     with tempfile.TemporaryDirectory(prefix="bench-cycle-") as tmp:
         cmd = [sys.executable, "-m", "server", "cycle", "--logs", str(root), "--weights-dir", str(Path(tmp) / "weights"),
-               "--device", args.device, "--json"]
+               "--device", args.device, "--json", "--candidate-out", str(args.out.with_suffix(".bundle"))]
         if args.max_sessions is not None or args.every_session:
             config = Path(tmp) / "config.json"
             config.write_text(json.dumps({"max_sessions": None if args.every_session else args.max_sessions}))

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 NARROW = ("session_id", "time_s", "model_version")
-MERGE_ROWS = 1 << 18  # rows gathered before they are reduced (and partial results merged)
+MERGE_ROWS = 1 << 18  # rows gathered before they are reduced (and partial results merged), at least as many as reduced
 
 
 def _firsts(rows: pa.Table, key: str, columns: tuple[str, ...]) -> pa.Table:
@@ -43,7 +43,7 @@ class SessionIndex:
         sessions: list[pa.Table] = []
         versions: list[pa.Table] = []
         pending: list[pa.Table] = []
-        held, newest = 0, None
+        held, reduced, newest = 0, 0, None
         for batch in batches:
             table = (batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])).select(list(NARROW))
             if table.num_rows:
@@ -51,9 +51,9 @@ class SessionIndex:
                 newest = top if newest is None else max(newest, top)
             pending.append(table)
             held += table.num_rows
-            if held >= merge_rows:
+            if held >= max(merge_rows, reduced):  # geometric: each row is re-reduced O(log n) times, not once a merge
                 sessions, versions = cls._merge(sessions, versions, pending)
-                pending, held = [], sum(t.num_rows for t in sessions)
+                pending, held, reduced = [], 0, sessions[0].num_rows
         if pending or not sessions:
             sessions, versions = cls._merge(sessions, versions, pending)
         return cls(sessions[0], versions[0], newest)
