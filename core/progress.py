@@ -11,14 +11,17 @@ writes JSON objects to stderr, one a line::
     {"progress": "read.narrow", "done": 12, "total": 40, "unit": "segment", "rows": 3072,
      "elapsed_s": 9.1, "eta_s": 21.2, "final": false}
 
-one every ``every_s`` seconds while the stage runs (a long stage is never silent) and one when
-it ends (``"final": true``). ``eta_s`` is the elapsed time scaled by what is left, null without a
-total. ``SHOPPING_AGENT_PROGRESS`` = ``bar``, ``json`` or ``off`` overrides the choice.
+at the first ``update`` after each ``every_s`` seconds (so a stage's lines are at most that far
+apart while its updates are) and one when it ends (``"final": true``). ``eta_s`` is the elapsed
+time scaled by what is left, null without a total. ``SHOPPING_AGENT_PROGRESS`` = ``bar``, ``json``
+or ``off`` overrides the choice (another value: a warning, and the default). While a bar is drawn,
+log lines on the console go through tqdm, so they do not break it.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import time
@@ -26,16 +29,17 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import IO, Any
 
+log = logging.getLogger(__name__)
 MODES = ("bar", "json", "off")
 EVERY_S = 30.0
 
 
 def mode_for(stream: IO[str], env: dict[str, str] | os._Environ[str] = os.environ) -> str:
     chosen = env.get("SHOPPING_AGENT_PROGRESS", "").strip().lower()
-    if chosen:
-        if chosen not in MODES:
-            raise ValueError(f"SHOPPING_AGENT_PROGRESS: expected one of {', '.join(MODES)}, got {chosen!r}")
+    if chosen in MODES:
         return chosen
+    if chosen:  # a typo in an environment variable should not fail a cycle
+        log.warning("SHOPPING_AGENT_PROGRESS: expected one of %s, got %r; using the default", ", ".join(MODES), chosen)
     return "bar" if stream.isatty() else "json"
 
 
@@ -50,10 +54,14 @@ class Progress:
         self.counters: dict[str, float] = {}
         self.started = self.last = clock()
         self._bar: Any = None
+        self._logs: Any = None
         if mode == "bar":
             from tqdm import tqdm
+            from tqdm.contrib.logging import logging_redirect_tqdm
 
             self._bar = tqdm(total=total, desc=stage, unit=unit, file=stream, leave=True, dynamic_ncols=True)
+            self._logs = logging_redirect_tqdm()
+            self._logs.__enter__()
 
     def update(self, n: int = 1, **counters: float) -> None:
         self.done += n
@@ -79,6 +87,7 @@ class Progress:
 
     def close(self) -> None:
         if self._bar is not None:
+            self._logs.__exit__(None, None, None)
             self._bar.close()
         elif self.mode == "json":
             self._emit(final=True)

@@ -8,12 +8,15 @@ the summary:
 1. ``cuda_visible``: torch sees a CUDA device and onnxruntime offers ``CUDAExecutionProvider``.
 2. ``serving_provider``: a bundle loaded for ``--device cuda`` (``ModelSet``, the server's loader) runs on
    ``CUDAExecutionProvider`` (onnxruntime-gpu falls back to the CPU silently; the session's own
-   providers say which), and serves the same probabilities as on the CPU (1e-4).
+   providers say which), and infers what the CPU does within 2e-3 (onnxruntime's CUDA provider uses TF32
+   matrix products by default on Ampere and later: about 1e-3 from float32 on 920 inputs).
 3. ``fvp_cg``: the Gauss-Newton Fisher-vector product and the conjugate gradient on CUDA match the
    CPU's (1e-4 relative) on the embedded default's policy and real logged states.
 4. ``cycle_cuda``: ``shopping-agent cycle --device cuda`` on simulated logs exits 0 or 3 (published
    or refused: a verdict), its manifest's metrics match a CPU run of the same cycle's within loose
-   tolerances (float reduction order differs), and torch allocated CUDA memory for it.
+   tolerances (the same training rows exactly; the served KL of the step within 25 %: float reduction order
+   differs, and one line-search decision may flip; the updates accepted are reported, not compared), and torch
+   allocated CUDA memory for it.
 
 On a machine without CUDA it exits 2 at check 1 and says so: CI never has a GPU (a test runs it so).
 ``--device cpu`` is a dry run of the same checks with the CPU in CUDA's place (the expected provider
@@ -59,7 +62,7 @@ def _serving_provider(states: Any, device: str) -> dict[str, Any]:
     gap = float(max(np.abs(g_logits - c_logits).max(), np.abs(g_allow - c_allow).max()))
     providers = list(gpu.policy.providers)
     expected = "CPUExecutionProvider" if device == "cpu" else "CUDAExecutionProvider"
-    return {"ok": providers[0] == expected and gap <= 1e-4, "providers": providers, "max_gap_vs_cpu": gap}
+    return {"ok": providers[0] == expected and gap <= 2e-3, "providers": providers, "max_gap_vs_cpu": gap}
 
 
 def _fvp_cg(states: Any, device: str) -> dict[str, Any]:
@@ -122,8 +125,10 @@ def _cycle_cuda(logs: Path, work: Path, device: str) -> dict[str, Any]:
         return {**out, "ok": False, "stderr_cuda": gpu["stderr_tail"], "stderr_cpu": cpu["stderr_tail"]}
     m_gpu = read_bundle(gpu["candidate"].read_bytes()).manifest["training_metrics"]
     m_cpu = read_bundle(cpu["candidate"].read_bytes()).manifest["training_metrics"]
-    compared = {k: (m_cpu[k], m_gpu[k]) for k in ("updates_accepted", "kl_served_to_start", "train_steps") if k in m_cpu}
-    close = all(abs(a - b) <= 0.05 * max(1.0, abs(a)) for a, b in compared.values())
+    compared = {k: (m_cpu.get(k), m_gpu.get(k)) for k in ("train_steps", "kl_served_to_start", "updates_accepted")}
+    steps, kl = compared["train_steps"], compared["kl_served_to_start"]
+    close = (steps[0] is not None and steps[0] == steps[1] and kl[0] is not None and kl[1] is not None
+             and abs(kl[0] - kl[1]) <= 0.25 * max(abs(kl[0]), 1e-3))
     return {**out, "ok": close and (device == "cpu" or gpu["cuda_peak_bytes"] > 0), "metrics_cpu_vs_cuda": compared,
             "publish_cuda": gpu["report"].get("publish"), "publish_cpu": cpu["report"].get("publish")}
 
@@ -153,10 +158,14 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
         work = args.keep or Path(tmp)
         logs = work / "logs"
-        model = ModelSet.load(default_bundle(), LoadOptions(device="cpu", warmup_batch=256))
-        run_logged(World(SimConfig(), 3), model, range(args.sessions), ZoneInfo("UTC"), logs, b"g" * 32)
-        window = read_window(DirectorySource(logs), TrainConfig())
-        states = logged_steps(window.decisions, model).states
+        try:
+            model = ModelSet.load(default_bundle(), LoadOptions(device="cpu", warmup_batch=256))
+            run_logged(World(SimConfig(), 3), model, range(args.sessions), ZoneInfo("UTC"), logs, b"g" * 32)
+            states = logged_steps(read_window(DirectorySource(logs), TrainConfig()).decisions, model).states
+        except Exception as exc:  # the summary says what broke, whatever it was
+            summary["setup"] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+            print(json.dumps(summary, indent=2, default=str))
+            return 1
         checks: list[tuple[str, Callable[[], dict[str, Any]]]] = [
             ("serving_provider", lambda: _serving_provider(states, args.device)), ("fvp_cg", lambda: _fvp_cg(states, args.device)),
             ("cycle_cuda", lambda: _cycle_cuda(logs, work, args.device))]

@@ -87,4 +87,4 @@ def experience(decisions: pa.Table, outcomes: pa.Table, model: ModelSet, config:
     returns = discounted_returns(rewards, episodes.starts, episodes.lengths, config.gamma)
     reindexed = dataclasses.replace(episodes, rows=np.arange(len(ordered), dtype=np.int64))
     order = episodes.rows if rows is None else rows[episodes.rows]
-    return Experience(ordered, reindexed, logged_steps(decisions, model, order), returns, harmful, scale)
+    return Experience(ordered, reindexed, logged_steps(decisions, model, order, ordered), returns, harmful, scale)

@@ -146,9 +146,9 @@ def evaluate_bundle(model: ModelSet, decisions: pa.Table, outcomes: pa.Table, ep
     """
     with progress(f"evaluate.{model.version}", total=3, unit="stage") as bar:
         episodes = build_episodes(decisions, outcomes, episode_config or BusinessObjective().episode_config())
-        ordered = decisions.drop_columns(["item_embedding"]).take(pa.array(episodes.rows))
         steps = logged_steps(decisions, model, episodes.rows)
-        sources = (np.asarray(ordered.column("source").to_numpy(), dtype=np.int64) if "source" in ordered.column_names else None)
+        sources = (np.asarray(decisions.column("source").take(pa.array(episodes.rows)).to_numpy(), dtype=np.int64)
+                   if "source" in decisions.column_names else None)
         target = target_probs(model, steps, replay(model, steps).served, sources)
         bar.update(1, rows=len(steps))  # replayed: the bundle's served distribution at every logged state
         q_hat = q_model.cross_fit_q(episodes, q_features(steps, episodes.starts, episodes.lengths, seed), steps.actions,

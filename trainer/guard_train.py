@@ -170,7 +170,8 @@ def train_guard(
     ``extra_harmful`` (N,) bool marks further harmful rows for training only (η-spike
     auto-labels, ``trainer.guard_spikes``). ``criterion`` decides whether the guard keeps its veto
     (default ``VetoCriterion()``); a guard that does not earn it is returned with threshold 0.0. The
-    whole training side is moved to ``device`` once; the returned net is on the CPU.
+    whole of ``states`` is moved to ``device`` once (minibatches are gathered there by index); the returned net is
+    on the CPU.
     """
     config = config or GuardConfig()
     _check_inputs(states, actions, harmful, sessions)

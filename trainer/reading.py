@@ -27,6 +27,8 @@ from experience.segments import DirectorySource
 from trainer.session_index import NARROW, SessionIndex
 from trainer.window import Window, choose, settings_of, versions_by_first_time
 
+GATHER_ROWS = 1 << 16
+
 
 def read_window(source: DirectorySource, config: Any) -> Window:
     """The decisions and outcomes of ``config``'s window and sample, read in two passes (see the module doc)."""
@@ -52,9 +54,19 @@ def _read(source: DirectorySource, kind: str, stage: str) -> Iterator[pa.RecordB
             bar.update(1, rows=rows)
 
 
-def _rows_of(batches: Iterator[pa.RecordBatch], sessions: pa.ChunkedArray) -> Iterator[pa.RecordBatch]:
+def _rows_of(batches: Iterator[pa.RecordBatch], sessions: pa.ChunkedArray, rows: int = GATHER_ROWS) -> Iterator[pa.RecordBatch]:
+    """The rows of these sessions, gathered into batches of about ``rows``: a sample keeps a few rows of each logged
+    batch, and thousands of tiny batches would each hold their own buffers (and make every later column op slow)."""
     ids = sessions.combine_chunks()
+    kept: list[pa.RecordBatch] = []
+    held = 0
     for batch in batches:
-        kept = batch.filter(pc.is_in(batch.column("session_id"), ids))
-        if kept.num_rows:
-            yield kept
+        part = batch.filter(pc.is_in(batch.column("session_id"), ids))
+        if part.num_rows:
+            kept.append(part)
+            held += part.num_rows
+        if held >= rows:
+            yield pa.concat_batches(kept)
+            kept, held = [], 0
+    if kept:
+        yield pa.concat_batches(kept)

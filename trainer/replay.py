@@ -51,15 +51,31 @@ class LoggedSteps:
 
 
 def embeddings_of(decisions: pa.Table, item_dim: int, order: npt.NDArray[np.int64] | None = None) -> npt.NDArray[np.floating]:
-    """(N, item_dim) item embeddings as logged (float16), in ``order`` (row indices) when given: one copy of the
-    column, not a float32 widening of it (the encoder widens row by row into the state)."""
-    column = decisions.column("item_embedding").combine_chunks()
-    lengths = column.value_lengths().to_numpy(zero_copy_only=False)
-    if len(lengths) and not (lengths == item_dim).all():
-        bad = int(np.argmax(lengths != item_dim))
-        raise ValueError(f"item_embedding: row {bad} has {lengths[bad]} values, the bundle expects {item_dim}")
-    values = column.flatten().to_numpy(zero_copy_only=False).reshape(len(decisions), item_dim)
-    return values if order is None else values[order]
+    """(N, item_dim) item embeddings as logged (float16), in ``order`` (row indices) when given."""
+    out = np.zeros((len(decisions) if order is None else len(order), item_dim), dtype=np.float16)
+    write_embeddings(out, decisions.column("item_embedding"), item_dim, order)
+    return out
+
+
+def write_embeddings(out: npt.NDArray[np.floating], column: pa.ChunkedArray, item_dim: int,
+                     order: npt.NDArray[np.int64] | None = None) -> None:
+    """``out[i] = column[order[i]]`` (or ``column[i]``), chunk by chunk: each chunk's values are read in place, so
+    the column is never copied whole (``combine_chunks``) nor gathered into a second array before ``out``."""
+    starts = np.cumsum([0, *(len(c) for c in column.chunks)])
+    wanted = np.arange(starts[-1], dtype=np.int64) if order is None else np.asarray(order, dtype=np.int64)
+    which = np.searchsorted(starts, wanted, side="right") - 1
+    by_chunk = np.argsort(which, kind="stable")
+    bounds = np.searchsorted(which[by_chunk], np.arange(len(column.chunks) + 1))
+    for k, chunk in enumerate(column.chunks):
+        targets = by_chunk[bounds[k] : bounds[k + 1]]
+        if not len(targets):
+            continue
+        lengths = chunk.value_lengths().to_numpy(zero_copy_only=False)
+        if len(lengths) and not (lengths == item_dim).all():
+            bad = int(starts[k] + np.argmax(lengths != item_dim))
+            raise ValueError(f"item_embedding: row {bad} has {lengths[bad - starts[k]]} values, the bundle expects {item_dim}")
+        values = chunk.flatten().to_numpy(zero_copy_only=False).reshape(len(chunk), item_dim)
+        out[targets] = values[wanted[targets] - starts[k]]
 
 
 def buckets_of(decisions: pa.Table, spec: FeatureSpec) -> list[list[int]]:
@@ -82,16 +98,19 @@ def buckets_of(decisions: pa.Table, spec: FeatureSpec) -> list[list[int]]:
     return buckets
 
 
-def logged_steps(decisions: pa.Table, model: ModelSet, order: npt.NDArray[np.int64] | None = None) -> LoggedSteps:
+def logged_steps(decisions: pa.Table, model: ModelSet, order: npt.NDArray[np.int64] | None = None,
+                 ordered: pa.Table | None = None) -> LoggedSteps:
     """States and contexts of every logged decision, for ``model``'s feature spec, in ``order`` (row indices of
-    ``decisions``) when given: the table itself is never copied whole, only the columns the steps need."""
+    ``decisions``) when given: the table itself is never copied whole, only the columns the steps need (``ordered``:
+    those columns already taken in ``order``, when the caller has them). The item embeddings go from the log's
+    column straight into the float32 states."""
     spec = model.encoder.spec
-    embeddings = embeddings_of(decisions, spec.item_dim, order)
+    column = decisions.column("item_embedding")
     if order is not None:
-        decisions = decisions.drop_columns(["item_embedding"]).take(pa.array(order))
+        decisions = ordered if ordered is not None else decisions.drop_columns(["item_embedding"]).take(pa.array(order))
     hours = decisions.column("hour").to_numpy().astype(np.int64)
-    states = model.encoder.encode_columns(embeddings, buckets_of(decisions, spec), hours)
-    del embeddings
+    states = model.encoder.encode_columns(None, buckets_of(decisions, spec), hours)
+    write_embeddings(states[:, : spec.item_dim], column, spec.item_dim, order)
     pages = decisions.column("page_type").to_pylist()
     carts = decisions.column("cart_item_count").to_pylist()
     n_recent = decisions.column("n_recent_behaviors").to_pylist()

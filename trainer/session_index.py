@@ -66,7 +66,8 @@ class SessionIndex:
         return [s], [v]
 
     def versions_by_first_time(self) -> list[str]:
-        return [str(v) for v in self.versions.sort_by("time_s").column("model_version").to_pylist()]
+        ordered = self.versions.sort_by([("time_s", "ascending"), ("model_version", "ascending")])  # ties: by name
+        return [str(v) for v in ordered.column("model_version").to_pylist()]
 
 
 def _empty() -> pa.Table:

@@ -114,7 +114,7 @@ def targets_for(base: ModelSet, exp: Experience, guard: GuardNet, threshold: flo
 def rows_of(x: torch.Tensor, rows: npt.NDArray[np.int64]) -> torch.Tensor:
     """``x[rows]``, but ``x`` itself (no copy) when ``rows`` is every row in order, as a fit sample of at most
     ``max_fit_rows`` sorted rows is whenever the training side is no larger: states are the run's largest array."""
-    if len(rows) == len(x) and (len(rows) == 0 or (rows[0] == 0 and rows[-1] == len(x) - 1)):
+    if len(rows) == len(x) and np.array_equal(rows, np.arange(len(x))):
         return x
     return x[torch.as_tensor(rows, device=x.device)]
 
@@ -176,7 +176,8 @@ def train(decisions: pa.Table, outcomes: pa.Table, init: Bundle, config: TrainCo
     init_guard = guard_from_arrays(mlp.guard_params_from_onnx(init.parts["guard.onnx"]), spec.state_dim)
     rows_t = torch.from_numpy(fit_rows)
     criterion = VetoCriterion(config.guard.harm_cost_ratio, config.guard.veto_confidence)
-    guard_rows = (rows_of(states, fit_rows).cpu(), actions[rows_t].cpu(), torch.from_numpy(exp.harmful[fit_rows]), sessions[fit_rows])
+    guard_rows = (rows_of(torch.from_numpy(states_np), fit_rows), actions[rows_t].cpu(),  # on the host: no copy back from a GPU
+                  torch.from_numpy(exp.harmful[fit_rows]), sessions[fit_rows])
     guarded = train_guard(*guard_rows, config.guard, init=init_guard, device=dev, criterion=criterion)
 
     # 4. the new bundle's decoder inputs, fixed for the policy update; the guard's change within its budget

@@ -111,8 +111,9 @@ def versions_by_first_time(decisions: pa.Table) -> list[str]:
     """The model versions of these decisions, by the first time each was logged."""
     if decisions.num_rows == 0:
         return []
-    grouped = decisions.group_by("model_version").aggregate([("time_s", "min")]).sort_by("time_s_min")
-    return [str(v) for v in grouped.column("model_version").to_pylist()]
+    grouped = decisions.group_by("model_version").aggregate([("time_s", "min")])
+    ordered = grouped.sort_by([("time_s_min", "ascending"), ("model_version", "ascending")])  # ties: by name, as the index
+    return [str(v) for v in ordered.column("model_version").to_pylist()]
 
 
 def select(decisions: pa.Table, outcomes: pa.Table, hours: float | None = None, versions: int | None = None,
@@ -121,8 +122,7 @@ def select(decisions: pa.Table, outcomes: pa.Table, hours: float | None = None, 
     settings = {"hours": hours, "versions": versions, "max_sessions": max_sessions, "sample_key": sample_key}
     index = SessionIndex.of([decisions])
     ids, in_window = choose(index, hours, versions, max_sessions, sample_key)
-    if decisions.num_rows == 0:
-        return Window(decisions, outcomes, [], settings)
-    if hours is not None or versions is not None or len(ids) < index.sessions.num_rows:
-        decisions, outcomes = sessions_of(decisions, outcomes, ids)
+    if len(ids) < index.sessions.num_rows:
+        decisions = decisions.filter(pc.is_in(decisions.column("session_id"), ids))
+    outcomes = outcomes.filter(pc.is_in(outcomes.column("session_id"), ids))  # as the two-pass read: the chosen sessions' only
     return Window(decisions, outcomes, versions_by_first_time(decisions), settings, in_window)

@@ -67,5 +67,4 @@ def test_off_writes_nothing_and_the_mode_follows_the_stream_or_the_environment()
 
     assert mode_for(io.StringIO(), {}) == "json" and mode_for(Tty(), {}) == "bar"
     assert mode_for(Tty(), {"SHOPPING_AGENT_PROGRESS": "off"}) == "off"
-    with pytest.raises(ValueError, match="SHOPPING_AGENT_PROGRESS"):
-        mode_for(io.StringIO(), {"SHOPPING_AGENT_PROGRESS": "loud"})
+    assert mode_for(io.StringIO(), {"SHOPPING_AGENT_PROGRESS": "loud"}) == "json"  # a typo warns, never fails a cycle

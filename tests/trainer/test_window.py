@@ -109,3 +109,50 @@ def test_the_sample_is_taken_after_the_window() -> None:
     d = pa.concat_tables([d1, d2])
     w = select(d, pa.table({"session_id": pa.array([], pa.string())}), versions=1, max_sessions=30)
     assert w.versions == ["v2"] and len(sessions(w.decisions)) == 30 and w.describe()["sessions_in_window"] == 200
+
+
+def _reference(decisions: pa.Table, hours: float | None, versions: int | None, max_sessions: int | None,
+               key: int) -> tuple[set[str], list[str]]:
+    """The module doc's rules, row by row in plain Python: the sessions kept and the versions, oldest first."""
+    from experience.sessions import session_hashes
+    from trainer.window import SAMPLE_SALT
+
+    rows = list(zip(*(decisions.column(c).to_pylist() for c in ("session_id", "time_s", "model_version")), strict=True))
+    version_first: dict[str, float] = {}
+    for _, t, v in rows:
+        version_first[v] = min(t, version_first.get(v, t))
+    recent = sorted(version_first, key=lambda v: (version_first[v], v))[-versions:] if versions else None
+    newest = max(t for _, t, _ in rows)
+    first: dict[str, tuple[float, str]] = {}
+    for s, t, v in rows:
+        if s not in first or t < first[s][0]:
+            first[s] = (t, v)
+    kept = [s for s, (t, v) in first.items()
+            if (hours is None or t >= newest - hours * 3600.0) and (recent is None or v in recent)]
+    if max_sessions is not None and len(kept) > max_sessions:
+        hashes = session_hashes(kept, SAMPLE_SALT + key.to_bytes(8, "little", signed=True))
+        kept = [kept[i] for i in sorted(range(len(kept)), key=lambda i: int(hashes[i]))[:max_sessions]]
+    chosen = set(kept)
+    times = {v: min(t for s, t, w in rows if s in chosen and w == v) for _, _, v in rows if any(
+        s in chosen and w == v for s, _, w in rows)}
+    return chosen, sorted(times, key=lambda v: (times[v], v))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_selection_matches_the_rules_row_by_row_on_random_logs_ties_included(seed: int) -> None:
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    n = 300
+    times = rng.integers(0, 40, n).astype(float) * 900.0 if seed % 2 else rng.permutation(n) * 60.0  # odd seeds: many ties
+    decisions = pa.table({"session_id": [f"s{i}" for i in rng.integers(0, 60, n)], "time_s": times,
+                          "model_version": [f"v{i}" for i in rng.integers(0, 4, n)]})
+    outcomes = pa.table({"session_id": [f"s{i}" for i in rng.integers(0, 70, 80)], "outcome_id": [f"o{i}" for i in range(80)]})
+    for hours, versions, max_sessions in [(None, None, None), (None, 1, None), (None, 2, 10), (3.0, None, None),
+                                          (5.0, 3, 7), (None, None, 25)]:
+        w = select(decisions, outcomes, hours, versions, max_sessions, sample_key=seed)
+        chosen, ordered = _reference(decisions, hours, versions, max_sessions, seed)
+        assert set(w.decisions.column("session_id").to_pylist()) == chosen
+        assert w.decisions.num_rows == sum(1 for s in decisions.column("session_id").to_pylist() if s in chosen)  # whole sessions
+        assert set(w.outcomes.column("session_id").to_pylist()) == chosen & set(outcomes.column("session_id").to_pylist())
+        assert w.versions == ordered
