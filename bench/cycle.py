@@ -58,6 +58,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     report = json.loads(run.stdout) if run.stdout.strip().startswith("{") else {}
     stages = [line.split(" INFO ", 1)[-1][:160] for line in run.stderr.splitlines() if " INFO " in line]
+    progress = {r["progress"]: r for r in (json.loads(x) for x in run.stderr.splitlines() if x.startswith('{"progress"')) if r["final"]}
     print("\n".join(stages[-12:]))
     print(f"\ncycle on {args.decisions:,} logged decisions: {seconds:.0f} s (target <= {TARGET_S:.0f} s "
           f"{'met' if seconds <= TARGET_S else 'MISSED'}), peak RSS {peak_mb:,.0f} MB, exit {run.returncode}, "
@@ -66,6 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sessions = None if args.every_session else args.max_sessions or TrainConfig().max_sessions
     out.write_text(json.dumps({"decisions": args.decisions, "max_sessions": sessions, "seconds": seconds,
                                "peak_rss_mb": peak_mb, "exit": run.returncode,
+                               "stage_seconds": {k: v["elapsed_s"] for k, v in progress.items()},
                                "report": report, "stderr_tail": run.stderr[-4000:]}, indent=2, default=float) + "\n")
     return 0 if run.returncode in (0, 3) else 1
 

@@ -1,11 +1,11 @@
 """Reading a run's logs in two passes, so what is held is the window's sample, not the whole history.
 
 1. The narrow pass: ``session_id``, ``time_s`` and ``model_version`` of every logged decision,
-   batch by batch, reduced as it goes to each session's first decision (``trainer.session_index``:
+   segment by segment, reduced as it goes to each session's first decision (``trainer.session_index``:
    one row a session, never a Python object per id). On them the run's window and sample are
    chosen (``trainer.window.choose``): which sessions it reads.
-2. The wide pass: every segment again, each batch filtered to those sessions before it is kept,
-   decisions and outcomes alike.
+2. The wide pass: every segment again, each filtered to those sessions before it is kept (one
+   set lookup a segment), decisions and outcomes alike, the kept rows gathered into large batches.
 
 Peak memory is then the session index, the chosen sessions' rows and one segment, where reading
 every segment whole (``DirectorySource.table``) holds every row ever logged (about 2 KB a
@@ -32,7 +32,7 @@ GATHER_ROWS = 1 << 16
 
 def read_window(source: DirectorySource, config: Any) -> Window:
     """The decisions and outcomes of ``config``'s window and sample, read in two passes (see the module doc)."""
-    index = SessionIndex.of(batch.select(list(NARROW)) for batch in _read(source, "decisions", "read.narrow"))
+    index = SessionIndex.of(_read(source, "decisions", "read.narrow", NARROW))
     sessions, in_window = choose(index, config.window_hours, config.window_versions, config.max_sessions, config.sample_key)
     del index  # only the chosen ids are needed from here
     decisions = pa.Table.from_batches(list(_rows_of(_read(source, "decisions", "read.decisions"), sessions)),
@@ -42,28 +42,30 @@ def read_window(source: DirectorySource, config: Any) -> Window:
     return Window(decisions, outcomes, versions_by_first_time(decisions), settings_of(config), in_window)
 
 
-def _read(source: DirectorySource, kind: str, stage: str) -> Iterator[pa.RecordBatch]:
-    """Every batch of ``kind``, segment by segment, with the stage's progress (segments and rows read)."""
+def _read(source: DirectorySource, kind: str, stage: str, columns: tuple[str, ...] | None = None) -> Iterator[pa.Table]:
+    """Each segment of ``kind`` as one table (only ``columns``, when given, kept from each batch as it is read), with
+    the stage's progress (segments and rows read). A segment at a time, not a batch at a time: the recorder writes
+    small batches, and every filter on a batch would build its set of session ids again."""
     paths = source.segments(kind)
+    schema = SCHEMAS[kind] if columns is None else pa.schema([SCHEMAS[kind].field(c) for c in columns])
     with progress(stage, total=len(paths), unit="segment") as bar:
         for path in paths:
-            rows = 0
-            for batch in source.segment_batches(path, kind):
-                rows += batch.num_rows
-                yield batch
-            bar.update(1, rows=rows)
+            batches = [b if columns is None else b.select(list(columns)) for b in source.segment_batches(path, kind)]
+            table = pa.Table.from_batches(batches, schema=schema)
+            bar.update(1, rows=table.num_rows)
+            yield table
 
 
-def _rows_of(batches: Iterator[pa.RecordBatch], sessions: pa.ChunkedArray, rows: int = GATHER_ROWS) -> Iterator[pa.RecordBatch]:
+def _rows_of(segments: Iterator[pa.Table], sessions: pa.ChunkedArray, rows: int = GATHER_ROWS) -> Iterator[pa.RecordBatch]:
     """The rows of these sessions, gathered into batches of about ``rows``: a sample keeps a few rows of each logged
     batch, and thousands of tiny batches would each hold their own buffers (and make every later column op slow)."""
     ids = sessions.combine_chunks()
     kept: list[pa.RecordBatch] = []
     held = 0
-    for batch in batches:
-        part = batch.filter(pc.is_in(batch.column("session_id"), ids))
+    for table in segments:
+        part = table.filter(pc.is_in(table.column("session_id"), ids))
         if part.num_rows:
-            kept.append(part)
+            kept.extend(part.to_batches())
             held += part.num_rows
         if held >= rows:
             yield pa.concat_batches(kept)
