@@ -1,6 +1,6 @@
 """scripts/gpu_check.py on a machine without CUDA (CI's): it stops at its first check, says why, and exits 2.
 
-What it checks on a GPU cannot run here; ``--device cpu`` (a dry run of the same code) was run by hand (docs/scale.md).
+What it checks on a GPU cannot run here; ``--device cpu`` (a dry run of the same code) was run by hand (docs/performance.md).
 """
 
 from __future__ import annotations
