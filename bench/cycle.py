@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import tempfile
@@ -25,7 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bench.log_read import generate
-from bench.procs import REPO
+from bench.procs import HWM_CHILD, REPO, hwm_mb
 from trainer.config import TrainConfig
 
 TARGET_S = 600.0
@@ -46,7 +45,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not (root / "bench-info.json").exists():
         generate(root, args.decisions, 0)
     with tempfile.TemporaryDirectory(prefix="bench-cycle-") as tmp:
-        cmd = [sys.executable, "-m", "server", "cycle", "--logs", str(root), "--weights-dir", str(Path(tmp) / "weights"),
+        cmd = [sys.executable, "-c", HWM_CHILD, "cycle", "--logs", str(root), "--weights-dir", str(Path(tmp) / "weights"),
                "--device", args.device, "--json", "--candidate-out", str(args.out.with_suffix(".bundle"))]
         if args.max_sessions is not None or args.every_session:
             config = Path(tmp) / "config.json"
@@ -55,7 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         started = time.monotonic()
         run = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=args.timeout)
         seconds = time.monotonic() - started
-    peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    peak_mb = hwm_mb(run.stderr) or float("nan")
     report = json.loads(run.stdout) if run.stdout.strip().startswith("{") else {}
     stages = [line.split(" INFO ", 1)[-1][:160] for line in run.stderr.splitlines() if " INFO " in line]
     progress = {r["progress"]: r for r in (json.loads(x) for x in run.stderr.splitlines() if x.startswith('{"progress"')) if r["final"]}

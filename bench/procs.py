@@ -31,6 +31,20 @@ REPO = Path(__file__).resolve().parent.parent
 HOST = "127.0.0.1"
 
 
+# ``python -c HWM_CHILD COMMAND ...`` runs ``shopping-agent COMMAND ...`` and prints its process's peak RSS as it exits
+# (``VMHWM_KB n`` on stderr: the kernel's high-water mark of its own address space). Not wait4's or RUSAGE_CHILDREN's
+# ru_maxrss: on Linux a child's starts at its parent's RSS when forked and carries over exec.
+HWM_CHILD = ("import sys\nfrom server.cli import main\nrc = main(sys.argv[1:])\n"
+             "hwm = next(line for line in open('/proc/self/status') if line.startswith('VmHWM:'))\n"
+             "print('VMHWM_KB', hwm.split()[1], file=sys.stderr)\nsys.exit(rc)\n")
+
+
+def hwm_mb(stderr: str) -> float | None:
+    """The peak RSS (MB) an ``HWM_CHILD`` printed, or None."""
+    kb = next((line.split()[1] for line in stderr.splitlines() if line.startswith("VMHWM_KB")), None)
+    return None if kb is None else int(kb) / 1024
+
+
 class BenchError(RuntimeError):
     """A measurement that cannot be trusted (a server died, a call failed, a tool is missing)."""
 

@@ -52,13 +52,16 @@ def _read(source: DirectorySource, kind: str, stage: str, columns: tuple[str, ..
         for path in paths:
             batches = [b if columns is None else b.select(list(columns)) for b in source.segment_batches(path, kind)]
             table = pa.Table.from_batches(batches, schema=schema)
+            del batches
             bar.update(1, rows=table.num_rows)
             yield table
+            del table  # one decoded segment alive at a time, not two
 
 
 def _rows_of(segments: Iterator[pa.Table], sessions: pa.ChunkedArray, rows: int = GATHER_ROWS) -> Iterator[pa.RecordBatch]:
-    """The rows of these sessions, gathered into batches of about ``rows``: a sample keeps a few rows of each logged
-    batch, and thousands of tiny batches would each hold their own buffers (and make every later column op slow)."""
+    """The rows of these sessions, gathered into batches of at least ``rows`` (the last: what is left): a sample keeps
+    a few rows of each logged batch, and thousands of tiny batches would each hold their own buffers (and make every
+    later column op slow)."""
     ids = sessions.combine_chunks()
     kept: list[pa.RecordBatch] = []
     held = 0
@@ -67,6 +70,7 @@ def _rows_of(segments: Iterator[pa.Table], sessions: pa.ChunkedArray, rows: int 
         if part.num_rows:
             kept.extend(part.to_batches())
             held += part.num_rows
+        del table, part
         if held >= rows:
             yield pa.concat_batches(kept)
             kept, held = [], 0

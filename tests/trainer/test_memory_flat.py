@@ -11,6 +11,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
+from bench.procs import HWM_CHILD, hwm_mb
 from simulator.config import SimConfig
 from simulator.drive import run_logged
 from simulator.world import World
@@ -22,31 +23,31 @@ TOLERANCE_MB = 60.0  # allocator and import noise between two runs of the same w
 SETTINGS = {"updates": 1, "batch": 2048, "value_epochs": 1, "guard": {"epochs": 1}, "bootstrap": 20, "window_versions": None}
 
 
-# The child's own high-water mark (VmHWM of its address space), printed as it exits. Not wait4's ru_maxrss: on Linux
-# a child's starts at its parent's RSS when forked (it carries over exec), and pytest's is past a gigabyte by then.
-_CHILD = ("import sys\nfrom server.cli import main\nrc = main(sys.argv[1:])\n"
-          "hwm = next(line for line in open('/proc/self/status') if line.startswith('VmHWM:'))\n"
-          "print('VMHWM_KB', hwm.split()[1], file=sys.stderr)\nsys.exit(rc)\n")
-
-
 def _peak_mb(logs: Path, config: Path, out: Path) -> float:
+    """``train`` in a child that reports its own peak RSS (``bench.procs.HWM_CHILD``: pytest's RSS, past a gigabyte by
+    then, would otherwise be every child's starting high-water mark)."""
     log = out.with_suffix(".log")
-    with log.open("wb") as stderr:
-        run = subprocess.run([sys.executable, "-c", _CHILD, "train", "--logs", str(logs), "--out", str(out), "--device", "cpu",
-                              "--config", str(config)], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr, timeout=300)
+    try:
+        with log.open("wb") as stderr:
+            run = subprocess.run([sys.executable, "-c", HWM_CHILD, "train", "--logs", str(logs), "--out", str(out), "--device",
+                                  "cpu", "--config", str(config)], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr, timeout=600)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"train did not finish in 600 s: {log.read_text()[-2000:]}")
     text = log.read_text()
-    assert run.returncode == 0, text[-2000:]
-    return int(next(line.split()[1] for line in text.splitlines() if line.startswith("VMHWM_KB"))) / 1024
+    peak = hwm_mb(text)
+    assert run.returncode == 0 and peak is not None, text[-2000:]
+    return peak
 
 
 @pytest.fixture(scope="module")
 def logs(tmp_path_factory: pytest.TempPathFactory, default_model: ModelSet) -> tuple[Path, Path]:
     small, large = tmp_path_factory.mktemp("small-logs"), tmp_path_factory.mktemp("large-logs")
     run_logged(World(SimConfig(), 11), default_model, range(600), ZoneInfo("UTC"), small, b"m" * 32)
-    run_logged(World(SimConfig(), 11), default_model, range(4_000), ZoneInfo("UTC"), large, b"m" * 32)
+    run_logged(World(SimConfig(), 11), default_model, range(12_000), ZoneInfo("UTC"), large, b"m" * 32)
     return small, large
 
 
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="VmHWM is Linux's")
 def test_peak_memory_does_not_grow_with_the_log_beyond_the_sample(logs: tuple[Path, Path], tmp_path: Path) -> None:
     small, large = logs
     sampled, everything = tmp_path / "sampled.json", tmp_path / "everything.json"
