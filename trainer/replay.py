@@ -50,13 +50,6 @@ class LoggedSteps:
         return np.asarray(self.behavior_probs.max(axis=1) >= 1.0 - 1e-12, dtype=np.bool_)
 
 
-def embeddings_of(decisions: pa.Table, item_dim: int, order: npt.NDArray[np.int64] | None = None) -> npt.NDArray[np.floating]:
-    """(N, item_dim) item embeddings as logged (float16), in ``order`` (row indices) when given."""
-    out = np.zeros((len(decisions) if order is None else len(order), item_dim), dtype=np.float16)
-    write_embeddings(out, decisions.column("item_embedding"), item_dim, order)
-    return out
-
-
 def write_embeddings(out: npt.NDArray[np.floating], column: pa.ChunkedArray, item_dim: int,
                      order: npt.NDArray[np.int64] | None = None) -> None:
     """``out[i] = column[order[i]]`` (or ``column[i]``), chunk by chunk: each chunk's values are read in place, so

@@ -44,7 +44,8 @@ from typing import Any
 import pyarrow as pa
 
 from trainer.data import heldout_sessions
-from trainer.window import Window, first_times, sessions_of
+from trainer.session_index import SessionIndex
+from trainer.window import Window, sessions_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,9 +102,10 @@ def unseen_sessions(window: Window, record: Record) -> Unseen:
     after = record.newest_time_s
     if window.decisions.num_rows == 0:
         return Unseen(window.decisions, window.outcomes, after, 0, 0)
-    ids, first = first_times(window.decisions)
-    fresh = first > after
-    held = heldout_sessions(pa.array(ids), record.heldout_fraction, record.seed)
+    first = SessionIndex.of([window.decisions]).sessions  # each session's first decision
+    ids = first.column("session_id")
+    fresh = first.column("time_s").to_numpy() > after
+    held = heldout_sessions(ids, record.heldout_fraction, record.seed)
     keep = fresh | held
-    d, o = sessions_of(window.decisions, window.outcomes, pa.array(ids[keep]))
+    d, o = sessions_of(window.decisions, window.outcomes, ids.filter(pa.array(keep)))
     return Unseen(d, o, after, int(fresh.sum()), int((held & ~fresh).sum()))

@@ -40,30 +40,26 @@ class SessionIndex:
     @classmethod
     def of(cls, batches: Iterable[pa.RecordBatch | pa.Table], merge_rows: int = MERGE_ROWS) -> SessionIndex:
         """The index of these decision rows (batches holding at least the ``NARROW`` columns)."""
-        sessions: list[pa.Table] = []
-        versions: list[pa.Table] = []
+        index = cls(_empty(), _empty().select(["model_version", "time_s"]), None)
         pending: list[pa.Table] = []
-        held, reduced, newest = 0, 0, None
+        held = 0
         for batch in batches:
-            table = (batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])).select(list(NARROW))
-            if table.num_rows:
-                top = float(pc.max(table.column("time_s")).as_py())
-                newest = top if newest is None else max(newest, top)
-            pending.append(table)
-            held += table.num_rows
-            if held >= max(merge_rows, reduced):  # geometric: each row is re-reduced O(log n) times, not once a merge
-                sessions, versions = cls._merge(sessions, versions, pending)
-                pending, held, reduced = [], 0, sessions[0].num_rows
-        if pending or not sessions:
-            sessions, versions = cls._merge(sessions, versions, pending)
-        return cls(sessions[0], versions[0], newest)
+            pending.append((batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])).select(list(NARROW)))
+            held += pending[-1].num_rows
+            if held >= max(merge_rows, index.sessions.num_rows):  # geometric: each row re-reduced O(log n) times
+                index, pending, held = index._merged(pending), [], 0
+        return index._merged(pending)
 
-    @staticmethod
-    def _merge(sessions: list[pa.Table], versions: list[pa.Table], pending: list[pa.Table]) -> tuple[list[pa.Table], list[pa.Table]]:
+    def _merged(self, pending: list[pa.Table]) -> SessionIndex:
+        """This index with ``pending``'s rows reduced into it."""
         rows = pa.concat_tables([_empty(), *pending], promote_options="permissive")
-        s = _firsts(pa.concat_tables([*sessions, rows]), "session_id", ("time_s", "model_version"))
-        v = _firsts(pa.concat_tables([*versions, rows.select(["model_version", "time_s"])]), "model_version", ("time_s",))
-        return [s], [v]
+        if rows.num_rows == 0:
+            return self
+        sessions = _firsts(pa.concat_tables([self.sessions, rows]), "session_id", ("time_s", "model_version"))
+        versions = _firsts(pa.concat_tables([self.versions, rows.select(["model_version", "time_s"])]), "model_version",
+                           ("time_s",))
+        top = float(pc.max(rows.column("time_s")).as_py())
+        return SessionIndex(sessions, versions, top if self.newest_s is None else max(self.newest_s, top))
 
     def versions_by_first_time(self) -> list[str]:
         ordered = self.versions.sort_by([("time_s", "ascending"), ("model_version", "ascending")])  # ties: by name

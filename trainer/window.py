@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -91,13 +90,6 @@ def choose(index: SessionIndex, hours: float | None = None, versions: int | None
         return ids, None if max_sessions is None else len(ids)
     hashes = session_hashes(ids.to_numpy(zero_copy_only=False), SAMPLE_SALT + int(sample_key).to_bytes(8, "little", signed=True))
     return ids.take(pa.array(np.argsort(hashes, kind="stable")[:max_sessions])), len(ids)
-
-
-def first_times(decisions: pa.Table) -> tuple[npt.NDArray[np.object_], npt.NDArray[np.float64]]:
-    """Each session's id and the ``time_s`` of its first logged decision."""
-    grouped = decisions.group_by("session_id").aggregate([("time_s", "min")])
-    return (grouped.column("session_id").to_numpy(zero_copy_only=False),
-            np.asarray(grouped.column("time_s_min").to_numpy(), dtype=np.float64))
 
 
 def sessions_of(decisions: pa.Table, outcomes: pa.Table, session_ids: pa.Array | pa.ChunkedArray) -> tuple[pa.Table, pa.Table]:
