@@ -15,8 +15,15 @@ Provenance (recorded in the manifest's ``provenance``):
    initial bundle, on sessions of another world (``EVAL_SEED``).
 
 Needs the ``train`` (or ``test``) extra: torch and onnx. Takes about three minutes on 2 cores.
-On the same CPU type the bytes are identical; ``--check`` rebuilds and compares (bytes, or,
-on another CPU where float rounding may differ, the networks' outputs within 1e-3).
+The build pins torch's numerics so that its bytes do not depend on the CPU: ATen's portable kernels
+(``ATEN_CPU_CAPABILITY=default``, not the AVX2/AVX-512 ones chosen at run time), MKL's conditional
+numerical reproducibility (``MKL_CBWR=COMPATIBLE``) and one torch thread. Unpinned, a build on a
+Sapphire Rapids core (AVX-512, AMX) and one on the machine that built the checked-in bundle differed
+by 0.004 in their outputs, and with MKL pinned but ATen not by 0.04: three cycles of training amplify
+rounding. Pinned, the build takes 170 s here against 70 s unpinned, and a rebuild with MKL and oneDNN held
+to AVX2 (``MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2``) gives the same bytes. onnxruntime, which serves
+the simulated sessions, has no such switch; ``--check`` rebuilds and compares the bytes, or, where the
+rounding of onnxruntime's kernels on another CPU may still differ, the networks' outputs within 1e-3.
 
 Run: ``python scripts/build_default_bundle.py [--check]``
 """
@@ -25,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -32,6 +40,7 @@ from zoneinfo import ZoneInfo
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+os.environ.update({"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE"})  # read when torch loads: see the module doc
 
 import numpy as np  # noqa: E402
 
@@ -60,6 +69,8 @@ def initial() -> bytes:
 
 def build() -> bytes:
     """``CYCLES`` CronJob cycles from the untrained bundle, as ``shopping-agent cycle`` runs them (see the module doc)."""
+    import torch
+
     from trainer.config import TrainConfig
     from trainer.cycle import judged
     from trainer.data import side
@@ -67,6 +78,7 @@ def build() -> bytes:
     from trainer.train import TrainResult, train
     from trainer.window import for_config
 
+    torch.set_num_threads(1)  # one reduction order whatever the core count
     init = read_bundle(initial())
     options = LoadOptions(device="cpu", warmup_batch=8)
     init_model = ModelSet.load(init, options)
