@@ -80,7 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"generating {args.decisions:,} logged decisions in {root} ...", file=sys.stderr)
         info = generate(root, args.decisions, args.seed)
     source = DirectorySource(root)
-    segments = [*source.segments("decisions"), *source.segments("outcomes")]
+    segments = [Path(s) for s in (*source.segments("decisions"), *source.segments("outcomes"))]
     size = sum(s.stat().st_size for s in segments)
 
     t0 = time.perf_counter()

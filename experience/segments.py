@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Protocol
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 
 from experience.kinds import KINDS
 from experience.schema import SCHEMA_VERSION, SCHEMAS
@@ -302,9 +303,11 @@ class LogSource(Protocol):
     def table(self, kind: str) -> pa.Table: ...
 
 
-def read_segment(path: Path) -> Iterator[pa.RecordBatch]:
-    """The record batches of one finalised segment; a torn last batch (a recovered segment) ends it quietly."""
-    with pa.OSFile(str(path), "r") as f:
+def read_segment(path: Path | str, filesystem: pafs.FileSystem | None = None) -> Iterator[pa.RecordBatch]:
+    """The record batches of one finalised segment (a local path, or a path in ``filesystem``); a torn last batch
+    (a recovered segment) ends it quietly."""
+    fs = filesystem or pafs.LocalFileSystem()
+    with fs.open_input_stream(str(path)) as f:  # sequential: what a stream needs, and what an object store serves best
         try:
             reader = pa.ipc.open_stream(f)
         except pa.ArrowInvalid:  # killed before the schema was written
@@ -322,27 +325,44 @@ def read_segment(path: Path) -> Iterator[pa.RecordBatch]:
 
 
 class DirectorySource:
-    """Finalised segments under ``root``, oldest first, in the current schema (older versions upgraded on read)."""
+    """Finalised segments under ``root``, oldest first, in the current schema (older versions upgraded on read).
 
-    def __init__(self, root: Path, v1: V1Reading | None = None) -> None:
-        self.root = Path(root)
+    ``root`` is a local directory, or, with ``filesystem``, a directory of any ``pyarrow.fs``
+    filesystem: S3, GCS, HDFS, Azure, or an fsspec one wrapped in ``PyFileSystem``
+    (``open_source`` makes both from a URI). Segments are listed and read through it, so the
+    trainer reads logs where a shop keeps them with the same code as from the PV.
+    """
+
+    def __init__(self, root: Path | str, v1: V1Reading | None = None, filesystem: pafs.FileSystem | None = None) -> None:
+        self.fs = filesystem or pafs.LocalFileSystem()
+        self.local = filesystem is None
+        self.root = str(Path(root).resolve()) if self.local else str(root).rstrip("/")
         self.v1 = v1 or V1Reading()
         self._warned = False
 
-    def segments(self, kind: str) -> list[Path]:
-        directory = segment_dir(self.root, kind)
-        if not directory.is_dir():
-            return []
-        return sorted(p for p in directory.iterdir() if p.name.endswith(SUFFIX) and not p.name.startswith("."))
+    @property
+    def local_root(self) -> Path | None:
+        """The directory, when it is a local one (where a local server may keep its salt)."""
+        return Path(self.root) if self.local else None
+
+    def has(self, kind: str) -> bool:
+        """Whether ``root`` has a directory of ``kind``."""
+        return bool(self.fs.get_file_info(f"{self.root}/{kind}").type == pafs.FileType.Directory)
+
+    def segments(self, kind: str) -> list[str]:
+        """The finalised segments of ``kind``, oldest first, as paths in the source's filesystem."""
+        found = self.fs.get_file_info(pafs.FileSelector(f"{self.root}/{kind}", allow_not_found=True))
+        return sorted(i.path for i in found
+                      if i.type == pafs.FileType.File and i.base_name.endswith(SUFFIX) and not i.base_name.startswith("."))
 
     def batches(self, kind: str) -> Iterator[pa.RecordBatch]:
         for path in self.segments(kind):
             yield from self.segment_batches(path, kind)
 
-    def segment_batches(self, path: Path, kind: str) -> Iterator[pa.RecordBatch]:
+    def segment_batches(self, path: str, kind: str) -> Iterator[pa.RecordBatch]:
         """The batches of one of ``segments(kind)``, in the current schema."""
         schema = SCHEMAS[kind]
-        for batch in read_segment(path):
+        for batch in read_segment(path, self.fs):
             version = segment_version(batch)
             if version == 1:
                 self._warn_v1(path)
@@ -354,7 +374,7 @@ class DirectorySource:
     def table(self, kind: str) -> pa.Table:
         return pa.Table.from_batches(list(self.batches(kind)), schema=SCHEMAS[kind])
 
-    def _warn_v1(self, path: Path) -> None:
+    def _warn_v1(self, path: str) -> None:
         if self._warned or self.v1.salt:
             return
         self._warned = True
@@ -372,3 +392,18 @@ def _conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
         index = batch.schema.get_field_index(field.name)
         columns.append(batch.column(index).cast(field.type) if index >= 0 else pa.nulls(batch.num_rows, field.type))
     return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
+def open_source(location: str | os.PathLike[str], v1: V1Reading | None = None) -> DirectorySource:
+    """The logs at ``location``: a local directory, or a URI that ``pyarrow.fs`` resolves (``file:///pv/logs``,
+    ``s3://bucket/logs``, ``gs://…``, ``hdfs://…``; credentials as each filesystem reads them, from the environment)."""
+    text = os.fspath(location)
+    if "://" not in text:
+        return DirectorySource(Path(text), v1)
+    try:
+        filesystem, path = pafs.FileSystem.from_uri(text)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as exc:
+        raise ValueError(f"{text}: not a log location pyarrow.fs can open ({exc})") from None
+    if isinstance(filesystem, pafs.LocalFileSystem):
+        return DirectorySource(Path(path), v1)
+    return DirectorySource(path, v1, filesystem=filesystem)

@@ -2,6 +2,9 @@
 
 Torch is imported only by the commands that train: ``evaluate`` needs none.
 
+``--logs`` is a directory or a URI (``s3://bucket/logs``, ``gs://…``, ``hdfs://…``, ``file://…``):
+segments are listed and read through ``pyarrow.fs`` (``experience.segments.open_source``).
+
 - ``train --logs DIR --out BUNDLE [--init BUNDLE] [--device auto|cpu|cuda]``: a new bundle.
 - ``evaluate BUNDLE --logs DIR [--json]``: offline estimates of the business objective per session on the
   logs (IPS, SNIPS, DR with 95 % intervals) and the logged behaviour's value. No torch.
@@ -48,7 +51,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
     p = subparsers.add_parser("evaluate", help="offline estimates of a bundle's value on logs (IPS, SNIPS, DR)")
     p.add_argument("bundle", type=Path, help="a bundle file, or 'default' for the embedded default")
-    p.add_argument("--logs", type=Path, required=True, help="a log directory (serve --log-dir)")
+    p.add_argument("--logs", required=True, metavar="DIR_OR_URI",
+                   help="the logs: a directory (serve --log-dir) or a URI pyarrow.fs opens (s3://, gs://, hdfs://, file://)")
     p.add_argument("--bootstrap", type=int, default=200, help="bootstrap resamples (default 200)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -68,7 +72,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--logs", type=Path, required=True, help="a log directory (serve --log-dir)")
+    p.add_argument("--logs", required=True, metavar="DIR_OR_URI",
+                   help="the logs: a directory (serve --log-dir) or a URI pyarrow.fs opens (s3://, gs://, hdfs://, file://)")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="torch device (default auto: CUDA when present)")
     p.add_argument("--config", type=Path, help="a JSON file of TrainConfig fields")
     p.add_argument("--seed", type=int, help="TrainConfig.seed")
@@ -129,33 +134,40 @@ def _config(args: argparse.Namespace) -> TrainConfig:
         raise UsageError(f"--config: {exc}") from None
 
 
-def _source(path: Path, bundle: Any) -> Any:
-    """The log directory as a ``DirectorySource``; version-1 segments are read for ``bundle``'s feature spec.
+def _source(location: str, bundle: Any) -> Any:
+    """The logs at ``location`` as a ``DirectorySource``; version-1 segments are read for ``bundle``'s feature spec.
 
     Their ids are hashed on read with the salt a local server kept next to the logs, if there
     is one (so they join its version-2 records); the trainer is never given the servers' salt.
     """
     from experience.salt import read_salt
-    from experience.segments import DirectorySource
+    from experience.segments import DirectorySource, open_source
     from experience.upgrade import V1Reading
     from policy.features import FeatureSpec
 
-    if not (path / "decisions").is_dir():
-        raise UsageError(f"--logs: {path} has no decisions/ directory")
-    return DirectorySource(path, V1Reading(read_salt(path) or b"", FeatureSpec.parse(bundle.manifest["feature_spec"])))
+    try:
+        found = open_source(location)
+        has_decisions = found.has("decisions")
+    except (ValueError, OSError) as exc:  # an unknown scheme, a store that cannot be reached or refuses
+        raise UsageError(f"--logs: {exc}") from None
+    if not has_decisions:
+        raise UsageError(f"--logs: {location} has no decisions/ directory")
+    salt = read_salt(found.local_root) if found.local_root is not None else None  # only a local server keeps one there
+    v1 = V1Reading(salt or b"", FeatureSpec.parse(bundle.manifest["feature_spec"]))
+    return DirectorySource(found.root, v1, None if found.local else found.fs)
 
 
-def _logs(path: Path, bundle: Any) -> tuple[Any, Any]:
+def _logs(location: str, bundle: Any) -> tuple[Any, Any]:
     """Every decision and outcome (``evaluate``: judged on all it is given)."""
-    source = _source(path, bundle)
+    source = _source(location, bundle)
     return source.table("decisions"), source.table("outcomes")
 
 
-def _window(path: Path, bundle: Any, config: TrainConfig) -> Any:
+def _window(location: str, bundle: Any, config: TrainConfig) -> Any:
     """What a run reads: its window and sample, in two passes (``trainer.reading``)."""
     from trainer.reading import read_window
 
-    return read_window(_source(path, bundle), config)
+    return read_window(_source(location, bundle), config)
 
 
 def _bundle(path: Path | None) -> Any:

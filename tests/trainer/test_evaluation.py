@@ -193,3 +193,17 @@ def test_evaluate_command_reports_the_objective(sim_logs: Path) -> None:
     assert result["value"] == "business objective per session" and result["diagnostics"]["gamma"] == 1.0
     assert {"ips", "snips", "dr", "tis", "behavior_value", "unsupported_mass"} <= set(result)
     assert result["tis"]["value"] == pytest.approx(result["behavior_value"]["value"], rel=1e-3)
+
+
+def test_evaluate_reads_logs_by_uri_and_names_a_bad_one(sim_logs: Path) -> None:
+    def evaluate(logs: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "server", "evaluate", "default", "--logs", logs, "--bootstrap", "20", "--json"],
+                              capture_output=True, text=True, cwd=ROOT, timeout=300)
+
+    by_path, by_uri = evaluate(str(sim_logs)), evaluate(sim_logs.as_uri())
+    assert by_uri.returncode == 0, by_uri.stderr[-2000:]
+    assert json.loads(by_uri.stdout) == json.loads(by_path.stdout)  # the same segments, through pyarrow.fs
+    bad = evaluate("nosuch://bucket/logs")
+    assert bad.returncode == 2 and "--logs: nosuch://bucket/logs: not a log location pyarrow.fs can open" in bad.stderr
+    empty = evaluate((sim_logs / "decisions").as_uri())
+    assert empty.returncode == 2 and "has no decisions/ directory" in empty.stderr

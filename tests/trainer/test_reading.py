@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
+import pyarrow.fs as pafs
 import pytest
 
-from experience.segments import DirectorySource
+from experience.segments import DirectorySource, open_source
 from simulator.config import SimConfig
 from simulator.drive import run_logged
 from simulator.world import World
@@ -47,6 +48,41 @@ def test_two_passes_read_exactly_what_selecting_on_every_row_reads(logs: Path, c
     assert read.decisions.equals(whole.decisions) and read.outcomes.equals(whole.outcomes)
     assert read.versions == whole.versions and read.describe() == whole.describe()
     assert read.decisions.num_rows > 0
+
+
+def _in_memory(logs: Path, root: str) -> pafs.FileSystem:
+    """The log directory copied, byte for byte, into an fsspec in-memory filesystem seen through ``pyarrow.fs``
+    (how any fsspec store, or a pyarrow one such as S3, is read); with a hidden open segment and a stray file."""
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    memory = MemoryFileSystem()
+    for path in sorted(logs.rglob("*")):
+        if path.is_file():
+            memory.pipe_file(f"{root}/{path.relative_to(logs).as_posix()}", path.read_bytes())
+    memory.pipe_file(f"{root}/decisions/.open-still-writing.arrows", b"half a segment")
+    memory.pipe_file(f"{root}/decisions/notes.txt", b"not a segment")
+    return pafs.PyFileSystem(pafs.FSSpecHandler(memory))
+
+
+def test_logs_on_another_filesystem_read_as_the_same_window(logs: Path) -> None:
+    fs = _in_memory(logs, "/shop-logs-test")
+    remote, local = DirectorySource("/shop-logs-test", filesystem=fs), DirectorySource(logs)
+    assert [Path(p).name for p in remote.segments("decisions")] == [Path(p).name for p in local.segments("decisions")]
+    assert remote.has("decisions") and remote.local_root is None and not DirectorySource("/nowhere", filesystem=fs).has("decisions")
+    config = TrainConfig(window_versions=None, max_sessions=150, sample_key=3)
+    read, whole = read_window(remote, config), read_window(local, config)
+    assert read.decisions.equals(whole.decisions) and read.outcomes.equals(whole.outcomes)
+    assert read.describe() == whole.describe() and read.decisions.num_rows > 0
+
+
+def test_a_file_uri_and_a_path_are_the_same_logs(logs: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    by_uri = open_source(logs.as_uri())
+    assert by_uri.local_root == logs.resolve() and by_uri.segments("outcomes") == DirectorySource(logs).segments("outcomes")
+    monkeypatch.chdir(logs.parent)
+    relative = open_source(logs.name)  # a relative directory, as a person types it
+    assert relative.local_root == logs.resolve() and relative.segments("decisions") == by_uri.segments("decisions")
+    with pytest.raises(ValueError, match=r"nosuch://bucket/logs: not a log location pyarrow.fs can open"):
+        open_source("nosuch://bucket/logs")
 
 
 def test_an_empty_log_directory_reads_as_an_empty_window(tmp_path: Path) -> None:
