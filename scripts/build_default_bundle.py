@@ -14,16 +14,22 @@ Provenance (recorded in the manifest's ``provenance``):
 3. the simulator's true value (the business objective per session) of the result and of the
    initial bundle, on sessions of another world (``EVAL_SEED``).
 
-Needs the ``train`` (or ``test``) extra: torch and onnx. Takes about three minutes on 2 cores.
-The build pins torch's numerics so that its bytes do not depend on the CPU: ATen's portable kernels
-(``ATEN_CPU_CAPABILITY=default``, not the AVX2/AVX-512 ones chosen at run time), MKL's conditional
-numerical reproducibility (``MKL_CBWR=COMPATIBLE``) and one torch thread. Unpinned, a build on a
-Sapphire Rapids core (AVX-512, AMX) and one on the machine that built the checked-in bundle differed
-by 0.004 in their outputs, and with MKL pinned but ATen not by 0.04: three cycles of training amplify
-rounding. Pinned, the build takes 170 s here against 70 s unpinned, and a rebuild with MKL and oneDNN held
-to AVX2 (``MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2``) gives the same bytes. onnxruntime, which serves
-the simulated sessions, has no such switch; ``--check`` rebuilds and compares the bytes, or, where the
-rounding of onnxruntime's kernels on another CPU may still differ, the networks' outputs within 1e-3.
+Needs the ``train`` (or ``test``) extra: torch and onnx. Takes under two minutes on 2 cores.
+The build pins its numerics so that its bytes depend neither on the CPU's instruction set nor on
+its core count (``PINNED``, set before torch and numpy load): torch's ATen kernels and MKL held to
+AVX2 (``ATEN_CPU_CAPABILITY=avx2``, MKL's conditional numerical reproducibility ``MKL_CBWR=AVX2``;
+both otherwise pick AVX-512 or AMX kernels at run time), numpy's OpenBLAS held to its Haswell
+kernels on one thread, and two torch threads (intra-op work is split by the thread count, not by
+the cores). Unpinned, a build on a Sapphire Rapids core (AVX-512, AMX) and one on the machine that
+built the previous bundle differed by 0.004 in their outputs, past the 1e-3 below; with MKL
+pinned but not ATen, two builds here differed by 0.04 (three cycles of training amplify
+rounding); with torch pinned but not OpenBLAS, a build on one core and one on two differed in the
+gate's estimates at 1e-8. Pinned, a build with MKL and oneDNN capped at AVX2
+(``MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2``) and one on a single core
+(``taskset -c 0``) give the same bytes as one on both cores; it takes 80 s here (70 s unpinned).
+onnxruntime, which serves the simulated sessions, has no such switch, and a CPU without AVX2 falls
+back to other kernels: ``--check`` rebuilds and compares the bytes, or, where the rounding may
+still differ, the networks' outputs within 1e-3.
 
 Run: ``python scripts/build_default_bundle.py [--check]``
 """
@@ -40,7 +46,8 @@ from zoneinfo import ZoneInfo
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-os.environ.update({"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE"})  # read when torch loads: see the module doc
+PINNED = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "OPENBLAS_CORETYPE": "Haswell", "OPENBLAS_NUM_THREADS": "1"}
+os.environ.update(PINNED)  # read when torch and numpy load: see the module doc
 
 import numpy as np  # noqa: E402
 
@@ -61,6 +68,7 @@ TRAIN_SEED = 0
 EVAL_SEED, EVAL_SESSIONS = 2026, 3000
 LOG_CLOCK_S = 1_795_996_800.0  # 2026-12-01T00:00:00Z: the first cycle's server time, fixed; each cycle 2 h later
 TARGET = ROOT / "weights" / "data" / "default.bundle"
+TORCH_THREADS = 2  # intra-op work is split by this, not by the cores: the same reductions on any machine
 
 
 def initial() -> bytes:
@@ -78,7 +86,7 @@ def build() -> bytes:
     from trainer.train import TrainResult, train
     from trainer.window import for_config
 
-    torch.set_num_threads(1)  # one reduction order whatever the core count
+    torch.set_num_threads(TORCH_THREADS)
     init = read_bundle(initial())
     options = LoadOptions(device="cpu", warmup_batch=8)
     init_model = ModelSet.load(init, options)
