@@ -28,6 +28,7 @@ import os
 import secrets
 import socket
 import time
+import urllib.parse
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -305,9 +306,17 @@ class LogSource(Protocol):
 
 def read_segment(path: Path | str, filesystem: pafs.FileSystem | None = None) -> Iterator[pa.RecordBatch]:
     """The record batches of one finalised segment (a local path, or a path in ``filesystem``); a torn last batch
-    (a recovered segment) ends it quietly."""
-    fs = filesystem or pafs.LocalFileSystem()
-    with fs.open_input_stream(str(path)) as f:  # sequential: what a stream needs, and what an object store serves best
+    (a recovered segment) ends it quietly.
+
+    Off the local disk a segment is fetched whole first (one sequential read, what an object store serves best), so
+    a read that fails (a dropped connection) raises instead of passing for a torn end: the rest of the segment is
+    not there to be skipped."""
+    if filesystem is None or isinstance(filesystem, pafs.LocalFileSystem):
+        source: pa.NativeFile = pa.OSFile(str(path), "r")
+    else:
+        with filesystem.open_input_stream(str(path), compression=None) as remote:  # never decompressed by a name's guess
+            source = pa.BufferReader(remote.read())
+    with source as f:
         try:
             reader = pa.ipc.open_stream(f)
         except pa.ArrowInvalid:  # killed before the schema was written
@@ -329,13 +338,13 @@ class DirectorySource:
 
     ``root`` is a local directory, or, with ``filesystem``, a directory of any ``pyarrow.fs``
     filesystem: S3, GCS, HDFS, Azure, or an fsspec one wrapped in ``PyFileSystem``
-    (``open_source`` makes both from a URI). Segments are listed and read through it, so the
+    (``open_source`` makes either from a URI). Segments are listed and read through it, so the
     trainer reads logs where a shop keeps them with the same code as from the PV.
     """
 
     def __init__(self, root: Path | str, v1: V1Reading | None = None, filesystem: pafs.FileSystem | None = None) -> None:
         self.fs = filesystem or pafs.LocalFileSystem()
-        self.local = filesystem is None
+        self.local = isinstance(self.fs, pafs.LocalFileSystem)
         self.root = str(Path(root).resolve()) if self.local else str(root).rstrip("/")
         self.v1 = v1 or V1Reading()
         self._warned = False
@@ -347,13 +356,18 @@ class DirectorySource:
 
     def has(self, kind: str) -> bool:
         """Whether ``root`` has a directory of ``kind``."""
-        return bool(self.fs.get_file_info(f"{self.root}/{kind}").type == pafs.FileType.Directory)
+        return bool(self.fs.get_file_info(self._dir(kind)).type == pafs.FileType.Directory)
 
     def segments(self, kind: str) -> list[str]:
         """The finalised segments of ``kind``, oldest first, as paths in the source's filesystem."""
-        found = self.fs.get_file_info(pafs.FileSelector(f"{self.root}/{kind}", allow_not_found=True))
+        found = self.fs.get_file_info(pafs.FileSelector(self._dir(kind), allow_not_found=True))
         return sorted(i.path for i in found
                       if i.type == pafs.FileType.File and i.base_name.endswith(SUFFIX) and not i.base_name.startswith("."))
+
+    def _dir(self, kind: str) -> str:
+        if kind not in SCHEMAS:
+            raise ValueError(f"kind: expected one of {KINDS}, got {kind!r}")
+        return f"{self.root}/{kind}"
 
     def batches(self, kind: str) -> Iterator[pa.RecordBatch]:
         for path in self.segments(kind):
@@ -395,15 +409,42 @@ def _conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
 
 
 def open_source(location: str | os.PathLike[str], v1: V1Reading | None = None) -> DirectorySource:
-    """The logs at ``location``: a local directory, or a URI that ``pyarrow.fs`` resolves (``file:///pv/logs``,
-    ``s3://bucket/logs``, ``gs://…``, ``hdfs://…``; credentials as each filesystem reads them, from the environment)."""
+    """The logs at ``location``: a local directory, or a URI. ``pyarrow.fs`` resolves its own schemes (``file://``,
+    ``s3://``, ``gs://``, ``hdfs://``, ``abfs://``; credentials as each reads them, from the environment); any other
+    scheme is fsspec's, when fsspec and that scheme's package are installed (``memory://``, ``sftp://``, …).
+
+    Raises ``ValueError`` for a location no filesystem takes, ``OSError`` for one that cannot be reached now; both
+    name the location without the user info and query a URI may carry (``redacted``)."""
     text = os.fspath(location)
     if "://" not in text:
         return DirectorySource(Path(text), v1)
+    shown = redacted(text)
     try:
         filesystem, path = pafs.FileSystem.from_uri(text)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as exc:
-        raise ValueError(f"{text}: not a log location pyarrow.fs can open ({exc})") from None
-    if isinstance(filesystem, pafs.LocalFileSystem):
-        return DirectorySource(Path(path), v1)
-    return DirectorySource(path, v1, filesystem=filesystem)
+    except pa.ArrowInvalid as exc:  # not a scheme of pyarrow's: perhaps fsspec's
+        filesystem, path = _fsspec(text, shown, str(exc).replace(text, shown))
+    except OSError as exc:  # pyarrow's scheme, but not reachable (or its library missing): worth another try later
+        raise OSError(f"{shown}: {str(exc).replace(text, shown)}") from None
+    return DirectorySource(Path(path) if isinstance(filesystem, pafs.LocalFileSystem) else path, v1, filesystem=filesystem)
+
+
+def _fsspec(text: str, shown: str, pyarrow_says: str) -> tuple[pafs.FileSystem, str]:
+    try:
+        import fsspec
+    except ImportError:
+        raise ValueError(f"{shown}: not a log location pyarrow.fs can open ({pyarrow_says}); "
+                         "install fsspec for its schemes") from None
+    try:
+        fs, path = fsspec.core.url_to_fs(text)
+    except (ValueError, ImportError) as exc:  # an unknown protocol, or one whose package is not installed
+        raise ValueError(f"{shown}: not a log location pyarrow.fs or fsspec can open ({str(exc).replace(text, shown)})") from None
+    return pafs.PyFileSystem(pafs.FSSpecHandler(fs)), path
+
+
+def redacted(location: str) -> str:
+    """``location`` fit to print and to record in a manifest: a URI without its user info (``key:secret@``) and
+    query (``?secret_key=…``), where credentials can travel."""
+    if "://" not in location:
+        return location
+    parts = urllib.parse.urlsplit(location)
+    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}{parts.path}"

@@ -146,15 +146,20 @@ def _source(location: str, bundle: Any) -> Any:
     from policy.features import FeatureSpec
 
     try:
-        found = open_source(location)
-        has_decisions = found.has("decisions")
-    except (ValueError, OSError) as exc:  # an unknown scheme, a store that cannot be reached or refuses
+        found = open_source(location)  # OSError (a store out of reach) goes on: exit 1, which the CronJob retries
+    except ValueError as exc:  # no filesystem takes it: bad usage
         raise UsageError(f"--logs: {exc}") from None
-    if not has_decisions:
-        raise UsageError(f"--logs: {location} has no decisions/ directory")
+    if not found.has("decisions"):
+        raise UsageError(f"--logs: {_shown(location)} has no decisions/ directory")
     salt = read_salt(found.local_root) if found.local_root is not None else None  # only a local server keeps one there
     v1 = V1Reading(salt or b"", FeatureSpec.parse(bundle.manifest["feature_spec"]))
     return DirectorySource(found.root, v1, None if found.local else found.fs)
+
+
+def _shown(location: str) -> str:
+    from experience.segments import redacted
+
+    return redacted(location)
 
 
 def _logs(location: str, bundle: Any) -> tuple[Any, Any]:
@@ -185,7 +190,7 @@ def _trained(args: argparse.Namespace, init: Any, window: Any, config: Any) -> A
     where = init_from_env(os.environ)
     args.rank = where.rank
     result = train(window.decisions, window.outcomes, init, config, device=args.device, reducer=make_reducer(where),
-                   rank=where.rank, world=where.world_size, model_version=args.model_version, provenance={"logs": str(args.logs)},
+                   rank=where.rank, world=where.world_size, model_version=args.model_version, provenance={"logs": _shown(args.logs)},
                    window=window)
     for warning in result.warnings:
         log.warning("%s", warning)

@@ -203,7 +203,8 @@ def test_evaluate_reads_logs_by_uri_and_names_a_bad_one(sim_logs: Path) -> None:
     by_path, by_uri = evaluate(str(sim_logs)), evaluate(sim_logs.as_uri())
     assert by_uri.returncode == 0, by_uri.stderr[-2000:]
     assert json.loads(by_uri.stdout) == json.loads(by_path.stdout)  # the same segments, through pyarrow.fs
-    bad = evaluate("nosuch://bucket/logs")
-    assert bad.returncode == 2 and "--logs: nosuch://bucket/logs: not a log location pyarrow.fs can open" in bad.stderr
+    bad = evaluate("nosuch://KEY:SECRET@bucket/logs")
+    assert bad.returncode == 2 and "--logs: nosuch://bucket/logs: not a log location pyarrow.fs or fsspec can open" in bad.stderr
+    assert "SECRET" not in bad.stderr
     empty = evaluate((sim_logs / "decisions").as_uri())
     assert empty.returncode == 2 and "has no decisions/ directory" in empty.stderr

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from zoneinfo import ZoneInfo
 
 import pyarrow.fs as pafs
 import pytest
 
-from experience.segments import DirectorySource, open_source
+from experience.segments import DirectorySource, open_source, read_segment, redacted
 from simulator.config import SimConfig
 from simulator.drive import run_logged
 from simulator.world import World
 from tests.harness import fresh_bundle
+from trainer.cli import UsageError, _source, _window
 from trainer.config import TrainConfig
 from trainer.reading import read_window
 from trainer.window import for_config
@@ -50,29 +53,53 @@ def test_two_passes_read_exactly_what_selecting_on_every_row_reads(logs: Path, c
     assert read.decisions.num_rows > 0
 
 
-def _in_memory(logs: Path, root: str) -> pafs.FileSystem:
-    """The log directory copied, byte for byte, into an fsspec in-memory filesystem seen through ``pyarrow.fs``
-    (how any fsspec store, or a pyarrow one such as S3, is read); with a hidden open segment and a stray file."""
+@pytest.fixture
+def memory() -> Iterator[Any]:
+    """fsspec's in-memory filesystem (one store per process), emptied after the test."""
     from fsspec.implementations.memory import MemoryFileSystem
 
-    memory = MemoryFileSystem()
+    fs = MemoryFileSystem()
+    fs.store.clear()
+    yield fs
+    fs.store.clear()
+
+
+def _copied(logs: Path, memory: Any, root: str) -> None:
+    """The log directory copied, byte for byte, into the in-memory filesystem, with a hidden open segment and a
+    stray file."""
     for path in sorted(logs.rglob("*")):
         if path.is_file():
             memory.pipe_file(f"{root}/{path.relative_to(logs).as_posix()}", path.read_bytes())
     memory.pipe_file(f"{root}/decisions/.open-still-writing.arrows", b"half a segment")
     memory.pipe_file(f"{root}/decisions/notes.txt", b"not a segment")
-    return pafs.PyFileSystem(pafs.FSSpecHandler(memory))
 
 
-def test_logs_on_another_filesystem_read_as_the_same_window(logs: Path) -> None:
-    fs = _in_memory(logs, "/shop-logs-test")
-    remote, local = DirectorySource("/shop-logs-test", filesystem=fs), DirectorySource(logs)
+def test_logs_on_another_filesystem_read_as_the_same_window(logs: Path, memory: Any) -> None:
+    _copied(logs, memory, "/shop-logs")
+    fs = pafs.PyFileSystem(pafs.FSSpecHandler(memory))  # how any fsspec store, or a pyarrow one such as S3, is read
+    remote, local = DirectorySource("/shop-logs", filesystem=fs), DirectorySource(logs)
     assert [Path(p).name for p in remote.segments("decisions")] == [Path(p).name for p in local.segments("decisions")]
     assert remote.has("decisions") and remote.local_root is None and not DirectorySource("/nowhere", filesystem=fs).has("decisions")
+    with pytest.raises(ValueError, match="kind: expected one of"):
+        remote.segments("clicks")
     config = TrainConfig(window_versions=None, max_sessions=150, sample_key=3)
     read, whole = read_window(remote, config), read_window(local, config)
     assert read.decisions.equals(whole.decisions) and read.outcomes.equals(whole.outcomes)
     assert read.describe() == whole.describe() and read.decisions.num_rows > 0
+
+
+def test_the_trainer_reads_a_uri_of_a_store_it_has_no_path_to(logs: Path, memory: Any) -> None:
+    _copied(logs, memory, "/shop-logs")
+    (logs / ".user-salt").write_text("ab" * 32)  # a local server's salt: read only beside a local directory
+    bundle = read_bundle(make_bundle(7, "later", "2026-12-01T00:00:00Z"))
+    config = TrainConfig(window_versions=None)
+    source = _source("memory://shop-logs", bundle)  # what `train --logs memory://shop-logs` opens
+    assert source.local_root is None and source.v1.salt == b"" and _source(str(logs), bundle).v1.salt == b"\xab" * 32
+    read, whole = _window("memory://shop-logs", bundle, config), read_window(DirectorySource(logs), config)
+    assert read.decisions.equals(whole.decisions) and read.outcomes.equals(whole.outcomes) and read.decisions.num_rows > 0
+    with pytest.raises(UsageError, match="--logs: memory://elsewhere has no decisions/ directory"):
+        _source("memory://elsewhere", bundle)
+    (logs / ".user-salt").unlink()
 
 
 def test_a_file_uri_and_a_path_are_the_same_logs(logs: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -81,8 +108,54 @@ def test_a_file_uri_and_a_path_are_the_same_logs(logs: Path, monkeypatch: pytest
     monkeypatch.chdir(logs.parent)
     relative = open_source(logs.name)  # a relative directory, as a person types it
     assert relative.local_root == logs.resolve() and relative.segments("decisions") == by_uri.segments("decisions")
-    with pytest.raises(ValueError, match=r"nosuch://bucket/logs: not a log location pyarrow.fs can open"):
-        open_source("nosuch://bucket/logs")
+
+
+def test_a_location_no_filesystem_takes_is_named_without_its_credentials() -> None:
+    assert redacted("s3://KEY:SECRET@bucket/logs?region=x&secret_key=S2") == "s3://bucket/logs"
+    assert redacted("memory:///a/b") == "memory:///a/b" and redacted("/pv/logs") == "/pv/logs" and redacted("gs://bucket/a/b") == "gs://bucket/a/b"
+    with pytest.raises(ValueError, match=r"^nosuch://bucket/logs: not a log location pyarrow.fs or fsspec can open") as caught:
+        open_source("nosuch://KEY:SECRET@bucket/logs?secret_key=S2")
+    assert "SECRET" not in str(caught.value) and "S2" not in str(caught.value)
+
+
+def test_a_read_cut_off_before_the_end_of_a_segment_raises(logs: Path, memory: Any) -> None:
+    """A torn last batch (a writer killed mid-write) ends a segment quietly; a connection dropped halfway through
+    one must not: the rest of the segment is not there to be skipped."""
+    import io
+
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    class Cut(io.BytesIO):
+        def read(self, n: int | None = -1) -> bytes:
+            if self.tell() + (n if n is not None and n >= 0 else len(self.getbuffer())) > len(self.getbuffer()) // 2:
+                raise ConnectionResetError("connection reset by peer")
+            return super().read(n)
+
+    class Dropping(MemoryFileSystem):  # type: ignore[misc]
+        protocol = "cut-test"
+
+        @classmethod
+        def _strip_protocol(cls, path: str) -> str:
+            return str(MemoryFileSystem._strip_protocol(path.replace("cut-test://", "memory://", 1)))
+
+        def _open(self, path: str, mode: str = "rb", **kwargs: Any) -> Any:
+            return Cut(memory.cat_file(path))
+
+    segment = DirectorySource(logs).segments("decisions")[0]
+    memory.pipe_file("/cut/decisions/a.arrows", Path(segment).read_bytes())
+    fs = pafs.PyFileSystem(pafs.FSSpecHandler(Dropping()))
+    with pytest.raises(OSError, match="connection reset"):
+        list(read_segment("/cut/decisions/a.arrows", fs))
+    import fsspec
+
+    from server.cli import main
+
+    fsspec.register_implementation("cut-test", Dropping, clobber=True)
+    assert main(["evaluate", "default", "--logs", "cut-test:///cut", "--bootstrap", "5"]) == 1  # a failure the CronJob retries
+    data = Path(segment).read_bytes()
+    memory.pipe_file("/torn/decisions/a.arrows", data[: len(data) - 100])  # a killed writer's last batch, whole bytes
+    torn = sum(b.num_rows for b in read_segment("/torn/decisions/a.arrows", pafs.PyFileSystem(pafs.FSSpecHandler(memory))))
+    assert 0 < torn < sum(b.num_rows for b in read_segment(segment))
 
 
 def test_an_empty_log_directory_reads_as_an_empty_window(tmp_path: Path) -> None:
