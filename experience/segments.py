@@ -344,10 +344,13 @@ class DirectorySource:
 
     def __init__(self, root: Path | str, v1: V1Reading | None = None, filesystem: pafs.FileSystem | None = None) -> None:
         self.fs = filesystem or pafs.LocalFileSystem()
-        self.local = isinstance(self.fs, pafs.LocalFileSystem)
         self.root = str(Path(root).resolve()) if self.local else str(root).rstrip("/")
         self.v1 = v1 or V1Reading()
         self._warned = False
+
+    @property
+    def local(self) -> bool:
+        return isinstance(self.fs, pafs.LocalFileSystem)
 
     @property
     def local_root(self) -> Path | None:
@@ -365,9 +368,7 @@ class DirectorySource:
                       if i.type == pafs.FileType.File and i.base_name.endswith(SUFFIX) and not i.base_name.startswith("."))
 
     def _dir(self, kind: str) -> str:
-        if kind not in SCHEMAS:
-            raise ValueError(f"kind: expected one of {KINDS}, got {kind!r}")
-        return f"{self.root}/{kind}"
+        return segment_dir(Path(self.root), kind).as_posix()
 
     def batches(self, kind: str) -> Iterator[pa.RecordBatch]:
         for path in self.segments(kind):

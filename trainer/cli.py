@@ -153,7 +153,7 @@ def _source(location: str, bundle: Any) -> Any:
         raise UsageError(f"--logs: {_shown(location)} has no decisions/ directory")
     salt = read_salt(found.local_root) if found.local_root is not None else None  # only a local server keeps one there
     v1 = V1Reading(salt or b"", FeatureSpec.parse(bundle.manifest["feature_spec"]))
-    return DirectorySource(found.root, v1, None if found.local else found.fs)
+    return DirectorySource(found.root, v1, found.fs)
 
 
 def _shown(location: str) -> str:
