@@ -1,9 +1,10 @@
-"""``shopping-agent logs cat DIR [--kind decisions|outcomes]``: the log records as JSON lines.
+"""``shopping-agent logs cat DIR_OR_URI [--kind decisions|outcomes]``: the log records as JSON lines.
 
 For people debugging and for any tool that wants the records without our reader: one JSON
 object per record, oldest segment first, with a ``kind`` key added, in the current schema
-(version-1 segments upgraded on read, see ``experience.upgrade``). Exit 0, or 2 when DIR
-is not a log directory.
+(version-1 segments upgraded on read, see ``experience.upgrade``). The logs are a directory or a
+URI (``s3://bucket/logs``, as the trainer's ``--logs``: ``experience.segments.open_source``). Exit 0;
+2 when the location is not a log directory or no filesystem takes it; 1 when it cannot be reached.
 """
 
 from __future__ import annotations
@@ -11,15 +12,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 from typing import TextIO
 
 from core.progress import progress
 from experience.kinds import KINDS
-from experience.salt import read_salt
 from experience.schema import SCHEMAS
-from experience.segments import DirectorySource
-from experience.upgrade import V1Reading
+from experience.segments import open_logs, redacted
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -27,7 +25,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                                    description="Read the decision and outcome logs that `serve --log-dir` writes.")
     sub = parser.add_subparsers(dest="logs_command", required=True)
     p = sub.add_parser("cat", help="print log records as JSON lines")
-    p.add_argument("dir", type=Path, help="the --log-dir of the server(s)")
+    p.add_argument("dir", metavar="DIR_OR_URI", help="the --log-dir of the server(s), or a URI of where the logs were moved")
     p.add_argument("--kind", choices=KINDS, help="only this kind (default: decisions, then outcomes)")
     p.add_argument("--fields", help="comma-separated columns to print (default: all)")
     p.set_defaults(logs_handler=_cat)
@@ -38,11 +36,18 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _cat(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
-    if not args.dir.is_dir() or not any((args.dir / kind).is_dir() for kind in KINDS):
-        print(f"shopping-agent logs: {args.dir} holds no decisions/ or outcomes/ directory", file=sys.stderr)
+    try:
+        source = open_logs(args.dir)
+        if not any(source.has(kind) for kind in KINDS):
+            print(f"shopping-agent logs: {redacted(args.dir)} holds no decisions/ or outcomes/ directory", file=sys.stderr)
+            return 2
+    except ValueError as exc:
+        print(f"shopping-agent logs: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # out of reach: worth another try
+        print(f"shopping-agent logs: {exc}", file=sys.stderr)
+        return 1
     fields = [f.strip() for f in args.fields.split(",")] if args.fields else None
-    source = DirectorySource(args.dir, V1Reading(read_salt(args.dir) or b""))  # a local server's salt, if it kept one there
     for kind in (args.kind,) if args.kind else KINDS:
         if fields is not None:
             unknown = [f for f in fields if f not in SCHEMAS[kind].names]

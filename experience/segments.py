@@ -38,8 +38,10 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from experience.kinds import KINDS
+from experience.salt import read_salt
 from experience.schema import SCHEMA_VERSION, SCHEMAS
 from experience.upgrade import V1Reading, segment_version, upgrade_v1
+from policy.features import FeatureSpec
 
 log = logging.getLogger(__name__)
 
@@ -427,6 +429,14 @@ def open_source(location: str | os.PathLike[str], v1: V1Reading | None = None) -
     except OSError as exc:  # pyarrow's scheme, but not reachable (or its library missing): worth another try later
         raise OSError(f"{shown}: {str(exc).replace(text, shown)}") from None
     return DirectorySource(Path(path) if isinstance(filesystem, pafs.LocalFileSystem) else path, v1, filesystem=filesystem)
+
+
+def open_logs(location: str | os.PathLike[str], spec: FeatureSpec | None = None) -> DirectorySource:
+    """``open_source``, with version-1 segments read for ``spec`` and their ids hashed as a local server's are: with
+    the salt it kept beside its logs (``.user-salt``), if it did; a store it moved them to has none."""
+    found = open_source(location)
+    salt = read_salt(found.local_root) if found.local_root is not None else None
+    return DirectorySource(found.root, V1Reading(salt or b"", spec or FeatureSpec()), found.fs)
 
 
 def _fsspec(text: str, shown: str, pyarrow_says: str) -> tuple[pafs.FileSystem, str]:

@@ -140,20 +140,16 @@ def _source(location: str, bundle: Any) -> Any:
     Their ids are hashed on read with the salt a local server kept next to the logs, if there
     is one (so they join its version-2 records); the trainer is never given the servers' salt.
     """
-    from experience.salt import read_salt
-    from experience.segments import DirectorySource, open_source
-    from experience.upgrade import V1Reading
+    from experience.segments import open_logs
     from policy.features import FeatureSpec
 
     try:
-        found = open_source(location)  # OSError (a store out of reach) goes on: exit 1, which the CronJob retries
-    except ValueError as exc:  # no filesystem takes it: bad usage
+        source = open_logs(location, FeatureSpec.parse(bundle.manifest["feature_spec"]))
+    except ValueError as exc:  # no filesystem takes it: bad usage. An OSError (out of reach) goes on: exit 1, retried
         raise UsageError(f"--logs: {exc}") from None
-    if not found.has("decisions"):
+    if not source.has("decisions"):
         raise UsageError(f"--logs: {_shown(location)} has no decisions/ directory")
-    salt = read_salt(found.local_root) if found.local_root is not None else None  # only a local server keeps one there
-    v1 = V1Reading(salt or b"", FeatureSpec.parse(bundle.manifest["feature_spec"]))
-    return DirectorySource(found.root, v1, found.fs)
+    return source
 
 
 def _shown(location: str) -> str:

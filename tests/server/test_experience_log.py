@@ -265,6 +265,13 @@ def test_logs_cat_prints_json_lines(tmp_path: Path) -> None:
     missing = subprocess.run([sys.executable, "-m", "server", "logs", "cat", str(tmp_path / "none")], capture_output=True,
                              text=True, cwd=ROOT, timeout=60)
     assert missing.returncode == 2 and "holds no decisions/" in missing.stderr
+    by_uri = subprocess.run([sys.executable, "-m", "server", "logs", "cat", tmp_path.as_uri(), "--kind", "decisions"],
+                            capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert by_uri.returncode == 0 and by_uri.stdout == full.stdout  # the same records, read through pyarrow.fs
+    unknown = subprocess.run([sys.executable, "-m", "server", "logs", "cat", "nosuch://KEY:SECRET@bucket/logs"],
+                             capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert unknown.returncode == 2 and "nosuch://bucket/logs: not a log location" in unknown.stderr
+    assert "SECRET" not in unknown.stderr
 
 
 SECRETS = {  # what a shopper typed or is known by: none of it may reach the logs volume
