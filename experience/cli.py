@@ -3,7 +3,7 @@
 For people debugging and for any tool that wants the records without our reader: one JSON
 object per record, oldest segment first, with a ``kind`` key added, in the current schema
 (version-1 segments upgraded on read, see ``experience.upgrade``). The logs are a directory or a
-URI (``s3://bucket/logs``, as the trainer's ``--logs``: ``experience.segments.open_source``). Exit 0;
+URI (``s3://bucket/logs``, as the trainer's ``--logs``: ``experience.segments.open_logs``). Exit 0;
 2 when the location is not a log directory or no filesystem takes it; 1 when it cannot be reached.
 """
 

@@ -340,7 +340,7 @@ class DirectorySource:
 
     ``root`` is a local directory, or, with ``filesystem``, a directory of any ``pyarrow.fs``
     filesystem: S3, GCS, HDFS, Azure, or an fsspec one wrapped in ``PyFileSystem``
-    (``open_source`` makes either from a URI). Segments are listed and read through it, so the
+    (``open_logs`` makes either from a URI). Segments are listed and read through it, so the
     trainer reads logs where a shop keeps them with the same code as from the PV.
     """
 
@@ -353,11 +353,6 @@ class DirectorySource:
     @property
     def local(self) -> bool:
         return isinstance(self.fs, pafs.LocalFileSystem)
-
-    @property
-    def local_root(self) -> Path | None:
-        """The directory, when it is a local one (where a local server may keep its salt)."""
-        return Path(self.root) if self.local else None
 
     def has(self, kind: str) -> bool:
         """Whether ``root`` has a directory of ``kind``."""
@@ -411,32 +406,30 @@ def _conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
-def open_source(location: str | os.PathLike[str], v1: V1Reading | None = None) -> DirectorySource:
+def open_logs(location: str | os.PathLike[str], spec: FeatureSpec | None = None) -> DirectorySource:
     """The logs at ``location``: a local directory, or a URI. ``pyarrow.fs`` resolves its own schemes (``file://``,
     ``s3://``, ``gs://``, ``hdfs://``, ``abfs://``; credentials as each reads them, from the environment); any other
     scheme is fsspec's, when fsspec and that scheme's package are installed (``memory://``, ``sftp://``, …).
+    Version-1 segments are read for ``spec``, their ids hashed as a local server's are: with the salt it kept beside
+    its logs (``.user-salt``), if it did; a store they were moved to has none.
 
     Raises ``ValueError`` for a location no filesystem takes, ``OSError`` for one that cannot be reached now; both
     name the location without the user info and query a URI may carry (``redacted``)."""
-    text = os.fspath(location)
+    filesystem, root = _filesystem_of(os.fspath(location))
+    salt = read_salt(Path(root)) if isinstance(filesystem, pafs.LocalFileSystem) else None
+    return DirectorySource(root, V1Reading(salt or b"", spec or FeatureSpec()), filesystem)
+
+
+def _filesystem_of(text: str) -> tuple[pafs.FileSystem, str]:
     if "://" not in text:
-        return DirectorySource(Path(text), v1)
+        return pafs.LocalFileSystem(), text
     shown = redacted(text)
     try:
-        filesystem, path = pafs.FileSystem.from_uri(text)
+        return pafs.FileSystem.from_uri(text)
     except pa.ArrowInvalid as exc:  # not a scheme of pyarrow's: perhaps fsspec's
-        filesystem, path = _fsspec(text, shown, str(exc).replace(text, shown))
+        return _fsspec(text, shown, str(exc).replace(text, shown))
     except OSError as exc:  # pyarrow's scheme, but not reachable (or its library missing): worth another try later
         raise OSError(f"{shown}: {str(exc).replace(text, shown)}") from None
-    return DirectorySource(Path(path) if isinstance(filesystem, pafs.LocalFileSystem) else path, v1, filesystem=filesystem)
-
-
-def open_logs(location: str | os.PathLike[str], spec: FeatureSpec | None = None) -> DirectorySource:
-    """``open_source``, with version-1 segments read for ``spec`` and their ids hashed as a local server's are: with
-    the salt it kept beside its logs (``.user-salt``), if it did; a store it moved them to has none."""
-    found = open_source(location)
-    salt = read_salt(found.local_root) if found.local_root is not None else None
-    return DirectorySource(found.root, V1Reading(salt or b"", spec or FeatureSpec()), found.fs)
 
 
 def _fsspec(text: str, shown: str, pyarrow_says: str) -> tuple[pafs.FileSystem, str]:

@@ -3,7 +3,7 @@
 Torch is imported only by the commands that train: ``evaluate`` needs none.
 
 ``--logs`` is a directory or a URI (``s3://bucket/logs``, ``gs://…``, ``hdfs://…``, ``file://…``):
-segments are listed and read through ``pyarrow.fs`` (``experience.segments.open_source``).
+segments are listed and read through ``pyarrow.fs`` (``experience.segments.open_logs``).
 
 - ``train --logs DIR --out BUNDLE [--init BUNDLE] [--device auto|cpu|cuda]``: a new bundle.
 - ``evaluate BUNDLE --logs DIR [--json]``: offline estimates of the business objective per session on the

@@ -10,7 +10,7 @@ from zoneinfo import ZoneInfo
 import pyarrow.fs as pafs
 import pytest
 
-from experience.segments import DirectorySource, open_source, read_segment, redacted
+from experience.segments import DirectorySource, open_logs, read_segment, redacted
 from simulator.config import SimConfig
 from simulator.drive import run_logged
 from simulator.world import World
@@ -79,7 +79,7 @@ def test_logs_on_another_filesystem_read_as_the_same_window(logs: Path, memory: 
     fs = pafs.PyFileSystem(pafs.FSSpecHandler(memory))  # how any fsspec store, or a pyarrow one such as S3, is read
     remote, local = DirectorySource("/shop-logs", filesystem=fs), DirectorySource(logs)
     assert [Path(p).name for p in remote.segments("decisions")] == [Path(p).name for p in local.segments("decisions")]
-    assert remote.has("decisions") and remote.local_root is None and not DirectorySource("/nowhere", filesystem=fs).has("decisions")
+    assert remote.has("decisions") and not remote.local and not DirectorySource("/nowhere", filesystem=fs).has("decisions")
     with pytest.raises(ValueError, match="kind: expected one of"):
         remote.segments("clicks")
     config = TrainConfig(window_versions=None, max_sessions=150, sample_key=3)
@@ -90,31 +90,33 @@ def test_logs_on_another_filesystem_read_as_the_same_window(logs: Path, memory: 
 
 def test_the_trainer_reads_a_uri_of_a_store_it_has_no_path_to(logs: Path, memory: Any) -> None:
     _copied(logs, memory, "/shop-logs")
-    (logs / ".user-salt").write_text("ab" * 32)  # a local server's salt: read only beside a local directory
     bundle = read_bundle(make_bundle(7, "later", "2026-12-01T00:00:00Z"))
     config = TrainConfig(window_versions=None)
-    source = _source("memory://shop-logs", bundle)  # what `train --logs memory://shop-logs` opens
-    assert source.local_root is None and source.v1.salt == b"" and _source(str(logs), bundle).v1.salt == b"\xab" * 32
+    (logs / ".user-salt").write_text("ab" * 32)  # a local server's salt: read only beside a local directory
+    try:
+        source = _source("memory://shop-logs", bundle)  # what `train --logs memory://shop-logs` opens
+        assert not source.local and source.v1.salt == b"" and _source(str(logs), bundle).v1.salt == b"\xab" * 32
+    finally:
+        (logs / ".user-salt").unlink()  # the module's logs are shared
     read, whole = _window("memory://shop-logs", bundle, config), read_window(DirectorySource(logs), config)
     assert read.decisions.equals(whole.decisions) and read.outcomes.equals(whole.outcomes) and read.decisions.num_rows > 0
     with pytest.raises(UsageError, match="--logs: memory://elsewhere has no decisions/ directory"):
         _source("memory://elsewhere", bundle)
-    (logs / ".user-salt").unlink()
 
 
 def test_a_file_uri_and_a_path_are_the_same_logs(logs: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    by_uri = open_source(logs.as_uri())
-    assert by_uri.local_root == logs.resolve() and by_uri.segments("outcomes") == DirectorySource(logs).segments("outcomes")
+    by_uri = open_logs(logs.as_uri())
+    assert by_uri.local and by_uri.root == str(logs.resolve()) and by_uri.segments("outcomes") == DirectorySource(logs).segments("outcomes")
     monkeypatch.chdir(logs.parent)
-    relative = open_source(logs.name)  # a relative directory, as a person types it
-    assert relative.local_root == logs.resolve() and relative.segments("decisions") == by_uri.segments("decisions")
+    relative = open_logs(logs.name)  # a relative directory, as a person types it
+    assert relative.local and relative.root == str(logs.resolve()) and relative.segments("decisions") == by_uri.segments("decisions")
 
 
 def test_a_location_no_filesystem_takes_is_named_without_its_credentials() -> None:
     assert redacted("s3://KEY:SECRET@bucket/logs?region=x&secret_key=S2") == "s3://bucket/logs"
     assert redacted("memory:///a/b") == "memory:///a/b" and redacted("/pv/logs") == "/pv/logs" and redacted("gs://bucket/a/b") == "gs://bucket/a/b"
     with pytest.raises(ValueError, match=r"^nosuch://bucket/logs: not a log location pyarrow.fs or fsspec can open") as caught:
-        open_source("nosuch://KEY:SECRET@bucket/logs?secret_key=S2")
+        open_logs("nosuch://KEY:SECRET@bucket/logs?secret_key=S2")
     assert "SECRET" not in str(caught.value) and "S2" not in str(caught.value)
 
 
