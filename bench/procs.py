@@ -32,17 +32,16 @@ HOST = "127.0.0.1"
 
 
 # ``python -c HWM_CHILD COMMAND ...`` runs ``shopping-agent COMMAND ...`` and prints its process's peak RSS as it exits
-# (``VMHWM_KB n`` on stderr: the kernel's high-water mark of its own address space). Not wait4's or RUSAGE_CHILDREN's
-# ru_maxrss: on Linux a child's starts at its parent's RSS when forked and carries over exec.
-HWM_CHILD = ("import sys\nfrom server.cli import main\nrc = main(sys.argv[1:])\n"
-             "hwm = next(line for line in open('/proc/self/status') if line.startswith('VmHWM:'))\n"
-             "print('VMHWM_KB', hwm.split()[1], file=sys.stderr)\nsys.exit(rc)\n")
+# (``VMHWM_KB n`` on stderr: ``core.peak_memory``, not wait4's or RUSAGE_CHILDREN's ru_maxrss, which start at the
+# parent's RSS).
+HWM_CHILD = ("import sys\nfrom core.peak_memory import peak_rss_kb\nfrom server.cli import main\nrc = main(sys.argv[1:])\n"
+             "print('VMHWM_KB', peak_rss_kb(), file=sys.stderr)\nsys.exit(rc)\n")
 
 
 def hwm_mb(stderr: str) -> float | None:
     """The peak RSS (MB) an ``HWM_CHILD`` printed, or None."""
     kb = next((line.split()[1] for line in stderr.splitlines() if line.startswith("VMHWM_KB")), None)
-    return None if kb is None else int(kb) / 1024
+    return None if kb is None or int(kb) < 0 else int(kb) / 1024
 
 
 class BenchError(RuntimeError):

@@ -24,6 +24,7 @@ from core.domain import Context, DecisionRequest
 
 HASH_NAME = "blake2b64-mod"
 HOURS = 24
+_GATHER_ROWS = 16384  # encode_columns: rows of behaviour vectors gathered at once (16,384 x window x dim floats)
 F32 = npt.NDArray[np.float32]
 
 
@@ -125,16 +126,13 @@ class FeatureEncoder:
         out[np.arange(n), self._hour_at + np.asarray(hours, dtype=np.int64)] = 1.0
         return out
 
-    def encode_columns(self, embeddings: npt.NDArray[np.floating] | None, buckets: Sequence[Sequence[int]],
-                       hours: npt.NDArray[np.int64], chunk: int = 16384) -> F32:
+    def encode_columns(self, buckets: Sequence[Sequence[int]], hours: npt.NDArray[np.int64]) -> F32:
         """``encode_batch`` from columns (logged decisions): ``buckets`` per row as ``behavior_buckets`` gives them;
-        ``embeddings`` as logged (float16) or wider, widened into the float32 state, or None: the item part left zero
-        for the caller to fill (``trainer.replay`` writes it chunk by chunk from the log's column)."""
+        the item part left zero for the caller to fill (``trainer.replay`` writes it chunk by chunk from the log's
+        column, never widening the whole float16 column at once)."""
         spec = self.spec
         n = len(hours)
         out = np.zeros((n, spec.state_dim), dtype=np.float32)
-        if embeddings is not None:
-            out[:, : spec.item_dim] = embeddings
         window = spec.behavior_window
         rows = np.full((n, window), -1, dtype=np.int64)
         counts = np.ones(n, dtype=np.float32)
@@ -146,8 +144,8 @@ class FeatureEncoder:
         if (rows >= spec.behavior_buckets).any() or (rows < -1).any():
             raise ValueError(f"behaviour buckets: expected indices in 0..{spec.behavior_buckets - 1}")
         rows[rows < 0] = spec.behavior_buckets  # the padding row is zeros
-        for lo in range(0, n, chunk):  # the gathered (rows, window, behavior_dim) block, a chunk at a time
-            hi = min(n, lo + chunk)
+        for lo in range(0, n, _GATHER_ROWS):  # the gathered (rows, window, behavior_dim) block, a chunk at a time
+            hi = min(n, lo + _GATHER_ROWS)
             out[lo:hi, self._behavior_at : self._hour_at] = self._padded[rows[lo:hi]].sum(axis=1) / counts[lo:hi, None]
         out[np.arange(n), self._hour_at + hours] = 1.0
         return out

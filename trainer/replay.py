@@ -102,7 +102,7 @@ def logged_steps(decisions: pa.Table, model: ModelSet, order: npt.NDArray[np.int
     if order is not None:
         decisions = ordered if ordered is not None else decisions.drop_columns(["item_embedding"]).take(pa.array(order))
     hours = decisions.column("hour").to_numpy().astype(np.int64)
-    states = model.encoder.encode_columns(None, buckets_of(decisions, spec), hours)
+    states = model.encoder.encode_columns(buckets_of(decisions, spec), hours)
     write_embeddings(states[:, : spec.item_dim], column, spec.item_dim, order)
     pages = decisions.column("page_type").to_pylist()
     carts = decisions.column("cart_item_count").to_pylist()

@@ -100,12 +100,8 @@ def sessions_of(decisions: pa.Table, outcomes: pa.Table, session_ids: pa.Array |
 
 
 def versions_by_first_time(decisions: pa.Table) -> list[str]:
-    """The model versions of these decisions, by the first time each was logged."""
-    if decisions.num_rows == 0:
-        return []
-    grouped = decisions.group_by("model_version").aggregate([("time_s", "min")])
-    ordered = grouped.sort_by([("time_s_min", "ascending"), ("model_version", "ascending")])  # ties: by name, as the index
-    return [str(v) for v in ordered.column("model_version").to_pylist()]
+    """The model versions of these decisions, by the first time each was logged (the session index's order)."""
+    return SessionIndex.of([decisions]).versions_by_first_time()
 
 
 def select(decisions: pa.Table, outcomes: pa.Table, hours: float | None = None, versions: int | None = None,
@@ -114,7 +110,5 @@ def select(decisions: pa.Table, outcomes: pa.Table, hours: float | None = None, 
     settings = {"hours": hours, "versions": versions, "max_sessions": max_sessions, "sample_key": sample_key}
     index = SessionIndex.of([decisions])
     ids, in_window = choose(index, hours, versions, max_sessions, sample_key)
-    if len(ids) < index.sessions.num_rows:
-        decisions = decisions.filter(pc.is_in(decisions.column("session_id"), ids))
-    outcomes = outcomes.filter(pc.is_in(outcomes.column("session_id"), ids))  # as the two-pass read: the chosen sessions' only
+    decisions, outcomes = sessions_of(decisions, outcomes, ids)  # as the two-pass read: the chosen sessions' only
     return Window(decisions, outcomes, versions_by_first_time(decisions), settings, in_window)

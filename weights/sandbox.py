@@ -22,6 +22,7 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass
 
+from core.peak_memory import peak_rss_kb
 from weights.bundle import MAX_BUNDLE_BYTES, BundleError, read_bundle
 from weights.model_set import LoadOptions, ModelSet
 
@@ -105,21 +106,12 @@ def validate_bytes(data: bytes, memory_bytes: int, fields: dict[str, object]) ->
         return {"ok": False, "reason": exc.reason, "message": str(exc)}
     except MemoryError:
         return {"ok": False, "reason": "memory", "message": f"validation ran out of its {memory_bytes // 2**20} MiB address space"}
-    return {"ok": True, "model_version": model.version, "peak_rss_kb": _peak_rss_kb()}
+    return {"ok": True, "model_version": model.version, "peak_rss_kb": peak_rss_kb()}
 
 
 def _child(memory_bytes: int, fields: dict[str, object]) -> dict[str, object]:
     limit_self(memory_bytes)
     return validate_bytes(sys.stdin.buffer.read(MAX_BUNDLE_BYTES + 1), memory_bytes, fields)
-
-
-def _peak_rss_kb() -> int:
-    """This process's peak RSS since exec (VmHWM; ru_maxrss would include the forked parent's pages)."""
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1])
-    return -1
 
 
 if __name__ == "__main__":
