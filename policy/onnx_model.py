@@ -7,8 +7,10 @@ the CPU provider. Which provider a session really got is read back from
 
 from __future__ import annotations
 
+import atexit
 import functools
 import logging
+import os
 import tempfile
 from typing import Any
 
@@ -53,9 +55,22 @@ def empty_directory() -> str:
 
     A graph is loaded from bytes, so onnxruntime would resolve an external-data path against
     the working directory. ``weights.onnx_check`` refuses such graphs first; this makes the
-    runtime itself find nothing even if one got past.
+    runtime itself find nothing even if one got past. It is removed when the process that made it
+    exits (a forked child leaves it to its parent), so servers and tests leave nothing in the temp dir.
     """
-    return tempfile.mkdtemp(prefix="shopping-agent-onnx-")
+    path = tempfile.mkdtemp(prefix="shopping-agent-onnx-")
+    atexit.register(_remove_if_mine, path, os.getpid())
+    return path
+
+
+def _remove_if_mine(path: str, owner: int) -> None:
+    if os.getpid() == owner:
+        try:
+            os.rmdir(path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:  # not empty: something wrote into it; leave it for a person to look at
+            log.warning("could not remove %s: %s", path, exc)
 
 
 class OnnxModel:
