@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import io
 import json
 import math
@@ -159,11 +160,27 @@ def interval(x: np.ndarray) -> dict[str, float]:
     return {"mean": m, "ci_low": m - Z_95 * se, "ci_high": m + Z_95 * se}
 
 
+@functools.cache
+def intents(world: World, sessions: range) -> dict[str, str]:
+    """Each session's hidden intent, by session id (the simulator's truth, never shown to a learner)."""
+    return {s.session_id: s.intent.name.lower() for s in map(world.session, sessions)}
+
+
+def action_mix(actions: np.ndarray) -> dict[str, float]:
+    mix = np.bincount(actions - 1, minlength=5) / max(len(actions), 1)  # Action 1..5
+    return dict(zip([a.key for a in Action], mix.tolist(), strict=True))
+
+
 def scored(name: str, trace: Trace, world: World, sessions: range) -> dict[str, Any]:
+    """The truth per session, and the action mix overall and per hidden intent: whether a policy tells the
+    shoppers apart (the intent policy coupons bargain hunters, prompts sharers to share …) or serves all alike."""
     values = per_session(trace, world, sessions)
-    mix = np.bincount(np.asarray(trace.actions, dtype=np.int64) - 1, minlength=5) / max(len(trace.actions), 1)  # Action 1..5
-    return {"name": name, **{k: interval(v) for k, v in values.items()},
-            "action_mix": dict(zip([a.key for a in Action], mix.tolist(), strict=True)), "_per_session": values}
+    actions = np.asarray(trace.actions, dtype=np.int64)
+    of_session = intents(world, sessions)
+    intent = np.array([of_session[s] for s in trace.decision_sessions])
+    by_intent = {i: action_mix(actions[intent == i]) for i in sorted(set(of_session.values()))}
+    return {"name": name, **{k: interval(v) for k, v in values.items()}, "action_mix": action_mix(actions),
+            "action_mix_by_intent": by_intent, "_per_session": values}
 
 
 def paired(a: dict[str, Any], b: dict[str, Any], key: str = "objective") -> dict[str, float]:
