@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Coroutine, Iterator
@@ -144,12 +145,17 @@ class Spawned:
             self.proc.stderr.close()
 
 
+_SCRATCH = tempfile.TemporaryDirectory(prefix="shopping-agent-tests-")
+"""The spawned servers' TMPDIR: the tests end them with SIGKILL, which leaves what they made in the temp dir
+(onnxruntime's private directory among it) behind; this process removes the lot when it exits."""
+
+
 def spawn_server(*args: str, env: dict[str, str] | None = None, timeout: float = 20,
                  interpreter_args: tuple[str, ...] = ()) -> Spawned:
     cmd = [sys.executable, *interpreter_args, "-m", "server", "serve", "--host", "127.0.0.1", "--port", "0", "--metrics-host", "127.0.0.1",
            "--metrics-port", "0", "--log-format", "json", *args]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
-                            env={**os.environ, **(env or {})}, cwd=ROOT)
+                            env={**os.environ, "TMPDIR": _SCRATCH.name, **(env or {})}, cwd=ROOT)
     assert proc.stderr is not None
     lines: list[str] = []
     deadline = time.monotonic() + timeout
