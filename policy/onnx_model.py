@@ -56,7 +56,7 @@ def empty_directory() -> str:
     A graph is loaded from bytes, so onnxruntime would resolve an external-data path against
     the working directory. ``weights.onnx_check`` refuses such graphs first; this makes the
     runtime itself find nothing even if one got past. It is removed when the process that made it
-    exits (a forked child leaves it to its parent), so servers and tests leave nothing in the temp dir.
+    exits normally (a forked child leaves it to its parent); a process killed with SIGKILL leaves it.
     """
     path = tempfile.mkdtemp(prefix="shopping-agent-onnx-")
     atexit.register(_remove_if_mine, path, os.getpid())
