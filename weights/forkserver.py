@@ -17,6 +17,7 @@ itself dies, the next bundle starts a new one.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -34,6 +35,7 @@ from weights.sandbox import SandboxLimits, child_environment, child_fields, limi
 log = logging.getLogger(__name__)
 
 _SLACK_S = 5.0  # the validating process's own timeout is the child's; the caller waits a little longer
+_EXIT_WAIT_S = 2.0  # how long a closed validating process has to leave on its own before it is killed
 
 
 class Validator:
@@ -84,7 +86,14 @@ class Validator:
         return self._proc
 
     def _discard(self) -> None:
+        """End the validating process: stdin closed, it returns and cleans up (its temp directory); killed if it
+        is still there after ``_EXIT_WAIT_S`` (stuck in a request)."""
         if self._proc is not None:
+            if self._proc.poll() is None and self._proc.stdin is not None:
+                with contextlib.suppress(OSError):
+                    self._proc.stdin.close()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self._proc.wait(_EXIT_WAIT_S)
             if self._proc.poll() is None:
                 self._proc.kill()
             self._proc.wait(10)
@@ -115,6 +124,10 @@ def _read_line(fd: int, timeout_s: float) -> bytes:
 def serve_forever() -> None:
     """``python -m weights.sandbox --serve``: import once, then fork one limited child per request."""
     import onnxruntime  # noqa: F401  (imported once here, inherited by every child: the point of this process)
+
+    from policy.onnx_model import empty_directory
+
+    empty_directory()  # made here, so every child (which leaves by os._exit, no atexit) shares it and this process removes it
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server stops it (stdin closes, or kill), not a terminal's ^C
     stdin = sys.stdin.buffer

@@ -238,3 +238,20 @@ def test_the_fork_server_validates_refuses_times_out_and_survives_its_own_death(
         assert hurried._proc is not None and hurried._proc.poll() is None  # only the fork was killed
     finally:
         hurried.close()
+
+
+def test_the_fork_server_leaves_nothing_in_the_temp_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its children leave by os._exit (no atexit): onnxruntime's private directory is the fork server's, removed on close."""
+    from weights.forkserver import Validator
+    from weights.sandbox import SandboxLimits
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # the validating process's temp dir (child_environment passes it on)
+    validator = Validator(SandboxLimits())
+    try:
+        good = (ROOT / "weights" / "data" / "default.bundle").read_bytes()
+        for _ in range(3):
+            assert validator.validate(good, OPTIONS)["ok"]
+        assert len(list(tmp_path.glob("shopping-agent-onnx-*"))) == 1  # one, shared by every fork
+    finally:
+        validator.close()
+    assert list(tmp_path.glob("shopping-agent-onnx-*")) == []
