@@ -163,7 +163,7 @@ def interval(x: np.ndarray) -> dict[str, float]:
 @functools.cache
 def intents(world: World, sessions: range) -> dict[str, str]:
     """Each session's hidden intent, by session id (the simulator's truth, never shown to a learner)."""
-    return {s.session_id: s.intent.name.lower() for s in map(world.session, sessions)}
+    return {s.session_id: s.intent.key for s in map(world.session, sessions)}
 
 
 def action_mix(actions: np.ndarray) -> dict[str, float]:

@@ -28,14 +28,14 @@ by 0.004 in their outputs, past the 1e-3 below; with MKL pinned but not ATen, tw
 differed by 0.04 (three cycles of training amplify rounding); with torch pinned but not OpenBLAS, a
 build on one core and one on two differed in the gate's estimates at 1e-8. Pinned, a build with MKL
 capped at AVX2 (``MKL_ENABLE_INSTRUCTIONS=AVX2``) and on a single core (``taskset -c 0``) gives the
-same bytes as one on both cores (checked again with the strict mode); it takes 90 s here (70 s unpinned). With ``MKL_CBWR=AVX2`` alone
-(not strict, thread counts dynamic) one build of the eight run here on 2026-12-01 differed by 0.005,
-in the test suite; it did not recur under load or with other hash seeds, and its cause was not
-pinned down. The two conditions oneMKL documents for reproducible results are now set as well: fixed
-thread counts, and the strict mode, in which its ?gemm gives the same bits whatever the thread count
-and the data's alignment. Not pinned: onnxruntime, which serves the simulated sessions and computes
-the logged propensities, has no such switch, and no build has been compared on a CPU without
-AVX-512.
+same bytes as one on both cores (checked again with the strict mode); it takes 90 s here (70 s
+unpinned). With ``MKL_CBWR=AVX2`` alone (not strict, thread counts dynamic) one build of the eight
+run here on 2026-12-01 differed by 0.005, in the test suite; it did not recur under load or with
+other hash seeds, and its cause was not pinned down. The two conditions oneMKL documents for
+reproducible results are now set as well: fixed thread counts, and the strict mode, in which its
+?gemm gives the same bits whatever the thread count. Not pinned: onnxruntime, which serves the
+simulated sessions and computes the logged propensities, has no such switch, and no build has been
+compared on a CPU without AVX-512.
 ``--check`` rebuilds and compares the bytes, or, where rounding may still differ, the networks'
 outputs within 1e-3.
 

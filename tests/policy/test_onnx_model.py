@@ -84,7 +84,7 @@ def test_the_private_external_data_directory_is_removed_when_its_process_exits()
         "path = empty_directory()\n"
         "assert os.path.isdir(path)\n"
         "if os.fork() == 0:\n"  # a forked child leaves it to the process that made it
-        "    sys.exit(0)\n"  # runs the atexit handlers, as a worker process does
+        "    sys.exit(0)\n"  # a normal exit: its atexit handlers run
         "os.wait()\n"
         "print(path, os.path.isdir(path), flush=True)\n"
     )
