@@ -11,8 +11,9 @@ One world (``--seed``: catalogue, prices, shoppers), disjoint session ranges. Ea
    publish into a weights directory;
 3. the active bundle after the cycle plays the truth sessions ``[10⁶, 10⁶ + --eval-sessions)``,
    the same shoppers and dice every cycle: the business objective per session (net GMV − 10 per
-   complaint), net GMV, and the action mix, overall and per hidden intent; a candidate the gate refused plays them too (kept by
-   ``cycle --candidate-out``), so the bench shows whether the gate turned down a gain or a loss.
+   complaint), net GMV, and the action mix, overall and per hidden intent; a candidate the gate
+   refused plays them too (kept by ``cycle --candidate-out``), so the bench shows whether the gate
+   turned down a gain or a loss.
 
 Baselines on the same truth sessions: every constant action (the best one named), the intent
 policy that reads each shopper's hidden intent (a reference, not a bound), and Vowpal Wabbit's
