@@ -135,6 +135,10 @@ class TrainConfig:
     advantage: str = "baseline"
     """``baseline`` (G − V̂(s), a learned value net), ``group`` (z-score of G within the page type) or ``critic``
     (R_ψ(s, a) − V_φ(s): a return-mapping net per action and its value under the starting policy, ``trainer.critic``)."""
+    surrogate: str = "logged"
+    """``logged``: the importance-weighted surrogate over the logged actions, min(ρ_i, c) Â_i; ``expected`` (needs
+    ``advantage = critic``): Σ_a P_θ(a | s_i) (R_ψ(s_i, a) − V_φ(s_i)) over every allowed action at each logged state,
+    no ratio (``trainer.update``)."""
     group_std_floor: float = 1e-3
     """Floor of the group standard deviation (``advantage = group``)."""
     value_hidden: int = 64
@@ -235,6 +239,10 @@ class TrainConfig:
             problems.append(f"min_trajectory_ess: expected in (0, 1] or None, got {self.min_trajectory_ess}")
         if self.trust_region not in ("served", "policy"):
             problems.append(f"trust_region: expected served or policy, got {self.trust_region!r}")
+        if self.surrogate not in ("logged", "expected"):
+            problems.append(f"surrogate: expected logged or expected, got {self.surrogate!r}")
+        elif self.surrogate == "expected" and self.advantage != "critic":
+            problems.append(f"surrogate: expected needs advantage critic, got advantage {self.advantage!r}")
         if self.advantage not in ("baseline", "group", "critic"):
             problems.append(f"advantage: expected baseline, group or critic, got {self.advantage!r}")
         for name in ("value_hidden", "value_epochs", "critic_hidden", "critic_epochs", "max_fit_rows", "updates", "batch", "cg_iters",

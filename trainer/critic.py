@@ -212,3 +212,9 @@ def critic_advantages(critic: Critic, states: torch.Tensor, actions: torch.Tenso
         served = [critic.returns(states[i : i + chunk]).gather(1, a[i : i + chunk, None])[:, 0] for i in range(0, n, chunk)]
     r = torch.cat(served).double() if served else v.new_zeros(0)
     return r - v
+
+
+def critic_action_advantages(critic: Critic, states: torch.Tensor, chunk: int = 65536) -> torch.Tensor:
+    """Â(s, a) = R_ψ(s, a) − V_φ(s) for every action, (N, A) float64 on ``states``'s device (``surrogate = expected``)."""
+    _check_states(states)
+    return critic.action_values(states, chunk).double() - critic.values(states, chunk).double()[:, None]

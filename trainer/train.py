@@ -38,7 +38,7 @@ from policy.features import FeatureSpec
 from trainer import update
 from trainer.advantages import baseline_advantages, fit_value, group_advantages
 from trainer.config import TrainConfig
-from trainer.critic import critic_advantages, fit_critic
+from trainer.critic import critic_action_advantages, critic_advantages, fit_critic
 from trainer.data import Experience, experience, training_rows
 from trainer.distributed import LocalReducer, Reducer
 from trainer.export import export_bundle
@@ -130,6 +130,8 @@ def advantages_for(exp: Experience, config: TrainConfig, states: torch.Tensor, r
         acts = torch.as_tensor(exp.steps.actions, device=states.device)
         critic = fit_critic(rows_of(states, rows), acts[rows], returns[rows], pi, config.critic_hidden, config.critic_epochs,
                             seed=config.seed)
+        if config.surrogate == "expected":
+            return critic_action_advantages(critic, states), dict(critic.metrics)
         return critic_advantages(critic, states, acts), dict(critic.metrics)
     if config.advantage == "group":
         groups = np.array([int(c.page_type) for c in exp.steps.contexts], dtype=np.int64)
@@ -245,7 +247,8 @@ def train(decisions: pa.Table, outcomes: pa.Table, init: Bundle, config: TrainCo
     if rows is not None and len(rows.states):
         stats.ess = update.effective_sample_size(policy, decoder, rows, config.max_ratio)  # the final policy, on the last batch
     # 6b. η-spike auto-labels fine-tune the guard, within the same budget on what is served
-    spikes = spike_log.labels(advantages.cpu().numpy(), SpikeRule())
+    logged_adv = advantages if advantages.ndim == 1 else advantages.gather(1, actions[:, None])[:, 0]
+    spikes = spike_log.labels(logged_adv.cpu().numpy(), SpikeRule())
     extra = spikes.harmful[fit_rows]
     if extra.any() and not guard_kept:
         tuned = train_guard(*guard_rows, config.guard, init=guarded.net, device=dev, extra_harmful=extra, criterion=criterion)

@@ -6,7 +6,16 @@ Surrogate, over the step's logged rows i (those the decoder decides)::
 
 with P_θ the served distribution of the new bundle (``TorchDecoder``: guardrails, the new
 guard's veto, sampled majority, fallback, exploration), μ_i the logged propensity and c
-``max_ratio``. Its gradient g is taken in chunks (the decoder's count-vector tensors are
+``max_ratio``. With ``surrogate = expected`` (and the critic's Â(s, a) = R_ψ(s, a) − V_φ(s) for every
+action) it is instead
+
+    L(θ) = (1/N) Σ_i Σ_a P_θ(a | s_i) Â(s_i, a)
+
+over the allowed actions: TRPO's surrogate in its all-actions form (Schulman et al. 2015, the
+"vine" estimator), with the critic in place of rollouts. No ratio: an action the behaviour
+rarely served at a state still has a gradient where the critic, generalising from similar
+states, says it pays, where the logged surrogate has only the rows that served it. Its bias
+is the critic's. Its gradient g is taken in chunks (the decoder's count-vector tensors are
 large); the trust region is on the served distribution P_θ itself (``trust_region = "served"``,
 the default: its Fisher through the decoder's Jacobian, ``fisher.served_metric``, and the
 measured KL(P_old ‖ P_θ) in the line search), or on the masked policy q = softmax(z + g_guard)
@@ -87,7 +96,7 @@ class Batch:
     states: Tensor  # (N, S) float32
     actions: Tensor  # (N,) long
     propensity: Tensor  # (N,) float64
-    advantages: Tensor  # (N,) float64
+    advantages: Tensor  # (N,) float64, or (N, A): every action's (surrogate = expected)
     log_weights: Tensor  # (N, A) float64, -inf banned
     allowed: Tensor  # (N, A) bool
     fallback: Tensor  # (N,) long
@@ -118,6 +127,9 @@ def served_kl(p_old: Tensor, p_new: Tensor) -> Tensor:
 
 
 def surrogate_terms(policy: PolicyNet, decoder: TorchDecoder, b: Batch, max_ratio: float) -> Tensor:
+    if b.advantages.ndim == 2:  # surrogate = expected: every action's estimated advantage, no ratio
+        served = decoder.served(decoder.masked_q(policy(b.states), b.log_weights, b.allowed), b.fallback, b.allowed.any(dim=1))
+        return (served * torch.where(b.allowed, b.advantages, 0.0)).sum(dim=1)
     ratio = served_prob(policy, decoder, b) / b.propensity
     return torch.clamp(ratio, max=max_ratio) * b.advantages
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from trainer.config import TrainConfig
-from trainer.critic import Critic, critic_advantages, fit_critic
+from trainer.critic import Critic, critic_action_advantages, critic_advantages, fit_critic
 
 MEANS = torch.tensor([0.0, 1.0, 3.0, -1.0, 2.0])  # E[G | a]: the state says nothing about the return
 RANK = [2, 4, 1, 0, 3]  # the actions from best to worst
@@ -144,3 +144,24 @@ def test_the_config_accepts_the_critic_and_checks_its_fields() -> None:
             TrainConfig.with_overrides(**{name: 0})
     with pytest.raises(ValueError, match="advantage: expected baseline, group or critic"):
         TrainConfig(advantage="q")
+
+
+def test_the_expected_surrogate_needs_the_critic() -> None:
+    assert TrainConfig(advantage="critic", surrogate="expected").to_dict()["surrogate"] == "expected"
+    assert TrainConfig().surrogate == "logged"
+    with pytest.raises(ValueError, match="surrogate: expected needs advantage critic, got advantage 'baseline'"):
+        TrainConfig(surrogate="expected")
+    with pytest.raises(ValueError, match="surrogate: expected logged or expected, got 'all'"):
+        TrainConfig(surrogate="all")
+
+
+def test_every_actions_advantage_is_its_return_less_the_value() -> None:
+    gen = torch.Generator().manual_seed(0)
+    states = torch.randn(300, 6, generator=gen)
+    actions = torch.randint(0, 5, (300,), generator=gen)
+    returns = torch.randn(300, generator=gen)
+    critic = fit_critic(states, actions, returns, torch.full((300, 5), 0.2), hidden=8, epochs=1)
+    every = critic_action_advantages(critic, states)
+    assert every.shape == (300, 5) and every.dtype == torch.float64
+    torch.testing.assert_close(every.gather(1, actions[:, None])[:, 0], critic_advantages(critic, states, actions))
+    torch.testing.assert_close(every, critic.action_values(states).double() - critic.values(states).double()[:, None])

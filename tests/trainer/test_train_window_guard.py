@@ -115,11 +115,13 @@ def test_a_step_shrunk_to_nothing_is_not_reported_as_applied(logs: tuple[Path, T
     assert on_policy.metrics["kl_served_policy_steps"] > free.metrics["kl_served_policy_steps"]  # δ on q overshoots what is served
 
 
-def test_the_critic_option_trains_and_reports_its_fit(logs: tuple[Path, TrainResult]) -> None:
+@pytest.mark.parametrize("surrogate", ["logged", "expected"])
+def test_the_critic_option_trains_and_reports_its_fit(logs: tuple[Path, TrainResult], surrogate: str) -> None:
     root, _ = logs
     source = DirectorySource(root)
-    config = dataclasses.replace(FAST, window_versions=None, advantage="critic")
+    config = dataclasses.replace(FAST, window_versions=None, advantage="critic", surrogate=surrogate)
     result = train(source.table("decisions"), source.table("outcomes"), fresh_bundle(), config, device="cpu")
-    assert result.metrics["updates_accepted"] >= 1
+    assert result.metrics["updates_accepted"] >= 1 and result.metrics["kl_served_policy_steps"] > 0.0
     assert {"critic_return_r2", "critic_value_rmse"} <= set(result.metrics)
     assert result.manifest["trainer"]["config"]["advantage"] == "critic"
+    assert result.manifest["trainer"]["config"]["surrogate"] == surrogate

@@ -146,3 +146,46 @@ def test_the_served_trust_region_bounds_what_is_served(setup: tuple) -> None:
     setup[0].load_state_dict(state)
     policy_kl, _ = _served_kl_after_step(setup, "policy")
     assert policy_kl > 1.5 * served_kl, (policy_kl, served_kl)
+
+
+# --- surrogate = expected: every action's estimated advantage at each logged state ------------------
+
+
+def _every_action(b: update.Batch, advantages: torch.Tensor) -> update.Batch:
+    return dataclasses.replace(b, advantages=advantages.double())
+
+
+def test_the_expected_surrogate_is_the_served_mean_of_each_rows_advantages(setup: tuple) -> None:
+    policy, decoder, b = setup
+    adv = torch.randn(N, A, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    adv[:7, 4] = 1e6  # a banned action's advantage never enters
+    b2 = dataclasses.replace(_every_action(b, adv), allowed=b.allowed.clone())
+    b2.allowed[:7, 4] = False
+    b2.log_weights[:7, 4] = -torch.inf
+    with torch.no_grad():
+        served = decoder.served(decoder.masked_q(policy(b2.states), b2.log_weights, b2.allowed), b2.fallback, b2.allowed.any(dim=1))
+    expected = float((served * torch.where(b2.allowed, adv, 0.0)).sum(dim=1).mean())
+    assert float(served[:7, 4].max()) == 0.0
+    assert update.surrogate_value(policy, decoder, b2, 10.0, LocalReducer()) == pytest.approx(expected, rel=1e-9)
+
+
+def test_the_expected_surrogate_moves_towards_an_action_the_logs_never_served(setup: tuple) -> None:
+    """The logged surrogate has no gradient towards an action no row served; the expected one follows the critic there."""
+    policy, decoder, b = setup
+    never = 2  # apply_coupon: no logged row served it, the critic says it pays on every state
+    logged = dataclasses.replace(b, actions=torch.where(b.actions == never, 0, b.actions))
+    adv = torch.zeros(N, A, dtype=torch.float64)
+    adv[:, never] = 1.0
+    coupon = dataclasses.replace(logged, actions=torch.full((N,), never, dtype=torch.long))
+    with torch.no_grad():
+        before = float(update.served_prob(policy, decoder, coupon).mean())
+    # the logged surrogate with these rows: every logged action's advantage is 0, so there is nothing to follow
+    flat = update.surrogate_gradient(policy, decoder, dataclasses.replace(logged, advantages=torch.zeros(N, dtype=torch.float64)),
+                                     10.0, LocalReducer())
+    assert float(flat.abs().max()) == 0.0
+    outcome = update.natural_step(policy, decoder, _every_action(logged, adv), CONFIG, update.Stats(), LocalReducer(),
+                                  torch.Generator().manual_seed(2))
+    assert outcome.accepted and outcome.improvement > 0, outcome
+    with torch.no_grad():
+        after = float(update.served_prob(policy, decoder, coupon).mean())
+    assert after > before + 0.01
