@@ -184,6 +184,13 @@ def scored(name: str, trace: Trace, world: World, sessions: range) -> dict[str, 
             "action_mix_by_intent": by_intent, "_per_session": values}
 
 
+def references(world: World, truth: range) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
+    """Every constant action, the best of them, and the intent policy, scored on the truth sessions."""
+    constants = [scored(f"always {a.key}", play(world, truth, constant(a)), world, truth) for a in SERVABLE]
+    best = max(constants, key=lambda r: r["objective"]["mean"])
+    return constants, best, scored("intent policy", play(world, truth, intent_policy), world, truth)
+
+
 def paired(a: dict[str, Any], b: dict[str, Any], key: str = "objective") -> dict[str, float]:
     return interval(a["_per_session"][key] - b["_per_session"][key])
 
@@ -259,9 +266,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     truth = range(TRUTH_FIRST, TRUTH_FIRST + args.eval_sessions)
     options = LoadOptions(device="cpu", warmup_batch=8)
 
-    baselines = [scored(f"always {a.key}", play(world, truth, constant(a)), world, truth) for a in SERVABLE]
-    best_constant = max(baselines, key=lambda r: r["objective"]["mean"])
-    oracle = scored("intent policy", play(world, truth, intent_policy), world, truth)
+    baselines, best_constant, oracle = references(world, truth)
     print(f"best constant: {best_constant['name']} {best_constant['objective']['mean']:.2f}; "
           f"intent policy {oracle['objective']['mean']:.2f}", flush=True)
 

@@ -1,0 +1,105 @@
+"""Learners on the same logs: each trainer configuration from one starting bundle, every result on the same truth sessions.
+
+    .venv/bin/python -m bench.offline_learners --logs DIR --init B.bundle --config A.json --config B.json [--seed 7]
+        [--eval-sessions 6000] [--json]
+
+Where ``bench.loop`` asks what the CronJob cycle reaches, this asks what one ``train`` extracts from
+a fixed set of logs (for example a ``bench.loop --workdir`` run's directory, logged in world
+``--seed``): each ``--config`` (a TrainConfig JSON) trains from ``--init`` on ``--logs``, then plays
+the truth sessions ``[10⁶, 10⁶ + --eval-sessions)`` of that world, as ``bench.loop`` scores them: the
+objective per session, the action mix per hidden intent, and the paired difference to the best
+constant action and to ``--init``; the intent policy is the reference. Writes
+``bench/results/offline_learners.json`` with ``--json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from bench.loop import TRUTH_FIRST, UTC, paired, references, scored
+from bench.report import add_json_flag, header, write_results
+from simulator.config import SimConfig
+from simulator.drive import run_in_process
+from simulator.world import World
+from weights.bundle import read_bundle
+from weights.model_set import LoadOptions, ModelSet
+
+
+def trained(logs: Path, init: Path, config: Path, out: Path) -> dict[str, Any]:
+    """``shopping-agent train`` in process; its JSON line (the new bundle's training metrics)."""
+    from trainer.cli import main as trainer_main
+
+    text = io.StringIO()
+    with contextlib.redirect_stdout(text):
+        code = trainer_main(["train", "--logs", str(logs), "--init", str(init), "--config", str(config), "--out", str(out),
+                             "--device", "cpu"])
+    if code != 0:
+        raise SystemExit(f"train with {config} exited {code}")
+    return json.loads(text.getvalue().strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def summary(result: dict[str, Any]) -> str:
+    mixes = " | ".join(f"{intent} " + " ".join(f"{k[:4]} {v:.2f}" for k, v in mix.items() if v >= 0.01)
+                       for intent, mix in result["action_mix_by_intent"].items())
+    return f"{result['name']}: {result['objective']['mean']:.2f}  [{mixes}]"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.offline_learners", description=__doc__.splitlines()[0])
+    p.add_argument("--logs", type=Path, required=True, help="a log directory (serve --log-dir, bench.loop --workdir DIR/logs)")
+    p.add_argument("--init", type=Path, required=True, help="the starting bundle of every run")
+    p.add_argument("--config", type=Path, action="append", required=True, help="a TrainConfig JSON (repeat)")
+    p.add_argument("--seed", type=int, default=7, help="the world the logs were written in")
+    p.add_argument("--eval-sessions", type=int, default=6000)
+    add_json_flag(p, "offline_learners.json")
+    args = p.parse_args(argv)
+    if not 500 <= args.eval_sessions <= 200_000:
+        p.error("--eval-sessions: 500..200,000")
+    started = time.time()
+    world = World(SimConfig(), args.seed)
+    truth = range(TRUTH_FIRST, TRUTH_FIRST + args.eval_sessions)
+    options = LoadOptions(device="cpu", warmup_batch=8)
+    _, best, oracle = references(world, truth)
+    start = scored("init", run_in_process(world, ModelSet.load(read_bundle(args.init), options), truth, UTC), world, truth)
+    print(f"{best['name']} {best['objective']['mean']:.2f}; intent policy {oracle['objective']['mean']:.2f}", flush=True)
+    print(summary(start), flush=True)
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="bench-offline-") as tmp_dir:
+        tmp = Path(tmp_dir)
+        for i, config in enumerate(args.config):
+            t0 = time.monotonic()
+            out = tmp / f"run-{i}.bundle"
+            report = trained(args.logs, args.init, config, out)
+            model = ModelSet.load(read_bundle(out), options)
+            result = scored(config.name, run_in_process(world, model, truth, UTC), world, truth)
+            share = result["objective"]["mean"] / oracle["objective"]["mean"]
+            result |= {"config": json.loads(config.read_text()), "vs_best_constant": paired(result, best),
+                       "vs_init": paired(result, start), "share_of_intent_policy": share,
+                       "train_metrics": {k: report["metrics"].get(k) for k in (
+                           "updates_accepted", "kl_served_to_start", "kl_to_behavior", "trajectory_ess_fraction", "critic_return_r2")},
+                       "seconds": time.monotonic() - t0}
+            d = result["vs_best_constant"]
+            print(summary(result) + f"  vs {best['name']} {d['mean']:+.2f} [{d['ci_low']:+.2f}, {d['ci_high']:+.2f}]", flush=True)
+            runs.append(result)
+
+    def strip(x: Any) -> Any:
+        return {k: strip(v) for k, v in x.items() if not k.startswith("_")} if isinstance(x, dict) else x
+
+    if args.json is not None:
+        write_results(args.json, {**header("bench.offline_learners", started, argv), "world_seed": args.seed,
+                                  "logs": str(args.logs), "init": str(args.init), "truth_sessions": [truth.start, truth.stop],
+                                  "best_constant": strip(best), "intent_policy": strip(oracle), "init_result": strip(start),
+                                  "runs": [strip(r) for r in runs]})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
