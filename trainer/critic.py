@@ -217,4 +217,6 @@ def critic_advantages(critic: Critic, states: torch.Tensor, actions: torch.Tenso
 def critic_action_advantages(critic: Critic, states: torch.Tensor, chunk: int = 65536) -> torch.Tensor:
     """Â(s, a) = R_ψ(s, a) − V_φ(s) for every action, (N, A) float64 on ``states``'s device (``surrogate = expected``)."""
     _check_states(states)
+    if chunk < 1:
+        raise ValueError(f"chunk: expected >= 1, got {chunk!r}")
     return critic.action_values(states, chunk).double() - critic.values(states, chunk).double()[:, None]

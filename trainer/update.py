@@ -12,10 +12,14 @@ action) it is instead
     L(θ) = (1/N) Σ_i Σ_a P_θ(a | s_i) Â(s_i, a)
 
 over the allowed actions: TRPO's surrogate in its all-actions form (Schulman et al. 2015, the
-"vine" estimator), with the critic in place of rollouts. No ratio: an action the behaviour
-rarely served at a state still has a gradient where the critic, generalising from similar
-states, says it pays, where the logged surrogate has only the rows that served it. Its bias
-is the critic's. Its gradient g is taken in chunks (the decoder's count-vector tensors are
+"vine" estimator), with the critic in place of rollouts, on the logged states. R_ψ estimates
+the logging behaviour's action values (the mixture of the versions in the window), not the
+starting policy's as vine's rollouts do; the two agree when the window is the starting
+bundle's own logs. No ratio: an action the behaviour rarely served at a state still has a
+gradient where the critic, generalising from similar states, says it pays, where the logged
+surrogate has only the rows that served it. Its bias is the critic's, and it leans towards
+rarely served actions: R_ψ's outputs start at the mean return and an action's output learns
+only from the rows that served it. Its gradient g is taken in chunks (the decoder's count-vector tensors are
 large); the trust region is on the served distribution P_θ itself (``trust_region = "served"``,
 the default: its Fisher through the decoder's Jacobian, ``fisher.served_metric``, and the
 measured KL(P_old ‖ P_θ) in the line search), or on the masked policy q = softmax(z + g_guard)

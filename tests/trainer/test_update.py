@@ -155,34 +155,44 @@ def _every_action(b: update.Batch, advantages: torch.Tensor) -> update.Batch:
     return dataclasses.replace(b, advantages=advantages.double())
 
 
-def test_the_expected_surrogate_is_the_served_mean_of_each_rows_advantages(setup: tuple) -> None:
+def test_the_expected_surrogate_has_closed_forms_and_skips_banned_actions(setup: tuple, monkeypatch: pytest.MonkeyPatch) -> None:
     policy, decoder, b = setup
+    reducer = LocalReducer()
+    # the same advantage c for every action: Σ_a P(a) c = c on every row, whatever the policy
+    assert update.surrogate_value(policy, decoder, _every_action(b, torch.full((N, A), 0.7)), 10.0, reducer) == pytest.approx(0.7)
+    # a one-hot advantage on action k: the mean served probability of k, as served_prob computes it
+    for k in range(A):
+        one_hot = torch.zeros(N, A)
+        one_hot[:, k] = 1.0
+        at_k = dataclasses.replace(b, actions=torch.full((N,), k, dtype=torch.long))
+        with torch.no_grad():
+            mean_p = float(update.served_prob(policy, decoder, at_k).mean())
+        assert update.surrogate_value(policy, decoder, _every_action(b, one_hot), 10.0, reducer) == pytest.approx(mean_p, rel=1e-9)
+    # a banned action's advantage never enters, not even an infinite one (0 · inf would be NaN)
+    adv = torch.full((N, A), 0.7)
+    adv[:7, 4] = torch.inf
+    banned = dataclasses.replace(_every_action(b, adv), allowed=b.allowed.clone(), log_weights=b.log_weights.clone())
+    banned.allowed[:7, 4] = False
+    banned.log_weights[:7, 4] = -torch.inf
+    assert update.surrogate_value(policy, decoder, banned, 10.0, reducer) == pytest.approx(0.7)
+    # the chunked gradient of the 2-D surrogate is the whole batch's
     adv = torch.randn(N, A, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
-    adv[:7, 4] = 1e6  # a banned action's advantage never enters
-    b2 = dataclasses.replace(_every_action(b, adv), allowed=b.allowed.clone())
-    b2.allowed[:7, 4] = False
-    b2.log_weights[:7, 4] = -torch.inf
-    with torch.no_grad():
-        served = decoder.served(decoder.masked_q(policy(b2.states), b2.log_weights, b2.allowed), b2.fallback, b2.allowed.any(dim=1))
-    expected = float((served * torch.where(b2.allowed, adv, 0.0)).sum(dim=1).mean())
-    assert float(served[:7, 4].max()) == 0.0
-    assert update.surrogate_value(policy, decoder, b2, 10.0, LocalReducer()) == pytest.approx(expected, rel=1e-9)
+    whole = update.surrogate_gradient(policy, decoder, _every_action(b, adv), 10.0, reducer)
+    monkeypatch.setattr(update, "CHUNK", 37)
+    torch.testing.assert_close(update.surrogate_gradient(policy, decoder, _every_action(b, adv), 10.0, reducer), whole,
+                               rtol=1e-5, atol=1e-7)
 
 
 def test_the_expected_surrogate_moves_towards_an_action_the_logs_never_served(setup: tuple) -> None:
-    """The logged surrogate has no gradient towards an action no row served; the expected one follows the critic there."""
+    """No logged row served apply_coupon; the critic says it pays on every state: the step serves it more."""
     policy, decoder, b = setup
-    never = 2  # apply_coupon: no logged row served it, the critic says it pays on every state
+    never = 2
     logged = dataclasses.replace(b, actions=torch.where(b.actions == never, 0, b.actions))
     adv = torch.zeros(N, A, dtype=torch.float64)
     adv[:, never] = 1.0
     coupon = dataclasses.replace(logged, actions=torch.full((N,), never, dtype=torch.long))
     with torch.no_grad():
         before = float(update.served_prob(policy, decoder, coupon).mean())
-    # the logged surrogate with these rows: every logged action's advantage is 0, so there is nothing to follow
-    flat = update.surrogate_gradient(policy, decoder, dataclasses.replace(logged, advantages=torch.zeros(N, dtype=torch.float64)),
-                                     10.0, LocalReducer())
-    assert float(flat.abs().max()) == 0.0
     outcome = update.natural_step(policy, decoder, _every_action(logged, adv), CONFIG, update.Stats(), LocalReducer(),
                                   torch.Generator().manual_seed(2))
     assert outcome.accepted and outcome.improvement > 0, outcome
