@@ -11,8 +11,9 @@ state's baseline (or the mirror image, good actions it neglects). The gradient's
 row ``i`` is ``ρ_i Â_i`` (``update.surrogate_terms``): the step pushes hardest away from the
 rows with the most negative advantages, and in a spiking batch those are the (state, action)
 pairs the policy is most wrong to serve. (With ``surrogate = expected`` the row's advantage is
-that of its logged action, ``Â(s_i, a_i)``, which is what the trainer passes here.) The seed design labels exactly these harmful for the
-guard: a veto can stop them before the next update catches up.
+that of its logged action, ``Â(s_i, a_i)``, which is what the trainer passes here.) The seed
+design labels exactly these harmful for the guard: a veto can stop them before the next update
+catches up.
 
 **Rule** (``spike_labels``, ``SpikeRule``). With the updates' multipliers ``η_1 … η_T`` in order
 (non-finite ones, aborted steps, are skipped: never a spike, not in any mean), update ``t``
