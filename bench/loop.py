@@ -207,18 +207,29 @@ def exploration(decisions: pa.Table) -> dict[str, float]:
 # --- the loop ------------------------------------------------------------------------------------
 
 
-def run_cycle(logs: Path, weights: Path, config: Path | None, candidate: Path) -> tuple[int, dict[str, Any]]:
+def trainer_json(argv: list[str]) -> tuple[int, dict[str, Any]]:
+    """The trainer's CLI in process: its exit code and the JSON object of its last stdout line ({} if none)."""
     from trainer.cli import main as trainer_main
 
-    argv = ["cycle", "--logs", str(logs), "--weights-dir", str(weights), "--device", "cpu", "--json", "--candidate-out", str(candidate)]
-    if config is not None:
-        argv += ["--config", str(config)]
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         code = trainer_main(argv)
     text = out.getvalue().strip().splitlines()
-    report = json.loads(text[-1]) if text and text[-1].startswith("{") else {}
-    return code, report
+    return code, json.loads(text[-1]) if text and text[-1].startswith("{") else {}
+
+
+def run_cycle(logs: Path, weights: Path, config: Path | None, candidate: Path) -> tuple[int, dict[str, Any]]:
+    argv = ["cycle", "--logs", str(logs), "--weights-dir", str(weights), "--device", "cpu", "--json", "--candidate-out", str(candidate)]
+    return trainer_json(argv + (["--config", str(config)] if config is not None else []))
+
+
+def public(x: Any) -> Any:
+    """``x`` without the keys that start with ``_`` (per-session arrays), at any depth: what the JSON holds."""
+    if isinstance(x, dict):
+        return {k: public(v) for k, v in x.items() if not k.startswith("_")}
+    if isinstance(x, list):
+        return [public(v) for v in x]
+    return x
 
 
 def _gate_summary(report: dict[str, Any]) -> dict[str, Any]:
@@ -340,14 +351,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     targets["met"] = bool(targets["vs_best_constant"]["ci_low"] > 0 and (not vw_ok or targets["vs_vw"]["ci_low"] > 0)
                           and targets["share_of_intent_policy"] >= 0.8 and targets["no_cycle_worse_beyond_ci"])
 
-    def strip(x: Any) -> Any:
-        if isinstance(x, dict):
-            return {k: strip(v) for k, v in x.items() if not k.startswith("_")}
-        if isinstance(x, list):
-            return [strip(v) for v in x]
-        return x
-
-    result = strip({"world_seed": args.seed, "sessions_per_cycle": args.sessions, "truth_sessions": [truth.start, truth.stop],
+    result = public({"world_seed": args.seed, "sessions_per_cycle": args.sessions, "truth_sessions": [truth.start, truth.stop],
                     "config": str(args.config) if args.config else "default", "seconds": time.monotonic() - started,
                     "constants": baselines, "best_constant": best_constant["name"], "intent_policy": oracle,
                     "cycles": cycles, "targets": targets, "guard": guard})

@@ -15,8 +15,6 @@ constant action and to ``--init``; the intent policy is the reference. Writes
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
 import tempfile
 import time
@@ -24,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.loop import TRUTH_FIRST, UTC, paired, references, scored
+from bench.loop import TRUTH_FIRST, UTC, paired, public, references, scored, trainer_json
 from bench.report import add_json_flag, header, write_results
 from simulator.config import SimConfig
 from simulator.drive import run_in_process
@@ -35,15 +33,11 @@ from weights.model_set import LoadOptions, ModelSet
 
 def trained(logs: Path, init: Path, config: Path, out: Path) -> dict[str, Any]:
     """``shopping-agent train`` in process; its JSON line (the new bundle's training metrics)."""
-    from trainer.cli import main as trainer_main
-
-    text = io.StringIO()
-    with contextlib.redirect_stdout(text):
-        code = trainer_main(["train", "--logs", str(logs), "--init", str(init), "--config", str(config), "--out", str(out),
-                             "--device", "cpu"])
-    if code != 0:
+    code, report = trainer_json(["train", "--logs", str(logs), "--init", str(init), "--config", str(config), "--out", str(out),
+                                 "--device", "cpu"])
+    if code != 0 or "metrics" not in report:
         raise SystemExit(f"train with {config} exited {code}")
-    return json.loads(text.getvalue().strip().splitlines()[-1])  # type: ignore[no-any-return]
+    return report
 
 
 def summary(result: dict[str, Any]) -> str:
@@ -90,14 +84,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(summary(result) + f"  vs {best['name']} {d['mean']:+.2f} [{d['ci_low']:+.2f}, {d['ci_high']:+.2f}]", flush=True)
             runs.append(result)
 
-    def strip(x: Any) -> Any:
-        return {k: strip(v) for k, v in x.items() if not k.startswith("_")} if isinstance(x, dict) else x
-
     if args.json is not None:
         write_results(args.json, {**header("bench.offline_learners", started, argv), "world_seed": args.seed,
                                   "logs": str(args.logs), "init": str(args.init), "truth_sessions": [truth.start, truth.stop],
-                                  "best_constant": strip(best), "intent_policy": strip(oracle), "init_result": strip(start),
-                                  "runs": [strip(r) for r in runs]})
+                                  **public({"best_constant": best, "intent_policy": oracle, "init_result": start, "runs": runs})})
     return 0
 
 
