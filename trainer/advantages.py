@@ -25,12 +25,16 @@ not exercise.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import numpy.typing as npt
 import torch
 from torch import nn
 
 from core.progress import progress
+from trainer.distributed import Reducer
+from trainer.minibatches import U64, Fit, position_keys
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -45,23 +49,21 @@ class ValueNet(nn.Module):
 
 
 def fit_value(states: torch.Tensor, returns: torch.Tensor, hidden: int = 64, epochs: int = 8, batch: int = 1024, lr: float = 1e-3,
-              seed: int = 0) -> ValueNet:
-    """Least-squares fit of V̂(s) ≈ G on (states, returns), minibatch Adam, deterministic on CPU for a seed."""
-    gen = torch.Generator().manual_seed(seed)
+              seed: int = 0, keys: U64 | None = None, reducer: Reducer | None = None) -> ValueNet:
+    """Least-squares fit of V̂(s) ≈ G on (states, returns), minibatch Adam, deterministic on CPU for a seed.
+
+    ``keys`` (N,) pick the minibatches (``trainer.minibatches.row_keys``; default: by position); with a
+    ``reducer`` the rows are this rank's shard and every rank fits the net of all ranks' rows together.
+    """
     torch.manual_seed(seed)
     net = ValueNet(states.shape[1], hidden).to(states.device)
     opt = torch.optim.Adam(net.parameters(), lr=lr)
     n = len(states)
     target = returns.to(states.dtype)
+    fit = Fit(list(net.parameters()), opt, position_keys(n) if keys is None else keys, batch, seed, reducer, purpose="value")
     with progress("train.value", total=epochs, unit="epoch") as bar:
-        for _ in range(epochs):
-            perm = torch.randperm(n, generator=gen).to(states.device)
-            for start in range(0, n, batch):
-                idx = perm[start : start + batch]
-                loss = torch.mean((net(states[idx]) - target[idx]) ** 2)
-                opt.zero_grad()
-                loss.backward()  # type: ignore[no-untyped-call]
-                opt.step()
+        for epoch in range(epochs):
+            fit.run_epoch(epoch, lambda idx: (torch.mean((net(states[idx]) - target[idx]) ** 2), float(len(idx))), states.device)
             bar.update(1, rows=n)
     return net
 
@@ -73,12 +75,23 @@ def baseline_advantages(states: torch.Tensor, returns: torch.Tensor, value: Valu
     return returns.to(v.dtype) - v
 
 
-def group_advantages(returns: FloatArray, groups: npt.NDArray[np.int64], floor: float = 1e-3) -> FloatArray:
-    """Â = (G − mean_g) / max(std_g, floor), mean and std (ddof 0) within each group label."""
+def group_advantages(returns: FloatArray, groups: npt.NDArray[np.int64], floor: float = 1e-3,
+                     total: Callable[[FloatArray], FloatArray] | None = None, width: int | None = None) -> FloatArray:
+    """Â = (G − mean_g) / max(std_g, floor), mean and std (ddof 0) within each group label (non-negative integers).
+
+    ``total`` (ranks on disjoint shards: ``Reducer.total``) sums each per-group statistic over the ranks, so the
+    means and deviations are those of every rank's rows; ``width`` (required with it) is the number of labels.
+    """
     if len(returns) != len(groups):
         raise ValueError("returns and groups must have the same length")
-    labels, inverse = np.unique(groups, return_inverse=True)
-    counts = np.bincount(inverse, minlength=len(labels)).astype(np.float64)
-    mean = np.bincount(inverse, weights=returns, minlength=len(labels)) / counts
-    var = np.bincount(inverse, weights=(returns - mean[inverse]) ** 2, minlength=len(labels)) / counts
-    return (returns - mean[inverse]) / np.maximum(np.sqrt(var), floor)[inverse]
+    if len(groups) and int(np.min(groups)) < 0:
+        raise ValueError("groups: expected non-negative labels")
+    if total is not None and width is None:
+        raise ValueError("width: required with total (the ranks must agree on the number of labels)")
+    add = total or (lambda x: x)
+    width = width if width is not None else int(np.max(groups)) + 1 if len(groups) else 0
+    counts = add(np.bincount(groups, minlength=width).astype(np.float64))
+    safe = np.maximum(counts, 1.0)
+    mean = add(np.bincount(groups, weights=returns, minlength=width).astype(np.float64)) / safe
+    var = add(np.bincount(groups, weights=(returns - mean[groups]) ** 2, minlength=width).astype(np.float64)) / safe
+    return (returns - mean[groups]) / np.maximum(np.sqrt(var), floor)[groups]

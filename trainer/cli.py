@@ -164,11 +164,17 @@ def _logs(location: str, bundle: Any) -> tuple[Any, Any]:
     return source.table("decisions"), source.table("outcomes")
 
 
-def _window(location: str, bundle: Any, config: TrainConfig) -> Any:
-    """What a run reads: its window and sample, in two passes (``trainer.reading``)."""
+def _window(location: str, bundle: Any, config: TrainConfig, *, sharded: bool = True, heldout: bool = False) -> Any:
+    """What a run reads: its window and sample, in two passes (``trainer.reading``); under torchrun (``sharded``) this
+    rank's shard of its sessions; with ``heldout`` only the sessions the gate holds out (of every shard)."""
+    from trainer.data import heldout_sessions
+    from trainer.distributed import DistEnv
     from trainer.reading import read_window
 
-    return read_window(_source(location, bundle), config)
+    where = DistEnv.parse(os.environ)
+    shard = (where.rank, where.world_size) if sharded else None
+    part = (lambda ids: heldout_sessions(ids, config.heldout_fraction, config.seed)) if heldout else None
+    return read_window(_source(location, bundle), config, shard=shard, part=part)
 
 
 def _bundle(path: Path | None) -> Any:

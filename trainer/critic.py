@@ -32,8 +32,8 @@ drifts towards G − V_φ; ``Critic.metrics`` reports its in-sample R² to show 
 Both fits standardise their targets by the mean and standard deviation of the returns (the
 networks learn (G − μ)/σ and the outputs are mapped back), so one step size fits any reward
 scale. The initialisation is drawn on the CPU inside a forked RNG (the caller's global torch
-RNG is left as it was) and the shuffling comes from its own generator: the same inputs and seed
-give the same networks on CPU, and the same initial ones on any device.
+RNG is left as it was) and the minibatches are keyed by row (``trainer.minibatches``): the same
+inputs and seed give the same networks on CPU, and the same initial ones on any device.
 """
 
 from __future__ import annotations
@@ -43,6 +43,9 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
+
+from trainer.distributed import LocalReducer, Reducer
+from trainer.minibatches import U64, Fit, position_keys
 
 
 class StateHeads(nn.Module):
@@ -119,12 +122,15 @@ def _check_returns(returns: torch.Tensor, n: int) -> None:
 
 
 def fit_critic(states: torch.Tensor, actions: torch.Tensor, returns: torch.Tensor, pi: torch.Tensor, hidden: int = 64,
-               epochs: int = 4, batch: int = 1024, lr: float = 1e-3, seed: int = 0, chunk: int = 65536) -> Critic:
+               epochs: int = 4, batch: int = 1024, lr: float = 1e-3, seed: int = 0, chunk: int = 65536,
+               keys: U64 | None = None, reducer: Reducer | None = None) -> Critic:
     """Fit R_ψ to the served actions' returns, then V_φ to Σ_a π(a|s) R_ψ(s, a) (minibatch Adam, ``epochs`` passes each).
 
     ``states`` (N, S) float, ``actions`` (N,) integer indices of the served actions, ``returns`` (N,)
     their Monte Carlo returns, ``pi`` (N, A) the probabilities the starting bundle serves at each
     state (rows on the simplex; A is the number of actions). Everything is moved to ``states``'s device.
+    ``keys`` and ``reducer``: as for ``trainer.advantages.fit_value`` (ranks on disjoint shards fit the
+    critic of all their rows together: the standardisation and the metrics are the union's too).
     """
     _check_states(states)
     n = len(states)
@@ -147,46 +153,44 @@ def fit_critic(states: torch.Tensor, actions: torch.Tensor, returns: torch.Tenso
     actions = actions.to(device=device, dtype=torch.long)
     target = returns.to(device=device, dtype=states.dtype)
     pi = pi.to(device=device, dtype=states.dtype)
-    loc = float(target.double().mean())
-    var = float(target.double().var(correction=0))
+    reducer = reducer or LocalReducer()
+    keys = position_keys(n) if keys is None else keys
+    moments = reducer.weighted_mean(torch.stack([target.double().mean(), (target.double() ** 2).mean()]).cpu(), n)
+    loc = float(moments[0])
+    var = max(float(moments[1]) - loc**2, 0.0)
     scale = math.sqrt(var) if var > 1e-12 else 1.0
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         ret = StateHeads(states.shape[1], hidden, n_actions, loc, scale)
         val = StateHeads(states.shape[1], hidden, 1, loc, scale)
     ret, val = ret.to(device), val.to(device)
-    gen = torch.Generator().manual_seed(seed)
-
     standard = (target - loc) / scale
-    _fit(ret, states, standard, epochs, batch, lr, gen, actions)
+    _fit(ret, states, standard, epochs, Fit(list(ret.parameters()), torch.optim.Adam(ret.parameters(), lr=lr), keys, batch, seed,
+                                            reducer, purpose="critic-returns"), actions)
     # V's targets in the standardised units: Σ π (μ + σ r) = μ + σ Σ π r on the simplex, and a constant
     # return gives exactly zero targets (in return units, rounding noise that Adam would follow at full step)
     action_values = _chunked(ret, states, chunk, n_actions, standardised=True)
     v_target = (pi * action_values).sum(dim=1)
-    _fit(val, states, v_target, epochs, batch, lr, gen, None)
+    _fit(val, states, v_target, epochs, Fit(list(val.parameters()), torch.optim.Adam(val.parameters(), lr=lr), keys, batch, seed,
+                                            reducer, purpose="critic-value"), None)
 
     served = action_values.gather(1, actions[:, None])[:, 0]
     gap = _chunked(val, states, chunk, 1, standardised=True)[:, 0] - v_target
-    metrics = {"critic_return_r2": 1.0 - float(((served - standard).double() ** 2).mean()) if var > 1e-12 else 0.0,
-               "critic_value_rmse": scale * float((gap.double() ** 2).mean().sqrt())}
+    errors = reducer.weighted_mean(torch.stack([((served - standard).double() ** 2).mean(), (gap.double() ** 2).mean()]).cpu(), n)
+    metrics = {"critic_return_r2": 1.0 - float(errors[0]) if var > 1e-12 else 0.0,
+               "critic_value_rmse": scale * math.sqrt(float(errors[1]))}
     return Critic(ret, val, metrics)
 
 
-def _fit(net: StateHeads, states: torch.Tensor, target: torch.Tensor, epochs: int, batch: int, lr: float,
-         gen: torch.Generator, actions: torch.Tensor | None) -> None:
+def _fit(net: StateHeads, states: torch.Tensor, target: torch.Tensor, epochs: int, fit: Fit, actions: torch.Tensor | None) -> None:
     """Least squares of ``net``'s standardised output (the served action's, when ``actions`` is given) on ``target``."""
-    opt = torch.optim.Adam(net.parameters(), lr=lr)
-    n = len(states)
-    for _ in range(epochs):
-        perm = torch.randperm(n, generator=gen).to(states.device)
-        for start in range(0, n, batch):
-            idx = perm[start : start + batch]
-            out = net.standardised(states[idx])
-            pred = out[:, 0] if actions is None else out.gather(1, actions[idx][:, None])[:, 0]
-            loss = torch.mean((pred - target[idx]) ** 2)
-            opt.zero_grad()
-            loss.backward()  # type: ignore[no-untyped-call]
-            opt.step()
+    def loss_of(idx: torch.Tensor) -> tuple[torch.Tensor, float]:
+        out = net.standardised(states[idx])
+        pred = out[:, 0] if actions is None else out.gather(1, actions[idx][:, None])[:, 0]
+        return torch.mean((pred - target[idx]) ** 2), float(len(idx))
+
+    for epoch in range(epochs):
+        fit.run_epoch(epoch, loss_of, states.device)
 
 
 def critic_advantages(critic: Critic, states: torch.Tensor, actions: torch.Tensor, returns: torch.Tensor | None = None,

@@ -36,6 +36,7 @@ LOOK_BOOTSTRAP = 1000
 def run_cycle(args: argparse.Namespace) -> int:
     from trainer.cli import EXIT_REFUSED, _bundle, _config, _trained, _window
     from trainer.data import side
+    from trainer.distributed import DistEnv
     from trainer.evaluation import gate
     from weights.bundle import read_bundle
     from weights.model_set import LoadOptions, ModelSet
@@ -48,7 +49,7 @@ def run_cycle(args: argparse.Namespace) -> int:
     store = WeightsStore(args.weights_dir, lambda data: verify(data, key))
     current_bundle = read_bundle(store.active_path) if store.active_path.exists() else _bundle(None)
     init = _bundle(args.init) if args.init else current_bundle
-    window = _window(args.logs, init, config)  # the logs the run reads, in two passes
+    window = _window(args.logs, init, config)  # the logs the run reads, in two passes (under torchrun: this rank's shard)
     options = LoadOptions(device="cpu", warmup_batch=1)
     current = ModelSet.load(current_bundle, options)
     looks = _looks_apply(args, config)
@@ -60,7 +61,11 @@ def run_cycle(args: argparse.Namespace) -> int:
     result = _trained(args, init, window, config)
     if args.rank != 0:
         return 0  # rank 0 evaluates, gates and publishes
-    held_d, held_o = side(window.decisions, window.outcomes, config.heldout_fraction, config.seed, heldout=True)
+    if DistEnv.parse(os.environ).world_size > 1:  # rank 0 read its shard only: the gate reads every shard's held-out side
+        held = _window(args.logs, init, config, sharded=False, heldout=True)
+        held_d, held_o = held.decisions, held.outcomes
+    else:
+        held_d, held_o = side(window.decisions, window.outcomes, config.heldout_fraction, config.seed, heldout=True)
     new = ModelSet.load(read_bundle(result.bundle), options)
     verdict = gate(judged(config, new, held_d, held_o), judged(config, current, held_d, held_o), config.tolerance,
                    **config.gate_limits())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,7 +12,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from experience.attribution import AttributionConfig
-from experience.returns import discounted_returns, normalize_rewards
+from experience.returns import discounted_returns, fit_reward_scale
 from experience.sessions import EpisodeConfig, Episodes, build_episodes, split_by_session
 from trainer.config import TrainConfig
 from trainer.guard_labels import harmful_labels
@@ -69,9 +70,11 @@ class Experience:
 
 
 def experience(decisions: pa.Table, outcomes: pa.Table, model: ModelSet, config: TrainConfig,
-               rows: npt.NDArray[np.int64] | None = None) -> Experience:
+               rows: npt.NDArray[np.int64] | None = None, gather: Callable[[FloatArray], FloatArray] | None = None) -> Experience:
     """The experience of ``decisions`` (only its ``rows``, when given: the training side of a window, which is then
-    never copied whole; the item embeddings go from the window's column straight into the states, in episode order)."""
+    never copied whole; the item embeddings go from the window's column straight into the states, in episode order).
+    On ranks that each hold a shard of the sessions, ``gather`` (``Reducer.gather``) collects every rank's non-zero
+    rewards, so that the reward scale is the union's."""
     narrow = decisions.drop_columns(["item_embedding"])
     if rows is not None:
         narrow = narrow.take(pa.array(rows))
@@ -81,9 +84,11 @@ def experience(decisions: pa.Table, outcomes: pa.Table, model: ModelSet, config:
     harmful = harmful_labels(ordered, outcomes, config.guard)
     rewards = episodes.rewards
     scale: dict[str, Any] = {}
-    if config.normalize_rewards and len(rewards):
-        rewards, fitted = normalize_rewards(rewards)
-        scale = fitted.to_dict()
+    if config.normalize_rewards:
+        nonzero = rewards[rewards != 0.0]
+        everyone = nonzero if gather is None else gather(nonzero)  # all ranks take part, with or without rewards
+        fitted = fit_reward_scale(everyone)  # the quantiles are of the non-zero rewards: the same as of all
+        rewards, scale = fitted.apply(rewards), fitted.to_dict()
     returns = discounted_returns(rewards, episodes.starts, episodes.lengths, config.gamma)
     reindexed = dataclasses.replace(episodes, rows=np.arange(len(ordered), dtype=np.int64))
     order = episodes.rows if rows is None else rows[episodes.rows]

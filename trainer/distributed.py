@@ -13,6 +13,10 @@ conjugate gradient and the line search only ever branch on reduced values, so th
 iterates and decisions are identical on every rank (a ring all-reduce gives every rank the
 same bits).
 
+Ranks that each hold a disjoint shard of the logs (``trainer.reading``, by session hash) also need
+the union's counts and extremes (``total``, ``maximum``) and, where a statistic is an order
+statistic (a quantile, a threshold, an AUC), the union's values themselves (``gather``).
+
 ``init_from_env`` reads torchrun's variables from a mapping the entry point passes in (this
 module never reads ``os.environ`` itself) and joins the process group, gloo on CPU.
 """
@@ -23,8 +27,10 @@ import datetime
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
+import numpy as np
+import numpy.typing as npt
 import torch
 import torch.distributed as dist
 from torch import Tensor
@@ -42,6 +48,18 @@ class Reducer(Protocol):
         """``Σ_r w_r x_r / Σ_r w_r`` over the ranks; ``value`` is this rank's ``x_r``, ``weight`` its ``w_r``."""
         ...
 
+    def total(self, value: Tensor) -> Tensor:
+        """``Σ_r x_r`` elementwise (counts, sums)."""
+        ...
+
+    def maximum(self, value: Tensor) -> Tensor:
+        """``max_r x_r`` elementwise."""
+        ...
+
+    def gather(self, values: npt.NDArray[Any]) -> npt.NDArray[Any]:
+        """The 1-D arrays of every rank concatenated in rank order (each rank may hold a different length, 0 included)."""
+        ...
+
 
 class LocalReducer:
     """One process: the local mean is the mean (the identity)."""
@@ -54,6 +72,15 @@ class LocalReducer:
         if not weight > 0:
             raise ValueError(f"weight must be > 0, got {weight}")
         return value
+
+    def total(self, value: Tensor) -> Tensor:
+        return value
+
+    def maximum(self, value: Tensor) -> Tensor:
+        return value
+
+    def gather(self, values: npt.NDArray[Any]) -> npt.NDArray[Any]:
+        return np.asarray(values).reshape(-1)
 
 
 class TorchDistReducer:
@@ -82,6 +109,29 @@ class TorchDistReducer:
         if not bool(total > 0):
             raise ValueError("the weights sum to zero across the ranks")
         return (buf[:-1] / total).reshape(value.shape)
+
+    def total(self, value: Tensor) -> Tensor:
+        buf = value.detach().clone()
+        dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=self.group)
+        return buf
+
+    def maximum(self, value: Tensor) -> Tensor:
+        buf = value.detach().clone()
+        dist.all_reduce(buf, op=dist.ReduceOp.MAX, group=self.group)
+        return buf
+
+    def gather(self, values: npt.NDArray[Any]) -> npt.NDArray[Any]:
+        """Two collectives: the lengths, then every rank's values padded to the longest (gloo needs equal sizes)."""
+        local = np.ascontiguousarray(np.asarray(values).reshape(-1))
+        size = torch.tensor([len(local)], dtype=torch.int64)
+        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world_size)]
+        dist.all_gather(sizes, size, group=self.group)
+        longest = max(int(s) for s in sizes)
+        padded = torch.zeros(longest, dtype=torch.from_numpy(local[:0]).dtype)
+        padded[: len(local)] = torch.from_numpy(local)
+        parts = [torch.zeros_like(padded) for _ in range(self.world_size)]
+        dist.all_gather(parts, padded, group=self.group)
+        return np.concatenate([p[: int(n)].numpy() for p, n in zip(parts, sizes, strict=True)]).astype(local.dtype, copy=False)
 
 
 @dataclass(frozen=True)

@@ -265,15 +265,20 @@ class GaussNewtonFisher:
         generator: torch.Generator | None = None,
         reducer: Reducer | None = None,
         served: Callable[[Tensor, Tensor], Tensor] | None = None,
+        rows: Tensor | None = None,
     ) -> GaussNewtonFisher:
         """The operator at the module's current parameters, on all states or a random ``subsample`` fraction of them.
 
-        ``generator`` draws the subset (default: seeded 0, so every call draws the same one).
+        ``generator`` draws the subset (default: seeded 0, so every call draws the same one); ``rows`` gives it
+        instead (indices into ``states``: a keyed sample, the same rows on any sharding, ``trainer.minibatches``).
         ``served`` maps (logits, row indices into ``states``) to the served probabilities of
         those rows: given, the operator is the served distribution's Fisher (``served_metric``).
         """
         idx = torch.arange(states.shape[0], device=states.device)
-        if subsample is not None and subsample < 1.0:
+        if rows is not None:
+            idx = rows.to(states.device)
+            states, log_guard = states[idx], log_guard[idx]
+        elif subsample is not None and subsample < 1.0:
             gen = generator if generator is not None else torch.Generator().manual_seed(0)
             idx = subsample_indices(states.shape[0], subsample, gen).to(states.device)
             states, log_guard = states[idx], log_guard[idx]

@@ -41,7 +41,7 @@ learns the wrong thing from them loses its veto rather than shipping it.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -106,13 +106,16 @@ class SpikeLabels:
 
 
 def spike_labels(
-    etas: Sequence[float] | FloatArray, batches: Sequence[npt.ArrayLike], advantages: FloatArray, rule: SpikeRule | None = None
+    etas: Sequence[float] | FloatArray, batches: Sequence[npt.ArrayLike], advantages: FloatArray, rule: SpikeRule | None = None,
+    gather: Callable[[FloatArray], FloatArray] | None = None,
 ) -> SpikeLabels:
     """Harmful rows from the updates whose η spikes (module doc).
 
     ``etas[t]`` is update ``t``'s multiplier (``StepOutcome.eta``, nan when aborted), ``batches[t]``
     the row indices of its whole batch (before any data-parallel sharding), ``advantages`` (N,) the
     advantages of all N rows, fixed within a run; a batch's advantages are ``advantages[batches[t]]``.
+    On ranks that each hold a shard of the rows, ``batches[t]`` is this rank's part of the batch and
+    ``gather`` (``Reducer.gather``) collects every part's advantages for the batch's quantile.
     """
     rule = rule or SpikeRule()
     adv = np.asarray(advantages, dtype=np.float64)
@@ -128,12 +131,13 @@ def spike_labels(
         rows = np.asarray(batches[t])
         if rows.ndim != 1 or (rows.size and not np.issubdtype(rows.dtype, np.integer)):
             raise ValueError(f"batches[{t}]: expected a 1-D array of row indices, got {rows.dtype} {rows.shape}")
-        if rows.size == 0:
-            continue
-        if int(rows.min()) < 0 or int(rows.max()) >= len(adv):
+        if rows.size and (int(rows.min()) < 0 or int(rows.max()) >= len(adv)):
             raise ValueError(f"batches[{t}]: row indices outside [0, {len(adv)})")
         a = adv[rows]
-        cut = float(np.quantile(a, rule.quantile, method="inverted_cdf"))
+        whole = a if gather is None else gather(a)  # every rank's part of the batch (all ranks take part)
+        if whole.size == 0:
+            continue
+        cut = float(np.quantile(whole, rule.quantile, method="inverted_cdf"))
         harmful[rows[(a <= cut) & (a < 0.0)]] = True
     return SpikeLabels(harmful, spiked, rule)
 
@@ -150,5 +154,6 @@ class SpikeLog:
         self.etas.append(float(eta))
         self.batches.append(np.asarray(rows, dtype=np.int64).reshape(-1).copy())
 
-    def labels(self, advantages: FloatArray, rule: SpikeRule | None = None) -> SpikeLabels:
-        return spike_labels(self.etas, self.batches, advantages, rule)
+    def labels(self, advantages: FloatArray, rule: SpikeRule | None = None,
+               gather: Callable[[FloatArray], FloatArray] | None = None) -> SpikeLabels:
+        return spike_labels(self.etas, self.batches, advantages, rule, gather)

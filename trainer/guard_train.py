@@ -10,8 +10,10 @@ weighted ``harmful_weight`` (by default ``n_harmless / n_harmful`` on the traini
 both classes weigh the same in total). The weighting shifts the probabilities away from
 calibrated P(allow), which is why the threshold is chosen on held-out data and not fixed.
 Seeded and deterministic on CPU: the initialisation under ``torch.manual_seed`` (in a forked
-RNG state, the caller's global RNG is left alone), the shuffling from its own
-``torch.Generator``.
+RNG state, the caller's global RNG is left alone), the minibatches keyed by row
+(``trainer.minibatches``: by session and step, so ranks on disjoint shards of the sessions, with a
+``reducer``, take the steps one process takes on all of them; the threshold and the held-out
+figures are then taken on every rank's held-out pairs, gathered).
 
 **Split** (``split_by_session``). Rows are split by session, never by row: a session is held
 out iff a keyed 64-bit BLAKE2b hash of its id, as a fraction of 2⁶⁴, is below
@@ -52,7 +54,9 @@ from core.domain import N_ACTIONS
 from core.progress import progress
 from experience.sessions import session_codes, split_by_session
 from trainer.config import GuardConfig
+from trainer.distributed import LocalReducer, Reducer
 from trainer.guard_threshold import VetoCriterion, choose_threshold, heldout_report
+from trainer.minibatches import Fit, global_count, row_keys
 from trainer.networks import GuardNet
 
 log = logging.getLogger(__name__)
@@ -124,30 +128,31 @@ def served_allow(net: GuardNet, states: torch.Tensor, actions: torch.Tensor) -> 
 
 def _fit(
     net: GuardNet, states: torch.Tensor, rows: torch.Tensor, actions: torch.Tensor, allow: torch.Tensor, weights: torch.Tensor,
-    config: GuardConfig,
+    keys: npt.NDArray[np.uint64], config: GuardConfig, reducer: Reducer,
 ) -> float:
     """Minimise the weighted BCE of the served action's allow logit over ``states[rows]`` (gathered batch by batch,
-    never copied whole; ``actions``, ``allow``, ``weights`` are per row of ``rows``); the last epoch's mean loss."""
+    never copied whole; ``actions``, ``allow``, ``weights``, ``keys`` are per row of ``rows``); the last epoch's mean
+    loss over every rank's rows."""
     optimiser = torch.optim.AdamW(net.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
-    shuffle = torch.Generator().manual_seed(config.seed)
-    n, total_weight, mean_loss = rows.shape[0], weights.sum(), 0.0
+    fit = Fit(list(net.parameters()), optimiser, keys, config.batch_size, config.seed, reducer, purpose="guard")
+    total_weight, mean_loss = float(reducer.total(weights.sum().double().cpu().reshape(1))[0]), 0.0
     net.train()
     with progress("train.guard", total=config.epochs, unit="epoch") as bar:
         for epoch in range(config.epochs):
-            order = torch.randperm(n, generator=shuffle).to(states.device)
             loss_sum = torch.zeros((), device=states.device)  # summed on the device: no host sync per step
-            for lo in range(0, n, config.batch_size):
-                idx = order[lo : lo + config.batch_size]
+
+            def loss_of(idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                nonlocal loss_sum
                 z = net(states[rows[idx]]).gather(1, actions[idx, None])[:, 0]
                 w = weights[idx]
                 weighted = (F.binary_cross_entropy_with_logits(z, allow[idx], reduction="none") * w).sum()
-                optimiser.zero_grad(set_to_none=True)
-                (weighted / w.sum()).backward()  # type: ignore[no-untyped-call]
-                optimiser.step()
-                loss_sum += weighted.detach()
-            mean_loss = float(loss_sum / total_weight)
+                loss_sum = loss_sum + weighted.detach()
+                return weighted / w.sum(), w.sum()
+
+            fit.run_epoch(epoch, loss_of, states.device)
+            mean_loss = float(reducer.total(loss_sum.double().cpu().reshape(1))[0]) / total_weight
             log.info("guard epoch %d/%d: weighted BCE %.5f", epoch + 1, config.epochs, mean_loss)
-            bar.update(1, rows=n)
+            bar.update(1, rows=len(rows))
     return mean_loss
 
 
@@ -161,6 +166,7 @@ def train_guard(
     device: str | torch.device = "cpu",
     extra_harmful: BoolArray | None = None,
     criterion: VetoCriterion | None = None,
+    reducer: Reducer | None = None,
 ) -> GuardResult:
     """Train a guard on the training sessions and choose its threshold on the held-out ones (module doc).
 
@@ -171,13 +177,16 @@ def train_guard(
     auto-labels, ``trainer.guard_spikes``). ``criterion`` decides whether the guard keeps its veto
     (default ``VetoCriterion()``); a guard that does not earn it is returned with threshold 0.0. The
     whole of ``states`` is moved to ``device`` once (minibatches are gathered there by index); the returned net is
-    on the CPU.
+    on the CPU. With a ``reducer`` the rows are this rank's shard (whole sessions) and the result is the one of
+    all ranks' rows together.
     """
     config = config or GuardConfig()
+    reducer = reducer or LocalReducer()
     _check_inputs(states, actions, harmful, sessions)
     heldout = split_by_session(sessions, config.holdout_fraction, config.split_seed)
-    if heldout.all() or not heldout.any():
-        raise ValueError(f"the session split left one side empty ({int(heldout.sum())} of {len(heldout)} rows held out)")
+    n_held, n_rows = global_count(int(heldout.sum()), reducer), global_count(len(heldout), reducer)
+    if n_held in (0, n_rows):
+        raise ValueError(f"the session split left one side empty ({n_held} of {n_rows} rows held out)")
     labels = harmful.cpu().numpy()
     train_harm = labels.copy()
     if extra_harmful is not None:
@@ -186,8 +195,8 @@ def train_guard(
         train_harm |= np.asarray(extra_harmful, dtype=np.bool_)
     tr = torch.from_numpy(np.flatnonzero(~heldout))
     y = torch.from_numpy(train_harm)[tr]
-    n_harm = int(y.sum())
-    weight = config.harmful_weight if config.harmful_weight is not None else (len(y) - n_harm) / n_harm if n_harm else 1.0
+    n_harm, n_train = global_count(int(y.sum()), reducer), global_count(len(y), reducer)
+    weight = config.harmful_weight if config.harmful_weight is not None else (n_train - n_harm) / n_harm if n_harm else 1.0
     net = _new_net(states.shape[1], config, init).to(device)
     loss = _fit(
         net,
@@ -196,18 +205,19 @@ def train_guard(
         actions[tr].to(device),
         (~y).to(torch.float32).to(device),
         torch.where(y, weight, 1.0).to(torch.float32).to(device),
+        row_keys(np.asarray(sessions))[~heldout],
         config,
+        reducer,
     )
     net = net.cpu().eval()
-    ho = torch.from_numpy(np.flatnonzero(heldout))
-    allow, ho_harm = served_allow(net, states[ho], actions[ho]), labels[heldout]
+    allow, ho_harm = _heldout_pairs(net, states, actions, labels, heldout, reducer)
     candidate = choose_threshold(allow[~ho_harm], config.max_false_block_rate)
     codes = session_codes(sessions)[1]
     counts = {
-        "guard_n_train": float(len(y)),
+        "guard_n_train": float(n_train),
         "guard_n_train_harmful": float(n_harm),
-        "guard_n_train_sessions": float(len(np.unique(codes[~heldout]))),
-        "guard_n_heldout_sessions": float(len(np.unique(codes[heldout]))),
+        "guard_n_train_sessions": float(global_count(len(np.unique(codes[~heldout])), reducer)),
+        "guard_n_heldout_sessions": float(global_count(len(np.unique(codes[heldout])), reducer)),
         "guard_harmful_weight": float(weight),
         "guard_train_loss": loss,
     }
@@ -223,20 +233,30 @@ def assess_guard(
     sessions: npt.NDArray[Any],
     config: GuardConfig | None = None,
     criterion: VetoCriterion | None = None,
+    reducer: Reducer | None = None,
 ) -> GuardResult:
     """A guard kept as it is (the starting bundle's, say, when the retrained one would move what is served too
     far): its held-out figures at its own ``threshold`` on ``train_guard``'s split of the same rows, and whether
     it still earns its veto there (its false-block rate must also keep ``config.max_false_block_rate``). The
     result's ``threshold`` is ``threshold`` if so, else 0.0; ``net`` is used as given (CPU, not copied)."""
     config = config or GuardConfig()
+    reducer = reducer or LocalReducer()
     _check_inputs(states, actions, harmful, sessions)
     heldout = split_by_session(sessions, config.holdout_fraction, config.split_seed)
-    if not heldout.any():
-        raise ValueError(f"the session split held out none of {len(heldout)} rows")
+    if global_count(int(heldout.sum()), reducer) == 0:
+        raise ValueError(f"the session split held out none of {global_count(len(heldout), reducer)} rows")
+    allow, ho_harm = _heldout_pairs(net, states, actions, harmful.cpu().numpy(), heldout, reducer)
+    counts = {"guard_n_heldout_sessions": float(global_count(len(np.unique(session_codes(sessions)[1][heldout])), reducer))}
+    return _judged(net, float(threshold), allow, ho_harm, heldout, counts, config, criterion)
+
+
+def _heldout_pairs(net: GuardNet, states: torch.Tensor, actions: torch.Tensor, labels: BoolArray, heldout: BoolArray,
+                   reducer: Reducer) -> tuple[FloatArray, BoolArray]:
+    """The served action's allow-probability and the harm label of every held-out pair, every rank's (gathered)."""
     ho = torch.from_numpy(np.flatnonzero(heldout))
-    allow = served_allow(net, states[ho], actions[ho])
-    counts = {"guard_n_heldout_sessions": float(len(np.unique(session_codes(sessions)[1][heldout])))}
-    return _judged(net, float(threshold), allow, harmful.cpu().numpy()[heldout], heldout, counts, config, criterion)
+    allow = reducer.gather(served_allow(net, states[ho], actions[ho]))
+    harm = reducer.gather(labels[heldout].astype(np.uint8)).astype(np.bool_)
+    return allow, harm
 
 
 def _judged(

@@ -7,6 +7,11 @@
 2. The wide pass: every segment again, each filtered to those sessions before it is kept (one
    set lookup a segment), decisions and outcomes alike, the kept rows gathered into large batches.
 
+Under torchrun each rank keeps only its shard of the chosen sessions (``shard``: those whose keyed
+hash is ``rank`` modulo the world size), and the held-out side alone can be read for the gate
+(``part``): the narrow pass is the same on every rank, so every rank chooses the same window and
+sample, and the shards are disjoint and cover it.
+
 Peak memory is then the session index, the chosen sessions' rows and one segment, where reading
 every segment whole (``DirectorySource.table``) holds every row ever logged (about 2 KB a
 decision, most of it the item embedding). The result is the same window ``for_config`` gives on
@@ -15,26 +20,46 @@ the whole tables (tested), with the window's session count from before the sampl
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from core.progress import progress
 from experience.schema import SCHEMAS
 from experience.segments import DirectorySource
+from experience.sessions import session_hashes
 from trainer.session_index import NARROW, SessionIndex
 from trainer.window import Window, choose, settings_of, versions_by_first_time
 
 GATHER_ROWS = 1 << 16
 
 
-def read_window(source: DirectorySource, config: Any) -> Window:
-    """The decisions and outcomes of ``config``'s window and sample, read in two passes (see the module doc)."""
+SHARD_SALT = b"rank-shard"  # independent of the sample's, the gate's and the guard's hashes
+
+
+def shard_of(session_ids: pa.ChunkedArray | pa.Array, rank: int, world: int) -> npt.NDArray[np.bool_]:
+    """Per session id: whether it is in ``rank``'s shard of ``world`` (a keyed hash modulo ``world``)."""
+    if not 0 <= rank < world:
+        raise ValueError(f"shard: expected 0 <= rank < world, got rank {rank} of {world}")
+    ids = session_ids.to_numpy(zero_copy_only=False)
+    return np.asarray(session_hashes(ids, SHARD_SALT) % np.uint64(world) == np.uint64(rank), dtype=np.bool_)
+
+
+def read_window(source: DirectorySource, config: Any, shard: tuple[int, int] | None = None,
+                part: Callable[[pa.ChunkedArray], npt.NDArray[np.bool_]] | None = None) -> Window:
+    """The decisions and outcomes of ``config``'s window and sample, read in two passes (see the module doc): of its
+    sessions only ``shard = (rank, world)``'s, and only those for which ``part`` (a mask of the chosen ids) holds."""
     index = SessionIndex.of(_read(source, "decisions", "read.narrow", NARROW))
     sessions, in_window = choose(index, config.window_hours, config.window_versions, config.max_sessions, config.sample_key)
     del index  # only the chosen ids are needed from here
+    if shard is not None and shard[1] > 1:
+        sessions = sessions.filter(pa.array(shard_of(sessions, *shard)))
+    if part is not None:
+        sessions = sessions.filter(pa.array(part(sessions)))
     decisions = pa.Table.from_batches(list(_rows_of(_read(source, "decisions", "read.decisions"), sessions)),
                                       schema=SCHEMAS["decisions"])
     outcomes = pa.Table.from_batches(list(_rows_of(_read(source, "outcomes", "read.outcomes"), sessions)),

@@ -32,7 +32,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import torch
 
-from core.domain import N_ACTIONS, FloatArray, Source
+from core.domain import N_ACTIONS, FloatArray, PageType, Source
 from core.progress import progress
 from guard.action_guard import ActionGuard
 from policy.decoder import MajorityDecoder
@@ -47,10 +47,12 @@ from trainer.export import export_bundle
 from trainer.guard_spikes import SpikeLog, SpikeRule
 from trainer.guard_threshold import VetoCriterion
 from trainer.guard_train import assess_guard, train_guard
+from trainer.minibatches import fraction, global_count, row_keys, salt_of, sample
 from trainer.networks import GuardNet, PolicyNet, guard_from_arrays, policy_from_arrays
 from trainer.offline import MAX_WEIGHT
 from trainer.replay import decoder_arrays
 from trainer.served import TorchDecoder
+from trainer.sharded import any_rank, describe_window, newest_time
 from trainer.window import Window
 from trainer.window import for_config as window_for
 from weights import mlp
@@ -122,29 +124,36 @@ def rows_of(x: torch.Tensor, rows: npt.NDArray[np.int64]) -> torch.Tensor:
 
 
 def advantages_for(exp: Experience, config: TrainConfig, states: torch.Tensor, rows: np.ndarray,
-                   pi: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+                   pi: torch.Tensor | None = None, keys: npt.NDArray[np.uint64] | None = None,
+                   reducer: Reducer | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """Per training row Â (float64), and the fit's metrics. ``pi`` (len(rows), A): what the starting bundle serves
-    at the fit rows (``advantage = critic``: V_φ is fitted to E_{a∼π} R_ψ(s, a))."""
+    at the fit rows (``advantage = critic``: V_φ is fitted to E_{a∼π} R_ψ(s, a)); ``keys`` the fit rows' minibatch
+    keys; ``reducer``: the ranks' shards are fitted together."""
+    reducer = reducer or LocalReducer()
     returns = torch.as_tensor(exp.returns, dtype=torch.float32, device=states.device)
     if config.advantage == "critic":
         if pi is None:
             raise ValueError("pi: required with advantage=critic")
         acts = torch.as_tensor(exp.steps.actions, device=states.device)
         critic = fit_critic(rows_of(states, rows), acts[rows], returns[rows], pi, config.critic_hidden, config.critic_epochs,
-                            seed=config.seed)
+                            seed=config.seed, keys=keys, reducer=reducer)
         if config.surrogate == "expected":
             return critic_action_advantages(critic, states), dict(critic.metrics)
         return critic_advantages(critic, states, acts), dict(critic.metrics)
     if config.advantage == "group":
         groups = np.array([int(c.page_type) for c in exp.steps.contexts], dtype=np.int64)
-        return torch.as_tensor(group_advantages(exp.returns, groups, config.group_std_floor), device=states.device), {}
-    value = fit_value(rows_of(states, rows), returns[rows], config.value_hidden, config.value_epochs, seed=config.seed)
+        total = None if reducer.world_size == 1 else lambda x: reducer.total(torch.as_tensor(x, dtype=torch.float64)).numpy()
+        advantages = group_advantages(exp.returns, groups, config.group_std_floor, total=total,
+                                      width=None if total is None else len(PageType))
+        return torch.as_tensor(advantages, device=states.device), {}
+    value = fit_value(rows_of(states, rows), returns[rows], config.value_hidden, config.value_epochs, seed=config.seed, keys=keys,
+                      reducer=reducer)
     return baseline_advantages(states, returns, value).double(), {}
 
 
-def _created_at(decisions: pa.Table) -> str:
-    """The newest logged decision time: the same logs give the same manifest (and bundle bytes)."""
-    newest = float(np.max(decisions.column("time_s").to_numpy())) if decisions.num_rows else 0.0
+def _created_at(decisions: pa.Table, reducer: Reducer) -> str:
+    """The newest logged decision time (every rank's): the same logs give the same manifest (and bundle bytes)."""
+    newest = newest_time(decisions, reducer) or 0.0
     return dt.datetime.fromtimestamp(math.floor(newest), dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
@@ -155,26 +164,27 @@ def train(decisions: pa.Table, outcomes: pa.Table, init: Bundle, config: TrainCo
     reducer = reducer or LocalReducer()
     dev = pick_device(device)
     torch.manual_seed(config.seed)
-    rng = np.random.default_rng(config.seed)
     base = ModelSet.load(init, LoadOptions(device="cpu", warmup_batch=1))
     spec = base.encoder.spec
     warnings: list[str] = []
 
     # 1-2. the window, the training side, as arrays in episode order
+    # (under torchrun: this rank's shard of the sessions; every statistic below is of all shards together)
     window = window if window is not None else window_for(decisions, outcomes, config)  # given: read in two passes
-    record = window.describe()
+    record = describe_window(window, reducer)
     log.info("window: %d decisions of %d sessions (%s in the window before any sample), model versions %s",
-             record["decisions"], record["sessions"], record["sessions_in_window"], window.versions)
+             record["decisions"], record["sessions"], record["sessions_in_window"], record["model_versions"])
     rows_train, outcomes_train = training_rows(window.decisions, window.outcomes, config.heldout_fraction, config.seed)
-    exp = experience(window.decisions, outcomes_train, base, config, rows_train)
+    exp = experience(window.decisions, outcomes_train, base, config, rows_train, gather=reducer.gather)
     n = len(exp.steps)
-    if n == 0:
-        raise ValueError("no logged decisions on the training side")
+    if any_rank(n == 0, reducer):
+        raise ValueError("no logged decisions on the training side" + (f" of some rank's shard ({world} ranks)" if world > 1 else ""))
     states_np = exp.steps.states
     states = torch.from_numpy(states_np).to(dev)
     actions = torch.from_numpy(exp.steps.actions).to(dev)
     sessions = np.repeat(exp.episodes.session_ids, exp.episodes.lengths)
-    fit_rows = np.sort(rng.choice(n, size=min(n, config.max_fit_rows), replace=False))
+    keys = row_keys(sessions)  # a row's own key (session, step): samples and minibatches the same on any sharding
+    fit_rows = sample(keys, config.max_fit_rows, salt_of("fit", config.seed), reducer)
 
     # 3. the guard
     init_guard = guard_from_arrays(mlp.guard_params_from_onnx(init.parts["guard.onnx"]), spec.state_dim)
@@ -182,7 +192,7 @@ def train(decisions: pa.Table, outcomes: pa.Table, init: Bundle, config: TrainCo
     criterion = VetoCriterion(config.guard.harm_cost_ratio, config.guard.veto_confidence)
     guard_rows = (rows_of(torch.from_numpy(states_np), fit_rows), actions[rows_t].cpu(),  # on the host: no copy back from a GPU
                   torch.from_numpy(exp.harmful[fit_rows]), sessions[fit_rows])
-    guarded = train_guard(*guard_rows, config.guard, init=init_guard, device=dev, criterion=criterion)
+    guarded = train_guard(*guard_rows, config.guard, init=init_guard, device=dev, criterion=criterion, reducer=reducer)
 
     # 4. the new bundle's decoder inputs, fixed for the policy update; the guard's change within its budget
     policy = policy_from_arrays(mlp.policy_params_from_onnx(init.parts["policy.onnx"])).to(dev)
@@ -192,22 +202,22 @@ def train(decisions: pa.Table, outcomes: pa.Table, init: Bundle, config: TrainCo
     init_threshold = float(base.manifest["guard"]["threshold"])
     targets = targets_for(base, exp, guarded.net, guarded.threshold, dev)
     old_targets = targets_for(base, exp, init_guard, init_threshold, dev)
-    guard_kl = served_kl_between(policy, decoder, states, targets, old_targets, fit_rows)
+    guard_kl = served_kl_between(policy, decoder, states, targets, old_targets, fit_rows, reducer=reducer)
     guard_kept = config.guard_kl_budget is not None and guard_kl > config.guard_kl_budget
     if guard_kept:
         warnings.append(f"the retrained guard would move the served distribution by KL {guard_kl:.3f} > guard_kl_budget "
                         f"{config.guard_kl_budget}: the starting bundle's guard is kept")
-        guarded = assess_guard(init_guard, init_threshold, *guard_rows, config.guard, criterion)  # judged at its own threshold
+        guarded = assess_guard(init_guard, init_threshold, *guard_rows, config.guard, criterion, reducer)  # at its own threshold
         if guarded.threshold != init_threshold:  # the old veto no longer earns its place: dropping it is a change too
             targets = targets_for(base, exp, init_guard, guarded.threshold, dev)
-            guard_kl = served_kl_between(policy, decoder, states, targets, old_targets, fit_rows)
+            guard_kl = served_kl_between(policy, decoder, states, targets, old_targets, fit_rows, reducer=reducer)
         else:
             targets, guard_kl = old_targets, 0.0
     log.info("guard change: served KL %.4f (budget %s)%s", guard_kl, config.guard_kl_budget, ": kept the old guard" if guard_kept else "")
 
     # 5. advantages
     pi_fit = served_probs_at(policy, decoder, states, targets, fit_rows) if config.advantage == "critic" else None
-    advantages, advantage_metrics = advantages_for(exp, config, states, fit_rows, pi_fit)
+    advantages, advantage_metrics = advantages_for(exp, config, states, fit_rows, pi_fit, keys[fit_rows], reducer)
     advantages = advantages.to(dev)
 
     # 6. natural-gradient steps
@@ -215,30 +225,40 @@ def train(decisions: pa.Table, outcomes: pa.Table, init: Bundle, config: TrainCo
     propensity = torch.as_tensor(exp.steps.propensity, device=dev)
     behavior = torch.as_tensor(exp.steps.behavior_probs, device=dev)
     stats = update.Stats()
-    batch_gen = torch.Generator().manual_seed(config.seed)  # the same on every rank: the same batch
     random_rows = torch.as_tensor(~exp.steps.certain)  # served at random by the behaviour: the rows a ratio can use
     eligible = torch.nonzero(targets.ok.cpu() & random_rows).flatten()  # and decided by the new decoder (others: no gradient)
-    n_batch = min(len(eligible), config.batch)
+    n_eligible = global_count(len(eligible), reducer)
     rows = None
-    if n_batch < world:
-        warnings.append(f"a batch of {n_batch} rows for {world} ranks ({len(eligible)} logged rows are decided by the decoder "
-                        "under the new guard): no policy step")
+    stepping = not any_rank(len(eligible) == 0, reducer)
+    if not stepping:
+        where = " on some rank's shard" if world > 1 else ""
+        warnings.append(f"no logged row served at random is decided by the decoder under the new guard{where} "
+                        f"({n_eligible} in all): no policy step")
     spike_log = SpikeLog()
     with progress("train.updates", total=config.updates, unit="step") as bar:
-        for step in range(config.updates if n_batch >= world else 0):
-            # every rank draws the same batch, then takes its shard of it
-            whole = torch.sort(eligible[torch.randperm(len(eligible), generator=batch_gen)[:n_batch]]).values
-            batch = whole[rank::world].to(dev)
+        for step in range(config.updates if stepping else 0):
+            # a keyed sample of about `batch` rows of all ranks' eligible rows: this rank's part of it
+            pick = eligible.numpy() if n_eligible <= config.batch else \
+                eligible.numpy()[fraction(keys[eligible.numpy()], salt_of("batch", config.seed, step)) < config.batch / n_eligible]
+            if any_rank(len(pick) == 0, reducer):
+                warnings.append(f"update {step}: some rank's part of the batch is empty: no further policy step")
+                break
+            whole = torch.from_numpy(pick)
+            batch = whole.to(dev)
             rows = update.Batch(states[batch], actions[batch], propensity[batch], advantages[batch], targets.log_weights[batch],
                                 targets.allowed[batch], targets.fallback[batch], behavior[batch])
-            fisher_gen = torch.Generator().manual_seed(config.seed * 1_000_003 + step * 7919 + rank)  # per rank: its shard's subsample
+            fisher_gen = torch.Generator().manual_seed(config.seed * 1_000_003 + step * 7919 + rank)  # (fisher_rows say which)
+            fisher_rows = None  # the Fisher's subsample, keyed: the same rows however the batch is sharded
+            if config.fisher_fraction < 1.0:
+                keyed = np.flatnonzero(fraction(keys[pick], salt_of("fisher", config.seed, step)) < config.fisher_fraction)
+                fisher_rows = torch.arange(len(pick)) if any_rank(len(keyed) == 0, reducer) else torch.from_numpy(keyed)  # none: all
             def ess_limit(theta0: torch.Tensor) -> bool:
-                return _within_trajectory_ess(policy, decoder, states, targets, exp, theta0, config)
+                return _within_trajectory_ess(policy, decoder, states, targets, exp, theta0, config, reducer)
 
             outcome = update.natural_step(policy, decoder, rows, config, stats, reducer, fisher_gen,
-                                          shrink=ess_limit if config.min_trajectory_ess is not None else None)
+                                          shrink=ess_limit if config.min_trajectory_ess is not None else None, fisher_rows=fisher_rows)
             log.info("update %d: %s", step, outcome.to_dict())
-            bar.update(1, rows=len(whole))
+            bar.update(1, rows=global_count(len(whole), reducer))
             spike_log.record(outcome.eta, whole.numpy())
             if stats.support_limited:
                 log.info("stopping after update %d: a further step would leave what the logs can judge (max_behavior_kl %s, "
@@ -247,29 +267,32 @@ def train(decisions: pa.Table, outcomes: pa.Table, init: Bundle, config: TrainCo
     if stats.tracker.steps == 0:
         warnings.append("no natural-gradient step was taken: the bundle's policy is the starting one")
     if rows is not None and len(rows.states):
-        stats.ess = update.effective_sample_size(policy, decoder, rows, config.max_ratio)  # the final policy, on the last batch
+        stats.ess = update.effective_sample_size(policy, decoder, rows, config.max_ratio, reducer)  # the final policy, last batch
     # 6b. η-spike auto-labels fine-tune the guard, within the same budget on what is served
     logged_adv = advantages if advantages.ndim == 1 else advantages.gather(1, actions[:, None])[:, 0]
-    spikes = spike_log.labels(logged_adv.cpu().numpy(), SpikeRule())
+    spikes = spike_log.labels(logged_adv.cpu().numpy(), SpikeRule(), gather=reducer.gather)
     extra = spikes.harmful[fit_rows]
-    if extra.any() and not guard_kept:
-        tuned = train_guard(*guard_rows, config.guard, init=guarded.net, device=dev, extra_harmful=extra, criterion=criterion)
+    if any_rank(bool(extra.any()), reducer) and not guard_kept:
+        tuned = train_guard(*guard_rows, config.guard, init=guarded.net, device=dev, extra_harmful=extra, criterion=criterion,
+                            reducer=reducer)
         tuned_targets = targets_for(base, exp, tuned.net, tuned.threshold, dev)
-        tuned_kl = served_kl_between(policy, decoder, states, tuned_targets, old_targets, fit_rows)  # against the starting guard
+        tuned_kl = served_kl_between(policy, decoder, states, tuned_targets, old_targets, fit_rows,  # against the starting guard
+                                     reducer=reducer)
         within = config.guard_kl_budget is None or tuned_kl <= config.guard_kl_budget
         if within and config.min_trajectory_ess is not None:  # and still where the gate can judge the bundle
-            within = trajectory_ess_fraction(policy, decoder, states, tuned_targets, exp, config.max_ratio) >= config.min_trajectory_ess
+            within = trajectory_ess_fraction(policy, decoder, states, tuned_targets, exp, config.max_ratio,
+                                             reducer) >= config.min_trajectory_ess
         if within:
             guarded, targets, guard_kl = tuned, tuned_targets, tuned_kl
-        log.info("guard fine-tuned on %d η-spike labels: served KL %.4f, %s", int(extra.sum()), tuned_kl,
+        log.info("guard fine-tuned on %d η-spike labels (this rank's): served KL %.4f, %s", int(extra.sum()), tuned_kl,
                  "kept" if guarded is tuned else "over the budget, dropped")
-    kl_behavior = behavior_kl(policy, decoder, states, targets, exp.steps.behavior_probs, ~exp.steps.certain)
+    kl_behavior = behavior_kl(policy, decoder, states, targets, exp.steps.behavior_probs, ~exp.steps.certain, reducer=reducer)
     random_np = ~exp.steps.certain
     start_decoder = TorchDecoder(base.decision.decoder, torch.float64, dev)
     kl_start = served_kl_between(policy, decoder, states, targets, old_targets, np.flatnonzero(random_np), start_policy,
-                                 old_decoder=start_decoder)
-    kl_steps = served_kl_between(policy, decoder, states, targets, targets, np.flatnonzero(random_np), start_policy)
-    ess_fraction = trajectory_ess_fraction(policy, decoder, states, targets, exp, config.max_ratio)
+                                 old_decoder=start_decoder, reducer=reducer)
+    kl_steps = served_kl_between(policy, decoder, states, targets, targets, np.flatnonzero(random_np), start_policy, reducer=reducer)
+    ess_fraction = trajectory_ess_fraction(policy, decoder, states, targets, exp, config.max_ratio, reducer)
     if kl_behavior > config.behavior_kl_warn:
         warnings.append(f"KL(new ‖ behaviour) = {kl_behavior:.3f} > {config.behavior_kl_warn}: the logs no longer support "
                         "a step this far; collect fresh data under this policy before training further")
@@ -286,15 +309,15 @@ def train(decisions: pa.Table, outcomes: pa.Table, init: Bundle, config: TrainCo
         "trajectory_ess_fraction": ess_fraction,  # of the training sessions, at the final policy
         "guard_served_kl": guard_kl,
         "guard_kept_from_start": float(guard_kept),
-        "return_variance_ratio": _variance_ratio(exp),
-        "train_steps": float(n),
-        "train_episodes": float(exp.episodes.n_episodes),
-        "train_rows_served_with_certainty": float(exp.steps.certain.sum()),  # left out of the surrogate and the KL
+        "return_variance_ratio": _variance_ratio(exp, reducer),
+        "train_steps": float(global_count(n, reducer)),
+        "train_episodes": float(global_count(exp.episodes.n_episodes, reducer)),
+        "train_rows_served_with_certainty": float(global_count(int(exp.steps.certain.sum()), reducer)),  # not in the surrogate, KL
     }
     metrics = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and math.isfinite(float(v))}
     policy = policy.cpu()
     log.info("trained in %.1f s (not in the manifest: the same logs and seed give the same bytes)", time.monotonic() - started)
-    created_at = _created_at(decisions)
+    created_at = _created_at(decisions, reducer)
     # Unique for (logs, starting bundle, config): the same inputs give the same bytes, other inputs another version
     # (model versions are immutable in the weights store).
     digest = hashlib.sha256(json.dumps([base.version, config.to_dict()], sort_keys=True, default=str).encode()).hexdigest()[:8]
@@ -316,7 +339,7 @@ def train(decisions: pa.Table, outcomes: pa.Table, init: Bundle, config: TrainCo
 
 
 def behavior_kl(policy: torch.nn.Module, decoder: TorchDecoder, states: torch.Tensor, targets: Targets, behavior: FloatArray,
-                rows: npt.NDArray[np.bool_] | None = None, chunk: int = 8192) -> float:
+                rows: npt.NDArray[np.bool_] | None = None, chunk: int = 8192, reducer: Reducer | None = None) -> float:
     """Mean KL(new ‖ behaviour) of the served distributions over the logged states (``rows`` of them).
 
     The trainer passes the rows the behaviour served at random: against a point mass (a
@@ -324,15 +347,19 @@ def behavior_kl(policy: torch.nn.Module, decoder: TorchDecoder, states: torch.Te
     """
     from trainer.evaluation import mean_kl
 
-    if len(states) == 0:
-        return 0.0
     served = served_probs_at(policy, decoder, states, targets, np.arange(len(states)), chunk).cpu().numpy()
     logged = np.maximum(behavior, 1e-6)  # floored: finite where the old guard vetoed
     if rows is not None:
-        if not rows.any():
-            return 0.0
         served, logged = served[rows], logged[rows]
-    return mean_kl(served, logged)
+    return _mean_over_ranks(mean_kl(served, logged) if len(served) else 0.0, len(served), reducer)
+
+
+def _mean_over_ranks(mean: float, n: int, reducer: Reducer | None) -> float:
+    """The mean over every rank's rows of a statistic whose mean over this rank's ``n`` rows is ``mean`` (0: no rows)."""
+    if reducer is None or reducer.world_size == 1:
+        return mean if n else 0.0
+    total = reducer.total(torch.tensor([mean * n, float(n)], dtype=torch.float64))
+    return float(total[0] / total[1]) if float(total[1]) > 0 else 0.0
 
 
 def shipped_decoder(start: dict[str, Any], config: TrainConfig) -> dict[str, Any]:
@@ -346,7 +373,7 @@ def shipped_decoder(start: dict[str, Any], config: TrainConfig) -> dict[str, Any
 
 
 def trajectory_ess_fraction(policy: torch.nn.Module, decoder: TorchDecoder, states: torch.Tensor, targets: Targets,
-                            exp: Experience, max_ratio: float) -> float:
+                            exp: Experience, max_ratio: float, reducer: Reducer | None = None) -> float:
     """ESS / E of the sessions' whole-trajectory weights Π_t min(P_new(a_t|s_t) / μ_t, max_ratio) on the training side.
 
     The gate's estimators weight an order, observed at a session's last step, by the whole session's
@@ -364,18 +391,21 @@ def trajectory_ess_fraction(policy: torch.nn.Module, decoder: TorchDecoder, stat
     log_w = np.log(np.clip(np.minimum(ratio, max_ratio), 1e-300, None))
     per_session = np.add.reduceat(log_w, exp.episodes.starts) if len(log_w) else np.zeros(0)
     per_session = np.minimum(per_session, math.log(MAX_WEIGHT))  # the gate's cap on a cumulative weight
-    w = np.exp(per_session - per_session.max()) if len(per_session) else per_session
-    return float(w.sum() ** 2 / (w @ w) / len(w)) if len(w) and (w @ w) > 0 else 0.0
+    reducer = reducer or LocalReducer()
+    top = float(reducer.maximum(torch.tensor([per_session.max() if len(per_session) else -math.inf], dtype=torch.float64))[0])
+    w = np.exp(per_session - top) if len(per_session) else per_session  # scaled by the largest weight of every rank
+    s1, s2, count = reducer.total(torch.tensor([w.sum(), w @ w, float(len(w))], dtype=torch.float64)).tolist()
+    return float(s1**2 / s2 / count) if count and s2 > 0 else 0.0
 
 
 def _within_trajectory_ess(policy: torch.nn.Module, decoder: TorchDecoder, states: torch.Tensor, targets: Targets,
-                           exp: Experience, theta0: torch.Tensor, config: TrainConfig) -> bool:
+                           exp: Experience, theta0: torch.Tensor, config: TrainConfig, reducer: Reducer) -> bool:
     """Halve an accepted step (up to 10 times, else undo it) until the trajectory ESS fraction is at least
     ``config.min_trajectory_ess``; True when it had to be shrunk (the run then stops updating)."""
     floor = config.min_trajectory_ess
     assert floor is not None
     shrunk = update.shrink_until(policy, theta0, lambda: trajectory_ess_fraction(policy, decoder, states, targets, exp,
-                                                                                  config.max_ratio) >= floor)
+                                                                                  config.max_ratio, reducer) >= floor)
     if shrunk:
         log.info("step shrunk or undone: the trajectory ESS would fall below %.3g of the sessions", floor)
     return shrunk
@@ -395,21 +425,23 @@ def served_probs_at(policy: torch.nn.Module, decoder: TorchDecoder, states: torc
 
 def served_kl_between(policy: torch.nn.Module, decoder: TorchDecoder, states: torch.Tensor, new: Targets, old: Targets,
                       rows: npt.NDArray[np.int64], old_policy: torch.nn.Module | None = None, chunk: int = 8192,
-                      old_decoder: TorchDecoder | None = None) -> float:
+                      old_decoder: TorchDecoder | None = None, reducer: Reducer | None = None) -> float:
     """Mean over ``rows`` of KL(P_new ‖ P_old): the served distributions of ``policy`` under ``new`` (through
     ``decoder``) and of ``old_policy`` (default: the same policy) under ``old`` (through ``old_decoder``, default
-    ``decoder``). 0 for no rows."""
-    if len(rows) == 0:
-        return 0.0
+    ``decoder``). 0 for no rows. With a ``reducer``: over every rank's ``rows``."""
     p = served_probs_at(policy, decoder, states, new, rows, chunk)
     q = served_probs_at(old_policy or policy, old_decoder or decoder, states, old, rows, chunk)
-    return float(update.served_kl(p, torch.clamp(q, min=1e-6)).mean())  # floored: finite where the old guard vetoed
+    local = float(update.served_kl(p, torch.clamp(q, min=1e-6)).mean()) if len(rows) else 0.0  # floored: finite where vetoed
+    return _mean_over_ranks(local, len(rows), reducer)
 
 
-def _variance_ratio(exp: Experience) -> float:
-    """Var(G)/E[G]² of the raw per-session returns G_0 (the reference design's return-variance monitor)."""
+def _variance_ratio(exp: Experience, reducer: Reducer | None = None) -> float:
+    """Var(G)/E[G]² of the raw per-session returns G_0 (the reference design's return-variance monitor), over every
+    rank's sessions."""
     from experience.returns import session_returns
 
     g = session_returns(exp.episodes)
-    mean = float(np.mean(g)) if len(g) else 0.0
-    return float(np.var(g) / mean**2) if mean != 0 else math.inf
+    sums = torch.tensor([float(len(g)), float(np.sum(g)), float(np.sum(np.square(g)))], dtype=torch.float64)
+    count, s1, s2 = (sums if reducer is None else reducer.total(sums)).tolist()
+    mean = s1 / count if count else 0.0
+    return float(max(s2 / count - mean**2, 0.0) / mean**2) if mean != 0 else math.inf

@@ -157,12 +157,16 @@ def surrogate_gradient(policy: PolicyNet, decoder: TorchDecoder, b: Batch, max_r
     return reducer.weighted_mean(grad.double(), n).to(grad.dtype)
 
 
-def effective_sample_size(policy: PolicyNet, decoder: TorchDecoder, b: Batch, max_ratio: float) -> float:
-    """(Σρ)² / (N Σρ²) of the truncated importance ratios: 1 when the new policy is the behaviour."""
+def effective_sample_size(policy: PolicyNet, decoder: TorchDecoder, b: Batch, max_ratio: float, reducer: Reducer | None = None) -> float:
+    """(Σρ)² / (N Σρ²) of the truncated importance ratios (over every rank's part of the batch, with a ``reducer``):
+    1 when the new policy is the behaviour."""
     with torch.no_grad():
-        ratios = torch.cat([torch.clamp(served_prob(policy, decoder, b.rows(slice(i, i + CHUNK))) / b.propensity[i : i + CHUNK],
-                                        max=max_ratio) for i in range(0, len(b.states), CHUNK)])
-    return float(ratios.sum() ** 2 / (len(ratios) * (ratios**2).sum())) if len(ratios) else math.nan
+        parts = [torch.clamp(served_prob(policy, decoder, b.rows(slice(i, i + CHUNK))) / b.propensity[i : i + CHUNK], max=max_ratio)
+                 for i in range(0, len(b.states), CHUNK)]
+    ratios = torch.cat(parts).double().cpu() if parts else torch.zeros(0, dtype=torch.float64)
+    sums = torch.stack([ratios.sum(), (ratios**2).sum(), torch.tensor(float(len(ratios)), dtype=torch.float64)])
+    s1, s2, n = (float(v) for v in (sums if reducer is None else reducer.total(sums)))
+    return s1**2 / (n * s2) if n and s2 > 0 else math.nan
 
 
 def served_kl_to_behavior(policy: PolicyNet, decoder: TorchDecoder, b: Batch, reducer: Reducer) -> float:
@@ -197,10 +201,12 @@ def _within_support(policy: PolicyNet, decoder: TorchDecoder, b: Batch, theta0: 
 
 
 def natural_step(policy: PolicyNet, decoder: TorchDecoder, b: Batch, config: TrainConfig, stats: Stats, reducer: Reducer,
-                 generator: torch.Generator, shrink: Callable[[Tensor], bool] | None = None) -> StepOutcome:
+                 generator: torch.Generator, shrink: Callable[[Tensor], bool] | None = None,
+                 fisher_rows: Tensor | None = None) -> StepOutcome:
     """One step (module doc). ``shrink(θ_0)``, called on an accepted step after the support limit, may pull the
     parameters back towards ``θ_0`` (returning True when it did: the run then stops); what is reported is the
-    step as finally applied."""
+    step as finally applied. ``fisher_rows``: the batch rows of the subsampled Fisher (default: a ``fisher_fraction``
+    drawn with ``generator``)."""
     if not bool(b.allowed.any(dim=1).all()):  # the caller draws batches from the rows the decoder decides
         raise ValueError("natural_step: every row needs an allowed action (rule-answered rows carry no gradient)")
     log_guard = torch.where(b.allowed, b.log_weights, -torch.inf).to(b.states.dtype)
@@ -215,7 +221,8 @@ def natural_step(policy: PolicyNet, decoder: TorchDecoder, b: Batch, config: Tra
         return decoder.served_of(z, b.log_weights[idx], b.allowed[idx], b.fallback[idx], b.allowed[idx].any(dim=1))
 
     fisher = GaussNewtonFisher.from_module(policy, b.states, log_guard, damping=config.damping, subsample=config.fisher_fraction,
-                                           generator=generator, reducer=reducer, served=decode if served else None)
+                                           generator=generator, reducer=reducer, served=decode if served else None,
+                                           rows=fisher_rows)
     whole = GaussNewtonFisher.from_module(policy, b.states, log_guard, damping=0.0, reducer=reducer, served=decode if served else None)
     step = natural_gradient_step(fisher, whole.curvature, grad, delta=config.kl_delta, cg_iterations=config.cg_iters,
                                  cg_rtol=config.cg_residual_tol)

@@ -1,4 +1,6 @@
-"""Two gloo ranks holding unequal halves of a batch take the step one process takes on the whole batch.
+"""Two gloo ranks holding unequal halves of a batch take the step one process takes on the whole batch; their
+collectives (sums, maxima, gathers of unequal lengths) and a value net fitted on disjoint shards of sessions agree with
+one process too.
 
 The test runs this file as a script in two subprocesses (torchrun's variables in their
 environment, 127.0.0.1 and a free port); each writes what it computed to an ``.npz``.
@@ -19,8 +21,10 @@ import torch
 if __package__ in (None, ""):  # run as a worker script: make ``policy`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from trainer.advantages import fit_value
 from trainer.distributed import DistEnv, LocalReducer, Reducer, TorchDistReducer, init_from_env, make_reducer, shutdown
 from trainer.fisher import GaussNewtonFisher, Linearization, flat_params, logits_fn, masked_log_probs, mean_kl
+from trainer.minibatches import row_keys
 from trainer.networks import PolicyNet
 from trainer.trust_region import Evaluation, backtracking_line_search, natural_gradient_step
 
@@ -84,11 +88,41 @@ def update(rows: slice, reducer: Reducer) -> dict[str, np.ndarray]:
     }
 
 
+def sessions_data() -> tuple[np.ndarray, torch.Tensor, torch.Tensor]:
+    """40 sessions of 1–12 rows each (session ids per row, states, returns), seeded."""
+    rng = np.random.default_rng(5)
+    sessions = np.repeat([f"s{i}" for i in range(40)], rng.integers(1, 13, size=40))
+    states = torch.from_numpy(rng.standard_normal((len(sessions), STATE_DIM)).astype(np.float32))
+    returns = torch.from_numpy((states[:, 0].numpy() * 2.0 + rng.standard_normal(len(sessions))).astype(np.float32))
+    return sessions, states, returns
+
+
+def value_fit(rank: int | None, reducer: Reducer) -> np.ndarray:
+    """V̂ fitted on the sessions of ``rank`` (even or odd ids; None: all), evaluated on every state."""
+    sessions, states, returns = sessions_data()
+    mine = np.ones(len(sessions), dtype=bool) if rank is None else np.array([int(s[1:]) % 2 == rank for s in sessions])
+    net = fit_value(states[mine], returns[mine], hidden=8, epochs=3, batch=32, seed=2, keys=row_keys(sessions[mine]), reducer=reducer)
+    with torch.no_grad():
+        return net(states).numpy()
+
+
+def collectives(rank: int, reducer: Reducer) -> dict[str, np.ndarray]:
+    local = np.arange(3.0) + 10 * rank if rank == 0 else np.zeros(0)  # rank 1 gathers nothing
+    return {
+        "total": reducer.total(torch.tensor([rank + 1.0, 2.0], dtype=torch.float64)).numpy(),
+        "maximum": reducer.maximum(torch.tensor([float(rank), -float(rank)], dtype=torch.float64)).numpy(),
+        "gather": reducer.gather(local),
+        "gather_bytes": reducer.gather(np.frombuffer(f"r{rank}".encode(), dtype=np.uint8)),
+    }
+
+
 def worker(out: Path) -> None:
     where = init_from_env(os.environ, timeout_s=TIMEOUT_S)
     try:
         rows = slice(0, SPLIT) if where.rank == 0 else slice(SPLIT, N_STATES)
-        np.savez(out, **update(rows, make_reducer(where)))  # type: ignore[arg-type]
+        reducer = make_reducer(where)
+        results = {**update(rows, reducer), **collectives(where.rank, reducer), "value": value_fit(where.rank, reducer)}
+        np.savez(out, **results)  # type: ignore[arg-type]
     finally:
         shutdown()
 
@@ -136,6 +170,17 @@ def test_two_gloo_ranks_take_the_single_process_step(tmp_path: Path) -> None:
         np.testing.assert_allclose(ranks[0][key], whole[key], rtol=1e-9, atol=1e-12, err_msg=key)
     assert whole["scalars"][4] == 1.0  # the line search accepted a step
     assert not np.array_equal(whole["theta"], whole["theta"] - whole["step"])
+    for r in ranks:
+        np.testing.assert_array_equal(r["total"], [3.0, 4.0])
+        np.testing.assert_array_equal(r["maximum"], [1.0, 0.0])
+        np.testing.assert_array_equal(r["gather"], [0.0, 1.0, 2.0])  # rank 0's three, rank 1's none, in rank order
+        assert r["gather_bytes"].dtype == np.uint8 and bytes(r["gather_bytes"]) == b"r0r1"
+    # the value net fitted on disjoint halves of the sessions is the one fitted on all of them
+    alone = value_fit(None, LocalReducer())
+    assert np.array_equal(ranks[0]["value"], ranks[1]["value"])
+    np.testing.assert_allclose(ranks[0]["value"], alone, rtol=1e-4, atol=1e-5)
+    odd_alone = value_fit(1, LocalReducer())  # and not the one fitted on one half alone
+    assert np.abs(odd_alone - alone).max() > 100 * np.abs(ranks[0]["value"] - alone).max()
 
 
 def test_local_reducer_and_env_parsing() -> None:

@@ -1,4 +1,5 @@
-"""`torchrun --nproc_per_node 2` (gloo, CPU, 127.0.0.1) trains the same policy as one process on the whole batch."""
+"""`torchrun --nproc_per_node 2` (gloo, CPU, 127.0.0.1): each rank reads half the sessions, and the two train what one
+process trains on all of them."""
 
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ from tests.harness import ROOT
 from weights.bundle import read_bundle
 from weights.model_set import LoadOptions, ModelSet
 
-# The whole Fisher (fisher_fraction 1): a subsample would be drawn per shard, not over the union.
-CONFIG = {"updates": 2, "batch": 4096, "value_epochs": 1, "fisher_fraction": 1.0, "guard": {"epochs": 1}, "max_behavior_kl": None}
+# The default Fisher subsample (fisher_fraction 0.1): keyed by row, the same rows over the union of the shards.
+CONFIG = {"updates": 2, "batch": 4096, "value_epochs": 1, "guard": {"epochs": 1}, "max_behavior_kl": None}
 
 
 def _free_port() -> int:
@@ -52,6 +53,17 @@ def test_two_processes_take_the_same_steps_as_one(sim_logs: Path, tmp_path: Path
     a = ModelSet.load(read_bundle(tmp_path / "one.bundle"), options)
     b = ModelSet.load(read_bundle(tmp_path / "two.bundle"), options)
     ma, mb = a.manifest["training_metrics"], b.manifest["training_metrics"]
+    wa, wb = a.manifest["trainer"]["window"], b.manifest["trainer"]["window"]
+    shares = wb["shard_decisions"]  # what each rank read: disjoint halves of the window by session
+    assert len(shares) == 2 and sum(shares) == wb["decisions"] == wa["decisions"] and min(shares) > 0.35 * wa["decisions"]
+    assert "shard_decisions" not in wa and wb["sessions"] == wa["sessions"] and wb["model_versions"] == wa["model_versions"]
+    assert wb["newest_time_s"] == wa["newest_time_s"] and b.manifest["created_at"] == a.manifest["created_at"]
+    assert b.manifest["trainer"]["reward_scale"] == a.manifest["trainer"]["reward_scale"]  # the union's quantiles
+    for key in ("train_steps", "train_episodes", "guard_n_train", "guard_n_train_harmful", "guard_n_heldout_sessions"):
+        assert mb[key] == ma[key], key  # counts of the union, not of rank 0's shard
+    for key in ("guard_auc", "guard_threshold", "guard_accuracy", "return_variance_ratio"):
+        assert mb[key] == pytest.approx(ma[key], rel=1e-4, abs=1e-9), key  # the gathered held-out pairs, reduced sums
+    assert mb["trajectory_ess_fraction"] == pytest.approx(ma["trajectory_ess_fraction"], rel=0.02)  # of the final policies
     assert ma["updates_accepted"] == mb["updates_accepted"] >= 1
     assert mb["kl_served_to_start"] == pytest.approx(ma["kl_served_to_start"], rel=0.01)
     states = np.random.default_rng(0).standard_normal((512, a.encoder.spec.state_dim)).astype(np.float32) * 0.05
@@ -61,3 +73,28 @@ def test_two_processes_take_the_same_steps_as_one(sim_logs: Path, tmp_path: Path
     assert moved > 1e-2  # the steps did move the policy
     np.testing.assert_allclose(lb, la, atol=2e-4 if trust_region == "policy" else 0.1 * moved)
     np.testing.assert_allclose(gb, ga, atol=1e-5)
+
+
+def test_a_cycle_on_two_ranks_gates_on_every_shards_heldout_sessions(sim_logs: Path, tmp_path: Path) -> None:
+    """Rank 0 trained on its shard; the gate judges the current bundle on the same held-out sessions as one process."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({**CONFIG, "bootstrap": 50}))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+    def cycle(name: str, launcher: list[str]) -> dict[str, object]:
+        # --force: torchrun reports a rank's exit 3 (refused) as its own failure, 1
+        options = ["--logs", str(sim_logs), "--weights-dir", str(tmp_path / name), "--config", str(config), "--device", "cpu", "--json",
+                   "--force"]
+        done = subprocess.run([*launcher, "cycle", *(["--"] if "torchrun" in launcher[0] else []), *options], capture_output=True,
+                              text=True, cwd=ROOT, timeout=300, env=env)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    torchrun = str(Path(sys.executable).parent / "torchrun")
+    one = cycle("one", [sys.executable, "-m", "trainer"])
+    two = cycle("two", [torchrun, "--nnodes", "1", "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port",
+                        str(_free_port()), "-m", "trainer"])
+    assert two["current"] == one["current"]  # the same held-out sessions (not rank 0's half), the same estimates
+    n_one, n_two = (r["new"]["diagnostics"]["n_episodes"] for r in (one, two))  # type: ignore[index]
+    assert n_two == n_one > 50
+    assert two["dr_difference"]["value"] == pytest.approx(one["dr_difference"]["value"], abs=0.5)  # type: ignore[index]

@@ -110,10 +110,14 @@ def test_gate_refuses_a_worse_bundle_and_passes_a_better_one(logs: Path, trained
 
 def test_no_step_is_reported_once(logs: Path) -> None:
     source = DirectorySource(logs)
-    # a batch of one row cannot be sharded over two ranks: the loop takes no step at all
-    result = train(source.table("decisions"), source.table("outcomes"), fresh_bundle(), dataclasses.replace(FAST, batch=1),
-                   device="cpu", rank=0, world=2)
-    assert any(w.startswith("a batch of 1 rows for 2 ranks") for w in result.warnings), result.warnings
+    decisions = source.table("decisions")
+    # every decision logged as served with certainty (a rule-engine answer): no row a ratio can use, so no step
+    actions = decisions.column("action").to_numpy()
+    one_hot = pa.array(list(np.eye(5)[actions]), pa.list_(pa.float64(), 5))
+    certain = decisions.set_column(decisions.schema.get_field_index("served_probs"), "served_probs", one_hot)
+    certain = certain.set_column(certain.schema.get_field_index("propensity"), "propensity", pa.array(np.ones(len(actions))))
+    result = train(certain, source.table("outcomes"), fresh_bundle(), FAST, device="cpu")
+    assert any(w.startswith("no logged row") for w in result.warnings), result.warnings
     no_step = [w for w in result.warnings if w.startswith("no natural-gradient step")]
     assert len(no_step) == 1, result.warnings
     assert result.manifest["trainer"]["warnings"] == result.warnings
