@@ -86,7 +86,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not (root / "bench-info.json").exists():
         generate(root, args.decisions, 0)
     torchrun = Path(sys.executable).parent / "torchrun"
-    results: dict[str, Any] = {"decisions": json.loads((root / "bench-info.json").read_text())["decisions"]}
+    info = json.loads((root / "bench-info.json").read_text())
+    results: dict[str, Any] = {"decisions": info["decisions"], "sessions": info["sessions"]}
     with tempfile.TemporaryDirectory(prefix="bench-ranks-") as tmp:
         options = ["--logs", str(root), "--device", "cpu", "--version", "bench-ranks"]
         if args.max_sessions is not None or args.every_session:

@@ -166,7 +166,8 @@ def _logs(location: str, bundle: Any) -> tuple[Any, Any]:
 
 def _window(location: str, bundle: Any, config: TrainConfig, *, sharded: bool = True, heldout: bool = False) -> Any:
     """What a run reads: its window and sample, in two passes (``trainer.reading``); under torchrun (``sharded``) this
-    rank's shard of its sessions; with ``heldout`` only the sessions the gate holds out (of every shard)."""
+    rank's shard of its sessions, and with ``heldout`` also the sessions the gate holds out, of every shard (without
+    ``sharded``: only those)."""
     from trainer.data import heldout_sessions
     from trainer.distributed import DistEnv
     from trainer.reading import read_window

@@ -150,7 +150,9 @@ class TrainConfig:
     critic_epochs: int = 4
     """Passes over the fit rows of each of the critic's two fits (``advantage = critic``)."""
     max_fit_rows: int = 262_144
-    """At most this many training rows (sampled) fit the value baseline and the guard."""
+    """About this many training rows fit the value baseline, the critic and the guard: every row when there are no more,
+    else a keyed sample that keeps each row with probability max_fit_rows / rows (binomially many, within a few
+    hundred of it; the same rows on any sharding, ``trainer.minibatches``)."""
     max_ratio: float = 10.0
     """Importance ratios (new served probability / logged propensity) are truncated at this value."""
     kl_delta: float = 0.05
@@ -159,7 +161,8 @@ class TrainConfig:
     """Natural-gradient steps per run. The sampled-majority decoder sharpens whatever the policy does, so
     a few steps of δ on the policy already move the served distribution far (see ``kl_to_behavior``)."""
     batch: int = 65_536
-    """States per step (sampled from the training rows without replacement)."""
+    """About this many states per step: every eligible training row when there are no more, else a keyed sample of
+    them, a new one each step (binomially many, as ``max_fit_rows``)."""
     cg_iters: int = 10
     """Conjugate-gradient iterations per step."""
     cg_residual_tol: float = 1e-10
@@ -167,7 +170,8 @@ class TrainConfig:
     damping: float = 0.1
     """λ in (F + λI) for CG only; the step is scaled with the undamped curvature."""
     fisher_fraction: float = 0.1
-    """Share of the step's states the Fisher-vector products use (subsampled Fisher)."""
+    """Share of the step's states the Fisher-vector products use (subsampled Fisher; a keyed sample, binomially many,
+    every state if it would be empty on some rank)."""
     line_search_steps: int = 10
     """Backtracking tries (halving the step) before a step is given up."""
     max_behavior_kl: float | None = 0.3

@@ -45,7 +45,7 @@ import torch
 from torch import nn
 
 from trainer.distributed import LocalReducer, Reducer
-from trainer.minibatches import U64, Fit, position_keys
+from trainer.minibatches import U64, Fit, global_count, position_keys
 
 
 class StateHeads(nn.Module):
@@ -134,7 +134,8 @@ def fit_critic(states: torch.Tensor, actions: torch.Tensor, returns: torch.Tenso
     """
     _check_states(states)
     n = len(states)
-    if n == 0:
+    reducer = reducer or LocalReducer()
+    if global_count(n, reducer) == 0:  # every rank's count: a rank with an empty shard still fits with the others
         raise ValueError("states: no rows to fit the critic on")
     if pi.ndim != 2 or pi.shape[0] != n or pi.shape[1] < 1 or not pi.is_floating_point():
         raise ValueError(f"pi: expected a floating tensor of shape ({n}, n_actions), got {tuple(pi.shape)} {pi.dtype}")
@@ -153,11 +154,9 @@ def fit_critic(states: torch.Tensor, actions: torch.Tensor, returns: torch.Tenso
     actions = actions.to(device=device, dtype=torch.long)
     target = returns.to(device=device, dtype=states.dtype)
     pi = pi.to(device=device, dtype=states.dtype)
-    reducer = reducer or LocalReducer()
     keys = position_keys(n) if keys is None else keys
-    moments = reducer.weighted_mean(torch.stack([target.double().mean(), (target.double() ** 2).mean()]).cpu(), n)
-    loc = float(moments[0])
-    var = max(float(moments[1]) - loc**2, 0.0)
+    loc = _union_mean(target.double(), reducer)
+    var = _union_mean((target.double() - loc) ** 2, reducer)  # two passes: exact when |μ| ≫ σ too
     scale = math.sqrt(var) if var > 1e-12 else 1.0
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -176,10 +175,15 @@ def fit_critic(states: torch.Tensor, actions: torch.Tensor, returns: torch.Tenso
 
     served = action_values.gather(1, actions[:, None])[:, 0]
     gap = _chunked(val, states, chunk, 1, standardised=True)[:, 0] - v_target
-    errors = reducer.weighted_mean(torch.stack([((served - standard).double() ** 2).mean(), (gap.double() ** 2).mean()]).cpu(), n)
-    metrics = {"critic_return_r2": 1.0 - float(errors[0]) if var > 1e-12 else 0.0,
-               "critic_value_rmse": scale * math.sqrt(float(errors[1]))}
+    metrics = {"critic_return_r2": 1.0 - _union_mean((served - standard).double() ** 2, reducer) if var > 1e-12 else 0.0,
+               "critic_value_rmse": scale * math.sqrt(_union_mean(gap.double() ** 2, reducer))}
     return Critic(ret, val, metrics)
+
+
+def _union_mean(x: torch.Tensor, reducer: Reducer) -> float:
+    """The mean of ``x`` over every rank's rows (sums and counts reduced: a rank with no rows adds nothing)."""
+    sums = reducer.total(torch.stack([x.sum(), torch.tensor(float(len(x)), dtype=x.dtype, device=x.device)]).cpu())
+    return float(sums[0] / sums[1])
 
 
 def _fit(net: StateHeads, states: torch.Tensor, target: torch.Tensor, epochs: int, fit: Fit, actions: torch.Tensor | None) -> None:

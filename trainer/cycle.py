@@ -36,8 +36,10 @@ LOOK_BOOTSTRAP = 1000
 def run_cycle(args: argparse.Namespace) -> int:
     from trainer.cli import EXIT_REFUSED, _bundle, _config, _trained, _window
     from trainer.data import side
-    from trainer.distributed import DistEnv
+    from trainer.distributed import DistEnv, shutdown
     from trainer.evaluation import gate
+    from trainer.reading import shard_of
+    from trainer.window import restrict
     from weights.bundle import read_bundle
     from weights.model_set import LoadOptions, ModelSet
     from weights.signing import load_public_key, public_key_bytes
@@ -49,7 +51,10 @@ def run_cycle(args: argparse.Namespace) -> int:
     store = WeightsStore(args.weights_dir, lambda data: verify(data, key))
     current_bundle = read_bundle(store.active_path) if store.active_path.exists() else _bundle(None)
     init = _bundle(args.init) if args.init else current_bundle
-    window = _window(args.logs, init, config)  # the logs the run reads, in two passes (under torchrun: this rank's shard)
+    where = DistEnv.parse(os.environ)
+    # The logs the run reads, in two passes; under torchrun this rank's shard, and on rank 0 also every shard's held-out
+    # sessions for the gate (in the same pass: the other ranks wait for rank 0 only until training ends).
+    window = _window(args.logs, init, config, heldout=where.world_size > 1 and where.rank == 0)
     options = LoadOptions(device="cpu", warmup_batch=1)
     current = ModelSet.load(current_bundle, options)
     looks = _looks_apply(args, config)
@@ -58,14 +63,12 @@ def run_cycle(args: argparse.Namespace) -> int:
         print(json.dumps(looked, default=float) if args.json else f"published the kept candidate: {looked['reason']}")
         return 0
 
-    result = _trained(args, init, window, config)
+    mine = restrict(window, lambda ids: shard_of(ids, 0, where.world_size)) if where.world_size > 1 and where.rank == 0 else window
+    result = _trained(args, init, mine, config)
+    shutdown()  # every rank together, training done: rank 0 gates alone, with no rank left waiting in a collective
     if args.rank != 0:
         return 0  # rank 0 evaluates, gates and publishes
-    if DistEnv.parse(os.environ).world_size > 1:  # rank 0 read its shard only: the gate reads every shard's held-out side
-        held = _window(args.logs, init, config, sharded=False, heldout=True)
-        held_d, held_o = held.decisions, held.outcomes
-    else:
-        held_d, held_o = side(window.decisions, window.outcomes, config.heldout_fraction, config.seed, heldout=True)
+    held_d, held_o = side(window.decisions, window.outcomes, config.heldout_fraction, config.seed, heldout=True)
     new = ModelSet.load(read_bundle(result.bundle), options)
     verdict = gate(judged(config, new, held_d, held_o), judged(config, current, held_d, held_o), config.tolerance,
                    **config.gate_limits())

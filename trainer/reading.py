@@ -33,7 +33,7 @@ from experience.schema import SCHEMAS
 from experience.segments import DirectorySource
 from experience.sessions import session_hashes
 from trainer.session_index import NARROW, SessionIndex
-from trainer.window import Window, choose, settings_of, versions_by_first_time
+from trainer.window import Window, choose, digest_of, settings_of, versions_by_first_time
 
 GATHER_ROWS = 1 << 16
 
@@ -52,19 +52,20 @@ def shard_of(session_ids: pa.ChunkedArray | pa.Array, rank: int, world: int) -> 
 def read_window(source: DirectorySource, config: Any, shard: tuple[int, int] | None = None,
                 part: Callable[[pa.ChunkedArray], npt.NDArray[np.bool_]] | None = None) -> Window:
     """The decisions and outcomes of ``config``'s window and sample, read in two passes (see the module doc): of its
-    sessions only ``shard = (rank, world)``'s, and only those for which ``part`` (a mask of the chosen ids) holds."""
+    sessions those of ``shard = (rank, world)`` and (``part``, a mask of the chosen ids: an additional set, such as the
+    gate's held-out sessions of every shard) those for which ``part`` holds; with neither, all of them."""
     index = SessionIndex.of(_read(source, "decisions", "read.narrow", NARROW))
     sessions, in_window = choose(index, config.window_hours, config.window_versions, config.max_sessions, config.sample_key)
     del index  # only the chosen ids are needed from here
-    if shard is not None and shard[1] > 1:
-        sessions = sessions.filter(pa.array(shard_of(sessions, *shard)))
-    if part is not None:
-        sessions = sessions.filter(pa.array(part(sessions)))
+    chosen = digest_of(sessions)
+    if (shard is not None and shard[1] > 1) or part is not None:
+        mask = shard_of(sessions, *shard) if shard is not None and shard[1] > 1 else np.zeros(len(sessions), dtype=np.bool_)
+        sessions = sessions.filter(pa.array(mask | part(sessions) if part is not None else mask))
     decisions = pa.Table.from_batches(list(_rows_of(_read(source, "decisions", "read.decisions"), sessions)),
                                       schema=SCHEMAS["decisions"])
     outcomes = pa.Table.from_batches(list(_rows_of(_read(source, "outcomes", "read.outcomes"), sessions)),
                                      schema=SCHEMAS["outcomes"])
-    return Window(decisions, outcomes, versions_by_first_time(decisions), settings_of(config), in_window)
+    return Window(decisions, outcomes, versions_by_first_time(decisions), settings_of(config), in_window, chosen)
 
 
 def _read(source: DirectorySource, kind: str, stage: str, columns: tuple[str, ...] | None = None) -> Iterator[pa.Table]:

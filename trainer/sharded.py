@@ -35,10 +35,16 @@ def newest_time(decisions: pa.Table, reducer: Reducer) -> float | None:
 
 def describe_window(window: Window, reducer: Reducer) -> dict[str, Any]:
     """``Window.describe`` of the union of the ranks' windows; with more than one rank, ``shard_decisions`` lists what
-    each rank read."""
+    each rank read. Raises on every rank if the ranks chose different sessions (``Window.chosen``: each ran its own
+    narrow pass, and logs still being written can change between two)."""
     record = window.describe()
     if reducer.world_size == 1:
         return record
+    if window.chosen is not None:
+        mine = torch.tensor([float(window.chosen[0]), float(window.chosen[1])], dtype=torch.float64)
+        if bool((reducer.maximum(mine) != -reducer.maximum(-mine)).any()):
+            raise ValueError("the ranks chose different windows or samples: the logs changed between their narrow passes "
+                             "(a segment finalised meanwhile); rerun, every rank must read the same logs")
     counts = np.array([record["decisions"], record["sessions"]], dtype=np.int64)
     shares = reducer.gather(counts).reshape(-1, 2)
     return {**record, "decisions": int(shares[:, 0].sum()), "sessions": int(shares[:, 1].sum()),

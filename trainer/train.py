@@ -116,8 +116,8 @@ def targets_for(base: ModelSet, exp: Experience, guard: GuardNet, threshold: flo
 
 
 def rows_of(x: torch.Tensor, rows: npt.NDArray[np.int64]) -> torch.Tensor:
-    """``x[rows]``, but ``x`` itself (no copy) when ``rows`` is every row in order, as a fit sample of at most
-    ``max_fit_rows`` sorted rows is whenever the training side is no larger: states are the run's largest array."""
+    """``x[rows]``, but ``x`` itself (no copy) when ``rows`` is every row in order, as the fit sample (``max_fit_rows``,
+    sorted) is whenever the training side is no larger: states are the run's largest array."""
     if len(rows) == len(x) and np.array_equal(rows, np.arange(len(x))):
         return x
     return x[torch.as_tensor(rows, device=x.device)]
@@ -302,6 +302,7 @@ def train(decisions: pa.Table, outcomes: pa.Table, init: Bundle, config: TrainCo
         **stats.summary(),
         **guarded.metrics,
         **spikes.metrics(),
+        "guard_eta_spike_rows": float(global_count(int(spikes.harmful.sum()), reducer)),  # every rank's labels
         **advantage_metrics,
         "kl_to_behavior": kl_behavior,
         "kl_served_to_start": kl_start,  # what the run applied: KL(new bundle ‖ starting bundle) as served, all random rows
@@ -441,7 +442,8 @@ def _variance_ratio(exp: Experience, reducer: Reducer | None = None) -> float:
     from experience.returns import session_returns
 
     g = session_returns(exp.episodes)
-    sums = torch.tensor([float(len(g)), float(np.sum(g)), float(np.sum(np.square(g)))], dtype=torch.float64)
-    count, s1, s2 = (sums if reducer is None else reducer.total(sums)).tolist()
+    add = (lambda t: t) if reducer is None else reducer.total
+    count, s1 = add(torch.tensor([float(len(g)), float(np.sum(g))], dtype=torch.float64)).tolist()
     mean = s1 / count if count else 0.0
-    return float(max(s2 / count - mean**2, 0.0) / mean**2) if mean != 0 else math.inf
+    squares = float(add(torch.tensor([float(np.sum(np.square(g - mean)))], dtype=torch.float64))[0])  # two passes
+    return float(squares / count / mean**2) if mean != 0 else math.inf

@@ -24,10 +24,12 @@ dropped whole, by its first decision, so no episode loses its start; its outcome
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -35,6 +37,7 @@ from experience.sessions import session_hashes
 from trainer.session_index import SessionIndex
 
 SAMPLE_SALT = b"session-sample"  # independent of the gate's and the guard's splits
+CHOSEN_SALT = b"chosen-digest"
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +50,9 @@ class Window:
     """What selected it: hours, versions, max_sessions, sample_key."""
     sessions_in_window: int | None = None
     """Sessions in the window before the sample (None: no sample was taken)."""
+    chosen: tuple[int, int] | None = None
+    """The sessions chosen (window and sample, before any shard): their count and the sum of their ids' 48-bit hashes,
+    so ranks that chose on their own can check that they chose the same (None: not recorded)."""
 
     def describe(self) -> dict[str, Any]:
         """The manifest's record of what was read; ``newest_time_s`` tells later runs which sessions came after it."""
@@ -90,6 +96,19 @@ def choose(index: SessionIndex, hours: float | None = None, versions: int | None
         return ids, None if max_sessions is None else len(ids)
     hashes = session_hashes(ids.to_numpy(zero_copy_only=False), SAMPLE_SALT + int(sample_key).to_bytes(8, "little", signed=True))
     return ids.take(pa.array(np.argsort(hashes, kind="stable")[:max_sessions])), len(ids)
+
+
+def digest_of(session_ids: pa.ChunkedArray | pa.Array) -> tuple[int, int]:
+    """(count, Σ 48-bit hash mod 2⁴⁸) of these session ids: equal for equal sets, whatever their order."""
+    hashes = session_hashes(session_ids.to_numpy(zero_copy_only=False), CHOSEN_SALT) >> np.uint64(16)
+    return len(hashes), int(hashes.sum(dtype=np.uint64) % np.uint64(1 << 48)) if len(hashes) else 0
+
+
+def restrict(window: Window, keep: Callable[[pa.ChunkedArray], npt.NDArray[np.bool_]]) -> Window:
+    """``window`` with only the sessions for which ``keep`` (a mask of the distinct session ids) holds."""
+    ids = pc.unique(window.decisions.column("session_id"))
+    decisions, outcomes = sessions_of(window.decisions, window.outcomes, ids.filter(pa.array(keep(pa.chunked_array([ids])))))
+    return Window(decisions, outcomes, versions_by_first_time(decisions), window.settings, window.sessions_in_window, window.chosen)
 
 
 def sessions_of(decisions: pa.Table, outcomes: pa.Table, session_ids: pa.Array | pa.ChunkedArray) -> tuple[pa.Table, pa.Table]:

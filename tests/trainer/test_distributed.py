@@ -116,12 +116,31 @@ def collectives(rank: int, reducer: Reducer) -> dict[str, np.ndarray]:
     }
 
 
+def window_checks(rank: int, reducer: Reducer) -> np.ndarray:
+    """Whether ``describe_window`` raised on this rank: when the ranks chose the same sessions, and when they did not."""
+    from experience.schema import SCHEMAS
+    from trainer.sharded import describe_window
+    from trainer.window import Window
+
+    raised = []
+    for chosen in ((10, 7), (10, 7 + rank)):
+        window = Window(SCHEMAS["decisions"].empty_table(), SCHEMAS["outcomes"].empty_table(), [], chosen=chosen)
+        try:
+            describe_window(window, reducer)
+            raised.append(0.0)
+        except ValueError as exc:
+            assert "different windows" in str(exc)
+            raised.append(1.0)
+    return np.array(raised)
+
+
 def worker(out: Path) -> None:
     where = init_from_env(os.environ, timeout_s=TIMEOUT_S)
     try:
         rows = slice(0, SPLIT) if where.rank == 0 else slice(SPLIT, N_STATES)
         reducer = make_reducer(where)
-        results = {**update(rows, reducer), **collectives(where.rank, reducer), "value": value_fit(where.rank, reducer)}
+        results = {**update(rows, reducer), **collectives(where.rank, reducer), "value": value_fit(where.rank, reducer),
+                   "window_raised": window_checks(where.rank, reducer)}
         np.savez(out, **results)  # type: ignore[arg-type]
     finally:
         shutdown()
@@ -175,6 +194,8 @@ def test_two_gloo_ranks_take_the_single_process_step(tmp_path: Path) -> None:
         np.testing.assert_array_equal(r["maximum"], [1.0, 0.0])
         np.testing.assert_array_equal(r["gather"], [0.0, 1.0, 2.0])  # rank 0's three, rank 1's none, in rank order
         assert r["gather_bytes"].dtype == np.uint8 and bytes(r["gather_bytes"]) == b"r0r1"
+    for r in ranks:  # ranks that chose different sessions all raise (none waits alone); the same sessions: none does
+        np.testing.assert_array_equal(r["window_raised"], [0.0, 1.0])
     # the value net fitted on disjoint halves of the sessions is the one fitted on all of them
     alone = value_fit(None, LocalReducer())
     assert np.array_equal(ranks[0]["value"], ranks[1]["value"])

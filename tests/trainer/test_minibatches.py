@@ -52,7 +52,7 @@ def test_minibatches_of_two_shards_are_the_minibatches_of_the_whole() -> None:
         assert union == set(keys[rows].tolist())
     assert sorted(np.concatenate(whole).tolist()) == list(range(len(keys)))  # every row once an epoch
     sizes = np.array([len(r) for r in whole])
-    assert abs(sizes.mean() - len(keys) / len(whole)) < 1e-9 and sizes.max() < 64 * 1.6
+    assert sizes.min() > 64 * 0.4 and sizes.max() < 64 * 1.6  # binomially many, about `batch` each
     other = epoch_batches(keys, len(keys), 64, salt_of("value", 3, 1))
     assert not all(np.array_equal(a, b) for a, b in zip(whole, other, strict=True))  # a new shuffle each epoch
 

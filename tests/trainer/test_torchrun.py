@@ -17,8 +17,9 @@ from tests.harness import ROOT
 from weights.bundle import read_bundle
 from weights.model_set import LoadOptions, ModelSet
 
-# The default Fisher subsample (fisher_fraction 0.1): keyed by row, the same rows over the union of the shards.
-CONFIG = {"updates": 2, "batch": 4096, "value_epochs": 1, "guard": {"epochs": 1}, "max_behavior_kl": None}
+# The default Fisher subsample (fisher_fraction 0.1), a fit sample and batches smaller than the logs (about 2,000 rows):
+# all keyed by row, the same rows over the union of the shards as in one process.
+CONFIG = {"updates": 2, "batch": 1024, "max_fit_rows": 1500, "value_epochs": 1, "guard": {"epochs": 1}, "max_behavior_kl": None}
 
 
 def _free_port() -> int:
@@ -33,10 +34,10 @@ def _free_port() -> int:
 # served KL within 1 %), the logits' change agreeing to 10 % of its size.
 
 
-@pytest.mark.parametrize("trust_region", ["served", "policy"])
-def test_two_processes_take_the_same_steps_as_one(sim_logs: Path, tmp_path: Path, trust_region: str) -> None:
+@pytest.mark.parametrize(("trust_region", "advantage"), [("served", "baseline"), ("policy", "baseline"), ("policy", "critic")])
+def test_two_processes_take_the_same_steps_as_one(sim_logs: Path, tmp_path: Path, trust_region: str, advantage: str) -> None:
     config = tmp_path / "config.json"
-    config.write_text(json.dumps({**CONFIG, "trust_region": trust_region}))
+    config.write_text(json.dumps({**CONFIG, "trust_region": trust_region, "advantage": advantage}))
     options = ["--logs", str(sim_logs), "--config", str(config), "--device", "cpu", "--version", "dp-test"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     one = subprocess.run([sys.executable, "-m", "server", "train", *options, "--out", str(tmp_path / "one.bundle")], capture_output=True,
@@ -61,6 +62,9 @@ def test_two_processes_take_the_same_steps_as_one(sim_logs: Path, tmp_path: Path
     assert b.manifest["trainer"]["reward_scale"] == a.manifest["trainer"]["reward_scale"]  # the union's quantiles
     for key in ("train_steps", "train_episodes", "guard_n_train", "guard_n_train_harmful", "guard_n_heldout_sessions"):
         assert mb[key] == ma[key], key  # counts of the union, not of rank 0's shard
+    assert mb["train_steps"] > CONFIG["max_fit_rows"] and mb["guard_eta_spike_rows"] == ma["guard_eta_spike_rows"]
+    if advantage == "critic":  # its fit on the keyed sample, standardised and scored over the union
+        assert mb["critic_return_r2"] == pytest.approx(ma["critic_return_r2"], abs=1e-4)
     for key in ("guard_auc", "guard_threshold", "guard_accuracy", "return_variance_ratio"):
         assert mb[key] == pytest.approx(ma[key], rel=1e-4, abs=1e-9), key  # the gathered held-out pairs, reduced sums
     assert mb["trajectory_ess_fraction"] == pytest.approx(ma["trajectory_ess_fraction"], rel=0.02)  # of the final policies
