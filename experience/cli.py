@@ -1,4 +1,6 @@
-"""``shopping-agent logs cat DIR_OR_URI [--kind decisions|outcomes]``: the log records as JSON lines.
+"""``shopping-agent logs cat DIR_OR_URI [--kind decisions|outcomes]``: the log records as JSON lines;
+``shopping-agent logs compact DIR [--older-than-hours H]``: finalised segments older than ``H`` hours rewritten as
+columnar parts partitioned by hour (``experience.columnar``), one JSON line of what it did.
 
 For people debugging and for any tool that wants the records without our reader: one JSON
 object per record, oldest segment first, with a ``kind`` key added, in the current schema
@@ -29,6 +31,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--kind", choices=KINDS, help="only this kind (default: decisions, then outcomes)")
     p.add_argument("--fields", help="comma-separated columns to print (default: all)")
     p.set_defaults(logs_handler=_cat)
+    c = sub.add_parser("compact", help="rewrite finalised segments older than a cut-off as Parquet parts by hour",
+                       description="Rewrite the finalised log segments whose records are all older than --older-than-hours "
+                                   "as Parquet parts under <kind>/hour=YYYY-MM-DDTHH/, so readers take only the columns they "
+                                   "need; crash-safe, servers may keep writing. Run it before the trainer, not beside it.")
+    c.add_argument("dir", metavar="DIR", help="a local log directory (the --log-dir of the servers)")
+    c.add_argument("--older-than-hours", type=float, default=1.0, help="compact records older than this (default 1)")
+    c.set_defaults(logs_handler=_compact)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -65,4 +74,32 @@ def _cat(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
                         out.write(json.dumps({"kind": kind, **record}, allow_nan=False) + "\n")
                     rows += batch.num_rows
                 bar.update(1, rows=rows)
+    return 0
+
+
+def _compact(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+    import math
+    import time
+
+    from experience.columnar import compact
+
+    hours = args.older_than_hours
+    if not (math.isfinite(hours) and hours >= 0):
+        print(f"shopping-agent logs compact: --older-than-hours: expected a number >= 0, got {hours}", file=sys.stderr)
+        return 2
+    try:
+        source = open_logs(args.dir)
+        if not source.local or not any(source.has(kind) for kind in KINDS):
+            print(f"shopping-agent logs compact: {redacted(args.dir)} is not a local log directory (decisions/, outcomes/)",
+                  file=sys.stderr)
+            return 2
+        before = time.time() - hours * 3600.0
+        done = {kind: compact(source, kind, before).to_dict() for kind in KINDS if source.has(kind)}
+    except ValueError as exc:
+        print(f"shopping-agent logs compact: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # a full disk, a vanished file: the logs are as they were, try again later
+        print(f"shopping-agent logs compact: failed: {exc}", file=sys.stderr)
+        return 1
+    out.write(json.dumps({"compacted": done, "older_than_hours": hours}) + "\n")
     return 0

@@ -29,7 +29,7 @@ import secrets
 import socket
 import time
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Protocol
@@ -51,7 +51,7 @@ _IPC_OPTIONS = pa.ipc.IpcWriteOptions(compression="zstd")
 _EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # the IPC stream's end-of-stream marker: continuation, length 0
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_path(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -245,7 +245,7 @@ class SegmentWriter:
             raise
         self._release()
         try:
-            _fsync_dir(self.dir)
+            fsync_path(self.dir)
         except OSError:
             log.warning("could not fsync a log directory", extra={"fields": {"dir": str(self.dir)}})
         self.finalised.append(final)
@@ -290,7 +290,7 @@ def recover_abandoned(root: Path, kind: str) -> list[Path]:
                     path.unlink()
                 continue
             os.replace(path, final)
-            _fsync_dir(directory)
+            fsync_path(directory)
             recovered.append(final)
             log.warning("recovered a log segment left open by a writer that did not close it", extra={"fields": {"segment": str(final)}})
         finally:
@@ -359,10 +359,19 @@ class DirectorySource:
         return bool(self.fs.get_file_info(self._dir(kind)).type == pafs.FileType.Directory)
 
     def segments(self, kind: str) -> list[str]:
-        """The finalised segments of ``kind``, oldest first, as paths in the source's filesystem."""
+        """The finalised segments of ``kind`` and their columnar parts (``experience.columnar``), oldest first, as paths
+        in the source's filesystem; the parts of a segment that still exists are left out (a compaction cut short)."""
+        from experience.columnar import HOUR_PREFIX, PART_SUFFIX, stem_of
+
         found = self.fs.get_file_info(pafs.FileSelector(self._dir(kind), allow_not_found=True))
-        return sorted(i.path for i in found
-                      if i.type == pafs.FileType.File and i.base_name.endswith(SUFFIX) and not i.base_name.startswith("."))
+        files = [i for i in found if i.type == pafs.FileType.File and not i.base_name.startswith(".")]
+        streams = [i.path for i in files if i.base_name.endswith(SUFFIX)]
+        live = {stem_of(p) for p in streams}
+        hours = [i.path for i in found if i.type == pafs.FileType.Directory and i.base_name.startswith(HOUR_PREFIX)]
+        parts = [i.path for h in hours for i in self.fs.get_file_info(pafs.FileSelector(h))
+                 if i.type == pafs.FileType.File and i.base_name.endswith(PART_SUFFIX) and not i.base_name.startswith(".")
+                 and stem_of(i.path) not in live]
+        return sorted(streams + parts, key=lambda p: (stem_of(p), p))  # names sort by creation time
 
     def _dir(self, kind: str) -> str:
         return segment_dir(Path(self.root), kind).as_posix()
@@ -371,8 +380,36 @@ class DirectorySource:
         for path in self.segments(kind):
             yield from self.segment_batches(path, kind)
 
-    def segment_batches(self, path: str, kind: str) -> Iterator[pa.RecordBatch]:
-        """The batches of one of ``segments(kind)``, in the current schema."""
+    def segment_batches(self, path: str, kind: str, columns: Sequence[str] | None = None) -> Iterator[pa.RecordBatch]:
+        """The batches of one of ``segments(kind)``, in the current schema (only ``columns``, when given: a columnar
+        part reads no others, a stream segment is decoded whole and then cut)."""
+        from experience.columnar import PART_SUFFIX, read_part, stem_of
+
+        schema = SCHEMAS[kind]
+        if path.endswith(PART_SUFFIX):  # written in the current schema by ``compact``
+            wanted = schema if columns is None else pa.schema([schema.field(c) for c in columns])
+            for batch in read_part(path, self.fs, columns):
+                yield _conform(batch, wanted)
+            return
+        if self.local and not os.path.exists(path):  # compacted since it was listed: its parts are all in place
+            parts = self._parts_of(stem_of(path), kind)
+            if not parts:
+                raise FileNotFoundError(f"{path}: the log segment is gone and no columnar part of it exists")
+            for part in parts:
+                yield from self.segment_batches(part, kind, columns)
+            return
+        for batch in self._stream_batches(path, kind):
+            yield batch if columns is None else batch.select(list(columns))
+
+    def _parts_of(self, stem: str, kind: str) -> list[str]:
+        """The columnar parts ``compact`` made of the segment ``stem`` (written before it removed the segment)."""
+        from experience.columnar import HOUR_PREFIX, PART_SUFFIX
+
+        found = self.fs.get_file_info(pafs.FileSelector(self._dir(kind), allow_not_found=True))
+        hours = [i.path for i in found if i.type == pafs.FileType.Directory and i.base_name.startswith(HOUR_PREFIX)]
+        return sorted(i.path for h in hours for i in self.fs.get_file_info(pafs.FileSelector(h)) if i.base_name == stem + PART_SUFFIX)
+
+    def _stream_batches(self, path: str, kind: str) -> Iterator[pa.RecordBatch]:
         schema = SCHEMAS[kind]
         for batch in read_segment(path, self.fs):
             version = segment_version(batch)

@@ -76,7 +76,7 @@ def _read(source: DirectorySource, kind: str, stage: str, columns: tuple[str, ..
     schema = SCHEMAS[kind] if columns is None else pa.schema([SCHEMAS[kind].field(c) for c in columns])
     with progress(stage, total=len(paths), unit="segment") as bar:
         for path in paths:
-            batches = [b if columns is None else b.select(list(columns)) for b in source.segment_batches(path, kind)]
+            batches = list(source.segment_batches(path, kind, columns))  # a columnar part reads only these
             table = pa.Table.from_batches(batches, schema=schema)
             del batches
             bar.update(1, rows=table.num_rows)

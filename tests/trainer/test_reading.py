@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,20 @@ def test_two_passes_read_exactly_what_selecting_on_every_row_reads(logs: Path, c
     assert read.decisions.equals(whole.decisions) and read.outcomes.equals(whole.outcomes)
     assert read.versions == whole.versions and read.describe() == whole.describe()
     assert read.decisions.num_rows > 0
+
+
+@pytest.mark.parametrize("config", [TrainConfig(), TrainConfig(window_versions=None, max_sessions=150, sample_key=3)])
+def test_compacted_logs_read_as_the_same_window(logs: Path, tmp_path: Path, config: TrainConfig) -> None:
+    """Columnar parts (``logs compact``) in place of some segments: the same window and sample, read column by column."""
+    from experience.columnar import compact
+
+    root = Path(shutil.copytree(logs, tmp_path / "logs"))
+    assert compact(DirectorySource(root), "decisions", before_s=5_000.0).segments > 0  # the first version's segments
+    assert compact(DirectorySource(root), "outcomes", before_s=float("inf")).segments > 0
+    streams, parts = read_window(DirectorySource(logs), config), read_window(DirectorySource(root), config)
+    for kind, key in (("decisions", "decision_id"), ("outcomes", "outcome_id")):
+        assert getattr(parts, kind).sort_by(key).equals(getattr(streams, kind).sort_by(key))
+    assert parts.versions == streams.versions and parts.describe() == streams.describe() and parts.chosen == streams.chosen
 
 
 @pytest.fixture

@@ -1,0 +1,133 @@
+"""Compacting finalised segments into hour-partitioned IPC-file parts: the same rows, each read once, by column."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from zoneinfo import ZoneInfo
+
+import pyarrow as pa
+import pytest
+
+from experience.columnar import HOUR_PREFIX, PART_SUFFIX, TIME_COLUMN, compact, hour_of
+from experience.segments import SUFFIX, DirectorySource
+from simulator.config import SimConfig
+from simulator.drive import run_logged
+from simulator.world import World
+from tests.harness import ROOT, fresh_bundle
+from tests.small_disk import SmallDisk
+from weights.model_set import LoadOptions, ModelSet
+
+IDS = {"decisions": "decision_id", "outcomes": "outcome_id"}
+NARROW = ["session_id", "time_s", "model_version"]
+
+
+def _log(root: Path, sessions: range) -> Path:
+    model = ModelSet.load(fresh_bundle(), LoadOptions(warmup_batch=8))
+    # two clock readings three hours apart: segments in more than one hour
+    run_logged(World(SimConfig(), 3), model, sessions, ZoneInfo("UTC"), root, b"c" * 32, clock=lambda: 7_000.0, batch=32)
+    run_logged(World(SimConfig(), 3), model, range(sessions.stop, sessions.stop + len(sessions)), ZoneInfo("UTC"), root,
+               b"c" * 32, clock=lambda: 18_000.0, batch=32)
+    return root
+
+
+@pytest.fixture(scope="module")
+def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _log(tmp_path_factory.mktemp("columnar-logs"), range(120))
+
+
+def _rows(root: Path, kind: str) -> pa.Table:
+    return DirectorySource(root).table(kind).sort_by(IDS[kind])
+
+
+def _copy(logs: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(logs, tmp_path / "logs"))
+
+
+def test_compacted_logs_read_as_the_same_rows_and_a_part_reads_only_its_columns(logs: Path, tmp_path: Path) -> None:
+    root = _copy(logs, tmp_path)
+    streams = {kind: len(list((root / kind).glob(f"*{SUFFIX}"))) for kind in IDS}
+    assert streams["decisions"] >= 2
+    for kind in IDS:
+        done = compact(DirectorySource(root), kind, before_s=float("inf"))
+        assert done.segments == streams[kind] and done.kept == 0 and done.rows == _rows(logs, kind).num_rows
+        assert not list((root / kind).glob(f"*{SUFFIX}"))  # every segment replaced by its parts
+        assert _rows(root, kind).equals(_rows(logs, kind))  # the same rows, as the same types
+        parts = sorted((root / kind).glob(f"{HOUR_PREFIX}*/*{PART_SUFFIX}"))
+        assert len({p.parent.name for p in parts}) >= 2 and done.parts == len(parts)
+        for part in parts:  # each part holds its hour's rows only, sorted by session
+            table = pa.ipc.open_file(part).read_all()
+            assert {hour_of(t) for t in table.column(TIME_COLUMN[kind]).to_pylist()} == {part.parent.name[len(HOUR_PREFIX):]}
+            assert table.column("session_id").to_pylist() == sorted(table.column("session_id").to_pylist())
+    source = DirectorySource(root)
+    path = source.segments("decisions")[0]
+    assert path.endswith(PART_SUFFIX)
+    batches = list(source.segment_batches(path, "decisions", NARROW))
+    assert batches and all(b.schema.names == NARROW for b in batches)
+    assert sum(b.num_rows for b in batches) == pa.ipc.open_file(path).read_all().num_rows
+    # only those columns' buffers are decoded: a fraction of the whole batch's bytes
+    assert sum(b.nbytes for b in batches) < 0.1 * sum(b.nbytes for b in source.segment_batches(path, "decisions"))
+
+
+def test_a_compaction_cut_short_reads_every_row_once_and_the_next_one_finishes_it(logs: Path, tmp_path: Path) -> None:
+    root = _copy(logs, tmp_path)
+    segment = sorted((root / "decisions").glob(f"*{SUFFIX}"))[0]
+    kept = segment.read_bytes()
+    compact(DirectorySource(root), "decisions", before_s=float("inf"))
+    segment.write_bytes(kept)  # as if the run died after writing the parts, before removing the segment
+    assert _rows(root, "decisions").equals(_rows(logs, "decisions"))  # its parts are ignored: no row twice
+    again = compact(DirectorySource(root), "decisions", before_s=float("inf"))
+    assert again.segments == 1 and not segment.exists()
+    assert _rows(root, "decisions").equals(_rows(logs, "decisions"))
+
+
+def test_only_segments_wholly_older_than_the_cutoff_are_compacted(logs: Path, tmp_path: Path) -> None:
+    root = _copy(logs, tmp_path)
+    n = len(list((root / "decisions").glob(f"*{SUFFIX}")))
+    assert compact(DirectorySource(root), "decisions", before_s=0.0).to_dict() == {"segments": 0, "parts": 0, "rows": 0, "kept": n}
+    split = compact(DirectorySource(root), "decisions", before_s=10_000.0)  # the first clock reading's segments only
+    assert 0 < split.segments < n and split.kept == n - split.segments
+    assert _rows(root, "decisions").equals(_rows(logs, "decisions"))
+
+
+def test_a_full_disk_leaves_the_logs_as_they_were(small_disk: SmallDisk) -> None:
+    root = _log(small_disk.path / "logs", range(15))
+    before = _rows(root, "decisions")
+    small_disk.fill()
+    with pytest.raises(OSError):
+        compact(DirectorySource(root), "decisions", before_s=float("inf"))
+    assert _rows(root, "decisions").equals(before)
+    assert not list((root / "decisions").rglob(".tmp-*"))  # no half-written part left behind
+    small_disk.free()
+    compact(DirectorySource(root), "decisions", before_s=float("inf"))
+    assert _rows(root, "decisions").equals(before) and not list((root / "decisions").glob(f"*{SUFFIX}"))
+
+
+def test_the_compact_command(logs: Path, tmp_path: Path) -> None:
+    root = _copy(logs, tmp_path)
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "server", "logs", "compact", *args], capture_output=True, text=True, cwd=ROOT,
+                              timeout=120)
+
+    done = run(str(root), "--older-than-hours", "0")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["compacted"]["decisions"]["segments"] >= 2 and report["compacted"]["outcomes"]["kept"] == 0
+    assert not list(root.rglob(f"*{SUFFIX}"))
+    assert run(str(tmp_path / "nowhere")).returncode == 2
+    bad = run(str(root), "--older-than-hours", "-1")
+    assert bad.returncode == 2 and "--older-than-hours" in bad.stderr
+
+
+def test_a_reader_that_listed_a_segment_before_it_was_compacted_reads_its_parts(logs: Path, tmp_path: Path) -> None:
+    root = _copy(logs, tmp_path)
+    source = DirectorySource(root)
+    listed = source.segments("decisions")  # a trainer's listing, then a compaction runs before it reads
+    compact(DirectorySource(root), "decisions", before_s=float("inf"))
+    assert all(p.endswith(SUFFIX) and not Path(p).exists() for p in listed)
+    rows = pa.Table.from_batches([b for p in listed for b in source.segment_batches(p, "decisions")])
+    assert rows.sort_by("decision_id").equals(_rows(logs, "decisions"))
