@@ -79,13 +79,14 @@ def test_every_shopping_agent_command_parses_with_the_real_cli() -> None:
     for words in lines:
         args = [w.replace("VERSION", "v1").replace("<version>", "v1") for w in words[1:]]
         parsed = parser().parse_args(args)  # argparse exits (SystemExit) on anything it does not know
-        assert parsed.command in ("serve", "cycle", "weights"), words
+        assert parsed.command in ("serve", "cycle", "weights", "logs"), words
 
 
 def test_the_documented_command_lines_are_the_manifests() -> None:
     docs = render(K8S / "base")
-    for kind, first in (("Deployment", "serve"), ("CronJob", "cycle")):
-        [doc] = [d for d in docs if d["kind"] == kind]
+    for kind, name, first in (("Deployment", "shopping-agent", "serve"), ("CronJob", "shopping-agent-trainer", "cycle"),
+                              ("CronJob", "shopping-agent-log-compactor", "logs compact")):
+        [doc] = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
         [c] = containers(doc)
         args = " ".join(c["args"])
         assert args.startswith(first)

@@ -217,7 +217,7 @@ def test_entrypoint_is_the_console_script_and_the_default_commands_parse() -> No
 
 def test_trainer_default_command_uses_the_cronjobs_mounts() -> None:
     args = parser().parse_args(exec_form(inherited("trainer", "CMD") or "null"))
-    [cronjob] = [d for d in render(ROOT / "k8s" / "base") if d["kind"] == "CronJob"]
+    [cronjob] = [d for d in render(ROOT / "k8s" / "base") if d["kind"] == "CronJob" and d["metadata"]["name"] == "shopping-agent-trainer"]
     mounts = {m["mountPath"] for m in (pod_spec(cronjob) or {})["containers"][0]["volumeMounts"]}
     assert {str(args.logs), str(args.weights_dir)} <= mounts
 
@@ -343,7 +343,8 @@ def test_manifests_use_the_images_the_dockerfile_builds() -> None:
         spec = pod_spec(doc)
         for c in (spec or {}).get("containers", []):
             images[c["name"]] = c["image"].rpartition("/")[2].partition(":")[0]
-    assert images == {"server": "shopping-agent", "trainer": "shopping-agent-trainer", "rollback": "shopping-agent"}
+    assert images == {"server": "shopping-agent", "trainer": "shopping-agent-trainer", "rollback": "shopping-agent",
+                      "compactor": "shopping-agent"}  # the compactor needs pyarrow and the log code, not torch
 
 
 def test_the_base_image_satisfies_requires_python() -> None:

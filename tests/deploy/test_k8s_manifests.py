@@ -46,6 +46,7 @@ CRD_GROUPS = {"monitoring.coreos.com"}
 FIELD_NAMES = {f.name for f in dataclasses.fields(Config)}
 SERVER = "shopping-agent"
 TRAINER = "shopping-agent-trainer"
+COMPACTOR = "shopping-agent-log-compactor"
 ROLLBACK = "shopping-agent-rollback"
 
 Doc = dict[str, Any]
@@ -164,7 +165,8 @@ def test_base_holds_every_kind_the_deploy_needs(rendered: dict[str, list[Doc]]) 
         ("Deployment", SERVER), ("Service", SERVER), ("Service", "shopping-agent-headless"),
         ("PersistentVolumeClaim", "shopping-agent-weights"), ("PersistentVolumeClaim", "shopping-agent-logs"),
         ("CronJob", TRAINER), ("HorizontalPodAutoscaler", SERVER), ("PodDisruptionBudget", SERVER),
-        ("NetworkPolicy", SERVER), ("NetworkPolicy", TRAINER), ("ServiceMonitor", SERVER), ("PrometheusRule", SERVER),
+        ("NetworkPolicy", SERVER), ("NetworkPolicy", TRAINER), ("NetworkPolicy", COMPACTOR), ("CronJob", COMPACTOR),
+        ("ServiceMonitor", SERVER), ("PrometheusRule", SERVER),
     ])
 
 
@@ -352,7 +354,7 @@ def test_probes_are_native_grpc_health_checks_on_the_grpc_port(rendered: dict[st
 
 def test_pods_run_unprivileged_on_a_read_only_root(rendered: dict[str, list[Doc]]) -> None:
     workloads = [d for variant in ("base", "jobs") for d in rendered[variant] if pod_spec(d) is not None]
-    assert sorted(d["kind"] for d in workloads) == ["CronJob", "Deployment", "Job"]
+    assert sorted(d["kind"] for d in workloads) == ["CronJob", "CronJob", "Deployment", "Job"]
     for doc in workloads:
         spec, where = pod_spec(doc), f"{doc['kind']}/{doc['metadata']['name']}"
         assert spec is not None
@@ -476,6 +478,11 @@ def test_network_policy_lets_only_the_frontend_call_and_only_prometheus_scrape(r
     assert selects(trainer["podSelector"], pod_labels(one(docs, "CronJob", TRAINER)))
     assert not selects(trainer["podSelector"], pod_labels(deployment))
     assert trainer["ingress"] == [] and trainer["egress"] == [] and trainer["policyTypes"] == ["Ingress", "Egress"]
+    compactor = one(docs, "NetworkPolicy", COMPACTOR)["spec"]  # no network at all: it only rewrites files
+    assert selects(compactor["podSelector"], pod_labels(one(docs, "CronJob", COMPACTOR)))
+    assert not selects(compactor["podSelector"], pod_labels(deployment))
+    assert not selects(compactor["podSelector"], pod_labels(one(docs, "CronJob", TRAINER)))
+    assert compactor["ingress"] == [] and compactor["egress"] == [] and compactor["policyTypes"] == ["Ingress", "Egress"]
 
 
 def test_server_pods_may_send_only_dns_queries_to_the_cluster_dns(rendered: dict[str, list[Doc]]) -> None:
