@@ -31,10 +31,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--kind", choices=KINDS, help="only this kind (default: decisions, then outcomes)")
     p.add_argument("--fields", help="comma-separated columns to print (default: all)")
     p.set_defaults(logs_handler=_cat)
-    c = sub.add_parser("compact", help="rewrite finalised segments older than a cut-off as Parquet parts by hour",
+    c = sub.add_parser("compact", help="rewrite finalised segments older than a cut-off as columnar parts by hour",
                        description="Rewrite the finalised log segments whose records are all older than --older-than-hours "
-                                   "as Parquet parts under <kind>/hour=YYYY-MM-DDTHH/, so readers take only the columns they "
-                                   "need; crash-safe, servers may keep writing. Run it before the trainer, not beside it.")
+                                   "as Arrow IPC file parts under <kind>/utc_hour=YYYY-MM-DDTHH/, so readers decode only the "
+                                   "columns they need. Crash-safe; servers may keep writing; one compaction of a directory "
+                                   "at a time. A segment that does not read whole is left as it is. Exit 0 done, 1 failed "
+                                   "or another compaction running (try later), 2 bad usage.")
     c.add_argument("dir", metavar="DIR", help="a local log directory (the --log-dir of the servers)")
     c.add_argument("--older-than-hours", type=float, default=1.0, help="compact records older than this (default 1)")
     c.set_defaults(logs_handler=_compact)
@@ -81,7 +83,7 @@ def _compact(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     import math
     import time
 
-    from experience.columnar import compact
+    from experience.columnar import CompactionBusy, compact
 
     hours = args.older_than_hours
     if not (math.isfinite(hours) and hours >= 0):
@@ -95,10 +97,13 @@ def _compact(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
             return 2
         before = time.time() - hours * 3600.0
         done = {kind: compact(source, kind, before).to_dict() for kind in KINDS if source.has(kind)}
+    except CompactionBusy as exc:
+        print(f"shopping-agent logs compact: {exc}", file=sys.stderr)
+        return 1
     except ValueError as exc:
         print(f"shopping-agent logs compact: {exc}", file=sys.stderr)
         return 2
-    except OSError as exc:  # a full disk, a vanished file: the logs are as they were, try again later
+    except OSError as exc:  # a full disk: what was compacted stays so, the segment being written stays a segment
         print(f"shopping-agent logs compact: failed: {exc}", file=sys.stderr)
         return 1
     out.write(json.dumps({"compacted": done, "older_than_hours": hours}) + "\n")

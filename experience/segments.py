@@ -23,6 +23,7 @@ finalised on a full disk too (without it).
 from __future__ import annotations
 
 import fcntl
+import itertools
 import logging
 import os
 import secrets
@@ -361,17 +362,23 @@ class DirectorySource:
     def segments(self, kind: str) -> list[str]:
         """The finalised segments of ``kind`` and their columnar parts (``experience.columnar``), oldest first, as paths
         in the source's filesystem; the parts of a segment that still exists are left out (a compaction cut short)."""
-        from experience.columnar import HOUR_PREFIX, PART_SUFFIX, stem_of
+        from experience.columnar import stem_of
 
-        found = self.fs.get_file_info(pafs.FileSelector(self._dir(kind), allow_not_found=True))
-        files = [i for i in found if i.type == pafs.FileType.File and not i.base_name.startswith(".")]
-        streams = [i.path for i in files if i.base_name.endswith(SUFFIX)]
+        streams, parts = self._listing(kind)
         live = {stem_of(p) for p in streams}
-        hours = [i.path for i in found if i.type == pafs.FileType.Directory and i.base_name.startswith(HOUR_PREFIX)]
-        parts = [i.path for h in hours for i in self.fs.get_file_info(pafs.FileSelector(h))
-                 if i.type == pafs.FileType.File and i.base_name.endswith(PART_SUFFIX) and not i.base_name.startswith(".")
-                 and stem_of(i.path) not in live]
-        return sorted(streams + parts, key=lambda p: (stem_of(p), p))  # names sort by creation time
+        return sorted(streams + [p for p in parts if stem_of(p) not in live], key=lambda p: (stem_of(p), p))  # by creation
+
+    def _listing(self, kind: str) -> tuple[list[str], list[str]]:
+        """The stream segments and the columnar parts under ``kind``'s directory (one recursive listing)."""
+        from experience.columnar import HOUR_PREFIX, PART_SUFFIX
+
+        top = self._dir(kind)
+        found = self.fs.get_file_info(pafs.FileSelector(top, allow_not_found=True, recursive=True))
+        files = [i for i in found if i.type == pafs.FileType.File and not i.base_name.startswith(".")]
+        streams = [i.path for i in files if i.base_name.endswith(SUFFIX) and i.path.rsplit("/", 1)[0] == top]
+        parts = [i.path for i in files if i.base_name.endswith(PART_SUFFIX)
+                 and i.path.rsplit("/", 2)[-2].startswith(HOUR_PREFIX) and i.path.rsplit("/", 2)[0] == top]
+        return streams, parts
 
     def _dir(self, kind: str) -> str:
         return segment_dir(Path(self.root), kind).as_posix()
@@ -388,26 +395,29 @@ class DirectorySource:
         schema = SCHEMAS[kind]
         if path.endswith(PART_SUFFIX):  # written in the current schema by ``compact``
             wanted = schema if columns is None else pa.schema([schema.field(c) for c in columns])
-            for batch in read_part(path, self.fs, columns):
+            for batch in read_part(path, self.fs, kind, columns):
                 yield _conform(batch, wanted)
             return
-        if self.local and not os.path.exists(path):  # compacted since it was listed: its parts are all in place
-            parts = self._parts_of(stem_of(path), kind)
+        batches = self._stream_batches(path, kind)
+        try:
+            first = next(batches, None)
+        except FileNotFoundError:
+            if not self.local:
+                raise
+            parts = self._parts_of(stem_of(path), kind)  # compacted since it was listed: its parts are all in place
             if not parts:
-                raise FileNotFoundError(f"{path}: the log segment is gone and no columnar part of it exists")
+                raise FileNotFoundError(f"{path}: the log segment is gone and no columnar part of it exists") from None
             for part in parts:
                 yield from self.segment_batches(part, kind, columns)
             return
-        for batch in self._stream_batches(path, kind):
+        for batch in itertools.chain([first] if first is not None else [], batches):
             yield batch if columns is None else batch.select(list(columns))
 
     def _parts_of(self, stem: str, kind: str) -> list[str]:
         """The columnar parts ``compact`` made of the segment ``stem`` (written before it removed the segment)."""
-        from experience.columnar import HOUR_PREFIX, PART_SUFFIX
+        from experience.columnar import PART_SUFFIX
 
-        found = self.fs.get_file_info(pafs.FileSelector(self._dir(kind), allow_not_found=True))
-        hours = [i.path for i in found if i.type == pafs.FileType.Directory and i.base_name.startswith(HOUR_PREFIX)]
-        return sorted(i.path for h in hours for i in self.fs.get_file_info(pafs.FileSelector(h)) if i.base_name == stem + PART_SUFFIX)
+        return sorted(p for p in self._listing(kind)[1] if p.rsplit("/", 1)[-1] == stem + PART_SUFFIX)
 
     def _stream_batches(self, path: str, kind: str) -> Iterator[pa.RecordBatch]:
         schema = SCHEMAS[kind]

@@ -12,7 +12,7 @@ from zoneinfo import ZoneInfo
 import pyarrow as pa
 import pytest
 
-from experience.columnar import HOUR_PREFIX, PART_SUFFIX, TIME_COLUMN, compact, hour_of
+from experience.columnar import HOUR_PREFIX, LOCK_NAME, PART_SUFFIX, TIME_COLUMN, CompactionBusy, compact, hour_of, read_part
 from experience.segments import SUFFIX, DirectorySource
 from simulator.config import SimConfig
 from simulator.drive import run_logged
@@ -68,8 +68,10 @@ def test_compacted_logs_read_as_the_same_rows_and_a_part_reads_only_its_columns(
     batches = list(source.segment_batches(path, "decisions", NARROW))
     assert batches and all(b.schema.names == NARROW for b in batches)
     assert sum(b.num_rows for b in batches) == pa.ipc.open_file(path).read_all().num_rows
-    # only those columns' buffers are decoded: a fraction of the whole batch's bytes
-    assert sum(b.nbytes for b in batches) < 0.1 * sum(b.nbytes for b in source.segment_batches(path, "decisions"))
+    # the part reader itself decodes only those columns (not all of them, cut afterwards)
+    raw = list(read_part(path, source.fs, "decisions", NARROW))
+    assert all(b.schema.names == NARROW for b in raw)
+    assert sum(b.nbytes for b in raw) < 0.1 * sum(b.nbytes for b in read_part(path, source.fs, "decisions"))
 
 
 def test_a_compaction_cut_short_reads_every_row_once_and_the_next_one_finishes_it(logs: Path, tmp_path: Path) -> None:
@@ -87,7 +89,8 @@ def test_a_compaction_cut_short_reads_every_row_once_and_the_next_one_finishes_i
 def test_only_segments_wholly_older_than_the_cutoff_are_compacted(logs: Path, tmp_path: Path) -> None:
     root = _copy(logs, tmp_path)
     n = len(list((root / "decisions").glob(f"*{SUFFIX}")))
-    assert compact(DirectorySource(root), "decisions", before_s=0.0).to_dict() == {"segments": 0, "parts": 0, "rows": 0, "kept": n}
+    assert compact(DirectorySource(root), "decisions", before_s=0.0).to_dict() == {"segments": 0, "parts": 0, "rows": 0, "kept": n,
+                                                                                     "unreadable": 0}
     split = compact(DirectorySource(root), "decisions", before_s=10_000.0)  # the first clock reading's segments only
     assert 0 < split.segments < n and split.kept == n - split.segments
     assert _rows(root, "decisions").equals(_rows(logs, "decisions"))
@@ -131,3 +134,78 @@ def test_a_reader_that_listed_a_segment_before_it_was_compacted_reads_its_parts(
     assert all(p.endswith(SUFFIX) and not Path(p).exists() for p in listed)
     rows = pa.Table.from_batches([b for p in listed for b in source.segment_batches(p, "decisions")])
     assert rows.sort_by("decision_id").equals(_rows(logs, "decisions"))
+
+
+def test_a_segment_spanning_hours_becomes_one_part_an_hour(tmp_path: Path) -> None:
+    ticks = iter(range(3_000, 10_000_000, 7))  # the clock moves 7 s a record: the segments cross hour boundaries
+    root = tmp_path / "logs"
+    model = ModelSet.load(fresh_bundle(), LoadOptions(warmup_batch=8))
+    run_logged(World(SimConfig(), 4), model, range(80), ZoneInfo("UTC"), root, b"c" * 32, clock=lambda: float(next(ticks)),
+               batch=32)
+    before = _rows(root, "decisions")
+    done = compact(DirectorySource(root), "decisions", before_s=float("inf"))
+    assert done.parts > done.segments  # some segment went into more than one hour's part
+    assert _rows(root, "decisions").equals(before)
+    stems = [p.name for p in (root / "decisions").glob(f"{HOUR_PREFIX}*/*{PART_SUFFIX}")]
+    assert len(stems) > len(set(stems))  # one name, several hours
+
+
+def test_a_segment_that_does_not_read_whole_is_never_replaced(logs: Path, tmp_path: Path) -> None:
+    root = _copy(logs, tmp_path)
+    segments = sorted((root / "decisions").glob(f"*{SUFFIX}"))
+    damaged, whole = segments[0], segments[1:]
+    data = bytearray(damaged.read_bytes())
+    source, starts = pa.BufferReader(bytes(data)), []
+    messages = pa.ipc.MessageReader.open_stream(source)
+    while True:  # where each message starts
+        starts.append(source.tell())
+        try:
+            messages.read_next_message()
+        except StopIteration:
+            break
+    assert len(starts) > 4
+    cut = starts[len(starts) // 2]
+    data[cut : cut + 8] = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # an end-of-stream mark midway: a reader stops there
+    damaged.write_bytes(bytes(data))
+    readable = _rows(root, "decisions")  # an ordinary read stops quietly at the damage
+    assert readable.num_rows < _rows(logs, "decisions").num_rows
+    done = compact(DirectorySource(root), "decisions", before_s=float("inf"))
+    assert done.unreadable == 1 and done.segments == len(whole)
+    assert damaged.exists() and bytes(data) == damaged.read_bytes()  # kept, byte for byte: nothing lost
+    assert _rows(root, "decisions").equals(readable)
+
+
+def test_one_compaction_at_a_time_and_a_killed_ones_temp_files_are_swept(logs: Path, tmp_path: Path) -> None:
+    import fcntl
+    import os
+
+    root = _copy(logs, tmp_path)
+    fd = os.open(root / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o640)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # another compaction holds the directory
+    try:
+        with pytest.raises(CompactionBusy, match="another compaction"):
+            compact(DirectorySource(root), "decisions", before_s=float("inf"))
+        assert len(list((root / "decisions").glob(f"*{SUFFIX}"))) > 0  # it touched nothing
+    finally:
+        os.close(fd)
+    stale = root / "decisions" / f"{HOUR_PREFIX}2026-01-01T00" / ".tmp-dead-beef.arrow"
+    stale.parent.mkdir()
+    stale.write_bytes(b"half a part")
+    compact(DirectorySource(root), "decisions", before_s=float("inf"))
+    assert not stale.exists() and _rows(root, "decisions").equals(_rows(logs, "decisions"))
+    part = next((root / "decisions").glob(f"{HOUR_PREFIX}*/*{PART_SUFFIX}"))
+    assert part.stat().st_mode & 0o777 == 0o640  # as private as the segments it replaced
+
+
+def test_a_part_that_is_not_a_log_part_of_its_kind_is_refused_by_name(logs: Path, tmp_path: Path) -> None:
+    root = _copy(logs, tmp_path)
+    compact(DirectorySource(root), "outcomes", before_s=float("inf"))
+    compact(DirectorySource(root), "decisions", before_s=float("inf"))
+    hour = next((root / "decisions").glob(f"{HOUR_PREFIX}*"))
+    foreign = next((root / "outcomes").glob(f"{HOUR_PREFIX}*/*{PART_SUFFIX}"))
+    shutil.copy(foreign, hour / "z-an-outcomes-part.arrow")  # in a decisions hour
+    with pytest.raises(ValueError, match=r"z-an-outcomes-part\.arrow: not a decisions log part"):
+        _rows(root, "decisions")
+    (hour / "z-an-outcomes-part.arrow").write_bytes(b"not arrow at all")
+    with pytest.raises(ValueError, match=r"z-an-outcomes-part\.arrow: not a readable log part"):
+        _rows(root, "decisions")
