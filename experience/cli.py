@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
-from typing import TextIO
+from typing import Any, TextIO
 
 from core.progress import progress
 from experience.kinds import KINDS
@@ -59,10 +60,21 @@ def _cat(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
         print(f"shopping-agent logs: {exc}", file=sys.stderr)
         return 1
     fields = [f.strip() for f in args.fields.split(",")] if args.fields else None
-    for kind in (args.kind,) if args.kind else KINDS:
+    try:
+        return _print(source, args.kind, fields, out)
+    except BrokenPipeError:  # `logs cat … | head`: the reader has all it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the interpreter's final flush is quiet too
+        return 0
+    except ValueError as exc:  # a damaged part or segment, named
+        print(f"shopping-agent logs: {exc}", file=sys.stderr)
+        return 1
+
+
+def _print(source: Any, only: str | None, fields: list[str] | None, out: TextIO) -> int:
+    for kind in (only,) if only else KINDS:
         if fields is not None:
             unknown = [f for f in fields if f not in SCHEMAS[kind].names]
-            if unknown and args.kind:
+            if unknown and only:
                 print(f"shopping-agent logs: --fields: no column {unknown[0]!r} in {kind}", file=sys.stderr)
                 return 2
         paths = source.segments(kind)
@@ -87,7 +99,11 @@ def _compact(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
 
     hours = args.older_than_hours
     if not (math.isfinite(hours) and hours >= 0):
-        print(f"shopping-agent logs compact: --older-than-hours: expected a number >= 0, got {hours}", file=sys.stderr)
+        print(f"shopping-agent logs compact: --older-than-hours: expected a finite number >= 0, got {hours}", file=sys.stderr)
+        return 2
+    if "://" in args.dir and not args.dir.startswith("file://"):  # before any filesystem is reached: usage, not a retry
+        print(f"shopping-agent logs compact: {redacted(args.dir)}: compaction needs a local directory (an object store has no "
+              "atomic rename)", file=sys.stderr)
         return 2
     try:
         source = open_logs(args.dir)

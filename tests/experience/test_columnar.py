@@ -124,6 +124,20 @@ def test_the_compact_command(logs: Path, tmp_path: Path) -> None:
     assert run(str(tmp_path / "nowhere")).returncode == 2
     bad = run(str(root), "--older-than-hours", "-1")
     assert bad.returncode == 2 and "--older-than-hours" in bad.stderr
+    remote = run("s3://bucket/logs")  # refused before any network: a usage error, not one to retry
+    assert remote.returncode == 2 and "local directory" in remote.stderr
+
+    # `logs cat` on the parts: a reader that stops early (| head) ends it quietly; a broken part is named, exit 1
+    cat = subprocess.Popen([sys.executable, "-m", "server", "logs", "cat", str(root), "--kind", "decisions"], cwd=ROOT,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert cat.stdout is not None and json.loads(cat.stdout.readline())["kind"] == "decisions"
+    cat.stdout.close()
+    _, err = cat.communicate(timeout=60)
+    assert cat.returncode == 0 and "Traceback" not in err, err
+    next((root / "decisions").glob(f"{HOUR_PREFIX}*/*{PART_SUFFIX}")).write_bytes(b"torn")
+    broken = subprocess.run([sys.executable, "-m", "server", "logs", "cat", str(root)], capture_output=True, text=True, cwd=ROOT,
+                            timeout=60)
+    assert broken.returncode == 1 and "not a readable log part" in broken.stderr and "Traceback" not in broken.stderr
 
 
 def test_a_reader_that_listed_a_segment_before_it_was_compacted_reads_its_parts(logs: Path, tmp_path: Path) -> None:
