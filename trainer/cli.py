@@ -93,7 +93,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trainer", description="Train, evaluate and publish bundles.")
     register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    world = os.environ.get("WORLD_SIZE", "1")
+    rank = f"rank {os.environ.get('RANK', '0')}/{world} " if world != "1" else ""  # torchrun: whose line it is
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s {rank}%(name)s %(message)s")
     return run(args)
 
 

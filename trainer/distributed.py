@@ -122,7 +122,7 @@ class TorchDistReducer:
 
     def gather(self, values: npt.NDArray[Any]) -> npt.NDArray[Any]:
         """Two collectives: the lengths, then every rank's values padded to the longest (gloo needs equal sizes)."""
-        local = np.ascontiguousarray(np.asarray(values).reshape(-1))
+        local = np.array(values, copy=True).reshape(-1)  # writable and contiguous (torch.from_numpy warns on read-only)
         size = torch.tensor([len(local)], dtype=torch.int64)
         sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world_size)]
         dist.all_gather(sizes, size, group=self.group)
