@@ -191,9 +191,12 @@ def make_reducer(where: DistEnv) -> Reducer:
 def shutdown() -> None:
     """Leave the process group, if one was joined: all ranks together, then each tears its part down.
 
-    The barrier first: rank 0 hosts the group's store, and a rank that tears down while another
-    is still talking to it can abort that one ("terminate called without an active exception",
-    seen under load in CI). A dead peer makes the barrier fail after the group's timeout instead.
+    The barrier first: where rank 0 hosts the group's store (ranks started without torchrun), a
+    rank that tears down while another is still talking to it can abort that one ("terminate
+    called without an active exception", seen under load in CI; the barrier makes it rare, not
+    impossible). Under torchrun the agent hosts the store (``TORCHELASTIC_USE_AGENT_STORE``) and
+    outlives the ranks; the two-rank test hosts it the same way. A dead peer makes the barrier
+    fail after the group's timeout instead.
     """
     if dist.is_initialized():
         try:

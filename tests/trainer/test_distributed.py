@@ -8,6 +8,7 @@ environment, 127.0.0.1 and a free port); each writes what it computed to an ``.n
 
 from __future__ import annotations
 
+import datetime
 import os
 import socket
 import subprocess
@@ -157,6 +158,10 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/trainer/conftest.py
 
 def test_two_gloo_ranks_take_the_single_process_step(tmp_path: Path) -> None:
     port = free_port()
+    # The group's store lives here, as torchrun's agent hosts it (TORCHELASTIC_USE_AGENT_STORE): hosted by rank 0
+    # instead, it could go away while the other rank still tears its group down (an abort at exit, seen once in CI).
+    store = torch.distributed.TCPStore("127.0.0.1", port, world_size=2, is_master=True, wait_for_workers=False,
+                                       timeout=datetime.timedelta(seconds=TIMEOUT_S))
     procs = []
     for rank in range(2):
         env = {
@@ -167,6 +172,7 @@ def test_two_gloo_ranks_take_the_single_process_step(tmp_path: Path) -> None:
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(port),
             "GLOO_SOCKET_IFNAME": "lo",
+            "TORCHELASTIC_USE_AGENT_STORE": "True",
             "OMP_NUM_THREADS": "1",
             "PYTHONPATH": str(ROOT),
         }
@@ -181,6 +187,7 @@ def test_two_gloo_ranks_take_the_single_process_step(tmp_path: Path) -> None:
                 p.wait(timeout=10)
     for p, text in zip(procs, outputs, strict=True):
         assert p.returncode == 0, text
+    del store  # (kept until every rank has left)
 
     whole = update(slice(0, N_STATES), LocalReducer())
     ranks = [dict(np.load(tmp_path / f"rank{r}.npz")) for r in range(2)]
