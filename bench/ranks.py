@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import socket
 import subprocess
@@ -71,8 +72,6 @@ def _agreement(one: Path, two: Path) -> dict[str, float]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    import os
-
     p = argparse.ArgumentParser(prog="python -m bench.ranks", description=__doc__.splitlines()[0])
     p.add_argument("--decisions", type=int, default=300_000)
     p.add_argument("--data", type=Path, help="the log directory (default bench/results/logs-<decisions>)")

@@ -166,18 +166,16 @@ def _logs(location: str, bundle: Any) -> tuple[Any, Any]:
     return source.table("decisions"), source.table("outcomes")
 
 
-def _window(location: str, bundle: Any, config: TrainConfig, *, sharded: bool = True, heldout: bool = False) -> Any:
-    """What a run reads: its window and sample, in two passes (``trainer.reading``); under torchrun (``sharded``) this
-    rank's shard of its sessions, and with ``heldout`` also the sessions the gate holds out, of every shard (without
-    ``sharded``: only those)."""
+def _window(location: str, bundle: Any, config: TrainConfig, *, heldout: bool = False) -> Any:
+    """What a run reads: its window and sample, in two passes (``trainer.reading``); under torchrun this rank's shard
+    of its sessions, and with ``heldout`` also the sessions the gate holds out, of every shard."""
     from trainer.data import heldout_sessions
     from trainer.distributed import DistEnv
     from trainer.reading import read_window
 
     where = DistEnv.parse(os.environ)
-    shard = (where.rank, where.world_size) if sharded else None
     part = (lambda ids: heldout_sessions(ids, config.heldout_fraction, config.seed)) if heldout else None
-    return read_window(_source(location, bundle), config, shard=shard, part=part)
+    return read_window(_source(location, bundle), config, shard=(where.rank, where.world_size), part=part)
 
 
 def _bundle(path: Path | None) -> Any:
@@ -195,7 +193,7 @@ def _trained(args: argparse.Namespace, init: Any, window: Any, config: Any) -> A
     where = init_from_env(os.environ)
     args.rank = where.rank
     result = train(window.decisions, window.outcomes, init, config, device=args.device, reducer=make_reducer(where),
-                   rank=where.rank, world=where.world_size, model_version=args.model_version, provenance={"logs": _shown(args.logs)},
+                   world=where.world_size, model_version=args.model_version, provenance={"logs": _shown(args.logs)},
                    window=window)
     for warning in result.warnings:
         log.warning("%s", warning)

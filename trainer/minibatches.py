@@ -117,20 +117,19 @@ class Fit:
         self.reducer = reducer or LocalReducer()
         self.n_total = global_count(len(keys), self.reducer)
 
-    def epoch(self, epoch: int) -> Iterator[tuple[npt.NDArray[np.int64], float]]:
-        """This rank's rows of each minibatch of ``epoch`` that is non-empty somewhere, with the minibatch's size over
-        all ranks; the caller computes the loss of its rows and calls ``step``."""
+    def epoch(self, epoch: int) -> Iterator[npt.NDArray[np.int64]]:
+        """This rank's rows of each minibatch of ``epoch`` that is non-empty on some rank (possibly none here)."""
         parts = epoch_batches(self.keys, self.n_total, self.batch, salt_of(self.purpose, self.seed, epoch))
         sizes = self.reducer.total(torch.tensor([float(len(p)) for p in parts], dtype=torch.float64))
         for part, size in zip(parts, sizes.tolist(), strict=True):
             if size > 0:
-                yield part, size
+                yield part
 
     def run_epoch(self, epoch: int, loss_of: Callable[[torch.Tensor], tuple[torch.Tensor, float | torch.Tensor]],
                   device: torch.device) -> None:
         """One optimiser step per minibatch of ``epoch``: ``loss_of(rows)`` gives this rank's part's mean loss and what
         it is a mean over (``rows``: indices on ``device``); a rank with no rows in a minibatch still takes part."""
-        for part, _ in self.epoch(epoch):
+        for part in self.epoch(epoch):
             if len(part) == 0:
                 self.step(None, 0.0)
             else:

@@ -158,7 +158,7 @@ def _created_at(decisions: pa.Table, reducer: Reducer) -> str:
 
 
 def train(decisions: pa.Table, outcomes: pa.Table, init: Bundle, config: TrainConfig, *, device: str = "auto",
-          reducer: Reducer | None = None, rank: int = 0, world: int = 1, model_version: str | None = None,
+          reducer: Reducer | None = None, world: int = 1, model_version: str | None = None,
           provenance: dict[str, Any] | None = None, window: Window | None = None) -> TrainResult:
     started = time.monotonic()
     reducer = reducer or LocalReducer()
@@ -247,15 +247,14 @@ def train(decisions: pa.Table, outcomes: pa.Table, init: Bundle, config: TrainCo
             batch = whole.to(dev)
             rows = update.Batch(states[batch], actions[batch], propensity[batch], advantages[batch], targets.log_weights[batch],
                                 targets.allowed[batch], targets.fallback[batch], behavior[batch])
-            fisher_gen = torch.Generator().manual_seed(config.seed * 1_000_003 + step * 7919 + rank)  # (fisher_rows say which)
-            fisher_rows = None  # the Fisher's subsample, keyed: the same rows however the batch is sharded
+            fisher_rows = None  # the Fisher's subsample, keyed: the same rows however the batch is sharded (None: all)
             if config.fisher_fraction < 1.0:
                 keyed = np.flatnonzero(fraction(keys[pick], salt_of("fisher", config.seed, step)) < config.fisher_fraction)
                 fisher_rows = torch.arange(len(pick)) if any_rank(len(keyed) == 0, reducer) else torch.from_numpy(keyed)  # none: all
             def ess_limit(theta0: torch.Tensor) -> bool:
                 return _within_trajectory_ess(policy, decoder, states, targets, exp, theta0, config, reducer)
 
-            outcome = update.natural_step(policy, decoder, rows, config, stats, reducer, fisher_gen,
+            outcome = update.natural_step(policy, decoder, rows, config, stats, reducer, None,
                                           shrink=ess_limit if config.min_trajectory_ess is not None else None, fisher_rows=fisher_rows)
             log.info("update %d: %s", step, outcome.to_dict())
             bar.update(1, rows=global_count(len(whole), reducer))

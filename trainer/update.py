@@ -201,12 +201,12 @@ def _within_support(policy: PolicyNet, decoder: TorchDecoder, b: Batch, theta0: 
 
 
 def natural_step(policy: PolicyNet, decoder: TorchDecoder, b: Batch, config: TrainConfig, stats: Stats, reducer: Reducer,
-                 generator: torch.Generator, shrink: Callable[[Tensor], bool] | None = None,
+                 generator: torch.Generator | None, shrink: Callable[[Tensor], bool] | None = None,
                  fisher_rows: Tensor | None = None) -> StepOutcome:
     """One step (module doc). ``shrink(θ_0)``, called on an accepted step after the support limit, may pull the
     parameters back towards ``θ_0`` (returning True when it did: the run then stops); what is reported is the
     step as finally applied. ``fisher_rows``: the batch rows of the subsampled Fisher (default: a ``fisher_fraction``
-    drawn with ``generator``)."""
+    drawn with ``generator``, or seeded 0 without one)."""
     if not bool(b.allowed.any(dim=1).all()):  # the caller draws batches from the rows the decoder decides
         raise ValueError("natural_step: every row needs an allowed action (rule-answered rows carry no gradient)")
     log_guard = torch.where(b.allowed, b.log_weights, -torch.inf).to(b.states.dtype)
