@@ -1,7 +1,9 @@
 """``python -m trainer`` / ``torchrun --nproc_per_node N -m trainer train -- --logs DIR --out FILE``."""
 
-import sys
+import os
 
 from trainer.cli import main
+from trainer.distributed import leave
 
-sys.exit(main())
+# torchrun sets WORLD_SIZE; a rank leaves its process group before the interpreter's teardown (see ``leave``).
+leave(main(), joined=os.environ.get("WORLD_SIZE", "1") != "1")

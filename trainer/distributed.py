@@ -25,9 +25,11 @@ from __future__ import annotations
 
 import datetime
 import logging
+import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -203,3 +205,26 @@ def shutdown() -> None:
             dist.barrier()
         finally:
             dist.destroy_process_group()
+
+
+def leave(code: int, *, joined: bool) -> NoReturn:
+    """End the process with ``code``; a process that was a rank (``joined``) leaves its group and then skips the
+    interpreter's teardown.
+
+    After ``destroy_process_group`` gloo's C++ objects can still be destroyed during interpreter finalisation, where a
+    worker thread still joinable ends the process in ``std::terminate`` ("terminate called without an active
+    exception", SIGABRT), after the work was done and written: seen twice in CI, with either side hosting the store.
+    torchrun counts that rank as failed and restarts the whole group, which would train and gate again. So a rank
+    flushes its logs and streams itself and exits with ``os._exit``: nothing the trainer needs runs at exit (it starts
+    no threads, and its files are written and renamed before it returns).
+    """
+    if not joined:
+        sys.exit(code)
+    shutdown()
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe (| head) must not change the exit code
+            pass
+    os._exit(code)

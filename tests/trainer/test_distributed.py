@@ -23,7 +23,7 @@ if __package__ in (None, ""):  # run as a worker script: make ``policy`` importa
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from trainer.advantages import fit_value
-from trainer.distributed import DistEnv, LocalReducer, Reducer, TorchDistReducer, init_from_env, make_reducer, shutdown
+from trainer.distributed import DistEnv, LocalReducer, Reducer, TorchDistReducer, init_from_env, leave, make_reducer, shutdown
 from trainer.fisher import GaussNewtonFisher, Linearization, flat_params, logits_fn, masked_log_probs, mean_kl
 from trainer.minibatches import row_keys
 from trainer.networks import PolicyNet
@@ -145,6 +145,7 @@ def worker(out: Path) -> None:
         np.savez(out, **results)  # type: ignore[arg-type]
     finally:
         shutdown()
+    print(f"rank {where.rank} left the group", flush=True)  # an abort after this line is the interpreter's teardown
 
 
 def free_port() -> int:
@@ -227,5 +228,12 @@ def test_local_reducer_and_env_parsing() -> None:
         TorchDistReducer()
 
 
+def test_a_process_that_joined_no_group_exits_as_usual() -> None:
+    with pytest.raises(SystemExit) as ended:  # atexit handlers and finalisers still run: only ranks skip them
+        leave(4, joined=False)
+    assert ended.value.code == 4
+
+
 if __name__ == "__main__":
     worker(Path(sys.argv[1]))
+    leave(0, joined=True)  # as ``python -m trainer`` ends a rank: past the interpreter's teardown
