@@ -45,7 +45,7 @@ import torch
 from torch import nn
 
 from trainer.distributed import LocalReducer, Reducer
-from trainer.minibatches import U64, Fit, global_count, position_keys
+from trainer.minibatches import U64, Fit, global_count, position_keys, union_ratio
 
 
 class StateHeads(nn.Module):
@@ -181,9 +181,8 @@ def fit_critic(states: torch.Tensor, actions: torch.Tensor, returns: torch.Tenso
 
 
 def _union_mean(x: torch.Tensor, reducer: Reducer) -> float:
-    """The mean of ``x`` over every rank's rows (sums and counts reduced: a rank with no rows adds nothing)."""
-    sums = reducer.total(torch.stack([x.sum(), torch.tensor(float(len(x)), dtype=x.dtype, device=x.device)]).cpu())
-    return float(sums[0] / sums[1])
+    """The mean of ``x`` over every rank's rows (a rank with no rows adds nothing)."""
+    return union_ratio(x.sum(), float(len(x)), reducer)
 
 
 def _fit(net: StateHeads, states: torch.Tensor, target: torch.Tensor, epochs: int, fit: Fit, actions: torch.Tensor | None) -> None:

@@ -56,7 +56,7 @@ from experience.sessions import session_codes, split_by_session
 from trainer.config import GuardConfig
 from trainer.distributed import LocalReducer, Reducer
 from trainer.guard_threshold import VetoCriterion, choose_threshold, heldout_report
-from trainer.minibatches import Fit, global_count, row_keys
+from trainer.minibatches import Fit, global_count, row_keys, union_ratio
 from trainer.networks import GuardNet
 
 log = logging.getLogger(__name__)
@@ -135,7 +135,7 @@ def _fit(
     loss over every rank's rows."""
     optimiser = torch.optim.AdamW(net.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
     fit = Fit(list(net.parameters()), optimiser, keys, config.batch_size, config.seed, reducer, purpose="guard")
-    total_weight, mean_loss = float(reducer.total(weights.sum().double().cpu().reshape(1))[0]), 0.0
+    mean_loss = 0.0
     net.train()
     with progress("train.guard", total=config.epochs, unit="epoch") as bar:
         for epoch in range(config.epochs):
@@ -150,7 +150,7 @@ def _fit(
                 return weighted / w.sum(), w.sum()
 
             fit.run_epoch(epoch, loss_of, states.device)
-            mean_loss = float(reducer.total(loss_sum.double().cpu().reshape(1))[0]) / total_weight
+            mean_loss = union_ratio(loss_sum, weights.sum(), reducer)
             log.info("guard epoch %d/%d: weighted BCE %.5f", epoch + 1, config.epochs, mean_loss)
             bar.update(1, rows=len(rows))
     return mean_loss

@@ -86,6 +86,15 @@ def global_count(n: int, reducer: Reducer) -> int:
     return int(reducer.total(torch.tensor([float(n)], dtype=torch.float64))[0])
 
 
+def union_ratio(numerator: float | torch.Tensor, denominator: float | torch.Tensor, reducer: Reducer) -> float:
+    """Σ numerator / Σ denominator over the ranks, in one reduction (0 when the denominators sum to 0): the mean over
+    every rank's rows of a statistic from its sum (or weighted sum) and its count (or weight) on each rank."""
+    both = torch.stack([torch.as_tensor(numerator, dtype=torch.float64).detach().cpu().reshape(()),
+                        torch.as_tensor(denominator, dtype=torch.float64).detach().cpu().reshape(())])
+    total = reducer.total(both)
+    return float(total[0] / total[1]) if float(total[1]) != 0.0 else 0.0
+
+
 def sample(keys: U64, k: int, salt: np.uint64, reducer: Reducer) -> npt.NDArray[np.int64]:
     """This rank's rows of a keyed sample of about ``k`` rows of the union (every row when the union has ≤ ``k``)."""
     total = global_count(len(keys), reducer)

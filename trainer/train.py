@@ -47,7 +47,7 @@ from trainer.export import export_bundle
 from trainer.guard_spikes import SpikeLog, SpikeRule
 from trainer.guard_threshold import VetoCriterion
 from trainer.guard_train import assess_guard, train_guard
-from trainer.minibatches import fraction, global_count, row_keys, salt_of, sample
+from trainer.minibatches import fraction, global_count, row_keys, salt_of, sample, union_ratio
 from trainer.networks import GuardNet, PolicyNet, guard_from_arrays, policy_from_arrays
 from trainer.offline import MAX_WEIGHT
 from trainer.replay import decoder_arrays
@@ -358,8 +358,7 @@ def _mean_over_ranks(mean: float, n: int, reducer: Reducer | None) -> float:
     """The mean over every rank's rows of a statistic whose mean over this rank's ``n`` rows is ``mean`` (0: no rows)."""
     if reducer is None or reducer.world_size == 1:
         return mean if n else 0.0
-    total = reducer.total(torch.tensor([mean * n, float(n)], dtype=torch.float64))
-    return float(total[0] / total[1]) if float(total[1]) > 0 else 0.0
+    return union_ratio(mean * n, float(n), reducer)
 
 
 def shipped_decoder(start: dict[str, Any], config: TrainConfig) -> dict[str, Any]:
