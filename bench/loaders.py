@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import math
 import re
 import shutil
 import subprocess
@@ -91,13 +92,21 @@ _H2_REQ_TIME = re.compile(r"time for request:\s+([\d.]+)(us|ms|s)\s+([\d.]+)(us|
 _UNIT_MS = {"us": 1e-3, "ms": 1.0, "s": 1e3}
 
 
-def run_h2load(server: ServerProcess, body_file: Path, shape: H2Load, duration_s: float, warmup_s: float) -> dict[str, Any]:
+def run_h2load(server: ServerProcess, body_file: Path, shape: H2Load, duration_s: float, warmup_s: float,
+               rps_per_client: float | None = None, log_file: Path | None = None) -> dict[str, Any]:
     """Throughput with h2load (one thread), and who used the CPU meanwhile.
 
-    Raises unless every request got HTTP 200 (the grpc-status is checked around it).
+    ``rps_per_client``: an open loop (h2load ``--rps``, each client at most ``shape.streams`` in flight); otherwise a
+    closed loop. ``log_file``: h2load's per-request log, read back into latency percentiles (``latency_ms``) of the
+    measured window. Raises unless every request got HTTP 200 (the grpc-status is checked around it).
     """
     argv = [h2load_binary(), "-t", "1", "-c", str(shape.clients), "-m", str(shape.streams),
             "-D", f"{round(duration_s * 1000)}ms", "--warm-up-time", f"{round(warmup_s * 1000)}ms", "-d", str(body_file)]
+    if rps_per_client is not None:
+        argv.append(f"--rps={rps_per_client:g}")
+    if log_file is not None:
+        log_file.unlink(missing_ok=True)  # h2load appends
+        argv.append(f"--log-file={log_file}")
     for header in GRPC_HEADERS:
         argv += ["-H", header]
     argv.append(f"http://{server.target}{METHOD_PATH}")
@@ -124,6 +133,8 @@ def run_h2load(server: ServerProcess, body_file: Path, shape: H2Load, duration_s
         "argv": " ".join(argv),
     }
     result["cpu"] = window.report(result["requests_per_s"])
+    if log_file is not None:
+        result["latency_ms"] = h2load_log_percentiles(log_file)
     req_time = _H2_REQ_TIME.search(text)
     if req_time:
         g = req_time.groups()
@@ -132,11 +143,18 @@ def run_h2load(server: ServerProcess, body_file: Path, shape: H2Load, duration_s
     return result
 
 
+def h2load_log_percentiles(log_file: Path) -> dict[str, Any]:
+    """p50/p90/p99/max (ms) of h2load's ``--log-file`` (start µs, HTTP status, µs to the end of the response)."""
+    ms = sorted(int(line.split("\t")[2]) / 1000.0 for line in log_file.read_text().splitlines() if line.count("\t") >= 2)
+    return {"requests": len(ms), "p50": _percentile(ms, 50), "p90": _percentile(ms, 90), "p99": _percentile(ms, 99),
+            "max": ms[-1] if ms else float("nan")}
+
+
 def _percentile(sorted_values: Sequence[float], q: float) -> float:
     """Nearest-rank percentile of an ascending sequence."""
     if not sorted_values:
         return float("nan")
-    rank = max(1, min(len(sorted_values), round(q / 100.0 * len(sorted_values) + 0.5)))
+    rank = max(1, min(len(sorted_values), math.ceil(q / 100.0 * len(sorted_values) - 1e-9)))  # ceil(q n): nearest rank
     return sorted_values[rank - 1]
 
 

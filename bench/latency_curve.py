@@ -1,0 +1,236 @@
+"""Latency against load: the real server beside the bare gRPC ceiling, in one command.
+
+    .venv/bin/python -m bench.latency_curve            # about 4 minutes on 2 cores
+    .venv/bin/python -m bench.latency_curve --quick    # about 90 s
+    .venv/bin/python -m bench.latency_curve --server-arg=--max-batch=32
+
+Every figure comes from h2load (one thread; its ``--log-file`` gives each request's time, so
+percentiles, not only its mean), the same request bytes for every server, all on 127.0.0.1.
+Per server, a fresh process for each phase, stub calls that must answer OK before and after
+each (h2load counts a gRPC error as a success):
+
+1. **closed loop**: 64 in flight (8 connections x 8 streams) and 128 (8 x 16): req/s, p50, p99;
+2. **few callers**: 1 and 4 connections, one call each in flight (a frontend's few pods);
+3. **open loop**: offered loads at fractions of the *real* server's own capacity at 64 in
+   flight (h2load ``--rps`` on 4 connections, at most 64 in flight each), the same offered
+   loads for every server: achieved req/s, p50, p99.
+
+The real server also runs phase 1 with ``--log-dir`` (a temporary directory), for what
+logging costs. Seldon MLServer is not driven by this bench (it needs its own venv and a
+custom runtime; the issue's figures for it were measured by hand). Then the targets as ratios
+within this run, JSON, and a PNG of p50/p99 against offered load (needs matplotlib, the
+``bench`` extra; skipped with a message without it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: make ``bench`` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.load import bare_server_argv, real_server_argv
+from bench.loaders import H2Load, check_calls, check_wire_frame, h2load_binary, run_h2load
+from bench.payload import build_request, grpc_frame
+from bench.procs import REPO, BenchError, ServerProcess, machine_busy_cores, running
+from bench.report import header, write_results
+from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
+
+CLOSED = {"64": H2Load(8, 8), "128": H2Load(8, 16)}
+FEW = {"1": H2Load(1, 1), "4": H2Load(4, 1)}
+OPEN_CONNECTIONS, OPEN_STREAMS = 4, 64
+LOAD_FRACTIONS = (0.25, 0.5, 0.75, 0.9)
+SLO_P99_MS = 50.0  # ShoppingAgentLatencyP99High (k8s/base/alerts)
+TARGETS = {"throughput": 0.8, "log_dir_cost": 0.05, "p50": 1.5, "p99": 2.0, "start_s": 1.0, "rss_mb": 150.0}
+
+
+@dataclass(frozen=True)
+class Timing:
+    warmup_s: float
+    duration_s: float
+
+
+def _phase(server: ServerProcess, request: pb.RecommendActionRequest, body: Path, work: Any) -> dict[str, Any]:
+    """Start ``server``, check it, run ``work(server)``, check it again, stop it whatever happens."""
+    with running(server):
+        start = server.wait_serving(30.0)
+        check_calls(server, request, 5)
+        check_wire_frame(server, body)
+        out: dict[str, Any] = {"start_to_serving_s": start, **work(server)}
+        check_calls(server, request, 3)
+        out["rss_mb"] = server.memory_mb()["rss_mb"]
+    return out
+
+
+def _h2(server: ServerProcess, body: Path, shape: H2Load, timing: Timing, log: Path, rps: float | None = None) -> dict[str, Any]:
+    got = run_h2load(server, body, shape, timing.duration_s, timing.warmup_s, rps_per_client=rps, log_file=log)
+    lat = got["latency_ms"]
+    print(f"  [{server.name}] {shape.clients}x{shape.streams}{'' if rps is None else f' at {rps * shape.clients:.0f}/s'}: "
+          f"{got['requests_per_s']:.0f} req/s, p50 {lat['p50']:.2f} ms, p99 {lat['p99']:.2f} ms", flush=True)
+    return {"requests_per_s": got["requests_per_s"], "p50_ms": lat["p50"], "p99_ms": lat["p99"], "max_ms": lat["max"],
+            "server_cpu_ms_per_request": got["cpu"]["server_cpu_ms_per_request"], "argv": got["argv"]}
+
+
+def closed_and_few(name: str, argv: list[str], request: pb.RecommendActionRequest, body: Path, timing: Timing,
+                   tmp: Path, few: bool = True) -> dict[str, Any]:
+    log = tmp / f"{name}.log"
+
+    def work(server: ServerProcess) -> dict[str, Any]:
+        run_h2load(server, body, CLOSED["64"], timing.warmup_s, 0.5)  # warm-up, discarded
+        out = {"closed": {k: _h2(server, body, shape, timing, log) for k, shape in CLOSED.items()}}
+        if few:
+            out["few"] = {k: _h2(server, body, shape, timing, log) for k, shape in FEW.items()}
+        return out
+
+    return _phase(ServerProcess(name, argv), request, body, work)
+
+
+def open_loop(name: str, argv: list[str], request: pb.RecommendActionRequest, body: Path, timing: Timing, tmp: Path,
+              loads: Sequence[float]) -> dict[str, Any]:
+    log = tmp / f"{name}-open.log"
+    shape = H2Load(OPEN_CONNECTIONS, OPEN_STREAMS)
+
+    def work(server: ServerProcess) -> dict[str, Any]:
+        run_h2load(server, body, CLOSED["64"], timing.warmup_s, 0.5)
+        return {"open": [{"offered_per_s": load, **_h2(server, body, shape, timing, log, rps=load / OPEN_CONNECTIONS)}
+                         for load in loads]}
+
+    return _phase(ServerProcess(name, argv), request, body, work)
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b else float("nan")
+
+
+def targets(servers: dict[str, dict[str, Any]], loads: Sequence[float]) -> dict[str, dict[str, Any]]:
+    """Issue 16's goals, each as a ratio within this run (or a bound), with whether it held."""
+    bare, real = servers["bare"], servers["real"]
+    out: dict[str, dict[str, Any]] = {}
+    for k in CLOSED:
+        v = _ratio(real["closed"][k]["requests_per_s"], bare["closed"][k]["requests_per_s"])
+        goal = TARGETS["throughput"]
+        out[f"throughput_{k}_in_flight_over_bare"] = {"value": v, "target": f">= {goal}", "met": v >= goal}
+    if "real_log_dir" in servers:
+        v = 1.0 - _ratio(servers["real_log_dir"]["closed"]["64"]["requests_per_s"], real["closed"]["64"]["requests_per_s"])
+        out["log_dir_throughput_cost"] = {"value": v, "target": f"<= {TARGETS['log_dir_cost']}", "met": v <= TARGETS["log_dir_cost"]}
+    for k in FEW:
+        v = _ratio(real["few"][k]["p50_ms"], bare["few"][k]["p50_ms"])
+        out[f"p50_{k}_callers_over_bare"] = {"value": v, "target": f"<= {TARGETS['p50']}", "met": v <= TARGETS["p50"]}
+    for fraction, r_point, b_point in zip(LOAD_FRACTIONS, real["open"], bare["open"], strict=True):
+        if fraction in (0.5, 0.75):
+            v = _ratio(r_point["p99_ms"], b_point["p99_ms"])
+            out[f"p99_open_{fraction:.0%}_over_bare"] = {"value": v, "target": f"<= {TARGETS['p99']}", "met": v <= TARGETS["p99"]}
+    worst = max(p["p99_ms"] for p in real["open"])
+    out["worst_open_loop_p99_ms_below_capacity"] = {"value": worst, "target": f"<= {SLO_P99_MS:g}", "met": worst <= SLO_P99_MS}
+    start = max(real["closed_start_to_serving_s"], real["open_start_to_serving_s"])
+    out["start_to_serving_s"] = {"value": start, "target": f"<= {TARGETS['start_s']:g}", "met": start <= TARGETS["start_s"]}
+    rss = max(real["closed_rss_mb"], real["open_rss_mb"])
+    out["rss_mb"] = {"value": rss, "target": f"<= {TARGETS['rss_mb']:g}", "met": rss <= TARGETS["rss_mb"]}
+    return out
+
+
+def plot(servers: dict[str, dict[str, Any]], path: Path) -> Path | None:
+    """p50 (dashed) and p99 (solid) against offered load, one colour a server; the 50 ms alert as a line."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("plot skipped: matplotlib is not installed (pip install -e '.[bench]')", file=sys.stderr)
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, colour in (("bare", "tab:gray"), ("real", "tab:blue")):
+        points = servers[name]["open"]
+        x = [p["offered_per_s"] for p in points]
+        ax.plot(x, [p["p99_ms"] for p in points], "-o", color=colour, label=f"{name} p99")
+        ax.plot(x, [p["p50_ms"] for p in points], "--o", color=colour, label=f"{name} p50")
+    ax.axhline(SLO_P99_MS, color="tab:red", lw=0.8, label="p99 alert (50 ms)")
+    ax.set_yscale("log")
+    ax.set_xlabel("offered load (req/s, open loop)")
+    ax.set_ylabel("latency (ms)")
+    ax.set_title("RecommendAction latency against load, 2 cores")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.latency_curve", description=__doc__.split("\n\n")[0])
+    p.add_argument("--duration", type=float, default=5.0, help="measured seconds per point (default 5)")
+    p.add_argument("--warmup", type=float, default=1.0, help="h2load warm-up per point (default 1)")
+    p.add_argument("--quick", action="store_true", help="2 s points, no --log-dir server")
+    p.add_argument("--server-arg", action="append", default=[], metavar="ARG", help="extra flag for `shopping-agent serve`")
+    p.add_argument("--output", type=Path, default=REPO / "bench" / "results" / "latency-curve.json")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.duration = 2.0
+    if not (0 < args.duration <= 60 and 0 <= args.warmup <= 10):
+        p.error("--duration must be in (0, 60] and --warmup in [0, 10]")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        h2load_binary()
+    except BenchError as exc:
+        print(f"bench: {exc}", file=sys.stderr)
+        return 2
+    busy = machine_busy_cores(1.0)
+    started = time.time()
+    timing = Timing(args.warmup, args.duration)
+    request = build_request()
+    real_argv = real_server_argv(args.server_arg)
+    servers: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-curve-") as tmp_name:
+        tmp = Path(tmp_name)
+        body = tmp / "request.grpc"
+        body.write_bytes(grpc_frame(request.SerializeToString()))
+        try:
+            for name, argv_ in (("real", real_argv), ("bare", bare_server_argv())):  # the real server first: its capacity
+                print(f"[{name}] closed loop and few callers", flush=True)
+                got = closed_and_few(name, argv_, request, body, timing, tmp)
+                start, rss = got.pop("start_to_serving_s"), got.pop("rss_mb")
+                servers[name] = {**got, "closed_start_to_serving_s": start, "closed_rss_mb": rss}
+            capacity = servers["real"]["closed"]["64"]["requests_per_s"]
+            loads = [round(capacity * f) for f in LOAD_FRACTIONS]
+            for name, argv_ in (("bare", bare_server_argv()), ("real", real_argv)):
+                print(f"[{name}] open loop at {loads} req/s", flush=True)
+                got = open_loop(name, argv_, request, body, timing, tmp, loads)
+                servers[name].update(open=got["open"], open_start_to_serving_s=got["start_to_serving_s"], open_rss_mb=got["rss_mb"])
+            if not args.quick:
+                print("[real --log-dir] closed loop", flush=True)
+                logs = tmp / "logs"
+                servers["real_log_dir"] = closed_and_few("real_log_dir", [*real_argv, "--log-dir", str(logs)], request, body,
+                                                         timing, tmp, few=False)
+        except (BenchError, subprocess.TimeoutExpired) as exc:
+            print(f"bench: {exc}", file=sys.stderr)
+            return 1
+    goals = targets(servers, loads)
+    print()
+    for name, goal in goals.items():
+        print(f"{name:42} {goal['value']:8.3f}  target {goal['target']:<8} {'met' if goal['met'] else 'MISSED'}")
+    print("MLServer: not driven by this bench (see its docstring)")
+    results = {**header("bench.latency_curve", started, argv, cores_busy_before_run=round(busy, 3)),
+               "offered_loads_per_s": loads, "servers": servers, "targets": goals}
+    png = plot(servers, args.output.with_suffix(".png"))
+    results["plot"] = str(png) if png else None
+    write_results(args.output, results)
+    if png:
+        print(f"plot: {png}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

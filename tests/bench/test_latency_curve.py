@@ -1,0 +1,36 @@
+"""The latency bench's arithmetic: percentiles read back from h2load's per-request log, and the targets it judges."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from bench.latency_curve import LOAD_FRACTIONS, targets
+from bench.loaders import h2load_log_percentiles
+
+
+def test_percentiles_come_from_every_logged_request(tmp_path: Path) -> None:
+    log = tmp_path / "h2.log"
+    # h2load's columns: start µs since the epoch, HTTP status, µs to the end of the response
+    log.write_text("".join(f"{1_700_000_000_000_000 + i}\t200\t{(i + 1) * 1000}\n" for i in range(100)) + "\n")
+    got = h2load_log_percentiles(log)
+    assert got["requests"] == 100
+    assert (got["p50"], got["p90"], got["p99"], got["max"]) == (50.0, 90.0, 99.0, 100.0)  # nearest rank, in ms
+
+
+def _server(rps: float, p50: float, p99: list[float], start: float = 0.3, rss: float = 100.0) -> dict[str, Any]:
+    point = {"requests_per_s": rps, "p50_ms": p50, "p99_ms": p50 * 2}
+    return {"closed": {"64": point, "128": point}, "few": {"1": point, "4": point},
+            "open": [{"offered_per_s": 100.0 * f, "p50_ms": 1.0, "p99_ms": v} for f, v in zip(LOAD_FRACTIONS, p99, strict=True)],
+            "closed_start_to_serving_s": start, "open_start_to_serving_s": start, "closed_rss_mb": rss, "open_rss_mb": rss}
+
+
+def test_targets_are_ratios_within_the_run() -> None:
+    bare = _server(1000.0, 1.0, [2.0, 2.0, 2.0, 2.0])
+    good = targets({"bare": bare, "real": _server(850.0, 1.4, [3.0, 3.9, 3.9, 30.0])}, [])
+    assert all(goal["met"] for goal in good.values()), good
+    bad = targets({"bare": bare, "real": _server(700.0, 2.0, [3.0, 5.0, 4.1, 60.0], start=1.2, rss=160.0),
+                   "real_log_dir": _server(600.0, 2.0, [1.0] * 4)}, [])
+    missed = {name for name, goal in bad.items() if not goal["met"]}
+    assert missed == set(bad), {name: goal["value"] for name, goal in bad.items()}
+    assert abs(bad["log_dir_throughput_cost"]["value"] - (1 - 600 / 700)) < 1e-12
