@@ -218,6 +218,53 @@ def test_a_pause_lasts_at_most_max_delay_while_requests_keep_coming() -> None:
     asyncio.run(main())
 
 
+async def learn_three_callers(batcher: MicroBatcher, model: Model, rounds: int) -> list[float]:
+    """Three callers that each call again as soon as they are answered, ``rounds`` times; each round's seconds."""
+    async def call(c: int, r: int) -> Decision:
+        await asyncio.sleep(0.01 * c)  # they arrive one after another, during the pause, as over a network
+        return await ask(batcher, model, f"c{c}r{r}")
+
+    took = []
+    for r in range(rounds):
+        started = time.perf_counter()
+        await within(asyncio.gather(*(call(c, r) for c in range(3))))
+        took.append(time.perf_counter() - started)
+    return took
+
+
+def test_callers_that_come_back_together_end_the_pause_once_they_are_learnt() -> None:
+    async def main() -> None:
+        model = Model(run_s=0.005)
+        batcher = await pausing_after_a_pair(model, gap_s=0.3, max_delay_s=5.0)
+        took = await learn_three_callers(batcher, model, 6)
+        assert all(len(call) == 3 for call in model.calls[1:])
+        assert min(took[:2]) >= 0.25  # two pauses end in quiet (the 0.3 s gap) and agree: three callers
+        assert max(took[2:]) < 0.1, took  # then a pause ends the moment all three wait
+        assert batcher._population == 3
+        await within(batcher.close())
+
+    asyncio.run(main())
+
+
+def test_a_stream_of_requests_is_no_population() -> None:
+    async def main() -> None:
+        model = Model(run_s=0.005)
+        batcher = await pausing_after_a_pair(model, gap_s=0.2, max_delay_s=0.3)
+        await learn_three_callers(batcher, model, 3)
+        assert batcher._population == 3
+        asked: list[asyncio.Future[Decision]] = []
+        stop = time.perf_counter() + 4.0
+        while batcher._population and time.perf_counter() < stop:  # requests never stop coming
+            asked.append(ask(batcher, model, f"s{len(asked)}"))
+            await asyncio.sleep(0.01)
+        assert batcher._population == 0, "a recheck never let the stream's bound end a pause"
+        assert max(len(call) for call in model.calls[4:]) > 3  # the recheck gathered past the learnt count
+        await within(asyncio.gather(*asked))
+        await within(batcher.close())
+
+    asyncio.run(main())
+
+
 def test_a_pause_that_gathers_nothing_turns_pausing_off() -> None:
     async def main() -> None:
         model = Model(run_s=0.01)
