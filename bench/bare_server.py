@@ -70,11 +70,11 @@ def _log(msg: str, **fields: object) -> None:
           file=sys.stderr, flush=True)
 
 
-async def serve(host: str, port: int) -> int:
+async def serve(host: str, port: int, reuse_port: bool = False) -> int:
     defaults = Config()
-    options = [  # as in server/app.py
+    options = [  # as in server/app.py (reuse_port: as each of its --workers binds)
         ("grpc.max_receive_message_length", defaults.max_message_bytes),
-        ("grpc.so_reuseport", 0),
+        ("grpc.so_reuseport", int(reuse_port)),
     ]
     server = aio.server(options=options)
     pb_grpc.add_ShoppingAgentServicer_to_server(BareServicer(), server)
@@ -104,8 +104,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=0, help="port; 0 picks a free one (logged)")
+    p.add_argument("--reuse-port", action="store_true", help="bind with SO_REUSEPORT: several processes on one port")
     args = p.parse_args(argv)
-    return asyncio.run(serve(args.host, args.port))
+    return asyncio.run(serve(args.host, args.port, args.reuse_port))
 
 
 if __name__ == "__main__":

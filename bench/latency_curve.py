@@ -16,7 +16,8 @@ each (h2load counts a gRPC error as a success):
    loads for every server: achieved req/s, p50, p99.
 
 The real server also runs phase 1 with ``--log-dir`` (a temporary directory), for what
-logging costs. Seldon MLServer is not driven by this bench (it needs its own venv and a
+logging costs, and with ``--workers N`` (``--workers``, default 2) against N bare processes
+sharing one port by SO_REUSEPORT. Seldon MLServer is not driven by this bench (it needs its own venv and a
 custom runtime; the issue's figures for it were measured by hand). Then the targets as ratios
 within this run, JSON, and a PNG of p50/p99 against offered load (needs matplotlib, the
 ``bench`` extra; skipped with a message without it).
@@ -25,6 +26,8 @@ within this run, JSON, and a PNG of p50/p99 against offered load (needs matplotl
 from __future__ import annotations
 
 import argparse
+import contextlib
+import socket
 import subprocess
 import sys
 import tempfile
@@ -106,6 +109,31 @@ def open_loop(name: str, argv: list[str], request: pb.RecommendActionRequest, bo
     return _phase(ServerProcess(name, argv), request, body, work)
 
 
+def workers_closed(n: int, real_argv: list[str], request: pb.RecommendActionRequest, body: Path, timing: Timing,
+                   tmp: Path) -> dict[str, Any]:
+    """Closed loop at 64 and 128 in flight: ``serve --workers n`` and ``n`` bare processes on one SO_REUSEPORT port."""
+    log = tmp / "workers.log"
+
+    def loads(server: ServerProcess) -> dict[str, Any]:
+        run_h2load(server, body, CLOSED["64"], timing.warmup_s, 0.5)
+        return {k: _h2(server, body, shape, timing, log) for k, shape in CLOSED.items()}
+
+    real = _phase(ServerProcess(f"real_workers_{n}", [*real_argv, "--workers", str(n)]), request, body,
+                  lambda server: {"closed": loads(server)})
+    with socket.socket() as s:  # a free port for the bare processes to share
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    bare_argv = [*bare_server_argv()[:-2], "--port", str(port), "--reuse-port"]
+    with contextlib.ExitStack() as stack:
+        procs = [stack.enter_context(running(ServerProcess(f"bare_x{n}", bare_argv))) for _ in range(n)]
+        for proc in procs:
+            proc.wait_serving(30.0)
+        check_calls(procs[0], request, 5)
+        bare = {"closed": loads(procs[0])}  # (its CPU figures are the first process's alone)
+        check_calls(procs[0], request, 3)
+    return {"workers": n, "real": real, "bare": bare}
+
+
 def _ratio(a: float, b: float) -> float:
     return a / b if b else float("nan")
 
@@ -128,6 +156,12 @@ def targets(servers: dict[str, dict[str, Any]], loads: Sequence[float]) -> dict[
         if fraction in (0.5, 0.75):
             v = _ratio(r_point["p99_ms"], b_point["p99_ms"])
             out[f"p99_open_{fraction:.0%}_over_bare"] = {"value": v, "target": f"<= {TARGETS['p99']}", "met": v <= TARGETS["p99"]}
+    if "workers" in servers:
+        w = servers["workers"]
+        for k in CLOSED:
+            v = _ratio(w["real"]["closed"][k]["requests_per_s"], w["bare"]["closed"][k]["requests_per_s"])
+            out[f"workers_{w['workers']}_{k}_in_flight_over_{w['workers']}_bare"] = {
+                "value": v, "target": f">= {TARGETS['throughput']}", "met": v >= TARGETS["throughput"]}
     worst = max(p["p99_ms"] for p in real["open"])
     out["worst_open_loop_p99_ms_below_capacity"] = {"value": worst, "target": f"<= {SLO_P99_MS:g}", "met": worst <= SLO_P99_MS}
     start = max(real["closed_start_to_serving_s"], real["open_start_to_serving_s"])
@@ -170,13 +204,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--duration", type=float, default=5.0, help="measured seconds per point (default 5)")
     p.add_argument("--warmup", type=float, default=1.0, help="h2load warm-up per point (default 1)")
     p.add_argument("--quick", action="store_true", help="2 s points, no --log-dir server")
+    p.add_argument("--workers", type=int, default=2, help="then `serve --workers N` against N bare processes (0: skip)")
     p.add_argument("--server-arg", action="append", default=[], metavar="ARG", help="extra flag for `shopping-agent serve`")
     p.add_argument("--output", type=Path, default=REPO / "bench" / "results" / "latency-curve.json")
     args = p.parse_args(argv)
     if args.quick:
         args.duration = 2.0
-    if not (0 < args.duration <= 60 and 0 <= args.warmup <= 10):
-        p.error("--duration must be in (0, 60] and --warmup in [0, 10]")
+    if not (0 < args.duration <= 60 and 0 <= args.warmup <= 10 and 0 <= args.workers <= 8):
+        p.error("--duration must be in (0, 60], --warmup in [0, 10] and --workers in [0, 8]")
     return args
 
 
@@ -214,6 +249,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 logs = tmp / "logs"
                 servers["real_log_dir"] = closed_and_few("real_log_dir", [*real_argv, "--log-dir", str(logs)], request, body,
                                                          timing, tmp, few=False)
+            if args.workers:
+                print(f"[--workers {args.workers}] closed loop against {args.workers} bare processes", flush=True)
+                servers["workers"] = workers_closed(args.workers, real_argv, request, body, timing, tmp)
         except (BenchError, subprocess.TimeoutExpired) as exc:
             print(f"bench: {exc}", file=sys.stderr)
             return 1

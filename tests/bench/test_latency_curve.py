@@ -30,7 +30,9 @@ def test_targets_are_ratios_within_the_run() -> None:
     good = targets({"bare": bare, "real": _server(850.0, 1.4, [3.0, 3.9, 3.9, 30.0])}, [])
     assert all(goal["met"] for goal in good.values()), good
     bad = targets({"bare": bare, "real": _server(700.0, 2.0, [3.0, 5.0, 4.1, 60.0], start=1.2, rss=160.0),
-                   "real_log_dir": _server(600.0, 2.0, [1.0] * 4)}, [])
+                   "real_log_dir": _server(600.0, 2.0, [1.0] * 4),
+                   "workers": {"workers": 2, "real": _server(1500.0, 1.0, [1.0] * 4), "bare": _server(2000.0, 1.0, [1.0] * 4)}}, [])
     missed = {name for name, goal in bad.items() if not goal["met"]}
     assert missed == set(bad), {name: goal["value"] for name, goal in bad.items()}
     assert abs(bad["log_dir_throughput_cost"]["value"] - (1 - 600 / 700)) < 1e-12
+    assert bad["workers_2_64_in_flight_over_2_bare"]["value"] == 0.75
