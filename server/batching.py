@@ -14,10 +14,12 @@ calls, parsing, answering.
 A pause also ends as soon as the callers it has learnt are all back. When two pauses in a row
 end in quiet (a gap without a request) with the same number waiting, that number is taken for
 a population of callers who each call again as soon as they are answered, and later pauses
-end the moment that many wait instead of waiting out another gap (4 such callers: p50 4.4 →
-1.9 ms, docs/performance.md). Every ``POPULATION_RECHECK``-th pause ignores it and ends by gap
-or bound again; a pause cut off by its bound (requests kept coming) forgets it: a stream is no
-population, and a learnt count must not keep its batches small.
+end the moment that many wait instead of waiting out another gap (4 such callers: p50 about 4.2 →
+2.0 ms, docs/performance.md). Every ``POPULATION_RECHECK``-th pause drops it and must find it
+again by a quiet end; a pause that ends any other way than in quiet or at the learnt count (its
+bound while requests kept coming, ``max_batch``, a deadline) forgets it: a stream is no
+population, and a learnt count must not keep its batches small. Quiet means a whole gap since
+the latest request, not a window that the bound cut short.
 
 Why not a thread: onnxruntime releases the GIL, but everything around it (encoding, the
 decision, every GIL handoff) makes an inference thread and the gRPC threads take turns at
@@ -55,6 +57,7 @@ from core.domain import Context, Decision, DecisionRequest
 log = logging.getLogger(__name__)
 
 POPULATION_RECHECK = 16  # every this many pauses, one ends by gap or bound only (re-learning the callers)
+_QUIET_SHARE = 0.99  # a timer may fire a hair early: this much of a gap since the last request counts as the gap
 _CALLBACK_LOG_INTERVAL_S = 60.0  # a broken on_batch is logged (with its traceback) at most this often
 
 
@@ -114,9 +117,10 @@ class MicroBatcher:
         self._arrivals = 0  # requests queued so far (a counter, to see whether any came)
         self._give_up_at = math.inf  # earliest caller deadline since the last batch was taken
         self._last_run_s = 0.0  # how long the last batch took
-        self._population = 0  # callers that come back together, learnt from a pause that ended in quiet (0: none)
+        self._population = 0  # callers that come back together, learnt from two quiet pauses in a row (0: none)
         self._pauses = 0
-        self._quiet_count = 0  # how many waited when the last pause ended in quiet
+        self._quiet_count = 0  # how many waited when the last pause ended in quiet (0: it did not)
+        self._last_arrival = 0.0  # loop time of the latest request
         # Queue order lives in the deque; who still waits lives in the set. A caller that gives
         # up leaves the set at once (a done callback) and the deque when the worker reaches it.
         self._pending: collections.deque[_Item] = collections.deque()
@@ -160,6 +164,7 @@ class MicroBatcher:
         if len(pending) > 2 * self.max_queue:  # mostly abandoned items: drop them (amortised O(1))
             self._pending = collections.deque(i for i in pending if not i.future.done())
         self._arrivals += 1
+        self._last_arrival = future.get_loop().time()
         self._wake.set()
         if give_up_at is not None and give_up_at < self._give_up_at:
             self._give_up_at = give_up_at
@@ -229,12 +234,13 @@ class MicroBatcher:
             return
         arrivals_before = self._arrivals
         self._pauses += 1
-        enough = self.max_batch if self._pauses % POPULATION_RECHECK == 0 or not self._population else self._population
-        while not self._closed and len(self._waiting) < min(enough, self.max_batch):
+        if self._pauses % POPULATION_RECHECK == 0:
+            self._population = 0  # a recheck: only a quiet end that finds the same count again restores it
+        quiet = False
+        while not self._closed and len(self._waiting) < min(self._population or self.max_batch, self.max_batch):
             # leave the next batch time to finish before the most impatient caller gives up
             left = min(self._next_at, self._give_up_at - self._last_run_s) - loop.time()
-            if left <= 0:
-                self._population = self._quiet_count = 0  # cut off while requests may still come: nothing learnt
+            if left <= 0:  # cut off while requests may still come (a stream is no population): forgotten below
                 break
             arrivals = self._arrivals
             self._nudge.clear()
@@ -244,12 +250,15 @@ class MicroBatcher:
                 continue  # nudged: check the end again
             except TimeoutError:
                 pass
-            if self._arrivals == arrivals:  # a whole gap without a request: everyone who calls again is here
-                seen = len(self._waiting)
-                # learnt when two such pauses in a row find the same count (a chance lull in a stream rarely does)
-                self._population = seen if seen >= 2 and seen == self._quiet_count else 0
-                self._quiet_count = seen
+            if self._arrivals == arrivals and loop.time() - self._last_arrival >= _QUIET_SHARE * self.gap_s:
+                quiet = True  # a whole gap without a request (not a window the bound cut short)
                 break
+        if quiet:  # everyone who calls again is here: learnt when two pauses in a row find the same count
+            seen = len(self._waiting)
+            self._population = seen if seen >= 2 and seen == self._quiet_count else 0
+            self._quiet_count = seen
+        elif not (self._population and len(self._waiting) >= self._population):
+            self._population = self._quiet_count = 0  # max_batch, the bound, a deadline, close: learn afresh
         self._pausing = self._arrivals - arrivals_before >= 2
 
     async def _serve(self, batch: list[_Item], depth: int) -> None:

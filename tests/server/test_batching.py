@@ -258,8 +258,64 @@ def test_a_stream_of_requests_is_no_population() -> None:
             asked.append(ask(batcher, model, f"s{len(asked)}"))
             await asyncio.sleep(0.01)
         assert batcher._population == 0, "a recheck never let the stream's bound end a pause"
-        assert max(len(call) for call in model.calls[4:]) > 3  # the recheck gathered past the learnt count
+        forgotten_at = len(model.calls)
+        until_s = time.perf_counter() + 0.8
+        while time.perf_counter() < until_s:  # the stream goes on: nothing is learnt again, batches stay large
+            asked.append(ask(batcher, model, f"s{len(asked)}"))
+            await asyncio.sleep(0.01)
+            assert batcher._population == 0
+        later = [len(call) for call in model.calls[forgotten_at:]]
+        assert later and min(later[:-1] or later) > 3, later  # each pause ran to its bound (0.3 s: ~25 requests)
         await within(asyncio.gather(*asked))
+        await within(batcher.close())
+
+    asyncio.run(main())
+
+
+def test_a_window_cut_short_by_the_bound_is_not_quiet() -> None:
+    async def main() -> None:
+        model = Model(run_s=0.002)
+        batcher = await pausing_after_a_pair(model, gap_s=0.1, max_delay_s=0.15)
+
+        async def call(c: int, r: int) -> Decision:  # arrivals 40 ms apart keep each pause going to its bound
+            await asyncio.sleep(0.01 + 0.04 * c)
+            return await ask(batcher, model, f"c{c}r{r}")
+
+        for r in range(4):
+            await within(asyncio.gather(*(call(c, r) for c in range(3))))
+            # the pause's last window (0.10-0.15 s) holds no request, but only 60 ms have passed since the last one
+            assert batcher._population == 0, f"round {r}: a pause its bound ended was taken for quiet"
+        await within(batcher.close())
+
+    asyncio.run(main())
+
+
+def test_more_callers_than_max_batch_make_the_learnt_count_forgotten() -> None:
+    async def main() -> None:
+        model = Model(run_s=0.002)
+        batcher = await pausing_after_a_pair(model, max_batch=6, gap_s=0.2, max_delay_s=5.0)
+        await learn_three_callers(batcher, model, 3)
+        assert batcher._population == 3
+        done = asyncio.Event()
+
+        async def caller(c: int) -> None:  # twelve callers, each thinking 30 ms between calls
+            r = 0
+            while not done.is_set():
+                await ask(batcher, model, f"m{c}r{r}")
+                r += 1
+                await asyncio.sleep(0.03)
+
+        tasks = [asyncio.create_task(caller(c)) for c in range(12)]
+        stop = time.perf_counter() + 4.0
+        while batcher._population and time.perf_counter() < stop:
+            await asyncio.sleep(0.01)
+        assert batcher._population == 0, "the learnt count outlived a recheck that max_batch ended"
+        mark = len(model.calls)
+        await asyncio.sleep(0.3)
+        done.set()
+        await within(asyncio.gather(*tasks))
+        later = [len(call) for call in model.calls[mark:-2]]
+        assert later and sum(size == 6 for size in later) > len(later) / 2, later  # full batches, not threes
         await within(batcher.close())
 
     asyncio.run(main())
