@@ -138,7 +138,7 @@ def _ratio(a: float, b: float) -> float:
     return a / b if b else float("nan")
 
 
-def targets(servers: dict[str, dict[str, Any]], loads: Sequence[float]) -> dict[str, dict[str, Any]]:
+def targets(servers: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Issue 16's goals, each as a ratio within this run (or a bound), with whether it held."""
     bare, real = servers["bare"], servers["real"]
     out: dict[str, dict[str, Any]] = {}
@@ -255,7 +255,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (BenchError, subprocess.TimeoutExpired) as exc:
             print(f"bench: {exc}", file=sys.stderr)
             return 1
-    goals = targets(servers, loads)
+    goals = targets(servers)
     print()
     for name, goal in goals.items():
         print(f"{name:42} {goal['value']:8.3f}  target {goal['target']:<8} {'met' if goal['met'] else 'MISSED'}")

@@ -56,7 +56,7 @@ from core.domain import Context, Decision, DecisionRequest
 
 log = logging.getLogger(__name__)
 
-POPULATION_RECHECK = 16  # every this many pauses, one ends by gap or bound only (re-learning the callers)
+POPULATION_RECHECK = 16  # every this many pauses, one drops the learnt count: a quiet end must find it again
 _QUIET_SHARE = 0.99  # a timer may fire a hair early: this much of a gap since the last request counts as the gap
 _CALLBACK_LOG_INTERVAL_S = 60.0  # a broken on_batch is logged (with its traceback) at most this often
 
