@@ -43,7 +43,7 @@ if __package__ in (None, ""):  # run as a script: make ``bench`` importable
 from bench.load import bare_server_argv, real_server_argv
 from bench.loaders import H2Load, check_calls, check_wire_frame, h2load_binary, run_h2load
 from bench.payload import build_request, grpc_frame
-from bench.procs import REPO, BenchError, ServerProcess, machine_busy_cores, running
+from bench.procs import REPO, BenchError, ServerProcess, busy_before_run, running
 from bench.report import header, write_results
 from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
 
@@ -222,7 +222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BenchError as exc:
         print(f"bench: {exc}", file=sys.stderr)
         return 2
-    busy = machine_busy_cores(1.0)
+    busy = busy_before_run()
     started = time.time()
     timing = Timing(args.warmup, args.duration)
     request = build_request()

@@ -45,7 +45,7 @@ import grpc
 from bench import profile_top
 from bench.loaders import H2Load, check_calls, check_wire_frame, h2load_binary, run_h2load, run_latency
 from bench.payload import build_request, grpc_frame
-from bench.procs import HOST, REPO, BenchError, ServerProcess, machine_busy_cores, running
+from bench.procs import HOST, REPO, BenchError, ServerProcess, busy_before_run, running
 from bench.report import header
 from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
 
@@ -53,7 +53,6 @@ TARGET_THROUGHPUT_RATIO = 0.50
 TARGET_RSS_MB = 200.0
 TARGET_START_TO_SERVING_S = 2.0
 PROFILE_RATE_HZ = 100
-BUSY_MACHINE_CORES = 0.25  # more than this busy before the run: warn that figures will be noisy
 
 
 @dataclass(frozen=True)
@@ -300,10 +299,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BenchError as exc:
         print(f"bench: {exc}", file=sys.stderr)
         return 2
-    busy_before = machine_busy_cores(1.0)
-    if busy_before > BUSY_MACHINE_CORES:
-        print(f"bench: warning: {busy_before:.2f} cores already busy before the run; figures will be noisy"
-              " (ratios less so)", file=sys.stderr)
+    busy_before = busy_before_run()
     request = build_request()
     message = request.SerializeToString()
     out_path.parent.mkdir(parents=True, exist_ok=True)

@@ -201,6 +201,18 @@ def machine_busy_cores(sample_s: float = 1.0) -> float:
     return (os.cpu_count() or 1) * (busy1 - busy0) / max(1, total1 - total0)
 
 
+BUSY_MACHINE_CORES = 0.25  # more than this busy before a serving bench: warn that its figures will be noisy
+
+
+def busy_before_run() -> float:
+    """``machine_busy_cores`` over a second before a serving bench; warns on stderr above ``BUSY_MACHINE_CORES``."""
+    busy = machine_busy_cores(1.0)
+    if busy > BUSY_MACHINE_CORES:
+        print(f"bench: warning: {busy:.2f} cores already busy before the run; figures will be noisy (ratios less so)",
+              file=sys.stderr)
+    return busy
+
+
 class CpuWindow:
     """CPU use over a load window: the server (by thread), the loader (a waited-for child), the rest.
 

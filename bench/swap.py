@@ -55,7 +55,7 @@ import grpc
 from bench.load import real_server_argv, results_header
 from bench.loaders import Calls, _percentile, aio_calls, check_calls
 from bench.payload import build_request
-from bench.procs import HOST, REPO, BenchError, ServerProcess, machine_busy_cores, running
+from bench.procs import HOST, REPO, BenchError, ServerProcess, busy_before_run, running
 from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
 from server._gen.shopping_agent.v1 import shopping_agent_pb2_grpc as pb_grpc
 from weights.bundle import write_bundle
@@ -66,7 +66,6 @@ TARGET_INOTIFY_MS = 200.0
 TARGET_POLL_EXTRA_MS = 200.0  # poll-only: at most the poll interval plus this
 TARGET_P99_RATIO = 1.25
 TARGET_RSS_GROWTH = 0.10
-BUSY_MACHINE_CORES = 0.25
 MAX_CLIENT_CALLS = 2_000_000  # count bound of every client loop (their deadlines bound them first)
 
 
@@ -603,9 +602,7 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Settings, Path]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     settings, out_path = parse_args(argv)
-    busy_before = machine_busy_cores(1.0)
-    if busy_before > BUSY_MACHINE_CORES:
-        print(f"bench: warning: {busy_before:.2f} cores already busy before the run; figures will be noisy", file=sys.stderr)
+    busy_before = busy_before_run()
     request = build_request()
     bundles = Bundles()
     rng = random.Random(settings.seed)
