@@ -4,8 +4,16 @@
    segment by segment, reduced as it goes to each session's first decision (``trainer.session_index``:
    one row a session, never a Python object per id). On them the run's window and sample are
    chosen (``trainer.window.choose``): which sessions it reads.
-2. The wide pass: every segment again, each filtered to those sessions before it is kept (one
+2. The wide pass: the segments again, each filtered to those sessions before it is kept (one
    set lookup a segment), decisions and outcomes alike, the kept rows gathered into large batches.
+   A decision segment whose newest row is older than the earliest first decision of the chosen
+   sessions holds none of their rows (no decision of a session precedes its first), so it is not
+   decoded again: the narrow pass noted each segment's newest ``time_s``. With a window (the last
+   model version, the last hours) over a directory that keeps the whole history, the wide pass
+   then decodes the window's segments, not every embedding ever logged. Outcome segments are
+   all read (their rows carry no embeddings, and the server's ``received_s`` need not follow
+   the decision's ``time_s`` across two servers' clocks); so is a segment the narrow pass did
+   not see (one compacted in between is read from its parts).
 
 Under torchrun each rank keeps only its shard of the chosen sessions (``shard``: those whose keyed
 hash is ``rank`` modulo the world size), and the held-out side alone can be read for the gate
@@ -20,6 +28,7 @@ the whole tables (tested), with the window's session count from before the sampl
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -54,31 +63,60 @@ def read_window(source: DirectorySource, config: Any, shard: tuple[int, int] | N
     """The decisions and outcomes of ``config``'s window and sample, read in two passes (see the module doc): of its
     sessions those of ``shard = (rank, world)`` and (``part``, a mask of the chosen ids: an additional set, such as the
     gate's held-out sessions of every shard) those for which ``part`` holds; with neither, all of them."""
-    index = SessionIndex.of(_read(source, "decisions", "read.narrow", NARROW))
+    newest: dict[str, float] = {}
+    index = SessionIndex.of(_read(source, "decisions", "read.narrow", NARROW, newest=newest))
     sessions, in_window = choose(index, config.window_hours, config.window_versions, config.max_sessions, config.sample_key)
-    del index  # only the chosen ids are needed from here
     chosen = digest_of(sessions)
     if (shard is not None and shard[1] > 1) or part is not None:
         mask = shard_of(sessions, *shard) if shard is not None and shard[1] > 1 else np.zeros(len(sessions), dtype=np.bool_)
         sessions = sessions.filter(pa.array(mask | part(sessions) if part is not None else mask))
-    decisions = pa.Table.from_batches(list(_rows_of(_read(source, "decisions", "read.decisions"), sessions)),
+    skip = older_than(newest, earliest_start(index, sessions))
+    del index  # only the chosen ids are needed from here
+    decisions = pa.Table.from_batches(list(_rows_of(_read(source, "decisions", "read.decisions", skip=skip), sessions)),
                                       schema=SCHEMAS["decisions"])
     outcomes = pa.Table.from_batches(list(_rows_of(_read(source, "outcomes", "read.outcomes"), sessions)),
                                      schema=SCHEMAS["outcomes"])
     return Window(decisions, outcomes, versions_by_first_time(decisions), settings_of(config), in_window, chosen)
 
 
-def _read(source: DirectorySource, kind: str, stage: str, columns: tuple[str, ...] | None = None) -> Iterator[pa.Table]:
-    """Each segment of ``kind`` as one table (only ``columns``, when given, kept from each batch as it is read), with
-    the stage's progress (segments and rows read). A segment at a time, not a batch at a time: the recorder writes
-    small batches, and every filter on a batch would build its set of session ids again."""
+def earliest_start(index: SessionIndex, sessions: pa.ChunkedArray) -> float | None:
+    """The earliest first-decision ``time_s`` of these sessions (None: no session, or none with a finite time)."""
+    if len(sessions) == 0:
+        return None
+    times = index.sessions.filter(pc.is_in(index.sessions.column("session_id"), sessions.combine_chunks())).column("time_s")
+    if pc.any(pc.invert(pc.is_finite(times))).as_py():
+        return None  # a time that orders nothing (never logged by a server's clock): leave nothing out
+    low = pc.min(times).as_py()
+    return float(low) if low is not None else None
+
+
+def older_than(newest: dict[str, float], start: float | None) -> frozenset[str]:
+    """The segments whose newest decision is before ``start``: none of their rows belongs to a session that began at or
+    after it. ``start`` None (nothing chosen, or no time to compare): none is left out."""
+    if start is None:
+        return frozenset()
+    return frozenset(path for path, t in newest.items() if t < start)  # a NaN newest compares False: read
+
+
+def _read(source: DirectorySource, kind: str, stage: str, columns: tuple[str, ...] | None = None, *,
+          newest: dict[str, float] | None = None, skip: frozenset[str] = frozenset()) -> Iterator[pa.Table]:
+    """Each segment of ``kind`` but those in ``skip`` as one table (only ``columns``, when given, kept from each batch as
+    it is read), with the stage's progress (segments read and left out, rows read); ``newest``, when given, gets each
+    segment's newest ``time_s``. A segment at a time, not a batch at a time: the recorder writes small batches, and
+    every filter on a batch would build its set of session ids again."""
     paths = source.segments(kind)
     schema = SCHEMAS[kind] if columns is None else pa.schema([SCHEMAS[kind].field(c) for c in columns])
     with progress(stage, total=len(paths), unit="segment") as bar:
         for path in paths:
+            if path in skip:
+                bar.update(1, skipped=1)
+                continue
             batches = list(source.segment_batches(path, kind, columns))  # a columnar part reads only these
             table = pa.Table.from_batches(batches, schema=schema)
             del batches
+            if newest is not None:
+                top = pc.max(table.column("time_s")).as_py() if table.num_rows else None
+                newest[path] = float(top) if top is not None else -math.inf  # no rows: nothing of any session
             bar.update(1, rows=table.num_rows)
             yield table
             del table  # one decoded segment alive at a time, not two

@@ -194,3 +194,72 @@ def test_the_wide_pass_keeps_the_chosen_rows_in_order_across_segments_gathered_i
     assert [b.num_rows for b in batches] == [2, 3]  # at least 2 rows a batch; the last one is what is left
     assert [x for b in batches for x in b.column("x").to_pylist()] == [0, 2, 3, 5, 6]
     assert list(_rows_of(iter([schema.empty_table()]), pa.chunked_array([["a"]]), rows=2)) == []
+
+
+class _Counting(DirectorySource):
+    """A real source that notes which decision segments it decodes whole (the wide pass asks for every column)."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.wide: list[str] = []
+
+    def segment_batches(self, path: str, kind: str, columns: Any = None) -> Iterator[Any]:
+        if kind == "decisions" and columns is None:
+            self.wide.append(path)
+        return super().segment_batches(path, kind, columns)
+
+
+def _newest_times(source: DirectorySource) -> dict[str, float]:
+    return {p: max(t for b in source.segment_batches(p, "decisions", ["time_s"]) for t in b.column("time_s").to_pylist())
+            for p in source.segments("decisions")}
+
+
+def test_the_wide_pass_leaves_out_the_segments_older_than_the_chosen_sessions(logs: Path) -> None:
+    """The last version's window: the first version's segments (all logged at 1,000) are not decoded again; the
+    whole history's window reads every segment."""
+    newest = _newest_times(DirectorySource(logs))
+    assert sorted(set(newest.values())) == [1_000.0, 9_000.0]
+    last = _Counting(logs)
+    window = read_window(last, TrainConfig())
+    assert sorted(last.wide) == sorted(p for p, t in newest.items() if t == 9_000.0) and window.versions == ["later"]
+    everything = _Counting(logs)
+    read_window(everything, TrainConfig(window_versions=None))
+    assert sorted(everything.wide) == sorted(newest)
+
+
+def test_a_session_that_began_in_an_older_segment_keeps_all_its_rows(tmp_path: Path) -> None:
+    """A clock that moves: sessions run across segments. An hours window whose start falls inside the run: the
+    segments before its first chosen session are left out, and the window is still exactly the one selecting on
+    every row gives, sessions that span segments whole."""
+    import itertools
+
+    import pyarrow.compute as pc
+
+    from experience.recorder import ExperienceRecorder, RecorderOptions
+    from simulator.drive import run_in_process
+
+    model = ModelSet.load(fresh_bundle(), LoadOptions(warmup_batch=8))
+    ticks = itertools.count(0.0, 2.0)
+    recorder = ExperienceRecorder(tmp_path, b"t" * 32, RecorderOptions(segment_bytes=256 * 1024), clock=lambda: next(ticks))
+    try:
+        run_in_process(World(SimConfig(), 6), model, range(400), ZoneInfo("UTC"), recorder, batch=32)
+    finally:
+        recorder.close()
+    source = DirectorySource(tmp_path)
+    newest = _newest_times(source)
+    assert len(newest) >= 4
+    config = TrainConfig(window_versions=None, window_hours=(max(newest.values()) - sorted(newest.values())[1]) / 3600.0)
+    counting = _Counting(tmp_path)
+    read = read_window(counting, config)
+    whole = for_config(source.table("decisions"), source.table("outcomes"), config)
+    assert read.decisions.equals(whole.decisions) and read.outcomes.equals(whole.outcomes) and read.describe() == whole.describe()
+    assert 0 < len(counting.wide) < len(newest)  # something was left out, something read
+    by_segment = {p: set(pc.unique(pa_column(source, p)).to_pylist()) for p in counting.wide}
+    kept = set(read.decisions.column("session_id").to_pylist())
+    assert any(sum(s in ids for ids in by_segment.values()) > 1 for s in kept)  # a kept session spans segments
+
+
+def pa_column(source: DirectorySource, path: str) -> Any:
+    import pyarrow as pa
+
+    return pa.chunked_array([b.column("session_id") for b in source.segment_batches(path, "decisions", ["session_id"])])
