@@ -1,0 +1,151 @@
+"""How many held-out sessions the gate needs to certify a step: its paired DR interval at several sizes, and with a Q̂
+that knows what no learner can.
+
+    .venv/bin/python -m bench.gate_power --current A.bundle --candidate B.bundle     # world 7, 20,000 fresh sessions
+    .venv/bin/python -m bench.gate_power ... --sizes 4000,10000,20000 --json
+
+``--current`` serves ``--sessions`` fresh sessions of world ``--seed`` (from ``--first-session``, which
+must be disjoint from the sessions the two bundles were trained on) through the server's decision
+code and recorder; both bundles then play the same sessions in process, so the true difference
+is paired per chunk. The fresh logs are cut into disjoint chunks of each ``--sizes`` (the gate's
+held-out side: 6,000 sessions at the default sample), and on each chunk the gate's own
+``evaluate_bundle`` and ``gate`` (tolerance 0) judge candidate − current twice:
+
+- with the gate's Q̂ (``trainer.evaluation.q_features``: a projection of the state, page type,
+  position);
+- with an **oracle Q̂**: the same features plus the simulator's hidden intent of the session and
+  its product with the page type, fitted as always on the other folds of episodes. No learner can
+  have these; they say how much of the interval any better Q̂ could remove.
+
+Per size and Q̂: the mean interval width, the root-mean-square error against the paired truth,
+how often the interval held it, and how often the gate published. A bundle pair from
+``bench.loop --workdir W``: ``W/weights/history/<version before cycle k>.bundle`` and
+``W/candidate-<k>.bundle`` of a refused cycle ``k``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from bench.loop import SALT, UTC, intents, per_session
+from bench.procs import REPO
+from experience.objective import BusinessObjective
+from experience.segments import DirectorySource
+from experience.sessions import build_episodes
+from simulator.config import SimConfig
+from simulator.drive import run_in_process, run_logged
+from simulator.world import World
+from trainer import evaluation, offline
+from weights.bundle import read_bundle
+from weights.model_set import LoadOptions, ModelSet
+
+QFeatures = Callable[..., np.ndarray]
+
+
+def with_intent(intent_rows: Callable[[], np.ndarray]) -> QFeatures:
+    """The gate's Q̂ features plus the hidden intent one-hot and intent × page type (``intent_rows``: per step, in the
+    episodes' step order, of the chunk being judged)."""
+    gate_features = evaluation.q_features
+
+    def features(steps: Any, starts: np.ndarray, lengths: np.ndarray, seed: int = 0) -> np.ndarray:
+        base = gate_features(steps, starts, lengths, seed)
+        intent = intent_rows()
+        page = base[:, evaluation.PROJECTION_DIM : evaluation.PROJECTION_DIM + 5]
+        return np.concatenate([base, intent, (intent[:, :, None] * page[:, None, :]).reshape(len(base), -1)], axis=1)
+
+    return features
+
+
+def judged(candidate: ModelSet, current: ModelSet, d: pa.Table, o: pa.Table) -> dict[str, Any]:
+    new, old = evaluation.evaluate_bundle(candidate, d, o), evaluation.evaluate_bundle(current, d, o)
+    diff = offline.difference(new.report, old.report, "dr")
+    return {"dr": diff.value, "ci_low": diff.ci_low, "ci_high": diff.ci_high, "publish": evaluation.gate(new, old, 0.0).publish}
+
+
+def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    err = np.array([r["dr"] - r["truth"] for r in rows])
+    return {"chunks": len(rows), "mean_width": float(np.mean([r["ci_high"] - r["ci_low"] for r in rows])),
+            "rmse_vs_truth": float(math.sqrt(np.mean(err**2))),
+            "held_truth": sum(r["ci_low"] <= r["truth"] <= r["ci_high"] for r in rows), "published": sum(r["publish"] for r in rows)}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.gate_power", description=__doc__.splitlines()[0])
+    p.add_argument("--current", type=Path, required=True)
+    p.add_argument("--candidate", type=Path, required=True)
+    p.add_argument("--seed", type=int, default=7, help="the world")
+    p.add_argument("--sessions", type=int, default=20_000)
+    p.add_argument("--first-session", type=int, default=500_000)
+    p.add_argument("--sizes", default="4000,10000,20000", help="held-out sizes, comma-separated")
+    p.add_argument("--json", action="store_true", help="also write bench/results/gate_power.json")
+    args = p.parse_args(argv)
+    sizes = sorted({int(s) for s in args.sizes.split(",")})
+    if not (500 <= args.sessions <= 200_000 and all(200 <= s <= args.sessions for s in sizes)):
+        p.error("--sessions 500..200,000; every size 200..--sessions")
+    started = time.monotonic()
+    options = LoadOptions(device="cpu", warmup_batch=8)
+    world = World(SimConfig(), args.seed)
+    current, candidate = (ModelSet.load(read_bundle(b), options) for b in (args.current, args.candidate))
+    sessions = range(args.first_session, args.first_session + args.sessions)
+    with tempfile.TemporaryDirectory(prefix="gate-power-") as tmp:
+        trace, _ = run_logged(world, current, sessions, UTC, Path(tmp), SALT)
+        source = DirectorySource(tmp)
+        decisions, outcomes = source.table("decisions"), source.table("outcomes")
+    truth = per_session(run_in_process(world, candidate, sessions, UTC), world, sessions)["objective"] \
+        - per_session(trace, world, sessions)["objective"]
+    session_of = dict(zip(trace.decision_ids, (int(s.rsplit("-s", 1)[1]) for s in trace.decision_sessions), strict=True))
+    row_session = np.array([session_of[d] for d in decisions.column("decision_id").to_pylist()])
+    intent_of = intents(world, sessions)
+    keys = sorted(set(intent_of.values()))
+    chunk_intents: list[np.ndarray] = []
+    oracle = with_intent(lambda: chunk_intents[-1])
+    results: dict[str, Any] = {"sizes": {}}
+    for size in sizes:
+        rows: dict[str, list[dict[str, Any]]] = {"gate_q": [], "oracle_q": []}
+        for lo in range(args.first_session, args.first_session + args.sessions - size + 1, size):
+            mask = (row_session >= lo) & (row_session < lo + size)
+            d = decisions.filter(pa.array(mask))
+            o = outcomes.filter(pc.is_in(outcomes.column("session_id"), pc.unique(d.column("session_id"))))
+            steps = row_session[mask][np.asarray(build_episodes(d, o, BusinessObjective().episode_config()).rows)]
+            chunk_intents.append(np.eye(len(keys), dtype=np.float32)[[keys.index(intent_of[f"sim{args.seed}-s{s}"]) for s in steps]])
+            true = float(truth[lo - args.first_session : lo - args.first_session + size].mean())
+            rows["gate_q"].append({"truth": true, **judged(candidate, current, d, o)})
+            with mock.patch.object(evaluation, "q_features", oracle):
+                rows["oracle_q"].append({"truth": true, **judged(candidate, current, d, o)})
+            print(f"size {size:,} from {lo:,}: truth {true:+.2f}; "
+                  + "; ".join(f"{k} DR {r[-1]['dr']:+.2f} [{r[-1]['ci_low']:+.2f}, {r[-1]['ci_high']:+.2f}]" for k, r in rows.items()),
+                  file=sys.stderr, flush=True)
+        results["sizes"][str(size)] = {k: {**summary(r), "per_chunk": r} for k, r in rows.items()}
+    results.update({"world_seed": args.seed, "sessions": [sessions.start, sessions.stop], "current": current.version,
+                    "candidate": candidate.version, "true_difference": float(truth.mean()),
+                    "true_difference_ci95": 1.96 * float(truth.std(ddof=1)) / math.sqrt(len(truth)),
+                    "seconds": time.monotonic() - started})
+    print(f"candidate − current by the truth on all {len(truth):,} sessions: {results['true_difference']:+.2f} "
+          f"± {results['true_difference_ci95']:.2f}")
+    print("held-out sessions | Q̂ | chunks | mean width | RMSE vs truth | held the truth | published")
+    for size, by_q in results["sizes"].items():
+        for q, s in by_q.items():
+            print(f"{int(size):>9,} | {q} | {s['chunks']} | {s['mean_width']:.2f} | {s['rmse_vs_truth']:.2f} | "
+                  f"{s['held_truth']}/{s['chunks']} | {s['published']}/{s['chunks']}")
+    if args.json:
+        out = REPO / "bench" / "results" / "gate_power.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,36 @@
+"""The gate-power bench: its summary arithmetic, and a tiny end-to-end run on two real bundles."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench import gate_power
+from weights.initial import make_bundle
+
+
+def test_the_summary_counts_widths_errors_and_coverage() -> None:
+    rows = [{"truth": 1.0, "dr": 2.0, "ci_low": 0.0, "ci_high": 4.0, "publish": True},
+            {"truth": 1.0, "dr": -2.0, "ci_low": -3.0, "ci_high": 0.5, "publish": False}]
+    s = gate_power.summary(rows)
+    assert s == {"chunks": 2, "mean_width": 3.75, "rmse_vs_truth": pytest.approx((0.5 * (1 + 9)) ** 0.5), "held_truth": 1,
+                 "published": 1}
+
+
+def test_a_tiny_run_judges_every_chunk_with_both_q_models(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    current, candidate = tmp_path / "a.bundle", tmp_path / "b.bundle"
+    current.write_bytes(make_bundle(1, "a", "2026-12-01T00:00:00Z"))
+    candidate.write_bytes(make_bundle(2, "b", "2026-12-01T00:00:00Z"))
+    monkeypatch.setattr(gate_power, "REPO", tmp_path)  # the JSON goes under the test's directory
+    assert gate_power.main(["--current", str(current), "--candidate", str(candidate), "--sessions", "500",
+                            "--sizes", "250,500", "--json"]) == 0
+    result = json.loads((tmp_path / "bench" / "results" / "gate_power.json").read_text())
+    assert [result["sizes"][s]["gate_q"]["chunks"] for s in ("250", "500")] == [2, 1]
+    for by_q in result["sizes"].values():
+        for s in by_q.values():
+            assert s["mean_width"] > 0 and all(r["ci_low"] <= r["dr"] <= r["ci_high"] for r in s["per_chunk"])
+    gate, oracle = result["sizes"]["250"]["gate_q"]["per_chunk"], result["sizes"]["250"]["oracle_q"]["per_chunk"]
+    assert any(g["dr"] != o["dr"] for g, o in zip(gate, oracle, strict=True))  # the oracle's features were really used
+    assert result["current"] == "a" and result["candidate"] == "b"
