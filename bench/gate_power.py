@@ -26,7 +26,6 @@ how often the interval held it, and how often the gate published. A bundle pair 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import tempfile
@@ -41,7 +40,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from bench.loop import SALT, UTC, intents, per_session
-from bench.procs import REPO
+from bench.report import add_json_flag, header, write_results
 from experience.objective import BusinessObjective
 from experience.segments import DirectorySource
 from experience.sessions import build_episodes
@@ -90,12 +89,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--sessions", type=int, default=20_000)
     p.add_argument("--first-session", type=int, default=500_000)
     p.add_argument("--sizes", default="4000,10000,20000", help="held-out sizes, comma-separated")
-    p.add_argument("--json", action="store_true", help="also write bench/results/gate_power.json")
+    add_json_flag(p, "gate_power.json")
     args = p.parse_args(argv)
     sizes = sorted({int(s) for s in args.sizes.split(",")})
     if not (500 <= args.sessions <= 200_000 and all(200 <= s <= args.sessions for s in sizes)):
         p.error("--sessions 500..200,000; every size 200..--sessions")
-    started = time.monotonic()
+    started, started_wall = time.monotonic(), time.time()
     options = LoadOptions(device="cpu", warmup_batch=8)
     world = World(SimConfig(), args.seed)
     current, candidate = (ModelSet.load(read_bundle(b), options) for b in (args.current, args.candidate))
@@ -141,9 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{int(size):>9,} | {q} | {s['chunks']} | {s['mean_width']:.2f} | {s['rmse_vs_truth']:.2f} | "
                   f"{s['held_truth']}/{s['chunks']} | {s['published']}/{s['chunks']}")
     if args.json:
-        out = REPO / "bench" / "results" / "gate_power.json"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(results, indent=2) + "\n")
+        write_results(args.json, {**header("bench.gate_power", started_wall, argv), **results})
     return 0
 
 

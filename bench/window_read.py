@@ -37,6 +37,7 @@ from unittest import mock
 from zoneinfo import ZoneInfo
 
 from bench.procs import REPO
+from bench.report import add_json_flag, header, write_results
 from experience.recorder import resolve_salt
 from experience.segments import DirectorySource
 from simulator.config import SimConfig
@@ -92,10 +93,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--sessions", type=int, default=10_000, help="sessions logged per version")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--data", type=Path, help="log directory (default bench/results/window-<versions>x<sessions>)")
-    p.add_argument("--json", action="store_true")
+    add_json_flag(p, "window_read.json")
     args = p.parse_args(argv)
     if not (2 <= args.versions <= 50 and 100 <= args.sessions <= 200_000):
         p.error("--versions 2..50, --sessions 100..200,000")
+    started_wall = time.time()
     root = args.data or REPO / "bench" / "results" / f"window-{args.versions}x{args.sessions}"
     info_path = root / "bench-info.json"
     if info_path.exists():
@@ -126,9 +128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"  the whole history, pruned wide pass      {t_history:6.2f} s   {result['history_over_alone']:.2f}x")
     print(f"  the whole history, every segment decoded {t_every:6.2f} s   {result['every_segment_over_alone']:.2f}x")
     if args.json:
-        out = REPO / "bench" / "results" / "window_read.json"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=2) + "\n")
+        write_results(args.json, {**header("bench.window_read", started_wall, argv), **result})
     return 0
 
 

@@ -19,14 +19,13 @@ def test_the_summary_counts_widths_errors_and_coverage() -> None:
                  "published": 1}
 
 
-def test_a_tiny_run_judges_every_chunk_with_both_q_models(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_tiny_run_judges_every_chunk_with_both_q_models(tmp_path: Path) -> None:
     current, candidate = tmp_path / "a.bundle", tmp_path / "b.bundle"
     current.write_bytes(make_bundle(1, "a", "2026-12-01T00:00:00Z"))
     candidate.write_bytes(make_bundle(2, "b", "2026-12-01T00:00:00Z"))
-    monkeypatch.setattr(gate_power, "REPO", tmp_path)  # the JSON goes under the test's directory
     assert gate_power.main(["--current", str(current), "--candidate", str(candidate), "--sessions", "500",
-                            "--sizes", "250,500", "--json"]) == 0
-    result = json.loads((tmp_path / "bench" / "results" / "gate_power.json").read_text())
+                            "--sizes", "250,500", "--json", str(tmp_path / "out.json")]) == 0
+    result = json.loads((tmp_path / "out.json").read_text())
     assert [result["sizes"][s]["gate_q"]["chunks"] for s in ("250", "500")] == [2, 1]
     for by_q in result["sizes"].values():
         for s in by_q.values():
