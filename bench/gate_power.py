@@ -6,8 +6,8 @@ that knows what no learner can.
 
 ``--current`` serves ``--sessions`` fresh sessions of world ``--seed`` (from ``--first-session``, which
 must be disjoint from the sessions the two bundles were trained on) through the server's decision
-code and recorder; both bundles then play the same sessions in process, so the true difference
-is paired per chunk. The fresh logs are cut into disjoint chunks of each ``--sizes`` (the gate's
+code and recorder (its trace is its truth), and the candidate plays the same sessions in process,
+so the true difference is paired per chunk. The fresh logs are cut into disjoint chunks of each ``--sizes`` (the gate's
 held-out side: 6,000 sessions at the default sample), and on each chunk the gate's own
 ``evaluate_bundle`` and ``gate`` (tolerance 0) judge candidate − current twice:
 

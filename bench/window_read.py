@@ -108,21 +108,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = TrainConfig()  # the last version, at most max_sessions of it
     alone = root.with_name(root.name + "-last")
     if not alone.exists():
-        last_version_only(root, alone, f"v{args.versions - 1:02d}")
+        last_version_only(root, alone, f"v{int(info['versions']) - 1:02d}")  # the data's own, if --data was reused
 
     t_alone, w_alone = timed_read(alone, config)
     t_history, w_history = timed_read(root, config)
     with mock.patch.object(reading, "older_than", lambda newest, start: frozenset()):  # the read before the pruning
         t_every, w_every = timed_read(root, config)
     for w in (w_history, w_every):
-        assert w.decisions.equals(w_alone.decisions) and w.outcomes.equals(w_alone.outcomes), "the windows differ"
+        if not (w.decisions.equals(w_alone.decisions) and w.outcomes.equals(w_alone.outcomes)):
+            raise SystemExit(f"{root}: the three reads gave different windows (regenerated history? delete {alone})")
     source = DirectorySource(root)
     result = {"data": str(root), "generated": info, "segments_in_history": len(source.segments("decisions")),
               "segments_of_window": len(DirectorySource(alone).segments("decisions")),
               "window_decisions": w_alone.decisions.num_rows, "window_sessions": w_alone.describe()["sessions"],
               "read_window_alone_s": t_alone, "read_history_s": t_history, "read_history_every_segment_s": t_every,
               "history_over_alone": t_history / t_alone, "every_segment_over_alone": t_every / t_alone}
-    print(f"window: the last of {args.versions} versions, {result['window_decisions']:,} decisions of "
+    print(f"window: the last of {info['versions']} versions, {result['window_decisions']:,} decisions of "
           f"{result['window_sessions']:,} sessions; {result['segments_of_window']} of {result['segments_in_history']} decision segments")
     print(f"  the window's segments alone (baseline)   {t_alone:6.2f} s   1.00x")
     print(f"  the whole history, pruned wide pass      {t_history:6.2f} s   {result['history_over_alone']:.2f}x")

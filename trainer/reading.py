@@ -80,22 +80,33 @@ def read_window(source: DirectorySource, config: Any, shard: tuple[int, int] | N
 
 
 def earliest_start(index: SessionIndex, sessions: pa.ChunkedArray) -> float | None:
-    """The earliest first-decision ``time_s`` of these sessions (None: no session, or none with a finite time)."""
+    """The earliest first-decision ``time_s`` of these sessions: ``inf`` when there are none (no segment can hold a
+    row of theirs), None when one of them has no finite time (then nothing may be left out)."""
     if len(sessions) == 0:
-        return None
+        return math.inf
     times = index.sessions.filter(pc.is_in(index.sessions.column("session_id"), sessions.combine_chunks())).column("time_s")
-    if pc.any(pc.invert(pc.is_finite(times))).as_py():
+    if times.null_count or pc.any(pc.invert(pc.is_finite(times))).as_py():
         return None  # a time that orders nothing (never logged by a server's clock): leave nothing out
-    low = pc.min(times).as_py()
-    return float(low) if low is not None else None
+    return float(pc.min(times).as_py())
+
+
+def newest_time(table: pa.Table) -> float:
+    """A segment's newest ``time_s``: ``-inf`` without rows (nothing of any session there), ``inf`` when any of its times
+    is null or not finite (Arrow's max would pass over those rows, and the segment must then always be read)."""
+    if table.num_rows == 0:
+        return -math.inf
+    times = table.column("time_s")
+    if times.null_count or pc.any(pc.invert(pc.is_finite(times))).as_py():
+        return math.inf
+    return float(pc.max(times).as_py())
 
 
 def older_than(newest: dict[str, float], start: float | None) -> frozenset[str]:
     """The segments whose newest decision is before ``start``: none of their rows belongs to a session that began at or
-    after it. ``start`` None (nothing chosen, or no time to compare): none is left out."""
+    after it. ``start`` None: none is left out."""
     if start is None:
         return frozenset()
-    return frozenset(path for path, t in newest.items() if t < start)  # a NaN newest compares False: read
+    return frozenset(path for path, t in newest.items() if t < start)
 
 
 def _read(source: DirectorySource, kind: str, stage: str, columns: tuple[str, ...] | None = None, *,
@@ -115,8 +126,7 @@ def _read(source: DirectorySource, kind: str, stage: str, columns: tuple[str, ..
             table = pa.Table.from_batches(batches, schema=schema)
             del batches
             if newest is not None:
-                top = pc.max(table.column("time_s")).as_py() if table.num_rows else None
-                newest[path] = float(top) if top is not None else -math.inf  # no rows: nothing of any session
+                newest[path] = newest_time(table)
             bar.update(1, rows=table.num_rows)
             yield table
             del table  # one decoded segment alive at a time, not two

@@ -263,3 +263,27 @@ def pa_column(source: DirectorySource, path: str) -> Any:
     import pyarrow as pa
 
     return pa.chunked_array([b.column("session_id") for b in source.segment_batches(path, "decisions", ["session_id"])])
+
+
+def test_a_segment_with_a_time_that_orders_nothing_is_always_read() -> None:
+    """Arrow's max passes over NaN and null: such a segment's newest is +inf (never left out), an empty one's -inf, and
+    a chosen session without a finite first time turns the pruning off; no chosen session leaves out everything."""
+    import math
+
+    import pyarrow as pa
+
+    from trainer.reading import earliest_start, newest_time, older_than
+    from trainer.session_index import SessionIndex
+
+    def times(*t: float | None) -> pa.Table:
+        return pa.table({"time_s": pa.array(t, pa.float64())})
+
+    assert newest_time(times(1.0, 5.0)) == 5.0 and newest_time(times()) == -math.inf
+    assert newest_time(times(float("nan"), 5.0)) == math.inf and newest_time(times(None, 5.0)) == math.inf
+    assert older_than({"a": 5.0, "b": math.inf, "c": -math.inf, "d": 10.0}, 10.0) == {"a", "c"}
+    assert older_than({"a": 5.0}, None) == frozenset()
+    index = SessionIndex.of([pa.table({"session_id": ["s", "t", "u"], "time_s": [3.0, float("nan"), 7.0],
+                                       "model_version": ["v", "v", "v"]})])
+    assert earliest_start(index, pa.chunked_array([["s", "u"]])) == 3.0
+    assert earliest_start(index, pa.chunked_array([["s", "t"]])) is None
+    assert earliest_start(index, pa.chunked_array([pa.array([], pa.string())])) == math.inf
