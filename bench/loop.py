@@ -248,6 +248,24 @@ def _gate_summary(report: dict[str, Any]) -> dict[str, Any]:
     return keep
 
 
+def gate_against_truth(entry: dict[str, Any], previous: dict[str, Any]) -> dict[str, Any] | None:
+    """What the gate estimated for the bundle it judged (new − current, DR, its interval) next to that bundle's paired
+    true difference on the truth sessions: a published bundle against the one it replaced, a refused candidate
+    against the bundle it was compared with. None when the cycle judged nothing (no difference in its report)."""
+    difference = (entry.get("gate") or {}).get("difference")
+    if not difference:
+        return None
+    if entry["exit"] == 0:
+        truth = paired(entry["truth"], previous["truth"])
+    elif "refused_candidate" in entry:
+        truth = entry["refused_candidate"]["vs_served"]
+    else:
+        return None
+    low, high = float(difference["ci_low"]), float(difference["ci_high"])
+    return {"dr": float(difference["value"]), "ci_low": low, "ci_high": high, "truth": truth["mean"],
+            "held": bool(low <= truth["mean"] <= high)}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.loop", description=__doc__.splitlines()[0])
     p.add_argument("--cycles", type=int, default=5)
@@ -324,10 +342,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 vw = train_vw(mine, mine_o, features)
                 entry["vw"] = scored("vw cb_adf", play(world, truth, vw_chooser(vw, features)), world, truth)
                 vw.finish()
+            entry["gate_vs_truth"] = gate_against_truth(entry, cycles[-1])
             cycles.append(entry)
             t = entry["truth"]["objective"]
             print(f"cycle {c}: exit {code}, {active.version}, objective {t['mean']:.2f} [{t['ci_low']:.2f}, {t['ci_high']:.2f}]"
                   + (f", refused candidate {entry['refused_candidate']['objective']['mean']:.2f}" if "refused_candidate" in entry else "")
+                  + (f", gate DR {g['dr']:+.2f} [{g['ci_low']:+.2f}, {g['ci_high']:+.2f}] for a true {g['truth']:+.2f}"
+                     f" ({'held' if g['held'] else 'missed'})" if (g := entry["gate_vs_truth"]) else "")
                   + (f", vw {entry['vw']['objective']['mean']:.2f}" if vw_ok else "") + f" ({time.monotonic() - t0:.0f} s)", flush=True)
 
     final = cycles[-1]
@@ -341,12 +362,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         model = ModelSet.load(new_bundle, dataclasses.replace(options, guard_threshold=threshold))
         guard[name] = scored(name, run_in_process(world, model, truth, UTC), world, truth)
         guard[name]["vs_shipped"] = paired(final["truth"], guard[name])
+    judged = [c["gate_vs_truth"] for c in cycles[1:] if c.get("gate_vs_truth")]
     targets = {
         "vs_best_constant": paired(final["truth"], best_constant),
         "vs_vw": paired(final["truth"], final["vw"]) if vw_ok else None,
         "share_of_intent_policy": final["truth"]["objective"]["mean"] / oracle["objective"]["mean"],
         "no_cycle_worse_beyond_ci": all(paired(b["truth"], a["truth"])["ci_high"] >= 0 for a, b in pairwise(cycles)),
         "cycle_vs_previous": [paired(b["truth"], a["truth"]) for a, b in pairwise(cycles)],
+        "gate_intervals_held": [sum(bool(j["held"]) for j in judged), len(judged)],  # the gate's DR intervals vs the truth
     }
     targets["met"] = bool(targets["vs_best_constant"]["ci_low"] > 0 and (not vw_ok or targets["vs_vw"]["ci_low"] > 0)
                           and targets["share_of_intent_policy"] >= 0.8 and targets["no_cycle_worse_beyond_ci"])
