@@ -37,7 +37,14 @@ reproducible results are now set as well: fixed thread counts, and the strict mo
 simulated sessions and computes the logged propensities, has no such switch, and no build has been
 compared on a CPU without AVX-512.
 ``--check`` rebuilds and compares the bytes, or, where rounding may still differ, the networks'
-outputs within 1e-3.
+outputs within 1e-3. That holds on the kind of machine that built the bundle, recorded beside it
+(``default.built-on.json``: the CPU, its kernel-picking instruction sets, the package versions).
+On 2026-12-02, on an AMD EPYC of CPU family 26 with the same package versions, a rebuild gave the
+same gate estimate (to 4·10⁻⁵) and the same true value (to four decimals) as the bundle an earlier
+session's machine had built, but networks whose outputs on the check's random states differ by
+0.085; two builds here gave identical bytes. So the pins above do not hold across CPU models
+(which library's arithmetic differs is not pinned down). ``--built-here`` says whether this
+machine is the recorded kind; the test suite runs the check only where it is.
 
 Run: ``python scripts/build_default_bundle.py [--check]``
 """
@@ -46,6 +53,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import os
 import sys
 import tempfile
@@ -77,6 +85,12 @@ TRAIN_SEED = 0
 EVAL_SEED, EVAL_SESSIONS = 2026, 3000
 LOG_CLOCK_S = 1_795_996_800.0  # 2026-12-01T00:00:00Z: the first cycle's server time, fixed; each cycle 2 h later
 TARGET = ROOT / "weights" / "data" / "default.bundle"
+BUILT_ON = TARGET.with_suffix(".built-on.json")
+"""Where the checked-in bundle was built: the CPU (vendor, model, the instruction sets that pick kernels) and the
+versions of the packages whose arithmetic it depends on (``build_environment``)."""
+KERNEL_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile",
+                "amx_bf16", "amx_int8")
+ENVIRONMENT_DIFFERS = 3  # --check: the bundle was built elsewhere, so its bytes are not expected here
 TORCH_THREADS = 2  # intra-op work is split by this, not by the cores: the same reductions on any machine
 
 
@@ -148,6 +162,37 @@ def build() -> bytes:
                                 "offline_dr_minus_current": verdict.difference.value})
 
 
+def build_environment() -> dict[str, object]:
+    """What the build's bytes depend on beyond the code: the CPU model and its instruction sets (by which the numeric
+    libraries pick kernels; the pins do not hold across CPU models, see the module doc) and the packages' versions."""
+    import importlib.metadata
+    import platform
+
+    info: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() in ("vendor_id", "model name", "cpu family", "model", "flags") and key.strip() not in info:
+                info[key.strip()] = value.strip()
+    except OSError:
+        pass
+    flags = set(info.pop("flags", "").split())
+    packages = {name: importlib.metadata.version(name) for name in ("numpy", "onnxruntime", "torch", "pyarrow", "onnx")}
+    return {"machine": platform.machine(), "cpu": info, "kernel_flags": [f for f in KERNEL_FLAGS if f in flags],
+            "python": platform.python_version(), "packages": packages}
+
+
+def built_here() -> tuple[bool, str]:
+    """Whether this machine is the kind the checked-in bundle was built on (``BUILT_ON``), and if not, how it differs."""
+    try:
+        recorded = json.loads(BUILT_ON.read_text())
+    except (OSError, ValueError):
+        return False, f"{BUILT_ON.name} is missing or unreadable"
+    here = build_environment()
+    differs = [k for k in here if here[k] != recorded.get(k)]
+    return not differs, "; ".join(f"{k}: built on {recorded.get(k)}, here {here[k]}" for k in differs)
+
+
 def same_networks(a: bytes, b: bytes, tolerance: float = 1e-3) -> float:
     """Largest difference of the two bundles' outputs on random states (inf when their manifests differ in kind)."""
     ma, mb = (ModelSet.load(read_bundle(x), LoadOptions(device="cpu", warmup_batch=1)) for x in (a, b))
@@ -162,7 +207,13 @@ def same_networks(a: bytes, b: bytes, tolerance: float = 1e-3) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="exit 1 if the checked-in bundle differs from a rebuild")
+    parser.add_argument("--built-here", action="store_true",
+                        help=f"exit 0 if this machine is the kind the bundle was built on, {ENVIRONMENT_DIFFERS} (and why) if not")
     args = parser.parse_args()
+    if args.built_here:
+        same, why = built_here()
+        print("built on this kind of machine" if same else f"built elsewhere: {why}")
+        return 0 if same else ENVIRONMENT_DIFFERS
     data = build()
     if args.check:
         current = TARGET.read_bytes()
@@ -176,7 +227,8 @@ def main() -> int:
         print(f"{TARGET} differs from a rebuild (outputs differ by {diff:.3g}); run python scripts/build_default_bundle.py")
         return 1
     TARGET.write_bytes(data)
-    print(f"wrote {TARGET} ({len(data)} bytes)")
+    BUILT_ON.write_text(json.dumps(build_environment(), indent=1, sort_keys=True) + "\n")
+    print(f"wrote {TARGET} ({len(data)} bytes) and {BUILT_ON.name}")
     return 0
 
 

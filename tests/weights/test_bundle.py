@@ -92,8 +92,17 @@ def test_make_bundle_is_deterministic_and_seeded() -> None:
 
 
 def test_embedded_default_is_reproducible_from_the_build_script() -> None:
-    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "build_default_bundle.py"), "--check"],
-                            cwd=ROOT, capture_output=True, text=True, timeout=420, check=False)
+    """Bit for bit (or within 1e-3 of its outputs) on the kind of machine that built it, recorded beside it. The build's
+    pins do not hold across CPU models (scripts/build_default_bundle.py), so on another kind the check cannot hold and
+    is skipped, naming what differs (``--built-here``)."""
+    script = str(ROOT / "scripts" / "build_default_bundle.py")
+    here = subprocess.run([sys.executable, script, "--built-here"], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          check=False)
+    if here.returncode == 3:
+        pytest.skip(f"the embedded default was {here.stdout.strip()}")
+    assert here.returncode == 0, here.stdout + here.stderr
+    result = subprocess.run([sys.executable, script, "--check"], cwd=ROOT, capture_output=True, text=True, timeout=420,
+                            check=False)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
