@@ -90,7 +90,7 @@ BUILT_ON = TARGET.with_suffix(".built-on.json")
 versions of the packages whose arithmetic it depends on (``build_environment``)."""
 KERNEL_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile",
                 "amx_bf16", "amx_int8")
-ENVIRONMENT_DIFFERS = 3  # --check: the bundle was built elsewhere, so its bytes are not expected here
+ENVIRONMENT_DIFFERS = 3  # --built-here: the bundle was built on another kind of machine, so its bytes are not expected here
 TORCH_THREADS = 2  # intra-op work is split by this, not by the cores: the same reductions on any machine
 
 
@@ -177,7 +177,12 @@ def build_environment() -> dict[str, object]:
     except OSError:
         pass
     flags = set(info.pop("flags", "").split())
-    packages = {name: importlib.metadata.version(name) for name in ("numpy", "onnxruntime", "torch", "pyarrow", "onnx")}
+    packages: dict[str, str | None] = {}
+    for name in ("numpy", "onnxruntime", "torch", "pyarrow", "onnx"):
+        try:
+            packages[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:  # onnxruntime-gpu on a CUDA node, say: another kind of machine
+            packages[name] = None
     return {"machine": platform.machine(), "cpu": info, "kernel_flags": [f for f in KERNEL_FLAGS if f in flags],
             "python": platform.python_version(), "packages": packages}
 
