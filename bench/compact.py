@@ -26,6 +26,7 @@ from typing import Any
 
 from bench.log_read import generate
 from bench.procs import REPO
+from bench.report import kept_logs
 
 
 def _bytes(root: Path) -> int:
@@ -57,9 +58,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "compact.json")
     args = p.parse_args(argv)
     root = args.data or REPO / "bench" / "results" / f"logs-{args.decisions}"
-    if not (root / "bench-info.json").exists():
-        generate(root, args.decisions, 0)
-    results: dict[str, Any] = {"decisions": json.loads((root / "bench-info.json").read_text())["decisions"]}
+    info = kept_logs(root, lambda: generate(root, args.decisions, 0))
+    results: dict[str, Any] = {"decisions": info["decisions"]}
     with tempfile.TemporaryDirectory(prefix="bench-compact-", dir=root.parent) as tmp:
         parts = Path(shutil.copytree(root, Path(tmp) / "logs"))
         started = time.perf_counter()

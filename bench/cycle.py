@@ -25,6 +25,7 @@ from pathlib import Path
 
 from bench.log_read import generate
 from bench.procs import HWM_CHILD, REPO, hwm_mb
+from bench.report import kept_logs
 from trainer.config import TrainConfig
 
 TARGET_S = 600.0
@@ -42,8 +43,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "cycle.json")
     args = p.parse_args(argv)
     root = args.data or REPO / "bench" / "results" / f"logs-{args.decisions}"
-    if not (root / "bench-info.json").exists():
-        generate(root, args.decisions, 0)
+    kept_logs(root, lambda: generate(root, args.decisions, 0))  # generated once, kept
     with tempfile.TemporaryDirectory(prefix="bench-cycle-") as tmp:
         cmd = [sys.executable, "-c", HWM_CHILD, "cycle", "--logs", str(root), "--weights-dir", str(Path(tmp) / "weights"),
                "--device", args.device, "--json", "--candidate-out", str(args.out.with_suffix(".bundle"))]

@@ -31,6 +31,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from bench.procs import REPO
+from bench.report import INFO_NAME, kept_logs
 from experience.recorder import resolve_salt
 from experience.returns import discounted_returns, mean_return, session_returns
 from experience.segments import DirectorySource
@@ -57,10 +58,8 @@ def generate(root: Path, decisions: int, seed: int) -> dict[str, Any]:
         first, total = first + n, total + len(trace.decision_ids)
         written = {k: written[k] + chunk[k] for k in written}
         print(f"  generated {total:,} decisions ({first:,} sessions)", file=sys.stderr)
-    info = {"decisions": written["decisions"], "outcomes": written["outcomes"], "sessions": first,
+    return {"decisions": written["decisions"], "outcomes": written["outcomes"], "sessions": first,
             "seed": seed, "generate_s": round(time.monotonic() - started, 1)}
-    (root / "bench-info.json").write_text(json.dumps(info) + "\n")
-    return info
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -73,12 +72,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not 1000 <= args.decisions <= 5_000_000:
         p.error("--decisions: 1000 .. 5,000,000")
     root = args.data or REPO / "bench" / "results" / f"logs-{args.decisions}"
-    info_path = root / "bench-info.json"
-    if info_path.exists():
-        info = json.loads(info_path.read_text())
-    else:
+    if not (root / INFO_NAME).exists():
         print(f"generating {args.decisions:,} logged decisions in {root} ...", file=sys.stderr)
-        info = generate(root, args.decisions, args.seed)
+    info = kept_logs(root, lambda: generate(root, args.decisions, args.seed))
     source = DirectorySource(root)
     segments = [Path(s) for s in (*source.segments("decisions"), *source.segments("outcomes"))]
     size = sum(s.stat().st_size for s in segments)

@@ -31,6 +31,7 @@ from typing import Any
 
 from bench.log_read import generate
 from bench.procs import HWM_CHILD, REPO
+from bench.report import kept_logs
 
 FLOOR_SESSIONS = 200
 """The floor: ``train`` on a sample of this many sessions, what every rank holds whatever its shard (torch, the
@@ -82,10 +83,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "ranks.json")
     args = p.parse_args(argv)
     root = args.data or REPO / "bench" / "results" / f"logs-{args.decisions}"
-    if not (root / "bench-info.json").exists():
-        generate(root, args.decisions, 0)
+    info = kept_logs(root, lambda: generate(root, args.decisions, 0))
     torchrun = Path(sys.executable).parent / "torchrun"
-    info = json.loads((root / "bench-info.json").read_text())
     results: dict[str, Any] = {"decisions": info["decisions"], "sessions": info["sessions"]}
     with tempfile.TemporaryDirectory(prefix="bench-ranks-") as tmp:
         options = ["--logs", str(root), "--device", "cpu", "--version", "bench-ranks"]

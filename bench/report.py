@@ -9,7 +9,7 @@ import os
 import platform
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,20 @@ def header(module: str, started: float, argv: Sequence[str] | None, **machine: A
         "wall_s": round(time.time() - started, 1),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(), **machine},
     }
+
+
+INFO_NAME = "bench-info.json"  # beside generated logs a bench keeps: what generated them
+
+
+def kept_logs(root: Path, generate: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """What generated the logs under ``root`` (its ``INFO_NAME``), calling ``generate`` first when they are not there yet;
+    the info is written only after ``generate`` returns, so a run cut short generates again."""
+    info_path = root / INFO_NAME
+    if info_path.exists():
+        return dict(json.loads(info_path.read_text()))
+    info = generate()
+    info_path.write_text(json.dumps(info) + "\n")
+    return info
 
 
 def write_results(path: Path, results: dict[str, Any]) -> None:

@@ -26,7 +26,6 @@ index, so it is decoded whole there; compacted parts (``logs compact``) read onl
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sys
 import time
@@ -37,7 +36,7 @@ from unittest import mock
 from zoneinfo import ZoneInfo
 
 from bench.procs import REPO
-from bench.report import add_json_flag, header, write_results
+from bench.report import INFO_NAME, add_json_flag, header, kept_logs, write_results
 from experience.recorder import resolve_salt
 from experience.segments import DirectorySource
 from simulator.config import SimConfig
@@ -57,9 +56,7 @@ def generate(root: Path, versions: int, sessions: int, seed: int) -> dict[str, A
         model = ModelSet.load(read_bundle(make_bundle(1000 + v, f"v{v:02d}", "2026-12-01T00:00:00Z")), LoadOptions(warmup_batch=256))
         run_logged(world, model, range(v * sessions, (v + 1) * sessions), ZoneInfo("UTC"), root, salt)
         print(f"  generated version {v + 1} of {versions}", file=sys.stderr)
-    info = {"versions": versions, "sessions_per_version": sessions, "seed": seed, "generate_s": round(time.monotonic() - started, 1)}
-    (root / "bench-info.json").write_text(json.dumps(info) + "\n")
-    return info
+    return {"versions": versions, "sessions_per_version": sessions, "seed": seed, "generate_s": round(time.monotonic() - started, 1)}
 
 
 def last_version_only(history: Path, target: Path, version: str) -> None:
@@ -99,12 +96,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error("--versions 2..50, --sessions 100..200,000")
     started_wall = time.time()
     root = args.data or REPO / "bench" / "results" / f"window-{args.versions}x{args.sessions}"
-    info_path = root / "bench-info.json"
-    if info_path.exists():
-        info = json.loads(info_path.read_text())
-    else:
+    if not (root / INFO_NAME).exists():
         print(f"generating {args.versions} versions of {args.sessions:,} sessions in {root} ...", file=sys.stderr)
-        info = generate(root, args.versions, args.sessions, args.seed)
+    info = kept_logs(root, lambda: generate(root, args.versions, args.sessions, args.seed))
     config = TrainConfig()  # the last version, at most max_sessions of it
     alone = root.with_name(root.name + "-last")
     if not alone.exists():
