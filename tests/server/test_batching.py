@@ -199,16 +199,22 @@ def test_a_pause_ends_as_soon_as_max_batch_requests_wait() -> None:
     asyncio.run(main())
 
 
+async def keep_asking(batcher: MicroBatcher, model: Model, asked: list[asyncio.Future[Decision]], go_on: Callable[[], bool],
+                     seconds: float, every_s: float) -> None:
+    """A stream: a request every ``every_s`` while ``go_on()`` holds, for at most ``seconds`` (the futures go to ``asked``)."""
+    stop = time.perf_counter() + seconds
+    while go_on() and time.perf_counter() < stop:
+        asked.append(ask(batcher, model, f"s{len(asked)}"))
+        await asyncio.sleep(every_s)
+
+
 def test_a_pause_lasts_at_most_max_delay_while_requests_keep_coming() -> None:
     async def main() -> None:
         model = Model(run_s=0.01)
         batcher = await pausing_after_a_pair(model, gap_s=1.0, max_delay_s=0.3)
         paused_from = model.ended[-1]
-        stop = time.perf_counter() + 3.0
         asked: list[asyncio.Future[Decision]] = []
-        while len(model.calls) < 3 and time.perf_counter() < stop:  # requests never stop coming
-            asked.append(ask(batcher, model, f"s{len(asked)}"))
-            await asyncio.sleep(0.02)
+        await keep_asking(batcher, model, asked, lambda: len(model.calls) < 3, 3.0, 0.02)  # requests never stop coming
         assert len(model.calls) == 3, "the pause never ended"
         assert len(model.calls[1]) > 1  # it did gather ...
         assert 0.25 <= model.ended[1] - paused_from < 1.0  # ... until max_delay_s (0.3 s), not the stream, ended it
@@ -253,20 +259,34 @@ def test_a_stream_of_requests_is_no_population() -> None:
         await learn_three_callers(batcher, model, 3)
         assert batcher._population == 3
         asked: list[asyncio.Future[Decision]] = []
-        stop = time.perf_counter() + 4.0
-        while batcher._population and time.perf_counter() < stop:  # requests never stop coming
-            asked.append(ask(batcher, model, f"s{len(asked)}"))
-            await asyncio.sleep(0.01)
+        await keep_asking(batcher, model, asked, lambda: bool(batcher._population), 4.0, 0.01)  # requests never stop coming
         assert batcher._population == 0, "a recheck never let the stream's bound end a pause"
         forgotten_at = len(model.calls)
-        until_s = time.perf_counter() + 0.8
-        while time.perf_counter() < until_s:  # the stream goes on: nothing is learnt again, batches stay large
-            asked.append(ask(batcher, model, f"s{len(asked)}"))
-            await asyncio.sleep(0.01)
-            assert batcher._population == 0
+        started = time.perf_counter()
+        await keep_asking(batcher, model, asked, lambda: batcher._population == 0, 0.8, 0.01)  # the stream goes on ...
+        assert batcher._population == 0 and time.perf_counter() - started >= 0.8  # ... and nothing is learnt again
         later = [len(call) for call in model.calls[forgotten_at:]]
         assert later and min(later[:-1] or later) > 3, later  # each pause ran to its bound (0.3 s: ~25 requests)
         await within(asyncio.gather(*asked))
+        await within(batcher.close())
+
+    asyncio.run(main())
+
+
+def test_a_pause_its_bound_ends_short_of_the_learnt_count_forgets_it() -> None:
+    async def main() -> None:
+        model = Model(run_s=0.002)
+        batcher = await pausing_after_a_pair(model, gap_s=0.2, max_delay_s=0.3)
+        await learn_three_callers(batcher, model, 3)
+        assert batcher._population == 3
+
+        async def call(c: int) -> Decision:  # two callers 0.15 s apart: no gap of quiet before the bound, two not three
+            await asyncio.sleep(0.15 * c)
+            return await ask(batcher, model, f"two{c}")
+
+        await within(asyncio.gather(call(0), call(1)))
+        assert model.calls[-1] == ["two0", "two1"]
+        assert batcher._population == 0, "kept until a recheck, though the bound ended the pause short of it"
         await within(batcher.close())
 
     asyncio.run(main())
