@@ -29,11 +29,13 @@ import argparse
 import shutil
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 from unittest import mock
 from zoneinfo import ZoneInfo
+
+import pyarrow as pa
 
 from bench.procs import REPO
 from bench.report import INFO_NAME, add_json_flag, header, kept_logs, write_results
@@ -78,10 +80,25 @@ def last_version_only(history: Path, target: Path, version: str) -> None:
         shutil.copy2(history / ".user-salt", target / ".user-salt")
 
 
-def timed_read(root: Path, config: TrainConfig) -> tuple[float, Any]:
+class DecodeCounting(DirectorySource):
+    """A real source that notes which decision segments it decodes whole (the wide pass asks for every column)."""
+
+    def __init__(self, root: Path | str) -> None:
+        super().__init__(root)
+        self.wide: list[str] = []
+
+    def segment_batches(self, path: str, kind: str, columns: Sequence[str] | None = None) -> Iterator[pa.RecordBatch]:
+        if kind == "decisions" and columns is None:
+            self.wide.append(path)
+        return super().segment_batches(path, kind, columns)
+
+
+def timed_read(root: Path, config: TrainConfig) -> tuple[float, Any, int]:
+    """Seconds, the window, and how many decision segments the wide pass decoded."""
+    source = DecodeCounting(root)
     t0 = time.perf_counter()
-    window = reading.read_window(DirectorySource(root), config)
-    return time.perf_counter() - t0, window
+    window = reading.read_window(source, config)
+    return time.perf_counter() - t0, window, len(source.wide)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -104,10 +121,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not alone.exists():
         last_version_only(root, alone, f"v{int(info['versions']) - 1:02d}")  # the data's own, if --data was reused
 
-    t_alone, w_alone = timed_read(alone, config)
-    t_history, w_history = timed_read(root, config)
+    t_alone, w_alone, n_alone = timed_read(alone, config)
+    t_history, w_history, n_history = timed_read(root, config)
     with mock.patch.object(reading, "older_than", lambda newest, start: frozenset()):  # the read before the pruning
-        t_every, w_every = timed_read(root, config)
+        t_every, w_every, n_every = timed_read(root, config)
     for w in (w_history, w_every):
         if not (w.decisions.equals(w_alone.decisions) and w.outcomes.equals(w_alone.outcomes)):
             raise SystemExit(f"{root}: the three reads gave different windows (regenerated history? delete {alone})")
@@ -116,12 +133,13 @@ def main(argv: Sequence[str] | None = None) -> int:
               "segments_of_window": len(DirectorySource(alone).segments("decisions")),
               "window_decisions": w_alone.decisions.num_rows, "window_sessions": w_alone.describe()["sessions"],
               "read_window_alone_s": t_alone, "read_history_s": t_history, "read_history_every_segment_s": t_every,
-              "history_over_alone": t_history / t_alone, "every_segment_over_alone": t_every / t_alone}
+              "history_over_alone": t_history / t_alone, "every_segment_over_alone": t_every / t_alone,
+              "decoded_segments": {"alone": n_alone, "history": n_history, "every_segment": n_every}}
     print(f"window: the last of {info['versions']} versions, {result['window_decisions']:,} decisions of "
           f"{result['window_sessions']:,} sessions; {result['segments_of_window']} of {result['segments_in_history']} decision segments")
-    print(f"  the window's segments alone (baseline)   {t_alone:6.2f} s   1.00x")
-    print(f"  the whole history, pruned wide pass      {t_history:6.2f} s   {result['history_over_alone']:.2f}x")
-    print(f"  the whole history, every segment decoded {t_every:6.2f} s   {result['every_segment_over_alone']:.2f}x")
+    print(f"  the window's segments alone (baseline)   {t_alone:6.2f} s   1.00x   {n_alone} decision segments decoded")
+    print(f"  the whole history, pruned wide pass      {t_history:6.2f} s   {result['history_over_alone']:.2f}x   {n_history}")
+    print(f"  the whole history, every segment decoded {t_every:6.2f} s   {result['every_segment_over_alone']:.2f}x   {n_every}")
     if args.json:
         write_results(args.json, {**header("bench.window_read", started_wall, argv), **result})
     return 0

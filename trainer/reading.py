@@ -85,7 +85,7 @@ def earliest_start(index: SessionIndex, sessions: pa.ChunkedArray) -> float | No
     if len(sessions) == 0:
         return math.inf
     times = index.sessions.filter(pc.is_in(index.sessions.column("session_id"), sessions.combine_chunks())).column("time_s")
-    if times.null_count or pc.any(pc.invert(pc.is_finite(times))).as_py():
+    if _orders_nothing(times):
         return None  # a time that orders nothing (never logged by a server's clock): leave nothing out
     return float(pc.min(times).as_py())
 
@@ -96,9 +96,12 @@ def newest_time(table: pa.Table) -> float:
     if table.num_rows == 0:
         return -math.inf
     times = table.column("time_s")
-    if times.null_count or pc.any(pc.invert(pc.is_finite(times))).as_py():
-        return math.inf
-    return float(pc.max(times).as_py())
+    return math.inf if _orders_nothing(times) else float(pc.max(times).as_py())
+
+
+def _orders_nothing(times: pa.ChunkedArray) -> bool:
+    """Whether any of these times is null or not finite (Arrow's min and max pass over such values)."""
+    return bool(times.null_count) or bool(pc.any(pc.invert(pc.is_finite(times))).as_py())
 
 
 def older_than(newest: dict[str, float], start: float | None) -> frozenset[str]:

@@ -11,6 +11,7 @@ from zoneinfo import ZoneInfo
 import pyarrow.fs as pafs
 import pytest
 
+from bench.window_read import DecodeCounting
 from experience.segments import DirectorySource, open_logs, read_segment, redacted
 from simulator.config import SimConfig
 from simulator.drive import run_logged
@@ -196,19 +197,6 @@ def test_the_wide_pass_keeps_the_chosen_rows_in_order_across_segments_gathered_i
     assert list(_rows_of(iter([schema.empty_table()]), pa.chunked_array([["a"]]), rows=2)) == []
 
 
-class _Counting(DirectorySource):
-    """A real source that notes which decision segments it decodes whole (the wide pass asks for every column)."""
-
-    def __init__(self, root: Path) -> None:
-        super().__init__(root)
-        self.wide: list[str] = []
-
-    def segment_batches(self, path: str, kind: str, columns: Any = None) -> Iterator[Any]:
-        if kind == "decisions" and columns is None:
-            self.wide.append(path)
-        return super().segment_batches(path, kind, columns)
-
-
 def _newest_times(source: DirectorySource) -> dict[str, float]:
     return {p: max(t for b in source.segment_batches(p, "decisions", ["time_s"]) for t in b.column("time_s").to_pylist())
             for p in source.segments("decisions")}
@@ -219,10 +207,10 @@ def test_the_wide_pass_leaves_out_the_segments_older_than_the_chosen_sessions(lo
     whole history's window reads every segment."""
     newest = _newest_times(DirectorySource(logs))
     assert sorted(set(newest.values())) == [1_000.0, 9_000.0]
-    last = _Counting(logs)
+    last = DecodeCounting(logs)
     window = read_window(last, TrainConfig())
     assert sorted(last.wide) == sorted(p for p, t in newest.items() if t == 9_000.0) and window.versions == ["later"]
-    everything = _Counting(logs)
+    everything = DecodeCounting(logs)
     read_window(everything, TrainConfig(window_versions=None))
     assert sorted(everything.wide) == sorted(newest)
 
@@ -232,8 +220,6 @@ def test_a_session_that_began_in_an_older_segment_keeps_all_its_rows(tmp_path: P
     segments before its first chosen session are left out, and the window is still exactly the one selecting on
     every row gives, sessions that span segments whole."""
     import itertools
-
-    import pyarrow.compute as pc
 
     from experience.recorder import ExperienceRecorder, RecorderOptions
     from simulator.drive import run_in_process
@@ -249,20 +235,16 @@ def test_a_session_that_began_in_an_older_segment_keeps_all_its_rows(tmp_path: P
     newest = _newest_times(source)
     assert len(newest) >= 4
     config = TrainConfig(window_versions=None, window_hours=(max(newest.values()) - sorted(newest.values())[1]) / 3600.0)
-    counting = _Counting(tmp_path)
+    counting = DecodeCounting(tmp_path)
     read = read_window(counting, config)
     whole = for_config(source.table("decisions"), source.table("outcomes"), config)
     assert read.decisions.equals(whole.decisions) and read.outcomes.equals(whole.outcomes) and read.describe() == whole.describe()
     assert 0 < len(counting.wide) < len(newest)  # something was left out, something read
-    by_segment = {p: set(pc.unique(pa_column(source, p)).to_pylist()) for p in counting.wide}
+    by_segment = {p: {sid for b in source.segment_batches(p, "decisions", ["session_id"]) for sid in b.column("session_id").to_pylist()}
+                  for p in counting.wide}
     kept = set(read.decisions.column("session_id").to_pylist())
     assert any(sum(s in ids for ids in by_segment.values()) > 1 for s in kept)  # a kept session spans segments
 
-
-def pa_column(source: DirectorySource, path: str) -> Any:
-    import pyarrow as pa
-
-    return pa.chunked_array([b.column("session_id") for b in source.segment_batches(path, "decisions", ["session_id"])])
 
 
 def test_a_segment_with_a_time_that_orders_nothing_is_always_read() -> None:
