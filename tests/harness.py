@@ -46,6 +46,24 @@ def fresh_bundle() -> Any:
     from weights.bundle import read_bundle
 
     return read_bundle(fresh_bundle_bytes())
+
+
+def variant_bytes(version: str, *, canary: float | None = None, only: str | None = None) -> bytes:
+    """The untrained bundle as another version: asking for ``canary`` of the sessions, and with ``only`` the one action
+    its guardrails allow (``add_to_cart`` plays far better than the untrained policy, ``view_detail`` earns nothing)."""
+    import io
+
+    from weights.bundle import PARTS, write_bundle
+
+    base = fresh_bundle()
+    manifest = {**base.manifest, "model_version": version}
+    if canary is not None:
+        manifest["canary"] = {"fraction": canary}
+    if only is not None:
+        manifest["guardrails"] = {"static": {key: float(key == only) for key in manifest["guardrails"]["static"]}, "rules": []}
+    out = io.BytesIO()
+    write_bundle(out, manifest, {name: base.parts[name] for name in PARTS})
+    return out.getvalue()
 ROOT = Path(__file__).resolve().parent.parent
 
 

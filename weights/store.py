@@ -8,6 +8,9 @@ Layout of the directory (nothing else is required; servers read only the active 
     DIR/.lock                          flock'd by publish and rollback, so two publishers queue
     DIR/pending/candidate.bundle       a candidate the gate refused, kept for one second look
                                        (``trainer.second_look``); never served
+    DIR/canary/canary.bundle           a candidate served on a share of the sessions next to the
+                                       active one (``weights.canary``, judged by ``trainer.canary``)
+    DIR/canary/looks.json              {model_version, looks}: how often the trainer judged it
 
 Every write goes the same way: the bytes into ``.tmp-*`` in the target's directory, flush,
 fsync, ``os.replace`` onto the final name, fsync the directory. A reader therefore sees the
@@ -39,12 +42,16 @@ from pathlib import Path
 from typing import Any, Literal
 
 from weights.bundle import Bundle, BundleError, read_bundle, read_file, sha256
+from weights.canary import requested_fraction
 
 log = logging.getLogger(__name__)
 
 ACTIVE_NAME = "weights_active.bundle"
 PENDING_DIR = "pending"
 PENDING_NAME = "candidate.bundle"
+CANARY_DIR = "canary"
+CANARY_NAME = "canary.bundle"
+LOOKS_NAME = "looks.json"
 HISTORY_DIR = "history"
 INDEX_NAME = "index.json"
 LOCK_NAME = ".lock"
@@ -61,7 +68,7 @@ class StoreError(Exception):
 
     Reasons: ``immutable`` (the version exists with other bytes), ``version`` (the version
     cannot name a file), ``nothing_to_roll_back``, ``unknown_version``, ``index`` (the
-    history index is unreadable).
+    history index is unreadable), ``canary`` (a bundle that cannot be a canary), ``no_canary``.
     """
 
     def __init__(self, reason: str, message: str) -> None:
@@ -172,6 +179,14 @@ class WeightsStore:
     def pending_path(self) -> Path:
         return self.directory / PENDING_DIR / PENDING_NAME
 
+    @property
+    def canary_path(self) -> Path:
+        return self.directory / CANARY_DIR / CANARY_NAME
+
+    @property
+    def looks_path(self) -> Path:
+        return self.directory / CANARY_DIR / LOOKS_NAME
+
     # --- reading ---------------------------------------------------------------------------
 
     def active(self) -> dict[str, Any] | None:
@@ -275,6 +290,73 @@ class WeightsStore:
                 self.pending_path.unlink()
                 fsync_dir(self.pending_path.parent)
 
+    def start_canary(self, data: bytes) -> str:
+        """Serve ``data`` as the canary from the servers' next poll: validated as a publish is, written atomically; its version.
+
+        Its manifest names its share (``canary.fraction`` > 0). One canary at a time: a new one
+        replaces the old, with no looks yet. The bundle already active cannot be a canary.
+        """
+        bundle = self.validate(data)
+        version = bundle.model_version
+        check_version_name(version)
+        try:
+            requested_fraction(bundle.manifest)
+        except ValueError as exc:
+            raise StoreError("canary", f"not a canary: {exc}") from None
+        with self.lock():
+            if sha256(data) == self.active_sha256():
+                raise StoreError("canary", f"{version} is the active bundle: it cannot also be its canary")
+            self.canary_path.parent.mkdir(parents=True, exist_ok=True)
+            self._write_looks(version, 0)  # before the bundle: a canary is never seen with another's count
+            atomic_write(self.canary_path, data)
+        return version
+
+    def canary(self) -> bytes | None:
+        """The canary's bytes, None when there is none (read as ``pending`` is; validate them before use)."""
+        if not os.path.lexists(self.canary_path):
+            return None
+        return read_file(self.canary_path)
+
+    def canary_looks(self, version: str) -> int:
+        """How often the trainer has judged the canary ``version`` (0 when unrecorded, or recorded for another)."""
+        try:
+            raw = json.loads(self.looks_path.read_bytes())
+        except (FileNotFoundError, UnicodeDecodeError, json.JSONDecodeError):
+            return 0
+        looks = raw.get("looks") if isinstance(raw, dict) and raw.get("model_version") == version else None
+        return looks if isinstance(looks, int) and not isinstance(looks, bool) and looks >= 0 else 0
+
+    def count_canary_look(self, version: str) -> int:
+        """One more look at the canary ``version``; the count after it."""
+        with self.lock():
+            looks = self.canary_looks(version) + 1
+            self._write_looks(version, looks)
+        return looks
+
+    def drop_canary(self) -> None:
+        """Stop the canary: servers serve the active bundle to every session from their next poll."""
+        with self.lock():
+            removed = False
+            for path in (self.canary_path, self.looks_path):
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+                    removed = True
+            if removed:
+                fsync_dir(self.canary_path.parent)
+
+    def promote_canary(self) -> PublishResult:
+        """Publish the canary's very bytes as the active bundle, then drop it.
+
+        In that order: a crash between the two leaves a canary equal to the active bundle,
+        which servers never route to and the next trainer run drops.
+        """
+        data = self.canary()
+        if data is None:
+            raise StoreError("no_canary", f"no canary to promote: {self.canary_path} does not exist")
+        result = self.publish(data)
+        self.drop_canary()
+        return result
+
     def rollback(self, to: str | None = None) -> PublishResult:
         """Activate the version published before the active one, or the version ``to``.
 
@@ -323,6 +405,9 @@ class WeightsStore:
         path = self.history_dir / (version + BUNDLE_SUFFIX)
         if file_sha256(path) != digest:  # absent, or left by an interrupted publish
             atomic_write(path, data)
+
+    def _write_looks(self, version: str, looks: int) -> None:
+        atomic_write(self.looks_path, (json.dumps({"model_version": version, "looks": looks}) + "\n").encode())
 
     def _pruned(self, entries: list[HistoryEntry], active_digest: str | None) -> list[HistoryEntry]:
         """The last ``keep`` entries, plus the active one if it is older (until the new one is active)."""
