@@ -28,11 +28,12 @@ from server.config import Config
 from server.grpc_metrics import InstrumentedRegistrar
 from server.metrics import Metrics
 from server.metrics_http import MetricsEndpoint
-from server.models import ModelHolder, active_path, load_file, load_initial, load_options, make_validator
+from server.models import ModelHolder, active_path, canary_path, load_canary, load_file, load_initial, load_options, make_validator
 from server.servicer import ShoppingAgentServicer, add_to_server
 from server.tls import ReloadingCertificates, grpc_files, server_credentials
 from server.watcher import WeightsWatcher
 from weights.bundle import BundleError
+from weights.canary import CanaryRoute
 from weights.model_set import ModelSet, NoModel
 
 if TYPE_CHECKING:
@@ -50,7 +51,7 @@ class ShoppingAgentServer:
         self.config = config
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = Metrics(self.registry) if config.metrics else None
-        self.models = ModelHolder(on_swap=self.metrics.model_served if self.metrics else None)
+        self.models = ModelHolder(on_swap=self.metrics.model_served if self.metrics else None, on_canary=self._canary_changed)
         self.health = health.aio.HealthServicer()
         self.port: int | None = None
         self.health_port: int | None = None
@@ -61,6 +62,7 @@ class ShoppingAgentServer:
         self._batcher: MicroBatcher | None = None
         self._loading: asyncio.Task[None] | None = None
         self._watcher: WeightsWatcher | None = None
+        self._canary_watcher: WeightsWatcher | None = None
         self.recorder = make_recorder(config, self.metrics)
         self.validator = make_validator(config)  # validates bundles from the volume in limited children
         self.stopped = asyncio.Event()
@@ -138,6 +140,44 @@ class ShoppingAgentServer:
                 seen=seen,
             )
             self._watcher.start()
+        self._watch_canary(loop)
+
+    def _watch_canary(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Serve the canary on its share of the sessions while its file is there (loaded, swapped and refused as the
+        active bundle is; its removal ends it)."""
+        path = canary_path(self.config)
+        if path is None:
+            return
+        options, validator, cap = load_options(self.config), self.validator, self.config.max_canary_fraction
+        self._canary_watcher = WeightsWatcher(
+            path,
+            load=lambda p: load_canary(p, options, cap, validator),
+            on_loaded=lambda route, s: self._call_soon(loop, self._canary_loaded, route, s),
+            on_rejected=lambda e, s: self._call_soon(loop, self._canary_rejected, e, s),
+            on_missing=lambda: self._call_soon(loop, self.models.set_canary, None),
+            poll_interval_s=self.config.weights_poll_seconds,
+            debounce_s=self.config.weights_debounce_ms / 1000.0,
+            use_inotify=self.config.weights_inotify,
+        )
+        self._canary_watcher.start()
+
+    def _canary_loaded(self, route: CanaryRoute, seconds: float) -> None:
+        self.models.set_canary(route)
+        if self.metrics is not None:
+            self.metrics.swap_done("ok", "", seconds)
+
+    def _canary_rejected(self, error: BundleError, seconds: float) -> None:
+        """A canary file that cannot be served ends the canary: its slot no longer holds the one that was running."""
+        self._rejected(error, seconds)
+        self.models.set_canary(None)
+
+    def _canary_changed(self, route: CanaryRoute | None) -> None:
+        if self.metrics is not None:
+            self.metrics.canary_served(None if route is None else route.model.version, 0.0 if route is None else route.fraction)
+        if route is None:
+            log.info("no canary: the active bundle serves every session")
+        else:
+            log.info("serving a canary", extra={"fields": {"model_version": route.model.version, "fraction": route.fraction}})
 
     async def _swap_in(self, model: ModelSet | NoModel) -> None:
         """Serve ``model`` from the next request on (one reference assignment); health follows."""
@@ -203,8 +243,9 @@ class ShoppingAgentServer:
         await self._server.stop(grace)
         if self._loading is not None and not self._loading.done():
             self._loading.cancel()
-        if self._watcher is not None:
-            await asyncio.get_running_loop().run_in_executor(None, self._watcher.stop)
+        for watcher in (self._watcher, self._canary_watcher):
+            if watcher is not None:
+                await asyncio.get_running_loop().run_in_executor(None, watcher.stop)
         if self.validator is not None:  # after the watcher: no bundle is being validated any more
             await asyncio.get_running_loop().run_in_executor(None, self.validator.close)
         if self._batcher is not None:

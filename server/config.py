@@ -47,6 +47,8 @@ class Config:
     weights_poll_seconds: float = _opt(1.0, "how often the active bundle is stat()ed (the source of truth on NFS, where inotify is blind)")
     weights_inotify: bool = _opt(True, "also watch the weights directory with inotify (watchdog), so changes are seen sooner")
     weights_debounce_ms: float = _opt(50.0, "wait until the active bundle has been still this long before loading it")
+    max_canary_fraction: float = _opt(0.5, "largest share of sessions a canary (weights_dir/canary/canary.bundle) may serve; its "
+                                           "manifest asks for its share, capped here; 0: never serve a canary")
     use_embedded_default: bool = _opt(True, "serve the embedded default bundle when weights_dir has no usable bundle")
     timezone: str = _opt("UTC", "IANA timezone of the hour-of-day feature")
     device: str = _opt("auto", "onnxruntime device: auto (CUDA when present), cpu or cuda")
@@ -139,6 +141,8 @@ class Config:
                 problems.append(f"{name}: expected 1..16, got {value}")
         if self.samples is not None and self.min_votes is not None and self.min_votes > self.samples:
             problems.append(f"min_votes: expected <= samples ({self.samples}), got {self.min_votes}")
+        if not 0 <= self.max_canary_fraction <= 0.5:
+            problems.append(f"max_canary_fraction: expected 0..0.5, got {self.max_canary_fraction}")
         if self.exploration_epsilon is not None and not 0 <= self.exploration_epsilon <= 1:
             problems.append(f"exploration_epsilon: expected 0..1, got {self.exploration_epsilon}")
         if self.guard_threshold is not None and not 0 <= self.guard_threshold <= 1:

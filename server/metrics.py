@@ -88,6 +88,9 @@ class Metrics:
         self.training = Gauge("shopping_agent_model_training_metric",
                               "Training metrics carried in the served bundle's manifest.", ["metric"], registry=r,
                               multiprocess_mode="liveall")
+        self.canary = Gauge("shopping_agent_canary_fraction",
+                            "The share of sessions the canary bundle serves (no series: no canary).", ["model_version"],
+                            registry=r, multiprocess_mode="liveall")
         self.swaps = Counter("shopping_agent_model_swaps", "Bundles the watcher judged, by result (ok, rejected) and reason.",
                              ["result", "reason"], registry=r)
         for result, reason in (("ok", ""), *(("rejected", r) for r in SWAP_REJECT_REASONS)):
@@ -168,6 +171,12 @@ class Metrics:
                 if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
                     self.training.labels(metric=str(name)).set(float(value))
 
+
+    def canary_served(self, version: str | None, fraction: float) -> None:
+        """The canary changed: ``version`` serving ``fraction`` of the sessions, or none (``version`` None)."""
+        self._forget(self.canary)
+        if version is not None:
+            self.canary.labels(model_version=version).set(fraction)
 
     @staticmethod
     def _forget(gauge: Gauge) -> None:

@@ -1,7 +1,8 @@
 """Which model set the server serves: one reference, read once per request, swapped whole.
 
 ``ModelHolder.current`` is either a loaded ``ModelSet`` or ``NoModel``; swapping is one
-attribute assignment, so a request in flight keeps the object it read.
+attribute assignment, so a request in flight keeps the object it read. ``canary``, when a
+canary is loaded, is a ``weights.canary.CanaryRoute``: it answers its share of the sessions.
 """
 
 from __future__ import annotations
@@ -15,12 +16,13 @@ from typing import Any
 from server.config import Config
 from server.watcher import Signature, signature
 from weights.bundle import BundleError, read_bundle, read_file
+from weights.canary import CanaryRoute, requested_fraction
 from weights.embedded import default_bundle, default_manifest
 from weights.forkserver import Validator
 from weights.model_set import LoadOptions, ModelSet, NoModel
 from weights.sandbox import SandboxLimits
 from weights.signing import load_public_key, public_key_bytes
-from weights.store import ACTIVE_NAME
+from weights.store import ACTIVE_NAME, CANARY_DIR, CANARY_NAME
 
 log = logging.getLogger(__name__)
 
@@ -48,12 +50,21 @@ def make_validator(config: Config) -> Validator | None:
 
 
 class ModelHolder:
-    """``on_swap(version, manifest or None, loaded_at)`` hears of every change (metrics follow the model)."""
+    """``on_swap(version, manifest or None, loaded_at)`` hears of every change of the active model set, ``on_canary(route
+    or None)`` of every change of the canary (metrics follow both)."""
 
-    def __init__(self, on_swap: Callable[[str, Mapping[str, Any] | None, float], None] | None = None) -> None:
+    def __init__(self, on_swap: Callable[[str, Mapping[str, Any] | None, float], None] | None = None,
+                 on_canary: Callable[[CanaryRoute | None], None] | None = None) -> None:
         self.current: ModelSet | NoModel = NoModel(default_manifest())
+        self.canary: CanaryRoute | None = None
         self._on_swap = on_swap
+        self._on_canary = on_canary
         self._notify(self.current)
+
+    def set_canary(self, route: CanaryRoute | None) -> None:
+        self.canary = route
+        if self._on_canary is not None:
+            self._on_canary(route)
 
     def swap(self, model: ModelSet | NoModel) -> None:
         self.current = model
@@ -69,6 +80,26 @@ class ModelHolder:
 
 def active_path(config: Config) -> Path | None:
     return None if config.weights_dir is None else Path(config.weights_dir) / ACTIVE_NAME
+
+
+def canary_path(config: Config) -> Path | None:
+    """Where the canary is published; None when this server serves none (no weights directory, or a cap of 0)."""
+    if config.weights_dir is None or config.max_canary_fraction <= 0:
+        return None
+    return Path(config.weights_dir) / CANARY_DIR / CANARY_NAME
+
+
+def load_canary(path: Path, options: LoadOptions, cap: float, validator: Validator | None = None) -> CanaryRoute:
+    """The canary at ``path``, loaded as the active bundle is, with its share capped at ``cap`` (raises BundleError).
+
+    A bundle there that asks for no share (``canary.fraction``) is refused: it is not a canary.
+    """
+    model = load_file(path, options, validator)
+    try:
+        fraction = requested_fraction(model.manifest)
+    except ValueError as exc:
+        raise BundleError("schema", f"manifest.json: {exc}") from None
+    return CanaryRoute(model, min(fraction, cap))
 
 
 def load_file(path: Path, options: LoadOptions, validator: Validator | None = None) -> ModelSet:

@@ -167,6 +167,9 @@ class ShoppingAgentServicer:
         except InvalidRequest as exc:
             await errors.abort(context, exc)  # raises grpc's AbortError ...
             raise exc from None  # ... so this only keeps type checkers informed
+        canary = self._models.canary
+        if canary is not None:  # its share of the sessions, when it reads what the request was validated for
+            model = canary.choose(model, req.session_id)
         decision_id = os.urandom(16).hex()  # 128 random bits, as uuid4 has, at a fifth of the cost
         log_context.set({"decision_id": decision_id, "request_id": req.request_id})  # this call's task only
         try:

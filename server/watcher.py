@@ -9,7 +9,8 @@ On a change the watcher waits until the file has been still for the debounce tim
 burst of publishes loads only the last), then reads, validates and warms up a new
 ``ModelSet`` on its own thread and hands it to ``on_loaded``; the server swaps one
 reference. A rejected file is reported once and not retried until it changes again; a
-deleted file leaves the current model serving.
+deleted file leaves the current model serving, or, with ``on_missing`` (the canary's
+watcher), is reported to it.
 """
 
 from __future__ import annotations
@@ -41,8 +42,10 @@ def signature(path: Path) -> Signature | None:
 class WeightsWatcher:
     def __init__(self, path: Path, load: Callable[[Path], Any], on_loaded: Callable[[Any, float], None],
                  on_rejected: Callable[[BundleError, float], None], poll_interval_s: float = 1.0,
-                 debounce_s: float = 0.05, use_inotify: bool = True, seen: Signature | None = None) -> None:
+                 debounce_s: float = 0.05, use_inotify: bool = True, seen: Signature | None = None,
+                 on_missing: Callable[[], None] | None = None) -> None:
         self.path = path
+        self._on_missing = on_missing
         self._load = load
         self._on_loaded = on_loaded
         self._on_rejected = on_rejected
@@ -52,7 +55,7 @@ class WeightsWatcher:
         self._seen = seen
         self._stop = threading.Event()
         self._wake = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="weights-watcher", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"weights-watcher-{path.name}", daemon=True)
         self._observer: Any = None
 
     def start(self) -> None:
@@ -87,7 +90,10 @@ class WeightsWatcher:
             current = settled
         self._seen = current
         if current is None:
-            log.warning("the active bundle is missing; the current model keeps serving", extra={"fields": {"path": str(self.path)}})
+            if self._on_missing is not None:
+                self._on_missing()
+            else:
+                log.warning("the active bundle is missing; the current model keeps serving", extra={"fields": {"path": str(self.path)}})
             return
         started = time.perf_counter()
         try:
