@@ -36,11 +36,11 @@ def _bytes(root: Path) -> int:
 def _passes(root: Path) -> tuple[dict[str, float], Any]:
     from experience.segments import DirectorySource
     from trainer.config import TrainConfig
-    from trainer.reading import _read, read_window
+    from trainer.reading import read_segments, read_window
     from trainer.session_index import NARROW, SessionIndex
 
     started = time.perf_counter()
-    index = SessionIndex.of(_read(DirectorySource(root), "decisions", "bench.narrow", NARROW))
+    index = SessionIndex.of(read_segments(DirectorySource(root), "decisions", "bench.narrow", NARROW))
     narrow = time.perf_counter() - started
     started = time.perf_counter()
     window = read_window(DirectorySource(root), TrainConfig())

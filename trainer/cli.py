@@ -11,7 +11,9 @@ segments are listed and read through ``pyarrow.fs`` (``experience.segments.open_
 - ``cycle --logs DIR --weights-dir DIR``: train from the active bundle, evaluate new and
   current on the held-out sessions, publish when the gate passes (``--force``: regardless;
   ``--candidate-out FILE``: keep the trained bundle whatever the verdict). A refused candidate
-  gets a second look in the next run (``trainer.cycle``, ``trainer.second_look``).
+  gets a second look in the next run (``trainer.cycle``, ``trainer.second_look``), or with
+  ``--canary FRACTION`` is served on that share of the sessions and judged on-policy by the
+  next runs (``trainer.canary``).
   What the CronJob runs. Exit 0 published (or unchanged), 3 refused by the gate, 1 failed,
   2 bad usage.
 
@@ -68,6 +70,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--json", action="store_true", help="print the gate's report as JSON")
     p.add_argument("--candidate-out", type=Path,
                    help="also write the trained bundle here, whatever the verdict (to inspect or replay a refused candidate)")
+    p.add_argument("--canary", type=float, default=0.0, metavar="FRACTION",
+                   help="serve a refused candidate the gate could not rule out on this share of the sessions (≤ 0.5), and "
+                        "judge it on-policy in the next runs (trainer.canary); 0 (default): a second look instead")
+    p.add_argument("--canary-level", type=float, default=0.99, help="two-sided level of each canary look (default 0.99)")
+    p.add_argument("--canary-max-looks", type=int, default=3,
+                   help="runs that judge a canary before it is dropped undecided (default 3)")
+    p.add_argument("--canary-min-sessions", type=int, default=200,
+                   help="sessions each side needs to be compared; fewer: no verdict, the run still counts (default 200)")
+    p.add_argument("--canary-max-sessions", type=_sessions_or_all, default=200_000,
+                   help="sessions of each side a canary look reads at most, a keyed sample; 'all': every one (default 200000)")
     p.set_defaults(handler=_cycle)
 
 
@@ -166,16 +178,17 @@ def _logs(location: str, bundle: Any) -> tuple[Any, Any]:
     return source.table("decisions"), source.table("outcomes")
 
 
-def _window(location: str, bundle: Any, config: TrainConfig, *, heldout: bool = False) -> Any:
+def _window(location: str, bundle: Any, config: TrainConfig, *, heldout: bool = False, serving: Sequence[str] = ()) -> Any:
     """What a run reads: its window and sample, in two passes (``trainer.reading``); under torchrun this rank's shard
-    of its sessions, and with ``heldout`` also the sessions the gate holds out, of every shard."""
+    of its sessions, and with ``heldout`` also the sessions the gate holds out, of every shard. ``serving``: the versions
+    served now (``cycle``), in a versions window whatever their age."""
     from trainer.data import heldout_sessions
     from trainer.distributed import DistEnv
     from trainer.reading import read_window
 
     where = DistEnv.parse(os.environ)
     part = (lambda ids: heldout_sessions(ids, config.heldout_fraction, config.seed)) if heldout else None
-    return read_window(_source(location, bundle), config, shard=(where.rank, where.world_size), part=part)
+    return read_window(_source(location, bundle), config, shard=(where.rank, where.world_size), part=part, serving=serving)
 
 
 def _bundle(path: Path | None) -> Any:
@@ -237,7 +250,16 @@ def _evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sessions_or_all(text: str) -> int | None:
+    return None if text == "all" else int(text)
+
+
 def _cycle(args: argparse.Namespace) -> int:
+    from trainer.canary import settings_from
     from trainer.cycle import run_cycle
 
+    try:
+        settings_from(args)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     return run_cycle(args)

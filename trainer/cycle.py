@@ -1,12 +1,17 @@
-"""``cycle``, the CronJob's command: a second look at a kept candidate, else train → gate → publish, or keep the refused one.
+"""``cycle``, the CronJob's command: a canary or a kept candidate judged, else train → gate → publish, or keep the refused one.
 
+0. A canary, if one is serving (``cycle --canary``, ``trainer.canary``), is judged on the window's
+   sessions: promoted (published; the run goes on from it, on the same window), left serving (the
+   run ends: a new active bundle would change its control), or dropped (the run goes on).
 1. A candidate an earlier run refused, if one is kept, is judged again on the window's sessions
    it never saw (``trainer.second_look``); passed, it is published and the run ends.
 2. Otherwise: train from the active bundle on the window, evaluate new and current on the
    held-out sessions (the business objective, γ = 1), publish when the gate passes; a refused
-   candidate is kept for step 1 of a later run.
+   candidate is kept for step 1 of a later run, or with ``--canary F`` one the gate could not rule
+   out (the paired upper bound ≥ −tolerance) is served on F of the sessions for step 0.
 
-Exit codes (``trainer.cli``): 0 published or unchanged, 3 refused, 1 failed, 2 bad usage.
+Exit codes (``trainer.cli``): 0 published or unchanged (a canary promoted counts), or a canary still
+serving; 3 refused (a canary started is a refusal: nothing was published); 1 failed; 2 bad usage.
 Keeping or looking at a candidate never turns a refusal into a failure: what goes wrong there
 (an unreadable kept file, a full disk) is logged and reported, and the candidate dropped.
 """
@@ -21,6 +26,8 @@ import os
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from trainer.config import TrainConfig
     from trainer.evaluation import Evaluation, GateResult
     from trainer.window import Window
@@ -34,7 +41,8 @@ LOOK_BOOTSTRAP = 1000
 
 
 def run_cycle(args: argparse.Namespace) -> int:
-    from trainer.cli import EXIT_REFUSED, _bundle, _config, _trained, _window
+    from trainer.canary import look, settings_from
+    from trainer.cli import EXIT_REFUSED, _bundle, _config, _source, _trained, _window
     from trainer.data import side
     from trainer.distributed import DistEnv, shutdown
     from trainer.evaluation import gate
@@ -54,9 +62,20 @@ def run_cycle(args: argparse.Namespace) -> int:
     where = DistEnv.parse(os.environ)
     # The logs the run reads, in two passes; under torchrun this rank's shard, and on rank 0 also every shard's held-out
     # sessions for the gate (in the same pass: the other ranks wait for rank 0 only until training ends).
-    window = _window(args.logs, init, config, heldout=where.world_size > 1 and where.rank == 0)
+    window = _window(args.logs, init, config, heldout=where.world_size > 1 and where.rank == 0,
+                     serving=_serving(store, current_bundle))
     options = LoadOptions(device="cpu", warmup_batch=1)
     current = ModelSet.load(current_bundle, options)
+    settings = settings_from(args)
+    judging = _operator_left_it(args)
+    canaried = look(store, config.tolerance, current, lambda: _source(args.logs, init), options, settings) if judging else None
+    if canaried is not None and canaried["action"] == "wait":  # still serving: a new active bundle would change its control
+        print(json.dumps({"canary": canaried}, default=float) if args.json else f"canary {canaried['action']}: {canaried['reason']}")
+        return 0
+    promoted = canaried is not None and canaried.get("published") is not None
+    if promoted:  # the run goes on from the bundle now active, on the same window (its logged propensities are exact)
+        current_bundle = init = read_bundle(store.active_path)
+        current = ModelSet.load(current_bundle, options)
     looks = _looks_apply(args, config)
     looked = second_look(args, store, config, current, window, options) if looks else None
     if looked is not None and looked.get("published"):
@@ -75,6 +94,8 @@ def run_cycle(args: argparse.Namespace) -> int:
     report: dict[str, Any] = {"model_version": new.version, "current_version": current.version, **verdict.to_dict()}
     if looked is not None:
         report["second_look"] = looked
+    if canaried is not None:
+        report["canary"] = canaried
     published = verdict.publish or args.force
     result.with_metrics(offline_metrics(verdict))
     signed = _signed(args, result.bundle)
@@ -83,22 +104,47 @@ def run_cycle(args: argparse.Namespace) -> int:
         report["candidate"] = str(args.candidate_out)
     if published:
         report["published"] = _publish(args, store, signed)
+    elif judging and settings.fraction > 0 and verdict.difference.ci_high >= -config.tolerance:  # refused, not ruled out
+        report["canary_started"] = _keep(store.start_canary, _signed(args, _with_canary(result.bundle, settings.fraction)), report,
+                                         "canary_not_started", "started as a canary")
     elif looks:
-        report["kept_for_second_look"] = _hold(store, signed, report)
+        report["kept_for_second_look"] = _keep(store.hold, signed, report, "not_kept", "kept for a second look")
     print(json.dumps(report, default=float) if args.json else f"{'published' if published else 'refused'}: {verdict.reason}")
+    if promoted and not published:
+        log.warning("the canary was promoted; its successor was not published: %s", verdict.reason)
+        return 0
     if not published:
         log.warning("nothing published: %s", verdict.reason)
         return EXIT_REFUSED
     return 0
 
 
-def _looks_apply(args: argparse.Namespace, config: TrainConfig) -> bool:
-    """Whether this run looks at and keeps candidates: not with ``--init`` or ``--force`` (the operator chose), not under torchrun."""
+def _serving(store: WeightsStore, active: Any) -> list[str]:
+    """The versions the servers serve now: the active bundle's, and the canary's (its name only: it is validated before
+    it is judged; an unreadable canary adds nothing)."""
+    from weights.bundle import BundleError, read_bundle
+
+    versions = [active.model_version]
+    try:
+        data = store.canary()
+        if data is not None:
+            versions.append(read_bundle(data).model_version)
+    except (BundleError, OSError) as exc:
+        log.warning("the canary's version could not be read: %s", exc)
+    return versions
+
+
+def _operator_left_it(args: argparse.Namespace) -> bool:
+    """Whether this run may look at kept candidates and canaries: not with ``--init`` or ``--force`` (the operator chose),
+    not under torchrun (every rank would have to agree on the look before any trains)."""
     from trainer.distributed import DistEnv
 
-    # Under torchrun every rank would have to agree on the look before any trains.
-    return (config.second_look_level is not None and args.init is None and not args.force
-            and DistEnv.parse(os.environ).world_size == 1)
+    return args.init is None and not args.force and DistEnv.parse(os.environ).world_size == 1
+
+
+def _looks_apply(args: argparse.Namespace, config: TrainConfig) -> bool:
+    """Whether this run looks at and keeps candidates for a second look (``second_look_level`` set)."""
+    return config.second_look_level is not None and _operator_left_it(args)
 
 
 def judged(config: TrainConfig, model: ModelSet, decisions: Any, outcomes: Any, level: float | None = None,
@@ -131,16 +177,17 @@ def _publish(args: argparse.Namespace, store: WeightsStore, data: bytes) -> str:
     return str(store.publish(data).status)
 
 
-def _hold(store: WeightsStore, data: bytes, report: dict[str, Any]) -> str | None:
-    """Keep a refused candidate; on failure (a full disk, a bundle the store's check refuses) say why and keep nothing."""
+def _keep(write: Callable[[bytes], str], data: bytes, report: dict[str, Any], failure: str, what: str) -> str | None:
+    """Keep a refused candidate with ``write`` (``store.hold`` or ``store.start_canary``): its version; on failure (a full
+    disk, a bundle the store's check refuses) say why under ``report[failure]`` and keep nothing."""
     from weights.bundle import BundleError
     from weights.store import StoreError
 
     try:
-        return store.hold(data)
+        return write(data)
     except (BundleError, StoreError, OSError) as exc:
-        log.warning("the refused candidate could not be kept for a second look: %s", exc)
-        report["not_kept"] = str(exc)
+        log.warning("the refused candidate could not be %s: %s", what, exc)
+        report[failure] = str(exc)
         return None
 
 
@@ -202,10 +249,19 @@ def _look(args: argparse.Namespace, store: WeightsStore, config: TrainConfig, cu
 
 def _with_metrics(data: bytes, extra: dict[str, float]) -> bytes:
     """The bundle ``data`` with ``extra`` over its training metrics (unsigned: sign it again)."""
+    return _with_manifest(data, lambda m: {**m, "training_metrics": {**m.get("training_metrics", {}), **extra}})
+
+
+def _with_canary(data: bytes, fraction: float) -> bytes:
+    """The bundle ``data`` asking to serve ``fraction`` of the sessions as a canary (``weights.canary``; unsigned)."""
+    return _with_manifest(data, lambda m: {**m, "canary": {"fraction": fraction}})
+
+
+def _with_manifest(data: bytes, change: Callable[[dict[str, Any]], dict[str, Any]]) -> bytes:
     from weights.bundle import PARTS, read_bundle, write_bundle
 
     bundle = read_bundle(data)
-    manifest = {**bundle.manifest, "training_metrics": {**bundle.manifest.get("training_metrics", {}), **extra}}
+    manifest = change(bundle.manifest)
     out = io.BytesIO()
     write_bundle(out, manifest, {name: bundle.parts[name] for name in PARTS})
     return out.getvalue()

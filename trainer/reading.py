@@ -29,7 +29,7 @@ the whole tables (tested), with the window's session count from before the sampl
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -59,24 +59,26 @@ def shard_of(session_ids: pa.ChunkedArray | pa.Array, rank: int, world: int) -> 
 
 
 def read_window(source: DirectorySource, config: Any, shard: tuple[int, int] | None = None,
-                part: Callable[[pa.ChunkedArray], npt.NDArray[np.bool_]] | None = None) -> Window:
+                part: Callable[[pa.ChunkedArray], npt.NDArray[np.bool_]] | None = None, serving: Sequence[str] = ()) -> Window:
     """The decisions and outcomes of ``config``'s window and sample, read in two passes (see the module doc): of its
     sessions those of ``shard = (rank, world)`` and (``part``, a mask of the chosen ids: an additional set, such as the
-    gate's held-out sessions of every shard) those for which ``part`` holds; with neither, all of them."""
+    gate's held-out sessions of every shard) those for which ``part`` holds; with neither, all of them. ``serving``:
+    the versions served now, in a versions window whatever their age (``trainer.window``)."""
     newest: dict[str, float] = {}
-    index = SessionIndex.of(_read(source, "decisions", "read.narrow", NARROW, newest=newest))
-    sessions, in_window = choose(index, config.window_hours, config.window_versions, config.max_sessions, config.sample_key)
+    index = SessionIndex.of(read_segments(source, "decisions", "read.narrow", NARROW, newest=newest))
+    sessions, in_window = choose(index, config.window_hours, config.window_versions, config.max_sessions, config.sample_key,
+                                 serving)
     chosen = digest_of(sessions)
     if (shard is not None and shard[1] > 1) or part is not None:
         mask = shard_of(sessions, *shard) if shard is not None and shard[1] > 1 else np.zeros(len(sessions), dtype=np.bool_)
         sessions = sessions.filter(pa.array(mask | part(sessions) if part is not None else mask))
     skip = older_than(newest, earliest_start(index, sessions))
     del index  # only the chosen ids are needed from here
-    decisions = pa.Table.from_batches(list(_rows_of(_read(source, "decisions", "read.decisions", skip=skip), sessions)),
+    decisions = pa.Table.from_batches(list(rows_of(read_segments(source, "decisions", "read.decisions", skip=skip), sessions)),
                                       schema=SCHEMAS["decisions"])
-    outcomes = pa.Table.from_batches(list(_rows_of(_read(source, "outcomes", "read.outcomes"), sessions)),
+    outcomes = pa.Table.from_batches(list(rows_of(read_segments(source, "outcomes", "read.outcomes"), sessions)),
                                      schema=SCHEMAS["outcomes"])
-    return Window(decisions, outcomes, versions_by_first_time(decisions), settings_of(config), in_window, chosen)
+    return Window(decisions, outcomes, versions_by_first_time(decisions), settings_of(config, serving), in_window, chosen)
 
 
 def earliest_start(index: SessionIndex, sessions: pa.ChunkedArray) -> float | None:
@@ -112,7 +114,7 @@ def older_than(newest: dict[str, float], start: float | None) -> frozenset[str]:
     return frozenset(path for path, t in newest.items() if t < start)
 
 
-def _read(source: DirectorySource, kind: str, stage: str, columns: tuple[str, ...] | None = None, *,
+def read_segments(source: DirectorySource, kind: str, stage: str, columns: tuple[str, ...] | None = None, *,
           newest: dict[str, float] | None = None, skip: frozenset[str] = frozenset()) -> Iterator[pa.Table]:
     """Each segment of ``kind`` but those in ``skip`` as one table (only ``columns``, when given, kept from each batch as
     it is read), with the stage's progress (segments read and left out, rows read); ``newest``, when given, gets each
@@ -135,7 +137,7 @@ def _read(source: DirectorySource, kind: str, stage: str, columns: tuple[str, ..
             del table  # one decoded segment alive at a time, not two
 
 
-def _rows_of(segments: Iterator[pa.Table], sessions: pa.ChunkedArray, rows: int = GATHER_ROWS) -> Iterator[pa.RecordBatch]:
+def rows_of(segments: Iterator[pa.Table], sessions: pa.ChunkedArray, rows: int = GATHER_ROWS) -> Iterator[pa.RecordBatch]:
     """The rows of these sessions, gathered into batches of at least ``rows`` (the last: what is left): a sample keeps
     a few rows of each logged batch, and thousands of tiny batches would each hold their own buffers (and make every
     later column op slow)."""

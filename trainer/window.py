@@ -7,7 +7,10 @@ A window keeps the run on the logs of the recent behaviour; every kept record ke
 logged propensity, so a window that spans versions is still exact for the ratios.
 
 - ``versions = N``: the decisions of the last ``N`` model versions, ordered by the first time
-  each was logged (``time_s``, the server's clock at logging).
+  each was logged (``time_s``, the server's clock at logging), and of the versions being served
+  now (``serving``: ``cycle`` names the active bundle and a canary). Without them a canary,
+  first logged after the active bundle, would push the active bundle's own sessions out of a
+  one-version window, and a dropped canary or a rollback would keep them out after it.
 - ``hours = H``: the decisions logged within ``H`` hours of the newest one.
 
 Both may be given (a decision must pass both); ``None`` turns one off. A session is kept or
@@ -24,7 +27,7 @@ dropped whole, by its first decision, so no episode loses its start; its outcome
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,13 +72,14 @@ def for_config(decisions: pa.Table, outcomes: pa.Table, config: Any) -> Window:
     return select(decisions, outcomes, config.window_hours, config.window_versions, config.max_sessions, config.sample_key)
 
 
-def settings_of(config: Any) -> dict[str, Any]:
-    return {"hours": config.window_hours, "versions": config.window_versions, "max_sessions": config.max_sessions,
-            "sample_key": config.sample_key}
+def settings_of(config: Any, serving: Sequence[str] = ()) -> dict[str, Any]:
+    settings = {"hours": config.window_hours, "versions": config.window_versions, "max_sessions": config.max_sessions,
+                "sample_key": config.sample_key}
+    return settings | ({"serving": list(serving)} if serving and config.window_versions is not None else {})
 
 
 def choose(index: SessionIndex, hours: float | None = None, versions: int | None = None, max_sessions: int | None = None,
-           sample_key: int = 0) -> tuple[pa.ChunkedArray, int | None]:
+           sample_key: int = 0, serving: Sequence[str] = ()) -> tuple[pa.ChunkedArray, int | None]:
     """The ids of the window's sessions after the sample, and the window's session count before the sample (None:
     no sample asked for); see the module doc. Works on the sessions' first decisions alone (``SessionIndex``)."""
     if hours is not None and not hours > 0:
@@ -89,7 +93,7 @@ def choose(index: SessionIndex, hours: float | None = None, versions: int | None
     if hours is not None and index.newest_s is not None:
         keep = pc.and_(keep, pc.greater_equal(first.column("time_s"), index.newest_s - hours * 3600.0))
     if versions is not None:
-        recent = index.versions_by_first_time()[-versions:]
+        recent = [*index.versions_by_first_time()[-versions:], *serving]
         keep = pc.and_(keep, pc.is_in(first.column("model_version"), pa.array(recent, pa.string())))
     ids = first.column("session_id").filter(keep)
     if max_sessions is None or len(ids) <= max_sessions:

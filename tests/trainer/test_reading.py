@@ -185,16 +185,16 @@ def test_an_empty_log_directory_reads_as_an_empty_window(tmp_path: Path) -> None
 def test_the_wide_pass_keeps_the_chosen_rows_in_order_across_segments_gathered_into_batches() -> None:
     import pyarrow as pa
 
-    from trainer.reading import _rows_of
+    from trainer.reading import rows_of
 
     schema = pa.schema([("session_id", pa.string()), ("x", pa.int64())])
     segments = [pa.table({"session_id": ["a", "b", "c"], "x": [0, 1, 2]}, schema=schema),
                 schema.empty_table(),  # a segment with no rows (a recovered, empty one)
                 pa.table({"session_id": ["a", "d", "c", "a"], "x": [3, 4, 5, 6]}, schema=schema)]
-    batches = list(_rows_of(iter(segments), pa.chunked_array([["a", "c"]]), rows=2))
+    batches = list(rows_of(iter(segments), pa.chunked_array([["a", "c"]]), rows=2))
     assert [b.num_rows for b in batches] == [2, 3]  # at least 2 rows a batch; the last one is what is left
     assert [x for b in batches for x in b.column("x").to_pylist()] == [0, 2, 3, 5, 6]
-    assert list(_rows_of(iter([schema.empty_table()]), pa.chunked_array([["a"]]), rows=2)) == []
+    assert list(rows_of(iter([schema.empty_table()]), pa.chunked_array([["a"]]), rows=2)) == []
 
 
 def _newest_times(source: DirectorySource) -> dict[str, float]:

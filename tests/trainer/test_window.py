@@ -6,7 +6,8 @@ import pyarrow as pa
 import pytest
 
 from trainer.config import TrainConfig
-from trainer.window import select
+from trainer.session_index import SessionIndex
+from trainer.window import choose, select
 
 
 def logs() -> tuple[pa.Table, pa.Table]:
@@ -39,6 +40,15 @@ def test_the_last_versions_keep_whole_sessions_by_their_first_decision() -> None
     assert select(d, o, versions=1).versions == ["v3"]
     b = select(d, o, versions=3)
     assert b.decisions.num_rows == d.num_rows
+
+
+def test_the_versions_being_served_are_in_a_versions_window_whatever_their_age() -> None:
+    d, _ = logs()  # v3 first logged last (a canary beside v1, or a rollback to v1): v1 still serves, its sessions stay
+    index = SessionIndex.of([d])
+    ids, _ = choose(index, versions=1, serving=("v1",))
+    assert sorted(ids.to_pylist()) == ["a", "b", "e"]
+    assert sorted(choose(index, versions=1)[0].to_pylist()) == ["e"]
+    assert sorted(choose(index, serving=("v1",))[0].to_pylist()) == ["a", "b", "c", "d", "e"]  # no versions window: all
 
 
 def test_hours_count_back_from_the_newest_decision() -> None:

@@ -1,0 +1,167 @@
+"""The canary judge on logs the simulator served through the servers' routing, and the cycle that starts, judges,
+promotes and drops canaries."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import pyarrow as pa
+import pytest
+
+from experience.segments import DirectorySource
+from simulator.config import SimConfig
+from simulator.drive import run_logged
+from simulator.world import World
+from tests.harness import ROOT, fresh_bundle_bytes, variant_bytes
+from trainer.canary import CanarySettings, Sides, judge, read_sides, sides_of
+from trainer.session_index import SessionIndex
+from weights.bundle import read_bundle
+from weights.canary import CanaryRoute, Routed, fraction_of
+from weights.model_set import LoadOptions, ModelSet
+from weights.store import WeightsStore
+from weights.validate import verify
+
+UTC = ZoneInfo("UTC")
+SALT = b"c" * 32
+
+
+def _model(data: bytes) -> ModelSet:
+    return ModelSet.load(read_bundle(data), LoadOptions(warmup_batch=8))
+
+
+def _logs(root: Path, current: bytes, canary: bytes, sessions: range, world_seed: int = 5) -> None:
+    model = _model(canary)
+    run_logged(World(SimConfig(), world_seed), Routed(_model(current), CanaryRoute(model, fraction_of(model.manifest))),
+               sessions, UTC, root, SALT)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> dict[str, DirectorySource]:
+    """1,600 sessions, half on a canary, for a canary better than the untrained bundle, one worse, one the same."""
+    out = {}
+    for name, only in (("better", "add_to_cart"), ("worse", "view_detail"), ("same", None)):
+        root = tmp_path_factory.mktemp(name)
+        _logs(root, fresh_bundle_bytes(), variant_bytes(f"canary-{name}", canary=0.5, only=only), range(1600))
+        out[name] = DirectorySource(root)
+    return out
+
+
+CURRENT = read_bundle(fresh_bundle_bytes()).model_version
+
+
+def _sides(served: dict[str, DirectorySource], name: str, max_sessions: int | None = None) -> Sides:
+    return read_sides(served[name], f"canary-{name}", CURRENT, max_sessions)
+
+
+def test_a_better_canary_is_promoted_a_worse_one_dropped_and_one_alike_waits_then_is_dropped(
+        served: dict[str, DirectorySource]) -> None:
+    settings = CanarySettings(0.5, 0.99, 3, 200)
+    better = judge(_sides(served, "better"), settings, 0)
+    assert better.action == "promote" and better.ci_low > 0 and better.look == 1, better
+    assert 650 < better.canary_sessions < 950 and better.canary_sessions + better.control_sessions == 1600  # half each
+    worse = judge(_sides(served, "worse"), settings, 0)
+    assert worse.action == "drop" and worse.ci_high < 0 and "worse" in worse.reason, worse
+    alike = [judge(_sides(served, "same"), settings, looks) for looks in range(3)]
+    assert [v.action for v in alike] == ["wait", "wait", "drop"] and [v.look for v in alike] == [1, 2, 3]
+    assert alike[0].ci_low < 0 < alike[0].ci_high and "undecided after 3 looks" in alike[2].reason
+
+
+def test_the_sides_hold_every_outcome_of_their_sessions_and_a_cap_samples_each(served: dict[str, DirectorySource]) -> None:
+    whole, capped = _sides(served, "better"), _sides(served, "better", max_sessions=300)
+    everything = served["better"].table("outcomes")
+    mine = set(whole.canary.to_pylist()) | set(whole.control.to_pylist())
+    assert whole.outcomes.num_rows == sum(s in mine for s in everything.column("session_id").to_pylist()) > 0
+    assert len(capped.canary) == len(capped.control) == 300
+    assert set(capped.canary.to_pylist()) <= set(whole.canary.to_pylist())
+    assert set(capped.control.to_pylist()) <= set(whole.control.to_pylist())
+    assert _sides(served, "better", max_sessions=300).canary.to_pylist() == capped.canary.to_pylist()  # keyed: the same
+
+
+def test_too_few_sessions_wait_but_count_so_a_canary_too_quiet_to_judge_is_dropped_in_time(
+        served: dict[str, DirectorySource]) -> None:
+    few = CanarySettings(0.5, 0.99, 3, 5000, None)
+    waits = [judge(_sides(served, "better"), few, looks) for looks in range(3)]
+    assert [(v.action, v.look) for v in waits] == [("wait", 1), ("wait", 2), ("drop", 3)]
+    assert all("each side needs 5000" in v.reason and v.estimate != v.estimate for v in waits)  # no interval: NaN
+    verdict = judge(read_sides(served["better"], "canary-never-served", CURRENT, None), CanarySettings(0.5), 0)
+    assert verdict.action == "wait" and verdict.canary_sessions == 0
+
+
+def test_sides_go_by_the_first_decision_and_the_control_shares_the_canarys_hours() -> None:
+    decisions = pa.table({"session_id": ["early", "a", "a", "began-v1", "began-v1", "c", "late", "other"],
+                          "model_version": ["v1", "v1", "v1", "v1", "v2", "v2", "v1", "v0"],
+                          "time_s": [1.0, 5.0, 6.0, 4.6, 9.0, 4.5, 20.0, 7.0]})
+    canary, control = sides_of(SessionIndex.of([decisions]), "v2", "v1")
+    assert canary.to_pylist() == ["c"] and sorted(control.to_pylist()) == ["a", "began-v1", "late"]  # not "early"
+
+
+@pytest.mark.parametrize(("values", "match"), [({"fraction": 0.7}, "fraction"), ({"level": 1.0}, "level"),
+                                               ({"max_looks": 0}, "max_looks"), ({"min_sessions": 1}, "min_sessions")])
+def test_settings_out_of_range_are_refused_by_name(values: dict[str, Any], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        CanarySettings(**values)
+
+
+def _cycle(logs: Path, weights: Path, config: Path, *extra: str) -> tuple[int, dict[str, Any]]:
+    cmd = [sys.executable, "-m", "server", "cycle", "--logs", str(logs), "--weights-dir", str(weights), "--config", str(config),
+           "--device", "cpu", "--json", *extra]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert done.returncode in (0, 2, 3), done.stderr[-2000:]
+    lines = done.stdout.strip().splitlines()
+    return done.returncode, json.loads(lines[-1]) if lines else {"stderr": done.stderr}
+
+
+def test_cycle_promotes_a_better_canary_drops_a_worse_one_and_starts_a_refused_candidate_as_the_next(tmp_path: Path) -> None:
+    weights = tmp_path / "weights"
+    store = WeightsStore(weights, lambda data: verify(data, None))
+    store.publish(fresh_bundle_bytes())
+    fast = tmp_path / "fast.json"
+    fast.write_text(json.dumps({"updates": 2, "batch": 8192, "value_epochs": 2, "guard": {"epochs": 2}, "bootstrap": 100,
+                                "gate_min_ess": 1e9}))  # a gate that cannot pass: every candidate is refused
+
+    def active() -> str:
+        return read_bundle(store.active_path).model_version
+
+    code, bad = _cycle(tmp_path / "none", weights, fast, "--canary", "0.7")
+    assert code == 2 and "canary fraction" in bad["stderr"]
+
+    # A better canary, served next to the active bundle on half the sessions: promoted, its very bytes. The run goes on
+    # from it (without --canary its refused successor is kept for a second look) and exits 0: it published.
+    better = variant_bytes("canary-better", canary=0.5, only="add_to_cart")
+    store.start_canary(better)
+    _logs(tmp_path / "logs-1", fresh_bundle_bytes(), better, range(1600))
+    code, report = _cycle(tmp_path / "logs-1", weights, fast)
+    look = report["canary"]
+    assert code == 0 and look["action"] == "promote" and look["published"] == "published", report
+    assert report["current_version"] == "canary-better" and report["kept_for_second_look"] == report["model_version"]
+    assert active() == "canary-better" and store.active_path.read_bytes() == better and store.canary() is None
+    store.drop_pending()
+
+    # A worse canary next to it: dropped; the run then trains, the gate refuses, and the candidate becomes the canary.
+    worse = variant_bytes("canary-worse", canary=0.5, only="view_detail")
+    store.start_canary(worse)
+    _logs(tmp_path / "logs-2", better, worse, range(1600, 3200))
+    code, report = _cycle(tmp_path / "logs-2", weights, fast, "--canary", "0.5")
+    assert code == 3 and report["canary"]["action"] == "drop" and "worse" in report["canary"]["reason"]
+    assert report["canary_started"] == report["model_version"] and active() == "canary-better"
+    started = read_bundle(store.canary() or b"")
+    assert started.model_version == report["model_version"] and fraction_of(started.manifest) == 0.5
+    window = started.manifest["trainer"]["window"]
+    assert window["serving"] == ["canary-better", "canary-worse"] and set(window["model_versions"]) == {"canary-better",
+                                                                                                      "canary-worse"}
+
+    # The same logs again: the new canary served none of them, so it waits (a look counted), and nothing is trained.
+    code, report = _cycle(tmp_path / "logs-2", weights, fast, "--canary", "0.5")
+    assert code == 0 and report["canary"]["action"] == "wait" and report["canary"]["look"] == 1 and "model_version" not in report
+    assert store.canary_looks(started.model_version) == 1 and read_bundle(store.canary() or b"") == started
+
+    # A canary file that is not a bundle is dropped with its reason, and the run goes on as without one.
+    store.canary_path.write_bytes(b"PK\x03\x04 garbage")
+    code, report = _cycle(tmp_path / "logs-2", weights, fast)
+    assert code == 3 and "no canary look" in report["canary"]["reason"] and "canary_started" not in report
+    assert store.canary() is None and report["kept_for_second_look"] == report["model_version"]
