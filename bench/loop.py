@@ -1,6 +1,6 @@
 """The learning loop on the simulator: from the untrained bundle, CronJob cycles, against strong baselines.
 
-    .venv/bin/python -m bench.loop [--cycles 5] [--sessions 20000] [--eval-sessions 20000] [--seed 7] [--no-vw]
+    .venv/bin/python -m bench.loop [--cycles 5] [--sessions 20000] [--eval-sessions 20000] [--seed 7] [--no-vw] [--canary F]
 
 One world (``--seed``: catalogue, prices, shoppers), disjoint session ranges. Each cycle:
 
@@ -14,6 +14,11 @@ One world (``--seed``: catalogue, prices, shoppers), disjoint session ranges. Ea
    complaint), net GMV, and the action mix, overall and per hidden intent; a candidate the gate
    refused plays them too (kept by ``cycle --candidate-out``), so the bench shows whether the gate
    turned down a gain or a loss.
+
+With ``--canary F`` the servers' canary is simulated too: a candidate the gate refused but could
+not rule out serves F of the next cycle's sessions (``weights.canary.Routed``: the servers' own
+keyed session hash), and the next cycle judges it on-policy (``trainer.canary``); each look's
+interval is set against the paired truth of the same two bundles (``canary_vs_truth``).
 
 Baselines on the same truth sessions: every constant action (the best one named), the intent
 policy that reads each shopper's hidden intent (a reference, not a bound), and Vowpal Wabbit's
@@ -57,6 +62,7 @@ from simulator.drive import Trace, decision_id, reports_for, run_in_process, run
 from simulator.reference import intent_policy
 from simulator.world import PageView, ShopperSession, World
 from weights.bundle import read_bundle
+from weights.canary import CanaryRoute, Routed, fraction_of
 from weights.initial import make_bundle
 from weights.model_set import LoadOptions, ModelSet
 from weights.store import WeightsStore
@@ -218,9 +224,35 @@ def trainer_json(argv: list[str]) -> tuple[int, dict[str, Any]]:
     return code, json.loads(text[-1]) if text and text[-1].startswith("{") else {}
 
 
-def run_cycle(logs: Path, weights: Path, config: Path | None, candidate: Path) -> tuple[int, dict[str, Any]]:
+def run_cycle(logs: Path, weights: Path, config: Path | None, candidate: Path, canary: float = 0.0) -> tuple[int, dict[str, Any]]:
     argv = ["cycle", "--logs", str(logs), "--weights-dir", str(weights), "--device", "cpu", "--json", "--candidate-out", str(candidate)]
-    return trainer_json(argv + (["--config", str(config)] if config is not None else []))
+    return trainer_json(argv + (["--config", str(config)] if config is not None else []) + (["--canary", str(canary)] if canary else []))
+
+
+def serving(store: WeightsStore, active: ModelSet, options: LoadOptions) -> Routed:
+    """What the servers serve from ``store``: the active bundle, and the canary on its share of the sessions."""
+    data = store.canary()
+    if data is None:
+        return Routed(active, None)
+    model = ModelSet.load(read_bundle(data), options)
+    return Routed(active, CanaryRoute(model, fraction_of(model.manifest)))
+
+
+def canary_against_truth(entry: dict[str, Any], previous: dict[str, Any]) -> dict[str, Any] | None:
+    """A canary look's interval (canary − active, on-policy) next to the paired truth of the same two bundles; None
+    when the cycle compared nothing."""
+    look = entry.get("canary") or {}
+    if not look.get("look") or not math.isfinite(float(look.get("estimate", math.nan))):  # no look, or too few to compare
+        return None
+    if look.get("action") == "promote":
+        truth = paired(entry["truth"], previous["truth"])
+    elif "canary_bundle" in previous:  # it served this cycle's sessions next to the same active bundle
+        truth = previous["canary_bundle"]["vs_served"]
+    else:
+        return None
+    low, high = float(look["ci_low"]), float(look["ci_high"])
+    return {"action": look["action"], "estimate": float(look["estimate"]), "ci_low": low, "ci_high": high,
+            "truth": truth["mean"], "held": bool(low <= truth["mean"] <= high)}
 
 
 def public(x: Any) -> Any:
@@ -255,8 +287,9 @@ def gate_against_truth(entry: dict[str, Any], previous: dict[str, Any]) -> dict[
     difference = (entry.get("gate") or {}).get("difference")
     if not difference:
         return None
-    if entry["exit"] == 0:
-        truth = paired(entry["truth"], previous["truth"])
+    if entry["gate"].get("published"):  # against the bundle it replaced: a canary this run promoted first, if one was
+        promoted = (entry.get("canary") or {}).get("action") == "promote"
+        truth = paired(entry["truth"], previous["canary_bundle"] if promoted else previous["truth"])
     elif "refused_candidate" in entry:
         truth = entry["refused_candidate"]["vs_served"]
     else:
@@ -275,6 +308,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--first-session", type=int, default=0, help="first logged session (cycles take consecutive ranges)")
     p.add_argument("--config", type=Path, help="a TrainConfig JSON for every cycle")
     p.add_argument("--no-vw", action="store_true", help="skip Vowpal Wabbit")
+    p.add_argument("--canary", type=float, default=0.0, metavar="FRACTION",
+                   help="cycle --canary: a refused candidate the gate could not rule out serves this share of the next "
+                        "sessions, and the next cycles judge it on-policy (default 0: a second look instead)")
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "loop.json")
     p.add_argument("--workdir", type=Path,
                    help="keep the logs, weights and candidates here (an empty or new directory; default: a temporary one)")
@@ -312,12 +348,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         for c in range(1, args.cycles + 1):
             t0 = time.monotonic()
             served = range(args.first_session + (c - 1) * args.sessions, args.first_session + c * args.sessions)
-            run_logged(world, active, served, UTC, logs, SALT)
+            run_logged(world, serving(store, active, options), served, UTC, logs, SALT)
             source = DirectorySource(logs)
             decisions, outcomes = source.table("decisions"), source.table("outcomes")
             mine = decisions.filter(pa.compute.equal(decisions.column("model_version"), active.version))
             mine_o = outcomes.filter(pa.compute.is_in(outcomes.column("session_id"), pa.compute.unique(mine.column("session_id"))))
-            code, report = run_cycle(logs, wdir, args.config, Path(tmp) / f"candidate-{c}.bundle")
+            code, report = run_cycle(logs, wdir, args.config, Path(tmp) / f"candidate-{c}.bundle", args.canary)
             new_bundle = read_bundle(store.active_path)
             active = ModelSet.load(new_bundle, options)
             entry: dict[str, Any] = {
@@ -331,12 +367,22 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "window": active.manifest.get("trainer", {}).get("window"),
                 "truth": scored(active.version, run_in_process(world, active, truth, UTC), world, truth),
             }
-            if code != 0 and report.get("candidate"):  # refused: what the gate turned down, by the truth
+            if not report.get("published") and report.get("candidate"):  # refused: what the gate turned down, by the truth
                 refused = ModelSet.load(read_bundle(Path(report["candidate"])), options)
                 entry["refused_candidate"] = scored(refused.version, run_in_process(world, refused, truth, UTC), world, truth)
                 entry["refused_candidate"]["vs_served"] = paired(entry["refused_candidate"], entry["truth"])
                 entry["refused_candidate"]["manifest"] = {k: refused.manifest.get("training_metrics", {}).get(k) for k in (
                     "kl_served_to_start", "updates_accepted", "surrogate_improvement", "support_limited")}
+            if "canary" in report:  # the look at a serving canary before this run trained (or instead)
+                entry["canary"] = dict(report["canary"])
+            if report.get("canary_started"):
+                entry["canary_started"] = report["canary_started"]
+            running = serving(store, active, options).route
+            if running is not None:  # serving the next cycle's share: what it is worth, by the truth
+                entry["canary_bundle"] = scored(running.model.version, run_in_process(world, running.model, truth, UTC), world, truth)
+                entry["canary_bundle"]["vs_served"] = paired(entry["canary_bundle"], entry["truth"])
+                entry["canary_bundle"]["fraction"] = running.fraction
+            entry["canary_vs_truth"] = canary_against_truth(entry, cycles[-1])
             if vw_ok:
                 features = VWFeatures(active.encoder.spec)
                 vw = train_vw(mine, mine_o, features)
@@ -349,6 +395,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                   + (f", refused candidate {entry['refused_candidate']['objective']['mean']:.2f}" if "refused_candidate" in entry else "")
                   + (f", gate DR {g['dr']:+.2f} [{g['ci_low']:+.2f}, {g['ci_high']:+.2f}] for a true {g['truth']:+.2f}"
                      f" ({'held' if g['held'] else 'missed'})" if (g := entry["gate_vs_truth"]) else "")
+                  + (f", canary {k['action']} {k['estimate']:+.2f} [{k['ci_low']:+.2f}, {k['ci_high']:+.2f}] for a true "
+                     f"{k['truth']:+.2f}" if (k := entry["canary_vs_truth"]) else "")
+                  + (f", canary serving {entry['canary_bundle']['objective']['mean']:.2f}" if "canary_bundle" in entry else "")
                   + (f", vw {entry['vw']['objective']['mean']:.2f}" if vw_ok else "") + f" ({time.monotonic() - t0:.0f} s)", flush=True)
 
     final = cycles[-1]
@@ -363,6 +412,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         guard[name] = scored(name, run_in_process(world, model, truth, UTC), world, truth)
         guard[name]["vs_shipped"] = paired(final["truth"], guard[name])
     judged = [c["gate_vs_truth"] for c in cycles[1:] if c.get("gate_vs_truth")]
+    looked = [c["canary_vs_truth"] for c in cycles[1:] if c.get("canary_vs_truth")]
     targets = {
         "vs_best_constant": paired(final["truth"], best_constant),
         "vs_vw": paired(final["truth"], final["vw"]) if vw_ok else None,
@@ -370,12 +420,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "no_cycle_worse_beyond_ci": all(paired(b["truth"], a["truth"])["ci_high"] >= 0 for a, b in pairwise(cycles)),
         "cycle_vs_previous": [paired(b["truth"], a["truth"]) for a, b in pairwise(cycles)],
         "gate_intervals_held": [sum(bool(j["held"]) for j in judged), len(judged)],  # the gate's DR intervals vs the truth
+        "canary_intervals_held": [sum(bool(k["held"]) for k in looked), len(looked)],
     }
     targets["met"] = bool(targets["vs_best_constant"]["ci_low"] > 0 and (not vw_ok or targets["vs_vw"]["ci_low"] > 0)
                           and targets["share_of_intent_policy"] >= 0.8 and targets["no_cycle_worse_beyond_ci"])
 
     result = public({"world_seed": args.seed, "sessions_per_cycle": args.sessions, "truth_sessions": [truth.start, truth.stop],
-                    "config": str(args.config) if args.config else "default", "seconds": time.monotonic() - started,
+                    "config": str(args.config) if args.config else "default", "canary": args.canary, "seconds": time.monotonic() - started,
                     "constants": baselines, "best_constant": best_constant["name"], "intent_policy": oracle,
                     "cycles": cycles, "targets": targets, "guard": guard})
     write_results(args.out, result)

@@ -32,12 +32,40 @@ def test_the_gate_is_held_against_the_truth_of_what_it_judged() -> None:
         return {"_per_session": {"objective": np.array(values)}}
 
     before, after = truth([10.0, 12.0, 14.0]), truth([13.0, 15.0, 17.0])  # +3 on every shared session
-    published = {"exit": 0, "gate": {"difference": {"value": 2.0, "ci_low": 1.0, "ci_high": 4.0}}, "truth": after}
+    published = {"exit": 0, "gate": {"published": "published", "difference": {"value": 2.0, "ci_low": 1.0, "ci_high": 4.0}},
+                 "truth": after}
     assert gate_against_truth(published, {"truth": before}) == {"dr": 2.0, "ci_low": 1.0, "ci_high": 4.0, "truth": 3.0,
                                                                  "held": True}
+    # a canary promoted first, then its successor published: the gate judged the successor against the canary
+    canary = truth([12.0, 14.0, 16.0])
+    after_promotion = {**published, "canary": {"action": "promote"}}
+    assert gate_against_truth(after_promotion, {"truth": before, "canary_bundle": canary})["truth"] == 1.0
+    # a canary promoted and its successor refused: exit 0, yet the gate's interval is the refused candidate's
+    promoted_refused = {"exit": 0, "gate": {"difference": {"value": -1.0, "ci_low": -4.0, "ci_high": 0.5}}, "truth": canary,
+                        "canary": {"action": "promote"}, "refused_candidate": {"vs_served": {"mean": 0.2}}}
+    assert gate_against_truth(promoted_refused, {"truth": before})["truth"] == 0.2
     refused = {"exit": 3, "gate": {"difference": {"value": -1.0, "ci_low": -4.0, "ci_high": 0.5}}, "truth": before,
                "refused_candidate": {"vs_served": {"mean": 4.3}}}
     assert gate_against_truth(refused, {"truth": before})["held"] is False  # an interval below the candidate's true gain
     assert gate_against_truth({"exit": 3, "gate": {}, "truth": before}, {"truth": before}) is None
     assert gate_against_truth({"exit": 3, "gate": {"difference": published["gate"]["difference"]}, "truth": before},
                               {"truth": before}) is None  # refused without a kept candidate to score: nothing to hold
+
+
+def test_a_canary_look_is_held_against_the_truth_of_the_two_bundles_it_compared() -> None:
+    import numpy as np
+
+    from bench.loop import canary_against_truth
+
+    def truth(values: list[float]) -> dict[str, object]:
+        return {"_per_session": {"objective": np.array(values)}}
+
+    served, canary = truth([10.0, 12.0, 14.0]), truth([12.0, 14.0, 16.0])  # the canary is +2 on every session
+    look = {"action": "wait", "look": 1, "estimate": 4.0, "ci_low": -1.0, "ci_high": 9.0}
+    waiting = {"canary": look, "truth": served}
+    assert canary_against_truth(waiting, {"truth": served, "canary_bundle": {"vs_served": {"mean": 2.0}}}) == {
+        "action": "wait", "estimate": 4.0, "ci_low": -1.0, "ci_high": 9.0, "truth": 2.0, "held": True}
+    promoted = {"canary": {**look, "action": "promote", "ci_low": 2.5}, "truth": canary}  # the active one after it
+    assert canary_against_truth(promoted, {"truth": served})["held"] is False  # its lower bound above the true +2
+    assert canary_against_truth({"canary": {**look, "look": 0}, "truth": served}, {"truth": served}) is None
+    assert canary_against_truth({"truth": served}, {"truth": served}) is None
