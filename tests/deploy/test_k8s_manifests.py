@@ -593,6 +593,17 @@ def test_trainer_runs_cycle_on_the_servers_volumes(rendered: dict[str, list[Doc]
     assert user == spec_of(deployment)["securityContext"]["runAsUser"], "bundles the trainer writes must be readable by the servers"
 
 
+def test_the_trainers_canaries_are_served_at_the_share_it_asks_for(rendered: dict[str, list[Doc]]) -> None:
+    """cycle --canary writes the share into the canary's manifest; a server cap below it would quietly shrink the
+    experiment the trainer judges (its interval would be wider than the run planned for)."""
+    with_trainer = {name: docs for name, docs in rendered.items() if any(d["kind"] == "CronJob" for d in docs)}
+    assert {"base", "prod"} <= set(with_trainer)
+    for overlay, docs in with_trainer.items():
+        args = command_line(container(one(docs, "CronJob", TRAINER), "trainer"))
+        config = server_config(one(docs, "Deployment", SERVER))
+        assert 0 < args.canary <= config.max_canary_fraction, overlay
+
+
 def test_a_refused_gate_fails_the_job_at_once_instead_of_retrying(rendered: dict[str, list[Doc]]) -> None:
     job = one(rendered["base"], "CronJob", TRAINER)["spec"]["jobTemplate"]["spec"]
     assert job["template"]["spec"]["restartPolicy"] == "Never", "podFailurePolicy needs restartPolicy Never"
