@@ -19,6 +19,7 @@ from typing import Any
 
 from policy.onnx_model import RuntimeMissing
 from weights.bundle import BundleError, read_bundle, read_file, sha256
+from weights.canary import fraction_of
 from weights.sandbox import SandboxLimits
 from weights.signing import KeyFileError, keypair_pem, load_private_key, load_public_key, public_key_bytes, sign
 from weights.store import PublishResult, StoreError, Validator, WeightsStore, atomic_write, check_version_name
@@ -223,8 +224,10 @@ def _show_dir(store: WeightsStore, as_json: bool) -> int:
     except BundleError as exc:
         problem = exc
     history = [{**vars(e), "active": e.sha256 == active_sha} for e in entries]
+    canary = _canary_of(store)
     if as_json:
-        out: dict[str, Any] = {"directory": str(store.directory), "active_sha256": active_sha, "active": manifest, "history": history}
+        out: dict[str, Any] = {"directory": str(store.directory), "active_sha256": active_sha, "active": manifest, "history": history,
+                               "canary": canary}
         if problem is not None:
             out["active_error"] = {"reason": problem.reason, "message": str(problem)}
         print(json.dumps(out, indent=2, sort_keys=True))
@@ -240,8 +243,29 @@ def _show_dir(store: WeightsStore, as_json: bool) -> int:
         lines.append(_row("history", f"{len(entries)} kept, oldest first (* = active)" if entries else "(none)"))
         lines += [f"  {'*' if h['active'] else ' '} {e.model_version}  published {e.published_at}  sha256 {e.sha256}"
                   for e, h in zip(entries, history, strict=True)]
+        if canary is None:
+            lines.append(_row("canary", "(none)"))
+        elif "error" in canary:
+            lines.append(_row("canary", f"unreadable: {canary['error']}"))
+        else:
+            lines.append(_row("canary", f"{canary['model_version']} on {canary['fraction']:g} of the sessions, judged "
+                                        f"{canary['looks']} times (sha256 {canary['sha256']})"))
         print("\n".join(lines))
     return EXIT_INVALID if problem is not None else EXIT_OK
+
+
+def _canary_of(store: WeightsStore) -> dict[str, Any] | None:
+    """The canary in the store as ``show --dir`` reports it (its manifest only, never validated); None without one."""
+    try:
+        data = store.canary()
+        if data is None:
+            return None
+        manifest = read_bundle(data).manifest
+        version = str(manifest["model_version"])
+        return {"model_version": version, "fraction": fraction_of(manifest), "looks": store.canary_looks(version),
+                "sha256": sha256(data)}
+    except (BundleError, ValueError, OSError) as exc:
+        return {"error": str(exc)}
 
 
 # --- human-readable manifest -----------------------------------------------------------------

@@ -7,14 +7,17 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests.harness import variant_bytes
 from weights.bundle import Bundle, npy_bytes
 from weights.initial import make_bundle
-from weights.store import ACTIVE_NAME, HISTORY_DIR, INDEX_NAME
+from weights.store import ACTIVE_NAME, HISTORY_DIR, INDEX_NAME, WeightsStore
+from weights.validate import verify
 
 ROOT = Path(__file__).resolve().parents[2]
 CREATED = "2026-01-01T00:00:00Z"
@@ -125,6 +128,16 @@ def test_publish_rollback_and_show_a_weights_directory(files: dict[str, Path], t
     assert [(h["model_version"], h["active"]) for h in shown["history"]] == [("v1", False), ("v2", True)]
     out = cli("show", "--dir", pv)
     assert out.returncode == 0 and "model_version     v2" in out.stdout and "* v2" in out.stdout
+    assert shown["canary"] is None and "canary            (none)" in out.stdout
+    store = WeightsStore(pv, partial(verify, limits=None))
+    store.start_canary(variant_bytes("c1", canary=0.05))
+    store.count_canary_look("c1")
+    shown = json.loads(cli("show", "--dir", pv, "--json").stdout)["canary"]
+    assert {k: shown[k] for k in ("model_version", "fraction", "looks")} == {"model_version": "c1", "fraction": 0.05, "looks": 1}
+    assert "c1 on 0.05 of the sessions, judged 1 times" in cli("show", "--dir", pv).stdout
+    store.canary_path.write_bytes(b"not a bundle")
+    assert "canary            unreadable:" in cli("show", "--dir", pv).stdout
+    store.drop_canary()
 
     out = cli("rollback", "--dir", pv)
     assert (out.returncode, out.stdout) == (0, "rolled back to v1 (was v2)\n"), said(out)
