@@ -213,3 +213,17 @@ def _drain(proc: subprocess.Popen[str], lines: list[str]) -> None:
             lines.append(line)
     except ValueError:  # closed by __exit__
         pass
+
+
+def trainer_in_process(*argv: str) -> tuple[int, str, str]:
+    """``shopping-agent`` trainer commands in this process (no interpreter or torch start per call): exit code, stdout,
+    stderr. The console script itself is run by tests/trainer/test_train_loop.py."""
+    import contextlib
+    import io
+
+    from trainer.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(argv))
+    return code, out.getvalue(), err.getvalue()

@@ -4,8 +4,6 @@ promotes and drops canaries."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -17,7 +15,7 @@ from experience.segments import DirectorySource
 from simulator.config import SimConfig
 from simulator.drive import run_logged
 from simulator.world import World
-from tests.harness import ROOT, fresh_bundle_bytes, variant_bytes
+from tests.harness import fresh_bundle_bytes, trainer_in_process, variant_bytes
 from trainer.canary import CanarySettings, Sides, judge, read_sides, sides_of
 from trainer.session_index import SessionIndex
 from weights.bundle import read_bundle
@@ -108,12 +106,11 @@ def test_settings_out_of_range_are_refused_by_name(values: dict[str, Any], match
 
 
 def _cycle(logs: Path, weights: Path, config: Path, *extra: str) -> tuple[int, dict[str, Any]]:
-    cmd = [sys.executable, "-m", "server", "cycle", "--logs", str(logs), "--weights-dir", str(weights), "--config", str(config),
-           "--device", "cpu", "--json", *extra]
-    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600)
-    assert done.returncode in (0, 2, 3), done.stderr[-2000:]
-    lines = done.stdout.strip().splitlines()
-    return done.returncode, json.loads(lines[-1]) if lines else {"stderr": done.stderr}
+    code, out, err = trainer_in_process("cycle", "--logs", str(logs), "--weights-dir", str(weights), "--config", str(config),
+                                        "--device", "cpu", "--json", *extra)
+    assert code in (0, 2, 3), err[-2000:]
+    lines = out.strip().splitlines()
+    return code, json.loads(lines[-1]) if lines else {"stderr": err}
 
 
 def test_cycle_promotes_a_better_canary_drops_a_worse_one_and_starts_a_refused_candidate_as_the_next(tmp_path: Path) -> None:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -15,7 +13,7 @@ import pytest
 from simulator.config import SimConfig
 from simulator.drive import run_logged
 from simulator.world import World
-from tests.harness import ROOT, fresh_bundle, fresh_bundle_bytes
+from tests.harness import fresh_bundle, fresh_bundle_bytes, trainer_in_process
 from trainer.data import heldout_sessions
 from trainer.second_look import Record, candidate_record, unseen_sessions
 from trainer.window import select
@@ -91,11 +89,10 @@ def test_the_store_keeps_one_validated_candidate_apart_from_what_is_served(tmp_p
 
 
 def _cycle(logs: Path, weights: Path, config: Path) -> tuple[int, dict[str, Any], str]:
-    cmd = [sys.executable, "-m", "server", "cycle", "--logs", str(logs), "--weights-dir", str(weights), "--config", str(config),
-           "--device", "cpu", "--json"]
-    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600)
-    assert done.returncode in (0, 3), done.stderr[-2000:]
-    return done.returncode, json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
+    code, out, err = trainer_in_process("cycle", "--logs", str(logs), "--weights-dir", str(weights), "--config", str(config),
+                                        "--device", "cpu", "--json")
+    assert code in (0, 3), err[-2000:]
+    return code, json.loads(out.strip().splitlines()[-1]), err
 
 
 def test_cycle_keeps_a_refused_candidate_waits_for_fresh_logs_and_publishes_it_on_a_second_look(tmp_path: Path) -> None:
