@@ -98,8 +98,7 @@ class Routed:
 
     def __init__(self, current: BatchModel, route: CanaryRoute | None) -> None:
         self.current, self.route = current, route
-        self.encoder = current.encoder
-        self.version, self.item_dim = current.version, current.item_dim
+        self.encoder = current.encoder  # the recorder logs the behaviour buckets by the active bundle's spec
 
     def run(self, requests: Sequence[DecisionRequest], contexts: Sequence[Any], decision_ids: Sequence[str]) -> list[Decision]:
         route = self.route
