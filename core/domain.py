@@ -155,3 +155,22 @@ class OutcomeReport:
     value: float
     coupon_discount: float
     event_time_s: float
+
+
+@dataclass(slots=True)
+class EngagementReport:
+    """A validated ReportEngagement: how the shopper engaged with the page ``decision_id`` was served on.
+
+    Each signal is ``None`` when the frontend did not measure it; at least one is present.
+    """
+
+    decision_id: str
+    session_id: str
+    engagement_id: str
+    dwell_s: float | None
+    """Active (visible, foreground) seconds on the page."""
+    scroll_depth: float | None
+    """0 (no scroll) to 1 (the end of the page)."""
+    bounced: bool | None
+    """Left within a few seconds, or went straight back."""
+    event_time_s: float

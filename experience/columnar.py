@@ -7,7 +7,7 @@ are all older than a cut-off into parts in the IPC *file* format (Feather v2)::
 
     DIR/<kind>/utc_hour=YYYY-MM-DDTHH/<segment name>.arrow
 
-one part per UTC hour its rows fall in (``time_s`` for decisions, ``received_s`` for outcomes: the
+one part per UTC hour its rows fall in (``time_s`` for decisions, ``received_s`` for outcomes and engagement reports: the
 server's clock; not ``hour=``, which is a decisions column, the shopper's local hour), rows
 sorted by session id, zstd, record batches of ``ROW_GROUP`` rows, in the current schema, with the
 segments' mode (0640). The file format has a footer that locates every column's buffers, so a
@@ -69,7 +69,7 @@ HOUR_PREFIX = "utc_hour="  # not "hour=": the decisions have an ``hour`` column 
 TMP_PREFIX = ".tmp-"
 LOCK_NAME = ".compact.lock"
 ROW_GROUP = 65_536
-TIME_COLUMN = {"decisions": "time_s", "outcomes": "received_s"}
+TIME_COLUMN = {"decisions": "time_s", "outcomes": "received_s", "engagements": "received_s"}
 _OPTIONS = pa.ipc.IpcWriteOptions(compression="zstd")
 
 

@@ -2,4 +2,5 @@
 
 DECISIONS_KIND = "decisions"
 OUTCOMES_KIND = "outcomes"
-KINDS = (DECISIONS_KIND, OUTCOMES_KIND)  # also the sub-directory names of a log directory
+ENGAGEMENTS_KIND = "engagements"
+KINDS = (DECISIONS_KIND, OUTCOMES_KIND, ENGAGEMENTS_KIND)  # also the sub-directory names of a log directory

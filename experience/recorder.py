@@ -1,6 +1,6 @@
-"""The experience recorder: decisions and outcomes to log segments, off the request path.
+"""The experience recorder: decisions, outcomes and engagement reports to log segments, off the request path.
 
-The request path calls ``decision()`` / ``outcome()``: a sampling check and one append to a
+The request path calls ``decision()`` / ``outcome()`` / ``engagement()``: a sampling check and one append to a
 bounded in-memory queue, never I/O, never a wait. A full queue drops the record, counts it
 (``observer.dropped``) and the writer thread logs the running count; nothing is lost
 silently. The writer thread wakes every ``flush_seconds``, turns what is queued into one
@@ -18,7 +18,7 @@ Every record accepted is written, or counted as dropped: at shutdown, what the d
 refuses is counted (``write_error``).
 
 Sampling is by session, a hash of ``session_id`` keyed with the salt, so a session's
-decisions and outcomes are kept or skipped together, by every server process alike, and a
+decisions, outcomes and engagement reports are kept or skipped together, by every server process alike, and a
 client cannot choose its session id to be logged or not; the rate is in every record.
 """
 
@@ -36,9 +36,16 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
-from core.domain import Decision, DecisionRequest, OutcomeReport
-from experience.kinds import KINDS
-from experience.records import LoggedDecision, LoggedOutcome, decisions_batch, outcomes_batch
+from core.domain import Decision, DecisionRequest, EngagementReport, OutcomeReport
+from experience.kinds import DECISIONS_KIND, ENGAGEMENTS_KIND, KINDS, OUTCOMES_KIND
+from experience.records import (
+    LoggedDecision,
+    LoggedEngagement,
+    LoggedOutcome,
+    decisions_batch,
+    engagements_batch,
+    outcomes_batch,
+)
 from experience.salt import SALT_FILE as SALT_FILE
 from experience.salt import SaltError as SaltError
 from experience.salt import resolve_salt as resolve_salt
@@ -49,6 +56,8 @@ log = logging.getLogger(__name__)
 
 _DROP_LOG_INTERVAL_S = 10.0
 _SAMPLE = b"sa.sample"
+_ENCODERS: dict[str, Callable[[list[Any], bytes, float], pa.RecordBatch]] = {
+    DECISIONS_KIND: decisions_batch, OUTCOMES_KIND: outcomes_batch, ENGAGEMENTS_KIND: engagements_batch}
 
 
 class RecorderObserver(Protocol):
@@ -152,6 +161,11 @@ class ExperienceRecorder:
             return False
         return self._put("outcomes", LoggedOutcome(report, self._clock()))
 
+    def engagement(self, report: EngagementReport) -> bool:
+        if not self.sampled(report.session_id):
+            return False
+        return self._put("engagements", LoggedEngagement(report, self._clock()))
+
     def _put(self, kind: str, item: Any) -> bool:
         queue = self._queues[kind]
         if self._closed or len(queue) + self._held[kind] >= self.options.max_queue:
@@ -212,9 +226,8 @@ class ExperienceRecorder:
     def _batch(self, kind: str, items: list[Any]) -> pa.RecordBatch | None:
         """The records as a batch; ``None`` when they cannot be encoded (a bug: dropped, counted, logged)."""
         try:
-            if kind == "decisions":
-                return decisions_batch(items, self._salt, self.options.sample_rate)
-            return outcomes_batch(items, self._salt, self.options.sample_rate)
+            encode = _ENCODERS[kind]
+            return encode(items, self._salt, self.options.sample_rate)
         except Exception:
             log.exception("could not encode log records; they are lost", extra={"fields": {"kind": kind, "records": len(items)}})
             self._drop(kind, "write_error", len(items))

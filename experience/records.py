@@ -16,13 +16,14 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from core.domain import N_ACTIONS, Decision, DecisionRequest, OutcomeReport
-from experience.schema import DECISIONS, OUTCOMES, SCHEMA_VERSION
+from core.domain import N_ACTIONS, Decision, DecisionRequest, EngagementReport, OutcomeReport
+from experience.schema import DECISIONS, ENGAGEMENTS, OUTCOMES, SCHEMA_VERSION
 from policy.features import FeatureSpec, behavior_buckets
 
 # One BLAKE2b personalisation per column: equal ids hash alike within a column, never across
 # columns (a session id and an item id that happen to be equal give unrelated hashes).
 SESSION, ITEM, REQUEST, OUTCOME, DECISION = b"sa.session", b"sa.item", b"sa.request", b"sa.outcome", b"sa.decision"
+ENGAGEMENT = b"sa.engagement"
 _ISSUED_ID = re.compile(r"[0-9a-f]{32}")  # the form of a decision id the server hands out
 
 
@@ -41,6 +42,12 @@ class LoggedDecision:
 @dataclass(slots=True)
 class LoggedOutcome:
     report: OutcomeReport
+    received_s: float
+
+
+@dataclass(slots=True)
+class LoggedEngagement:
+    report: EngagementReport
     received_s: float
 
 
@@ -123,19 +130,38 @@ def decisions_batch(items: Sequence[LoggedDecision], salt: bytes, sample_rate: f
     return pa.RecordBatch.from_arrays(list(columns.values()), schema=DECISIONS)
 
 
-def outcomes_batch(items: Sequence[LoggedOutcome], salt: bytes, sample_rate: float) -> pa.RecordBatch:
-    n = len(items)
+def _reported(items: Sequence[LoggedOutcome] | Sequence[LoggedEngagement], salt: bytes, sample_rate: float, id_column: str,
+              person: bytes, middle: dict[str, pa.Array]) -> list[pa.Array]:
+    """A report kind's columns: its own id (hashed), the decision and session it names, ``middle``, then the times."""
     reports = [i.report for i in items]
-    columns = {
-        "schema_version": pa.array(np.full(n, SCHEMA_VERSION, dtype=np.int16)),
-        "outcome_id": pa.array([hash_id(r.outcome_id, salt, OUTCOME) for r in reports], type=pa.string()),
-        "decision_id": pa.array([outcome_decision_id(r.decision_id, salt) for r in reports], type=pa.string()),
-        "session_id": pa.array([hash_id(r.session_id, salt, SESSION) for r in reports], type=pa.string()),
+    n = len(items)
+    return [
+        pa.array(np.full(n, SCHEMA_VERSION, dtype=np.int16)),
+        pa.array([hash_id(getattr(r, id_column), salt, person) for r in reports], type=pa.string()),
+        pa.array([outcome_decision_id(r.decision_id, salt) for r in reports], type=pa.string()),
+        pa.array([hash_id(r.session_id, salt, SESSION) for r in reports], type=pa.string()),
+        *middle.values(),
+        pa.array([r.event_time_s for r in reports], type=pa.float64()),
+        pa.array([i.received_s for i in items], type=pa.float64()),
+        pa.array(np.full(n, sample_rate, dtype=np.float64)),
+    ]
+
+
+def outcomes_batch(items: Sequence[LoggedOutcome], salt: bytes, sample_rate: float) -> pa.RecordBatch:
+    reports = [i.report for i in items]
+    middle = {
         "outcome": pa.array([int(r.outcome) for r in reports], type=pa.int8()),
         "value": pa.array([r.value for r in reports], type=pa.float64()),
         "coupon_discount": pa.array([r.coupon_discount for r in reports], type=pa.float64()),
-        "event_time_s": pa.array([r.event_time_s for r in reports], type=pa.float64()),
-        "received_s": pa.array([i.received_s for i in items], type=pa.float64()),
-        "sample_rate": pa.array(np.full(n, sample_rate, dtype=np.float64)),
     }
-    return pa.RecordBatch.from_arrays(list(columns.values()), schema=OUTCOMES)
+    return pa.RecordBatch.from_arrays(_reported(items, salt, sample_rate, "outcome_id", OUTCOME, middle), schema=OUTCOMES)
+
+
+def engagements_batch(items: Sequence[LoggedEngagement], salt: bytes, sample_rate: float) -> pa.RecordBatch:
+    reports = [i.report for i in items]
+    middle = {  # None: not measured (a null)
+        "dwell_s": pa.array([r.dwell_s for r in reports], type=pa.float64()),
+        "scroll_depth": pa.array([r.scroll_depth for r in reports], type=pa.float64()),
+        "bounced": pa.array([r.bounced for r in reports], type=pa.bool_()),
+    }
+    return pa.RecordBatch.from_arrays(_reported(items, salt, sample_rate, "engagement_id", ENGAGEMENT, middle), schema=ENGAGEMENTS)

@@ -43,6 +43,14 @@ decisions' for the same session: the join key), ``outcome``, ``value`` (order GM
 ``coupon_discount``, ``event_time_s`` (when it happened, frontend clock), ``received_s``
 (server clock), ``sample_rate``.
 
+Engagement columns (one row per ReportEngagement, a training aid: ``experience.engagement``):
+``engagement_id`` (keyed hash; the de-duplication key), ``decision_id`` (as an outcome's),
+``session_id`` (keyed hash, the join key), ``dwell_s`` (active seconds on the page),
+``scroll_depth`` (0–1), ``bounced``: each null when the frontend did not measure it;
+``event_time_s``, ``received_s``, ``sample_rate`` as for outcomes. The kind is new in version 2
+(its directory, ``engagements/``, is simply absent from older logs and from servers that never
+received a report); readers that predate it never open that directory.
+
 Versions: 1 stored ``session_id``, ``item_id``, ``request_id``, ``outcome_id`` and every
 outcome ``decision_id`` as sent, and ``recent_behavior_ids`` (the raw ids) instead of
 ``behavior_bucket_indices``, ``behavior_bucket_count`` and ``n_recent_behaviors``. 2 is this.
@@ -53,7 +61,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from core.domain import N_ACTIONS
-from experience.kinds import DECISIONS_KIND, KINDS, OUTCOMES_KIND
+from experience.kinds import DECISIONS_KIND, ENGAGEMENTS_KIND, KINDS, OUTCOMES_KIND
 
 SCHEMA_VERSION = 2
 
@@ -108,5 +116,21 @@ OUTCOMES = pa.schema(
     metadata={"kind": "outcomes", "schema_version": str(SCHEMA_VERSION)},
 )
 
-SCHEMAS = {DECISIONS_KIND: DECISIONS, OUTCOMES_KIND: OUTCOMES}
+ENGAGEMENTS = pa.schema(
+    [
+        pa.field("schema_version", pa.int16(), nullable=False),
+        pa.field("engagement_id", pa.string(), nullable=False),
+        pa.field("decision_id", pa.string(), nullable=False),
+        pa.field("session_id", pa.string(), nullable=False),
+        pa.field("dwell_s", pa.float64(), nullable=True),
+        pa.field("scroll_depth", pa.float64(), nullable=True),
+        pa.field("bounced", pa.bool_(), nullable=True),
+        pa.field("event_time_s", pa.float64(), nullable=False),
+        pa.field("received_s", pa.float64(), nullable=False),
+        pa.field("sample_rate", pa.float64(), nullable=False),
+    ],
+    metadata={"kind": "engagements", "schema_version": str(SCHEMA_VERSION)},
+)
+
+SCHEMAS = {DECISIONS_KIND: DECISIONS, OUTCOMES_KIND: OUTCOMES, ENGAGEMENTS_KIND: ENGAGEMENTS}
 assert tuple(SCHEMAS) == KINDS

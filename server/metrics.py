@@ -20,7 +20,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from core.domain import ACTIONS, Action, Decision, Outcome, Source
+from core.domain import ACTIONS, Action, Decision, EngagementReport, Outcome, Source
 from experience.kinds import KINDS
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -29,6 +29,9 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 DEGRADED_REASONS = ("overload", "deadline", "shutdown", "error")
 _VOTED = (Source.POLICY, Source.FALLBACK_LOW_CONSENSUS)
 LOG_DROP_REASONS = ("queue_full", "write_error", "closed")
+ENGAGEMENT_KINDS = ("bounced", "stayed", "unknown")  # by the report's bounce signal: true, false, not measured
+DWELL_BUCKETS = (1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0, 640.0)
+SCROLL_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 SWAP_REJECT_REASONS = ("io", "format", "format_version", "checksum", "schema", "shape", "nonfinite", "onnx", "golden")
 
 
@@ -104,6 +107,14 @@ class Metrics:
         self.outcomes = Counter("shopping_agent_outcomes_received", "ReportOutcome calls accepted, by outcome.",
                                 ["outcome"], registry=r)
         self._outcomes = {o: self.outcomes.labels(outcome=o.key) for o in Outcome}
+        self.engagements = Counter("shopping_agent_engagement_reports_received",
+                                   "ReportEngagement calls accepted, by kind (bounced, stayed, unknown: no bounce signal).",
+                                   ["kind"], registry=r)
+        self._engagements = {kind: self.engagements.labels(kind=kind) for kind in ENGAGEMENT_KINDS}
+        self.dwell = Histogram("shopping_agent_engagement_dwell_seconds", "Reported active dwell time on a page.",
+                               buckets=DWELL_BUCKETS, registry=r)
+        self.scroll = Histogram("shopping_agent_engagement_scroll_depth", "Reported scroll depth of a page (0 to 1).",
+                                buckets=SCROLL_BUCKETS, registry=r)
         self.experience = ExperienceMetrics(r)
         self._created_s = math.nan
         if not multiprocess_mode():
@@ -135,6 +146,14 @@ class Metrics:
 
     def outcome_received(self, outcome: Outcome) -> None:
         self._outcomes[outcome].inc()
+
+    def engagement_received(self, report: EngagementReport) -> None:
+        kind = "unknown" if report.bounced is None else "bounced" if report.bounced else "stayed"
+        self._engagements[kind].inc()
+        if report.dwell_s is not None:
+            self.dwell.observe(report.dwell_s)
+        if report.scroll_depth is not None:
+            self.scroll.observe(report.scroll_depth)
 
     def degraded_by(self, reason: str) -> None:
         self._degraded[reason].inc()

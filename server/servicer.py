@@ -11,13 +11,14 @@ import asyncio
 import logging
 import os
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
 
 import grpc
 from google.protobuf.message import DecodeError
 from grpc import aio
 
-from core.domain import ACTIONS, Context, Decision, DecisionRequest, Source
+from core.domain import ACTIONS, Context, Decision, DecisionRequest, EngagementReport, OutcomeReport, Source
 from policy.features import context_of
 from server import errors
 from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
@@ -27,7 +28,7 @@ from server.grpc_metrics import InstrumentedRegistrar, MethodMetrics
 from server.logs import log_context
 from server.metrics import Metrics
 from server.models import ModelHolder
-from server.validation import InvalidRequest, Limits, parse_outcome, parse_request
+from server.validation import InvalidRequest, Limits, parse_engagement, parse_outcome, parse_request
 from weights.model_set import ModelSet, NoModel
 
 if TYPE_CHECKING:
@@ -45,18 +46,19 @@ class Malformed:
         self.error = error
 
 
-def parse_wire(data: bytes) -> pb.RecommendActionRequest | Malformed:
-    try:
-        return pb.RecommendActionRequest.FromString(data)
-    except DecodeError:
-        return Malformed("wire format is corrupt")
+Message = TypeVar("Message", pb.RecommendActionRequest, pb.ReportOutcomeRequest, pb.ReportEngagementRequest)
+Report = TypeVar("Report", OutcomeReport, EngagementReport)
 
 
-def parse_outcome_wire(data: bytes) -> pb.ReportOutcomeRequest | Malformed:
-    try:
-        return pb.ReportOutcomeRequest.FromString(data)
-    except DecodeError:
-        return Malformed("wire format is corrupt")
+def wire_parser(message: type[Message]) -> Callable[[bytes], Message | Malformed]:
+    """The request deserializer for ``message``: corrupt bytes become a ``Malformed`` the servicer answers."""
+    def parse(data: bytes) -> Message | Malformed:
+        try:
+            return message.FromString(data)
+        except DecodeError:
+            return Malformed("wire format is corrupt")
+
+    return parse
 
 
 def add_to_server(servicer: ShoppingAgentServicer, server: InstrumentedRegistrar) -> None:
@@ -69,13 +71,18 @@ def add_to_server(servicer: ShoppingAgentServicer, server: InstrumentedRegistrar
     handlers = {
         "RecommendAction": grpc.unary_unary_rpc_method_handler(  # records its own transport metrics (hot path)
             servicer.RecommendAction,
-            request_deserializer=parse_wire,
+            request_deserializer=wire_parser(pb.RecommendActionRequest),
             response_serializer=pb.RecommendActionResponse.SerializeToString,
         ),
         "ReportOutcome": server.instrument(service, "ReportOutcome", grpc.unary_unary_rpc_method_handler(
             servicer.ReportOutcome,
-            request_deserializer=parse_outcome_wire,
+            request_deserializer=wire_parser(pb.ReportOutcomeRequest),
             response_serializer=pb.ReportOutcomeResponse.SerializeToString,
+        )),
+        "ReportEngagement": server.instrument(service, "ReportEngagement", grpc.unary_unary_rpc_method_handler(
+            servicer.ReportEngagement,
+            request_deserializer=wire_parser(pb.ReportEngagementRequest),
+            response_serializer=pb.ReportEngagementResponse.SerializeToString,
         )),
     }
     generic = grpc.method_handlers_generic_handler(service, handlers)
@@ -190,17 +197,31 @@ class ShoppingAgentServicer:
     async def ReportOutcome(  # noqa: N802 - the gRPC method name
         self, request: pb.ReportOutcomeRequest | Malformed, context: aio.ServicerContext  # type: ignore[type-arg]
     ) -> pb.ReportOutcomeResponse:
-        try:
-            if isinstance(request, Malformed):
-                raise InvalidRequest("request", f"not a ReportOutcomeRequest ({request.error})")
-            report = parse_outcome(request, self._limits_cache, time.time())  # id limits only: no model needed
-        except InvalidRequest as exc:
-            await errors.abort(context, exc)
-            raise exc from None
+        report = await self._report(request, context, parse_outcome, "ReportOutcomeRequest")
         if self._metrics is not None:
             self._metrics.outcome_received(report.outcome)
         logged = self._recorder.outcome(report) if self._recorder is not None else False
         return pb.ReportOutcomeResponse(outcome_id=report.outcome_id, logged=logged)
+
+    async def ReportEngagement(  # noqa: N802 - the gRPC method name
+        self, request: pb.ReportEngagementRequest | Malformed, context: aio.ServicerContext  # type: ignore[type-arg]
+    ) -> pb.ReportEngagementResponse:
+        report = await self._report(request, context, parse_engagement, "ReportEngagementRequest")
+        if self._metrics is not None:
+            self._metrics.engagement_received(report)
+        logged = self._recorder.engagement(report) if self._recorder is not None else False
+        return pb.ReportEngagementResponse(engagement_id=report.engagement_id, logged=logged)
+
+    async def _report(self, request: Message | Malformed, context: aio.ServicerContext,  # type: ignore[type-arg]
+                      parse: Callable[[Message, Limits, float], Report], name: str) -> Report:
+        """A report rpc's request validated (id limits only: no model needed), or the call answered INVALID_ARGUMENT."""
+        try:
+            if isinstance(request, Malformed):
+                raise InvalidRequest("request", f"not a {name} ({request.error})")
+            return parse(request, self._limits_cache, time.time())
+        except InvalidRequest as exc:
+            await errors.abort(context, exc)  # raises grpc's AbortError ...
+            raise exc from None  # ... so this only keeps type checkers informed
 
     async def _decide(self, model: ModelSet | NoModel, req: DecisionRequest, ctx: Context, decision_id: str,
                       remaining_s: float | None) -> Decision:

@@ -11,13 +11,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from core.domain import DecisionRequest, Outcome, OutcomeReport, PageType
+from core.domain import DecisionRequest, EngagementReport, Outcome, OutcomeReport, PageType
 from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
 
 _PAGE_TYPES = {int(p) for p in PageType}
 _OUTCOMES = {int(o) for o in Outcome}
 _MAX_SECONDS = 253402300799  # 9999-12-31T23:59:59Z, protobuf Timestamp's upper bound
 _MIN_SECONDS = -62135596800  # 0001-01-01T00:00:00Z
+MAX_DWELL_S = 86_400.0  # one page view visible for a whole day is a broken timer, not a shopper
 
 
 class InvalidRequest(ValueError):
@@ -44,7 +45,7 @@ def _required_id(value: str, name: str, limits: Limits) -> str:
     return value
 
 
-def _event_time(msg: pb.RecommendActionRequest | pb.ReportOutcomeRequest, now_s: float) -> float:
+def _event_time(msg: pb.RecommendActionRequest | pb.ReportOutcomeRequest | pb.ReportEngagementRequest, now_s: float) -> float:
     if not msg.HasField("event_time"):
         return now_s
     ts = msg.event_time
@@ -77,6 +78,31 @@ def parse_outcome(msg: pb.ReportOutcomeRequest, limits: Limits, now_s: float) ->
         coupon_discount=_amount(msg.coupon_discount, "coupon_discount", limits.max_outcome_value),
         event_time_s=_event_time(msg, now_s),
     )
+
+
+def parse_engagement(msg: pb.ReportEngagementRequest, limits: Limits, now_s: float) -> EngagementReport:
+    """Check every field of a ReportEngagementRequest; ``now_s`` stands in for a missing event_time.
+
+    Each signal is optional (presence, not a zero default, says whether it was measured); a report
+    that carries none of them says nothing and is refused.
+    """
+    decision_id = _required_id(msg.decision_id, "decision_id", limits)
+    session_id = _required_id(msg.session_id, "session_id", limits)
+    engagement_id = _required_id(msg.engagement_id, "engagement_id", limits)
+    dwell = scroll = None
+    if msg.HasField("dwell_seconds"):
+        dwell = msg.dwell_seconds
+        if not (math.isfinite(dwell) and 0.0 <= dwell <= MAX_DWELL_S):
+            raise InvalidRequest("dwell_seconds", f"must be a finite number of seconds in [0, {MAX_DWELL_S:g}], got {dwell}")
+    if msg.HasField("scroll_depth"):
+        scroll = msg.scroll_depth
+        if not (math.isfinite(scroll) and 0.0 <= scroll <= 1.0):
+            raise InvalidRequest("scroll_depth", f"must be a finite fraction in [0, 1], got {scroll}")
+    bounced = msg.bounced if msg.HasField("bounced") else None
+    if dwell is None and scroll is None and bounced is None:
+        raise InvalidRequest("dwell_seconds, scroll_depth, bounced", "at least one is required")
+    return EngagementReport(decision_id=decision_id, session_id=session_id, engagement_id=engagement_id, dwell_s=dwell,
+                            scroll_depth=scroll, bounced=bounced, event_time_s=_event_time(msg, now_s))
 
 
 def parse_request(msg: pb.RecommendActionRequest, limits: Limits, now_s: float) -> DecisionRequest:

@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry
 
 from core.domain import Outcome, OutcomeReport
 from experience.recorder import SALT_FILE, ExperienceRecorder, RecorderOptions, resolve_salt, session_sampled
-from experience.records import DECISION, ITEM, OUTCOME, REQUEST, SESSION, hash_id, hash_user
+from experience.records import DECISION, ENGAGEMENT, ITEM, OUTCOME, REQUEST, SESSION, hash_id, hash_user
 from experience.segments import DirectorySource, read_segment
 from policy.features import FeatureSpec, behavior_buckets
 from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
@@ -205,9 +205,10 @@ def test_salt_file_is_created_once_and_shared(tmp_path: Path) -> None:
 
 
 def test_sigterm_mid_run_loses_nothing(tmp_path: Path) -> None:
-    """Clients keep calling while the server gets SIGTERM: every answered call is on disk."""
+    """Clients keep calling while the server gets SIGTERM: every answered call is on disk, engagement reports too."""
     answered: list[str] = []
     outcomes_logged: list[str] = []
+    engagements_logged: list[str] = []
     stop = threading.Event()
     with spawn_server("--log-dir", str(tmp_path), "--grace-seconds", "5", "--drain-delay-seconds", "0.3") as server:
         def client(n: int) -> None:
@@ -223,6 +224,11 @@ def test_sigterm_mid_run_loses_nothing(tmp_path: Path) -> None:
                                                          outcome_id=f"o-{n}-{i}"), timeout=5)
                         if ack.logged:
                             outcomes_logged.append(ack.outcome_id)
+                        seen = call.ReportEngagement(pb.ReportEngagementRequest(
+                            decision_id=resp.decision_id, session_id=f"c{n}-{i}", engagement_id=f"e-{n}-{i}", dwell_seconds=float(i),
+                            bounced=i % 2 == 0), timeout=5)
+                        if seen.logged:
+                            engagements_logged.append(seen.engagement_id)
                     except grpc.RpcError:
                         if server.proc.poll() is not None:
                             return
@@ -244,6 +250,9 @@ def test_sigterm_mid_run_loses_nothing(tmp_path: Path) -> None:
     assert len(answered) >= 200
     assert set(answered) <= set(decisions.column("decision_id").to_pylist())
     assert {hash_id(o, key, OUTCOME) for o in outcomes_logged} <= set(outcomes.column("outcome_id").to_pylist())
+    assert len(engagements_logged) >= 150
+    on_disk = set(DirectorySource(tmp_path).table("engagements").column("engagement_id").to_pylist())
+    assert {hash_id(e, key, ENGAGEMENT) for e in engagements_logged} <= on_disk
     assert not list(tmp_path.rglob(".open-*"))  # every segment finalised
 
 

@@ -157,3 +157,29 @@ class ReportOutcomeResponse(_message.Message):
     outcome_id: str
     logged: bool
     def __init__(self, outcome_id: _Optional[str] = ..., logged: _Optional[bool] = ...) -> None: ...
+
+class ReportEngagementRequest(_message.Message):
+    __slots__ = ("decision_id", "session_id", "engagement_id", "dwell_seconds", "scroll_depth", "bounced", "event_time")
+    DECISION_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    ENGAGEMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    DWELL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    SCROLL_DEPTH_FIELD_NUMBER: _ClassVar[int]
+    BOUNCED_FIELD_NUMBER: _ClassVar[int]
+    EVENT_TIME_FIELD_NUMBER: _ClassVar[int]
+    decision_id: str
+    session_id: str
+    engagement_id: str
+    dwell_seconds: float
+    scroll_depth: float
+    bounced: bool
+    event_time: _timestamp_pb2.Timestamp
+    def __init__(self, decision_id: _Optional[str] = ..., session_id: _Optional[str] = ..., engagement_id: _Optional[str] = ..., dwell_seconds: _Optional[float] = ..., scroll_depth: _Optional[float] = ..., bounced: _Optional[bool] = ..., event_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class ReportEngagementResponse(_message.Message):
+    __slots__ = ("engagement_id", "logged")
+    ENGAGEMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    LOGGED_FIELD_NUMBER: _ClassVar[int]
+    engagement_id: str
+    logged: bool
+    def __init__(self, engagement_id: _Optional[str] = ..., logged: _Optional[bool] = ...) -> None: ...

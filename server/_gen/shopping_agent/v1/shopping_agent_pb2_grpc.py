@@ -45,6 +45,11 @@ class ShoppingAgentStub:
                 request_serializer=server_dot___gen_dot_shopping__agent_dot_v1_dot_shopping__agent__pb2.ReportOutcomeRequest.SerializeToString,
                 response_deserializer=server_dot___gen_dot_shopping__agent_dot_v1_dot_shopping__agent__pb2.ReportOutcomeResponse.FromString,
                 _registered_method=True)
+        self.ReportEngagement = channel.unary_unary(
+                '/shopping_agent.v1.ShoppingAgent/ReportEngagement',
+                request_serializer=server_dot___gen_dot_shopping__agent_dot_v1_dot_shopping__agent__pb2.ReportEngagementRequest.SerializeToString,
+                response_deserializer=server_dot___gen_dot_shopping__agent_dot_v1_dot_shopping__agent__pb2.ReportEngagementResponse.FromString,
+                _registered_method=True)
 
 
 class ShoppingAgentServicer:
@@ -71,6 +76,18 @@ class ShoppingAgentServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportEngagement(self, request, context):
+        """Report how the shopper engaged with the page a decision was served on: active
+        dwell time, scroll depth, whether they bounced. One report per page view, sent
+        when the page is left; a training aid (confidence weights on that step's
+        reward), never a reward itself. Logged for the trainer; an unknown decision_id
+        is accepted. Resending the same engagement_id is harmless: the trainer keeps
+        the first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ShoppingAgentServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -83,6 +100,11 @@ def add_ShoppingAgentServicer_to_server(servicer, server):
                     servicer.ReportOutcome,
                     request_deserializer=server_dot___gen_dot_shopping__agent_dot_v1_dot_shopping__agent__pb2.ReportOutcomeRequest.FromString,
                     response_serializer=server_dot___gen_dot_shopping__agent_dot_v1_dot_shopping__agent__pb2.ReportOutcomeResponse.SerializeToString,
+            ),
+            'ReportEngagement': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportEngagement,
+                    request_deserializer=server_dot___gen_dot_shopping__agent_dot_v1_dot_shopping__agent__pb2.ReportEngagementRequest.FromString,
+                    response_serializer=server_dot___gen_dot_shopping__agent_dot_v1_dot_shopping__agent__pb2.ReportEngagementResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -140,6 +162,33 @@ class ShoppingAgent:
             '/shopping_agent.v1.ShoppingAgent/ReportOutcome',
             server_dot___gen_dot_shopping__agent_dot_v1_dot_shopping__agent__pb2.ReportOutcomeRequest.SerializeToString,
             server_dot___gen_dot_shopping__agent_dot_v1_dot_shopping__agent__pb2.ReportOutcomeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportEngagement(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/shopping_agent.v1.ShoppingAgent/ReportEngagement',
+            server_dot___gen_dot_shopping__agent_dot_v1_dot_shopping__agent__pb2.ReportEngagementRequest.SerializeToString,
+            server_dot___gen_dot_shopping__agent_dot_v1_dot_shopping__agent__pb2.ReportEngagementResponse.FromString,
             options,
             channel_credentials,
             insecure,
