@@ -1,11 +1,11 @@
 """``shopping-agent simulate``: simulated shoppers against a running server, or in-process.
 
 ``--target HOST:PORT`` drives a server over gRPC: every page view is a RecommendAction, every
-reaction a ReportOutcome, so the real server writes the real logs. ``--concurrency`` threads
+reaction a ReportOutcome and every page's engagement a ReportEngagement, so the real server writes the real logs. ``--concurrency`` threads
 each run whole sessions. The server draws its own decision ids, so two runs differ in their
 samples (the shoppers do not). If the server goes away mid-run (SIGTERM, crash), the run
-stops, says so (``interrupted``) and exits 1; ``decisions_answered`` / ``outcomes_acknowledged``
-count every call that got an answer, and ``--trace FILE`` lists their ids (JSON lines), so the
+stops, says so (``interrupted``) and exits 1; ``decisions_answered`` / ``outcomes_acknowledged`` /
+``engagements_acknowledged`` count every call that got an answer, and ``--trace FILE`` lists their ids (JSON lines), so the
 logs can be checked against them.
 
 ``--bundle FILE`` (or neither flag: the embedded default bundle) runs the same decision code
@@ -31,13 +31,13 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from core.domain import Action, OutcomeReport, Source
+from core.domain import Action, EngagementReport, OutcomeReport, Source
 from core.progress import Progress, progress
 from experience.recorder import resolve_salt
 from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
 from server._gen.shopping_agent.v1 import shopping_agent_pb2_grpc as pb_grpc
 from simulator.config import SimConfig
-from simulator.drive import Trace, reports_for, run_in_process, run_logged
+from simulator.drive import Trace, engagement_report_for, reports_for, run_in_process, run_logged
 from simulator.world import PageView, ShopperSession, World
 
 log = logging.getLogger(__name__)
@@ -149,6 +149,8 @@ class _Run:
         self.answered = 0
         self.acknowledged = 0
         self.logged = 0
+        self.engagements_acknowledged = 0
+        self.engagements_logged = 0
         self.stop = threading.Event()
         self.error = ""
         self._trace_file = trace_file
@@ -161,6 +163,9 @@ class _Run:
         with self._lock:
             if kind == "decision":
                 self.answered += 1
+            elif kind == "engagement":
+                self.engagements_acknowledged += 1
+                self.engagements_logged += logged
             else:
                 self.acknowledged += 1
                 self.logged += logged
@@ -185,6 +190,7 @@ def _merge(into: Trace, part: Trace) -> None:
                  "outcome_decisions", "outcome_sessions", "outcomes", "values", "discounts", "outcome_times"):
         getattr(into, name).extend(getattr(part, name))
     into.sessions_finished += part.sessions_finished
+    into.engagements += part.engagements
     into.model_versions |= part.model_versions
 
 
@@ -213,6 +219,14 @@ def _outcome_request(report: OutcomeReport) -> pb.ReportOutcomeRequest:
     )
 
 
+def _engagement_request(report: EngagementReport) -> pb.ReportEngagementRequest:
+    return pb.ReportEngagementRequest(
+        decision_id=report.decision_id, session_id=report.session_id, engagement_id=report.engagement_id,
+        dwell_seconds=report.dwell_s, scroll_depth=report.scroll_depth, bounced=report.bounced,
+        event_time=_timestamp(report.event_time_s),
+    )
+
+
 def _client(world: World, run: _Run, target: str, deadline_s: float) -> None:
     with grpc.insecure_channel(target) as channel:
         stub = pb_grpc.ShoppingAgentStub(channel)
@@ -228,6 +242,12 @@ def _client(world: World, run: _Run, target: str, deadline_s: float) -> None:
                         ack = stub.ReportOutcome(_outcome_request(report), timeout=deadline_s)
                         run.note("outcome", report.outcome_id, ack.logged)
                         part.reported(report)
+                    engaged = session.engagement()
+                    if engaged is not None:
+                        engagement = engagement_report_for(session, resp.decision_id, engaged)
+                        ack_e = stub.ReportEngagement(_engagement_request(engagement), timeout=deadline_s)
+                        run.note("engagement", engagement.engagement_id, ack_e.logged)
+                        part.engagements += 1
                     step += 1
             except grpc.RpcError as exc:
                 run.fail(f"{exc.code().name}: {exc.details()}")  # the server went away (or refused): stop the run
@@ -254,5 +274,6 @@ def _over_grpc(world: World, sessions: range, args: argparse.Namespace) -> dict[
     summary = _summary(run.trace)
     return {"mode": "grpc", "target": args.target, **summary, "decisions_answered": run.answered,
             "outcomes_acknowledged": run.acknowledged, "outcomes_logged": run.logged,
+            "engagements_acknowledged": run.engagements_acknowledged, "engagements_logged": run.engagements_logged,
             "interrupted": bool(run.error), "error": run.error or None}
 

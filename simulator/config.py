@@ -1,7 +1,8 @@
 """The simulator's knobs: one frozen ``SimConfig`` and one ``IntentProfile`` per hidden intent.
 
 Every number the world uses lives here, with its meaning; ``effect_table`` renders the
-intent × action effects as the table in ``simulator.world``'s docstring.
+intent × action effects and ``engagement_table`` the engagement signals' effects as the tables in
+``simulator.world``'s docstring.
 """
 
 from __future__ import annotations
@@ -177,6 +178,23 @@ class SimConfig:
     late_order_mean_s: float = 12 * 3600.0
     """Mean seconds from leaving to a later order (exponential: about 8 % within 1 h, 14 % after 24 h)."""
 
+    # Engagement signals (``ShopperSession.engagement``), from a page's hidden reaction. Each
+    # effect is (base, + if the prompt was taken up, + if it was dismissed, + if the shopper
+    # complained), summed over the reactions that hold (a complaint can come with either).
+    engagement_active: Quad = (0.5, 1.0, -0.8, -1.5)
+    """Logit of the fraction of the page's time the shopper was active on it (``dwell_s`` = page
+    time × that fraction), before the noise."""
+    engagement_active_sigma: float = 1.0
+    """Standard deviation of the Gaussian noise on that logit."""
+    engagement_scroll: Quad = (0.45, 0.20, -0.15, -0.15)
+    """Scroll depth before the noise (then clipped to [0, 1])."""
+    engagement_scroll_sigma: float = 0.25
+    """Standard deviation of the Gaussian noise on the scroll depth."""
+    engagement_bounce: Quad = (0.06, -0.03, 0.06, 0.40)
+    """P(the page view is a bounce), before clipping to ``engagement_bounce_range``."""
+    engagement_bounce_range: tuple[float, float] = (0.005, 0.95)
+    """The bounce probability is clipped to this range: never impossible, never certain."""
+
     def __post_init__(self) -> None:
         problems: list[str] = []
         for name in ("n_items", "item_dim", "n_categories", "n_users", "max_behaviors", "max_pages", "n_days"):
@@ -206,8 +224,14 @@ class SimConfig:
         problems += [f"{k}: must be a probability, got {v!r}" for k, v in probs.items() if not 0 <= v <= 1]
         positive = ("price_sigma", "dwell_median_s", "checkout_delay_median_s", "late_order_mean_s", "coupon_cap")
         problems += [f"{k}: must be > 0" for k in positive if not getattr(self, k) > 0]
+        problems += [f"{k}: must be >= 0" for k in ("engagement_active_sigma", "engagement_scroll_sigma") if not getattr(self, k) >= 0]
+        lo, hi = self.engagement_bounce_range
+        if not 0 <= lo <= hi <= 1:
+            problems.append("engagement_bounce_range: need 0 <= low <= high <= 1")
         for k, v in vars(self).items():
             if isinstance(v, float) and not math.isfinite(v):
+                problems.append(f"{k}: must be finite")
+            if k.startswith("engagement_") and isinstance(v, tuple) and not all(math.isfinite(x) for x in v):
                 problems.append(f"{k}: must be finite")
         if problems:
             raise ValueError("invalid SimConfig: " + "; ".join(problems))
@@ -226,4 +250,21 @@ def effect_table(config: SimConfig) -> str:
             f"{p.order:.2f}", f"{p.coupon_lift:.2f}", f"{p.share_lift:.2f}",
             f"{p.detail_take_lift:.2f}/{p.detail_order_lift:.2f}", f"{p.checkout:.2f}",
         ))
+    return "\n".join("| " + " | ".join(r) + " |" for r in rows)
+
+
+def engagement_table(config: SimConfig) -> str:
+    """The engagement effects of ``config`` per hidden reaction, before the noise, as a Markdown table
+    (the one in ``world``'s docstring): the active logit, the scroll depth and P(bounce) (clipped)."""
+    lo, hi = config.engagement_bounce_range
+    head = ("reaction", "active logit", "scroll", "bounce")
+    rows = [head, tuple("---" for _ in head)]
+    for name, taken, dismissed in (("taken up", 1, 0), ("dismissed", 0, 1), ("idle", 0, 0)):
+        for complained in (0, 1):
+            x = (1, taken, dismissed, complained)
+            active, scroll, bounce = (
+                sum(c * v for c, v in zip(coefs, x, strict=True))
+                for coefs in (config.engagement_active, config.engagement_scroll, config.engagement_bounce)
+            )
+            rows.append((name + " + complaint" * complained, f"{active:.2f}", f"{scroll:.2f}", f"{min(hi, max(lo, bounce)):.3f}"))
     return "\n".join("| " + " | ".join(r) + " |" for r in rows)

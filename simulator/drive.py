@@ -27,13 +27,13 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
-from core.domain import Action, Decision, DecisionRequest, OutcomeReport, Source
+from core.domain import Action, Decision, DecisionRequest, EngagementReport, OutcomeReport, Source
 from experience.objective import BusinessObjective
 from experience.recorder import ExperienceRecorder, RecorderOptions
 from experience.returns import GAMMA, MeanReturn, mean_return, session_returns
 from experience.sessions import EpisodeConfig, build_episodes
 from policy.features import FeatureEncoder, context_of
-from simulator.world import OutcomeEvent, ShopperSession, World
+from simulator.world import OutcomeEvent, PageEngagement, ShopperSession, World
 
 
 class BatchDecider(Protocol):
@@ -53,6 +53,10 @@ def outcome_id(decision: str, k: int) -> str:
     return f"{decision}-o{k}"
 
 
+def engagement_id(decision: str) -> str:
+    return f"{decision}-e"
+
+
 @dataclass
 class Trace:
     """What the simulated sessions saw and did, column-wise (decision and outcome log columns)."""
@@ -70,6 +74,7 @@ class Trace:
     discounts: list[float] = field(default_factory=list)
     outcome_times: list[float] = field(default_factory=list)
     sessions_finished: int = 0
+    engagements: int = 0
     model_versions: set[str] = field(default_factory=set)
 
     def decided(self, session_id: str, decision_id: str, event_time_s: float, action: Action, source: Source) -> None:
@@ -130,6 +135,7 @@ class Trace:
             "sessions_finished": self.sessions_finished,
             "decisions": len(self.decision_ids),
             "outcomes": len(self.outcome_ids),
+            "engagements": self.engagements,
             "mean_return": value.mean,
             "ci_low": value.low,
             "ci_high": value.high,
@@ -143,6 +149,11 @@ class Trace:
 def reports_for(session: ShopperSession, decision: str, events: Iterable[OutcomeEvent]) -> list[OutcomeReport]:
     return [OutcomeReport(decision, session.session_id, outcome_id(decision, k), e.outcome, e.value, e.coupon_discount,
                           e.event_time_s) for k, e in enumerate(events)]
+
+
+def engagement_report_for(session: ShopperSession, decision: str, page: PageEngagement) -> EngagementReport:
+    return EngagementReport(decision, session.session_id, engagement_id(decision), page.dwell_s, page.scroll_depth, page.bounced,
+                            page.event_time_s)
 
 
 def run_in_process(world: World, model: BatchDecider, sessions: range, tz: tzinfo, recorder: ExperienceRecorder | None = None,
@@ -180,6 +191,11 @@ def run_in_process(world: World, model: BatchDecider, sessions: range, tz: tzinf
                 trace.reported(report)
                 if recorder is not None:
                     recorder.outcome(report)
+            engaged = session.engagement()
+            if engaged is not None:
+                trace.engagements += 1
+                if recorder is not None:
+                    recorder.engagement(engagement_report_for(session, did, engaged))
             steps[index] += 1
         if recorder is not None:
             recorder.flush()  # in this thread: the queue never fills however fast we go
@@ -195,7 +211,7 @@ def run_logged(world: World, model: BatchDecider, sessions: range, tz: tzinfo, r
                on_finished: Callable[[int], None] | None = None) -> tuple[Trace, dict[str, int]]:
     """``run_in_process`` writing the server's decision and outcome logs under ``root``; returns the trace and
     the records written per kind. The recorder is flushed in this thread after each batch, so its queue
-    only needs room for one batch's decisions and their outcomes; ``close`` finalises the segments."""
+    only needs room for one batch's decisions, their outcomes and engagement reports; ``close`` finalises the segments."""
     recorder = ExperienceRecorder(root, salt, RecorderOptions(max_queue=max(8192, 32 * batch)), clock=clock)
     try:
         trace = run_in_process(world, model, sessions, tz, recorder, batch=batch, on_finished=on_finished)

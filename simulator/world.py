@@ -3,7 +3,8 @@
 ``World(config, seed)`` builds the item catalogue once; ``world.session(i)`` is shopper
 session ``i``. A session alternates ``page()`` (the request fields of the next page view, or
 None once the shopper has left) and ``respond(action)`` (the outcome events the action
-caused). Pure: no I/O, no clock, no global random state.
+caused); after ``respond``, ``engagement()`` is what the frontend measured on that page. Pure: no
+I/O, no clock, no global random state.
 
 Determinism. Session ``i`` draws all of its randomness up front from
 ``default_rng([seed, 1, i])``: a few numbers for the shopper and a fixed row of uniforms and
@@ -51,6 +52,31 @@ Serving EXIT makes the shopper leave. Every session ends with exactly one EXIT e
 latest after ``max_pages`` pages. Event times never decrease within a session: reactions fall
 within the page's dwell time (tens of seconds to minutes), EXIT at its end, and an order
 minutes (checkout) or hours (after leaving, so after the EXIT) later.
+
+Engagement signals. ``engagement()`` (after a ``respond``) is that page view's ``PageEngagement``:
+the active seconds on the page, the scroll depth and whether the shopper bounced, reported at the
+page's end. They follow only the page's hidden reaction: the prompt *taken up*, *dismissed* (a
+prompt other than VIEW_DETAIL not taken up) or *idle* (VIEW_DETAIL not taken up, or EXIT served:
+the shopper just leaves, with no prompt to take up or dismiss and no complaint drawn), and a
+*complaint* (with any of them). With T the page's time (the next page's event time − this one's;
+on the last page the dwell drawn for it) and fresh noise z1, z2 ~ N(0, 1), u ~ U(0, 1):
+``dwell_s`` = T × logistic(*active logit* + 1.0 z1), ``scroll_depth`` = clip(*scroll* + 0.25 z2, 0, 1),
+``bounced`` = u < *bounce* (clipped to [0.005, 0.95]), with (``engagement_table(SimConfig())``):
+
+| reaction | active logit | scroll | bounce |
+| --- | --- | --- | --- |
+| taken up | 1.50 | 0.65 | 0.030 |
+| taken up + complaint | 0.00 | 0.50 | 0.430 |
+| dismissed | -0.30 | 0.30 | 0.120 |
+| dismissed + complaint | -1.80 | 0.15 | 0.520 |
+| idle | 0.50 | 0.45 | 0.060 |
+| idle + complaint | -1.00 | 0.30 | 0.460 |
+
+So the mean active fraction is about 0.78 taken up, 0.44 dismissed, 0.61 idle and 0.2 after a
+complaint; informative, but noisy page by page (and T itself varies, log-normal). The noise
+comes from the session's own stream ``default_rng([seed, 2, i])``, drawn on the first call, one
+row per page: calling ``engagement()`` or not changes nothing else in the session (its draws and
+course are those of a session without it), and the signals never change what happens next.
 """
 
 from __future__ import annotations
@@ -70,6 +96,7 @@ from simulator.items import Catalogue
 
 _CATALOGUE_STREAM = 0
 _SESSION_STREAM = 1
+_ENGAGEMENT_STREAM = 2
 
 # Per-page uniform slots.
 _U_CART_PAGE, _U_STICK, _U_CATEGORY, _U_ITEM, _U_PAGE_TYPE, _U_BEHAVIOR, _U_EXTRA_P, _U_EXTRA = range(8)
@@ -78,6 +105,8 @@ _N_U = 15
 # Per-page normal slots.
 _Z_DWELL, _Z_CHECKOUT = range(2)
 _N_Z = 2
+# The logit of the active fraction is clamped to this, so that 0 < fraction (and dwell_s) holds in floats.
+_ACTIVE_LOGIT_MAX = 30.0
 
 _PAGE_TYPES = (PageType.SEARCH, PageType.RECOMMEND, PageType.DETAIL)
 _REACTION = {Action.ADD_TO_CART: "cart_add", Action.VIEW_DETAIL: "view_detail", Action.APPLY_COUPON: "coupon_claim",
@@ -107,6 +136,16 @@ class OutcomeEvent:
     value: float  # order GMV; 0 for other outcomes
     coupon_discount: float  # the order's coupon discount; 0 for other outcomes
     event_time_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class PageEngagement:
+    """What the frontend measured on one page view, reported after it (ReportEngagement)."""
+
+    dwell_s: float  # active seconds on the page, 0 < dwell_s <= the page's time (next page's event time − this page's)
+    scroll_depth: float  # in [0, 1]
+    bounced: bool
+    event_time_s: float  # when it is reported: the end of the page view (the time respond() moved the session clock to)
 
 
 def _cdf(weights: tuple[float, ...]) -> tuple[float, ...]:
@@ -161,8 +200,8 @@ class ShopperSession:
     """
 
     __slots__ = (
-        "_behaviors", "_cart", "_ended", "_follow_item", "_item", "_pending", "_step", "_t", "_tables", "_u", "_world", "_z",
-        "coupon_claimed", "details_opened", "favourite", "intent", "session_id", "shared", "user_id",
+        "_behaviors", "_cart", "_ended", "_engagement_noise", "_follow_item", "_index", "_item", "_pending", "_reaction", "_step",
+        "_t", "_tables", "_u", "_world", "_z", "coupon_claimed", "details_opened", "favourite", "intent", "session_id", "shared", "user_id",
     )
 
     def __init__(self, world: World, index: int) -> None:
@@ -174,6 +213,7 @@ class ShopperSession:
         self._z: list[list[float]] = rng.standard_normal((config.max_pages, _N_Z)).tolist()
 
         self._world = world
+        self._index = index
         self.intent = Intent(_pick(world._intent_cdf, head[0]))
         self._tables = world._tables[self.intent]
         profile = self._tables.profile
@@ -192,6 +232,10 @@ class ShopperSession:
         self._follow_item: int | None = None  # the item whose detail page the shopper opened
         self._item = -1  # the current page's item
         self._ended = False
+        # The last page responded to: (its start, its end, taken up, dismissed, complained).
+        self._reaction: tuple[float, float, bool, bool, bool] | None = None
+        # Per page [z active, z scroll] and u bounce, drawn on the first ``engagement()``.
+        self._engagement_noise: tuple[list[list[float]], list[float]] | None = None
         self.coupon_claimed = False
         self.shared = False
         self.details_opened = 0
@@ -265,6 +309,7 @@ class ShopperSession:
         self._t = t_next
 
         if action is Action.EXIT:
+            self._reaction = (page.event_time_s, t_next, False, False, False)
             return self._end(events, checkout=False, u=u, z=z)
 
         a = action.index
@@ -291,6 +336,7 @@ class ShopperSession:
         complained = u[_U_COMPLAIN] < profile.complain[a]
         if complained:
             events.append(OutcomeEvent(Outcome.COMPLAINT, 0.0, 0.0, t_react))
+        self._reaction = (page.event_time_s, t_next, taken, not taken and action is not Action.VIEW_DETAIL, complained)
 
         if self._cart:
             checkout = profile.checkout * (config.cart_page_checkout_mult if page.page_type is PageType.CART else 1.0)
@@ -300,6 +346,33 @@ class ShopperSession:
         if u[_U_LEAVE] < leave or self._step >= config.max_pages:
             return self._end(events, checkout=False, u=u, z=z)
         return events
+
+    def engagement(self) -> PageEngagement | None:
+        """The engagement of the page most recently responded to (None before the first respond()).
+
+        A function of that page's hidden reaction, its time and its own noise (the session's
+        engagement stream, row ``step``): calling it or not never changes the session.
+        """
+        if self._reaction is None:
+            return None
+        if self._engagement_noise is None:
+            n = self._world.config.max_pages
+            rng = np.random.default_rng([self._world.seed, _ENGAGEMENT_STREAM, self._index])
+            self._engagement_noise = rng.standard_normal((n, 2)).tolist(), rng.random(n).tolist()
+        zs, us = self._engagement_noise
+        z_active, z_scroll = zs[self._step - 1]
+        u_bounce = us[self._step - 1]
+        t0, t1, taken, dismissed, complained = self._reaction
+        config = self._world.config
+        a, s, b = config.engagement_active, config.engagement_scroll, config.engagement_bounce
+        logit = a[0] + a[1] * taken + a[2] * dismissed + a[3] * complained + config.engagement_active_sigma * z_active
+        fraction = 1.0 / (1.0 + math.exp(-min(max(logit, -_ACTIVE_LOGIT_MAX), _ACTIVE_LOGIT_MAX)))
+        scroll = s[0] + s[1] * taken + s[2] * dismissed + s[3] * complained + config.engagement_scroll_sigma * z_scroll
+        lo, hi = config.engagement_bounce_range
+        bounce = min(hi, max(lo, b[0] + b[1] * taken + b[2] * dismissed + b[3] * complained))
+        return PageEngagement(
+            dwell_s=(t1 - t0) * fraction, scroll_depth=min(1.0, max(0.0, scroll)), bounced=u_bounce < bounce, event_time_s=t1,
+        )
 
     def _end(self, events: list[OutcomeEvent], *, checkout: bool, u: list[float], z: list[float]) -> list[OutcomeEvent]:
         """Close the session at ``self._t``: EXIT, and the order if the shopper places one."""

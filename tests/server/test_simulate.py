@@ -54,7 +54,9 @@ def test_in_process_is_reproducible_and_batch_independent() -> None:
 def test_in_process_logs_score_the_same(tmp_path: Path) -> None:
     code, result = simulate("--sessions", "200", "--seed", "5", "--log-dir", str(tmp_path), "--trace", str(tmp_path / "t.jsonl"))
     assert code == 0
-    assert result["logs_written"] == {"decisions": result["decisions"], "outcomes": result["outcomes"]}
+    assert result["logs_written"] == {"decisions": result["decisions"], "outcomes": result["outcomes"],
+                                      "engagements": result["engagements"]}
+    assert result["engagements"] == result["decisions"]  # one report per page view
     value, n = logged_value(tmp_path)
     assert n == 200 and value == pytest.approx(result["mean_return"], rel=1e-12)
     logged = set(DirectorySource(tmp_path).table("decisions").column("decision_id").to_pylist())
@@ -68,6 +70,10 @@ def test_over_grpc_the_server_logs_what_was_served(tmp_path: Path) -> None:
                                 "--trace", str(tmp_path / "t.jsonl"))
     assert code == 0 and not result["interrupted"] and result["error"] is None
     assert result["sessions"] == 40 and result["outcomes_logged"] == result["outcomes_acknowledged"] == result["outcomes"]
+    # every page view's engagement went over the wire too, and into the logs, joined to the decision it names
+    assert result["engagements_logged"] == result["engagements_acknowledged"] == result["engagements"] == result["decisions"]
+    engaged = DirectorySource(logs).table("engagements")
+    assert set(engaged.column("decision_id").to_pylist()) == set(DirectorySource(logs).table("decisions").column("decision_id").to_pylist())
     value, n = logged_value(logs)
     assert n == 40 and value == pytest.approx(result["mean_return"], rel=1e-12)  # the trainer's view of the same sessions
     table = DirectorySource(logs).table("decisions")
