@@ -129,6 +129,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _config(args: argparse.Namespace) -> TrainConfig:
+    from experience.engagement import EngagementWeights
     from trainer.config import GuardConfig, TrainConfig
 
     try:
@@ -143,6 +144,8 @@ def _config(args: argparse.Namespace) -> TrainConfig:
     try:
         if "guard" in values:
             values["guard"] = GuardConfig(**values["guard"])
+        if values.get("engagement_weights") is not None:
+            values["engagement_weights"] = EngagementWeights.from_dict(values["engagement_weights"])
         return TrainConfig(**values)
     except (TypeError, ValueError) as exc:
         raise UsageError(f"--config: {exc}") from None

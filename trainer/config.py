@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
 from core.domain import Action, Outcome
+from experience.engagement import EngagementWeights
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +130,11 @@ class TrainConfig:
     """Sessions are cut this long after their first decision."""
     open_terminal_reward: float = 0.0
     """Added to the last step of sessions cut open (no EXIT seen)."""
+    engagement_weights: EngagementWeights | None = None
+    """Confidence weights on each step's reward from the shopper's engagement with its page (dwell, scroll, bounce:
+    ``experience.engagement``, where the function and its defaults' reasons are), applied before the returns; a step
+    without a report weighs 1. In a JSON config an object of the function's fields (``{}``: the defaults). None: off,
+    every step weighs 1 (on the simulator the weights did not help: docs/training.md, "Engagement weights")."""
     normalize_rewards: bool = True
     """Quantile-normalise the rewards (5 % / 95 % of the non-zero ones) before the returns; the step is
     KL-scaled so this changes the baseline's numerics, not the step size."""
@@ -266,8 +272,9 @@ class TrainConfig:
             raise ValueError("; ".join(problems))
 
     def to_dict(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "guard"}
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("guard", "engagement_weights")}
         out["guard"] = self.guard.to_dict()
+        out["engagement_weights"] = None if self.engagement_weights is None else self.engagement_weights.to_dict()
         return out
 
     def gate_limits(self) -> GateLimits:

@@ -12,7 +12,9 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from experience.attribution import AttributionConfig
+from experience.engagement import step_weights
 from experience.returns import discounted_returns, fit_reward_scale
+from experience.schema import ENGAGEMENTS
 from experience.sessions import EpisodeConfig, Episodes, build_episodes, split_by_session
 from trainer.config import TrainConfig
 from trainer.guard_labels import harmful_labels
@@ -52,6 +54,13 @@ def training_rows(decisions: pa.Table, outcomes: pa.Table, fraction: float, seed
     return np.flatnonzero(~d_held).astype(np.int64), outcomes.filter(pa.array(~o_held))
 
 
+def training_reports(reports: pa.Table, fraction: float, seed: int) -> pa.Table:
+    """The rows of ``reports`` (a kind with a ``session_id``: engagement reports) whose sessions are on the training side."""
+    if reports.num_rows == 0:
+        return reports
+    return reports.filter(pa.array(~heldout_sessions(reports.column("session_id"), fraction, seed)))
+
+
 def episode_config(config: TrainConfig) -> EpisodeConfig:
     return EpisodeConfig(horizon_s=config.horizon_hours * 3600.0, open_terminal_reward=config.open_terminal_reward,
                          attribution=AttributionConfig())
@@ -67,14 +76,17 @@ class Experience:
     returns: FloatArray  # (N,) discounted returns of the (normalised) rewards
     harmful: npt.NDArray[np.bool_]  # (N,) guard labels
     reward_scale: dict[str, Any]
+    engagement: dict[str, Any] | None = None  # what the engagement weights' join used and left out (None: weights off)
 
 
 def experience(decisions: pa.Table, outcomes: pa.Table, model: ModelSet, config: TrainConfig,
-               rows: npt.NDArray[np.int64] | None = None, gather: Callable[[FloatArray], FloatArray] | None = None) -> Experience:
+               rows: npt.NDArray[np.int64] | None = None, gather: Callable[[FloatArray], FloatArray] | None = None,
+               engagements: pa.Table | None = None) -> Experience:
     """The experience of ``decisions`` (only its ``rows``, when given: the training side of a window, which is then
     never copied whole; the item embeddings go from the window's column straight into the states, in episode order).
     On ranks that each hold a shard of the sessions, ``gather`` (``Reducer.gather``) collects every rank's non-zero
-    rewards, so that the reward scale is the union's."""
+    rewards, so that the reward scale is the union's. With ``config.engagement_weights`` each step's reward is
+    multiplied by its confidence weight from ``engagements`` (the same sessions' reports) before the returns."""
     narrow = decisions.drop_columns(["item_embedding"])
     if rows is not None:
         narrow = narrow.take(pa.array(rows))
@@ -83,6 +95,11 @@ def experience(decisions: pa.Table, outcomes: pa.Table, model: ModelSet, config:
     del narrow
     harmful = harmful_labels(ordered, outcomes, config.guard)
     rewards = episodes.rewards
+    joined: dict[str, Any] | None = None
+    if config.engagement_weights is not None:
+        reports = engagements if engagements is not None else ENGAGEMENTS.empty_table()
+        weights, join = step_weights(ordered, episodes, reports, config.engagement_weights, config.horizon_hours * 3600.0)
+        rewards, joined = rewards * weights, join.to_dict()
     scale: dict[str, Any] = {}
     if config.normalize_rewards:
         nonzero = rewards[rewards != 0.0]
@@ -92,4 +109,4 @@ def experience(decisions: pa.Table, outcomes: pa.Table, model: ModelSet, config:
     returns = discounted_returns(rewards, episodes.starts, episodes.lengths, config.gamma)
     reindexed = dataclasses.replace(episodes, rows=np.arange(len(ordered), dtype=np.int64))
     order = episodes.rows if rows is None else rows[episodes.rows]
-    return Experience(ordered, reindexed, logged_steps(decisions, model, order, ordered), returns, harmful, scale)
+    return Experience(ordered, reindexed, logged_steps(decisions, model, order, ordered), returns, harmful, scale, joined)

@@ -5,12 +5,12 @@
    one row a session, never a Python object per id). On them the run's window and sample are
    chosen (``trainer.window.choose``): which sessions it reads.
 2. The wide pass: the segments again, each filtered to those sessions before it is kept (one
-   set lookup a segment), decisions and outcomes alike, the kept rows gathered into large batches.
+   set lookup a segment), decisions, outcomes and engagement reports alike, the kept rows gathered into large batches.
    A decision segment whose newest row is older than the earliest first decision of the chosen
    sessions holds none of their rows (no decision of a session precedes its first), so it is not
    decoded again: the narrow pass noted each segment's newest ``time_s``. With a window (the last
    model version, the last hours) over a directory that keeps the whole history, the wide pass
-   then decodes the window's segments, not every embedding ever logged. Outcome segments are
+   then decodes the window's segments, not every embedding ever logged. Outcome and engagement segments are
    all read (their rows carry no embeddings, and the server's ``received_s`` need not follow
    the decision's ``time_s`` across two servers' clocks); so is a segment the narrow pass did
    not see (one compacted in between is read from its parts).
@@ -78,7 +78,11 @@ def read_window(source: DirectorySource, config: Any, shard: tuple[int, int] | N
                                       schema=SCHEMAS["decisions"])
     outcomes = pa.Table.from_batches(list(rows_of(read_segments(source, "outcomes", "read.outcomes"), sessions)),
                                      schema=SCHEMAS["outcomes"])
-    return Window(decisions, outcomes, versions_by_first_time(decisions), settings_of(config, serving), in_window, chosen)
+    engagements = SCHEMAS["engagements"].empty_table()  # logs from before the kind, or with no report yet: none
+    if source.has("engagements"):
+        engagements = pa.Table.from_batches(list(rows_of(read_segments(source, "engagements", "read.engagements"), sessions)),
+                                            schema=SCHEMAS["engagements"])
+    return Window(decisions, outcomes, versions_by_first_time(decisions), settings_of(config, serving), in_window, chosen, engagements)
 
 
 def earliest_start(index: SessionIndex, sessions: pa.ChunkedArray) -> float | None:

@@ -41,7 +41,7 @@ from trainer import update
 from trainer.advantages import baseline_advantages, fit_value, group_advantages
 from trainer.config import TrainConfig
 from trainer.critic import critic_action_advantages, critic_advantages, fit_critic
-from trainer.data import Experience, experience, training_rows
+from trainer.data import Experience, experience, training_reports, training_rows
 from trainer.distributed import LocalReducer, Reducer
 from trainer.export import export_bundle
 from trainer.guard_spikes import SpikeLog, SpikeRule
@@ -151,6 +151,15 @@ def advantages_for(exp: Experience, config: TrainConfig, states: torch.Tensor, r
     return baseline_advantages(states, returns, value).double(), {}
 
 
+def _engagement_metrics(join: dict[str, Any] | None, reducer: Reducer) -> dict[str, float]:
+    """What the engagement weights' join used and left out, over every rank (nothing when the weights are off)."""
+    if join is None:
+        return {}
+    counts = {f"engagement_{name}": float(global_count(int(join[name]), reducer))
+              for name in ("n_reports", "n_duplicates", "n_unknown_decision", "n_outside_horizon", "n_superseded", "n_steps_weighted")}
+    return {**counts, "engagement_mean_weight": union_ratio(join["mean_weight"] * join["n_steps"], float(join["n_steps"]), reducer)}
+
+
 def _created_at(decisions: pa.Table, reducer: Reducer) -> str:
     """The newest logged decision time (every rank's): the same logs give the same manifest (and bundle bytes)."""
     newest = newest_time(decisions, reducer) or 0.0
@@ -175,7 +184,8 @@ def train(decisions: pa.Table, outcomes: pa.Table, init: Bundle, config: TrainCo
     log.info("window: %d decisions of %d sessions (%s in the window before any sample), model versions %s",
              record["decisions"], record["sessions"], record["sessions_in_window"], record["model_versions"])
     rows_train, outcomes_train = training_rows(window.decisions, window.outcomes, config.heldout_fraction, config.seed)
-    exp = experience(window.decisions, outcomes_train, base, config, rows_train, gather=reducer.gather)
+    engagements_train = training_reports(window.engagements, config.heldout_fraction, config.seed)
+    exp = experience(window.decisions, outcomes_train, base, config, rows_train, gather=reducer.gather, engagements=engagements_train)
     n = len(exp.steps)
     if any_rank(n == 0, reducer):
         raise ValueError("no logged decisions on the training side" + (f" of some rank's shard ({world} ranks)" if world > 1 else ""))
@@ -313,6 +323,7 @@ def train(decisions: pa.Table, outcomes: pa.Table, init: Bundle, config: TrainCo
         "train_steps": float(global_count(n, reducer)),
         "train_episodes": float(global_count(exp.episodes.n_episodes, reducer)),
         "train_rows_served_with_certainty": float(global_count(int(exp.steps.certain.sum()), reducer)),  # not in the surrogate, KL
+        **_engagement_metrics(exp.engagement, reducer),
     }
     metrics = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and math.isfinite(float(v))}
     policy = policy.cpu()

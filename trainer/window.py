@@ -36,6 +36,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from experience.schema import ENGAGEMENTS
 from experience.sessions import session_hashes
 from trainer.session_index import SessionIndex
 
@@ -56,6 +57,8 @@ class Window:
     chosen: tuple[int, int] | None = None
     """The sessions chosen (window and sample, before any shard): their count and the sum of their ids' 48-bit hashes,
     so ranks that chose on their own can check that they chose the same (None: not recorded)."""
+    engagements: pa.Table = field(default_factory=ENGAGEMENTS.empty_table)
+    """The engagement reports of the kept sessions (``experience.engagement``; none when the logs have none)."""
 
     def describe(self) -> dict[str, Any]:
         """The manifest's record of what was read; ``newest_time_s`` tells later runs which sessions came after it."""
@@ -111,12 +114,15 @@ def digest_of(session_ids: pa.ChunkedArray | pa.Array) -> tuple[int, int]:
 def restrict(window: Window, keep: Callable[[pa.ChunkedArray], npt.NDArray[np.bool_]]) -> Window:
     """``window`` with only the sessions for which ``keep`` (a mask of the distinct session ids) holds."""
     ids = pc.unique(window.decisions.column("session_id"))
-    decisions, outcomes = sessions_of(window.decisions, window.outcomes, ids.filter(pa.array(keep(pa.chunked_array([ids])))))
-    return Window(decisions, outcomes, versions_by_first_time(decisions), window.settings, window.sessions_in_window, window.chosen)
+    kept = ids.filter(pa.array(keep(pa.chunked_array([ids]))))
+    decisions, outcomes = sessions_of(window.decisions, window.outcomes, kept)
+    _, engagements = sessions_of(decisions.slice(0, 0), window.engagements, kept)
+    return Window(decisions, outcomes, versions_by_first_time(decisions), window.settings, window.sessions_in_window, window.chosen,
+                  engagements)
 
 
 def sessions_of(decisions: pa.Table, outcomes: pa.Table, session_ids: pa.Array | pa.ChunkedArray) -> tuple[pa.Table, pa.Table]:
-    """The decisions and outcomes of these sessions."""
+    """The decisions and outcomes (or any other kind with a ``session_id``: engagements) of these sessions."""
     d = decisions.filter(pc.is_in(decisions.column("session_id"), session_ids))
     o = outcomes.filter(pc.is_in(outcomes.column("session_id"), session_ids)) if outcomes.num_rows else outcomes
     return d, o
