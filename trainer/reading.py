@@ -5,7 +5,8 @@
    one row a session, never a Python object per id). On them the run's window and sample are
    chosen (``trainer.window.choose``): which sessions it reads.
 2. The wide pass: the segments again, each filtered to those sessions before it is kept (one
-   set lookup a segment), decisions, outcomes and engagement reports alike, the kept rows gathered into large batches.
+   set lookup a segment), decisions, outcomes and (with ``engagement_weights``) engagement reports
+   alike, the kept rows gathered into large batches.
    A decision segment whose newest row is older than the earliest first decision of the chosen
    sessions holds none of their rows (no decision of a session precedes its first), so it is not
    decoded again: the narrow pass noted each segment's newest ``time_s``. With a window (the last
@@ -78,8 +79,8 @@ def read_window(source: DirectorySource, config: Any, shard: tuple[int, int] | N
                                       schema=SCHEMAS["decisions"])
     outcomes = pa.Table.from_batches(list(rows_of(read_segments(source, "outcomes", "read.outcomes"), sessions)),
                                      schema=SCHEMAS["outcomes"])
-    engagements = SCHEMAS["engagements"].empty_table()  # logs from before the kind, or with no report yet: none
-    if source.has("engagements"):
+    engagements = SCHEMAS["engagements"].empty_table()  # none read unless the run weighs its rewards with them
+    if config.engagement_weights is not None and source.has("engagements"):
         engagements = pa.Table.from_batches(list(rows_of(read_segments(source, "engagements", "read.engagements"), sessions)),
                                             schema=SCHEMAS["engagements"])
     return Window(decisions, outcomes, versions_by_first_time(decisions), settings_of(config, serving), in_window, chosen, engagements)

@@ -29,8 +29,9 @@ PLAIN = TrainConfig(normalize_rewards=False)
 WEIGHTED = dataclasses.replace(PLAIN, engagement_weights=EngagementWeights())
 
 
-def test_the_window_carries_its_sessions_engagement_reports(sim_logs: Path) -> None:
-    window = read_window(DirectorySource(sim_logs), PLAIN)
+def test_the_window_carries_its_sessions_engagement_reports_when_the_run_uses_them(sim_logs: Path) -> None:
+    assert read_window(DirectorySource(sim_logs), PLAIN).engagements.num_rows == 0  # weights off: not even read
+    window = read_window(DirectorySource(sim_logs), WEIGHTED)
     assert window.engagements.num_rows == window.decisions.num_rows  # the simulator reports every page
     decisions = set(window.decisions.column("decision_id").to_pylist())
     assert set(window.engagements.column("decision_id").to_pylist()) == decisions
@@ -38,7 +39,7 @@ def test_the_window_carries_its_sessions_engagement_reports(sim_logs: Path) -> N
 
 
 def test_weighted_returns_are_the_returns_of_the_weighted_rewards(sim_logs: Path, default_model: ModelSet) -> None:
-    window = read_window(DirectorySource(sim_logs), PLAIN)
+    window = read_window(DirectorySource(sim_logs), WEIGHTED)
     rows, outcomes = training_rows(window.decisions, window.outcomes, PLAIN.heldout_fraction, PLAIN.seed)
     reports = training_reports(window.engagements, PLAIN.heldout_fraction, PLAIN.seed)
     plain = experience(window.decisions, outcomes, default_model, PLAIN, rows, engagements=reports)
