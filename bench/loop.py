@@ -25,7 +25,8 @@ policy that reads each shopper's hidden intent (a reference, not a bound), and V
 contextual-bandit learner (``--cb_adf``, doubly robust, one pass; an optional bench dependency:
 ``pip install -e '.[bench]'``) trained on each cycle's logs (every row the active version logged: the
 trainer's window, held-out side included), with the return-to-go of the objective as its cost, played greedily. Intervals on differences
-are paired over the shared sessions. Writes ``bench/results/loop.json`` and ``loop.png``.
+are paired over the shared sessions. Writes ``bench/results/loop.json``, ``loop.png`` and the served policy's per-session
+truth of every cycle (``loop.per-session.npz``, for paired comparisons between runs: ``bench.engagement_ab``).
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ import pyarrow as pa
 
 from bench.procs import REPO
 from bench.report import write_results
-from core.domain import Action, Source
+from core.domain import Action, Outcome, Source
 from experience.objective import BusinessObjective
 from experience.returns import Z_95, discounted_returns
 from experience.segments import DirectorySource
@@ -157,9 +158,14 @@ def vw_chooser(vw: Any, features: VWFeatures) -> Choose:
 
 
 def per_session(trace: Trace, world: World, sessions: range) -> dict[str, np.ndarray]:
+    """Per session: the objective, net GMV, complaints, and add-to-cart conversion (1 when any item went into the cart)."""
     ids = [f"sim{world.seed}-s{i}" for i in sessions]
     b = BusinessObjective().per_session(ids, trace.tables()[1])
-    return {"objective": b.objective, "net_gmv": b.net_gmv, "complaints": b.complaints}
+    index = {s: i for i, s in enumerate(ids)}
+    carted = [index[s] for s, o in zip(trace.outcome_sessions, trace.outcomes, strict=True) if o == Outcome.ADD_TO_CART]
+    conversion = np.zeros(len(ids))
+    conversion[carted] = 1.0
+    return {"objective": b.objective, "net_gmv": b.net_gmv, "complaints": b.complaints, "add_to_cart_conversion": conversion}
 
 
 def interval(x: np.ndarray) -> dict[str, float]:
@@ -253,6 +259,12 @@ def canary_against_truth(entry: dict[str, Any], previous: dict[str, Any]) -> dic
     low, high = float(look["ci_low"]), float(look["ci_high"])
     return {"action": look["action"], "estimate": float(look["estimate"]), "ci_low": low, "ci_high": high,
             "truth": truth["mean"], "held": bool(low <= truth["mean"] <= high)}
+
+
+def per_session_path(out: Path) -> Path:
+    """Where a run's per-session truth goes, next to its JSON: ``cycle{c}.{objective,net_gmv,…}`` arrays over the truth
+    sessions, in their order, so that two runs on the same world and truth sessions can be compared paired."""
+    return out.with_suffix(".per-session.npz")
 
 
 def public(x: Any) -> Any:
@@ -363,7 +375,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "kl_to_old", "kl_served_to_start", "kl_to_behavior", "updates_accepted", "updates_failed",
                     "surrogate_improvement", "effective_sample_size", "support_limited", "guard_served_kl",
                     "guard_kept_from_start", "guard_veto_enabled", "guard_accuracy", "guard_never_block_accuracy",
-                    "guard_false_block_rate", "guard_recall", "guard_auc", "offline_dr", "offline_dr_minus_current")},
+                    "guard_false_block_rate", "guard_recall", "guard_auc", "offline_dr", "offline_dr_minus_current",
+                    "engagement_mean_weight", "engagement_n_steps_weighted")},
                 "window": active.manifest.get("trainer", {}).get("window"),
                 "truth": scored(active.version, run_in_process(world, active, truth, UTC), world, truth),
             }
@@ -430,6 +443,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "constants": baselines, "best_constant": best_constant["name"], "intent_policy": oracle,
                     "cycles": cycles, "targets": targets, "guard": guard})
     write_results(args.out, result)
+    np.savez_compressed(per_session_path(args.out), **{f"cycle{c['cycle']}.{k}": v for c in cycles
+                                                       for k, v in c["truth"]["_per_session"].items()})
     plot(result, args.out.with_suffix(".png"))
     print(json.dumps(result["targets"], indent=1, default=float))
     if "guard_accuracy" in metrics and "guard_never_block_accuracy" in metrics:
