@@ -25,12 +25,14 @@ The weights multiply each step's attributed reward *before* the Monte Carlo retu
 estimates the business objective from the unweighted outcomes (``experience.objective``), so
 a weighting cannot make a bundle look better than the orders it brought in.
 
-The join (``step_weights``): reports are de-duplicated by ``engagement_id`` (the first
-received copy, as outcomes are); a report counts for the step whose ``decision_id`` and
-session it names, when its event time lies within that session's horizon; of several
-distinct reports for one decision the latest by event time counts (the most complete view of
-the page). A report naming a decision that is not in the logs read, or another session's, or
-arriving past the horizon, is left out and counted in ``EngagementJoin``.
+The join (``step_weights``): reports are de-duplicated by session and ``engagement_id`` (the
+first received copy, ties broken by every other column, as outcomes are); a report counts for
+the step whose ``decision_id`` and session it names, when its event time is at or after that
+decision's and within the session's horizon; of several distinct reports for one decision,
+each signal takes its latest measured value (by event time, then arrival), so a later report
+that carries only a bounce does not erase an earlier dwell and scroll. A report naming a
+decision that is not a step of the logs read (never logged, another session's, or cut by the
+horizon), or timed outside that range, is left out and counted in ``EngagementJoin``.
 """
 
 from __future__ import annotations
@@ -44,8 +46,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from core.domain import FloatArray
-from experience.attribution import ConfigError, config_object
-from experience.sessions import Episodes
+from experience.attribution import ConfigError, IntArray, config_object
+from experience.sessions import Episodes, starts_of_runs
 
 ENGAGEMENT_COLUMNS = ("engagement_id", "decision_id", "session_id", "dwell_s", "scroll_depth", "bounced", "event_time_s",
                       "received_s")
@@ -114,11 +116,11 @@ class EngagementJoin:
     n_duplicates: int
     """Copies of an earlier-received report with the same ``engagement_id``."""
     n_unknown_decision: int
-    """Distinct reports naming no logged step of their session (not in the logs read, or another session's)."""
+    """Distinct reports naming no step of their session (not in the logs read, another session's, or cut by the horizon)."""
     n_outside_horizon: int
-    """Distinct reports of a known step whose event time is before the session's first decision or after its horizon."""
+    """Distinct reports of a known step timed before its decision or after the session's horizon."""
     n_superseded: int
-    """Distinct reports of a step that has a later one."""
+    """Distinct reports merged into a later one for the same step (each signal's latest value counts)."""
     n_steps_weighted: int
     n_steps: int
     mean_weight: float
@@ -135,6 +137,28 @@ def _nullable(table: pa.Table, name: str) -> FloatArray:
     return np.asarray(column.to_numpy(zero_copy_only=False), dtype=np.float64)  # nulls become NaN
 
 
+SIGNALS = ("dwell_s", "scroll_depth", "bounced")
+# Copies of one report: the first received, ties broken by every other column, so the choice does not depend on row order.
+_DEDUPE_KEYS = ("session_id", "engagement_id", "received_s", "event_time_s", "decision_id", *SIGNALS)
+
+
+def _distinct(engagements: pa.Table) -> pa.Table:
+    """One row per report: per (session, ``engagement_id``) the first received copy (a resend is harmless)."""
+    keys = [(c, "ascending") for c in _DEDUPE_KEYS]  # nulls (unmeasured signals) sort last
+    order = pc.sort_indices(engagements.select(list(_DEDUPE_KEYS)), sort_keys=keys)
+    ids = pc.binary_join_element_wise(engagements.column("session_id"), engagements.column("engagement_id"), "\x00").take(order)
+    return engagements.take(pa.array(np.asarray(order)[starts_of_runs(ids)]))
+
+
+def _last_of_each(step: IntArray, values: FloatArray) -> tuple[IntArray, FloatArray]:
+    """For rows sorted by step (then time): each step's last non-NaN value, and the steps that have one."""
+    known = ~np.isnan(values)
+    step, values = step[known], values[known]
+    last = np.ones(len(step), dtype=np.bool_)
+    last[:-1] = step[1:] != step[:-1]
+    return step[last], values[last]
+
+
 def step_weights(steps: pa.Table, episodes: Episodes, engagements: pa.Table, weights: EngagementWeights,
                  horizon_s: float) -> tuple[FloatArray, EngagementJoin]:
     """Per step of ``episodes`` (``steps``: its decision rows in episode order, with ``decision_id``, ``session_id`` and
@@ -147,42 +171,42 @@ def step_weights(steps: pa.Table, episodes: Episodes, engagements: pa.Table, wei
     missing = [c for c in ENGAGEMENT_COLUMNS if c not in engagements.column_names]
     if missing:
         raise ValueError(f"engagements table lacks column(s) {missing}")
-    order = pc.sort_indices(engagements, sort_keys=[("engagement_id", "ascending"), ("received_s", "ascending"),
-                                                     ("event_time_s", "ascending")])
-    sorted_ids = engagements.column("engagement_id").take(order).to_numpy(zero_copy_only=False)
-    first = np.ones(len(sorted_ids), dtype=np.bool_)
-    first[1:] = sorted_ids[1:] != sorted_ids[:-1]
-    distinct = engagements.take(pa.array(np.asarray(order)[first]))
+    distinct = _distinct(engagements)
 
-    # The step each report names: its decision id, in its own session.
+    # The step each report names: its decision id, in its own session (a decision the horizon cut is no step).
     step_keys = pc.binary_join_element_wise(steps.column("session_id"), steps.column("decision_id"), "\x00")
     report_keys = pc.binary_join_element_wise(distinct.column("session_id"), distinct.column("decision_id"), "\x00")
     step = np.asarray(pc.index_in(report_keys, value_set=step_keys.combine_chunks()).fill_null(-1).to_numpy(), dtype=np.int64)
     known = step >= 0
     time = _nullable(distinct, "event_time_s")
-    t0 = _nullable(steps, "event_time_s")[episodes.starts]
-    start = np.full(len(step), np.nan)
-    start[known] = t0[episodes.episode_index()[step[known]]]
-    inside = known & (time >= start) & (time <= start + horizon_s)
+    step_time = _nullable(steps, "event_time_s")
+    t0 = step_time[episodes.starts][episodes.episode_index()]  # per step: its session's first decision
+    at, ends = np.full(len(step), np.nan), np.full(len(step), np.nan)
+    at[known], ends[known] = step_time[step[known]], t0[step[known]] + horizon_s
+    inside = known & (time >= at) & (time <= ends)  # after the decision it names, within its session's horizon
 
-    # Of several reports for one step, the latest (then the largest id) counts: the last of each step's run.
+    # Several reports for one step: each signal's latest measured value (by event time, then arrival), so a later
+    # report that carries only some signals does not erase the others.
     used = np.flatnonzero(inside)
-    ranked = pa.table({"step": step[used], "time": time[used], "id": distinct.column("engagement_id").take(pa.array(used)),
-                       "row": used})
-    ranked = ranked.take(pc.sort_indices(ranked, sort_keys=[("step", "ascending"), ("time", "ascending"), ("id", "ascending")]))
-    ranked_step = ranked.column("step").to_numpy()
-    last = np.ones(len(ranked_step), dtype=np.bool_)
-    last[:-1] = ranked_step[1:] != ranked_step[:-1]
-    chosen = ranked.column("row").to_numpy()[last]
-    w[ranked_step[last]] = weights.of(_nullable(distinct, "dwell_s")[chosen], _nullable(distinct, "scroll_depth")[chosen],
-                                      _nullable(distinct, "bounced")[chosen])
+    ranked = pa.table({"step": step[used], "time": time[used], "received": _nullable(distinct, "received_s")[used], "row": used})
+    ranked = ranked.take(pc.sort_indices(ranked, sort_keys=[("step", "ascending"), ("time", "ascending"), ("received", "ascending"),
+                                                            ("row", "ascending")]))
+    ranked_step, rows = ranked.column("step").to_numpy(), ranked.column("row").to_numpy()
+    signals = {}
+    for name in SIGNALS:
+        values = np.full(n_steps, np.nan)
+        where, last = _last_of_each(ranked_step, _nullable(distinct, name)[rows])
+        values[where] = last
+        signals[name] = values
+    weighted = np.unique(ranked_step)
+    w[weighted] = weights.of(*(signals[name][weighted] for name in SIGNALS))
     return w, EngagementJoin(
         n_reports=n_reports,
-        n_duplicates=n_reports - int(first.sum()),
+        n_duplicates=n_reports - distinct.num_rows,
         n_unknown_decision=int((~known).sum()),
         n_outside_horizon=int((known & ~inside).sum()),
-        n_superseded=len(used) - len(chosen),
-        n_steps_weighted=len(chosen),
+        n_superseded=len(used) - len(weighted),
+        n_steps_weighted=len(weighted),
         n_steps=n_steps,
         mean_weight=float(w.mean()) if n_steps else 1.0,
     )

@@ -41,7 +41,7 @@ import pyarrow.fs as pafs
 from experience.kinds import KINDS
 from experience.salt import read_salt
 from experience.schema import SCHEMA_VERSION, SCHEMAS
-from experience.upgrade import V1Reading, segment_version, upgrade_v1
+from experience.upgrade import V1_SCHEMAS, V1Reading, segment_version, upgrade_v1
 from policy.features import FeatureSpec
 
 log = logging.getLogger(__name__)
@@ -424,6 +424,8 @@ class DirectorySource:
         for batch in read_segment(path, self.fs):
             version = segment_version(batch)
             if version == 1:
+                if kind not in V1_SCHEMAS:  # engagement reports began with version 2
+                    raise ValueError(f"{path}: a {kind} segment of schema version 1, which had no {kind}")
                 self._warn_v1(path)
                 batch = upgrade_v1(batch, kind, self.v1)
             elif version > SCHEMA_VERSION:

@@ -161,7 +161,7 @@ def _float(column: pa.ChunkedArray, name: str) -> FloatArray:
     return values
 
 
-def _starts_of_runs(values: pa.ChunkedArray) -> IntArray:
+def starts_of_runs(values: pa.ChunkedArray) -> IntArray:
     """Indices where a run of equal values begins (0 first), for a non-empty array."""
     n = len(values)
     first = np.ones(n, dtype=np.bool_)
@@ -189,7 +189,7 @@ def dedupe_outcomes(outcomes: pa.Table) -> IntArray:
         for c in ("outcome_id", "received_s", "event_time_s", "session_id", "decision_id", "outcome", "value", "coupon_discount")
     ]
     order = np.asarray(pc.sort_indices(outcomes.select([k for k, _ in keys]), sort_keys=keys), dtype=np.int64)
-    return order[_starts_of_runs(outcomes["outcome_id"].take(order))]
+    return order[starts_of_runs(outcomes["outcome_id"].take(order))]
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -214,7 +214,7 @@ def _steps(decisions: pa.Table, horizon_s: float) -> _Steps:
     """Sort the decisions into episodes; drop those after their session's horizon end."""
     order = episode_order(decisions)
     sessions = decisions["session_id"].take(order)
-    session_starts = _starts_of_runs(sessions) if len(order) else np.zeros(0, dtype=np.int64)
+    session_starts = starts_of_runs(sessions) if len(order) else np.zeros(0, dtype=np.int64)
     n_sessions = len(session_starts)
     is_first = np.zeros(len(order), dtype=np.bool_)
     is_first[session_starts] = True

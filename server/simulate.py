@@ -49,7 +49,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="Simulated shoppers against a server (--target) or in-process (--bundle). "
                     "Exit 0 when every session finished, 1 when the server went away mid-run, 2 on bad usage.")
     where = p.add_mutually_exclusive_group()
-    where.add_argument("--target", help="HOST:PORT of a running server (RecommendAction + ReportOutcome over gRPC)")
+    where.add_argument("--target", help="HOST:PORT of a running server of this version (RecommendAction, ReportOutcome and "
+                       "ReportEngagement over gRPC)")
     where.add_argument("--bundle", type=Path, help="decide in-process with this bundle (default: the embedded default bundle)")
     p.add_argument("--log-dir", type=Path, help="in-process: write decision and outcome logs here, as a server would")
     p.add_argument("--sessions", type=int, default=1000, help="shopper sessions to run (default 1000)")

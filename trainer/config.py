@@ -247,6 +247,9 @@ class TrainConfig:
             problems.append(f"second_look_level: expected in [0.5, 1) or None, got {self.second_look_level}")
         if self.min_trajectory_ess is not None and not 0.0 < self.min_trajectory_ess <= 1.0:
             problems.append(f"min_trajectory_ess: expected in (0, 1] or None, got {self.min_trajectory_ess}")
+        if self.engagement_weights is not None and not isinstance(self.engagement_weights, EngagementWeights):
+            problems.append(f"engagement_weights: expected EngagementWeights or None (EngagementWeights.from_dict for JSON), got "
+                            f"{type(self.engagement_weights).__name__}")
         if self.trust_region not in ("served", "policy"):
             problems.append(f"trust_region: expected served or policy, got {self.trust_region!r}")
         if self.surrogate not in ("logged", "expected"):

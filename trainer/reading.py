@@ -24,7 +24,9 @@ sample, and the shards are disjoint and cover it.
 Peak memory is then the session index, the chosen sessions' rows and one segment, where reading
 every segment whole (``DirectorySource.table``) holds every row ever logged (about 2 KB a
 decision, most of it the item embedding). The result is the same window ``for_config`` gives on
-the whole tables (tested), with the window's session count from before the sample.
+the whole tables (tested), with the window's session count from before the sample; ``for_config``
+has no engagement reports to give (a run on whole tables with ``engagement_weights`` is warned that
+every step weighs 1).
 """
 
 from __future__ import annotations

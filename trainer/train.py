@@ -186,6 +186,9 @@ def train(decisions: pa.Table, outcomes: pa.Table, init: Bundle, config: TrainCo
     rows_train, outcomes_train = training_rows(window.decisions, window.outcomes, config.heldout_fraction, config.seed)
     engagements_train = training_reports(window.engagements, config.heldout_fraction, config.seed)
     exp = experience(window.decisions, outcomes_train, base, config, rows_train, gather=reducer.gather, engagements=engagements_train)
+    if exp.engagement is not None and global_count(exp.engagement["n_reports"], reducer) == 0:
+        warnings.append("engagement_weights is on but the window holds no engagement report (logs from before the kind, or a "
+                        "window built without them): every step weighs 1")
     n = len(exp.steps)
     if any_rank(n == 0, reducer):
         raise ValueError("no logged decisions on the training side" + (f" of some rank's shard ({world} ranks)" if world > 1 else ""))

@@ -21,7 +21,7 @@ from tests.harness import ROOT, fresh_bundle
 from tests.small_disk import SmallDisk
 from weights.model_set import LoadOptions, ModelSet
 
-IDS = {"decisions": "decision_id", "outcomes": "outcome_id"}
+IDS = {"decisions": "decision_id", "outcomes": "outcome_id", "engagements": "engagement_id"}
 NARROW = ["session_id", "time_s", "model_version"]
 
 

@@ -121,3 +121,24 @@ def test_returns_with_weights_scale_each_steps_reward_before_discounting() -> No
     rewards = episodes.rewards * weights
     g = discounted_returns(rewards, episodes.starts, episodes.lengths, 0.5)
     np.testing.assert_allclose(g, [0.5 * 10 + 0.25 * 1.5 * 100, 0.5 * 1.5 * 100, 1.5 * 100])
+
+
+def test_signals_merge_across_reports_ids_are_per_session_and_row_order_does_not_matter() -> None:
+    decisions = _decisions([("a1", "A", 100.0), ("a2", "A", 160.0), ("b1", "B", 50.0), ("late", "B", 50.0 + HORIZON_S + 5)])
+    steps, episodes = _episodes(decisions, _outcomes([]))
+    assert steps.column("decision_id").to_pylist() == ["a1", "a2", "b1"]  # the horizon cut "late": it is no step
+    reports = _reports([
+        ("e1", "a2", "A", 30.0, 1.0, None, 170.0, 170.0),          # dwell and scroll of a2 ...
+        ("e2", "a2", "A", None, None, False, 175.0, 175.0),        # ... then only the bounce: 1 + ¼ + ¼ = 1½, not 1
+        ("e1", "b1", "B", 0.0, 0.0, True, 60.0, 60.0),             # the same id in another session is another report
+        ("e1", "b1", "B", 30.0, 1.0, False, 60.0, 60.0),           # a copy of it received at the same time: ties broken
+        ("e3", "a1", "A", 0.0, 0.0, True, 99.0, 99.0),             # timed before the decision it names: outside
+        ("e4", "late", "B", 0.0, 0.0, True, 50.0 + HORIZON_S + 6, 50.0 + HORIZON_S + 6),  # names the cut decision: unknown
+    ])
+    expected = [1.0, 1.5, 0.25]  # the tie between b1's copies goes to the smaller dwell (0.0): nothing, bounced, floored
+    weights, join = step_weights(steps, episodes, reports, W, HORIZON_S)
+    np.testing.assert_allclose(weights, expected)
+    assert (join.n_duplicates, join.n_unknown_decision, join.n_outside_horizon, join.n_superseded) == (1, 1, 1, 1)
+    for seed in range(5):  # any order of the rows gives the same weights
+        shuffled = reports.take(pa.array(np.random.default_rng(seed).permutation(reports.num_rows)))
+        np.testing.assert_allclose(step_weights(steps, episodes, shuffled, W, HORIZON_S)[0], expected)

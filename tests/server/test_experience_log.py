@@ -260,12 +260,16 @@ def test_logs_cat_prints_json_lines(tmp_path: Path) -> None:
     with running_server(log_dir=tmp_path) as live, grpc.insecure_channel(live.target) as ch:
         resp = stub(ch).RecommendAction(request(), timeout=5)
         stub(ch).ReportOutcome(outcome(decision_id=resp.decision_id), timeout=5)
+        stub(ch).ReportEngagement(pb.ReportEngagementRequest(decision_id=resp.decision_id, session_id="s-1", engagement_id="e-1",
+                                                             scroll_depth=0.5), timeout=5)
     cli = [sys.executable, "-m", "server", "logs", "cat", str(tmp_path)]
-    run = subprocess.run([*cli, "--fields", "decision_id,action,outcome"], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    run = subprocess.run([*cli, "--fields", "decision_id,action,outcome,scroll_depth,bounced"], capture_output=True, text=True,
+                         cwd=ROOT, timeout=60)
     assert run.returncode == 0, run.stderr
     lines = [json.loads(line) for line in run.stdout.splitlines()]
     assert lines == [{"kind": "decisions", "decision_id": resp.decision_id, "action": resp.action},
-                     {"kind": "outcomes", "decision_id": resp.decision_id, "outcome": pb.OUTCOME_ORDER}]
+                     {"kind": "outcomes", "decision_id": resp.decision_id, "outcome": pb.OUTCOME_ORDER},
+                     {"kind": "engagements", "decision_id": resp.decision_id, "scroll_depth": 0.5, "bounced": None}]
     full = subprocess.run([*cli, "--kind", "decisions"], capture_output=True, text=True, cwd=ROOT, timeout=60)
     record = json.loads(full.stdout)
     assert len(record["item_embedding"]) == 768 and record["propensity"] == resp.propensity

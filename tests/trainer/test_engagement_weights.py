@@ -90,6 +90,30 @@ def test_a_run_with_weights_records_them_and_what_the_join_did(sim_logs: Path) -
                 window=window)
     assert off.manifest["trainer"]["config"]["engagement_weights"] is None
     assert not any(k.startswith("engagement_") for k in off.manifest["training_metrics"])
+    assert not any("engagement" in w for w in result.warnings + off.warnings)
+    # weights asked for on a window with no reports (whole tables): it trains, and says every step weighed 1
+    blind = train(window.decisions, window.outcomes, default_bundle(), fast, device="cpu")
+    assert any("no engagement report" in w for w in blind.warnings) and blind.manifest["training_metrics"]["engagement_n_reports"] == 0
+
+
+def test_a_shard_keeps_its_sessions_reports_and_only_them(sim_logs: Path) -> None:
+    from trainer.reading import shard_of
+    from trainer.window import restrict
+
+    window = read_window(DirectorySource(sim_logs), WEIGHTED)
+    shards = [restrict(window, lambda ids, r=r: shard_of(ids, r, 2)) for r in range(2)]  # type: ignore[misc]
+    assert sum(s.engagements.num_rows for s in shards) == window.engagements.num_rows
+    for s in shards:
+        assert set(s.engagements.column("session_id").to_pylist()) == set(s.decisions.column("session_id").to_pylist())
+    read = [read_window(DirectorySource(sim_logs), WEIGHTED, shard=(r, 2)) for r in range(2)]  # each rank's own read
+    for mine, theirs in zip(read, shards, strict=True):
+        ids = (sorted(w.engagements.column("engagement_id").to_pylist()) for w in (mine, theirs))
+        assert next(ids) == next(ids)
+
+
+def test_a_config_with_the_weights_as_a_plain_dict_is_refused() -> None:
+    with pytest.raises(ValueError, match="engagement_weights: expected EngagementWeights or None"):
+        TrainConfig(engagement_weights={"bounce": 0.5})  # type: ignore[arg-type]
 
 
 def test_the_cli_config_takes_the_weights_as_an_object_and_names_a_bad_field(tmp_path: Path) -> None:
