@@ -17,8 +17,9 @@ each (h2load counts a gRPC error as a success):
 
 The real server also runs phase 1 with ``--log-dir`` (a temporary directory), for what
 logging costs, and with ``--workers N`` (``--workers``, default 2) against N bare processes
-sharing one port by SO_REUSEPORT. Seldon MLServer is not driven by this bench (it needs its own venv and a
-custom runtime; the issue's figures for it were measured by hand). Then the targets as ratios
+sharing one port by SO_REUSEPORT. Seldon MLServer 1.7.1, tuned, serving the same two MLPs (``bench.peer_mlserver``,
+from its own ``.venv-mlserver``; skipped with a message when that is missing, or with ``--no-mlserver``), runs phase 1
+too, with the same item embedding as a ModelInfer call. Then the targets as ratios
 within this run, JSON, and a PNG of p50/p99 against offered load (needs matplotlib, the
 ``bench`` extra; skipped with a message without it).
 """
@@ -40,9 +41,10 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make ``bench`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import peer_mlserver
 from bench.load import bare_server_argv, real_server_argv
 from bench.loaders import H2Load, check_calls, check_wire_frame, h2load_binary, run_h2load
-from bench.payload import build_request, grpc_frame
+from bench.payload import METHOD_PATH, build_request, grpc_frame
 from bench.procs import REPO, BenchError, ServerProcess, busy_before_run, running
 from bench.report import header, write_results
 from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
@@ -52,7 +54,7 @@ FEW = {"1": H2Load(1, 1), "4": H2Load(4, 1)}
 OPEN_CONNECTIONS, OPEN_STREAMS = 4, 64
 LOAD_FRACTIONS = (0.25, 0.5, 0.75, 0.9)
 SLO_P99_MS = 50.0  # ShoppingAgentLatencyP99High (k8s/base/alerts)
-TARGETS = {"throughput": 0.8, "log_dir_cost": 0.05, "p50": 1.5, "p99": 2.0, "start_s": 1.0, "rss_mb": 150.0}
+TARGETS = {"throughput": 0.8, "log_dir_cost": 0.05, "p50": 1.5, "p99": 2.0, "start_s": 1.0, "rss_mb": 150.0, "over_mlserver": 3.0}
 
 
 @dataclass(frozen=True)
@@ -73,8 +75,9 @@ def _phase(server: ServerProcess, request: pb.RecommendActionRequest, body: Path
     return out
 
 
-def _h2(server: ServerProcess, body: Path, shape: H2Load, timing: Timing, log: Path, rps: float | None = None) -> dict[str, Any]:
-    got = run_h2load(server, body, shape, timing.duration_s, timing.warmup_s, rps_per_client=rps, log_file=log)
+def _h2(server: ServerProcess, body: Path, shape: H2Load, timing: Timing, log: Path, rps: float | None = None,
+        path: str = METHOD_PATH) -> dict[str, Any]:
+    got = run_h2load(server, body, shape, timing.duration_s, timing.warmup_s, rps_per_client=rps, log_file=log, path=path)
     lat = got["latency_ms"]
     print(f"  [{server.name}] {shape.clients}x{shape.streams}{'' if rps is None else f' at {rps * shape.clients:.0f}/s'}: "
           f"{got['requests_per_s']:.0f} req/s, p50 {lat['p50']:.2f} ms, p99 {lat['p99']:.2f} ms", flush=True)
@@ -107,6 +110,21 @@ def open_loop(name: str, argv: list[str], request: pb.RecommendActionRequest, bo
                          for load in loads]}
 
     return _phase(ServerProcess(name, argv), request, body, work)
+
+
+def mlserver_closed(peer: peer_mlserver.Peer, timing: Timing, tmp: Path) -> dict[str, Any]:
+    """The peer's closed loop at 64 and 128 in flight, checked with real ModelInfer calls before and after."""
+    log = tmp / "mlserver.log"
+    server = peer.process()
+    with running(server):
+        start = server.wait_serving(60.0)
+        peer.check(server, 5)
+        check_wire_frame(server, peer.body, peer_mlserver.INFER_PATH)
+        run_h2load(server, peer.body, CLOSED["64"], timing.warmup_s, 0.5, path=peer_mlserver.INFER_PATH)  # warm-up, discarded
+        closed = {k: _h2(server, peer.body, shape, timing, log, path=peer_mlserver.INFER_PATH) for k, shape in CLOSED.items()}
+        peer.check(server, 3)
+        rss = server.memory_mb()["rss_mb"]
+    return {"closed": closed, "closed_start_to_serving_s": start, "closed_rss_mb": rss}
 
 
 def workers_closed(n: int, real_argv: list[str], request: pb.RecommendActionRequest, body: Path, timing: Timing,
@@ -162,6 +180,11 @@ def targets(servers: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
             v = _ratio(w["real"]["closed"][k]["requests_per_s"], w["bare"]["closed"][k]["requests_per_s"])
             out[f"workers_{w['workers']}_{k}_in_flight_over_{w['workers']}_bare"] = {
                 "value": v, "target": f">= {TARGETS['throughput']}", "met": v >= TARGETS["throughput"]}
+    if "mlserver" in servers:
+        for k in CLOSED:
+            v = _ratio(real["closed"][k]["requests_per_s"], servers["mlserver"]["closed"][k]["requests_per_s"])
+            goal = TARGETS["over_mlserver"]
+            out[f"throughput_{k}_in_flight_over_mlserver"] = {"value": v, "target": f">= {goal:g}", "met": v >= goal}
     worst = max(p["p99_ms"] for p in real["open"])
     out["worst_open_loop_p99_ms_below_capacity"] = {"value": worst, "target": f"<= {SLO_P99_MS:g}", "met": worst <= SLO_P99_MS}
     start = max(real["closed_start_to_serving_s"], real["open_start_to_serving_s"])
@@ -206,6 +229,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="2 s points, no --log-dir server")
     p.add_argument("--workers", type=int, default=2, help="then `serve --workers N` against N bare processes (0: skip)")
     p.add_argument("--server-arg", action="append", default=[], metavar="ARG", help="extra flag for `shopping-agent serve`")
+    p.add_argument("--no-mlserver", action="store_true", help="skip the Seldon MLServer peer")
     p.add_argument("--output", type=Path, default=REPO / "bench" / "results" / "latency-curve.json")
     args = p.parse_args(argv)
     if args.quick:
@@ -249,6 +273,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 logs = tmp / "logs"
                 servers["real_log_dir"] = closed_and_few("real_log_dir", [*real_argv, "--log-dir", str(logs)], request, body,
                                                          timing, tmp, few=False)
+            why_not = "MLServer skipped: --no-mlserver" if args.no_mlserver else peer_mlserver.missing()
+            if why_not is None:
+                print("[mlserver] closed loop", flush=True)
+                servers["mlserver"] = mlserver_closed(peer_mlserver.prepare(tmp, request), timing, tmp)
+            else:
+                print(why_not, flush=True)
             if args.workers:
                 print(f"[--workers {args.workers}] closed loop against {args.workers} bare processes", flush=True)
                 servers["workers"] = workers_closed(args.workers, real_argv, request, body, timing, tmp)
@@ -259,8 +289,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print()
     for name, goal in goals.items():
         print(f"{name:42} {goal['value']:8.3f}  target {goal['target']:<8} {'met' if goal['met'] else 'MISSED'}")
-    print("MLServer: not driven by this bench (see its docstring)")
-    results = {**header("bench.latency_curve", started, argv, cores_busy_before_run=round(busy, 3)),
+    if "mlserver" not in servers:
+        print(why_not)
+    results = {**header("bench.latency_curve", started, argv, cores_busy_before_run=round(busy, 3)), "mlserver_skipped": why_not,
                "offered_loads_per_s": loads, "servers": servers, "targets": goals}
     png = plot(servers, args.output.with_suffix(".png"))
     results["plot"] = str(png) if png else None

@@ -47,7 +47,7 @@ def check_calls(server: ServerProcess, request: pb.RecommendActionRequest, calls
     return {"ok": calls, "sources": dict(sources), "model_version": version}
 
 
-def check_wire_frame(server: ServerProcess, body_file: Path) -> None:
+def check_wire_frame(server: ServerProcess, body_file: Path, path: str = METHOD_PATH) -> None:
     """One raw HTTP/2 POST of the h2load body (nghttp): the trailers must say grpc-status 0.
 
     The stub checks prove the message is valid; this proves the hand-made framing is too,
@@ -60,7 +60,7 @@ def check_wire_frame(server: ServerProcess, body_file: Path) -> None:
     argv = [nghttp, "-nv", "-t", "5", "-d", str(body_file)]
     for header in GRPC_HEADERS:
         argv += ["-H", header]
-    out = subprocess.run([*argv, f"http://{server.target}{METHOD_PATH}"], capture_output=True, text=True,
+    out = subprocess.run([*argv, f"http://{server.target}{path}"], capture_output=True, text=True,
                          timeout=15, check=False)
     status = re.findall(r"grpc-status: (\d+)", out.stdout)
     if status != ["0"]:
@@ -93,12 +93,13 @@ _UNIT_MS = {"us": 1e-3, "ms": 1.0, "s": 1e3}
 
 
 def run_h2load(server: ServerProcess, body_file: Path, shape: H2Load, duration_s: float, warmup_s: float,
-               rps_per_client: float | None = None, log_file: Path | None = None) -> dict[str, Any]:
+               rps_per_client: float | None = None, log_file: Path | None = None, path: str = METHOD_PATH) -> dict[str, Any]:
     """Throughput with h2load (one thread), and who used the CPU meanwhile.
 
     ``rps_per_client``: an open loop (h2load ``--rps``, each client at most ``shape.streams`` in flight); otherwise a
     closed loop. ``log_file``: h2load's per-request log, read back into latency percentiles (``latency_ms``) of the
-    measured window. Raises unless every request got HTTP 200 (the grpc-status is checked around it).
+    measured window. ``path``: the gRPC method posted to (RecommendAction; another server's for a peer). Raises
+    unless every request got HTTP 200 (the grpc-status is checked around it).
     """
     argv = [h2load_binary(), "-t", "1", "-c", str(shape.clients), "-m", str(shape.streams),
             "-D", f"{round(duration_s * 1000)}ms", "--warm-up-time", f"{round(warmup_s * 1000)}ms", "-d", str(body_file)]
@@ -109,7 +110,7 @@ def run_h2load(server: ServerProcess, body_file: Path, shape: H2Load, duration_s
         argv.append(f"--log-file={log_file}")
     for header in GRPC_HEADERS:
         argv += ["-H", header]
-    argv.append(f"http://{server.target}{METHOD_PATH}")
+    argv.append(f"http://{server.target}{path}")
     window = CpuWindow(server)
     try:
         out = subprocess.run(argv, capture_output=True, text=True, timeout=duration_s + warmup_s + 30, check=False)

@@ -27,12 +27,16 @@ def _server(rps: float, p50: float, p99: list[float], start: float = 0.3, rss: f
 
 def test_targets_are_ratios_within_the_run() -> None:
     bare = _server(1000.0, 1.0, [2.0, 2.0, 2.0, 2.0])
-    good = targets({"bare": bare, "real": _server(850.0, 1.4, [3.0, 3.9, 3.9, 30.0])})
+    good = targets({"bare": bare, "real": _server(850.0, 1.4, [3.0, 3.9, 3.9, 30.0]), "mlserver": _server(280.0, 9.0, [1.0] * 4)})
     assert all(goal["met"] for goal in good.values()), good
+    assert abs(good["throughput_64_in_flight_over_mlserver"]["value"] - 850 / 280) < 1e-12
     bad = targets({"bare": bare, "real": _server(700.0, 2.0, [3.0, 5.0, 4.1, 60.0], start=1.2, rss=160.0),
                    "real_log_dir": _server(600.0, 2.0, [1.0] * 4),
-                   "workers": {"workers": 2, "real": _server(1500.0, 1.0, [1.0] * 4), "bare": _server(2000.0, 1.0, [1.0] * 4)}})
+                   "workers": {"workers": 2, "real": _server(1500.0, 1.0, [1.0] * 4), "bare": _server(2000.0, 1.0, [1.0] * 4)},
+                   "mlserver": _server(250.0, 9.0, [1.0] * 4)})
     missed = {name for name, goal in bad.items() if not goal["met"]}
     assert missed == set(bad), {name: goal["value"] for name, goal in bad.items()}
     assert abs(bad["log_dir_throughput_cost"]["value"] - (1 - 600 / 700)) < 1e-12
     assert bad["workers_2_64_in_flight_over_2_bare"]["value"] == 0.75
+    assert bad["throughput_128_in_flight_over_mlserver"]["value"] == 2.8  # 700 / 250, below 3
+    assert "throughput_64_in_flight_over_mlserver" not in targets({"bare": bare, "real": _server(850.0, 1.4, [1.0] * 4)})
