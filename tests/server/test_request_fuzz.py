@@ -1,5 +1,7 @@
 """Request fuzzing against the real server: messages drawn from the descriptor, and raw bytes; 0 crashes, 0 INTERNAL.
 
+RecommendAction, and the two report rpcs (ReportOutcome, ReportEngagement), whose every refusal must name a field.
+
 The strategy walks ``RecommendActionRequest``'s descriptor, so a field added to the proto is
 fuzzed without touching this file: strings of any unicode (empty, long), integers at the
 edges of their types, floats with NaN and infinities, repeated fields of any length, enums
@@ -11,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 import grpc
+import pytest
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -118,6 +121,39 @@ def test_a_valid_request_with_fuzzed_fields_gets_an_answer_or_a_named_error(chan
 @given(st.binary(max_size=4096))
 def test_fuzzed_bytes_get_an_answer_or_a_named_error(channel: grpc.Channel, data: bytes) -> None:
     assert _call(channel, data) in ALLOWED
+
+
+REPORTS = [pytest.param(pb.ReportOutcomeRequest, id="ReportOutcome"), pytest.param(pb.ReportEngagementRequest, id="ReportEngagement")]
+
+
+def _report_call(channel: grpc.Channel, cls: Any, data: bytes) -> tuple[grpc.StatusCode, str]:
+    method = channel.unary_unary(f"/shopping_agent.v1.ShoppingAgent/{cls.__name__.removesuffix('Request')}", request_serializer=None,
+                                 response_deserializer=None)
+    try:
+        method(data, timeout=10)
+    except grpc.RpcError as exc:
+        return exc.code(), exc.details() or ""  # type: ignore[no-any-return]
+    return grpc.StatusCode.OK, ""
+
+
+@pytest.mark.parametrize("cls", REPORTS)
+@FUZZ
+@given(data=st.data())
+def test_fuzzed_reports_are_accepted_or_refused_naming_the_field(channel: grpc.Channel, cls: Any, data: st.DataObject) -> None:
+    values = data.draw(messages(cls.DESCRIPTOR))
+    code, details = _report_call(channel, cls, _build(cls.DESCRIPTOR, values).SerializeToString())
+    assert code in {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT}, (code, values)
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        named = details.split(": ", 1)[0].split(", ")
+        assert all(name in cls.DESCRIPTOR.fields_by_name for name in named), details
+
+
+@pytest.mark.parametrize("cls", REPORTS)
+@FUZZ
+@given(raw=st.binary(max_size=2048))
+def test_fuzzed_report_bytes_are_accepted_or_refused(channel: grpc.Channel, cls: Any, raw: bytes) -> None:
+    code, details = _report_call(channel, cls, raw)
+    assert code in {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT}, (code, details)
 
 
 def test_the_server_still_answers_after_the_fuzzing(channel: grpc.Channel) -> None:
