@@ -8,7 +8,7 @@ are ``starts`` / ``lengths`` into per-step arrays, never padded.
 The join, for a session whose first decision is at ``t0`` (its horizon ends at ``t0 + horizon_s``):
 
 - **Decisions** after the horizon end are dropped and the episode is marked ``truncated``.
-- **Outcomes** are de-duplicated by ``outcome_id``: the copy with the smallest ``received_s``
+- **Outcomes** are de-duplicated by session and ``outcome_id``: the copy with the smallest ``received_s``
   is kept, ties broken by the remaining columns, so the choice is deterministic. Outcomes are
   matched to decisions by session and event time (see ``experience.attribution``), so
   their arrival order does not matter. Only outcomes with ``t0 ≤ event_time_s ≤ t0 +
@@ -93,7 +93,7 @@ class JoinReport:
     n_decisions: int
     n_outcomes: int
     n_duplicate_outcomes: int
-    """Outcome rows dropped as copies of an earlier-received row with the same ``outcome_id``."""
+    """Outcome rows dropped as copies of an earlier-received row with the same session and ``outcome_id``."""
     n_orphan_outcomes: int
     """Distinct outcomes whose session has no decision."""
     n_outcomes_outside_horizon: int
@@ -177,19 +177,23 @@ def episode_order(decisions: pa.Table) -> IntArray:
 
 
 def dedupe_outcomes(outcomes: pa.Table) -> IntArray:
-    """Row indices of the distinct outcomes: per ``outcome_id`` the copy with the smallest ``received_s``.
+    """Row indices of the distinct outcomes: per session and ``outcome_id`` the copy with the smallest ``received_s``.
 
-    Ties are broken by event time, then the other columns, so the result does not depend on
-    row order. The indices come in ``outcome_id`` order.
+    An outcome id is unique within its session: a frontend that numbers outcomes per session
+    (``order-1`` in every session) loses none of them, and the result is the same on any
+    sharding of the sessions. Ties are broken by event time, then the other columns, so the
+    result does not depend on row order. The indices come in ``outcome_id`` order (then arrival), as they did when
+    ids were de-duplicated across sessions: where ids are unique overall, the rows kept and their order are unchanged,
+    and so is every sum over them.
     """
     if outcomes.num_rows == 0:
         return np.zeros(0, dtype=np.int64)
-    keys = [
-        (c, "ascending")
-        for c in ("outcome_id", "received_s", "event_time_s", "session_id", "decision_id", "outcome", "value", "coupon_discount")
-    ]
-    order = np.asarray(pc.sort_indices(outcomes.select([k for k, _ in keys]), sort_keys=keys), dtype=np.int64)
-    return order[starts_of_runs(outcomes["outcome_id"].take(order))]
+    columns = ("outcome_id", "received_s", "event_time_s", "session_id", "decision_id", "outcome", "value", "coupon_discount")
+    keyed = outcomes.select(list(columns)).append_column(
+        "key", pc.binary_join_element_wise(outcomes["session_id"], outcomes["outcome_id"], "\x00"))
+    by_key = np.asarray(pc.sort_indices(keyed, sort_keys=[(c, "ascending") for c in ("key", *columns[1:])]), dtype=np.int64)
+    kept = by_key[starts_of_runs(keyed["key"].take(by_key))]
+    return kept[np.asarray(pc.sort_indices(keyed.take(kept), sort_keys=[(c, "ascending") for c in columns]), dtype=np.int64)]
 
 
 @dataclass(frozen=True, slots=True, eq=False)

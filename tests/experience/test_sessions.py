@@ -117,6 +117,16 @@ def test_duplicate_ties_are_broken_by_content_not_row_order() -> None:
     assert first.report.n_duplicate_outcomes == 1
 
 
+def test_an_outcome_id_is_unique_within_its_session_only() -> None:
+    """A frontend that numbers outcomes per session (``order-1`` everywhere) loses none of them."""
+    d = decisions(("a", "s-a", T0, CART), ("b", "s-b", T0, CART))
+    o = outcomes(("order-1", "s-a", ORDER, T0 + 5, 100.0), ("order-1", "s-b", ORDER, T0 + 5, 40.0),
+                 ("order-1", "s-b", ORDER, T0 + 5, 40.0, T0 + 60))  # s-b's resend: a duplicate
+    e = build_episodes(d, o)
+    assert by_decision(e, d) == {"a": 100.0, "b": 40.0}
+    assert e.report.n_duplicate_outcomes == 1
+
+
 def test_orphan_outcomes_are_counted_and_ignored() -> None:
     d = decisions(("a", "s", T0, CART))
     o = outcomes(("o1", "ghost", ORDER, T0 + 1, 100.0), ("o2", "ghost", EXIT, T0 + 2, 0.0), ("o3", "s", ORDER, T0 + 3, 10.0))
