@@ -47,7 +47,7 @@ import pyarrow.compute as pc
 
 from core.domain import FloatArray
 from experience.attribution import ConfigError, IntArray, config_object
-from experience.sessions import Episodes, starts_of_runs
+from experience.sessions import Episodes, first_received
 
 ENGAGEMENT_COLUMNS = ("engagement_id", "decision_id", "session_id", "dwell_s", "scroll_depth", "bounced", "event_time_s",
                       "received_s")
@@ -138,16 +138,12 @@ def _nullable(table: pa.Table, name: str) -> FloatArray:
 
 
 SIGNALS = ("dwell_s", "scroll_depth", "bounced")
-# Copies of one report: the first received, ties broken by every other column, so the choice does not depend on row order.
-_DEDUPE_KEYS = ("session_id", "engagement_id", "received_s", "event_time_s", "decision_id", *SIGNALS)
 
 
 def _distinct(engagements: pa.Table) -> pa.Table:
-    """One row per report: per (session, ``engagement_id``) the first received copy (a resend is harmless)."""
-    keys = [(c, "ascending") for c in _DEDUPE_KEYS]  # nulls (unmeasured signals) sort last
-    order = pc.sort_indices(engagements.select(list(_DEDUPE_KEYS)), sort_keys=keys)
-    ids = pc.binary_join_element_wise(engagements.column("session_id"), engagements.column("engagement_id"), "\x00").take(order)
-    return engagements.take(pa.array(np.asarray(order)[starts_of_runs(ids)]))
+    """One row per report, as outcomes are de-duplicated: per (session, ``engagement_id``) the first received copy, ties
+    broken by every other column (unmeasured signals, nulls, sort last)."""
+    return engagements.take(pa.array(first_received(engagements, "engagement_id", ("event_time_s", "decision_id", *SIGNALS))))
 
 
 def _last_of_each(step: IntArray, values: FloatArray) -> tuple[IntArray, FloatArray]:

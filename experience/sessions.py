@@ -176,24 +176,30 @@ def episode_order(decisions: pa.Table) -> IntArray:
     return np.asarray(pc.sort_indices(decisions.select(list(DECISION_COLUMNS[:3])), sort_keys=keys), dtype=np.int64)
 
 
-def dedupe_outcomes(outcomes: pa.Table) -> IntArray:
-    """Row indices of the distinct outcomes: per session and ``outcome_id`` the copy with the smallest ``received_s``.
-
-    An outcome id is unique within its session: a frontend that numbers outcomes per session
-    (``order-1`` in every session) loses none of them, and the result is the same on any
-    sharding of the sessions. Ties are broken by event time, then the other columns, so the
-    result does not depend on row order. The indices come in ``outcome_id`` order (then arrival), as they did when
-    ids were de-duplicated across sessions: where ids are unique overall, the rows kept and their order are unchanged,
-    and so is every sum over them.
-    """
-    if outcomes.num_rows == 0:
+def first_received(table: pa.Table, id_column: str, tie_columns: Sequence[str]) -> IntArray:
+    """Row indices of the distinct reports of ``table``: per session and ``id_column`` the copy with the smallest
+    ``received_s``, ties broken by ``tie_columns`` in turn, so the choice does not depend on row order. An id is
+    unique within its session: a frontend that numbers its reports per session (``order-1`` in every session) loses
+    none of them, and the result is the same on any sharding of the sessions. The indices come in ``id_column`` order
+    (then ``received_s`` and the ties)."""
+    if table.num_rows == 0:
         return np.zeros(0, dtype=np.int64)
-    columns = ("outcome_id", "received_s", "event_time_s", "session_id", "decision_id", "outcome", "value", "coupon_discount")
-    keyed = outcomes.select(list(columns)).append_column(
-        "key", pc.binary_join_element_wise(outcomes["session_id"], outcomes["outcome_id"], "\x00"))
+    columns = (id_column, "received_s", *tie_columns)
+    keyed = table.select(list(columns)).append_column(
+        "key", pc.binary_join_element_wise(table["session_id"], table[id_column], "\x00"))
     by_key = np.asarray(pc.sort_indices(keyed, sort_keys=[(c, "ascending") for c in ("key", *columns[1:])]), dtype=np.int64)
     kept = by_key[starts_of_runs(keyed["key"].take(by_key))]
     return kept[np.asarray(pc.sort_indices(keyed.take(kept), sort_keys=[(c, "ascending") for c in columns]), dtype=np.int64)]
+
+
+def dedupe_outcomes(outcomes: pa.Table) -> IntArray:
+    """Row indices of the distinct outcomes (``first_received`` by ``outcome_id``; ties by event time, then the rest).
+
+    The order is the one from when outcome ids were de-duplicated across sessions: where ids are unique overall, the
+    rows kept and their order are unchanged, and so is every sum over them.
+    """
+    return first_received(outcomes, "outcome_id",
+                          ("event_time_s", "session_id", "decision_id", "outcome", "value", "coupon_discount"))
 
 
 @dataclass(frozen=True, slots=True, eq=False)
