@@ -2,7 +2,7 @@
 
 Per session: **net GMV** = Σ over its orders of (order value − coupon discount), minus
 ``complaint_cost`` per complaint. It is computed from the outcome records alone (de-duplicated
-by ``outcome_id``, as the episodes are), with no attribution, no discounting and no reward
+by session and ``outcome_id``, as the episodes are), with no attribution, no discounting and no reward
 normalisation: no training aid (who gets the credit, confidence weights, clipping) can make a
 policy look better by this figure than the orders it brought in. A coupon for every shopper
 raises ``mean_return`` while the discounts it gives away lower net GMV: this figure sees that.

@@ -1,7 +1,7 @@
 """Harm labels for the Action Guard, from the decision and outcome logs (pyarrow, no torch).
 
 **Labels** (``harmful_labels``). A logged decision is *harmful* when an outcome that names it
-(by ``decision_id``, after de-duplication by ``outcome_id`` as the episodes do) is one of
+(by ``decision_id``, after de-duplication by session and ``outcome_id`` as the episodes do) is one of
 ``GuardConfig.harmful_outcomes`` (COMPLAINT by default), or, when ``exit_counts``, is an EXIT
 whose gap ``outcome.event_time_s − decision.event_time_s ≤ exit_within_s`` (the shopper left
 right after the action). The outcome names its decision, so it follows it; a negative gap is
