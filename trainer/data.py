@@ -50,12 +50,12 @@ def side(decisions: pa.Table, outcomes: pa.Table, fraction: float, seed: int, *,
 def training_rows(decisions: pa.Table, outcomes: pa.Table, fraction: float, seed: int) -> tuple[npt.NDArray[np.int64], pa.Table]:
     """The training side as row indices of ``decisions`` (no copy of the table) and its outcomes."""
     d_held = heldout_sessions(decisions.column("session_id"), fraction, seed)
-    o_held = heldout_sessions(outcomes.column("session_id"), fraction, seed)
-    return np.flatnonzero(~d_held).astype(np.int64), outcomes.filter(pa.array(~o_held))
+    return np.flatnonzero(~d_held).astype(np.int64), training_reports(outcomes, fraction, seed)
 
 
 def training_reports(reports: pa.Table, fraction: float, seed: int) -> pa.Table:
-    """The rows of ``reports`` (a kind with a ``session_id``: engagement reports) whose sessions are on the training side."""
+    """The rows of ``reports`` (outcomes, engagement reports: a kind with a ``session_id``) whose sessions are on the
+    training side."""
     if reports.num_rows == 0:
         return reports
     return reports.filter(pa.array(~heldout_sessions(reports.column("session_id"), fraction, seed)))

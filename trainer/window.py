@@ -116,16 +116,18 @@ def restrict(window: Window, keep: Callable[[pa.ChunkedArray], npt.NDArray[np.bo
     ids = pc.unique(window.decisions.column("session_id"))
     kept = ids.filter(pa.array(keep(pa.chunked_array([ids]))))
     decisions, outcomes = sessions_of(window.decisions, window.outcomes, kept)
-    _, engagements = sessions_of(decisions.slice(0, 0), window.engagements, kept)
     return Window(decisions, outcomes, versions_by_first_time(decisions), window.settings, window.sessions_in_window, window.chosen,
-                  engagements)
+                  of_sessions(window.engagements, kept))
+
+
+def of_sessions(table: pa.Table, session_ids: pa.Array | pa.ChunkedArray) -> pa.Table:
+    """The rows of ``table`` (any log kind: it has a ``session_id``) of these sessions."""
+    return table.filter(pc.is_in(table.column("session_id"), session_ids)) if table.num_rows else table
 
 
 def sessions_of(decisions: pa.Table, outcomes: pa.Table, session_ids: pa.Array | pa.ChunkedArray) -> tuple[pa.Table, pa.Table]:
-    """The decisions and outcomes (or any other kind with a ``session_id``: engagements) of these sessions."""
-    d = decisions.filter(pc.is_in(decisions.column("session_id"), session_ids))
-    o = outcomes.filter(pc.is_in(outcomes.column("session_id"), session_ids)) if outcomes.num_rows else outcomes
-    return d, o
+    """The decisions and outcomes of these sessions."""
+    return of_sessions(decisions, session_ids), of_sessions(outcomes, session_ids)
 
 
 def versions_by_first_time(decisions: pa.Table) -> list[str]:

@@ -100,12 +100,13 @@ def test_a_report_without_any_signal_is_refused(channel: grpc.Channel) -> None:
     assert stub(channel).ReportEngagement(zeros, timeout=5).engagement_id == "e-zero"
 
 
-def test_corrupt_engagement_bytes_are_invalid_argument(channel: grpc.Channel) -> None:
-    raw = channel.unary_unary(f"/{SERVICE}/ReportEngagement")
+@pytest.mark.parametrize("method", ["ReportOutcome", "ReportEngagement"])
+def test_corrupt_report_bytes_are_invalid_argument(channel: grpc.Channel, method: str) -> None:
+    raw = channel.unary_unary(f"/{SERVICE}/{method}")
     with pytest.raises(grpc.RpcError) as info:
         raw(b"\x0a\xff\xff", timeout=5)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert info.value.details().startswith("request: not a ReportEngagementRequest")
+    assert info.value.details().startswith(f"request: not a {method}Request")
 
 
 def test_unknown_decision_is_accepted_and_logging_off_says_so(channel: grpc.Channel) -> None:
