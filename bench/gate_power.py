@@ -65,8 +65,8 @@ def with_intent(intent_rows: Callable[[], np.ndarray]) -> QFeatures:
     episodes' step order, of the chunk being judged)."""
     gate_features = evaluation.q_features
 
-    def features(steps: Any, starts: np.ndarray, lengths: np.ndarray, seed: int = 0) -> np.ndarray:
-        base = gate_features(steps, starts, lengths, seed)
+    def features(steps: Any, positions: np.ndarray, projection: np.ndarray) -> np.ndarray:
+        base = gate_features(steps, positions, projection)
         intent = intent_rows()
         page = base[:, evaluation.PROJECTION_DIM : evaluation.PROJECTION_DIM + 5]
         return np.concatenate([base, intent, (intent[:, :, None] * page[:, None, :]).reshape(len(base), -1)], axis=1)
@@ -75,7 +75,8 @@ def with_intent(intent_rows: Callable[[], np.ndarray]) -> QFeatures:
 
 
 def judged(candidate: ModelSet, current: ModelSet, d: pa.Table, o: pa.Table) -> dict[str, Any]:
-    new, old = evaluation.evaluate_bundle(candidate, d, o), evaluation.evaluate_bundle(current, d, o)
+    whole = d.num_rows + 1  # one chunk: the oracle's intent rows are those of the whole chunk of sessions
+    new, old = evaluation.evaluate_bundle(candidate, d, o, chunk=whole), evaluation.evaluate_bundle(current, d, o, chunk=whole)
     diff = offline.difference(new.report, old.report, "dr")
     return {"estimate": diff.value, "ci_low": diff.ci_low, "ci_high": diff.ci_high, "publish": evaluation.gate(new, old, 0.0).publish}
 

@@ -59,7 +59,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from core.domain import Source
+from core.domain import N_ACTIONS, Source
 from core.progress import progress
 from experience.objective import GAMMA as OBJECTIVE_GAMMA
 from experience.objective import BusinessObjective
@@ -80,13 +80,18 @@ MAX_UNSUPPORTED = 0.01
 """Gate: the new bundle's mean probability per decision on such actions must be at most this."""
 
 
-def q_features(steps: LoggedSteps, starts: npt.NDArray[np.int64], lengths: npt.NDArray[np.int64], seed: int = 0) -> npt.NDArray[np.float32]:
-    """Compact per-step features for Q̂: a seeded Gaussian projection of the state, page type one-hot, step index."""
+def q_projection(state_dim: int, seed: int = 0) -> npt.NDArray[np.float32]:
+    """The seeded Gaussian projection of the state that ``q_features`` applies (the same for every chunk of a run)."""
     rng = np.random.default_rng(seed)
-    proj = (rng.standard_normal((steps.states.shape[1], PROJECTION_DIM)) / np.sqrt(PROJECTION_DIM)).astype(np.float32)
+    return (rng.standard_normal((state_dim, PROJECTION_DIM)) / np.sqrt(PROJECTION_DIM)).astype(np.float32)
+
+
+def q_features(steps: LoggedSteps, positions: npt.NDArray[np.int64], projection: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+    """Compact per-step features for Q̂: the projected state, page type one-hot, and the step's position in its session
+    (``positions``, capped at 20)."""
     page = np.eye(5, dtype=np.float32)[np.array([int(c.page_type) for c in steps.contexts], dtype=np.int64)]
-    position = (np.arange(len(steps)) - np.repeat(starts, lengths)).astype(np.float32)[:, None]
-    return np.concatenate([steps.states @ proj, page, np.minimum(position, 20.0) / 20.0], axis=1)
+    position = np.minimum(np.asarray(positions, dtype=np.float32), 20.0)[:, None] / 20.0
+    return np.concatenate([steps.states @ projection, page, position], axis=1)
 
 
 @dataclass(slots=True)
@@ -135,30 +140,66 @@ def target_probs(model: ModelSet, steps: LoggedSteps, served: npt.NDArray[np.flo
     return target
 
 
+EVAL_CHUNK = 32_768
+"""Logged rows whose states ``evaluate_bundle`` builds at once (≈ 120 MB at 920 features): its memory is bounded by
+this and by per-row scalars, not by the held-out logs' size."""
+
+
+@dataclass(slots=True)
+class _Scored:
+    """Per logged row, what the estimators need of a bundle (the states are gone)."""
+
+    propensity: npt.NDArray[np.float64]
+    actions: npt.NDArray[np.int64]
+    target: npt.NDArray[np.float64]
+    behavior: npt.NDArray[np.float64]
+    features: npt.NDArray[np.float32]
+    certain: int
+
+
+def _scored(model: ModelSet, decisions: pa.Table, rows: npt.NDArray[np.int64], positions: npt.NDArray[np.int64],
+            sources: npt.NDArray[np.int64] | None, seed: int, chunk: int) -> _Scored:
+    """Replay ``model`` on the logged ``rows`` (episode order), ``chunk`` rows of states at a time."""
+    projection = q_projection(model.encoder.spec.state_dim, seed)
+    parts: list[tuple[LoggedSteps, npt.NDArray[np.float64], npt.NDArray[np.float32]]] = []
+    for lo in range(0, len(rows), chunk):
+        steps = logged_steps(decisions, model, rows[lo : lo + chunk])
+        target = target_probs(model, steps, replay(model, steps).served, None if sources is None else sources[lo : lo + chunk])
+        parts.append((steps, target, q_features(steps, positions[lo : lo + chunk], projection)))
+        steps.states = steps.states[:0]  # only the scalars are kept
+    if not parts:
+        empty = np.zeros((0, N_ACTIONS))
+        return _Scored(np.zeros(0), np.zeros(0, np.int64), empty, empty, np.zeros((0, PROJECTION_DIM + 6), np.float32), 0)
+    return _Scored(np.concatenate([p.propensity for p, _, _ in parts]), np.concatenate([p.actions for p, _, _ in parts]),
+                   np.concatenate([t for _, t, _ in parts]), np.concatenate([p.behavior_probs for p, _, _ in parts]),
+                   np.concatenate([f for _, _, f in parts]), int(sum(p.certain.sum() for p, _, _ in parts)))
+
+
 def evaluate_bundle(model: ModelSet, decisions: pa.Table, outcomes: pa.Table, episode_config: EpisodeConfig | None = None,
                     *, gamma: float = OBJECTIVE_GAMMA, n_boot: int = 200, seed: int = 0,
                     max_ratio: float = offline.MAX_RATIO, max_weight: float = offline.MAX_WEIGHT,
-                    level: float = offline.LEVEL) -> Evaluation:
+                    level: float = offline.LEVEL, chunk: int = EVAL_CHUNK) -> Evaluation:
     """The offline estimates of ``model``'s objective per session on the logs (the defaults: the gate's view).
 
     ``episode_config`` and ``gamma`` default to the business objective's episodes and γ = 1; others
     estimate something else (a training reward, say) and are for experiments, never for the gate.
+    The states are built ``chunk`` rows at a time and dropped once replayed: what is kept is a few
+    numbers per row (``_Scored``), so a large held-out set costs its Arrow rows and little more.
     """
     with progress(f"evaluate.{model.version}", total=3, unit="stage") as bar:
         episodes = build_episodes(decisions, outcomes, episode_config or BusinessObjective().episode_config())
-        steps = logged_steps(decisions, model, episodes.rows)
         sources = (np.asarray(decisions.column("source").take(pa.array(episodes.rows)).to_numpy(), dtype=np.int64)
                    if "source" in decisions.column_names else None)
-        target = target_probs(model, steps, replay(model, steps).served, sources)
-        bar.update(1, rows=len(steps))  # replayed: the bundle's served distribution at every logged state
-        q_hat = q_model.cross_fit_q(episodes, q_features(steps, episodes.starts, episodes.lengths, seed), steps.actions,
-                                    gamma=gamma, seed=seed)
+        positions = np.arange(len(episodes.rows)) - np.repeat(episodes.starts, episodes.lengths)
+        scored = _scored(model, decisions, np.asarray(episodes.rows, dtype=np.int64), positions, sources, seed, chunk)
+        bar.update(1, rows=len(scored.actions))  # replayed: the bundle's served distribution at every logged state
+        q_hat = q_model.cross_fit_q(episodes, scored.features, scored.actions, gamma=gamma, seed=seed)
         bar.update(1)  # the DR's Q̂, cross-fitted
-        report = offline.evaluate(episodes, steps.propensity, target, steps.actions, q_hat, gamma=gamma, n_boot=n_boot, seed=seed,
-                                  max_ratio=max_ratio, max_weight=max_weight, level=level)
+        report = offline.evaluate(episodes, scored.propensity, scored.target, scored.actions, q_hat, gamma=gamma, n_boot=n_boot,
+                                  seed=seed, max_ratio=max_ratio, max_weight=max_weight, level=level)
         bar.update(1, resamples=n_boot)
-    return Evaluation(report, mean_kl(target, np.maximum(steps.behavior_probs, 1e-6)),  # finite where the logs were certain
-                      len(steps), unsupported_mass(target, steps.behavior_probs), int(steps.certain.sum()))
+    return Evaluation(report, mean_kl(scored.target, np.maximum(scored.behavior, 1e-6)),  # finite where the logs were certain
+                      len(scored.actions), unsupported_mass(scored.target, scored.behavior), scored.certain)
 
 
 @dataclass(slots=True)
