@@ -181,17 +181,15 @@ def _logs(location: str, bundle: Any) -> tuple[Any, Any]:
     return source.table("decisions"), source.table("outcomes")
 
 
-def _window(location: str, bundle: Any, config: TrainConfig, *, heldout: bool = False, serving: Sequence[str] = ()) -> Any:
+def _window(location: str, bundle: Any, config: TrainConfig, *, serving: Sequence[str] = (), gate: bool = False) -> Any:
     """What a run reads: its window and sample, in two passes (``trainer.reading``); under torchrun this rank's shard
-    of its sessions, and with ``heldout`` also the sessions the gate holds out, of every shard. ``serving``: the versions
-    served now (``cycle``), in a versions window whatever their age."""
-    from trainer.data import heldout_sessions
+    of its sessions. ``serving``: the versions served now (``cycle``), in a versions window whatever their age; ``gate``:
+    name the gate's held-out sessions too (``cycle``: read after training)."""
     from trainer.distributed import DistEnv
     from trainer.reading import read_window
 
     where = DistEnv.parse(os.environ)
-    part = (lambda ids: heldout_sessions(ids, config.heldout_fraction, config.seed)) if heldout else None
-    return read_window(_source(location, bundle), config, shard=(where.rank, where.world_size), part=part, serving=serving)
+    return read_window(_source(location, bundle), config, shard=(where.rank, where.world_size), serving=serving, gate=gate)
 
 
 def _bundle(path: Path | None) -> Any:

@@ -124,6 +124,13 @@ class TrainConfig:
     """Key of that sample's hash; change it for another sample of the same logs."""
     heldout_fraction: float = 0.2
     """Share of sessions (by hash) kept out of training for the gate's offline estimates."""
+    gate_sessions: int | None = 50_000
+    """The gate (``cycle``) judges on at most this many held-out sessions of the whole window, not only of the training
+    sample (``trainer.window.gate_sample``: the window's held-out share, bottom-k by the sample's hash, so it holds the
+    sample's own held-out sessions): more logs give the gate more power while training still reads its sample. They are
+    read after training, in a third pass, and judged a chunk of states at a time (``trainer.evaluation``): each costs
+    its Arrow rows (about 1.6 KB a decision) and a few numbers a decision. None: every held-out session of the window.
+    When the window fits in the sample, this is the sample's held-out side, as without it."""
     gamma: float = 0.85
     """Discount of the Monte Carlo returns (the same γ as mean_return)."""
     horizon_hours: float = 72.0
@@ -234,6 +241,9 @@ class TrainConfig:
             problems.append(f"gamma: expected in [0, 1], got {self.gamma}")
         if self.window_versions is not None and self.window_versions < 1:
             problems.append(f"window_versions: expected >= 1 or None, got {self.window_versions}")
+        if self.gate_sessions is not None and (isinstance(self.gate_sessions, bool) or not isinstance(self.gate_sessions, int)
+                                               or self.gate_sessions < 1):
+            problems.append(f"gate_sessions: expected an integer >= 1 or None, got {self.gate_sessions!r}")
         if self.max_sessions is not None and self.max_sessions < 1:
             problems.append(f"max_sessions: expected >= 1 or None, got {self.max_sessions}")
         if self.window_hours is not None and not (self.window_hours > 0 and math.isfinite(self.window_hours)):

@@ -43,11 +43,9 @@ LOOK_BOOTSTRAP = 1000
 def run_cycle(args: argparse.Namespace) -> int:
     from trainer.canary import look, settings_from
     from trainer.cli import EXIT_REFUSED, _bundle, _config, _source, _trained, _window
-    from trainer.data import side
-    from trainer.distributed import DistEnv, shutdown
+    from trainer.distributed import shutdown
     from trainer.evaluation import gate
-    from trainer.reading import shard_of
-    from trainer.window import restrict
+    from trainer.reading import read_gate
     from weights.bundle import read_bundle
     from weights.model_set import LoadOptions, ModelSet
     from weights.signing import load_public_key, public_key_bytes
@@ -59,11 +57,9 @@ def run_cycle(args: argparse.Namespace) -> int:
     store = WeightsStore(args.weights_dir, lambda data: verify(data, key))
     current_bundle = read_bundle(store.active_path) if store.active_path.exists() else _bundle(None)
     init = _bundle(args.init) if args.init else current_bundle
-    where = DistEnv.parse(os.environ)
-    # The logs the run reads, in two passes; under torchrun this rank's shard, and on rank 0 also every shard's held-out
-    # sessions for the gate (in the same pass: the other ranks wait for rank 0 only until training ends).
-    window = _window(args.logs, init, config, heldout=where.world_size > 1 and where.rank == 0,
-                     serving=_serving(store, current_bundle))
+    # The logs the run reads, in two passes; under torchrun this rank's shard. The gate's held-out sessions (of the whole
+    # window, every shard) are named now and read by rank 0 after training (the other ranks do not wait for it).
+    window = _window(args.logs, init, config, serving=_serving(store, current_bundle), gate=True)
     options = LoadOptions(device="cpu", warmup_batch=1)
     current = ModelSet.load(current_bundle, options)
     settings = settings_from(args)
@@ -82,12 +78,11 @@ def run_cycle(args: argparse.Namespace) -> int:
         print(json.dumps(looked, default=float) if args.json else f"published the kept candidate: {looked['reason']}")
         return 0
 
-    mine = restrict(window, lambda ids: shard_of(ids, 0, where.world_size)) if where.world_size > 1 and where.rank == 0 else window
-    result = _trained(args, init, mine, config)
+    result = _trained(args, init, window, config)
     shutdown()  # every rank together, training done: rank 0 gates alone, with no rank left waiting in a collective
     if args.rank != 0:
         return 0  # rank 0 evaluates, gates and publishes
-    held_d, held_o = side(window.decisions, window.outcomes, config.heldout_fraction, config.seed, heldout=True)
+    held_d, held_o = read_gate(_source(args.logs, init), window.gate)
     new = ModelSet.load(read_bundle(result.bundle), options)
     verdict = gate(judged(config, new, held_d, held_o), judged(config, current, held_d, held_o), config.tolerance,
                    **config.gate_limits())

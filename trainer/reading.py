@@ -32,7 +32,7 @@ every step weighs 1).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -45,7 +45,7 @@ from experience.schema import SCHEMAS
 from experience.segments import DirectorySource
 from experience.sessions import session_hashes
 from trainer.session_index import NARROW, SessionIndex
-from trainer.window import Window, choose, digest_of, settings_of, versions_by_first_time
+from trainer.window import GateSessions, Window, choose, digest_of, gate_sample, in_window, settings_of, versions_by_first_time
 
 GATHER_ROWS = 1 << 16
 
@@ -61,20 +61,20 @@ def shard_of(session_ids: pa.ChunkedArray | pa.Array, rank: int, world: int) -> 
     return np.asarray(session_hashes(ids, SHARD_SALT) % np.uint64(world) == np.uint64(rank), dtype=np.bool_)
 
 
-def read_window(source: DirectorySource, config: Any, shard: tuple[int, int] | None = None,
-                part: Callable[[pa.ChunkedArray], npt.NDArray[np.bool_]] | None = None, serving: Sequence[str] = ()) -> Window:
+def read_window(source: DirectorySource, config: Any, shard: tuple[int, int] | None = None, serving: Sequence[str] = (),
+                gate: bool = False) -> Window:
     """The decisions and outcomes of ``config``'s window and sample, read in two passes (see the module doc): of its
-    sessions those of ``shard = (rank, world)`` and (``part``, a mask of the chosen ids: an additional set, such as the
-    gate's held-out sessions of every shard) those for which ``part`` holds; with neither, all of them. ``serving``:
-    the versions served now, in a versions window whatever their age (``trainer.window``)."""
+    sessions those of ``shard = (rank, world)``, else all of them. ``serving``: the versions served now, in a versions
+    window whatever their age (``trainer.window``). With ``gate``, the window also names the gate's held-out sessions
+    (``TrainConfig.gate_sessions``, of every shard), which ``read_gate`` reads when the gate runs."""
     newest: dict[str, float] = {}
     index = SessionIndex.of(read_segments(source, "decisions", "read.narrow", NARROW, newest=newest))
     sessions, in_window = choose(index, config.window_hours, config.window_versions, config.max_sessions, config.sample_key,
                                  serving)
     chosen = digest_of(sessions)
-    if (shard is not None and shard[1] > 1) or part is not None:
-        mask = shard_of(sessions, *shard) if shard is not None and shard[1] > 1 else np.zeros(len(sessions), dtype=np.bool_)
-        sessions = sessions.filter(pa.array(mask | part(sessions) if part is not None else mask))
+    judged = _gate_sessions(index, newest, config, serving) if gate else None
+    if shard is not None and shard[1] > 1:
+        sessions = sessions.filter(pa.array(shard_of(sessions, *shard)))
     skip = older_than(newest, earliest_start(index, sessions))
     del index  # only the chosen ids are needed from here
     decisions = pa.Table.from_batches(list(rows_of(read_segments(source, "decisions", "read.decisions", skip=skip), sessions)),
@@ -85,7 +85,28 @@ def read_window(source: DirectorySource, config: Any, shard: tuple[int, int] | N
     if config.engagement_weights is not None and source.has("engagements"):
         engagements = pa.Table.from_batches(list(rows_of(read_segments(source, "engagements", "read.engagements"), sessions)),
                                             schema=SCHEMAS["engagements"])
-    return Window(decisions, outcomes, versions_by_first_time(decisions), settings_of(config, serving), in_window, chosen, engagements)
+    return Window(decisions, outcomes, versions_by_first_time(decisions), settings_of(config, serving), in_window, chosen, engagements,
+                  judged)
+
+
+def _gate_sessions(index: SessionIndex, newest: dict[str, float], config: Any, serving: Sequence[str]) -> GateSessions:
+    """The gate's sessions of the window (``TrainConfig.gate_sessions``), and the segments that cannot hold them."""
+    from trainer.data import heldout_sessions
+
+    window = in_window(index, config.window_hours, config.window_versions, serving)
+    ids = gate_sample(window, lambda s: heldout_sessions(s, config.heldout_fraction, config.seed), config.gate_sessions,
+                      config.sample_key)
+    return GateSessions(ids, older_than(newest, earliest_start(index, ids)))
+
+
+def read_gate(source: DirectorySource, gate: GateSessions) -> tuple[pa.Table, pa.Table]:
+    """The decisions and outcomes of the gate's sessions (a third pass, after training: so training's peak memory does
+    not hold them)."""
+    decisions = pa.Table.from_batches(list(rows_of(read_segments(source, "decisions", "read.gate", skip=gate.skip), gate.ids)),
+                                      schema=SCHEMAS["decisions"])
+    outcomes = pa.Table.from_batches(list(rows_of(read_segments(source, "outcomes", "read.gate-outcomes"), gate.ids)),
+                                     schema=SCHEMAS["outcomes"])
+    return decisions, outcomes
 
 
 def earliest_start(index: SessionIndex, sessions: pa.ChunkedArray) -> float | None:

@@ -45,6 +45,14 @@ CHOSEN_SALT = b"chosen-digest"
 
 
 @dataclass(frozen=True, slots=True)
+class GateSessions:
+    """The gate's held-out sessions of a window (``gate_sample``), and the segments none of them can be in."""
+
+    ids: pa.ChunkedArray
+    skip: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
 class Window:
     decisions: pa.Table
     outcomes: pa.Table
@@ -59,6 +67,8 @@ class Window:
     so ranks that chose on their own can check that they chose the same (None: not recorded)."""
     engagements: pa.Table = field(default_factory=ENGAGEMENTS.empty_table)
     """The engagement reports of the kept sessions (``experience.engagement``; none when the logs have none)."""
+    gate: GateSessions | None = None
+    """The sessions the gate judges, when they are read apart from the sample (``TrainConfig.gate_sessions``)."""
 
     def describe(self) -> dict[str, Any]:
         """The manifest's record of what was read; ``newest_time_s`` tells later runs which sessions came after it."""
@@ -66,7 +76,7 @@ class Window:
         sessions = len(pc.unique(self.decisions.column("session_id"))) if n else 0
         return {**self.settings, "decisions": n, "sessions": sessions,
                 "sessions_in_window": sessions if self.sessions_in_window is None else self.sessions_in_window,
-                "model_versions": self.versions,
+                "model_versions": self.versions, **({"gate_sessions": len(self.gate.ids)} if self.gate is not None else {}),
                 "newest_time_s": float(pc.max(self.decisions.column("time_s")).as_py()) if n else None}
 
 
@@ -85,12 +95,21 @@ def choose(index: SessionIndex, hours: float | None = None, versions: int | None
            sample_key: int = 0, serving: Sequence[str] = ()) -> tuple[pa.ChunkedArray, int | None]:
     """The ids of the window's sessions after the sample, and the window's session count before the sample (None:
     no sample asked for); see the module doc. Works on the sessions' first decisions alone (``SessionIndex``)."""
+    if max_sessions is not None and (isinstance(max_sessions, bool) or not isinstance(max_sessions, int) or max_sessions < 1):
+        raise ValueError(f"max_sessions: expected an integer >= 1 or None, got {max_sessions!r}")
+    ids = in_window(index, hours, versions, serving)
+    if max_sessions is None or len(ids) <= max_sessions:
+        return ids, None if max_sessions is None else len(ids)
+    return bottom_k(ids, max_sessions, sample_key), len(ids)
+
+
+def in_window(index: SessionIndex, hours: float | None = None, versions: int | None = None,
+              serving: Sequence[str] = ()) -> pa.ChunkedArray:
+    """The ids of the window's sessions (by their first decisions), before any sample."""
     if hours is not None and not hours > 0:
         raise ValueError(f"window_hours: expected > 0 or None, got {hours!r}")
     if versions is not None and versions < 1:
         raise ValueError(f"window_versions: expected >= 1 or None, got {versions!r}")
-    if max_sessions is not None and (isinstance(max_sessions, bool) or not isinstance(max_sessions, int) or max_sessions < 1):
-        raise ValueError(f"max_sessions: expected an integer >= 1 or None, got {max_sessions!r}")
     first = index.sessions
     keep = pa.array(np.ones(first.num_rows, dtype=bool))
     if hours is not None and index.newest_s is not None:
@@ -98,11 +117,24 @@ def choose(index: SessionIndex, hours: float | None = None, versions: int | None
     if versions is not None:
         recent = [*index.versions_by_first_time()[-versions:], *serving]
         keep = pc.and_(keep, pc.is_in(first.column("model_version"), pa.array(recent, pa.string())))
-    ids = first.column("session_id").filter(keep)
-    if max_sessions is None or len(ids) <= max_sessions:
-        return ids, None if max_sessions is None else len(ids)
+    return first.column("session_id").filter(keep)
+
+
+def bottom_k(ids: pa.ChunkedArray, k: int, sample_key: int = 0) -> pa.ChunkedArray:
+    """The ``k`` of ``ids`` whose keyed sample hash is smallest (all of them when there are no more)."""
+    if len(ids) <= k:
+        return ids
     hashes = session_hashes(ids.to_numpy(zero_copy_only=False), SAMPLE_SALT + int(sample_key).to_bytes(8, "little", signed=True))
-    return ids.take(pa.array(np.argsort(hashes, kind="stable")[:max_sessions])), len(ids)
+    return ids.take(pa.array(np.argsort(hashes, kind="stable")[:k]))
+
+
+def gate_sample(window: pa.ChunkedArray, heldout: Callable[[pa.ChunkedArray], npt.NDArray[np.bool_]], k: int | None,
+                sample_key: int = 0) -> pa.ChunkedArray:
+    """The sessions the gate judges: of the window's (``window``, before the sample) those ``heldout`` holds out, at most
+    ``k`` by the sample's own keyed hash. The same hash orders both samples, so the training sample's held-out sessions
+    (its smallest-hash held-out ones) are among these whenever ``k`` is at least their number."""
+    held = window.filter(pa.array(heldout(window))) if len(window) else window
+    return held if k is None else bottom_k(held, k, sample_key)
 
 
 def digest_of(session_ids: pa.ChunkedArray | pa.Array) -> tuple[int, int]:
@@ -117,7 +149,7 @@ def restrict(window: Window, keep: Callable[[pa.ChunkedArray], npt.NDArray[np.bo
     kept = ids.filter(pa.array(keep(pa.chunked_array([ids]))))
     decisions, outcomes = sessions_of(window.decisions, window.outcomes, kept)
     return Window(decisions, outcomes, versions_by_first_time(decisions), window.settings, window.sessions_in_window, window.chosen,
-                  of_sessions(window.engagements, kept))
+                  of_sessions(window.engagements, kept), window.gate)
 
 
 def of_sessions(table: pa.Table, session_ids: pa.Array | pa.ChunkedArray) -> pa.Table:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
+import pyarrow as pa
 import pyarrow.fs as pafs
 import pytest
 
@@ -269,3 +270,34 @@ def test_a_segment_with_a_time_that_orders_nothing_is_always_read() -> None:
     assert earliest_start(index, pa.chunked_array([["s", "u"]])) == 3.0
     assert earliest_start(index, pa.chunked_array([["s", "t"]])) is None
     assert earliest_start(index, pa.chunked_array([pa.array([], pa.string())])) == math.inf
+
+
+@pytest.mark.parametrize("config", [TrainConfig(), TrainConfig(window_versions=None, max_sessions=150, sample_key=3, gate_sessions=40)])
+def test_the_gate_reads_the_windows_held_out_sessions_after_training(logs: Path, config: TrainConfig) -> None:
+    """``cycle`` names the gate's sessions in the two-pass read and reads them in a third: the held-out side of the whole
+    window (every row of those sessions, in log order) — when the window fits in the sample exactly the sample's own
+    held-out side, as ``cycle`` judged before — and the manifest's window record says how many."""
+    from trainer.data import heldout_sessions, side
+    from trainer.reading import read_gate
+
+    source = DirectorySource(logs)
+    window = read_window(source, config, gate=True)
+    assert window.gate is not None and read_window(source, config).gate is None  # named only when asked (cycle)
+    decisions, outcomes = read_gate(source, window.gate)
+    everything = for_config(source.table("decisions"), source.table("outcomes"),
+                            TrainConfig(window_versions=config.window_versions, max_sessions=None))
+    held = side(everything.decisions, everything.outcomes, config.heldout_fraction, config.seed, heldout=True)
+    gate_ids = set(decisions.column("session_id").to_pylist())
+    assert gate_ids == set(window.gate.ids.to_pylist()) and window.describe()["gate_sessions"] == len(gate_ids) > 0
+    if config.gate_sessions is None or len(set(held[0].column("session_id").to_pylist())) <= config.gate_sessions:
+        assert decisions.equals(held[0]) and outcomes.equals(held[1])
+        if config.max_sessions is not None and window.sessions_in_window <= config.max_sessions:  # the window fits the sample
+            own = side(window.decisions, window.outcomes, config.heldout_fraction, config.seed, heldout=True)
+            assert decisions.equals(own[0]) and outcomes.equals(own[1])
+    else:  # capped: that many whole sessions of the held-out side, with every row of theirs, the sample's own among them
+        assert len(gate_ids) == config.gate_sessions
+        rows = everything.decisions.filter(pa.array([s in gate_ids for s in everything.decisions.column("session_id").to_pylist()]))
+        assert decisions.equals(rows)
+        assert heldout_sessions(decisions.column("session_id"), config.heldout_fraction, config.seed).all()
+        own = side(window.decisions, window.outcomes, config.heldout_fraction, config.seed, heldout=True)[0]
+        assert set(own.column("session_id").to_pylist()) <= gate_ids

@@ -166,3 +166,33 @@ def test_selection_matches_the_rules_row_by_row_on_random_logs_ties_included(see
         assert w.decisions.num_rows == sum(1 for s in decisions.column("session_id").to_pylist() if s in chosen)  # whole sessions
         assert set(w.outcomes.column("session_id").to_pylist()) == chosen & set(outcomes.column("session_id").to_pylist())
         assert w.versions == ordered
+
+
+@pytest.mark.parametrize("bad", [0, -5, True, 2.5])
+def test_a_bad_gate_sessions_names_the_field(bad: object) -> None:
+    with pytest.raises(ValueError, match="gate_sessions"):
+        TrainConfig(gate_sessions=bad)  # type: ignore[arg-type]
+
+
+def test_the_gate_sample_is_the_windows_held_out_share_and_holds_the_samples_own() -> None:
+    """Of the whole window (not the training sample) the sessions the gate's split holds out, at most k of them by the
+    sample's own hash: so the training sample's held-out sessions are among them, and none it trains on."""
+    from trainer.data import heldout_sessions
+    from trainer.window import gate_sample
+
+    d, _ = many(4000)
+    index = SessionIndex.of([d])
+    window_ids = index.sessions.column("session_id")
+    sample, _ = choose(index, max_sessions=500, sample_key=2)
+    held = lambda ids: heldout_sessions(ids, 0.2, 0)  # noqa: E731
+    every = set(gate_sample(window_ids, held, None, 2).to_pylist())
+    assert every == {s for s, h in zip(window_ids.to_pylist(), held(window_ids), strict=True) if h}
+    assert 600 < len(every) < 1000  # about a fifth of 4,000
+    capped = gate_sample(window_ids, held, 300, 2).to_pylist()
+    assert len(capped) == 300 and set(capped) <= every
+    sample_held = {s for s, h in zip(sample.to_pylist(), held(sample), strict=True) if h}
+    sample_trained = set(sample.to_pylist()) - sample_held
+    assert 60 < len(sample_held) < 140 and sample_held <= set(capped)  # the sample's held-out ≈ 100 ≤ 300: all in
+    assert not sample_trained & every  # never a session the run trains on
+    assert gate_sample(window_ids, held, 300, 2).to_pylist() == capped  # a rerun: the same sessions
+    assert gate_sample(window_ids.slice(0, 0), held, 300, 2).to_pylist() == []
