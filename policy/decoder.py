@@ -66,6 +66,18 @@ def uniforms(decision_id: str, n: int) -> FloatArray:
     return uniforms_batch([decision_id], n)[0]
 
 
+def check_settings(samples: int, min_votes: int, epsilon: float, temperature: float) -> None:
+    """``ValueError`` naming the decoder setting out of range."""
+    if samples < 1:
+        raise ValueError(f"samples: expected >= 1, got {samples}")
+    if not 1 <= min_votes <= samples:
+        raise ValueError(f"min_votes: expected 1..{samples}, got {min_votes}")
+    if not 0.0 <= epsilon <= 1.0:
+        raise ValueError(f"exploration_epsilon: expected 0..1, got {epsilon}")
+    if not (temperature > 0 and math.isfinite(temperature)):
+        raise ValueError(f"exploration_temperature: expected > 0, got {temperature}")
+
+
 @dataclass(frozen=True, slots=True)
 class Draw:
     """One run of the procedure: the served index, or ``None`` when the rule engine must answer."""
@@ -80,14 +92,7 @@ class MajorityDecoder:
 
     def __init__(self, samples: int = 10, min_votes: int = 4, epsilon: float = 0.05,
                  temperature: float = 1.2, n_actions: int = N_ACTIONS) -> None:
-        if samples < 1:
-            raise ValueError(f"samples: expected >= 1, got {samples}")
-        if not 1 <= min_votes <= samples:
-            raise ValueError(f"min_votes: expected 1..{samples}, got {min_votes}")
-        if not 0.0 <= epsilon <= 1.0:
-            raise ValueError(f"exploration_epsilon: expected 0..1, got {epsilon}")
-        if not (temperature > 0 and math.isfinite(temperature)):
-            raise ValueError(f"exploration_temperature: expected > 0, got {temperature}")
+        check_settings(samples, min_votes, epsilon, temperature)
         self.samples = samples
         self.min_votes = min_votes
         self.epsilon = epsilon

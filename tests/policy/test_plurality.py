@@ -1,0 +1,86 @@
+"""The sampled majority over any number of candidates: exact probabilities that agree with the enumerating decoder,
+with the draws it serves, and with the rule engine's share; replayable from the decision id."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from policy.decoder import MajorityDecoder, uniforms_batch
+from policy.plurality import PluralityDecoder
+
+
+def _cases(rng: np.random.Generator, n: int, count: int) -> list[np.ndarray]:
+    cases = []
+    for t in range(count):
+        q = rng.dirichlet(np.ones(n) * rng.uniform(0.2, 3.0))
+        if t % 3 == 0 and n > 1:
+            q[rng.integers(n)] = 0.0  # a banned candidate
+        if t % 5 == 0:
+            q = np.round(q, 1) + (q.sum() == 0)  # ties in q, decided by the lower index
+        cases.append(q / q.sum())
+    return cases
+
+
+@pytest.mark.parametrize(("samples", "min_votes", "epsilon"), [(10, 4, 0.05), (10, 1, 0.0), (7, 7, 0.2), (1, 1, 0.0)])
+def test_five_candidates_give_exactly_the_enumerating_decoders_probabilities(samples: int, min_votes: int, epsilon: float) -> None:
+    plurality = PluralityDecoder(samples, min_votes, epsilon, temperature=1.5)
+    majority = MajorityDecoder(samples, min_votes, epsilon, temperature=1.5)
+    rng = np.random.default_rng(samples * 100 + min_votes)
+    for q in _cases(rng, 5, 120):
+        fallback = int(rng.integers(5))
+        np.testing.assert_allclose(plurality.served(q, fallback), majority.served_distribution(q, fallback), rtol=0, atol=1e-13)
+
+
+@pytest.mark.parametrize("n", [1, 2, 12, 40])
+def test_probabilities_sum_to_one_and_the_rule_engine_gets_the_undecided_share(n: int) -> None:
+    decoder = PluralityDecoder(epsilon=0.0)
+    for q in _cases(np.random.default_rng(n), n, 20):
+        wins, low = decoder.decided(q)
+        assert wins.sum() + low == pytest.approx(1.0, abs=1e-12) and (wins >= 0).all() and 0.0 <= low <= 1.0
+        fallback = n - 1
+        served = decoder.served(q, fallback)
+        assert served[fallback] == pytest.approx(wins[fallback] + low, abs=1e-12)
+        assert (served[q == 0] == 0).all() or q[fallback] == 0  # a banned candidate is served only as the rule's answer
+    flat = PluralityDecoder(epsilon=0.0).decided(np.ones(40) / 40)[1]
+    assert flat > 0.99  # 10 draws over 40 even candidates almost never give one 4 votes
+
+
+def test_served_frequencies_match_the_exact_probabilities_for_twelve_candidates() -> None:
+    """200,000 replayable draws (the uniforms of decision ids) against the exact distribution, by a chi-square bound."""
+    decoder = PluralityDecoder()
+    q = np.array([0.22, 0.18, 0.14, 0.1, 0.08, 0.08, 0.06, 0.05, 0.04, 0.03, 0.02, 0.0])
+    q = q / q.sum()
+    fallback = 11
+    expected = decoder.served(q, fallback)
+    n = 200_000
+    u = uniforms_batch([f"plurality-{i}" for i in range(n)], decoder.samples + 2)
+    counts = np.zeros(len(q))
+    for row in u:
+        draw = decoder.draw_with(q, row)
+        counts[fallback if draw.index is None else draw.index] += 1
+    seen = expected > 0
+    chi2 = float((((counts - n * expected) ** 2)[seen] / (n * expected[seen])).sum())
+    assert chi2 < 40.0, (chi2, counts / n, expected)  # 10 degrees of freedom: P(χ² > 40) ≈ 2e-5
+    assert counts[~seen].sum() == 0
+
+
+def test_a_draw_replays_from_its_decision_id_and_names_an_undecided_vote() -> None:
+    decoder = PluralityDecoder(epsilon=0.0)
+    q = np.ones(30) / 30
+    first, again = decoder.draw(q, "d-1"), decoder.draw(q, "d-1")
+    assert first.index == again.index and first.explored == again.explored and (first.counts == again.counts).all()
+    assert first.index is None and first.counts.sum() == decoder.samples  # 10 votes over 30: no candidate reaches 4
+    sure = decoder.draw(np.eye(1, 30, 7)[0], "d-2")
+    assert sure.index == 7 and sure.counts[7] == 10
+
+
+@pytest.mark.parametrize(("q", "message"), [([], "q"), ([0.0, 0.0], "q"), ([0.5, float("nan")], "q"), ([-0.1, 1.1], "q")])
+def test_bad_distributions_are_refused(q: list[float], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        PluralityDecoder().served(q, 0)
+
+
+def test_a_fallback_outside_the_candidates_is_refused() -> None:
+    with pytest.raises(ValueError, match="fallback"):
+        PluralityDecoder().served([0.5, 0.5], 2)
