@@ -21,6 +21,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from core.domain import ACTIONS, Action, Decision, EngagementReport, Outcome, Source
+from core.product import LAYERS, ProductDecision
 from experience.kinds import KINDS
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -115,6 +116,10 @@ class Metrics:
                                buckets=DWELL_BUCKETS, registry=r)
         self.scroll = Histogram("shopping_agent_engagement_scroll_depth", "Reported scroll depth of a page (0 to 1).",
                                 buckets=SCROLL_BUCKETS, registry=r)
+        self.product_layers = Counter("shopping_agent_product_layer_decisions",
+                                      "RecommendProduct layer choices served, by layer and source.", ["layer", "source"], registry=r)
+        self._product_layers = {(layer, src): self.product_layers.labels(layer=layer.value, source=src.name.lower())
+                                for layer in LAYERS for src in Source}
         self.experience = ExperienceMetrics(r)
         self._created_s = math.nan
         if not multiprocess_mode():
@@ -143,6 +148,11 @@ class Metrics:
             if child is None:
                 child = self._hits[rule] = self.guardrail_hits.labels(rule=rule)
             child.inc()
+
+    def product_served(self, decision: ProductDecision) -> None:
+        """Count one answered RecommendProduct: each layer's choice by its source."""
+        for layer, choice in decision.choices():
+            self._product_layers[(layer, choice.source)].inc()
 
     def outcome_received(self, outcome: Outcome) -> None:
         self._outcomes[outcome].inc()

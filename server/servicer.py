@@ -19,7 +19,9 @@ from google.protobuf.message import DecodeError
 from grpc import aio
 
 from core.domain import ACTIONS, Context, Decision, DecisionRequest, EngagementReport, OutcomeReport, Source
+from core.product import LayerChoice, ProductDecision, ProductRequest
 from policy.features import context_of
+from policy.product_decision import by_rules as product_by_rules
 from server import errors
 from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
 from server.batching import BatcherClosed, MicroBatcher, Overloaded
@@ -28,6 +30,7 @@ from server.grpc_metrics import InstrumentedRegistrar, MethodMetrics
 from server.logs import log_context
 from server.metrics import Metrics
 from server.models import ModelHolder
+from server.product_validation import parse_product
 from server.validation import InvalidRequest, Limits, parse_engagement, parse_outcome, parse_request
 from weights.model_set import ModelSet, NoModel
 
@@ -46,8 +49,9 @@ class Malformed:
         self.error = error
 
 
-Message = TypeVar("Message", pb.RecommendActionRequest, pb.ReportOutcomeRequest, pb.ReportEngagementRequest)
-Report = TypeVar("Report", OutcomeReport, EngagementReport)
+Message = TypeVar("Message", pb.RecommendActionRequest, pb.ReportOutcomeRequest, pb.ReportEngagementRequest,
+                  pb.RecommendProductRequest)
+Report = TypeVar("Report", OutcomeReport, EngagementReport, ProductRequest)
 
 
 def wire_parser(message: type[Message]) -> Callable[[bytes], Message | Malformed]:
@@ -84,6 +88,11 @@ def add_to_server(servicer: ShoppingAgentServicer, server: InstrumentedRegistrar
             request_deserializer=wire_parser(pb.ReportEngagementRequest),
             response_serializer=pb.ReportEngagementResponse.SerializeToString,
         )),
+        "RecommendProduct": server.instrument(service, "RecommendProduct", grpc.unary_unary_rpc_method_handler(
+            servicer.RecommendProduct,
+            request_deserializer=wire_parser(pb.RecommendProductRequest),
+            response_serializer=pb.RecommendProductResponse.SerializeToString,
+        )),
     }
     generic = grpc.method_handlers_generic_handler(service, handlers)
     server.add_generic_rpc_handlers((generic,), counted=True)
@@ -110,6 +119,21 @@ def to_response(decision: Decision, decision_id: str, request_id: str) -> pb.Rec
         add(action=pb.Action.ValueType(a), policy_probability=policy[i], guard_allow_probability=allow[i],
             blocked=blocked[i], served_probability=served[i])
     return response
+
+
+def _choice(choice: LayerChoice, candidate_id: str) -> pb.LayerChoice:
+    return pb.LayerChoice(id=candidate_id, index=choice.index, propensity=choice.propensity,
+                          source=pb.DecisionSource.ValueType(choice.source), votes=choice.votes, rule=choice.rule)
+
+
+def product_response(req: ProductRequest, decision: ProductDecision, decision_id: str) -> pb.RecommendProductResponse:
+    category = req.categories[decision.category.index]
+    return pb.RecommendProductResponse(
+        decision_id=decision_id,
+        category=_choice(decision.category, category.category_id),
+        sku=_choice(decision.sku, category.skus[decision.sku.index].sku_id),
+        price_band=_choice(decision.price_band, req.price_bands[decision.price_band.index].band_id),
+        joint_propensity=decision.joint_propensity, model_version=decision.model_version, request_id=req.shopper.request_id)
 
 
 class ShoppingAgentServicer:
@@ -197,7 +221,7 @@ class ShoppingAgentServicer:
     async def ReportOutcome(  # noqa: N802 - the gRPC method name
         self, request: pb.ReportOutcomeRequest | Malformed, context: aio.ServicerContext  # type: ignore[type-arg]
     ) -> pb.ReportOutcomeResponse:
-        report = await self._report(request, context, parse_outcome, "ReportOutcomeRequest")
+        report = await self._validated(request, context, parse_outcome, "ReportOutcomeRequest")
         if self._metrics is not None:
             self._metrics.outcome_received(report.outcome)
         logged = self._recorder.outcome(report) if self._recorder is not None else False
@@ -206,15 +230,36 @@ class ShoppingAgentServicer:
     async def ReportEngagement(  # noqa: N802 - the gRPC method name
         self, request: pb.ReportEngagementRequest | Malformed, context: aio.ServicerContext  # type: ignore[type-arg]
     ) -> pb.ReportEngagementResponse:
-        report = await self._report(request, context, parse_engagement, "ReportEngagementRequest")
+        report = await self._validated(request, context, parse_engagement, "ReportEngagementRequest")
         if self._metrics is not None:
             self._metrics.engagement_received(report)
         logged = self._recorder.engagement(report) if self._recorder is not None else False
         return pb.ReportEngagementResponse(engagement_id=report.engagement_id, logged=logged)
 
-    async def _report(self, request: Message | Malformed, context: aio.ServicerContext,  # type: ignore[type-arg]
+    async def RecommendProduct(  # noqa: N802 - the gRPC method name
+        self, request: pb.RecommendProductRequest | Malformed, context: aio.ServicerContext  # type: ignore[type-arg]
+    ) -> pb.RecommendProductResponse:
+        model = self._models.current  # read once: validated against, and answered by, this model set
+        limits = self._limits(model.item_dim)
+        req = await self._validated(request, context, lambda m, _, now: parse_product(m, limits, now), "RecommendProductRequest")
+        try:
+            context_of(req.shopper, self._tz)
+        except (OverflowError, ValueError, OSError):  # a legal Timestamp the local calendar cannot hold
+            await errors.abort(context, InvalidRequest("shopper.event_time", f"cannot be placed in the server's timezone {self._tz.key}"))
+        decision_id = os.urandom(16).hex()
+        try:
+            decision = product_by_rules(req, model.version)  # no bundle format has product heads yet: each layer's rule
+            if self._metrics is not None:
+                self._metrics.product_served(decision)
+            return product_response(req, decision, decision_id)
+        except Exception as exc:  # a bug: answer INTERNAL without the exception's text, log it once
+            log.exception("RecommendProduct failed", extra={"fields": {"decision_id": decision_id}})
+            await errors.abort(context, exc)
+            raise
+
+    async def _validated(self, request: Message | Malformed, context: aio.ServicerContext,  # type: ignore[type-arg]
                       parse: Callable[[Message, Limits, float], Report], name: str) -> Report:
-        """A report rpc's request validated (id limits only: no model needed), or the call answered INVALID_ARGUMENT."""
+        """The request ``parse`` validated, or the call answered INVALID_ARGUMENT naming the field."""
         try:
             if isinstance(request, Malformed):
                 raise InvalidRequest("request", f"not a {name} ({request.error})")

@@ -7,9 +7,11 @@ what was expected; ``server.errors`` maps it to INVALID_ARGUMENT.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from core.domain import DecisionRequest, EngagementReport, Outcome, OutcomeReport, PageType
 from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
@@ -37,7 +39,7 @@ class Limits:
     max_outcome_value: float = 1_000_000.0  # an order's value and a coupon's discount: what training may be told
 
 
-def _required_id(value: str, name: str, limits: Limits) -> str:
+def required_id(value: str, name: str, limits: Limits) -> str:
     if not value:
         raise InvalidRequest(name, "required, must not be empty")
     if len(value) > limits.max_id_length:
@@ -64,9 +66,9 @@ def _amount(value: float, name: str, limit: float) -> float:
 
 def parse_outcome(msg: pb.ReportOutcomeRequest, limits: Limits, now_s: float) -> OutcomeReport:
     """Check every field of a ReportOutcomeRequest; ``now_s`` stands in for a missing event_time."""
-    decision_id = _required_id(msg.decision_id, "decision_id", limits)
-    session_id = _required_id(msg.session_id, "session_id", limits)
-    outcome_id = _required_id(msg.outcome_id, "outcome_id", limits)
+    decision_id = required_id(msg.decision_id, "decision_id", limits)
+    session_id = required_id(msg.session_id, "session_id", limits)
+    outcome_id = required_id(msg.outcome_id, "outcome_id", limits)
     if msg.outcome not in _OUTCOMES:
         raise InvalidRequest("outcome", f"unknown value {msg.outcome}" if msg.outcome else "required (OUTCOME_UNSPECIFIED)")
     return OutcomeReport(
@@ -86,9 +88,9 @@ def parse_engagement(msg: pb.ReportEngagementRequest, limits: Limits, now_s: flo
     Each signal is optional (presence, not a zero default, says whether it was measured); a report
     that carries none of them says nothing and is refused.
     """
-    decision_id = _required_id(msg.decision_id, "decision_id", limits)
-    session_id = _required_id(msg.session_id, "session_id", limits)
-    engagement_id = _required_id(msg.engagement_id, "engagement_id", limits)
+    decision_id = required_id(msg.decision_id, "decision_id", limits)
+    session_id = required_id(msg.session_id, "session_id", limits)
+    engagement_id = required_id(msg.engagement_id, "engagement_id", limits)
     dwell = scroll = None
     if msg.HasField("dwell_seconds"):
         dwell = msg.dwell_seconds
@@ -105,22 +107,27 @@ def parse_engagement(msg: pb.ReportEngagementRequest, limits: Limits, now_s: flo
                             scroll_depth=scroll, bounced=bounced, event_time_s=_event_time(msg, now_s))
 
 
+def embedding_of(values: Sequence[float], name: str, item_dim: int) -> npt.NDArray[np.float32]:
+    """A repeated float field as float32: exactly ``item_dim`` finite values."""
+    if len(values) != item_dim:
+        raise InvalidRequest(name, f"expected exactly {item_dim} values, got {len(values)}")
+    embedding = np.array(values, dtype=np.float32)  # buffer copy; fromiter is 8x slower
+    finite = np.isfinite(embedding)
+    if not finite.all():
+        bad = int(np.argmin(finite))
+        raise InvalidRequest(f"{name}[{bad}]", f"must be finite, got {embedding[bad]}")
+    return embedding
+
+
 def parse_request(msg: pb.RecommendActionRequest, limits: Limits, now_s: float) -> DecisionRequest:
     """Check every field of a RecommendActionRequest; ``now_s`` stands in for a missing event_time."""
     if len(msg.request_id) > limits.max_id_length:
         raise InvalidRequest("request_id", f"longer than {limits.max_id_length} characters")
-    user_id = _required_id(msg.user_id, "user_id", limits)
-    session_id = _required_id(msg.session_id, "session_id", limits)
-    item_id = _required_id(msg.item_id, "item_id", limits)
+    user_id = required_id(msg.user_id, "user_id", limits)
+    session_id = required_id(msg.session_id, "session_id", limits)
+    item_id = required_id(msg.item_id, "item_id", limits)
 
-    n = len(msg.item_embedding)
-    if n != limits.item_dim:
-        raise InvalidRequest("item_embedding", f"expected exactly {limits.item_dim} values, got {n}")
-    embedding = np.array(msg.item_embedding, dtype=np.float32)  # buffer copy; fromiter is 8x slower
-    finite = np.isfinite(embedding)
-    if not finite.all():
-        bad = int(np.argmin(finite))
-        raise InvalidRequest(f"item_embedding[{bad}]", f"must be finite, got {embedding[bad]}")
+    embedding = embedding_of(msg.item_embedding, "item_embedding", limits.item_dim)
 
     ids = tuple(msg.recent_behavior_ids)
     if len(ids) > limits.max_recent_behavior_ids:

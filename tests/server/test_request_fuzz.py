@@ -158,3 +158,29 @@ def test_fuzzed_report_bytes_are_accepted_or_refused(channel: grpc.Channel, cls:
 
 def test_the_server_still_answers_after_the_fuzzing(channel: grpc.Channel) -> None:
     _alive(channel)
+
+
+def _field_root(details: str) -> str:
+    """The top-level field an error names: ``categories`` of ``categories[1].skus[0].price: …``."""
+    return details.split(": ", 1)[0].split(".", 1)[0].split("[", 1)[0]
+
+
+@FUZZ
+@given(data=st.data())
+def test_fuzzed_product_requests_get_an_answer_or_a_named_error(channel: grpc.Channel, data: st.DataObject) -> None:
+    """RecommendProduct's nested candidates from the descriptor, alone and merged over a valid request (so that many
+    calls reach the layers): an answer, or an error naming a field of the request; never INTERNAL."""
+    from tests.server.test_recommend_product import product
+
+    cls = pb.RecommendProductRequest
+    values = data.draw(messages(cls.DESCRIPTOR))
+    for message in (_build(cls.DESCRIPTOR, values), _merged(product(), _build(cls.DESCRIPTOR, values))):
+        code, details = _report_call(channel, cls, message.SerializeToString())
+        assert code in ALLOWED, (code, details)
+        if code == grpc.StatusCode.INVALID_ARGUMENT:
+            assert _field_root(details) in cls.DESCRIPTOR.fields_by_name or details.startswith("request:"), details
+
+
+def _merged(base: Any, extra: Any) -> Any:
+    base.MergeFrom(extra)
+    return base

@@ -183,3 +183,79 @@ class ReportEngagementResponse(_message.Message):
     engagement_id: str
     logged: bool
     def __init__(self, engagement_id: _Optional[str] = ..., logged: _Optional[bool] = ...) -> None: ...
+
+class ProductSku(_message.Message):
+    __slots__ = ("sku_id", "embedding", "price", "stock", "competitor_price")
+    SKU_ID_FIELD_NUMBER: _ClassVar[int]
+    EMBEDDING_FIELD_NUMBER: _ClassVar[int]
+    PRICE_FIELD_NUMBER: _ClassVar[int]
+    STOCK_FIELD_NUMBER: _ClassVar[int]
+    COMPETITOR_PRICE_FIELD_NUMBER: _ClassVar[int]
+    sku_id: str
+    embedding: _containers.RepeatedScalarFieldContainer[float]
+    price: float
+    stock: int
+    competitor_price: float
+    def __init__(self, sku_id: _Optional[str] = ..., embedding: _Optional[_Iterable[float]] = ..., price: _Optional[float] = ..., stock: _Optional[int] = ..., competitor_price: _Optional[float] = ...) -> None: ...
+
+class ProductCategory(_message.Message):
+    __slots__ = ("category_id", "skus")
+    CATEGORY_ID_FIELD_NUMBER: _ClassVar[int]
+    SKUS_FIELD_NUMBER: _ClassVar[int]
+    category_id: str
+    skus: _containers.RepeatedCompositeFieldContainer[ProductSku]
+    def __init__(self, category_id: _Optional[str] = ..., skus: _Optional[_Iterable[_Union[ProductSku, _Mapping]]] = ...) -> None: ...
+
+class PriceBand(_message.Message):
+    __slots__ = ("band_id", "price_multiplier")
+    BAND_ID_FIELD_NUMBER: _ClassVar[int]
+    PRICE_MULTIPLIER_FIELD_NUMBER: _ClassVar[int]
+    band_id: str
+    price_multiplier: float
+    def __init__(self, band_id: _Optional[str] = ..., price_multiplier: _Optional[float] = ...) -> None: ...
+
+class RecommendProductRequest(_message.Message):
+    __slots__ = ("shopper", "categories", "price_bands", "visit_count")
+    SHOPPER_FIELD_NUMBER: _ClassVar[int]
+    CATEGORIES_FIELD_NUMBER: _ClassVar[int]
+    PRICE_BANDS_FIELD_NUMBER: _ClassVar[int]
+    VISIT_COUNT_FIELD_NUMBER: _ClassVar[int]
+    shopper: RecommendActionRequest
+    categories: _containers.RepeatedCompositeFieldContainer[ProductCategory]
+    price_bands: _containers.RepeatedCompositeFieldContainer[PriceBand]
+    visit_count: int
+    def __init__(self, shopper: _Optional[_Union[RecommendActionRequest, _Mapping]] = ..., categories: _Optional[_Iterable[_Union[ProductCategory, _Mapping]]] = ..., price_bands: _Optional[_Iterable[_Union[PriceBand, _Mapping]]] = ..., visit_count: _Optional[int] = ...) -> None: ...
+
+class LayerChoice(_message.Message):
+    __slots__ = ("id", "index", "propensity", "source", "votes", "rule")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    PROPENSITY_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    VOTES_FIELD_NUMBER: _ClassVar[int]
+    RULE_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    index: int
+    propensity: float
+    source: DecisionSource
+    votes: int
+    rule: str
+    def __init__(self, id: _Optional[str] = ..., index: _Optional[int] = ..., propensity: _Optional[float] = ..., source: _Optional[_Union[DecisionSource, str]] = ..., votes: _Optional[int] = ..., rule: _Optional[str] = ...) -> None: ...
+
+class RecommendProductResponse(_message.Message):
+    __slots__ = ("decision_id", "category", "sku", "price_band", "joint_propensity", "model_version", "request_id")
+    DECISION_ID_FIELD_NUMBER: _ClassVar[int]
+    CATEGORY_FIELD_NUMBER: _ClassVar[int]
+    SKU_FIELD_NUMBER: _ClassVar[int]
+    PRICE_BAND_FIELD_NUMBER: _ClassVar[int]
+    JOINT_PROPENSITY_FIELD_NUMBER: _ClassVar[int]
+    MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    decision_id: str
+    category: LayerChoice
+    sku: LayerChoice
+    price_band: LayerChoice
+    joint_propensity: float
+    model_version: str
+    request_id: str
+    def __init__(self, decision_id: _Optional[str] = ..., category: _Optional[_Union[LayerChoice, _Mapping]] = ..., sku: _Optional[_Union[LayerChoice, _Mapping]] = ..., price_band: _Optional[_Union[LayerChoice, _Mapping]] = ..., joint_propensity: _Optional[float] = ..., model_version: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...

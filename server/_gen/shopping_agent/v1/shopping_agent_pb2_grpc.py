@@ -50,6 +50,11 @@ class ShoppingAgentStub:
                 request_serializer=server_dot___gen_dot_shopping__agent_dot_v1_dot_shopping__agent__pb2.ReportEngagementRequest.SerializeToString,
                 response_deserializer=server_dot___gen_dot_shopping__agent_dot_v1_dot_shopping__agent__pb2.ReportEngagementResponse.FromString,
                 _registered_method=True)
+        self.RecommendProduct = channel.unary_unary(
+                '/shopping_agent.v1.ShoppingAgent/RecommendProduct',
+                request_serializer=server_dot___gen_dot_shopping__agent_dot_v1_dot_shopping__agent__pb2.RecommendProductRequest.SerializeToString,
+                response_deserializer=server_dot___gen_dot_shopping__agent_dot_v1_dot_shopping__agent__pb2.RecommendProductResponse.FromString,
+                _registered_method=True)
 
 
 class ShoppingAgentServicer:
@@ -88,6 +93,19 @@ class ShoppingAgentServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RecommendProduct(self, request, context):
+        """Decide which product to show one shopper: a category among those offered,
+        a SKU within it, and a price band, one layer after the other. The shopper's
+        state is a RecommendActionRequest; the candidates come with the request.
+        Always answers a well-formed request (a layer the model cannot decide is
+        answered by that layer's rule, and its `source` says why); only a malformed
+        request, or one whose candidates leave nothing to recommend, gets an error
+        (INVALID_ARGUMENT, naming the field).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ShoppingAgentServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -105,6 +123,11 @@ def add_ShoppingAgentServicer_to_server(servicer, server):
                     servicer.ReportEngagement,
                     request_deserializer=server_dot___gen_dot_shopping__agent_dot_v1_dot_shopping__agent__pb2.ReportEngagementRequest.FromString,
                     response_serializer=server_dot___gen_dot_shopping__agent_dot_v1_dot_shopping__agent__pb2.ReportEngagementResponse.SerializeToString,
+            ),
+            'RecommendProduct': grpc.unary_unary_rpc_method_handler(
+                    servicer.RecommendProduct,
+                    request_deserializer=server_dot___gen_dot_shopping__agent_dot_v1_dot_shopping__agent__pb2.RecommendProductRequest.FromString,
+                    response_serializer=server_dot___gen_dot_shopping__agent_dot_v1_dot_shopping__agent__pb2.RecommendProductResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -189,6 +212,33 @@ class ShoppingAgent:
             '/shopping_agent.v1.ShoppingAgent/ReportEngagement',
             server_dot___gen_dot_shopping__agent_dot_v1_dot_shopping__agent__pb2.ReportEngagementRequest.SerializeToString,
             server_dot___gen_dot_shopping__agent_dot_v1_dot_shopping__agent__pb2.ReportEngagementResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RecommendProduct(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/shopping_agent.v1.ShoppingAgent/RecommendProduct',
+            server_dot___gen_dot_shopping__agent_dot_v1_dot_shopping__agent__pb2.RecommendProductRequest.SerializeToString,
+            server_dot___gen_dot_shopping__agent_dot_v1_dot_shopping__agent__pb2.RecommendProductResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,91 @@
+"""The layered product decision's types: candidates a request offers, and what each layer chose.
+
+``RecommendProduct`` decides in three layers, each conditioned on the ones before: a category
+among those offered, a SKU within it, a price band. A request carries the candidates (the shop's
+catalogue and pricing services know them; the model does not) and the shopper's state, validated
+as a ``RecommendAction`` request (``server.product_validation``).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from core.domain import DecisionRequest, Source
+
+
+class Layer(enum.Enum):
+    """The layers, in the order they decide."""
+
+    CATEGORY = "category"
+    SKU = "sku"
+    PRICE_BAND = "price_band"
+
+
+LAYERS = tuple(Layer)
+
+
+@dataclass(frozen=True, slots=True)
+class SkuCandidate:
+    sku_id: str
+    embedding: npt.NDArray[np.float32]
+    price: float
+    stock: int
+    competitor_price: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CategoryCandidate:
+    category_id: str
+    skus: tuple[SkuCandidate, ...]
+
+    @property
+    def in_stock(self) -> int:
+        return sum(1 for s in self.skus if s.stock > 0)
+
+
+@dataclass(frozen=True, slots=True)
+class PriceBand:
+    band_id: str
+    price_multiplier: float
+
+
+@dataclass(frozen=True, slots=True)
+class ProductRequest:
+    """A validated ``RecommendProductRequest``: every candidate list non-empty, ids unique, at least one SKU in stock."""
+
+    shopper: DecisionRequest
+    categories: tuple[CategoryCandidate, ...]
+    price_bands: tuple[PriceBand, ...]
+    visit_count: int = 0
+    """Visits including this one; 0: unknown."""
+
+
+@dataclass(frozen=True, slots=True)
+class LayerChoice:
+    """What one layer served: the candidate's position, its probability given the layers before, and why."""
+
+    index: int
+    propensity: float
+    source: Source
+    votes: int = 0
+    rule: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ProductDecision:
+    category: LayerChoice
+    sku: LayerChoice
+    price_band: LayerChoice
+    model_version: str
+
+    @property
+    def joint_propensity(self) -> float:
+        """The probability of the whole (category, SKU, band): each layer's is conditional on those before."""
+        return self.category.propensity * self.sku.propensity * self.price_band.propensity
+
+    def choices(self) -> tuple[tuple[Layer, LayerChoice], ...]:
+        return (Layer.CATEGORY, self.category), (Layer.SKU, self.sku), (Layer.PRICE_BAND, self.price_band)

@@ -1,0 +1,99 @@
+"""``RecommendProductRequest`` validation: the wire message becomes a ``ProductRequest`` or an ``InvalidRequest``.
+
+The shopper is checked as a ``RecommendActionRequest`` (its errors are named ``shopper.<field>``); every candidate's
+field by its path (``categories[2].skus[0].price``). Counts are bounded so that one request's size and the work of its
+layers stay small (``ProductLimits``: a request at the limits with 768-d embeddings is about 0.8 MB on the wire, under
+gRPC's default 4 MB message limit). A request whose candidates leave nothing to sell (no SKU in stock) is refused too:
+no layer could answer it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from core.product import CategoryCandidate, PriceBand, ProductRequest, SkuCandidate
+from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
+from server.validation import InvalidRequest, Limits, embedding_of, parse_request, required_id
+
+MAX_PRICE = 1_000_000.0
+MAX_MULTIPLIER = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class ProductLimits:
+    max_categories: int = 32
+    max_skus_per_category: int = 64
+    max_skus: int = 256
+    max_price_bands: int = 8
+
+
+def _price(value: float, name: str) -> float:
+    if not (math.isfinite(value) and 0.0 < value <= MAX_PRICE):
+        raise InvalidRequest(name, f"must be a finite price in (0, {MAX_PRICE:g}], got {value}")
+    return value
+
+
+def _unique(value: str, name: str, seen: set[str], limits: Limits) -> str:
+    value = required_id(value, name, limits)
+    if value in seen:
+        raise InvalidRequest(name, f"duplicate id {value!r}")
+    seen.add(value)
+    return value
+
+
+def _sku(msg: pb.ProductSku, at: str, seen: set[str], limits: Limits) -> SkuCandidate:
+    competitor = _price(msg.competitor_price, f"{at}.competitor_price") if msg.HasField("competitor_price") else None
+    return SkuCandidate(_unique(msg.sku_id, f"{at}.sku_id", seen, limits), embedding_of(msg.embedding, f"{at}.embedding", limits.item_dim),
+                        _price(msg.price, f"{at}.price"), msg.stock, competitor)
+
+
+def _categories(msg: pb.RecommendProductRequest, limits: Limits, product: ProductLimits) -> tuple[CategoryCandidate, ...]:
+    n = len(msg.categories)
+    if not 1 <= n <= product.max_categories:
+        raise InvalidRequest("categories", f"expected 1 to {product.max_categories} categories, got {n}")
+    total = sum(len(c.skus) for c in msg.categories)
+    if total > product.max_skus:
+        raise InvalidRequest("categories", f"at most {product.max_skus} SKUs in all, got {total}")
+    category_ids: set[str] = set()
+    sku_ids: set[str] = set()
+    out = []
+    for i, category in enumerate(msg.categories):
+        at = f"categories[{i}]"
+        category_id = _unique(category.category_id, f"{at}.category_id", category_ids, limits)
+        if not 1 <= len(category.skus) <= product.max_skus_per_category:
+            raise InvalidRequest(f"{at}.skus", f"expected 1 to {product.max_skus_per_category} SKUs, got {len(category.skus)}")
+        out.append(CategoryCandidate(category_id, tuple(_sku(s, f"{at}.skus[{j}]", sku_ids, limits)
+                                                         for j, s in enumerate(category.skus))))
+    if not any(c.in_stock for c in out):
+        raise InvalidRequest("categories", "no SKU is in stock: nothing can be recommended")
+    return tuple(out)
+
+
+def _bands(msg: pb.RecommendProductRequest, limits: Limits, product: ProductLimits) -> tuple[PriceBand, ...]:
+    n = len(msg.price_bands)
+    if not 1 <= n <= product.max_price_bands:
+        raise InvalidRequest("price_bands", f"expected 1 to {product.max_price_bands} price bands, got {n}")
+    seen: set[str] = set()
+    out = []
+    for i, band in enumerate(msg.price_bands):
+        at = f"price_bands[{i}]"
+        band_id = _unique(band.band_id, f"{at}.band_id", seen, limits)
+        m = band.price_multiplier
+        if not (math.isfinite(m) and 0.0 < m <= MAX_MULTIPLIER):
+            raise InvalidRequest(f"{at}.price_multiplier", f"must be finite, in (0, {MAX_MULTIPLIER:g}], got {m}")
+        out.append(PriceBand(band_id, m))
+    return tuple(out)
+
+
+def parse_product(msg: pb.RecommendProductRequest, limits: Limits, now_s: float,
+                  product: ProductLimits | None = None) -> ProductRequest:
+    """Check every field of a RecommendProductRequest; ``now_s`` stands in for the shopper's missing event_time."""
+    product = product or ProductLimits()
+    if not msg.HasField("shopper"):
+        raise InvalidRequest("shopper", "required")
+    try:
+        shopper = parse_request(msg.shopper, limits, now_s)
+    except InvalidRequest as exc:
+        raise InvalidRequest(f"shopper.{exc.field}", str(exc).split(": ", 1)[1]) from None
+    return ProductRequest(shopper, _categories(msg, limits, product), _bands(msg, limits, product), msg.visit_count)

@@ -1,0 +1,186 @@
+"""RecommendProduct on the real server: every layer answered by its rule within its guardrails (no bundle has product
+heads yet), validation naming the field, per-layer metrics, and RecommendAction unchanged beside it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+
+from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
+from tests.harness import ServerThread, request, running_server, stub
+
+SERVICE = "shopping_agent.v1.ShoppingAgent"
+ONE_MIB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def live() -> Iterator[ServerThread]:
+    """This module's server takes messages up to 1 MiB: a request at the candidate limits (256 SKUs of 768 floats) is
+    about 0.8 MB, past the default 64 KiB (``--max-message-bytes``; tested below)."""
+    with running_server(max_message_bytes=ONE_MIB) as thread:
+        yield thread
+
+
+def sku(sku_id: str, price: float, stock: int = 5, competitor: float | None = None, seed: int = 0) -> pb.ProductSku:
+    embedding = (np.random.default_rng(seed).standard_normal(768) / np.sqrt(768)).astype(np.float32).tolist()
+    fields: dict[str, Any] = {"sku_id": sku_id, "embedding": embedding, "price": price, "stock": stock}
+    if competitor is not None:
+        fields["competitor_price"] = competitor
+    return pb.ProductSku(**fields)
+
+
+def product(**overrides: Any) -> pb.RecommendProductRequest:
+    fields: dict[str, Any] = {
+        "shopper": request(request_id="req-p"),
+        "categories": [
+            pb.ProductCategory(category_id="shoes", skus=[sku("s1", 80.0), sku("s2", 60.0, stock=0)]),
+            pb.ProductCategory(category_id="bags", skus=[sku("b1", 120.0, competitor=100.0), sku("b2", 90.0, competitor=100.0),
+                                                         sku("b3", 50.0)]),
+        ],
+        "price_bands": [pb.PriceBand(band_id="low", price_multiplier=0.9), pb.PriceBand(band_id="list", price_multiplier=1.0),
+                        pb.PriceBand(band_id="high", price_multiplier=1.2)],
+        "visit_count": 3,
+    }
+    fields.update(overrides)
+    return pb.RecommendProductRequest(**fields)
+
+
+def test_each_layer_is_answered_by_its_rule_in_order_with_certainty(channel: grpc.Channel) -> None:
+    answer = stub(channel).RecommendProduct(product(), timeout=5)
+    # the category with the most SKUs in stock; within it the best deal (b2: 0.9 of the competitor's price; b3 has none
+    # known, so 1.0); the band nearest the list price
+    assert (answer.category.id, answer.category.index) == ("bags", 1)
+    assert (answer.sku.id, answer.sku.index) == ("b2", 1)
+    assert (answer.price_band.id, answer.price_band.index) == ("list", 1)
+    for choice, rule in ((answer.category, "category_most_in_stock"), (answer.sku, "sku_best_deal"),
+                         (answer.price_band, "price_band_nearest_list")):
+        assert choice.source == pb.DECISION_SOURCE_FALLBACK_NO_MODEL and choice.rule == rule
+        assert choice.propensity == 1.0 and choice.votes == 0
+    assert answer.joint_propensity == 1.0 and answer.request_id == "req-p" and answer.model_version
+    assert len(answer.decision_id) == 32 and answer.decision_id != stub(channel).RecommendProduct(product(), timeout=5).decision_id
+    assert stub(channel).RecommendAction(request(), timeout=5).action  # the flat decision is unchanged beside it
+
+
+def test_guardrails_hold_out_what_is_out_of_stock_and_the_top_band_on_a_first_visit(channel: grpc.Channel) -> None:
+    call = stub(channel).RecommendProduct
+    only_shoes = product(categories=[pb.ProductCategory(category_id="bags", skus=[sku("b1", 50.0, stock=0)]),
+                                     pb.ProductCategory(category_id="shoes", skus=[sku("s1", 70.0, stock=0), sku("s2", 99.0, stock=1)])])
+    answer = call(only_shoes, timeout=5)
+    assert (answer.category.id, answer.sku.id) == ("shoes", "s2")  # the empty category and the sold-out SKU are never served
+    two_bands = [pb.PriceBand(band_id="list", price_multiplier=1.0), pb.PriceBand(band_id="premium", price_multiplier=1.0001)]
+    assert call(product(price_bands=two_bands, visit_count=2), timeout=5).price_band.id == "list"
+    top_only_near = [pb.PriceBand(band_id="deep", price_multiplier=0.5), pb.PriceBand(band_id="near", price_multiplier=1.05)]
+    assert call(product(price_bands=top_only_near, visit_count=4), timeout=5).price_band.id == "near"
+    assert call(product(price_bands=top_only_near, visit_count=1), timeout=5).price_band.id == "deep"  # first visit: not the top
+    same = [pb.PriceBand(band_id="a", price_multiplier=1.1), pb.PriceBand(band_id="b", price_multiplier=1.1)]
+    assert call(product(price_bands=same, visit_count=1), timeout=5).price_band.id == "a"  # none above another: none banned
+    single = [pb.PriceBand(band_id="only", price_multiplier=1.3)]
+    assert call(product(price_bands=single, visit_count=1), timeout=5).price_band.id == "only"
+
+
+def _many_skus(n: int) -> list[pb.ProductSku]:
+    return [sku(f"x{i}", 10.0 + i) for i in range(n)]
+
+
+BAD_PRODUCTS = [
+    pytest.param({"shopper": None}, "shopper: required", id="no-shopper"),
+    pytest.param({"shopper": request(session_id="")}, "shopper.session_id: required", id="shopper-session"),
+    pytest.param({"shopper": request(item_embedding=[0.0] * 3)}, "shopper.item_embedding: expected exactly 768", id="shopper-dim"),
+    pytest.param({"categories": []}, "categories: expected 1 to 32 categories, got 0", id="no-categories"),
+    pytest.param({"categories": [pb.ProductCategory(category_id=f"c{i}", skus=[sku("z", 1.0)]) for i in range(33)]},
+                 "categories: expected 1 to 32", id="too-many-categories"),
+    pytest.param({"categories": [pb.ProductCategory(category_id="c", skus=_many_skus(65))]}, "categories[0].skus: expected 1 to 64",
+                 id="too-many-skus-in-one"),
+    pytest.param({"categories": [pb.ProductCategory(category_id=f"c{j}", skus=[sku(f"{j}-{i}", 5.0) for i in range(60)])
+                                 for j in range(5)]}, "categories: at most 256 SKUs in all, got 300", id="too-many-skus"),
+    pytest.param({"categories": [pb.ProductCategory(category_id="", skus=[sku("a", 1.0)])]}, "categories[0].category_id: required",
+                 id="no-category-id"),
+    pytest.param({"categories": [pb.ProductCategory(category_id="c", skus=[sku("a", 1.0)]),
+                                 pb.ProductCategory(category_id="c", skus=[sku("b", 1.0)])]}, "categories[1].category_id: duplicate id",
+                 id="duplicate-category"),
+    pytest.param({"categories": [pb.ProductCategory(category_id="c", skus=[])]}, "categories[0].skus: expected 1 to 64 SKUs, got 0",
+                 id="empty-category"),
+    pytest.param({"categories": [pb.ProductCategory(category_id="c", skus=[sku("a", 1.0), sku("a", 2.0)])]},
+                 "categories[0].skus[1].sku_id: duplicate id", id="duplicate-sku"),
+    pytest.param({"categories": [pb.ProductCategory(category_id="c", skus=[sku("a", float("nan"))])]},
+                 "categories[0].skus[0].price: must be a finite price", id="nan-price"),
+    pytest.param({"categories": [pb.ProductCategory(category_id="c", skus=[sku("a", 0.0)])]},
+                 "categories[0].skus[0].price: must be a finite price in (0, 1e+06]", id="zero-price"),
+    pytest.param({"categories": [pb.ProductCategory(category_id="c", skus=[sku("a", 5.0, competitor=-1.0)])]},
+                 "categories[0].skus[0].competitor_price: must be a finite price", id="negative-competitor"),
+    pytest.param({"categories": [pb.ProductCategory(category_id="c", skus=[pb.ProductSku(sku_id="a", embedding=[0.1] * 767, price=5.0,
+                                                                                         stock=1)])]},
+                 "categories[0].skus[0].embedding: expected exactly 768 values, got 767", id="sku-dim"),
+    pytest.param({"categories": [pb.ProductCategory(category_id="c", skus=[pb.ProductSku(sku_id="a", embedding=[float("inf")] + [0.0] * 767,
+                                                                                         price=5.0, stock=1)])]},
+                 "categories[0].skus[0].embedding[0]: must be finite", id="sku-inf"),
+    pytest.param({"categories": [pb.ProductCategory(category_id="c", skus=[sku("a", 5.0, stock=0)])]},
+                 "categories: no SKU is in stock", id="nothing-in-stock"),
+    pytest.param({"price_bands": []}, "price_bands: expected 1 to 8 price bands, got 0", id="no-bands"),
+    pytest.param({"price_bands": [pb.PriceBand(band_id=f"b{i}", price_multiplier=1.0) for i in range(9)]}, "price_bands: expected 1 to 8",
+                 id="too-many-bands"),
+    pytest.param({"price_bands": [pb.PriceBand(band_id="b", price_multiplier=0.0)]}, "price_bands[0].price_multiplier: must be finite",
+                 id="zero-multiplier"),
+    pytest.param({"price_bands": [pb.PriceBand(band_id="b", price_multiplier=10.5)]}, "price_bands[0].price_multiplier",
+                 id="big-multiplier"),
+    pytest.param({"price_bands": [pb.PriceBand(band_id="b", price_multiplier=1.0),
+                                  pb.PriceBand(band_id="b", price_multiplier=1.1)]}, "price_bands[1].band_id: duplicate id",
+                 id="duplicate-band"),
+    pytest.param({"price_bands": [pb.PriceBand(band_id="x" * 257, price_multiplier=1.0)]}, "price_bands[0].band_id: longer than 256",
+                 id="long-band-id"),
+]
+
+
+@pytest.mark.parametrize(("fields", "message"), BAD_PRODUCTS)
+def test_a_bad_product_request_is_invalid_argument_naming_the_field(channel: grpc.Channel, fields: dict[str, Any], message: str) -> None:
+    call = stub(channel).RecommendProduct
+    msg = product(**{k: v for k, v in fields.items() if v is not None})
+    if fields.get("shopper", "") is None:
+        msg.ClearField("shopper")
+    with pytest.raises(grpc.RpcError) as info:
+        call(msg, timeout=5)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert info.value.details().startswith(message), info.value.details()
+    assert call(product(), timeout=5).sku.id == "b2"  # still answering
+
+
+def test_corrupt_product_bytes_are_invalid_argument(channel: grpc.Channel) -> None:
+    raw = channel.unary_unary(f"/{SERVICE}/RecommendProduct")
+    with pytest.raises(grpc.RpcError) as info:
+        raw(b"\x0a\xff\xff", timeout=5)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert info.value.details().startswith("request: not a RecommendProductRequest")
+
+
+def test_layer_choices_are_counted_by_layer_and_source() -> None:
+    with running_server() as live, grpc.insecure_channel(live.target) as ch:
+        call = stub(ch).RecommendProduct
+        for _ in range(3):
+            call(product(), timeout=5)
+        with pytest.raises(grpc.RpcError):
+            call(product(price_bands=[]), timeout=5)
+        value = live.registry.get_sample_value
+    for layer in ("category", "sku", "price_band"):
+        assert value("shopping_agent_product_layer_decisions_total", {"layer": layer, "source": "fallback_no_model"}) == 3
+        assert value("shopping_agent_product_layer_decisions_total", {"layer": layer, "source": "policy"}) == 0
+    handled = {"grpc_type": "unary", "grpc_service": SERVICE, "grpc_method": "RecommendProduct"}
+    assert value("grpc_server_handled_total", {**handled, "grpc_code": "OK"}) == 3
+    assert value("grpc_server_handled_total", {**handled, "grpc_code": "INVALID_ARGUMENT"}) == 1
+
+
+def test_at_the_default_message_limit_a_large_candidate_list_is_resource_exhausted() -> None:
+    """The server-wide ``--max-message-bytes`` (64 KiB by default) bounds every rpc: about 19 SKUs of 768 floats fit; a shop
+    that sends more raises it (docs/api.md). The transport refuses, before any parsing, and the server answers on."""
+    with running_server() as live_default, grpc.insecure_channel(live_default.target) as ch:
+        call = stub(ch).RecommendProduct
+        fits = product(categories=[pb.ProductCategory(category_id="c", skus=_many_skus(18))])
+        assert fits.ByteSize() < 64 * 1024 and call(fits, timeout=5).category.id == "c"
+        big = product(categories=[pb.ProductCategory(category_id="c", skus=_many_skus(30))])
+        with pytest.raises(grpc.RpcError) as info:
+            call(big, timeout=5)
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert call(fits, timeout=5).category.id == "c"
