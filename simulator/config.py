@@ -103,6 +103,57 @@ DEFAULT_INTENTS: tuple[IntentProfile, ...] = (
 )
 
 
+@dataclass(frozen=True, slots=True)
+class ProductSettings:
+    """How shoppers react to a recommended product (``RecommendProduct``; ``simulator.products`` has the formulas).
+    Per-intent numbers are in ``Intent`` order: buyer, browser, bargain hunter, social sharer."""
+
+    categories: int = 6
+    """Categories on a page's shelf."""
+    skus: int = 6
+    """Items of each category on the shelf."""
+    favourite_offered: float = 0.7
+    """P(the shopper's favourite category is among the shelf's)."""
+    stockout: float = 0.15
+    """P(an offered item is out of stock)."""
+    competitor_known: float = 0.7
+    """P(an item's competitor price is known)."""
+    competitor_sigma: float = 0.1
+    """Log-normal spread of a competitor's price around the list price."""
+    bands: tuple[float, ...] = (0.85, 1.0, 1.15)
+    """The price bands' multipliers of the list price."""
+    first_visit: float = 0.3
+    """P(a session is the shopper's first visit)."""
+    base: Quad = (-1.0, -3.0, -2.0, -2.5)
+    """Take-up logit of a median-priced item of a category that is neither favourite nor trendy, per intent."""
+    favourite: float = 2.0
+    """Added to the logit for the favourite category."""
+    trendy: float = 1.0
+    """Added to a social sharer's logit for a trendy category."""
+    price: Quad = (0.5, 1.5, 4.0, 1.0)
+    """Price sensitivity per intent: times log(paid / the category's median price), subtracted from the logit."""
+    competitor: float = 2.0
+    """Times log(paid / competitor price), subtracted where the shopper pays more than the competitor asks."""
+    complaint: float = 0.01
+    """P(a complaint about an offered product)."""
+    first_visit_top_complaint: float = 0.15
+    """P(a complaint when the top band is offered on a first visit)."""
+
+    def __post_init__(self) -> None:
+        problems = [f"products.{k}: must be a probability" for k in ("favourite_offered", "stockout", "competitor_known",
+                                                                       "first_visit", "complaint", "first_visit_top_complaint")
+                    if not 0 <= getattr(self, k) <= 1]
+        if self.categories < 1 or self.skus < 1:
+            problems.append("products.categories and products.skus: must be >= 1")
+        if not self.bands or not all(math.isfinite(b) and b > 0 for b in self.bands):
+            problems.append("products.bands: need at least one finite multiplier > 0")
+        numbers = (self.competitor_sigma, self.favourite, self.trendy, self.competitor, *self.base, *self.price)
+        if not all(math.isfinite(x) for x in numbers) or self.competitor_sigma < 0:
+            problems.append("products: every number must be finite (competitor_sigma >= 0)")
+        if problems:
+            raise ValueError("invalid ProductSettings: " + "; ".join(problems))
+
+
 @dataclass(frozen=True)
 class SimConfig:
     """Everything that shapes the simulated world. With a seed, it fixes every number the world produces."""
@@ -194,6 +245,9 @@ class SimConfig:
     """P(the page view is a bounce), before clipping to ``engagement_bounce_range``."""
     engagement_bounce_range: tuple[float, float] = (0.005, 0.95)
     """The bounce probability is clipped to this range: never impossible, never certain."""
+
+    products: ProductSettings = ProductSettings()
+    """Shoppers' reactions to a recommended product (``RecommendProduct``)."""
 
     def __post_init__(self) -> None:
         problems: list[str] = []

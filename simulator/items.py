@@ -29,6 +29,7 @@ class Catalogue:
     price: npt.NDArray[np.float64]  # (n_items,)
     prices: tuple[float, ...]  # the same prices as Python floats, for the per-step code
     by_category: tuple[tuple[int, ...], ...]  # per category, its item indices by ascending price
+    category_median: tuple[float, ...]  # per category, the median price of its items (nan for an empty one)
     index: Mapping[str, int]  # item id -> row
 
     @classmethod
@@ -59,4 +60,5 @@ class Catalogue:
             item_ids=item_ids, index=MappingProxyType({item: i for i, item in enumerate(item_ids)}),
             embeddings=embeddings, category=category, price=price,
             prices=tuple(float(p) for p in price), by_category=by_category,
+            category_median=tuple(float(np.median(price[list(rows)])) if rows else math.nan for rows in by_category),
         )

@@ -93,6 +93,7 @@ import numpy.typing as npt
 from core.domain import Action, DecisionRequest, Outcome, PageType
 from simulator.config import Intent, IntentProfile, SimConfig
 from simulator.items import Catalogue
+from simulator.products import PRODUCT_STREAM, Shelf, complaint_probability, shelf, take_probability
 
 _CATALOGUE_STREAM = 0
 _SESSION_STREAM = 1
@@ -200,8 +201,9 @@ class ShopperSession:
     """
 
     __slots__ = (
-        "_behaviors", "_cart", "_ended", "_engagement_noise", "_follow_item", "_index", "_item", "_pending", "_reaction", "_step",
-        "_t", "_tables", "_u", "_world", "_z", "coupon_claimed", "details_opened", "favourite", "intent", "session_id", "shared", "user_id",
+        "_behaviors", "_cart", "_ended", "_engagement_noise", "_follow_item", "_index", "_item", "_multipliers", "_offer_complaint",
+        "_offered", "_pending", "_reaction", "_step", "_t", "_tables", "_u", "_visit_count", "_world", "_z", "coupon_claimed",
+        "details_opened", "favourite", "intent", "session_id", "shared", "user_id",
     )
 
     def __init__(self, world: World, index: int) -> None:
@@ -239,11 +241,63 @@ class ShopperSession:
         self.coupon_claimed = False
         self.shared = False
         self.details_opened = 0
+        self._multipliers: list[float] = []  # per cart item, its price band's multiplier (1: added on a prompt)
+        self._offered = -1  # the step whose page was offered a product (one offer a page)
+        self._offer_complaint = False  # this page's offer drew a complaint: the shopper may leave after it
+        self._visit_count: int | None = None  # drawn from the product stream when first asked
 
     @property
     def cart_value(self) -> float:
-        prices = self._world.catalogue.prices
-        return sum(prices[i] for i in self._cart)
+        prices = self._world.catalogue.prices  # × 1.0 for an item added on a prompt: the same float as its price
+        return sum(prices[i] * m for i, m in zip(self._cart, self._multipliers, strict=True))
+
+    @property
+    def visit_count(self) -> int:
+        """The shopper's visits including this one (hidden: the frontend knows it; 1 is a first visit)."""
+        if self._visit_count is None:
+            rng = np.random.default_rng([self._world.seed, PRODUCT_STREAM, self._index])
+            first, extra = rng.random(), rng.geometric(0.3)
+            self._visit_count = 1 if first < self._world.config.products.first_visit else 1 + int(extra)
+        return self._visit_count
+
+    def shelf(self) -> Shelf:
+        """The current page's product candidates (``simulator.products``); the same on every call for this page."""
+        if self.page() is None:
+            raise RuntimeError(f"session {self.session_id} has ended")
+        world = self._world
+        return shelf(world.catalogue, world.config.products, world.seed, self._index, self._step, self.favourite,
+                     world._categories, self.visit_count)
+
+    def offer(self, category: int, sku: int, band: int) -> list[OutcomeEvent]:
+        """Show the current page's shelf product ``categories[category]``, item ``sku`` of it, at band ``band``: the
+        shopper takes it (ADD_TO_CART: into the cart at its list price × the band) or not, and may complain. At most one
+        offer a page, before ``respond``; an item out of stock cannot be offered (the server never serves one)."""
+        page = self.page()
+        if page is None:
+            raise RuntimeError(f"session {self.session_id} has ended")
+        if self._offered == self._step:
+            raise RuntimeError("this page was already offered a product")
+        here = self.shelf()
+        if not (0 <= category < len(here.categories) and 0 <= sku < len(here.items[category]) and 0 <= band < len(here.multipliers)):
+            raise ValueError(f"offer: no candidate ({category}, {sku}, {band}) on this shelf")
+        if here.stock[category][sku] == 0:
+            raise ValueError(f"offer: item {sku} of category {category} is out of stock")
+        self._offered = self._step
+        world, settings = self._world, self._world.config.products
+        item, multiplier = here.items[category][sku], here.multipliers[band]
+        take = take_probability(world.catalogue, settings, self.intent, self.favourite, here.categories[category] in world._trendy,
+                                here.categories[category], item, multiplier, here.competitor[category][sku])
+        t = page.event_time_s + 1.0
+        events: list[OutcomeEvent] = []
+        if here.u_take < take:
+            self._cart.append(item)
+            self._multipliers.append(multiplier)
+            self._behaviors.appendleft(_REACTION[Action.ADD_TO_CART])
+            events.append(OutcomeEvent(Outcome.ADD_TO_CART, 0.0, 0.0, t))
+        self._offer_complaint = here.u_complain < complaint_probability(settings, multiplier, here.multipliers, here.visit_count)
+        if self._offer_complaint:
+            events.append(OutcomeEvent(Outcome.COMPLAINT, 0.0, 0.0, t))
+        return events
 
     @property
     def ended(self) -> bool:
@@ -320,6 +374,7 @@ class ShopperSession:
         if taken:
             if action is Action.ADD_TO_CART:
                 self._cart.append(self._item)
+                self._multipliers.append(1.0)
             elif action is Action.VIEW_DETAIL:
                 self.details_opened += 1
                 self._follow_item = self._item
@@ -342,7 +397,8 @@ class ShopperSession:
             checkout = profile.checkout * (config.cart_page_checkout_mult if page.page_type is PageType.CART else 1.0)
             if u[_U_CHECKOUT] < checkout:
                 return self._end(events, checkout=True, u=u, z=z)
-        leave = profile.leave * (config.engaged_leave_mult if taken else 1.0) + (config.complaint_leave_add if complained else 0.0)
+        complained_here = complained or (self._offer_complaint and self._offered == self._step - 1)
+        leave = profile.leave * (config.engaged_leave_mult if taken else 1.0) + (config.complaint_leave_add if complained_here else 0.0)
         if u[_U_LEAVE] < leave or self._step >= config.max_pages:
             return self._end(events, checkout=False, u=u, z=z)
         return events

@@ -1,0 +1,118 @@
+"""Product recommendations in the simulated world: the shelf a frontend would offer, and how a shopper takes a product.
+
+``RecommendProduct`` chooses a category, a SKU in it and a price band from candidates the request carries. Here a
+page's candidates are its ``Shelf``: ``ProductSettings.categories`` categories (the shopper's favourite among them with
+P ``favourite_offered``), ``skus`` items of each (any in stock with P 1 − ``stockout``, a competitor price known with P
+``competitor_known``), and the price bands ``bands`` (multipliers of the list price). The shopper's hidden state decides
+whether an offered product is taken (into the cart, at the list price × the band's multiplier):
+
+    P(take) = logistic( base[intent] + favourite · [category = the favourite]
+                        + trendy · [social sharer and the category is trendy]
+                        − price[intent] · log(paid / the category's median price)
+                        − competitor · max(0, log(paid / competitor price)) )     (where a competitor price is known)
+
+and whether it draws a complaint: ``first_visit_top_complaint`` for the top band (the largest multiplier) on a first
+visit (a session's ``visit_count`` 1, with P ``first_visit``), else ``complaint``. A taken product's GMV counts when the
+session orders (``simulator.world``: its order probability, unchanged); a complaint costs what every complaint costs and
+raises the chance the shopper leaves after the page, as a complaint on the page's prompt does. So which category
+(the favourite: +``favourite`` logits), which SKU (bargain hunters take cheap ones, buyers dear ones, which earn more)
+and which band (a higher price earns more per order but is taken less, and the top band risks a first visitor's
+complaint) all change orders and GMV: ``product_effect_table(SimConfig())`` tabulates it.
+
+Determinism: a page's shelf and the offer's dice come from ``default_rng([seed, 3, session, step])``, apart from the
+session's own stream, so a session that is never offered a product runs exactly as before (tested against a digest),
+and a shelf is the same whoever asks.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from core.product import CategoryCandidate, PriceBand, SkuCandidate
+from simulator.config import Intent, ProductSettings, SimConfig
+from simulator.items import Catalogue
+
+PRODUCT_STREAM = 3
+
+
+@dataclass(frozen=True, slots=True)
+class Shelf:
+    """A page's product candidates, in the order a frontend sends them."""
+
+    categories: tuple[int, ...]
+    items: tuple[tuple[int, ...], ...]
+    """Per category, its offered items (catalogue rows)."""
+    stock: tuple[tuple[int, ...], ...]
+    competitor: tuple[tuple[float | None, ...], ...]
+    multipliers: tuple[float, ...]
+    visit_count: int
+    u_take: float
+    u_complain: float
+
+
+def shelf(catalogue: Catalogue, settings: ProductSettings, seed: int, session: int, step: int, favourite: int,
+          categories: tuple[int, ...], visit_count: int) -> Shelf:
+    """Page ``step``'s shelf for session ``session`` (its own random stream)."""
+    rng = np.random.default_rng([seed, PRODUCT_STREAM, session, step])
+    others = [c for c in categories if c != favourite]
+    n = min(settings.categories, len(categories))
+    picked = [int(c) for c in rng.permutation(others)[: n]]
+    if rng.random() < settings.favourite_offered and favourite in categories:
+        picked = [favourite, *picked[: n - 1]]
+        picked = [int(c) for c in rng.permutation(picked)]
+    items, stock, competitor = [], [], []
+    for c in picked:
+        pool = catalogue.by_category[c]
+        chosen = rng.choice(len(pool), size=min(settings.skus, len(pool)), replace=False)
+        rows = tuple(int(pool[i]) for i in chosen)
+        items.append(rows)
+        stock.append(tuple(0 if rng.random() < settings.stockout else int(rng.integers(1, 50)) for _ in rows))
+        competitor.append(tuple(round(float(catalogue.price[r] * math.exp(settings.competitor_sigma * rng.standard_normal())), 2)
+                                if rng.random() < settings.competitor_known else None for r in rows))
+    u_take, u_complain = rng.random(2).tolist()
+    return Shelf(tuple(picked), tuple(items), tuple(stock), tuple(competitor), settings.bands, visit_count, u_take, u_complain)
+
+
+def take_probability(catalogue: Catalogue, settings: ProductSettings, intent: Intent, favourite: int, trendy: bool,
+                     category: int, item: int, multiplier: float, competitor: float | None) -> float:
+    """P(the shopper takes this product at this band): the module doc's formula."""
+    paid = float(catalogue.price[item]) * multiplier
+    logit = settings.base[intent] + settings.favourite * (category == favourite)
+    logit += settings.trendy * (trendy and intent is Intent.SOCIAL_SHARER)
+    logit -= settings.price[intent] * math.log(paid / catalogue.category_median[category])
+    if competitor is not None:
+        logit -= settings.competitor * max(0.0, math.log(paid / competitor))
+    return 1.0 / (1.0 + math.exp(-logit))
+
+
+def complaint_probability(settings: ProductSettings, multiplier: float, multipliers: tuple[float, ...], visit_count: int) -> float:
+    top = len(set(multipliers)) > 1 and multiplier >= max(multipliers)
+    return settings.first_visit_top_complaint if top and visit_count == 1 else settings.complaint
+
+
+def product_effect_table(config: SimConfig) -> str:
+    """P(take) per intent for a median-priced item of the favourite category and of another, at each band (markdown)."""
+    s = config.products
+    rows = ["| intent | favourite at " + " / ".join(f"×{m:g}" for m in s.bands) + " | other category at the same |", "| --- | --- | --- |"]
+    for intent in Intent:
+        def p(fav: bool, m: float, intent: Intent = intent) -> float:
+            logit = s.base[intent] + s.favourite * fav - s.price[intent] * math.log(m)
+            return 1.0 / (1.0 + math.exp(-logit))
+        rows.append(f"| {intent.key} | " + " / ".join(f"{p(True, m):.2f}" for m in s.bands) + " | "
+                    + " / ".join(f"{p(False, m):.2f}" for m in s.bands) + " |")
+    return "\n".join(rows)
+
+
+def candidates(catalogue: Catalogue, here: Shelf) -> tuple[tuple[CategoryCandidate, ...], tuple[PriceBand, ...]]:
+    """The shelf as a ``RecommendProduct`` request's candidates (what a frontend sends): ids, embeddings, prices, stock,
+    competitor prices, bands."""
+    categories = tuple(
+        CategoryCandidate(f"category-{c}", tuple(
+            SkuCandidate(catalogue.item_ids[item], catalogue.embeddings[item], float(catalogue.price[item]), stock, competitor)
+            for item, stock, competitor in zip(here.items[k], here.stock[k], here.competitor[k], strict=True)))
+        for k, c in enumerate(here.categories))
+    bands = tuple(PriceBand(f"band-{m:g}", m) for m in here.multipliers)
+    return categories, bands

@@ -1,0 +1,126 @@
+"""Recommended products in the simulator: shelves are data of the page and its own stream, offers follow the hidden
+state (favourite category, price sensitivity, competitor prices, the first visit's top band), and which product is
+shown changes the shop's objective."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from core.domain import Action, DecisionRequest, Outcome
+from core.product import ProductRequest
+from policy import product_rules as rules
+from simulator.config import Intent, SimConfig
+from simulator.products import candidates, complaint_probability, product_effect_table, take_probability
+from simulator.reference import COMPLAINT_COST, product_oracle
+from simulator.world import ShopperSession, World
+
+SMALL = SimConfig(n_items=600, item_dim=16)
+
+
+def test_a_shelf_is_the_same_for_its_page_and_differs_between_pages() -> None:
+    world = World(SMALL, seed=3)
+    a, b = world.session(5), world.session(5)
+    assert a.shelf() == b.shelf() == a.shelf()
+    first = a.shelf()
+    a.respond(Action.VIEW_DETAIL)
+    if a.page() is not None:
+        assert a.shelf() != first
+    here = first
+    assert len(here.categories) == SMALL.products.categories == len(set(here.categories))
+    assert all(len(items) == SMALL.products.skus for items in here.items)
+    assert here.multipliers == SMALL.products.bands and here.visit_count >= 1
+
+
+def test_reading_shelves_changes_nothing_of_a_session() -> None:
+    world = World(SMALL, seed=4)
+    for i in range(50):
+        plain, looked = world.session(i), world.session(i)
+        plain_events, looked_events = [], []
+        while plain.page() is not None:
+            looked.shelf()
+            plain_events += plain.respond(Action.ADD_TO_CART)
+            looked_events += looked.respond(Action.ADD_TO_CART)
+        assert looked.page() is None and plain_events == looked_events and plain.cart_value == looked.cart_value
+
+
+def test_offers_are_refused_when_out_of_stock_repeated_or_off_the_shelf() -> None:
+    world = World(SMALL, seed=5)
+    session = next(s for s in map(world.session, range(200)) if any(0 in stock for stock in s.shelf().stock))
+    here = session.shelf()
+    c, s = next((c, s) for c, stock in enumerate(here.stock) for s, n in enumerate(stock) if n == 0)
+    with pytest.raises(ValueError, match="out of stock"):
+        session.offer(c, s, 0)
+    with pytest.raises(ValueError, match="no candidate"):
+        session.offer(len(here.categories), 0, 0)
+    c, s = next((c, s) for c, stock in enumerate(here.stock) for s, n in enumerate(stock) if n > 0)
+    session.offer(c, s, 0)
+    with pytest.raises(RuntimeError, match="already offered"):
+        session.offer(c, s, 0)
+
+
+def test_take_up_follows_the_favourite_the_price_and_the_competitor() -> None:
+    world = World(SMALL, seed=6)
+    settings, catalogue = SMALL.products, world.catalogue
+    fav = 2
+    item = catalogue.by_category[fav][len(catalogue.by_category[fav]) // 2]
+
+    def p(intent: Intent, category: int = fav, m: float = 1.0, competitor: float | None = None, favourite: int = fav) -> float:
+        return take_probability(catalogue, settings, intent, favourite, False, category, item, m, competitor)
+
+    for intent in Intent:
+        assert p(intent) > p(intent, favourite=fav + 1)  # the favourite category is taken more
+        assert p(intent, m=0.85) > p(intent, m=1.0) > p(intent, m=1.15)  # a lower band is taken more
+    spread = {i: p(i, m=0.85) - p(i, m=1.15) for i in Intent}
+    assert spread[Intent.BARGAIN_HUNTER] > 2 * spread[Intent.BUYER]  # bargain hunters mind the price most
+    price = float(catalogue.price[item])
+    assert p(Intent.BUYER, competitor=price * 0.8) < p(Intent.BUYER) == p(Intent.BUYER, competitor=price * 1.2)
+    bands = settings.bands
+    assert complaint_probability(settings, max(bands), bands, visit_count=1) == settings.first_visit_top_complaint
+    assert complaint_probability(settings, max(bands), bands, visit_count=2) == settings.complaint
+    assert complaint_probability(settings, min(bands), bands, visit_count=1) == settings.complaint
+    assert "bargain_hunter" in product_effect_table(SMALL)
+
+
+def _rules(session: ShopperSession, world: World) -> tuple[int, int, int]:
+    """The server's per-layer rules (``policy.product_rules``) on the shelf as a frontend would send it."""
+    categories, bands = candidates(world.catalogue, session.shelf())
+    page = session.page()
+    assert page is not None
+    shopper = DecisionRequest("u", session.session_id, page.item_id, page.item_embedding, page.recent_behavior_ids, page.page_type,
+                              page.event_time_s, page.cart_item_count)
+    request = ProductRequest(shopper, categories, bands, session.visit_count)
+    c = rules.rule_category(request, rules.category_permitted(request))
+    s = rules.rule_sku(categories[c], rules.sku_permitted(categories[c]))
+    return c, s, rules.rule_band(bands, rules.band_permitted(request))
+
+
+def _objective(world: World, sessions: range, choose: object) -> np.ndarray:
+    values = []
+    for i in sessions:
+        session, total = world.session(i), 0.0
+        while session.page() is not None:
+            events = [] if choose is None else session.offer(*choose(session, world))  # type: ignore[operator]
+            events += session.respond(Action.VIEW_DETAIL)
+            total += sum(e.value - e.coupon_discount if e.outcome is Outcome.ORDER else 0.0 for e in events)
+            total -= COMPLAINT_COST * sum(e.outcome is Outcome.COMPLAINT for e in events)
+        values.append(total)
+    return np.array(values)
+
+
+def test_which_product_is_shown_changes_the_objective() -> None:
+    """Same sessions, same dice: offering the hidden-state reference's product beats the server's rules, which beat
+    offering nothing (a detail prompt on every page, so orders come only from the offers)."""
+    world = World(SimConfig(), seed=7)
+    sessions = range(1000)
+    oracle = _objective(world, sessions, lambda s, w: product_oracle(s, s.shelf()))
+    by_rules = _objective(world, sessions, _rules)
+    nothing = _objective(world, sessions, None)
+
+    def z(a: np.ndarray, b: np.ndarray) -> float:
+        d = a - b
+        return float(d.mean() / (d.std(ddof=1) / math.sqrt(len(d))))
+
+    assert z(oracle, by_rules) > 3 and z(by_rules, nothing) > 3, (oracle.mean(), by_rules.mean(), nothing.mean())
