@@ -243,12 +243,16 @@ class ShoppingAgentServicer:
         limits = self._limits(model.item_dim)
         req = await self._validated(request, context, lambda m, _, now: parse_product(m, limits, now), "RecommendProductRequest")
         try:
-            context_of(req.shopper, self._tz)
+            ctx = context_of(req.shopper, self._tz)
         except (OverflowError, ValueError, OSError):  # a legal Timestamp the local calendar cannot hold
             await errors.abort(context, InvalidRequest("shopper.event_time", f"cannot be placed in the server's timezone {self._tz.key}"))
+            raise
+        canary = self._models.canary
+        if canary is not None:
+            model = canary.choose(model, req.shopper.session_id)
         decision_id = os.urandom(16).hex()
         try:
-            decision = product_by_rules(req, model.version)  # no bundle format has product heads yet: each layer's rule
+            decision = await self._decide_product(model, req, ctx.hour, decision_id)
             if self._metrics is not None:
                 self._metrics.product_served(decision)
             return product_response(req, decision, decision_id)
@@ -256,6 +260,22 @@ class ShoppingAgentServicer:
             log.exception("RecommendProduct failed", extra={"fields": {"decision_id": decision_id}})
             await errors.abort(context, exc)
             raise
+
+    async def _decide_product(self, model: ModelSet | NoModel, req: ProductRequest, hour: int, decision_id: str) -> ProductDecision:
+        """The layers from the bundle's product networks (in a worker thread: onnxruntime runs there), its rules when it
+        has none or no bundle is loaded, and the rules with ``FALLBACK_DEGRADED`` when inference fails."""
+        if not isinstance(model, ModelSet):
+            return product_by_rules(req, model.version)
+        if model.product is None:
+            return model.decide_product(req, hour, decision_id)
+        try:
+            return await asyncio.to_thread(model.decide_product, req, hour, decision_id)
+        except Exception as exc:
+            log.warning("product inference failed; answering from the rules",
+                        extra={"fields": {"decision_id": decision_id, "error": repr(exc)[:300]}})
+            if self._metrics is not None:
+                self._metrics.degraded_by("error")
+            return product_by_rules(req, model.version, Source.FALLBACK_DEGRADED)
 
     async def _validated(self, request: Message | Malformed, context: aio.ServicerContext,  # type: ignore[type-arg]
                       parse: Callable[[Message, Limits, float], Report], name: str) -> Report:

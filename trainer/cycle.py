@@ -253,10 +253,10 @@ def _with_canary(data: bytes, fraction: float) -> bytes:
 
 
 def _with_manifest(data: bytes, change: Callable[[dict[str, Any]], dict[str, Any]]) -> bytes:
-    from weights.bundle import PARTS, read_bundle, write_bundle
+    from weights.bundle import read_bundle, write_bundle
 
     bundle = read_bundle(data)
     manifest = change(bundle.manifest)
     out = io.BytesIO()
-    write_bundle(out, manifest, {name: bundle.parts[name] for name in PARTS})
+    write_bundle(out, manifest, dict(bundle.parts))  # every part of its format version
     return out.getvalue()

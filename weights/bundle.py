@@ -9,7 +9,10 @@ gives the same bytes) holding:
 - ``policy.onnx``, ``guard.onnx``: the two networks (ONNX protobuf);
 - ``behavior_table.npy``: the hashing-trick behaviour embeddings (float32);
 - ``golden_states.npy``, ``golden_outputs.npy``: inputs and expected outputs (policy logits
-  ⊕ guard allow-probabilities) for the load-time self-test.
+  ⊕ guard allow-probabilities) for the load-time self-test;
+- from format version 2, ``RecommendProduct``'s networks (``weights.product_heads``): ``product_encoder.onnx``,
+  ``product_category.onnx``, ``product_sku.onnx``, ``product_band.onnx`` and ``golden_product_outputs.npy``.
+  A bundle without them is version 1 (every bundle before them), and still serves ``RecommendAction``.
 
 and, when signed (``weights.signing``), ``signature.ed25519``: an Ed25519 signature of the
 manifest's bytes (which carry every part's sha256).
@@ -42,9 +45,15 @@ import numpy as np
 import numpy.typing as npt
 
 FORMAT = "shopping-agent-bundle"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""The newest format this code writes and reads; it reads every version in ``VERSION_PARTS``."""
 MANIFEST = "manifest.json"
 PARTS = ("policy.onnx", "guard.onnx", "behavior_table.npy", "golden_states.npy", "golden_outputs.npy")
+PRODUCT_PARTS = ("product_encoder.onnx", "product_category.onnx", "product_sku.onnx", "product_band.onnx",
+                 "golden_product_outputs.npy")
+VERSION_PARTS = {1: PARTS, 2: PARTS + PRODUCT_PARTS}
+"""The parts of each format version: 1 has the flat decision's networks; 2 adds ``RecommendProduct``'s heads
+(``weights.product_heads``). A bundle without the heads is written as version 1, byte for byte as before."""
 SIGNATURE = "signature.ed25519"
 MAX_BUNDLE_BYTES = 128 * 1024 * 1024  # the default bundle is 1.9 MB; two MLPs of this kind stay far below
 MAX_PART_BYTES = 64 * 1024 * 1024
@@ -97,17 +106,19 @@ def write_bundle(path: Path | io.BytesIO, manifest: dict[str, Any], parts: dict[
 
     Returns the manifest as written. The same input gives the same bytes.
     """
-    missing = sorted(set(PARTS) - set(parts))
-    if missing:
-        raise ValueError(f"missing parts {missing}")
+    version = 2 if any(name in parts for name in PRODUCT_PARTS) else 1
+    names = VERSION_PARTS[version]
+    missing, extra = sorted(set(names) - set(parts)), sorted(set(parts) - set(names))
+    if missing or extra:
+        raise ValueError(f"missing parts {missing}, unknown parts {extra}")
     manifest = {
         **manifest,
         "format": FORMAT,
-        "format_version": FORMAT_VERSION,
-        "parts": {name: {"sha256": sha256(parts[name]), "size": len(parts[name])} for name in PARTS},
+        "format_version": version,
+        "parts": {name: {"sha256": sha256(parts[name]), "size": len(parts[name])} for name in names},
     }
     members = {MANIFEST: json.dumps(manifest, indent=2, sort_keys=True).encode() + b"\n"}
-    members.update({name: parts[name] for name in PARTS})
+    members.update({name: parts[name] for name in names})
     write_members(path, members)
     return manifest
 
@@ -175,7 +186,7 @@ def _read_bundle(data: bytes) -> Bundle:
         if len(infos) != len(listed_infos):
             names = [i.filename for i in listed_infos]
             raise BundleError("format", f"duplicate members {sorted({n for n in names if names.count(n) > 1})}")
-        expected = {MANIFEST, *PARTS}
+        expected = {MANIFEST, *(PARTS + PRODUCT_PARTS if any(n in infos for n in PRODUCT_PARTS) else PARTS)}
         if not expected <= set(infos) <= expected | {SIGNATURE}:
             raise BundleError(
                 "format",
@@ -199,11 +210,16 @@ def _read_bundle(data: bytes) -> Bundle:
         raise BundleError("format", f"manifest.json: not valid JSON ({type(exc).__name__}: {str(exc)[:200]})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise BundleError("format", f"manifest.json: format is not {FORMAT!r}")
-    if manifest.get("format_version") != FORMAT_VERSION:
+    version = manifest.get("format_version")
+    if isinstance(version, bool) or not isinstance(version, int) or version not in VERSION_PARTS:
         raise BundleError(
             "format_version",
-            f"manifest.json: format_version {manifest.get('format_version')!r} is not supported (this server reads {FORMAT_VERSION})",
+            f"manifest.json: format_version {version!r} is not supported (this server reads {sorted(VERSION_PARTS)})",
         )
+    part_names = VERSION_PARTS[version]
+    if set(part_names) != set(infos) - {MANIFEST, SIGNATURE}:
+        held = sorted(set(infos) - {MANIFEST, SIGNATURE})
+        raise BundleError("format", f"format_version {version} has the parts {sorted(part_names)}, the bundle {held}")
     if not isinstance(manifest.get("model_version"), str) or not manifest["model_version"]:
         raise BundleError("schema", "manifest.json: model_version must be a non-empty string")
     created_at = manifest.get("created_at")
@@ -212,11 +228,11 @@ def _read_bundle(data: bytes) -> Bundle:
     listed = manifest.get("parts")
     if not isinstance(listed, dict):
         raise BundleError("schema", "manifest.json: parts must be an object")
-    for name in PARTS:
+    for name in part_names:
         entry = listed.get(name)
         if not isinstance(entry, dict) or entry.get("sha256") != sha256(raw[name]) or entry.get("size") != len(raw[name]):
             raise BundleError("checksum", f"{name}: sha256 or size does not match the manifest")
-    return Bundle(manifest=manifest, parts={name: raw[name] for name in PARTS}, manifest_bytes=raw[MANIFEST],
+    return Bundle(manifest=manifest, parts={name: raw[name] for name in part_names}, manifest_bytes=raw[MANIFEST],
                   signature=raw.get(SIGNATURE))
 
 

@@ -48,6 +48,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--seed", type=int, default=0, help="random seed of the networks (default 0)")
     p.add_argument("--version", dest="model_version", help="model version (default init-<seed>)")
     p.add_argument("--created-at", help="the manifest's created_at (default now, UTC); fix it for identical bytes")
+    p.add_argument("--product-heads", action="store_true",
+                   help="also RecommendProduct's untrained networks (bundle format 2); without them its layers answer by rules")
     p.set_defaults(weights_handler=_init)
 
     p = sub.add_parser("verify", help="validate a bundle fully, as a server would load it")
@@ -150,7 +152,7 @@ def _init(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_ERROR
     created_at = args.created_at or datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    data = make_bundle(args.seed, version, created_at)
+    data = make_bundle(args.seed, version, created_at, product_heads=args.product_heads)
     atomic_write(args.out, data)
     print(f"created {version} in {args.out} (sha256 {sha256(data)})")
     return EXIT_OK
@@ -329,12 +331,14 @@ def _manifest_lines(m: dict[str, Any]) -> list[str]:
     guard = m.get("guard")
     rows("guard_threshold", [_scalar(guard.get("threshold")) if isinstance(guard, dict) else _inline(guard)])
     rows("decoder", [_inline(m.get("decoder"))])
+    if "product" in m:
+        rows("product", [_inline(m.get("product"))])
     rows("golden", [_inline(m.get("golden"))])
     rows("training_metrics", [_inline(m.get("training_metrics", {}))])
     if "provenance" in m:
         rows("provenance", [_inline(m["provenance"])])
     known = {"model_version", "created_at", "format", "format_version", "feature_spec", "actions", "guardrails",
-             "fallback_rules", "guard", "decoder", "golden", "training_metrics", "provenance", "parts"}
+             "fallback_rules", "guard", "decoder", "golden", "training_metrics", "provenance", "parts", "product"}
     for key in sorted(set(m) - known):
         rows(key, [_inline(m[key])])
     parts = m.get("parts")

@@ -18,6 +18,7 @@ import numpy.typing as npt
 from core.domain import ACTIONS
 from policy.features import FeatureSpec
 from weights import mlp
+from weights import product_heads as product_heads_module
 from weights.bundle import npy_bytes, write_bundle
 
 DEFAULT_GUARDRAILS: dict[str, Any] = {
@@ -39,8 +40,10 @@ GOLDEN_COUNT = 8
 
 
 def make_bundle(seed: int, model_version: str, created_at: str, spec: FeatureSpec | None = None,
-                provenance: dict[str, Any] | None = None) -> bytes:
-    """The bytes of a complete bundle; the same arguments give the same bytes."""
+                provenance: dict[str, Any] | None = None, product_heads: bool = False) -> bytes:
+    """The bytes of a complete bundle; the same arguments give the same bytes. With ``product_heads``, also
+    ``RecommendProduct``'s untrained networks (format version 2; ``weights.product_heads``), from their own stream of
+    the seed, so the rest of the bundle is the same as without them."""
     spec = spec or FeatureSpec()
     rng = np.random.default_rng(seed)
     n = len(ACTIONS)
@@ -65,11 +68,15 @@ def make_bundle(seed: int, model_version: str, created_at: str, spec: FeatureSpe
         "training_metrics": {},
         "provenance": {"kind": "initial", "seed": seed, "builder": "weights.initial.make_bundle", **(provenance or {})},
     }
-    return assemble_bundle(policy, guard, table, spec, manifest, rng)
+    product = None
+    if product_heads:
+        product = product_heads_module.init_params(np.random.default_rng([seed, 1]), spec)
+        manifest["product"] = product_heads_module.manifest_section()
+    return assemble_bundle(policy, guard, table, spec, manifest, rng, product)
 
 
 def assemble_bundle(policy: mlp.Params, guard: mlp.Params, table: npt.NDArray[np.float32], spec: FeatureSpec,
-                    manifest: dict[str, Any], rng: np.random.Generator) -> bytes:
+                    manifest: dict[str, Any], rng: np.random.Generator, product: dict[str, mlp.Params] | None = None) -> bytes:
     """A bundle from network arrays, the behaviour table and a manifest: builds the ONNX graphs and
     the golden self-test data (``GOLDEN_COUNT`` states drawn from ``rng``, with the reference outputs)."""
     golden = np.zeros((GOLDEN_COUNT, spec.state_dim), dtype=np.float32)
@@ -84,6 +91,8 @@ def assemble_bundle(policy: mlp.Params, guard: mlp.Params, table: npt.NDArray[np
         "golden_states.npy": npy_bytes(golden),
         "golden_outputs.npy": npy_bytes(outputs.astype(np.float32)),
     }
+    if product is not None:
+        parts.update(product_heads_module.parts(product, spec, golden))
     buf = io.BytesIO()
     write_bundle(buf, manifest, parts)
     return buf.getvalue()

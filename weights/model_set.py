@@ -19,6 +19,7 @@ import numpy.typing as npt
 
 from core.conditions import SchemaError
 from core.domain import ACTIONS, N_ACTIONS, Context, Decision, DecisionRequest, Source
+from core.product import ProductDecision, ProductRequest
 from guard.action_guard import ActionGuard
 from guard.rules import RuleEngine
 from policy import guardrails as gr
@@ -26,8 +27,12 @@ from policy.decision import DecisionProcedure, Rules
 from policy.decoder import MajorityDecoder
 from policy.features import FeatureEncoder, FeatureSpec
 from policy.onnx_model import OnnxModel, RuntimeMissing
-from weights.bundle import Bundle, BundleError
+from policy.plurality import PluralityDecoder
+from policy.product_decision import by_rules as product_by_rules
+from policy.product_policy import decide as decide_product
+from weights.bundle import PRODUCT_PARTS, Bundle, BundleError
 from weights.onnx_check import check_model
+from weights.product_heads import ProductHeads
 from weights.signing import check_signature
 
 log = logging.getLogger(__name__)
@@ -75,8 +80,10 @@ class ModelSet:
     """What a bundle loaded: the encoder, the two graphs and the decision procedure over them."""
 
     def __init__(self, manifest: dict[str, Any], encoder: FeatureEncoder, policy: OnnxModel, guard_model: OnnxModel,
-                 decision: DecisionProcedure) -> None:
+                 decision: DecisionProcedure, product: ProductLayers | None = None) -> None:
         self.manifest = manifest
+        self.product = product
+        """``RecommendProduct``'s networks and decoder (format version 2); None: its layers answer by their rules."""
         self.version = decision.version
         self.encoder = encoder
         self.policy = policy
@@ -146,8 +153,10 @@ class ModelSet:
         except Exception as exc:  # onnxruntime raises its own exception types for bad graphs
             raise BundleError("onnx", f"cannot load the ONNX graphs: {str(exc).splitlines()[0][:300]}") from None
         decision = DecisionProcedure(guardrails, rules, str(m["model_version"]), guard, decoder)
-        model = cls(m, FeatureEncoder(spec, table), policy, guard_model, decision)
-        model._self_test(bundle, spec, _number(_section(m, "golden"), "tolerance", "golden"))
+        tolerance = _number(_section(m, "golden"), "tolerance", "golden")
+        product = _product_layers(bundle, spec, options, tolerance) if PRODUCT_PARTS[0] in bundle.parts else None
+        model = cls(m, FeatureEncoder(spec, table), policy, guard_model, decision, product)
+        model._self_test(bundle, spec, tolerance)
         model.infer(np.zeros((max(1, options.warmup_batch), spec.state_dim), dtype=np.float32))
         return model
 
@@ -195,6 +204,37 @@ class ModelSet:
     def fallback(self, ctx: Context, source: Source) -> Decision:
         """A rule-engine answer without model outputs (overload, inference error, short deadline)."""
         return self.decision.fallback(ctx, source)
+
+    def decide_product(self, request: ProductRequest, hour: int, decision_id: str) -> ProductDecision:
+        """``RecommendProduct``'s layers: sampled by the product networks when the bundle has them, else by their rules."""
+        if self.product is None:
+            return product_by_rules(request, self.version)
+        state = self.encoder.encode_batch([request.shopper], [hour])
+        return decide_product(self.product.heads, self.product.decoder, state, request, decision_id, self.version)
+
+
+@dataclass(frozen=True)
+class ProductLayers:
+    """A bundle's ``RecommendProduct`` networks and the decoder its layers sample with."""
+
+    heads: ProductHeads
+    decoder: PluralityDecoder
+
+
+def _product_layers(bundle: Bundle, spec: FeatureSpec, options: LoadOptions, tolerance: float) -> ProductLayers:
+    """The product networks of a format-2 bundle, checked and self-tested, with the manifest's ``product.decoder``."""
+    section = bundle.manifest.get("product")
+    dec = section.get("decoder") if isinstance(section, dict) else None
+    if not isinstance(dec, dict):
+        raise BundleError("schema", "manifest.json: product.decoder must be an object (a bundle with product heads needs it)")
+    try:
+        decoder = PluralityDecoder(samples=_count(dec, "samples", "product.decoder", None),
+                                   min_votes=_count(dec, "min_votes", "product.decoder", None),
+                                   epsilon=_number(dec, "exploration_epsilon", "product.decoder"),
+                                   temperature=_number(dec, "exploration_temperature", "product.decoder"))
+    except ValueError as exc:
+        raise BundleError("schema", f"manifest.json: product.decoder: {exc}") from None
+    return ProductLayers(ProductHeads.load(bundle, spec, options.device, options.threads, tolerance), decoder)
 
 
 class NoModel:

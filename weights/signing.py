@@ -24,7 +24,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from weights.bundle import MANIFEST, PARTS, SIGNATURE, Bundle, BundleError, read_bundle, write_members
+from weights.bundle import MANIFEST, SIGNATURE, Bundle, BundleError, read_bundle, write_members
 
 
 class KeyFileError(ValueError):
@@ -68,7 +68,7 @@ def keypair_pem() -> tuple[bytes, bytes]:
 def sign(data: bytes, key: Ed25519PrivateKey) -> bytes:
     """The bundle ``data`` with its signature member set (replacing any earlier one); checked first."""
     bundle = read_bundle(data)
-    members = {MANIFEST: bundle.manifest_bytes, **{name: bundle.parts[name] for name in PARTS}}
+    members = {MANIFEST: bundle.manifest_bytes, **bundle.parts}  # every part of its format version, as read
     members[SIGNATURE] = key.sign(bundle.manifest_bytes)
     out = io.BytesIO()
     write_members(out, members)

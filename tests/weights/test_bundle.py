@@ -46,7 +46,7 @@ def test_write_then_read_round_trip(tmp_path: Path) -> None:
     parts = small_parts()
     path = tmp_path / "a.bundle"
     written = write_bundle(path, {"model_version": "v1", "note": {"k": [1, 2]}}, parts)
-    assert written["format"] == FORMAT and written["format_version"] == FORMAT_VERSION
+    assert written["format"] == FORMAT and written["format_version"] == 1 < FORMAT_VERSION  # no product heads: version 1
     assert written["parts"] == {
         name: {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)} for name, data in parts.items()
     }
@@ -168,11 +168,20 @@ def test_extra_member(members: dict[str, bytes], raw_zip: Any) -> None:
     assert info.value.reason == "format"
 
 
-@pytest.mark.parametrize("version", [2, 0, "1", None])
+@pytest.mark.parametrize("version", [3, 0, "1", None, True])
 def test_unknown_format_version(members: dict[str, bytes], raw_zip: Any, version: Any) -> None:
     manifest = json.loads(members[MANIFEST])
     manifest["format_version"] = version
     assert reason_of(raw_zip({**members, MANIFEST: json.dumps(manifest).encode()})) == "format_version"
+
+
+def test_a_format_version_must_have_exactly_its_parts(members: dict[str, bytes], raw_zip: Any) -> None:
+    """Version 2 without the product heads, or version 1 with them, is refused naming the parts."""
+    manifest = json.loads(members[MANIFEST])
+    manifest["format_version"] = 2
+    with pytest.raises(BundleError, match="format_version 2 has the parts") as info:
+        read_bundle(raw_zip({**members, MANIFEST: json.dumps(manifest).encode()}))
+    assert info.value.reason == "format"
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,106 @@
+"""RecommendProduct served by a bundle's product networks: each layer sampled by the seeded majority vote with exact
+propensities (checked against what is served, over the wire), guardrails on every layer, replay from the decision id,
+and a hot swap from a bundle without heads to one with them."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+
+from core.domain import Source
+from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
+from server.product_validation import parse_product
+from server.validation import Limits
+from tests.harness import ServerThread, request, running_server, stub
+from tests.server.test_hot_swap import publish
+from tests.server.test_recommend_product import product, sku
+from weights.bundle import read_bundle
+from weights.initial import make_bundle
+from weights.model_set import LoadOptions, ModelSet
+
+HEADS = make_bundle(5, "heads-v1", "2026-12-03T00:00:00Z", product_heads=True)
+POLICY_SOURCES = {pb.DECISION_SOURCE_POLICY, pb.DECISION_SOURCE_EXPLORATION, pb.DECISION_SOURCE_FALLBACK_LOW_CONSENSUS}
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
+    directory = tmp_path_factory.mktemp("weights")
+    publish(directory, HEADS)
+    with running_server(weights_dir=directory, weights_poll_seconds=0.1, weights_debounce_ms=20) as thread:
+        yield thread
+
+
+def test_each_layer_is_sampled_by_the_networks_with_its_propensity(channel: grpc.Channel) -> None:
+    answer = stub(channel).RecommendProduct(product(), timeout=5)
+    assert answer.model_version == "heads-v1"
+    layers = (answer.category, answer.sku, answer.price_band)
+    assert all(layer.source in POLICY_SOURCES for layer in layers)
+    assert all(0.0 < layer.propensity <= 1.0 for layer in layers)
+    assert answer.joint_propensity == pytest.approx(np.prod([layer.propensity for layer in layers]), rel=1e-12)
+    for layer in layers:
+        assert (layer.votes >= 4) == (layer.source == pb.DECISION_SOURCE_POLICY)
+        assert bool(layer.rule) == (layer.source == pb.DECISION_SOURCE_FALLBACK_LOW_CONSENSUS)
+
+
+def test_served_frequencies_over_the_wire_match_the_propensities(channel: grpc.Channel) -> None:
+    """The same request 500 times: each category is served as often as the propensity the server returns with it says
+    (the category layer's distribution does not depend on the draw), by a chi-square bound; the rest of the
+    probability is on categories never served, so the returned propensities of the served ones sum to at most 1."""
+    call = stub(channel).RecommendProduct
+    n = 500
+    answers = [call(product(), timeout=5) for _ in range(n)]
+    counts = Counter(a.category.index for a in answers)
+    propensity: dict[int, float] = {}
+    for a in answers:
+        assert propensity.setdefault(a.category.index, a.category.propensity) == pytest.approx(a.category.propensity, abs=1e-12)
+    assert sum(propensity.values()) <= 1.0 + 1e-9
+    chi2 = sum((counts[i] - n * p) ** 2 / (n * p) for i, p in propensity.items())
+    unseen = 1.0 - sum(propensity.values())
+    assert chi2 < 25.0 and unseen < 0.02, (counts, propensity)
+
+
+def test_guardrails_bind_the_networks_too(channel: grpc.Channel) -> None:
+    call = stub(channel).RecommendProduct
+    offered = product(categories=[pb.ProductCategory(category_id="empty", skus=[sku("e1", 10.0, stock=0)]),
+                                  pb.ProductCategory(category_id="shoes", skus=[sku("s1", 70.0, stock=0), sku("s2", 99.0),
+                                                                                sku("s3", 30.0, stock=0), sku("s4", 45.0)])],
+                      visit_count=1)
+    for _ in range(60):
+        answer = call(offered, timeout=5)
+        assert answer.category.id == "shoes" and answer.sku.id in {"s2", "s4"}  # never empty, never out of stock
+        assert answer.price_band.id != "high"  # the top band, on a first visit
+
+
+def test_a_logged_decision_replays_from_its_id() -> None:
+    model = ModelSet.load(read_bundle(HEADS), LoadOptions(warmup_batch=1))
+    parsed = parse_product(product(), Limits(768, 16, 256), now_s=1_790_000_000.0)
+    first = [model.decide_product(parsed, 12, f"replay-{i}") for i in range(30)]
+    again = [model.decide_product(parsed, 12, f"replay-{i}") for i in range(30)]
+    assert first == again
+    assert len({(d.category.index, d.sku.index, d.price_band.index) for d in first}) > 1  # really sampled
+    assert {d.category.source for d in first} <= {Source.POLICY, Source.EXPLORATION, Source.FALLBACK_LOW_CONSENSUS}
+
+
+def test_a_bundle_without_heads_is_swapped_for_one_with_them(tmp_path: Path) -> None:
+    from tests.server.test_hot_swap import bundle_bytes
+
+    publish(tmp_path, bundle_bytes("flat-v1"))
+    with running_server(weights_dir=tmp_path, weights_poll_seconds=0.1, weights_debounce_ms=20) as live_swap, \
+            grpc.insecure_channel(live_swap.target) as ch:
+        call = stub(ch).RecommendProduct
+        before = call(product(), timeout=5)
+        assert before.model_version == "flat-v1" and before.category.source == pb.DECISION_SOURCE_FALLBACK_NO_MODEL
+        publish(tmp_path, HEADS)
+        deadline = time.monotonic() + 10
+        while call(product(), timeout=5).model_version != "heads-v1":
+            assert time.monotonic() < deadline, "the bundle with heads was not swapped in"
+            time.sleep(0.05)
+        after = call(product(), timeout=5)
+        assert after.category.source in POLICY_SOURCES
+        assert stub(ch).RecommendAction(request(), timeout=5).model_version == "heads-v1"  # the flat decision too

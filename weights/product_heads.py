@@ -1,0 +1,139 @@
+"""``RecommendProduct``'s networks: one shared encoder of the shopper's state and three small heads, as four ONNX graphs.
+
+- **Encoder** ``product_encoder.onnx``: state (N, S) → h (N, ``HIDDEN``), an MLP S → 64 → 64 → ``HIDDEN`` (the last
+  layer linear): what every layer knows of the shopper.
+- **Heads** ``product_category.onnx``, ``product_sku.onnx``, ``product_band.onnx``: one row per candidate,
+  ``[h, features]`` → a logit, an MLP (``HIDDEN`` + F) → 32 → 32 → 1. No head reads another's output, so the layers
+  are separate functions of the shared ``h`` and their own candidates' features (``policy.product_features``).
+
+Four graphs of the same kind as the policy (``weights.mlp.policy_onnx``: one input, one output, Gemm and Relu) rather
+than one graph with four inputs: the same builder, the same ``weights.onnx_check`` allowlist and the same single-input
+sessions (``policy.onnx_model.OnnxModel``), and a head runs on exactly its candidates. The load-time self-test runs
+each graph on ``golden_states.npy`` and on seeded candidate rows (``golden_features``: data from a fixed seed, the
+same at build and at load) against ``golden_product_outputs.npy``: per golden state, h and one logit per head.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from policy.features import FeatureSpec
+from policy.onnx_model import OnnxModel
+from weights import mlp
+from weights.bundle import Bundle, BundleError, npy_bytes
+from weights.onnx_check import check_model
+
+F32 = npt.NDArray[np.float32]
+HIDDEN = 32
+ENCODER_WIDTH = 64
+HEAD_WIDTH = 32
+SKU_EXTRA = 4
+"""SKU features besides the embedding: log price, competitor known, log(price / competitor), log(1 + stock)."""
+CATEGORY_EXTRA = 4
+"""Category features besides the mean embedding: log mean price, share in stock, log SKU count, log(1 + stock)."""
+BAND_FEATURES = 4
+"""Band features: log multiplier, rank among the bands (0 lowest, 1 highest), first visit, log(price paid)."""
+HEADS = ("category", "sku", "band")
+PART = {"encoder": "product_encoder.onnx", "category": "product_category.onnx", "sku": "product_sku.onnx",
+        "band": "product_band.onnx"}
+GOLDEN = "golden_product_outputs.npy"
+GOLDEN_SEED = 20261203
+
+
+def feature_widths(spec: FeatureSpec) -> dict[str, int]:
+    """Each head's candidate feature width for a bundle's item dimension."""
+    return {"category": spec.item_dim + CATEGORY_EXTRA, "sku": spec.item_dim + SKU_EXTRA, "band": BAND_FEATURES}
+
+
+def golden_features(width: int, count: int) -> F32:
+    """``count`` seeded candidate rows of ``width`` features for the self-test (the same wherever computed)."""
+    return (np.random.default_rng([GOLDEN_SEED, width]).standard_normal((count, width)) / np.sqrt(width)).astype(np.float32)
+
+
+def init_params(rng: np.random.Generator, spec: FeatureSpec) -> dict[str, mlp.Params]:
+    """Fresh encoder and head weights (He-uniform; each head's output layer scaled down: near-uniform choices at first)."""
+    params = {"encoder": mlp.init_params(rng, [spec.state_dim, ENCODER_WIDTH, ENCODER_WIDTH, HIDDEN])}
+    for head, width in feature_widths(spec).items():
+        p = mlp.init_params(rng, [HIDDEN + width, HEAD_WIDTH, HEAD_WIDTH, 1])
+        p["w3"] *= np.float32(0.1)
+        params[head] = p
+    return params
+
+
+def forward(params: dict[str, mlp.Params], states: F32, features: dict[str, F32]) -> F32:
+    """The reference outputs for the self-test: per state row g, h_g and each head's logit of [h_g, features[head][g]]."""
+    h = mlp.policy_forward(params["encoder"], states)
+    logits = [mlp.policy_forward(params[head], np.concatenate([h, features[head]], axis=1)) for head in HEADS]
+    return np.concatenate([h, *logits], axis=1).astype(np.float32)
+
+
+def parts(params: dict[str, mlp.Params], spec: FeatureSpec, golden_states: F32) -> dict[str, bytes]:
+    """The bundle parts of these weights, with their golden outputs on ``golden_states``."""
+    widths = feature_widths(spec)
+    features = {head: golden_features(widths[head], len(golden_states)) for head in HEADS}
+    out = {PART[name]: mlp.policy_onnx(p) for name, p in params.items()}
+    out[GOLDEN] = npy_bytes(forward(params, golden_states, features))
+    return out
+
+
+@dataclass(frozen=True)
+class ProductHeads:
+    """The loaded product networks of a bundle (format version 2)."""
+
+    encoder: OnnxModel
+    heads: dict[str, OnnxModel]
+    widths: dict[str, int]
+
+    @classmethod
+    def load(cls, bundle: Bundle, spec: FeatureSpec, device: str, threads: int, tolerance: float) -> ProductHeads:
+        for name in PART.values():
+            check_model(name, bundle.parts[name])
+        try:
+            models = {name: OnnxModel(f"product_{name}", bundle.parts[part], device, threads) for name, part in PART.items()}
+        except Exception as exc:  # onnxruntime raises its own exception types for bad graphs
+            raise BundleError("onnx", f"cannot load the product graphs: {str(exc).splitlines()[0][:300]}") from None
+        heads = cls(models["encoder"], {h: models[h] for h in HEADS}, feature_widths(spec))
+        heads._self_test(bundle, tolerance)
+        return heads
+
+    def _self_test(self, bundle: Bundle, tolerance: float) -> None:
+        states, expected = bundle.array("golden_states.npy"), bundle.array(GOLDEN)
+        if expected.shape != (len(states), HIDDEN + len(HEADS)):
+            raise BundleError("shape", f"{GOLDEN}: expected ({len(states)}, {HIDDEN + len(HEADS)}), got {expected.shape}")
+        try:
+            h = self.encode(states)
+            logits = [self.score(head, h, golden_features(self.widths[head], len(states))) for head in HEADS]
+        except BundleError:
+            raise
+        except Exception as exc:
+            raise BundleError("shape", f"the product graphs do not run on their inputs: {str(exc).splitlines()[0][:300]}") from None
+        got = np.concatenate([h, *[x[:, None] for x in logits]], axis=1)
+        if not np.isfinite(got).all():
+            raise BundleError("nonfinite", "the product graphs produce NaN or Inf on the golden inputs")
+        error = float(np.abs(got - expected).max())
+        if not error <= tolerance:
+            raise BundleError("golden", f"product golden self-test failed: max error {error:.3g} > tolerance {tolerance:.3g}")
+
+    def encode(self, states: F32) -> F32:
+        """h (N, ``HIDDEN``) for a batch of shopper states."""
+        h = self.encoder.run(states)
+        if h.ndim != 2 or h.shape != (len(states), HIDDEN):
+            raise BundleError("shape", f"product encoder: expected output ({len(states)}, {HIDDEN}), got {h.shape}")
+        return h
+
+    def score(self, head: str, h: F32, features: F32) -> F32:
+        """One logit per candidate row: ``h`` (1, H) (or one row per candidate) beside each row of ``features``."""
+        rows = np.concatenate([np.broadcast_to(h, (len(features), h.shape[1])), features], axis=1).astype(np.float32)
+        out = self.heads[head].run(rows)
+        if out.shape != (len(features), 1):
+            raise BundleError("shape", f"product {head} head: expected output ({len(features)}, 1), got {out.shape}")
+        return out[:, 0]
+
+
+def manifest_section() -> dict[str, Any]:
+    """The manifest's ``product`` section: the layers' decoder settings (as ``decoder`` for ``RecommendAction``)."""
+    return {"decoder": {"samples": 10, "min_votes": 4, "exploration_epsilon": 0.05, "exploration_temperature": 1.2}}
