@@ -20,6 +20,7 @@ have fewer votes than the winner, a weaker one at most as many). The products ov
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -47,6 +48,20 @@ def _truncated_exp(q: FloatArray, top: int, degree: int) -> FloatArray:
 def _times(a: FloatArray, b: FloatArray) -> FloatArray:
     """The product of two polynomials, truncated to ``a``'s degree."""
     return np.convolve(a, b)[: len(a)]
+
+
+@functools.cache
+def _lags(width: int) -> tuple[IntArray, npt.NDArray[np.bool_]]:
+    """For a truncated product of ``width`` coefficients: ``[d, j] → d − j`` (clipped at 0) and where it is ≥ 0."""
+    lag = np.arange(width)[:, None] - np.arange(width)[None, :]
+    return np.clip(lag, 0, None), lag >= 0
+
+
+def _times_batch(a: FloatArray, b: FloatArray) -> FloatArray:
+    """Row by row, the product of two polynomials (rows of coefficients, lowest first), truncated to their length."""
+    lag, causal = _lags(a.shape[1])
+    toeplitz = np.where(causal, b[:, lag], 0.0)  # (rows, d, j) = b[d − j]
+    return np.einsum("rj,rdj->rd", a, toeplitz)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,35 +98,48 @@ class PluralityDecoder:
         return qt / qt.sum()
 
     def decided(self, q: FloatArray | Sequence[float]) -> tuple[FloatArray, float]:
-        """Without exploration: P(each candidate wins with at least ``min_votes``), and P(no candidate does)."""
+        """Without exploration: P(each candidate wins with at least ``min_votes``), and P(no candidate does).
+
+        Every winning count ``c`` at once: the truncated exponentials of all candidates for all ``c`` are one array
+        (C, n, K + 1), and the prefix (stronger) and suffix (weaker) products run over the candidates in strength order,
+        one batched truncated polynomial product (``_times_batch``) per candidate and direction."""
         q = self._checked(q)
         k, m, n = self.samples, self.min_votes, len(q)
         order = self.order(q)
         qs = q[order]
-        wins = np.zeros(n)
-        for c in range(m, k + 1):
-            degree = k - c
-            below = _truncated_exp(qs, c - 1, degree)  # stronger candidates: fewer than c votes
-            upto = _truncated_exp(qs, c, degree)  # weaker ones: at most c
-            prefix = np.zeros((n, degree + 1))
-            running = np.eye(1, degree + 1)[0]
-            for i in range(n):
-                prefix[i] = running
-                running = _times(running, below[i])
-            running = np.eye(1, degree + 1)[0]
-            log_head = self._log_k_fact - math.lgamma(c + 1)
-            for i in range(n - 1, -1, -1):
-                if qs[i] > 0:
-                    coefficient = float(np.dot(prefix[i], running[::-1]))  # [t^degree] prefix · suffix
-                    wins[i] += math.exp(log_head + c * math.log(qs[i])) * coefficient
-                running = _times(running, upto[i])
+        j = np.arange(k + 1)
+        terms = _truncated_exp(qs, k, k)  # (n, k + 1): q^j / j!
+        cs = np.arange(m, k + 1)  # the winner's possible counts
+        below = np.where(j[None, None, :] <= (cs - 1)[:, None, None], terms[None], 0.0)  # stronger: fewer than c votes
+        upto = np.where(j[None, None, :] <= cs[:, None, None], terms[None], 0.0)  # weaker: at most c
+        one = np.zeros((len(cs), k + 1))
+        one[:, 0] = 1.0
+        prefix = np.empty((len(cs), n, k + 1))
+        running = one
+        for i in range(n):
+            prefix[:, i] = running
+            running = _times_batch(running, below[:, i])
+        suffix = np.empty((len(cs), n, k + 1))
+        running = one
+        for i in range(n - 1, -1, -1):
+            suffix[:, i] = running
+            running = _times_batch(running, upto[:, i])
+        # [t^(k − c)] prefix · suffix, for each c and candidate
+        d = j[None, :]
+        other = (k - cs)[:, None] - d  # (C, k + 1): the suffix's degree paired with the prefix's d
+        valid = other >= 0
+        paired = np.take_along_axis(suffix, np.where(valid, other, 0)[:, None, :], axis=2)  # (C, n, k + 1)
+        coefficient = (prefix * np.where(valid[:, None, :], paired, 0.0)).sum(axis=2)  # (C, n)
+        with np.errstate(divide="ignore"):
+            log_head = self._log_k_fact - np.array([math.lgamma(c + 1) for c in cs])[:, None] + cs[:, None] * np.log(qs)[None, :]
+        wins_sorted = np.where(qs[None, :] > 0, np.exp(log_head) * coefficient, 0.0).sum(axis=0)
         low = _truncated_exp(qs, m - 1, k)
         product = np.eye(1, k + 1)[0]
         for row in low:
             product = _times(product, row)
-        served = np.zeros(n)
-        served[order] = wins
-        return served, float(math.exp(self._log_k_fact) * product[k])
+        wins = np.zeros(n)
+        wins[order] = wins_sorted
+        return wins, float(math.exp(self._log_k_fact) * product[k])
 
     def served(self, q: FloatArray | Sequence[float], fallback: int) -> FloatArray:
         """Exact probability of serving each candidate; ``fallback``: the rule engine's candidate."""
