@@ -79,10 +79,12 @@ def run_cycle(args: argparse.Namespace) -> int:
         return 0
 
     result = _trained(args, init, window, config)
+    gate_sessions = window.gate
+    del window  # the training sample's rows: not held while the gate reads and judges its own
     shutdown()  # every rank together, training done: rank 0 gates alone, with no rank left waiting in a collective
     if args.rank != 0:
         return 0  # rank 0 evaluates, gates and publishes
-    held_d, held_o = read_gate(_source(args.logs, init), window.gate)
+    held_d, held_o = read_gate(_source(args.logs, init), gate_sessions)
     new = ModelSet.load(read_bundle(result.bundle), options)
     verdict = gate(judged(config, new, held_d, held_o), judged(config, current, held_d, held_o), config.tolerance,
                    **config.gate_limits())
