@@ -66,6 +66,16 @@ def uniforms(decision_id: str, n: int) -> FloatArray:
     return uniforms_batch([decision_id], n)[0]
 
 
+def tempered(q: FloatArray, temperature: float) -> FloatArray:
+    """``q^(1/T)`` normalised along the last axis, in log space: at a small ``T`` the powers of every ``q`` < 1 underflow to
+    0 in linear space (0/0: NaN, and an exploration draw past every mask), while here the largest ``q`` keeps weight 1
+    and a banned (``q`` = 0) action stays at exactly 0."""
+    with np.errstate(divide="ignore"):
+        log_q = np.where(q > 0, np.log(np.where(q > 0, q, 1.0)), -np.inf)
+    weights = np.exp((log_q - log_q.max(axis=-1, keepdims=True)) / temperature)
+    return weights / weights.sum(axis=-1, keepdims=True)  # type: ignore[no-any-return]
+
+
 def check_settings(samples: int, min_votes: int, epsilon: float, temperature: float) -> None:
     """``ValueError`` naming the decoder setting out of range."""
     if samples < 1:
@@ -154,8 +164,7 @@ class MajorityDecoder:
 
     def explore_batch(self, q: FloatArray) -> FloatArray:
         """``q_T ∝ q^(1/T)`` per row: the temperature-scaled masked distribution."""
-        qt = np.where(q > 0, q, 0.0) ** (1.0 / self.temperature)
-        return qt / qt.sum(axis=-1, keepdims=True)
+        return tempered(q, self.temperature)
 
     def explore_distribution(self, q: FloatArray | Sequence[float]) -> FloatArray:
         return self.explore_batch(np.asarray([q], dtype=np.float64))[0]

@@ -29,7 +29,7 @@ import numpy as np
 import numpy.typing as npt
 
 from core.domain import FloatArray
-from policy.decoder import check_settings, uniforms
+from policy.decoder import check_settings, tempered, uniforms
 
 IntArray = npt.NDArray[np.int64]
 
@@ -94,8 +94,7 @@ class PluralityDecoder:
 
     def explore(self, q: FloatArray) -> FloatArray:
         """``q_T ∝ q^(1/T)``: the temperature-scaled distribution of the exploration draw."""
-        qt = np.where(q > 0, q, 0.0) ** (1.0 / self.temperature)
-        return qt / qt.sum()
+        return tempered(q, self.temperature)
 
     def decided(self, q: FloatArray | Sequence[float]) -> tuple[FloatArray, float]:
         """Without exploration: P(each candidate wins with at least ``min_votes``), and P(no candidate does).

@@ -84,3 +84,21 @@ def test_bad_distributions_are_refused(q: list[float], message: str) -> None:
 def test_a_fallback_outside_the_candidates_is_refused() -> None:
     with pytest.raises(ValueError, match="fallback"):
         PluralityDecoder().served([0.5, 0.5], 2)
+
+
+@pytest.mark.parametrize("temperature", [0.002, 1e-6])
+def test_a_tiny_exploration_temperature_explores_the_best_candidate_never_a_banned_one(temperature: float) -> None:
+    """q^(1/T) in linear space underflows to 0/0 at a small T (NaN propensities, and an exploration draw past the mask);
+    in log space it is the argmax. Both decoders share it."""
+    q = np.full(64, 1.0 / 63)
+    q[0] = 0.0  # banned
+    q[5] *= 1.5
+    q = q / q.sum()
+    plurality = PluralityDecoder(epsilon=1.0, temperature=temperature)
+    served = plurality.served(q, 3)
+    assert np.isfinite(served).all() and served[5] == pytest.approx(1.0) and served[0] == 0.0
+    assert all(plurality.draw(q, f"t-{i}").index == 5 for i in range(50))
+    five = np.array([0.0, 0.2, 0.2, 0.3, 0.0])
+    five = five / five.sum()
+    majority = MajorityDecoder(epsilon=1.0, temperature=temperature).served_distribution(five, 1)
+    assert np.isfinite(majority).all() and majority[3] == pytest.approx(1.0) and majority[[0, 4]].sum() == 0.0
