@@ -16,6 +16,13 @@ import numpy.typing as npt
 
 from core.domain import DecisionRequest, Source
 
+MAX_CATEGORIES = 32
+MAX_SKUS_PER_CATEGORY = 64
+MAX_SKUS = 256
+MAX_PRICE_BANDS = 8
+"""A request's candidate limits (``server.product_validation``); a bundle's product heads are run at these sizes when it
+is loaded (``weights.product_heads``), so what a head allocates for the largest request is known before it serves."""
+
 
 class Layer(enum.Enum):
     """The layers, in the order they decide."""

@@ -12,7 +12,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from core.product import CategoryCandidate, PriceBand, ProductRequest, SkuCandidate
+from core.product import (
+    MAX_CATEGORIES,
+    MAX_PRICE_BANDS,
+    MAX_SKUS,
+    MAX_SKUS_PER_CATEGORY,
+    CategoryCandidate,
+    PriceBand,
+    ProductRequest,
+    SkuCandidate,
+)
 from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
 from server.validation import InvalidRequest, Limits, embedding_of, parse_request, required_id
 
@@ -22,10 +31,10 @@ MAX_MULTIPLIER = 10.0
 
 @dataclass(frozen=True, slots=True)
 class ProductLimits:
-    max_categories: int = 32
-    max_skus_per_category: int = 64
-    max_skus: int = 256
-    max_price_bands: int = 8
+    max_categories: int = MAX_CATEGORIES
+    max_skus_per_category: int = MAX_SKUS_PER_CATEGORY
+    max_skus: int = MAX_SKUS
+    max_price_bands: int = MAX_PRICE_BANDS
 
 
 def _price(value: float, name: str) -> float:

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from core.product import MAX_CATEGORIES, MAX_PRICE_BANDS, MAX_SKUS_PER_CATEGORY
 from policy.features import FeatureSpec
 from policy.onnx_model import OnnxModel
 from weights import mlp
@@ -98,7 +99,24 @@ class ProductHeads:
             raise BundleError("onnx", f"cannot load the product graphs: {str(exc).splitlines()[0][:300]}") from None
         heads = cls(models["encoder"], {h: models[h] for h in HEADS}, feature_widths(spec))
         heads._self_test(bundle, tolerance)
+        heads._run_at_the_limits(spec)
         return heads
+
+    def _run_at_the_limits(self, spec: FeatureSpec) -> None:
+        """Run the encoder on one state and each head on as many candidates as a request may offer it: what a graph
+        allocates can grow faster than its rows, and the self-test's 8 rows would not show it. So the bounded load
+        (``weights.sandbox``) sees the largest request's memory, and a graph that cannot take those shapes is refused."""
+        sizes = {"category": MAX_CATEGORIES, "sku": MAX_SKUS_PER_CATEGORY, "band": MAX_PRICE_BANDS}
+        try:
+            h = self.encode(np.zeros((1, spec.state_dim), dtype=np.float32))
+            for head, rows in sizes.items():
+                if not np.isfinite(self.score(head, h, golden_features(self.widths[head], rows))).all():
+                    raise BundleError("nonfinite", f"the product {head} head produces NaN or Inf on {rows} candidates")
+        except BundleError:
+            raise
+        except Exception as exc:
+            raise BundleError("shape", f"the product graphs do not run at a request's largest sizes: "
+                                       f"{str(exc).splitlines()[0][:300]}") from None
 
     def _self_test(self, bundle: Bundle, tolerance: float) -> None:
         states, expected = bundle.array("golden_states.npy"), bundle.array(GOLDEN)

@@ -183,3 +183,34 @@ def hidden_node_guard() -> bytes:
     graph = model.graph.SerializeToString() + tag + _varint(len(payload)) + payload
     model.ClearField("graph")
     return model.SerializeToString() + _varint((7 << 3) | 2) + _varint(len(graph)) + graph
+
+
+def inflating_head(model_bytes: bytes, copies: int = 16) -> bytes:
+    """A product head of allowed operators that adds 0 × the sum of an (N⁴, ``copies``) intermediate to its logit: about
+    1 MB on the self-test's 8 rows, about 1 GB on one request's 64 SKUs (the review's finding F1: only a run at a
+    request's largest sizes shows it)."""
+    model = onnx.load_from_string(model_bytes)
+    graph = model.graph
+    source, out = graph.input[0].name, graph.output[0].name
+    for node in graph.node:
+        node.output[:] = ["real" if o == out else o for o in node.output]
+    graph.initializer.extend([numpy_helper.from_array(np.array([0], np.int64), "s0"),
+                              numpy_helper.from_array(np.array([1], np.int64), "s1"),
+                              numpy_helper.from_array(np.array([1], np.int64), "ax"),
+                              numpy_helper.from_array(np.array([-1, 1], np.int64), "col"),
+                              numpy_helper.from_array(np.ones((1, copies), np.float32), "ones"),
+                              numpy_helper.from_array(np.zeros((1, 1), np.float32), "zero")])
+    graph.node.extend([
+        helper.make_node("Slice", [source, "s0", "s1", "ax"], ["a"]),
+        helper.make_node("Transpose", ["a"], ["aT"]),
+        helper.make_node("MatMul", ["a", "aT"], ["n2"]),
+        helper.make_node("Reshape", ["n2", "col"], ["r2"]),
+        helper.make_node("Transpose", ["r2"], ["r2T"]),
+        helper.make_node("MatMul", ["r2", "r2T"], ["n4"]),
+        helper.make_node("Reshape", ["n4", "col"], ["r4"]),
+        helper.make_node("MatMul", ["r4", "ones"], ["big"]),
+        helper.make_node("ReduceSum", ["big"], ["s"], keepdims=1),
+        helper.make_node("Mul", ["s", "zero"], ["z"]),
+        helper.make_node("Add", ["real", "z"], [out]),
+    ])
+    return model.SerializeToString()

@@ -115,3 +115,29 @@ def test_a_bundle_with_only_some_product_parts_is_refused(heads_bytes: bytes) ->
     with pytest.raises(BundleError) as info:
         read_bundle(out.getvalue())
     assert info.value.reason == "format" and "product_sku.onnx" in str(info.value)
+
+
+def test_a_head_that_allocates_with_its_candidates_is_stopped_at_load_not_at_serving(heads_bytes: bytes) -> None:
+    """Allowed operators, a passing self-test on 8 rows; but on a request's 64 SKUs about 1 GB. The load runs every head
+    at a request's largest sizes, so the bounded child (512 MiB) refuses it before a server does."""
+    from tests.weights import hostile
+    from weights.onnx_check import check_model
+    from weights.sandbox import SandboxLimits, validate_in_child
+
+    head = hostile.inflating_head(read_bundle(heads_bytes).parts["product_sku.onnx"])
+    check_model("product_sku.onnx", head)  # allowed, operator by operator
+    data = _rewritten(heads_bytes, {"product_sku.onnx": head})
+    with pytest.raises(BundleError) as caught:
+        validate_in_child(data, OPTIONS, SandboxLimits())
+    assert caught.value.reason in ("limits", "shape", "invalid"), caught.value
+
+
+def test_a_head_that_takes_only_the_self_tests_shape_is_refused(heads_bytes: bytes) -> None:
+    """A SKU head declared for exactly 8 rows passes the 8-row self-test, and would degrade every real request."""
+    model = onnx.load_from_string(read_bundle(heads_bytes).parts["product_sku.onnx"])
+    dim = model.graph.input[0].type.tensor_type.shape.dim[0]
+    dim.ClearField("dim_param")
+    dim.dim_value = 8
+    with pytest.raises(BundleError, match="largest sizes") as info:
+        ModelSet.load(read_bundle(_rewritten(heads_bytes, {"product_sku.onnx": model.SerializeToString()})), OPTIONS)
+    assert info.value.reason == "shape"
