@@ -4,8 +4,9 @@ Guardrails (what a layer may never serve, model or rule alike):
 
 - a category with no SKU in stock, and a SKU with none in stock: nothing to sell;
 - the top price band (the largest multiplier, when more than one band is offered) to a shopper on
-  the first visit (``visit_count`` 1): the reference design's own example of a guard, a first
-  impression at the highest price costs more trust than it earns.
+  the first visit (``visit_count`` 1), or whose visits are unknown (0: it fails closed, since an
+  omitted field must not switch a guardrail off): the reference design's own example of a guard, a
+  first impression at the highest price costs more trust than it earns.
 
 The rules (what a layer serves when its model cannot decide):
 
@@ -41,7 +42,7 @@ def sku_permitted(category: CategoryCandidate) -> Mask:
 def band_permitted(request: ProductRequest) -> Mask:
     bands = request.price_bands
     allowed = np.ones(len(bands), dtype=np.bool_)
-    if request.visit_count == 1 and len(bands) > 1:
+    if request.visit_count <= 1 and len(bands) > 1:  # a first visit, or unknown
         multipliers = np.array([b.price_multiplier for b in bands])
         allowed &= multipliers < multipliers.max()  # every band at the top multiplier
         if not allowed.any():  # all bands at one multiplier: none is above another

@@ -25,8 +25,8 @@ from core.product import (
 from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
 from server.validation import InvalidRequest, Limits, embedding_of, parse_request, required_id
 
-MAX_PRICE = 1_000_000.0
-MAX_MULTIPLIER = 10.0
+MIN_PRICE, MAX_PRICE = 0.01, 1_000_000.0  # a cent to a million: the features take logs of prices and their ratios
+MIN_MULTIPLIER, MAX_MULTIPLIER = 0.01, 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,8 +38,8 @@ class ProductLimits:
 
 
 def _price(value: float, name: str) -> float:
-    if not (math.isfinite(value) and 0.0 < value <= MAX_PRICE):
-        raise InvalidRequest(name, f"must be a finite price in (0, {MAX_PRICE:g}], got {value}")
+    if not (math.isfinite(value) and MIN_PRICE <= value <= MAX_PRICE):
+        raise InvalidRequest(name, f"must be a finite price in [{MIN_PRICE:g}, {MAX_PRICE:g}], got {value}")
     return value
 
 
@@ -89,8 +89,8 @@ def _bands(msg: pb.RecommendProductRequest, limits: Limits, product: ProductLimi
         at = f"price_bands[{i}]"
         band_id = _unique(band.band_id, f"{at}.band_id", seen, limits)
         m = band.price_multiplier
-        if not (math.isfinite(m) and 0.0 < m <= MAX_MULTIPLIER):
-            raise InvalidRequest(f"{at}.price_multiplier", f"must be finite, in (0, {MAX_MULTIPLIER:g}], got {m}")
+        if not (math.isfinite(m) and MIN_MULTIPLIER <= m <= MAX_MULTIPLIER):
+            raise InvalidRequest(f"{at}.price_multiplier", f"must be finite, in [{MIN_MULTIPLIER:g}, {MAX_MULTIPLIER:g}], got {m}")
         out.append(PriceBand(band_id, m))
     return tuple(out)
 

@@ -252,7 +252,11 @@ class ShoppingAgentServicer:
             model = canary.choose(model, req.shopper.session_id)
         decision_id = os.urandom(16).hex()
         try:
-            decision = self._decide_product(model, req, ctx.hour, decision_id)
+            remaining = context.time_remaining()
+            if remaining is not None and remaining < self._min_budget_s:  # answer by the rules rather than too late
+                decision = product_by_rules(req, model.version, Source.FALLBACK_DEGRADED)
+            else:
+                decision = self._decide_product(model, req, ctx.hour, decision_id)
             if self._metrics is not None:
                 self._metrics.product_served(decision)
             return product_response(req, decision, decision_id)
@@ -273,8 +277,8 @@ class ShoppingAgentServicer:
         except Exception as exc:
             log.warning("product inference failed; answering from the rules",
                         extra={"fields": {"decision_id": decision_id, "error": repr(exc)[:300]}})
-            if self._metrics is not None:
-                self._metrics.degraded_by("error")
+            # counted by its layers' source (fallback_degraded), not in degraded_decisions_total: that counter's alert
+            # divides by RecommendAction's decisions, which a product request never adds to
             return product_by_rules(req, model.version, Source.FALLBACK_DEGRADED)
 
     async def _validated(self, request: Message | Malformed, context: aio.ServicerContext,  # type: ignore[type-arg]

@@ -80,6 +80,10 @@ def test_guardrails_hold_out_what_is_out_of_stock_and_the_top_band_on_a_first_vi
     assert call(product(price_bands=same, visit_count=1), timeout=5).price_band.id == "a"  # none above another: none banned
     single = [pb.PriceBand(band_id="only", price_multiplier=1.3)]
     assert call(product(price_bands=single, visit_count=1), timeout=5).price_band.id == "only"
+    assert call(product(price_bands=top_only_near, visit_count=0), timeout=5).price_band.id == "deep"  # unknown: as a first visit
+    unset = product(price_bands=top_only_near)
+    unset.ClearField("visit_count")
+    assert call(unset, timeout=5).price_band.id == "deep"  # an omitted field does not switch the guardrail off
 
 
 def _many_skus(n: int) -> list[pb.ProductSku]:
@@ -109,7 +113,11 @@ BAD_PRODUCTS = [
     pytest.param({"categories": [pb.ProductCategory(category_id="c", skus=[sku("a", float("nan"))])]},
                  "categories[0].skus[0].price: must be a finite price", id="nan-price"),
     pytest.param({"categories": [pb.ProductCategory(category_id="c", skus=[sku("a", 0.0)])]},
-                 "categories[0].skus[0].price: must be a finite price in (0, 1e+06]", id="zero-price"),
+                 "categories[0].skus[0].price: must be a finite price in [0.01, 1e+06]", id="zero-price"),
+    pytest.param({"categories": [pb.ProductCategory(category_id="c", skus=[sku("a", 5e-324)])]},
+                 "categories[0].skus[0].price: must be a finite price in [0.01", id="denormal-price"),
+    pytest.param({"categories": [pb.ProductCategory(category_id="c", skus=[sku("a", 5.0, competitor=5e-324)])]},
+                 "categories[0].skus[0].competitor_price: must be a finite price in [0.01", id="denormal-competitor"),
     pytest.param({"categories": [pb.ProductCategory(category_id="c", skus=[sku("a", 5.0, competitor=-1.0)])]},
                  "categories[0].skus[0].competitor_price: must be a finite price", id="negative-competitor"),
     pytest.param({"categories": [pb.ProductCategory(category_id="c", skus=[pb.ProductSku(sku_id="a", embedding=[0.1] * 767, price=5.0,
@@ -127,6 +135,8 @@ BAD_PRODUCTS = [
                  id="zero-multiplier"),
     pytest.param({"price_bands": [pb.PriceBand(band_id="b", price_multiplier=10.5)]}, "price_bands[0].price_multiplier",
                  id="big-multiplier"),
+    pytest.param({"price_bands": [pb.PriceBand(band_id="b", price_multiplier=1e-300)]},
+                 "price_bands[0].price_multiplier: must be finite, in [0.01, 10]", id="tiny-multiplier"),
     pytest.param({"price_bands": [pb.PriceBand(band_id="b", price_multiplier=1.0),
                                   pb.PriceBand(band_id="b", price_multiplier=1.1)]}, "price_bands[1].band_id: duplicate id",
                  id="duplicate-band"),
@@ -184,3 +194,15 @@ def test_at_the_default_message_limit_a_large_candidate_list_is_resource_exhaust
             call(big, timeout=5)
         assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert call(fits, timeout=5).category.id == "c"
+
+
+def test_a_deadline_too_short_for_the_model_is_answered_by_the_rules() -> None:
+    """As RecommendAction: with less time left than the inference budget, every layer's rule, FALLBACK_DEGRADED, counted
+    by its layers' source (not in degraded_decisions_total, whose alert divides by RecommendAction's decisions)."""
+    with running_server(min_inference_budget_ms=10_000) as slow, grpc.insecure_channel(slow.target) as ch:
+        answer = stub(ch).RecommendProduct(product(), timeout=5)
+        value = slow.registry.get_sample_value
+    assert {answer.category.source, answer.sku.source, answer.price_band.source} == {pb.DECISION_SOURCE_FALLBACK_DEGRADED}
+    assert (answer.category.id, answer.sku.id, answer.price_band.id) == ("bags", "b2", "list") and answer.joint_propensity == 1.0
+    assert value("shopping_agent_product_layer_decisions_total", {"layer": "sku", "source": "fallback_degraded"}) == 1
+    assert not value("shopping_agent_degraded_decisions_total", {"reason": "deadline"})
