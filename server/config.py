@@ -87,9 +87,10 @@ class Config:
     keepalive_max_ping_strikes: int = _opt(2, "strikes after which the connection is closed (GOAWAY ENHANCE_YOUR_CALM); "
                                               "0: unlimited")
     handshake_timeout_seconds: float = _opt(10.0, "a new connection has this long for its TLS handshake and HTTP/2 settings")
-    samples: int | None = _opt(None, "K, samples drawn per decision (default: the bundle's)")
-    min_votes: int | None = _opt(None, "votes the majority needs before the rule engine answers (default: the bundle's)")
-    exploration_epsilon: float | None = _opt(None, "probability of an exploration draw (default: the bundle's)")
+    samples: int | None = _opt(None, "K, samples drawn per decision, also per RecommendProduct layer (default: the bundle's)")
+    min_votes: int | None = _opt(None, "votes the majority needs before the rule engine answers, also per product layer "
+                                       "(default: the bundle's)")
+    exploration_epsilon: float | None = _opt(None, "probability of an exploration draw, also per product layer (default: the bundle's)")
     guard_threshold: float | None = _opt(None, "guard allow-probability below which an action is vetoed (default: the bundle's)")
     bundle_public_key: Path | None = _opt(None, "Ed25519 public key (PEM): load only bundles signed by its private key; "
                                                 "unset: signatures are not checked")

@@ -19,6 +19,7 @@ import torch
 
 from policy.features import FeatureSpec
 from trainer.networks import GuardNet, PolicyNet, to_arrays
+from weights import mlp
 from weights.bundle import read_bundle
 from weights.initial import assemble_bundle
 from weights.model_set import LoadOptions, ModelSet
@@ -29,10 +30,13 @@ class ExportError(RuntimeError):
 
 
 def export_bundle(policy: PolicyNet, guard: GuardNet, behavior_table: npt.NDArray[np.float32], spec: FeatureSpec,
-                  manifest: dict[str, Any], seed: int, tolerance: float = 1e-4, checks: int = 256) -> bytes:
-    """The bundle bytes; raises ``ExportError`` when ONNX and torch disagree beyond ``tolerance``."""
+                  manifest: dict[str, Any], seed: int, tolerance: float = 1e-4, checks: int = 256,
+                  product: dict[str, mlp.Params] | None = None) -> bytes:
+    """The bundle bytes; raises ``ExportError`` when ONNX and torch disagree beyond ``tolerance``. ``product``: the
+    starting bundle's ``RecommendProduct`` networks, carried over as they are (the trainer does not train them yet), so
+    a trained bundle keeps serving them (format version 2; ``manifest`` then has their ``product`` section)."""
     rng = np.random.default_rng(seed)
-    data = assemble_bundle(to_arrays(policy), to_arrays(guard), behavior_table, spec, manifest, rng)
+    data = assemble_bundle(to_arrays(policy), to_arrays(guard), behavior_table, spec, manifest, rng, product)
     model = ModelSet.load(read_bundle(data), LoadOptions(device="cpu", warmup_batch=1))
     states = np.zeros((checks, spec.state_dim), dtype=np.float32)
     states[:, : spec.item_dim] = rng.standard_normal((checks, spec.item_dim)) / np.sqrt(spec.item_dim)

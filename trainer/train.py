@@ -73,13 +73,16 @@ class TrainResult:
     behavior_table: np.ndarray | None = None
     spec: FeatureSpec | None = None
     seed: int = 0
+    product: dict[str, mlp.Params] | None = None
+    """The starting bundle's RecommendProduct networks, carried over untrained (``trainer.export``)."""
 
     def with_metrics(self, extra: dict[str, float]) -> bytes:
         """The same bundle with ``extra`` added to its training metrics (the gate's offline estimates)."""
         assert self.policy is not None and self.guard is not None and self.behavior_table is not None and self.spec is not None
         self.metrics = {**self.metrics, **{k: float(v) for k, v in extra.items() if math.isfinite(float(v))}}
         self.manifest = {**self.manifest, "training_metrics": self.metrics}
-        self.bundle = export_bundle(self.policy, self.guard, self.behavior_table, self.spec, self.manifest, self.seed)
+        self.bundle = export_bundle(self.policy, self.guard, self.behavior_table, self.spec, self.manifest, self.seed,
+                                    product=self.product)
         return self.bundle
 
 
@@ -348,8 +351,13 @@ def train(decisions: pa.Table, outcomes: pa.Table, init: Bundle, config: TrainCo
                     "window": record},
         "provenance": {"kind": "trained", "builder": "trainer.train", **(provenance or {})},
     }
-    data = export_bundle(policy, guarded.net, base.encoder.behavior_table, spec, manifest, config.seed)
-    return TrainResult(data, manifest, metrics, warnings, policy, guarded.net, base.encoder.behavior_table, spec, config.seed)
+    product = None
+    if base.product is not None:  # carried over as they are: the trainer does not train them yet (issue 18)
+        product = {name: mlp.policy_params_from_onnx(graph) for name, graph in base.product.graphs.items()}
+        manifest["product"] = base.manifest["product"]
+    data = export_bundle(policy, guarded.net, base.encoder.behavior_table, spec, manifest, config.seed, product=product)
+    return TrainResult(data, manifest, metrics, warnings, policy, guarded.net, base.encoder.behavior_table, spec, config.seed,
+                       product)
 
 
 def behavior_kl(policy: torch.nn.Module, decoder: TorchDecoder, states: torch.Tensor, targets: Targets, behavior: FloatArray,

@@ -32,7 +32,7 @@ from policy.product_decision import by_rules as product_by_rules
 from policy.product_policy import decide as decide_product
 from weights.bundle import PRODUCT_PARTS, Bundle, BundleError
 from weights.onnx_check import check_model
-from weights.product_heads import ProductHeads
+from weights.product_heads import PART, ProductHeads
 from weights.signing import check_signature
 
 log = logging.getLogger(__name__)
@@ -219,6 +219,8 @@ class ProductLayers:
 
     heads: ProductHeads
     decoder: PluralityDecoder
+    graphs: dict[str, bytes]
+    """The four graphs as the bundle carried them (``weights.product_heads.PART`` names): a trained bundle keeps them."""
 
 
 def _product_layers(bundle: Bundle, spec: FeatureSpec, options: LoadOptions, tolerance: float) -> ProductLayers:
@@ -228,13 +230,15 @@ def _product_layers(bundle: Bundle, spec: FeatureSpec, options: LoadOptions, tol
     if not isinstance(dec, dict):
         raise BundleError("schema", "manifest.json: product.decoder must be an object (a bundle with product heads needs it)")
     try:
-        decoder = PluralityDecoder(samples=_count(dec, "samples", "product.decoder", None),
-                                   min_votes=_count(dec, "min_votes", "product.decoder", None),
-                                   epsilon=_number(dec, "exploration_epsilon", "product.decoder"),
+        decoder = PluralityDecoder(samples=_count(dec, "samples", "product.decoder", options.samples),
+                                   min_votes=_count(dec, "min_votes", "product.decoder", options.min_votes),
+                                   epsilon=options.exploration_epsilon if options.exploration_epsilon is not None
+                                   else _number(dec, "exploration_epsilon", "product.decoder"),
                                    temperature=_number(dec, "exploration_temperature", "product.decoder"))
     except ValueError as exc:
         raise BundleError("schema", f"manifest.json: product.decoder: {exc}") from None
-    return ProductLayers(ProductHeads.load(bundle, spec, options.device, options.threads, tolerance), decoder)
+    return ProductLayers(ProductHeads.load(bundle, spec, options.device, options.threads, tolerance), decoder,
+                         {name: bundle.parts[part] for name, part in PART.items()})
 
 
 class NoModel:

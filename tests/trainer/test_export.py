@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -63,3 +65,29 @@ def test_a_disagreement_beyond_the_tolerance_is_refused(exported: tuple) -> None
     with pytest.raises(ExportError, match="ONNX and torch differ by"):
         export_bundle(policy, guard, init.array("behavior_table.npy"), spec, {**init.manifest, "model_version": "x"}, seed=3,
                       tolerance=-1.0)  # no graph can meet it: the check itself is what is tested
+
+
+def test_a_trained_bundle_keeps_the_starting_bundles_product_networks(sim_logs: Path) -> None:
+    """The trainer does not train RecommendProduct's heads yet; it carries them over unchanged (weights and decoder
+    settings), also through the gate's re-export, so the trained bundle keeps serving them (format version 2)."""
+    from experience.segments import DirectorySource
+    from trainer.config import GuardConfig, TrainConfig
+    from trainer.train import train
+    from weights import product_heads as ph
+    from weights.initial import make_bundle
+    from weights.model_set import LoadOptions, ModelSet
+
+    start = read_bundle(make_bundle(5, "heads-start", "2026-12-03T00:00:00Z", product_heads=True))
+    source = DirectorySource(sim_logs)
+    config = TrainConfig(updates=1, batch=4096, value_epochs=1, guard=GuardConfig(epochs=1), bootstrap=50)
+    result = train(source.table("decisions"), source.table("outcomes"), start, config, device="cpu")
+    for data in (result.bundle, result.with_metrics({"offline_dr": 1.0})):
+        trained = read_bundle(data)
+        assert trained.manifest["format_version"] == 2 and trained.manifest["product"] == start.manifest["product"]
+        for part in ph.PART.values():
+            before, after = mlp.policy_params_from_onnx(start.parts[part]), mlp.policy_params_from_onnx(trained.parts[part])
+            assert all(np.array_equal(before[k], after[k]) for k in mlp.POLICY_KEYS), part
+        assert ModelSet.load(trained, LoadOptions(warmup_batch=1)).product is not None
+    flat = read_bundle(make_bundle(5, "flat", "2026-12-03T00:00:00Z"))
+    plain = train(source.table("decisions"), source.table("outcomes"), flat, config, device="cpu")
+    assert read_bundle(plain.bundle).manifest["format_version"] == 1  # none to carry: version 1
