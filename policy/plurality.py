@@ -45,11 +45,6 @@ def _truncated_exp(q: FloatArray, top: int, degree: int) -> FloatArray:
     return terms
 
 
-def _times(a: FloatArray, b: FloatArray) -> FloatArray:
-    """The product of two polynomials, truncated to ``a``'s degree."""
-    return np.convolve(a, b)[: len(a)]
-
-
 @functools.cache
 def _lags(width: int) -> tuple[IntArray, npt.NDArray[np.bool_]]:
     """For a truncated product of ``width`` coefficients: ``[d, j] → d − j`` (clipped at 0) and where it is ≥ 0."""
@@ -132,13 +127,13 @@ class PluralityDecoder:
         with np.errstate(divide="ignore"):
             log_head = self._log_k_fact - np.array([math.lgamma(c + 1) for c in cs])[:, None] + cs[:, None] * np.log(qs)[None, :]
         wins_sorted = np.where(qs[None, :] > 0, np.exp(log_head) * coefficient, 0.0).sum(axis=0)
-        low = _truncated_exp(qs, m - 1, k)
-        product = np.eye(1, k + 1)[0]
+        low = _truncated_exp(qs, m - 1, k)  # every candidate below the vote minimum
+        product = one[:1]
         for row in low:
-            product = _times(product, row)
+            product = _times_batch(product, row[None, :])
         wins = np.zeros(n)
         wins[order] = wins_sorted
-        return wins, float(math.exp(self._log_k_fact) * product[k])
+        return wins, float(math.exp(self._log_k_fact) * product[0, k])
 
     def served(self, q: FloatArray | Sequence[float], fallback: int) -> FloatArray:
         """Exact probability of serving each candidate; ``fallback``: the rule engine's candidate."""

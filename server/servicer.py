@@ -51,7 +51,7 @@ class Malformed:
 
 Message = TypeVar("Message", pb.RecommendActionRequest, pb.ReportOutcomeRequest, pb.ReportEngagementRequest,
                   pb.RecommendProductRequest)
-Report = TypeVar("Report", OutcomeReport, EngagementReport, ProductRequest)
+Parsed = TypeVar("Parsed", OutcomeReport, EngagementReport, ProductRequest)
 
 
 def wire_parser(message: type[Message]) -> Callable[[bytes], Message | Malformed]:
@@ -282,7 +282,7 @@ class ShoppingAgentServicer:
             return product_by_rules(req, model.version, Source.FALLBACK_DEGRADED)
 
     async def _validated(self, request: Message | Malformed, context: aio.ServicerContext,  # type: ignore[type-arg]
-                      parse: Callable[[Message, Limits, float], Report], name: str) -> Report:
+                         parse: Callable[[Message, Limits, float], Parsed], name: str) -> Parsed:
         """The request ``parse`` validated, or the call answered INVALID_ARGUMENT naming the field."""
         try:
             if isinstance(request, Malformed):
