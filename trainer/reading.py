@@ -45,7 +45,7 @@ from experience.schema import SCHEMAS
 from experience.segments import DirectorySource
 from experience.sessions import session_hashes
 from trainer.session_index import NARROW, SessionIndex
-from trainer.window import GateSessions, Window, choose, digest_of, gate_sample, in_window, settings_of, versions_by_first_time
+from trainer.window import GateSessions, Window, digest_of, gate_sample, in_window, sample_of, settings_of, versions_by_first_time
 
 GATHER_ROWS = 1 << 16
 
@@ -69,10 +69,11 @@ def read_window(source: DirectorySource, config: Any, shard: tuple[int, int] | N
     (``TrainConfig.gate_sessions``, of every shard), which ``read_gate`` reads when the gate runs."""
     newest: dict[str, float] = {}
     index = SessionIndex.of(read_segments(source, "decisions", "read.narrow", NARROW, newest=newest))
-    sessions, in_window = choose(index, config.window_hours, config.window_versions, config.max_sessions, config.sample_key,
-                                 serving)
+    window_ids = in_window(index, config.window_hours, config.window_versions, serving)
+    sessions, window_count = sample_of(window_ids, config.max_sessions, config.sample_key)
     chosen = digest_of(sessions)
-    judged = _gate_sessions(index, newest, config, serving) if gate else None
+    judged = _gate_sessions(index, window_ids, newest, config) if gate else None
+    del window_ids
     if shard is not None and shard[1] > 1:
         sessions = sessions.filter(pa.array(shard_of(sessions, *shard)))
     skip = older_than(newest, earliest_start(index, sessions))
@@ -85,15 +86,15 @@ def read_window(source: DirectorySource, config: Any, shard: tuple[int, int] | N
     if config.engagement_weights is not None and source.has("engagements"):
         engagements = pa.Table.from_batches(list(rows_of(read_segments(source, "engagements", "read.engagements"), sessions)),
                                             schema=SCHEMAS["engagements"])
-    return Window(decisions, outcomes, versions_by_first_time(decisions), settings_of(config, serving), in_window, chosen, engagements,
-                  judged)
+    return Window(decisions, outcomes, versions_by_first_time(decisions), settings_of(config, serving), window_count, chosen,
+                  engagements, judged)
 
 
-def _gate_sessions(index: SessionIndex, newest: dict[str, float], config: Any, serving: Sequence[str]) -> GateSessions:
-    """The gate's sessions of the window (``TrainConfig.gate_sessions``), and the segments that cannot hold them."""
+def _gate_sessions(index: SessionIndex, window: pa.ChunkedArray, newest: dict[str, float], config: Any) -> GateSessions:
+    """The gate's sessions of the ``window`` (its session ids, before the sample; ``TrainConfig.gate_sessions``), and the
+    segments that cannot hold them."""
     from trainer.data import heldout_sessions
 
-    window = in_window(index, config.window_hours, config.window_versions, serving)
     ids = gate_sample(window, lambda s: heldout_sessions(s, config.heldout_fraction, config.seed), config.gate_sessions,
                       config.sample_key)
     return GateSessions(ids, older_than(newest, earliest_start(index, ids)))

@@ -95,9 +95,13 @@ def choose(index: SessionIndex, hours: float | None = None, versions: int | None
            sample_key: int = 0, serving: Sequence[str] = ()) -> tuple[pa.ChunkedArray, int | None]:
     """The ids of the window's sessions after the sample, and the window's session count before the sample (None:
     no sample asked for); see the module doc. Works on the sessions' first decisions alone (``SessionIndex``)."""
+    return sample_of(in_window(index, hours, versions, serving), max_sessions, sample_key)
+
+
+def sample_of(ids: pa.ChunkedArray, max_sessions: int | None, sample_key: int = 0) -> tuple[pa.ChunkedArray, int | None]:
+    """At most ``max_sessions`` of a window's session ``ids`` (``bottom_k``), and the window's count (None: no sample)."""
     if max_sessions is not None and (isinstance(max_sessions, bool) or not isinstance(max_sessions, int) or max_sessions < 1):
         raise ValueError(f"max_sessions: expected an integer >= 1 or None, got {max_sessions!r}")
-    ids = in_window(index, hours, versions, serving)
     if max_sessions is None or len(ids) <= max_sessions:
         return ids, None if max_sessions is None else len(ids)
     return bottom_k(ids, max_sessions, sample_key), len(ids)
