@@ -80,6 +80,8 @@ class LayerChoice:
     source: Source
     votes: int = 0
     rule: str = ""
+    served: tuple[float, ...] = ()
+    """The probability of serving each of the layer's candidates (the behaviour policy the logs keep)."""
 
 
 @dataclass(frozen=True, slots=True)

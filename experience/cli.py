@@ -29,7 +29,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     sub = parser.add_subparsers(dest="logs_command", required=True)
     p = sub.add_parser("cat", help="print log records as JSON lines")
     p.add_argument("dir", metavar="DIR_OR_URI", help="the --log-dir of the server(s), or a URI of where the logs were moved")
-    p.add_argument("--kind", choices=KINDS, help="only this kind (default: decisions, outcomes, then engagements)")
+    p.add_argument("--kind", choices=KINDS, help="only this kind (default: decisions, outcomes, engagements, then products)")
     p.add_argument("--fields", help="comma-separated columns to print (default: all)")
     p.set_defaults(logs_handler=_cat)
     c = sub.add_parser("compact", help="rewrite finalised segments older than a cut-off as columnar parts by hour",
@@ -51,7 +51,8 @@ def _cat(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     try:
         source = open_logs(args.dir)
         if not any(source.has(kind) for kind in KINDS):
-            print(f"shopping-agent logs: {redacted(args.dir)} holds no decisions/, outcomes/ or engagements/ directory", file=sys.stderr)
+            print(f"shopping-agent logs: {redacted(args.dir)} holds none of the directories {', '.join(f'{k}/' for k in KINDS)}",
+                  file=sys.stderr)
             return 2
     except ValueError as exc:
         print(f"shopping-agent logs: {exc}", file=sys.stderr)

@@ -69,7 +69,7 @@ HOUR_PREFIX = "utc_hour="  # not "hour=": the decisions have an ``hour`` column 
 TMP_PREFIX = ".tmp-"
 LOCK_NAME = ".compact.lock"
 ROW_GROUP = 65_536
-TIME_COLUMN = {"decisions": "time_s", "outcomes": "received_s", "engagements": "received_s"}
+TIME_COLUMN = {"decisions": "time_s", "outcomes": "received_s", "engagements": "received_s", "products": "time_s"}
 _OPTIONS = pa.ipc.IpcWriteOptions(compression="zstd")
 
 

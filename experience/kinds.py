@@ -3,4 +3,5 @@
 DECISIONS_KIND = "decisions"
 OUTCOMES_KIND = "outcomes"
 ENGAGEMENTS_KIND = "engagements"
-KINDS = (DECISIONS_KIND, OUTCOMES_KIND, ENGAGEMENTS_KIND)  # also the sub-directory names of a log directory
+PRODUCTS_KIND = "products"
+KINDS = (DECISIONS_KIND, OUTCOMES_KIND, ENGAGEMENTS_KIND, PRODUCTS_KIND)  # also the sub-directory names of a log directory

@@ -1,6 +1,6 @@
 """The experience recorder: decisions, outcomes and engagement reports to log segments, off the request path.
 
-The request path calls ``decision()`` / ``outcome()`` / ``engagement()``: a sampling check and one append to a
+The request path calls ``decision()`` / ``outcome()`` / ``engagement()`` / ``product()``: a sampling check and one append to a
 bounded in-memory queue, never I/O, never a wait. A full queue drops the record, counts it
 (``observer.dropped``) and the writer thread logs the running count; nothing is lost
 silently. The writer thread wakes every ``flush_seconds``, turns what is queued into one
@@ -37,14 +37,17 @@ from typing import Any, Protocol
 import pyarrow as pa
 
 from core.domain import Decision, DecisionRequest, EngagementReport, OutcomeReport
-from experience.kinds import DECISIONS_KIND, ENGAGEMENTS_KIND, KINDS, OUTCOMES_KIND
+from core.product import ProductDecision, ProductRequest
+from experience.kinds import DECISIONS_KIND, ENGAGEMENTS_KIND, KINDS, OUTCOMES_KIND, PRODUCTS_KIND
 from experience.records import (
     LoggedDecision,
     LoggedEngagement,
     LoggedOutcome,
+    LoggedProduct,
     decisions_batch,
     engagements_batch,
     outcomes_batch,
+    products_batch,
 )
 from experience.salt import SALT_FILE as SALT_FILE
 from experience.salt import SaltError as SaltError
@@ -57,7 +60,8 @@ log = logging.getLogger(__name__)
 _DROP_LOG_INTERVAL_S = 10.0
 _SAMPLE = b"sa.sample"
 _ENCODERS: dict[str, Callable[[list[Any], bytes, float], pa.RecordBatch]] = {
-    DECISIONS_KIND: decisions_batch, OUTCOMES_KIND: outcomes_batch, ENGAGEMENTS_KIND: engagements_batch}
+    DECISIONS_KIND: decisions_batch, OUTCOMES_KIND: outcomes_batch, ENGAGEMENTS_KIND: engagements_batch,
+    PRODUCTS_KIND: products_batch}
 
 
 class RecorderObserver(Protocol):
@@ -165,6 +169,12 @@ class ExperienceRecorder:
         if not self.sampled(report.session_id):
             return False
         return self._put("engagements", LoggedEngagement(report, self._clock()))
+
+    def product(self, request: ProductRequest, hour: int, decision: ProductDecision, decision_id: str, spec: FeatureSpec | None) -> bool:
+        """Queue one answered ``RecommendProduct`` decision (sampled by its shopper's session, as decisions are)."""
+        if not self.sampled(request.shopper.session_id):
+            return False
+        return self._put(PRODUCTS_KIND, LoggedProduct(request, hour, decision, decision_id, self._clock(), spec or self._spec))
 
     def _put(self, kind: str, item: Any) -> bool:
         queue = self._queues[kind]

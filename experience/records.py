@@ -17,13 +17,16 @@ import numpy as np
 import pyarrow as pa
 
 from core.domain import N_ACTIONS, Decision, DecisionRequest, EngagementReport, OutcomeReport
-from experience.schema import DECISIONS, ENGAGEMENTS, OUTCOMES, SCHEMA_VERSION
+from core.product import LayerChoice, ProductDecision, ProductRequest
+from experience.schema import DECISIONS, ENGAGEMENTS, OUTCOMES, PRODUCTS, SCHEMA_VERSION
 from policy.features import FeatureSpec, behavior_buckets
+from policy.product_features import band_features, category_features, sku_features
 
 # One BLAKE2b personalisation per column: equal ids hash alike within a column, never across
 # columns (a session id and an item id that happen to be equal give unrelated hashes).
 SESSION, ITEM, REQUEST, OUTCOME, DECISION = b"sa.session", b"sa.item", b"sa.request", b"sa.outcome", b"sa.decision"
 ENGAGEMENT = b"sa.engagement"
+CATEGORY, SKU, BAND = b"sa.category", b"sa.sku", b"sa.band"
 _ISSUED_ID = re.compile(r"[0-9a-f]{32}")  # the form of a decision id the server hands out
 
 
@@ -37,6 +40,18 @@ class LoggedDecision:
     decision_id: str
     time_s: float
     spec: FeatureSpec  # the served bundle's: its buckets are what the state was built from
+
+
+@dataclass(slots=True)
+class LoggedProduct:
+    """A ``RecommendProduct`` decision as the request path hands it over (the features are computed on the writer)."""
+
+    request: ProductRequest
+    hour: int
+    decision: ProductDecision
+    decision_id: str
+    time_s: float
+    spec: FeatureSpec
 
 
 @dataclass(slots=True)
@@ -85,18 +100,19 @@ def _int_lists(rows: Sequence[Sequence[int]]) -> pa.ListArray:
     return pa.array(rows, type=pa.list_(pa.int32()))
 
 
-def decisions_batch(items: Sequence[LoggedDecision], salt: bytes, sample_rate: float) -> pa.RecordBatch:
+def _shopper_columns(items: Sequence[LoggedDecision] | Sequence[LoggedProduct], reqs: Sequence[DecisionRequest],
+                     salt: bytes) -> dict[str, pa.Array]:
+    """The columns of the shopper and the page a decision was made for (a decision row's and a product row's first)."""
     n = len(items)
-    reqs = [i.request for i in items]
+    specs = [i.spec for i in items]
     sessions = {s: hash_id(s, salt, SESSION) for s in {r.session_id for r in reqs}}  # a session's decisions share a flush
-    ds = [i.decision for i in items]
     embeddings = [r.item_embedding for r in reqs]
     lengths = np.fromiter((e.shape[0] for e in embeddings), dtype=np.int32, count=n)
     offsets = np.zeros(n + 1, dtype=np.int32)
     np.cumsum(lengths, out=offsets[1:])
     flat = np.concatenate(embeddings).astype(np.float16) if n else np.zeros(0, dtype=np.float16)
     embedding = pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat, type=pa.float16()))
-    columns = {
+    return {
         "schema_version": pa.array(np.full(n, SCHEMA_VERSION, dtype=np.int16)),
         "decision_id": pa.array([i.decision_id for i in items], type=pa.string()),
         "time_s": pa.array([i.time_s for i in items], type=pa.float64()),
@@ -106,12 +122,20 @@ def decisions_batch(items: Sequence[LoggedDecision], salt: bytes, sample_rate: f
         "item_id": pa.array([hash_id(r.item_id, salt, ITEM) for r in reqs], type=pa.string()),
         "request_id": pa.array([hash_id(r.request_id, salt, REQUEST) for r in reqs], type=pa.string()),
         "item_embedding": embedding,
-        "behavior_bucket_indices": _int_lists([behavior_buckets(i.request.recent_behavior_ids, i.spec) for i in items]),
-        "behavior_bucket_count": pa.array([i.spec.behavior_buckets for i in items], type=pa.int32()),
+        "behavior_bucket_indices": _int_lists([behavior_buckets(r.recent_behavior_ids, spec) for r, spec in zip(reqs, specs, strict=True)]),
+        "behavior_bucket_count": pa.array([spec.behavior_buckets for spec in specs], type=pa.int32()),
         "n_recent_behaviors": pa.array([len(r.recent_behavior_ids) for r in reqs], type=pa.int32()),
         "page_type": pa.array([int(r.page_type) for r in reqs], type=pa.int8()),
         "cart_item_count": pa.array([r.cart_item_count for r in reqs], type=pa.int32()),
         "hour": pa.array([i.hour for i in items], type=pa.int8()),
+    }
+
+
+def decisions_batch(items: Sequence[LoggedDecision], salt: bytes, sample_rate: float) -> pa.RecordBatch:
+    n = len(items)
+    ds = [i.decision for i in items]
+    columns = {
+        **_shopper_columns(items, [i.request for i in items], salt),
         "action": pa.array([int(d.action) for d in ds], type=pa.int8()),
         "source": pa.array([int(d.source) for d in ds], type=pa.int8()),
         "propensity": pa.array([d.propensity for d in ds], type=pa.float64()),
@@ -165,3 +189,50 @@ def engagements_batch(items: Sequence[LoggedEngagement], salt: bytes, sample_rat
         "bounced": pa.array([r.bounced for r in reports], type=pa.bool_()),
     }
     return pa.RecordBatch.from_arrays(_reported(items, salt, sample_rate, "engagement_id", ENGAGEMENT, middle), schema=ENGAGEMENTS)
+
+
+def _nested(rows: Sequence[np.ndarray]) -> pa.ListArray:
+    """Per row, a (candidates, features) array, as a list of lists of float16."""
+    inner_lengths = [a.shape[1] for a in rows for _ in range(a.shape[0])]
+    flat = np.concatenate([a.reshape(-1) for a in rows]).astype(np.float16) if rows else np.zeros(0, dtype=np.float16)
+    inner = pa.ListArray.from_arrays(pa.array(np.concatenate([[0], np.cumsum(inner_lengths)]).astype(np.int32)),
+                                     pa.array(flat, type=pa.float16()))
+    outer = np.concatenate([[0], np.cumsum([a.shape[0] for a in rows])]).astype(np.int32)
+    return pa.ListArray.from_arrays(pa.array(outer), inner)
+
+
+def _layer_columns(layer: str, ids: list[list[str]], features: list[np.ndarray], choices: list[LayerChoice]) -> dict[str, pa.Array]:
+    return {
+        f"{layer}_ids": _string_lists(ids),
+        f"{layer}_features": _nested(features),
+        f"{layer}_index": pa.array([c.index for c in choices], type=pa.int16()),
+        f"{layer}_propensity": pa.array([c.propensity for c in choices], type=pa.float64()),
+        f"{layer}_source": pa.array([int(c.source) for c in choices], type=pa.int8()),
+        f"{layer}_votes": pa.array([c.votes for c in choices], type=pa.int16()),
+        f"{layer}_rule": pa.array([c.rule for c in choices], type=pa.string()),
+        f"{layer}_served_probs": pa.array([list(c.served) for c in choices], type=pa.list_(pa.float64())),
+    }
+
+
+def products_batch(items: Sequence[LoggedProduct], salt: bytes, sample_rate: float) -> pa.RecordBatch:
+    """Product decisions: the shopper as for a decision, then each layer's candidates (ids hashed, features as the heads
+    read them) and what it served, with its distribution. The features are computed here, on the writer thread."""
+    n = len(items)
+    reqs = [i.request for i in items]
+    ds = [i.decision for i in items]
+    chosen = [r.categories[d.category.index] for r, d in zip(reqs, ds, strict=True)]
+    columns = {
+        **_shopper_columns(items, [r.shopper for r in reqs], salt),
+        "visit_count": pa.array([r.visit_count for r in reqs], type=pa.int32()),
+        **_layer_columns("category", [[hash_id(c.category_id, salt, CATEGORY) for c in r.categories] for r in reqs],
+                         [category_features(r.categories) for r in reqs], [d.category for d in ds]),
+        **_layer_columns("sku", [[hash_id(k.sku_id, salt, SKU) for k in c.skus] for c in chosen],
+                         [sku_features(c.skus) for c in chosen], [d.sku for d in ds]),
+        **_layer_columns("price_band", [[hash_id(b.band_id, salt, BAND) for b in r.price_bands] for r in reqs],
+                         [band_features(r.price_bands, c.skus[d.sku.index], r.visit_count == 1)
+                          for r, c, d in zip(reqs, chosen, ds, strict=True)], [d.price_band for d in ds]),
+        "joint_propensity": pa.array([d.joint_propensity for d in ds], type=pa.float64()),
+        "model_version": pa.array([d.model_version for d in ds], type=pa.string()),
+        "sample_rate": pa.array(np.full(n, sample_rate, dtype=np.float64)),
+    }
+    return pa.RecordBatch.from_arrays(list(columns.values()), schema=PRODUCTS)

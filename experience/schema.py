@@ -51,6 +51,15 @@ Engagement columns (one row per ReportEngagement, a training aid: ``experience.e
 (its directory, ``engagements/``, is simply absent from older logs and from servers that never
 received a report); readers that predate it never open that directory.
 
+Product columns (one row per ``RecommendProduct`` decision, a kind new in version 2 whose directory, ``products/``, is
+absent from older logs): the shopper's columns as a decision row has them (ids hashed the same way), ``visit_count``,
+then per layer (``category``, ``sku``, ``price_band``, in decision order): ``<layer>_ids`` (the layer's candidates' ids,
+keyed hashes; the SKUs and bands are those the layer chose among: the chosen category's SKUs, every band),
+``<layer>_features`` (each candidate's features as the product heads read them, ``policy.product_features``, float16),
+``<layer>_index`` (the choice's position), ``<layer>_propensity``, ``<layer>_source``, ``<layer>_votes``,
+``<layer>_rule`` and ``<layer>_served_probs`` (the probability of serving each candidate, given the layers before:
+the behaviour policy); ``joint_propensity``, ``model_version``, ``sample_rate``.
+
 Versions: 1 stored ``session_id``, ``item_id``, ``request_id``, ``outcome_id`` and every
 outcome ``decision_id`` as sent, and ``recent_behavior_ids`` (the raw ids) instead of
 ``behavior_bucket_indices``, ``behavior_bucket_count`` and ``n_recent_behaviors``. 2 is this.
@@ -61,7 +70,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from core.domain import N_ACTIONS
-from experience.kinds import DECISIONS_KIND, ENGAGEMENTS_KIND, KINDS, OUTCOMES_KIND
+from experience.kinds import DECISIONS_KIND, ENGAGEMENTS_KIND, KINDS, OUTCOMES_KIND, PRODUCTS_KIND
 
 SCHEMA_VERSION = 2
 
@@ -132,5 +141,34 @@ ENGAGEMENTS = pa.schema(
     metadata={"kind": "engagements", "schema_version": str(SCHEMA_VERSION)},
 )
 
-SCHEMAS = {DECISIONS_KIND: DECISIONS, OUTCOMES_KIND: OUTCOMES, ENGAGEMENTS_KIND: ENGAGEMENTS}
+_SHOPPER_FIELDS = [f for f in DECISIONS if f.name in (
+    "schema_version", "decision_id", "time_s", "event_time_s", "session_id", "user_hash", "item_id", "request_id",
+    "item_embedding", "behavior_bucket_indices", "behavior_bucket_count", "n_recent_behaviors", "page_type",
+    "cart_item_count", "hour")]
+PRODUCT_LAYERS = ("category", "sku", "price_band")
+
+
+def _layer_fields(layer: str) -> list[pa.Field]:
+    return [
+        pa.field(f"{layer}_ids", pa.list_(pa.string()), nullable=False),
+        pa.field(f"{layer}_features", pa.list_(pa.list_(pa.float16())), nullable=False),
+        pa.field(f"{layer}_index", pa.int16(), nullable=False),
+        pa.field(f"{layer}_propensity", pa.float64(), nullable=False),
+        pa.field(f"{layer}_source", pa.int8(), nullable=False),
+        pa.field(f"{layer}_votes", pa.int16(), nullable=False),
+        pa.field(f"{layer}_rule", pa.string(), nullable=False),
+        pa.field(f"{layer}_served_probs", pa.list_(pa.float64()), nullable=False),
+    ]
+
+
+PRODUCTS = pa.schema(
+    [*_SHOPPER_FIELDS, pa.field("visit_count", pa.int32(), nullable=False),
+     *(f for layer in PRODUCT_LAYERS for f in _layer_fields(layer)),
+     pa.field("joint_propensity", pa.float64(), nullable=False),
+     pa.field("model_version", pa.string(), nullable=False),
+     pa.field("sample_rate", pa.float64(), nullable=False)],
+    metadata={"kind": "products", "schema_version": str(SCHEMA_VERSION)},
+)
+
+SCHEMAS = {DECISIONS_KIND: DECISIONS, OUTCOMES_KIND: OUTCOMES, ENGAGEMENTS_KIND: ENGAGEMENTS, PRODUCTS_KIND: PRODUCTS}
 assert tuple(SCHEMAS) == KINDS

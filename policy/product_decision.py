@@ -17,6 +17,9 @@ def by_rules(request: ProductRequest, model_version: str, source: Source = Sourc
     chosen = request.categories[category]
     sku = rules.rule_sku(chosen, rules.sku_permitted(chosen))
     band = rules.rule_band(request.price_bands, rules.band_permitted(request))
-    return ProductDecision(LayerChoice(category, 1.0, source, rule=rules.RULE_CATEGORY),
-                           LayerChoice(sku, 1.0, source, rule=rules.RULE_SKU),
-                           LayerChoice(band, 1.0, source, rule=rules.RULE_PRICE_BAND), model_version)
+    def certain(index: int, count: int, rule: str) -> LayerChoice:
+        return LayerChoice(index, 1.0, source, rule=rule, served=tuple(float(i == index) for i in range(count)))
+
+    return ProductDecision(certain(category, len(request.categories), rules.RULE_CATEGORY),
+                           certain(sku, len(chosen.skus), rules.RULE_SKU),
+                           certain(band, len(request.price_bands), rules.RULE_PRICE_BAND), model_version)

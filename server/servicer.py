@@ -259,6 +259,8 @@ class ShoppingAgentServicer:
                 decision = self._decide_product(model, req, ctx.hour, decision_id)
             if self._metrics is not None:
                 self._metrics.product_served(decision)
+            if self._recorder is not None:  # before answering: an answered decision is a logged one
+                self._recorder.product(req, ctx.hour, decision, decision_id, model.encoder.spec if isinstance(model, ModelSet) else None)
             return product_response(req, decision, decision_id)
         except Exception as exc:  # a bug: answer INTERNAL without the exception's text, log it once
             log.exception("RecommendProduct failed", extra={"fields": {"decision_id": decision_id}})

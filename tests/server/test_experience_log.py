@@ -269,7 +269,7 @@ def test_logs_cat_prints_json_lines(tmp_path: Path) -> None:
     assert bad.returncode == 2 and "no column 'nope'" in bad.stderr
     missing = subprocess.run([sys.executable, "-m", "server", "logs", "cat", str(tmp_path / "none")], capture_output=True,
                              text=True, cwd=ROOT, timeout=60)
-    assert missing.returncode == 2 and "holds no decisions/" in missing.stderr
+    assert missing.returncode == 2 and "holds none of the directories decisions/, outcomes/" in missing.stderr
     by_uri = subprocess.run([sys.executable, "-m", "server", "logs", "cat", tmp_path.as_uri(), "--kind", "decisions"],
                             capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert by_uri.returncode == 0 and by_uri.stdout == full.stdout  # the same records, read through pyarrow.fs

@@ -4,6 +4,7 @@ heads yet), validation naming the field, per-layer metrics, and RecommendAction 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -206,3 +207,16 @@ def test_a_deadline_too_short_for_the_model_is_answered_by_the_rules() -> None:
     assert (answer.category.id, answer.sku.id, answer.price_band.id) == ("bags", "b2", "list") and answer.joint_propensity == 1.0
     assert value("shopping_agent_product_layer_decisions_total", {"layer": "sku", "source": "fallback_degraded"}) == 1
     assert not value("shopping_agent_degraded_decisions_total", {"reason": "deadline"})
+
+
+def test_rule_answers_are_logged_with_certainty(tmp_path: Path) -> None:
+    """Without product heads the rows are logged too, each layer's distribution one-hot at the rule's choice."""
+    from experience.segments import DirectorySource
+
+    with running_server(log_dir=tmp_path) as logged, grpc.insecure_channel(logged.target) as ch:
+        answer = stub(ch).RecommendProduct(product(), timeout=5)
+    (row,) = DirectorySource(tmp_path).table("products").to_pylist()
+    assert row["decision_id"] == answer.decision_id and row["joint_propensity"] == 1.0
+    assert row["sku_served_probs"] == [0.0, 1.0, 0.0] and row["sku_index"] == 1 and row["sku_rule"] == "sku_best_deal"
+    assert row["category_served_probs"] == [0.0, 1.0] and row["price_band_served_probs"] == [0.0, 1.0, 0.0]
+    assert row["category_source"] == pb.DECISION_SOURCE_FALLBACK_NO_MODEL

@@ -104,3 +104,46 @@ def test_a_bundle_without_heads_is_swapped_for_one_with_them(tmp_path: Path) -> 
         after = call(product(), timeout=5)
         assert after.category.source in POLICY_SOURCES
         assert stub(ch).RecommendAction(request(), timeout=5).model_version == "heads-v1"  # the flat decision too
+
+
+def test_product_decisions_are_logged_with_each_layers_candidates_and_distribution(tmp_path: Path) -> None:
+    """The products log: what each layer chose among (ids hashed, the features the heads read) and its whole served
+    distribution, whose entry at the choice is the propensity answered; nothing personal in clear; sampled by the
+    session with the shopper's decisions."""
+    from experience.recorder import resolve_salt
+    from experience.records import CATEGORY, SESSION, hash_id
+    from experience.segments import DirectorySource
+
+    weights, logs = tmp_path / "weights", tmp_path / "logs"
+    weights.mkdir()
+    publish(weights, HEADS)
+    sessions = [f"alice-{i}" for i in range(40)]
+    answers = {}
+    with running_server(weights_dir=weights, log_dir=logs, log_sample_rate=0.5) as live_logged, \
+            grpc.insecure_channel(live_logged.target) as ch:
+        for s in sessions:
+            stub(ch).RecommendAction(request(session_id=s), timeout=5)
+            answer = stub(ch).RecommendProduct(product(shopper=request(session_id=s), visit_count=1), timeout=5)
+            answers[answer.decision_id] = answer
+    source = DirectorySource(logs)
+    rows = source.table("products").to_pylist()
+    key = resolve_salt(logs, "")
+    assert 5 < len(rows) < 35  # sampled by session, as the shopper's decisions are
+    assert {r["session_id"] for r in rows} == set(source.table("decisions").column("session_id").to_pylist())
+    stored = b"".join(p.read_bytes() for p in (logs / "products").iterdir())
+    assert b"alice" not in stored and b"shoes" not in stored
+    for row in rows:
+        answer = answers[row["decision_id"]]
+        assert row["session_id"] in {hash_id(s, key, SESSION) for s in sessions}
+        assert row["category_ids"] == [hash_id(c, key, CATEGORY) for c in ("shoes", "bags")] and row["visit_count"] == 1
+        chosen = 2 if answer.category.id == "shoes" else 3
+        for layer, got, count in (("category", answer.category, 2), ("sku", answer.sku, chosen), ("price_band", answer.price_band, 3)):
+            served = np.array(row[f"{layer}_served_probs"])
+            assert len(row[f"{layer}_ids"]) == len(row[f"{layer}_features"]) == len(served) == count
+            assert served.sum() == pytest.approx(1.0, abs=1e-9) and (served >= 0).all()
+            assert row[f"{layer}_index"] == got.index and row[f"{layer}_propensity"] == served[got.index] == got.propensity
+            assert row[f"{layer}_source"] == got.source and row[f"{layer}_rule"] == got.rule
+        assert all(len(f) == 768 + 4 for f in row["category_features"] + row["sku_features"])
+        assert all(len(f) == 4 for f in row["price_band_features"])
+        assert row["price_band_served_probs"][2] == 0.0  # the top band, on a first visit: never served
+        assert row["joint_propensity"] == pytest.approx(answer.joint_propensity) and row["model_version"] == "heads-v1"

@@ -55,7 +55,7 @@ def test_in_process_logs_score_the_same(tmp_path: Path) -> None:
     code, result = simulate("--sessions", "200", "--seed", "5", "--log-dir", str(tmp_path), "--trace", str(tmp_path / "t.jsonl"))
     assert code == 0
     assert result["logs_written"] == {"decisions": result["decisions"], "outcomes": result["outcomes"],
-                                      "engagements": result["engagements"]}
+                                      "engagements": result["engagements"], "products": 0}  # the driver offers no products
     assert result["engagements"] == result["decisions"]  # one report per page view
     value, n = logged_value(tmp_path)
     assert n == 200 and value == pytest.approx(result["mean_return"], rel=1e-12)
