@@ -82,6 +82,10 @@ class LayerChoice:
     rule: str = ""
     served: tuple[float, ...] = ()
     """The probability of serving each of the layer's candidates (the behaviour policy the logs keep)."""
+    permitted: tuple[bool, ...] = ()
+    """Which candidates the layer's guardrails let through."""
+    fallback: int = -1
+    """The layer's rule's choice (served on low consensus): with ``permitted``, what a replay needs besides the scores."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -211,6 +211,8 @@ def _layer_columns(layer: str, ids: list[list[str]], features: list[np.ndarray],
         f"{layer}_votes": pa.array([c.votes for c in choices], type=pa.int16()),
         f"{layer}_rule": pa.array([c.rule for c in choices], type=pa.string()),
         f"{layer}_served_probs": pa.array([list(c.served) for c in choices], type=pa.list_(pa.float64())),
+        f"{layer}_permitted": pa.array([list(c.permitted) for c in choices], type=pa.list_(pa.bool_())),
+        f"{layer}_fallback": pa.array([c.fallback for c in choices], type=pa.int16()),
     }
 
 

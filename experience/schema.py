@@ -57,8 +57,10 @@ then per layer (``category``, ``sku``, ``price_band``, in decision order): ``<la
 keyed hashes; the SKUs and bands are those the layer chose among: the chosen category's SKUs, every band),
 ``<layer>_features`` (each candidate's features as the product heads read them, ``policy.product_features``, float16),
 ``<layer>_index`` (the choice's position), ``<layer>_propensity``, ``<layer>_source``, ``<layer>_votes``,
-``<layer>_rule`` and ``<layer>_served_probs`` (the probability of serving each candidate, given the layers before:
-the behaviour policy); ``joint_propensity``, ``model_version``, ``sample_rate``.
+``<layer>_rule``, ``<layer>_served_probs`` (the probability of serving each candidate, given the layers before:
+the behaviour policy), ``<layer>_permitted`` (what its guardrails let through) and ``<layer>_fallback`` (its rule's
+choice): with the features, what a replay needs to compute any bundle's served distribution exactly;
+``joint_propensity``, ``model_version``, ``sample_rate``.
 
 Versions: 1 stored ``session_id``, ``item_id``, ``request_id``, ``outcome_id`` and every
 outcome ``decision_id`` as sent, and ``recent_behavior_ids`` (the raw ids) instead of
@@ -158,6 +160,8 @@ def _layer_fields(layer: str) -> list[pa.Field]:
         pa.field(f"{layer}_votes", pa.int16(), nullable=False),
         pa.field(f"{layer}_rule", pa.string(), nullable=False),
         pa.field(f"{layer}_served_probs", pa.list_(pa.float64()), nullable=False),
+        pa.field(f"{layer}_permitted", pa.list_(pa.bool_()), nullable=False),
+        pa.field(f"{layer}_fallback", pa.int16(), nullable=False),
     ]
 
 

@@ -47,11 +47,13 @@ def layer_choice(decoder: PluralityDecoder, logits: F32, permitted: npt.NDArray[
     q = masked_softmax(logits, permitted)
     served = decoder.served(q, rule_index)
     draw = decoder.draw(q, stream)
-    distribution = tuple(served.tolist())
+    distribution, allowed = tuple(served.tolist()), tuple(permitted.tolist())
     if draw.index is None:
-        return LayerChoice(rule_index, float(served[rule_index]), Source.FALLBACK_LOW_CONSENSUS, rule=rule, served=distribution)
+        return LayerChoice(rule_index, float(served[rule_index]), Source.FALLBACK_LOW_CONSENSUS, rule=rule, served=distribution,
+                           permitted=allowed, fallback=rule_index)
     source = Source.EXPLORATION if draw.explored else Source.POLICY
-    return LayerChoice(draw.index, float(served[draw.index]), source, votes=int(draw.counts[draw.index]), served=distribution)
+    return LayerChoice(draw.index, float(served[draw.index]), source, votes=int(draw.counts[draw.index]), served=distribution,
+                       permitted=allowed, fallback=rule_index)
 
 
 def decide(heads: Heads, decoder: PluralityDecoder, state: F32, request: ProductRequest, decision_id: str,

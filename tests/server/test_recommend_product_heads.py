@@ -147,3 +147,34 @@ def test_product_decisions_are_logged_with_each_layers_candidates_and_distributi
         assert all(len(f) == 4 for f in row["price_band_features"])
         assert row["price_band_served_probs"][2] == 0.0  # the top band, on a first visit: never served
         assert row["joint_propensity"] == pytest.approx(answer.joint_propensity) and row["model_version"] == "heads-v1"
+
+
+def test_a_logged_product_decision_replays_from_the_log_alone(tmp_path: Path) -> None:
+    """What a trainer would do for a candidate bundle: from a products record only (the shopper's columns, each layer's
+    features, permitted candidates and rule's choice), the serving bundle's heads and decoder give back each layer's
+    logged served distribution: up to the float16 rounding of the logged features."""
+    from experience.segments import DirectorySource
+    from policy.product_policy import masked_softmax
+    from trainer.replay import buckets_of, write_embeddings
+
+    weights, logs = tmp_path / "weights", tmp_path / "logs"
+    weights.mkdir()
+    publish(weights, HEADS)
+    with running_server(weights_dir=weights, log_dir=logs) as live_logged, grpc.insecure_channel(live_logged.target) as ch:
+        for i in range(12):
+            stub(ch).RecommendProduct(product(shopper=request(session_id=f"s{i}", seed=i), visit_count=1 + i % 3), timeout=5)
+    table = DirectorySource(logs).table("products")
+    model = ModelSet.load(read_bundle(HEADS), LoadOptions(warmup_batch=1))
+    assert model.product is not None
+    spec = model.encoder.spec
+    states = model.encoder.encode_columns(buckets_of(table, spec), np.asarray(table.column("hour").to_numpy(), dtype=np.int64))
+    write_embeddings(states[:, : spec.item_dim], table.column("item_embedding"), spec.item_dim)
+    heads, decoder = model.product.heads, model.product.decoder
+    for row, state in zip(table.to_pylist(), states, strict=True):
+        h = heads.encode(state[None, :])
+        for layer, head in (("category", "category"), ("sku", "sku"), ("price_band", "band")):
+            logits = heads.score(head, h, np.asarray(row[f"{layer}_features"], dtype=np.float32))
+            q = masked_softmax(logits, np.asarray(row[f"{layer}_permitted"]))
+            served = decoder.served(q, row[f"{layer}_fallback"])
+            np.testing.assert_allclose(served, row[f"{layer}_served_probs"], atol=5e-3)
+            assert served[row[f"{layer}_index"]] > 0
