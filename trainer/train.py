@@ -58,6 +58,7 @@ from trainer.window import for_config as window_for
 from weights import mlp
 from weights.bundle import Bundle
 from weights.model_set import LoadOptions, ModelSet
+from weights.product_heads import PART
 
 log = logging.getLogger(__name__)
 
@@ -353,7 +354,7 @@ def train(decisions: pa.Table, outcomes: pa.Table, init: Bundle, config: TrainCo
     }
     product = None
     if base.product is not None:  # carried over as they are: the trainer does not train them yet (issue 18)
-        product = {name: mlp.policy_params_from_onnx(graph) for name, graph in base.product.graphs.items()}
+        product = {name: mlp.policy_params_from_onnx(init.parts[part]) for name, part in PART.items()}
         manifest["product"] = base.manifest["product"]
     data = export_bundle(policy, guarded.net, base.encoder.behavior_table, spec, manifest, config.seed, product=product)
     return TrainResult(data, manifest, metrics, warnings, policy, guarded.net, base.encoder.behavior_table, spec, config.seed,

@@ -32,7 +32,7 @@ from policy.product_decision import by_rules as product_by_rules
 from policy.product_policy import decide as decide_product
 from weights.bundle import PRODUCT_PARTS, Bundle, BundleError
 from weights.onnx_check import check_model
-from weights.product_heads import PART, ProductHeads
+from weights.product_heads import ProductHeads
 from weights.signing import check_signature
 
 log = logging.getLogger(__name__)
@@ -219,8 +219,6 @@ class ProductLayers:
 
     heads: ProductHeads
     decoder: PluralityDecoder
-    graphs: dict[str, bytes]
-    """The four graphs as the bundle carried them (``weights.product_heads.PART`` names): a trained bundle keeps them."""
 
 
 def _product_layers(bundle: Bundle, spec: FeatureSpec, options: LoadOptions, tolerance: float) -> ProductLayers:
@@ -237,8 +235,7 @@ def _product_layers(bundle: Bundle, spec: FeatureSpec, options: LoadOptions, tol
                                    temperature=_number(dec, "exploration_temperature", "product.decoder"))
     except ValueError as exc:
         raise BundleError("schema", f"manifest.json: product.decoder: {exc}") from None
-    return ProductLayers(ProductHeads.load(bundle, spec, options.device, options.threads, tolerance), decoder,
-                         {name: bundle.parts[part] for name, part in PART.items()})
+    return ProductLayers(ProductHeads.load(bundle, spec, options.device, options.threads, tolerance), decoder)
 
 
 class NoModel:
