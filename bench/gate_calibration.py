@@ -117,6 +117,7 @@ def judged(world: World, model: ModelSet, evaluation: Evaluation, settings: Sett
         "ess_fraction": report.ess / report.n_episodes,
         "ess_steps_fraction": report.ess_steps / report.n_steps,
         "final_weight": report.final_weight.to_dict(),
+        "pareto_k": report.pareto_k,
         "unsupported_mass": evaluation.unsupported_mass,
         "gate_checks_pass": bool(report.ess >= max(MIN_ESS_FRACTION * report.n_episodes, MIN_ESS)
                                  and evaluation.unsupported_mass <= MAX_UNSUPPORTED),

@@ -103,6 +103,7 @@ class GateLimits(TypedDict):
     min_ess_fraction: float
     min_ess: float
     max_unsupported: float
+    max_pareto_k: float
 
 
 @dataclass(frozen=True)
@@ -225,6 +226,9 @@ class TrainConfig:
     gate_max_unsupported: float = 0.01
     """Gate: refuse when the new bundle puts more than this mean probability per decision on actions the
     logs never served at that state (``trainer.evaluation.MAX_UNSUPPORTED``)."""
+    gate_max_pareto_k: float = 0.7
+    """Gate: refuse when the tail of the new bundle's importance weights is heavier than this Pareto k̂
+    (``trainer.evaluation.MAX_PARETO_K``, ``trainer.pareto``); ``math.inf`` for no such check."""
     bootstrap: int = 200
     """Bootstrap resamples of the offline confidence intervals."""
     second_look_level: float | None = 0.99
@@ -279,6 +283,8 @@ class TrainConfig:
             problems.append(f"fisher_fraction: expected in (0, 1], got {self.fisher_fraction}")
         if not (0.0 <= self.gate_min_ess_fraction <= 1.0 and self.gate_min_ess >= 0 and 0.0 <= self.gate_max_unsupported <= 1.0):
             problems.append("gate_min_ess_fraction and gate_max_unsupported must be in [0, 1], gate_min_ess >= 0")
+        if not self.gate_max_pareto_k > 0:
+            problems.append(f"gate_max_pareto_k: expected > 0, got {self.gate_max_pareto_k}")
         if self.damping < 0 or self.tolerance < 0:
             problems.append("damping and tolerance must be >= 0")
         if problems:
@@ -293,7 +299,7 @@ class TrainConfig:
     def gate_limits(self) -> GateLimits:
         """The keyword arguments of ``trainer.evaluation.gate`` that this config sets."""
         return {"min_ess_fraction": self.gate_min_ess_fraction, "min_ess": self.gate_min_ess,
-                "max_unsupported": self.gate_max_unsupported}
+                "max_unsupported": self.gate_max_unsupported, "max_pareto_k": self.gate_max_pareto_k}
 
     @classmethod
     def with_overrides(cls, **values: Any) -> TrainConfig:

@@ -78,6 +78,11 @@ SUPPORT_FLOOR = 1e-6
 """A logged behaviour probability below this is an action the logs never serve at that state."""
 MAX_UNSUPPORTED = 0.01
 """Gate: the new bundle's mean probability per decision on such actions must be at most this."""
+MAX_PARETO_K = 0.7
+"""Gate: the new bundle's weights' tail k̂ (``trainer.pareto``) must be at most this: beyond it an importance-weighted
+estimate is not to be trusted at any affordable sample size (PSIS's threshold, for a few thousand sessions and more).
+Between 0.5 and 0.7 the estimate is kept but falls short of the truth: a bundle that far from the logs is judged
+pessimistically (docs/performance.md)."""
 
 
 def q_projection(state_dim: int, seed: int = 0) -> npt.NDArray[np.float32]:
@@ -218,19 +223,24 @@ class GateResult:
 
 
 def gate(new: Evaluation, current: Evaluation, tolerance: float, estimator: str = "dr", *,
-         min_ess_fraction: float = MIN_ESS_FRACTION, min_ess: float = MIN_ESS, max_unsupported: float = MAX_UNSUPPORTED) -> GateResult:
-    """Publish iff the new bundle's estimate can be trusted (ESS, support) and the paired lower bound of new − current ≥ −tolerance."""
+         min_ess_fraction: float = MIN_ESS_FRACTION, min_ess: float = MIN_ESS, max_unsupported: float = MAX_UNSUPPORTED,
+         max_pareto_k: float = MAX_PARETO_K) -> GateResult:
+    """Publish iff the new bundle's estimate can be trusted (ESS, support, the weights' tail) and the paired lower bound
+    of new − current ≥ −tolerance."""
     if not 0.0 <= min_ess_fraction <= 1.0:
         raise ValueError(f"min_ess_fraction: expected a number in [0, 1], got {min_ess_fraction!r}")
     if not min_ess >= 0.0:
         raise ValueError(f"min_ess: expected a number >= 0, got {min_ess!r}")
     if not 0.0 <= max_unsupported <= 1.0:
         raise ValueError(f"max_unsupported: expected a number in [0, 1], got {max_unsupported!r}")
+    if not max_pareto_k > 0.0:
+        raise ValueError(f"max_pareto_k: expected a number > 0 (math.inf: no limit), got {max_pareto_k!r}")
     diff = offline.difference(new.report, current.report, estimator)
     n_episodes = new.report.n_episodes
     ess_floor = max(min_ess_fraction * n_episodes, min_ess)
     checks = {"ess": new.report.ess, "ess_floor": ess_floor, "unsupported_mass": new.unsupported_mass,
-              "max_unsupported": max_unsupported, "difference_low": diff.ci_low, "tolerance": tolerance}
+              "max_unsupported": max_unsupported, "pareto_k": new.report.pareto_k, "max_pareto_k": max_pareto_k,
+              "difference_low": diff.ci_low, "tolerance": tolerance}
     refusals = []
     if new.report.ess < ess_floor:
         refusals.append(f"too few effective sessions: the new bundle's ESS is {new.report.ess:.1f} of {n_episodes} held-out "
@@ -239,11 +249,16 @@ def gate(new: Evaluation, current: Evaluation, tolerance: float, estimator: str 
     if new.unsupported_mass > max_unsupported:
         refusals.append(f"the new bundle puts {new.unsupported_mass:.3g} of its probability per decision on actions the logs "
                         f"never served at those states (limit {max_unsupported:g}); the logs cannot judge them")
+    if new.report.pareto_k > max_pareto_k:  # NaN (too few sessions to fit) is left to the ESS floor
+        refusals.append(f"the new bundle's importance weights are too heavy-tailed to judge: Pareto k̂ {new.report.pareto_k:.2f} "
+                        f"> {max_pareto_k:g}; the sessions that carry its estimate are too rare in {n_episodes} held-out "
+                        f"sessions (a canary can judge it)")
     if diff.ci_low < -tolerance:
         refusals.append(f"the new bundle may be worse: {estimator} new − current = {diff.value:.4g}, "
                         f"lower bound {diff.ci_low:.4g} < −{tolerance:g}")
     if refusals:
         return GateResult(False, "; ".join(refusals), diff, new, current, checks)
     return GateResult(True, f"{estimator} new − current = {diff.value:.4g}, lower bound {diff.ci_low:.4g} ≥ −{tolerance:g}; "
-                            f"ESS {new.report.ess:.1f} ≥ {ess_floor:.1f}, unsupported mass {new.unsupported_mass:.3g} ≤ "
+                            f"ESS {new.report.ess:.1f} ≥ {ess_floor:.1f}, Pareto k̂ {new.report.pareto_k:.2f} ≤ {max_pareto_k:g}, "
+                            f"unsupported mass {new.unsupported_mass:.3g} ≤ "
                             f"{max_unsupported:g}", diff, new, current, checks)

@@ -93,6 +93,7 @@ from trainer.ope_arrays import (
     check_target_probs,
     layout,
 )
+from trainer.pareto import pareto_k
 
 MAX_RATIO = 10.0
 MAX_WEIGHT = 100.0
@@ -274,6 +275,11 @@ class OfflineReport:
     """Steps whose cumulative weight was cut to ``max_weight``."""
     mean_final_weight: float
     """Mean of the final trajectory weights: near 1 when the estimates are sound (E_μ[w] = 1 untruncated)."""
+    pareto_k: float
+    """PSIS's k̂ of the untruncated final trajectory weights (``trainer.pareto``): below 0.5 the intervals mean what
+    they say; from 0.5 the weights' variance is infinite and the sessions that carry the mean are too rare to be in
+    the sample, so the estimates fall short and the intervals undercover; −∞ when every weight is equal, NaN with too
+    few episodes to fit."""
     final_weight: Estimate
     """``mean_final_weight`` with its interval (same resamples). The weights' estimate of a number known to be 1: an
     interval far from 1 says they missed the sessions that carry the mean (a heavy tail not yet sampled) or that a
@@ -307,6 +313,7 @@ class OfflineReport:
                 "n_clipped_ratios": self.n_clipped_ratios,
                 "n_clipped_weights": self.n_clipped_weights,
                 "mean_final_weight": self.mean_final_weight,
+                "pareto_k": cap(self.pareto_k),
                 "final_weight": self.final_weight.to_dict(),
                 "gamma": self.gamma,
                 "max_ratio": cap(self.max_ratio),
@@ -316,6 +323,18 @@ class OfflineReport:
                 "seed": self.seed,
             },
         }
+
+
+def final_weights_tail(raw_ratios: FloatArray, starts: IntArray) -> float:
+    """k̂ of the untruncated final weights Π_t ρ_t per episode, from their logs (scaled by the largest: k̂ does not see
+    the scale, and a product of many ratios would overflow)."""
+    if len(starts) == 0:
+        return math.nan
+    with np.errstate(divide="ignore"):
+        log_w = np.add.reduceat(np.log(raw_ratios), starts)
+    finite = log_w[np.isfinite(log_w)]
+    top = finite.max() if len(finite) else 0.0
+    return pareto_k(np.exp(np.where(np.isfinite(log_w), log_w - top, -np.inf)))
 
 
 def _check_settings(gamma: float, max_ratio: float, max_weight: float, n_boot: int, level: float) -> None:
@@ -400,6 +419,7 @@ def evaluate(
         n_clipped_ratios=int((raw > max_ratio).sum()),
         n_clipped_weights=int(capped.sum()),
         mean_final_weight=float(final.mean()),
+        pareto_k=final_weights_tail(raw, lay.starts),
         final_weight=est["final_weight"],
         gamma=gamma,
         max_ratio=max_ratio,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,7 @@ from experience.sessions import Episodes, JoinReport, build_episodes
 from trainer import offline
 from trainer.config import TrainConfig
 from trainer.evaluation import (
+    MAX_PARETO_K,
     MAX_UNSUPPORTED,
     MIN_ESS,
     MIN_ESS_FRACTION,
@@ -92,12 +94,45 @@ def test_the_gate_refuses_when_the_effective_sample_size_is_too_low() -> None:
 
 
 def test_the_train_config_sets_the_gates_limits_with_the_same_defaults() -> None:
-    assert TrainConfig().gate_limits() == {"min_ess_fraction": MIN_ESS_FRACTION, "min_ess": MIN_ESS, "max_unsupported": MAX_UNSUPPORTED}
+    assert TrainConfig().gate_limits() == {"min_ess_fraction": MIN_ESS_FRACTION, "min_ess": MIN_ESS, "max_unsupported": MAX_UNSUPPORTED,
+                                           "max_pareto_k": MAX_PARETO_K}
     current, far = _evaluation(0.0, n_episodes=10_000), _evaluation(6.0, n_episodes=10_000)
     assert not gate(far, current, 0.0, **TrainConfig().gate_limits()).publish
     assert gate(far, current, 0.0, **TrainConfig(gate_min_ess_fraction=0.0).gate_limits()).publish
     with pytest.raises(ValueError, match="gate_min_ess_fraction"):
         TrainConfig(gate_min_ess_fraction=1.5)
+
+
+def _long_sessions(target_sharpness: float, n_episodes: int = 10_000) -> Evaluation:
+    """Sessions of geometric length (mean 20), uniform behaviour, reward 1 for action 0: the weights' tail grows with
+    the length, as a long session's product of ratios does."""
+    rng = np.random.default_rng(5)
+    lengths = rng.geometric(1 / 20, size=n_episodes)
+    n = int(lengths.sum())
+    actions = rng.integers(0, N_ACTIONS, size=n)
+    logits = np.zeros((n, N_ACTIONS))
+    logits[:, 0] = target_sharpness
+    pi = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
+    report = offline.evaluate(_episodes(lengths, np.where(actions == 0, 1.0, 0.0)), np.full(n, 1 / N_ACTIONS), pi, actions,
+                              np.zeros((n, N_ACTIONS)), n_boot=50, seed=1)
+    return Evaluation(report, behavior_kl=0.0, n_steps=n, unsupported_mass=0.0)
+
+
+def test_the_gate_refuses_weights_too_heavy_tailed_to_judge() -> None:
+    current, near, far = _long_sessions(0.0), _long_sessions(0.2), _long_sessions(1.0)
+    assert current.report.pareto_k == -math.inf  # its own logs: every weight 1
+    assert near.report.pareto_k < 0.5 < MAX_PARETO_K < far.report.pareto_k
+    result = gate(far, current, tolerance=0.0, min_ess_fraction=0.0)  # the ESS floor aside: the tail alone refuses it
+    assert not result.publish and "heavy-tailed" in result.reason and f"{far.report.pareto_k:.2f}" in result.reason
+    assert result.checks["pareto_k"] == far.report.pareto_k and result.difference.ci_low > 0  # it looks better all the same
+    assert gate(far, current, tolerance=0.0, min_ess_fraction=0.0, max_pareto_k=math.inf).publish
+    assert gate(near, current, tolerance=0.0).publish
+    assert json.loads(json.dumps(far.report.to_dict()))["diagnostics"]["pareto_k"] == far.report.pareto_k
+    assert current.report.to_dict()["diagnostics"]["pareto_k"] is None  # −∞ is not JSON
+    with pytest.raises(ValueError, match="max_pareto_k"):
+        gate(far, current, tolerance=0.0, max_pareto_k=0.0)
+    with pytest.raises(ValueError, match="gate_max_pareto_k"):
+        TrainConfig(gate_max_pareto_k=-1.0)
 
 
 def test_the_gate_refuses_probability_on_actions_the_logs_never_served() -> None:

@@ -1,0 +1,47 @@
+"""PSIS's k̂ (trainer.pareto) against tails whose shape is known, and what the offline report makes of it."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from trainer.pareto import gpd_shape, pareto_k, tail_size
+
+
+def pareto(k: float, n: int, seed: int) -> np.ndarray:
+    """A Pareto sample whose tail index is 1/k: its generalized Pareto shape is k."""
+    return np.random.default_rng(seed).pareto(1.0 / k, n) + 1.0
+
+
+@pytest.mark.parametrize("k", [0.2, 0.5, 0.8, 1.1])
+def test_recovers_a_known_shape(k: float) -> None:
+    estimates = [pareto_k(pareto(k, 40_000, seed)) for seed in range(5)]
+    assert abs(float(np.mean(estimates)) - k) < 0.08, estimates
+
+
+def test_light_tails_read_as_light() -> None:
+    rng = np.random.default_rng(0)
+    assert pareto_k(rng.exponential(1.0, 40_000)) < 0.15  # exponential: k = 0
+    assert pareto_k(rng.uniform(0.0, 1.0, 40_000)) < -0.3  # bounded: k = −1 (pulled towards 0.5 by the prior)
+    assert 0.1 < pareto_k(rng.lognormal(0.0, 1.0, 40_000)) < 0.5  # finite variance
+
+
+def test_the_scale_does_not_matter() -> None:
+    w = pareto(0.6, 10_000, 3)
+    assert pareto_k(w) == pytest.approx(pareto_k(w * 1e-9), abs=1e-9)
+
+
+def test_equal_weights_have_no_tail_and_few_weights_nothing_to_fit() -> None:
+    assert pareto_k(np.ones(10_000)) == -math.inf
+    assert math.isnan(pareto_k(np.ones(20)))  # M = min(4, 13) < 5
+    assert tail_size(40_000) == 600
+
+
+@pytest.mark.parametrize("bad", [[1.0, np.nan] * 100, [1.0, -1.0] * 100, [1.0, np.inf] * 100])
+def test_bad_weights_are_refused(bad: list[float]) -> None:
+    with pytest.raises(ValueError, match="weights"):
+        pareto_k(bad)
+    with pytest.raises(ValueError, match="excesses"):
+        gpd_shape([1.0, 2.0])
