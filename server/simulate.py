@@ -37,7 +37,7 @@ from experience.recorder import resolve_salt
 from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
 from server._gen.shopping_agent.v1 import shopping_agent_pb2_grpc as pb_grpc
 from simulator.config import SimConfig
-from simulator.drive import Trace, engagement_report_for, reports_for, run_in_process, run_logged
+from simulator.drive import Trace, by_model, engagement_report_for, reports_for, run_in_process, run_logged
 from simulator.world import PageView, ShopperSession, World
 
 log = logging.getLogger(__name__)
@@ -61,6 +61,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--timezone", default="UTC", help="in-process: the hour feature's timezone, as the server's --timezone")
     p.add_argument("--deadline-ms", type=float, default=2000.0, help="--target: deadline of each call (default 2000)")
     p.add_argument("--trace", type=Path, help="write the id of every answered decision and acknowledged outcome (JSON lines)")
+    p.add_argument("--products", action="store_true", help="in-process: every page also offers one product, chosen by "
+                   "RecommendProduct's decision (the bundle's product heads, or its rules without them), and logged with "
+                   "--log-dir")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=run)
 
@@ -92,6 +95,8 @@ def _usage_problem(args: argparse.Namespace) -> str:
         return "--concurrency and --batch must be >= 1, --deadline-ms > 0"
     if args.target and args.log_dir:
         return "--log-dir is for in-process runs; with --target the server writes its own logs (serve --log-dir)"
+    if args.target and args.products:
+        return "--products is for in-process runs"
     try:
         ZoneInfo(args.timezone)
     except (ZoneInfoNotFoundError, ValueError):
@@ -120,12 +125,13 @@ def _in_process(world: World, sessions: range, args: argparse.Namespace) -> dict
     model = ModelSet.load(bundle, LoadOptions(warmup_batch=args.batch))
     tz = ZoneInfo(args.timezone)
     written = None
+    products = by_model(model) if args.products else None
     with progress("simulate", total=len(sessions), unit="session") as bar:
         if args.log_dir:
             trace, written = run_logged(world, model, sessions, tz, args.log_dir, resolve_salt(args.log_dir, ""), batch=args.batch,
-                                        on_finished=bar.update)
+                                        on_finished=bar.update, products=products)
         else:
-            trace = run_in_process(world, model, sessions, tz, batch=args.batch, on_finished=bar.update)
+            trace = run_in_process(world, model, sessions, tz, batch=args.batch, on_finished=bar.update, products=products)
     if args.trace:
         with args.trace.open("w") as f:
             for did in trace.decision_ids:

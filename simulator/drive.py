@@ -8,6 +8,12 @@ the logs: ``build_episodes`` (join + attribution rules + horizon) then ``session
 ``mean_return``. So the simulator's ``mean_return`` is the true value of the policy served,
 in the units the trainer optimises and the offline estimators estimate.
 
+With ``products`` (a ``ProductChooser``: ``by_model(ModelSet)`` serves ``RecommendProduct`` with the server's code),
+every page also shows one product: the page's shelf (``ShopperSession.shelf``) goes to the chooser as the
+``RecommendProduct`` request a frontend would send, the shopper reacts to the product chosen
+(``ShopperSession.offer``: taken into the cart, a complaint), and those outcomes are reported against the product
+decision's own id, before the page's action is served. ``run_logged`` then writes the ``products`` records too.
+
 ``run_in_process`` decides with the server's decision code (``ModelSet.run``: encode,
 infer, guardrails, guard veto, sampled majority, fallback, exploration) on many sessions in
 lock-step batches, with decision ids derived from (seed, session, step): the same seed and
@@ -28,11 +34,13 @@ from typing import Any, Protocol
 import pyarrow as pa
 
 from core.domain import Action, Decision, DecisionRequest, EngagementReport, OutcomeReport, Source
+from core.product import ProductDecision, ProductRequest
 from experience.objective import BusinessObjective
 from experience.recorder import ExperienceRecorder, RecorderOptions
 from experience.returns import GAMMA, MeanReturn, mean_return, session_returns
 from experience.sessions import EpisodeConfig, build_episodes
 from policy.features import FeatureEncoder, context_of
+from simulator.products import candidates
 from simulator.world import OutcomeEvent, PageEngagement, ShopperSession, World
 
 
@@ -44,9 +52,28 @@ class BatchDecider(Protocol):
     def run(self, requests: Sequence[DecisionRequest], contexts: Sequence[Any], decision_ids: Sequence[str]) -> list[Decision]: ...
 
 
+class ProductDecider(Protocol):
+    def decide_product(self, request: ProductRequest, hour: int, decision_id: str) -> ProductDecision: ...
+
+
+ProductChooser = Callable[[ShopperSession, ProductRequest, int, str], ProductDecision]
+"""(the session, its page's ``RecommendProduct`` request, the hour feature, the decision id) → the layered decision. A
+server's chooser reads only the request (``by_model``); a reference may read the session's hidden state."""
+
+
+def by_model(model: ProductDecider) -> ProductChooser:
+    """The server's product decision (``ModelSet.decide_product``: the bundle's heads, or the rules without them)."""
+    return lambda session, request, hour, did: model.decide_product(request, hour, did)
+
+
 def decision_id(seed: int, session: int, step: int) -> str:
     """The id of a simulated decision: fixed by (seed, session, step), so its sampling replays."""
     return hashlib.blake2b(f"sim:{seed}:{session}:{step}".encode(), digest_size=16).hexdigest()
+
+
+def product_decision_id(seed: int, session: int, step: int) -> str:
+    """The id of a page's product decision (its own: the layers' uniforms come from it)."""
+    return hashlib.blake2b(f"sim-product:{seed}:{session}:{step}".encode(), digest_size=16).hexdigest()
 
 
 def outcome_id(decision: str, k: int) -> str:
@@ -75,6 +102,8 @@ class Trace:
     outcome_times: list[float] = field(default_factory=list)
     sessions_finished: int = 0
     engagements: int = 0
+    products: int = 0
+    product_sources: dict[str, int] = field(default_factory=dict)
     model_versions: set[str] = field(default_factory=set)
 
     def decided(self, session_id: str, decision_id: str, event_time_s: float, action: Action, source: Source) -> None:
@@ -142,6 +171,7 @@ class Trace:
             "stderr": value.stderr,
             **{f"{name}_per_session": {"mean": m.mean, "ci_low": m.low, "ci_high": m.high} for name, m in business.items()},
             "sources": dict(sorted(sources.items())),
+            **({"products": self.products, "product_sources": dict(sorted(self.product_sources.items()))} if self.products else {}),
             "model_versions": sorted(self.model_versions),
         }
 
@@ -156,10 +186,30 @@ def engagement_report_for(session: ShopperSession, decision: str, page: PageEnga
                             page.event_time_s)
 
 
+def offer_product(world: World, index: int, step: int, session: ShopperSession, request: DecisionRequest, hour: int,
+                  products: ProductChooser, recorder: ExperienceRecorder | None, spec: Any, trace: Trace) -> None:
+    """The page's product: its shelf as a request, the chooser's decision, the shopper's reaction, all reported/logged."""
+    categories, bands = candidates(world.catalogue, session.shelf())
+    product_request = ProductRequest(request, categories, bands, session.visit_count)
+    did = product_decision_id(world.seed, index, step)
+    decision = products(session, product_request, hour, did)
+    trace.products += 1
+    for _, choice in decision.choices():
+        key = choice.source.name.lower()
+        trace.product_sources[key] = trace.product_sources.get(key, 0) + 1
+    if recorder is not None:
+        recorder.product(product_request, hour, decision, did, spec)
+    for report in reports_for(session, did, session.offer(decision.category.index, decision.sku.index, decision.price_band.index)):
+        trace.reported(report)
+        if recorder is not None:
+            recorder.outcome(report)
+
+
 def run_in_process(world: World, model: BatchDecider, sessions: range, tz: tzinfo, recorder: ExperienceRecorder | None = None,
-                   batch: int = 256, trace: Trace | None = None, on_finished: Callable[[int], None] | None = None) -> Trace:
+                   batch: int = 256, trace: Trace | None = None, on_finished: Callable[[int], None] | None = None,
+                   products: ProductChooser | None = None) -> Trace:
     """Run ``sessions`` of ``world`` against ``model``, ``batch`` sessions in lock-step; ``on_finished(k)`` after each
-    round in which ``k`` sessions finished (progress)."""
+    round in which ``k`` sessions finished (progress); with ``products``, each page also offers a product (module doc)."""
     trace = trace if trace is not None else Trace()
     pending = iter(sessions)
     active: list[tuple[int, ShopperSession]] = []
@@ -181,6 +231,9 @@ def run_in_process(world: World, model: BatchDecider, sessions: range, tz: tzinf
         ids = [decision_id(world.seed, index, steps[index]) for index, _, _ in live]
         requests = [req for _, _, req in live]
         contexts = [context_of(req, tz) for req in requests]
+        if products is not None:
+            for (index, session, req), ctx in zip(live, contexts, strict=True):
+                offer_product(world, index, steps[index], session, req, ctx.hour, products, recorder, model.encoder.spec, trace)
         decisions = model.run(requests, contexts, ids) if live else []
         for (index, session, req), ctx, did, decision in zip(live, contexts, ids, decisions, strict=True):
             trace.model_versions.add(decision.model_version)
@@ -208,13 +261,13 @@ def run_in_process(world: World, model: BatchDecider, sessions: range, tz: tzinf
 
 def run_logged(world: World, model: BatchDecider, sessions: range, tz: tzinfo, root: Path, salt: bytes, *,
                clock: Callable[[], float] = time.time, batch: int = 256,
-               on_finished: Callable[[int], None] | None = None) -> tuple[Trace, dict[str, int]]:
+               on_finished: Callable[[int], None] | None = None, products: ProductChooser | None = None) -> tuple[Trace, dict[str, int]]:
     """``run_in_process`` writing the server's decision and outcome logs under ``root``; returns the trace and
     the records written per kind. The recorder is flushed in this thread after each batch, so its queue
     only needs room for one batch's decisions, their outcomes and engagement reports; ``close`` finalises the segments."""
     recorder = ExperienceRecorder(root, salt, RecorderOptions(max_queue=max(8192, 32 * batch)), clock=clock)
     try:
-        trace = run_in_process(world, model, sessions, tz, recorder, batch=batch, on_finished=on_finished)
+        trace = run_in_process(world, model, sessions, tz, recorder, batch=batch, on_finished=on_finished, products=products)
     finally:
         recorder.close()
     return trace, dict(recorder.written)

@@ -63,6 +63,23 @@ def test_in_process_logs_score_the_same(tmp_path: Path) -> None:
     assert trace_ids(tmp_path / "t.jsonl", "decision") == logged
 
 
+def test_in_process_products_are_offered_reported_and_logged(tmp_path: Path) -> None:
+    """--products: every page offers one product (the rules here: the embedded default has no heads); the shopper's
+    reactions are reported against the product decision, which is logged, and the run is reproducible."""
+    code, result = simulate("--sessions", "150", "--seed", "5", "--products", "--log-dir", str(tmp_path))
+    assert code == 0 and result["products"] == result["decisions"] == result["logs_written"]["products"]
+    assert set(result["product_sources"]) == {"fallback_no_model"} and sum(result["product_sources"].values()) == 3 * result["products"]
+    _, again = simulate("--sessions", "150", "--seed", "5", "--products")
+    _, plain = simulate("--sessions", "150", "--seed", "5")
+    assert again["objective_per_session"] == result["objective_per_session"] != plain["objective_per_session"]
+    source = DirectorySource(tmp_path)
+    offered = set(source.table("products").column("decision_id").to_pylist())
+    outcomes = source.table("outcomes").to_pylist()
+    taken = [o for o in outcomes if o["decision_id"] in offered]
+    assert taken and {o["outcome"] for o in taken} <= {1, 6}  # ADD_TO_CART, COMPLAINT: the offer's reactions
+    assert not offered & set(source.table("decisions").column("decision_id").to_pylist())  # ids of their own
+
+
 def test_over_grpc_the_server_logs_what_was_served(tmp_path: Path) -> None:
     logs = tmp_path / "logs"
     with running_server(log_dir=logs) as live:
@@ -112,6 +129,7 @@ def test_sigterm_mid_simulation_every_answer_is_logged(tmp_path: Path) -> None:
     (["--sessions", "0"], "--sessions must be >= 1"),
     (["--target", "127.0.0.1:1", "--log-dir", "/tmp/x"], "--log-dir is for in-process runs"),
     (["--timezone", "Mars/Olympus"], "unknown IANA timezone"),
+    (["--target", "127.0.0.1:1", "--products"], "--products is for in-process runs"),
 ])
 def test_bad_usage_exits_2(args: list[str], message: str) -> None:
     run = subprocess.run([*CLI, *args], capture_output=True, text=True, cwd=ROOT, timeout=60)
