@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -50,6 +51,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--out", type=Path, required=True, help="the bundle file to write")
     p.add_argument("--init", type=Path, help="start from this bundle (default: the embedded default)")
     p.set_defaults(handler=_train)
+
+    p = subparsers.add_parser("train-products", help="train a bundle's RecommendProduct heads on its logged product decisions")
+    p.add_argument("--logs", required=True, metavar="DIR_OR_URI", help="the logs (with products/ records), as for train")
+    p.add_argument("--init", type=Path, required=True, help="the bundle whose product heads to train (format 2)")
+    p.add_argument("--out", type=Path, required=True, help="the bundle file to write")
+    p.add_argument("--version", dest="model_version", help="model version of the new bundle (default products-<time>-s<seed>)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-rows", type=int, default=None, help="product decisions trained on at most (default 40000)")
+    for layer, delta in (("category", 0.03), ("sku", 0.05), ("price-band", 0.02)):
+        p.add_argument(f"--delta-{layer}", type=float, default=delta, help=f"the {layer} layer's trust region (default {delta})")
+    p.set_defaults(handler=_train_products)
 
     p = subparsers.add_parser("evaluate", help="offline estimates of a bundle's value on logs (IPS, SNIPS, DR)")
     p.add_argument("bundle", type=Path, help="a bundle file, or 'default' for the embedded default")
@@ -224,6 +236,30 @@ def _train(args: argparse.Namespace) -> int:
         return 0
     atomic_write(args.out, result.bundle)
     print(json.dumps({"out": str(args.out), "model_version": result.manifest["model_version"], "metrics": result.metrics}))
+    return 0
+
+
+def _train_products(args: argparse.Namespace) -> int:
+    from trainer.product_train import MAX_ROWS, ProductTrainConfig, train_products
+    from weights.store import atomic_write
+
+    deltas = {"category": args.delta_category, "sku": args.delta_sku, "price_band": args.delta_price_band}
+    bad = [f"--delta-{k.replace('_', '-')}" for k, v in deltas.items() if not v > 0]
+    if bad or (args.max_rows is not None and args.max_rows < 1):
+        raise UsageError(f"{', '.join(bad) or '--max-rows'}: expected > 0")
+    init = _bundle(args.init)
+    source = _source(args.logs, init)
+    if not source.has("products"):
+        raise UsageError(f"--logs: {_shown(args.logs)} has no products/ directory (serve RecommendProduct with --log-dir)")
+    created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    version = args.model_version or f"products-{created.replace('-', '').replace(':', '')}-s{args.seed}"
+    config = ProductTrainConfig(deltas=deltas, max_rows=args.max_rows or MAX_ROWS, seed=args.seed)
+    try:
+        result = train_products(source.table("products"), source.table("outcomes"), init, version, created, config)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    atomic_write(args.out, result.bundle)
+    print(json.dumps({"out": str(args.out), "model_version": version, "metrics": result.metrics}))
     return 0
 
 

@@ -15,6 +15,7 @@ same at build and at load) against ``golden_product_outputs.npy``: per golden st
 
 from __future__ import annotations
 
+import io
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +26,7 @@ from core.product import MAX_CATEGORIES, MAX_PRICE_BANDS, MAX_SKUS_PER_CATEGORY
 from policy.features import FeatureSpec
 from policy.onnx_model import OnnxModel
 from weights import mlp
-from weights.bundle import Bundle, BundleError, npy_bytes
+from weights.bundle import MANIFEST, Bundle, BundleError, npy_bytes, write_bundle
 from weights.onnx_check import check_model
 
 F32 = npt.NDArray[np.float32]
@@ -79,6 +80,20 @@ def parts(params: dict[str, mlp.Params], spec: FeatureSpec, golden_states: F32) 
     out = {PART[name]: mlp.policy_onnx(p) for name, p in params.items()}
     out[GOLDEN] = npy_bytes(forward(params, golden_states, features))
     return out
+
+
+def with_heads(bundle: Bundle, params: dict[str, mlp.Params], spec: FeatureSpec, manifest: dict[str, Any]) -> bytes:
+    """``bundle`` with these product networks (and their golden outputs on its golden states) and ``manifest`` merged
+    over its own: the flat decision's parts stay byte for byte. A bundle without a ``product`` section gets the default
+    decoder settings (``manifest_section``). Unsigned: a signature covers the old manifest, not this one."""
+    members = {name: data for name, data in bundle.parts.items() if name != MANIFEST}
+    members.update(parts(params, spec, bundle.array("golden_states.npy")))
+    merged = {k: v for k, v in bundle.manifest.items() if k not in ("format", "format_version", "parts")}
+    merged.setdefault("product", manifest_section())
+    merged.update(manifest)
+    buf = io.BytesIO()
+    write_bundle(buf, merged, members)
+    return buf.getvalue()
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,168 @@
+"""Training RecommendProduct's heads on their own logged decisions: the rows, the per-layer trust regions, the
+gradient stop between layers, the export, the command line. Real logs: simulated shoppers served by the server's
+product decision through the real recorder."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from zoneinfo import ZoneInfo
+
+import numpy as np
+import pytest
+import torch
+
+from experience.segments import DirectorySource
+from policy.features import FeatureSpec
+from simulator.config import SimConfig
+from simulator.drive import by_model, run_logged
+from simulator.world import World
+from tests.harness import ROOT
+from trainer.product_data import HEAD_OF, LAYERS, product_rows
+from trainer.product_train import ProductTrainConfig, sample_rows, train_products
+from trainer.product_update import DELTAS, Head, _kl, _log_q, update_heads
+from weights import mlp
+from weights.bundle import PARTS, Bundle, read_bundle
+from weights.embedded import default_bundle
+from weights.model_set import LoadOptions, ModelSet
+from weights.product_heads import PART, init_params, with_heads
+
+OPTIONS = LoadOptions(device="cpu", warmup_batch=1)
+
+
+@pytest.fixture(scope="module")
+def start() -> Bundle:
+    base = default_bundle()
+    spec = FeatureSpec.parse(base.manifest["feature_spec"])
+    return read_bundle(with_heads(base, init_params(np.random.default_rng([3, 1]), spec), spec, {"model_version": "heads-3"}))
+
+
+@pytest.fixture(scope="module")
+def product_logs(tmp_path_factory: pytest.TempPathFactory, start: Bundle) -> Path:
+    root = tmp_path_factory.mktemp("product-logs")
+    model = ModelSet.load(start, OPTIONS)
+    trace, written = run_logged(World(SimConfig(), 7), model, range(300), ZoneInfo("UTC"), root, b"salt" * 8,
+                                products=by_model(model))
+    assert written["products"] == trace.products == written["decisions"] > 0  # one offer a page
+    return root
+
+
+@pytest.fixture(scope="module")
+def rows(product_logs: Path, start: Bundle):  # type: ignore[no-untyped-def]
+    source = DirectorySource(product_logs)
+    return product_rows(source.table("products"), source.table("outcomes"), ModelSet.load(start, OPTIONS))
+
+
+def _params(bundle: Bundle) -> dict[str, mlp.Params]:
+    return {name: mlp.policy_params_from_onnx(bundle.parts[part]) for name, part in PART.items()}
+
+
+def test_rows_carry_each_layers_candidates_and_a_reward_the_orders_back(rows, product_logs: Path) -> None:  # type: ignore[no-untyped-def]
+    n = len(rows)
+    for layer in LAYERS:
+        data = rows.layers[layer]
+        assert data.features.shape[0] == n and data.permitted.shape == data.valid.shape == data.served.shape
+        assert data.permitted[np.arange(n), data.index].all()  # every logged choice was permitted
+        np.testing.assert_allclose(data.served[np.arange(n), data.index], data.propensity)
+        np.testing.assert_allclose(data.served.sum(axis=1), 1.0, atol=1e-9)
+    assert rows.taken.any() and (rows.rewards > 0).any()
+    assert (rows.rewards[~rows.taken] <= 0).all()  # only a taken product earns
+    # A product's reward is part of the order that carried it: per session, never more than its orders' value.
+    outcomes = DirectorySource(product_logs).table("outcomes").to_pylist()
+    orders: dict[str, float] = {}
+    for o in outcomes:
+        if o["outcome"] == 2:
+            orders[o["session_id"]] = orders.get(o["session_id"], 0.0) + o["value"]
+    earned: dict[str, float] = {}
+    for s, r in zip(rows.sessions.tolist(), rows.rewards.tolist(), strict=True):
+        earned[s] = earned.get(s, 0.0) + max(r, 0.0)
+    assert all(v <= orders.get(s, 0.0) * 1.002 + 1e-6 for s, v in earned.items())
+    assert any(v > 0 for v in earned.values())
+
+
+def test_a_category_step_leaves_the_other_heads_and_the_encoder_untouched(rows, start: Bundle) -> None:  # type: ignore[no-untyped-def]
+    params = _params(start)
+    new, steps = update_heads(params, rows, layers=("category",))
+    assert [s.layer for s in steps] == ["category"] and steps[0].accepted
+    assert any(not np.array_equal(new["category"][k], params["category"][k]) for k in params["category"])
+    for name in ("encoder", "sku", "band"):
+        for k in params[name]:
+            assert np.array_equal(new[name][k], params[name][k]), (name, k)
+
+
+def test_each_layer_moves_within_its_own_trust_region_and_improves_its_surrogate(rows, start: Bundle) -> None:  # type: ignore[no-untyped-def]
+    torch.manual_seed(0)
+    params = _params(start)
+    new, steps = update_heads(params, rows)
+    h = mlp.policy_forward(params["encoder"], rows.states).astype(np.float32)
+    for step in steps:
+        assert step.accepted and step.improvement > 0 and 0 < step.kl <= DELTAS[step.layer] * (1 + 1e-5), step
+        data = rows.layers[step.layer]
+        n, c = data.features.shape[:2]
+        x = torch.from_numpy(np.concatenate([np.broadcast_to(h[:, None, :], (n, c, h.shape[1])), data.features], axis=2))
+        permitted = torch.from_numpy(data.permitted)
+        with torch.no_grad():  # recomputed from the exported arrays, not the trainer's own bookkeeping
+            kl = float(_kl(_log_q(Head(params[HEAD_OF[step.layer]]), x, permitted),
+                           _log_q(Head(new[HEAD_OF[step.layer]]), x, permitted), permitted))
+        assert kl == pytest.approx(step.kl, rel=1e-3, abs=1e-6)
+    tight, _ = update_heads(params, rows, deltas={**DELTAS, "sku": 0.001})
+    assert all(np.abs(tight["sku"][k] - params["sku"][k]).max() <= np.abs(new["sku"][k] - params["sku"][k]).max() for k in params["sku"])
+    with pytest.raises(ValueError, match="unknown layer"):
+        update_heads(params, rows, layers=("colour",))
+    with pytest.raises(ValueError, match="deltas"):
+        update_heads(params, rows, deltas={**DELTAS, "category": 0.0})
+
+
+def test_the_exported_bundle_keeps_the_flat_decision_and_serves_the_new_heads(product_logs: Path, start: Bundle) -> None:
+    source = DirectorySource(product_logs)
+    products, outcomes = source.table("products"), source.table("outcomes")
+    result = train_products(products, outcomes, start, "products-1", "2026-12-03T00:00:00Z")
+    again = train_products(products, outcomes, start, "products-1", "2026-12-03T00:00:00Z")
+    assert result.bundle == again.bundle  # same logs, same seed: the same bytes
+    trained = read_bundle(result.bundle)
+    assert all(trained.parts[p] == start.parts[p] for p in PARTS)  # the flat decision, byte for byte
+    assert all(trained.parts[p] != start.parts[p] for p in ("product_category.onnx", "product_sku.onnx", "product_band.onnx"))
+    assert trained.parts["product_encoder.onnx"] == start.parts["product_encoder.onnx"]  # the encoder is held fixed
+    m = trained.manifest
+    assert m["model_version"] == "products-1" and m["provenance"]["from"] == "heads-3" and m["product"] == start.manifest["product"]
+    assert set(m["product_training"]["layers"]) == set(LAYERS)
+    model = ModelSet.load(trained, OPTIONS)  # the golden self-test of the new heads passes as the server runs it
+    assert model.product is not None
+    # Fewer rows: whole sessions by a keyed hash, the same on a rerun.
+    few = sample_rows(products, 100, 0)
+    assert few.num_rows <= 100 and few.equals(sample_rows(products, 100, 0))
+    kept = set(few.column("session_id").to_pylist())
+    assert all(s in kept for s in few.column("session_id").to_pylist())
+    small = train_products(products, outcomes, start, "products-2", "2026-12-03T00:00:00Z", ProductTrainConfig(max_rows=100))
+    assert small.metrics["product_rows"] == few.num_rows < small.metrics["product_rows_logged"]
+
+
+def test_a_bundle_without_heads_or_logs_without_products_are_refused(product_logs: Path) -> None:
+    source = DirectorySource(product_logs)
+    with pytest.raises(ValueError, match="no product heads"):
+        train_products(source.table("products"), source.table("outcomes"), default_bundle(), "x", "2026-12-03T00:00:00Z")
+    with pytest.raises(ValueError, match="no product decisions"):
+        train_products(source.table("products").slice(0, 0), source.table("outcomes"), default_bundle(), "x", "2026-12-03T00:00:00Z")
+    with pytest.raises(ValueError, match="max_rows"):
+        train_products(source.table("products"), source.table("outcomes"), default_bundle(), "x", "t", ProductTrainConfig(max_rows=0))
+
+
+def test_the_command_trains_and_names_what_is_wrong(tmp_path: Path, product_logs: Path, start: Bundle) -> None:
+    init = tmp_path / "init.bundle"
+    init.write_bytes(with_heads(start, _params(start), FeatureSpec.parse(start.manifest["feature_spec"]), {}))
+    cli = [sys.executable, "-m", "server", "train-products"]
+    run = subprocess.run([*cli, "--logs", str(product_logs), "--init", str(init), "--out", str(tmp_path / "out.bundle"),
+                          "--version", "p1", "--max-rows", "500"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert run.returncode == 0, run.stderr
+    report = json.loads(run.stdout.splitlines()[-1])
+    assert report["model_version"] == "p1" and report["metrics"]["product_rows"] <= 500
+    assert read_bundle(tmp_path / "out.bundle").model_version == "p1"
+    empty = tmp_path / "no-products"
+    (empty / "decisions").mkdir(parents=True)
+    for args, message in ((["--logs", str(empty)], "no products/ directory"),
+                          (["--logs", str(product_logs), "--delta-sku", "0"], "--delta-sku")):
+        bad = subprocess.run([*cli, *args, "--init", str(init), "--out", str(tmp_path / "x.bundle")], capture_output=True,
+                             text=True, cwd=ROOT, timeout=120)
+        assert bad.returncode == 2 and message in bad.stderr, bad.stderr

@@ -1,0 +1,137 @@
+"""``RecommendProduct``'s logged decisions as training rows: the shopper's state, each layer's candidates, and a reward.
+
+A ``products`` record (``experience.schema.PRODUCTS``) keeps, per layer, every candidate's features as the heads read
+them, what the guardrails permitted, the choice, its propensity (the behaviour's served probability given the layers
+before) and the whole served distribution; with the shopper's columns the serving bundle's encoder rebuilds the state
+(``trainer.replay``). Nothing is recomputed from ids: a record alone is a training row.
+
+**The reward of a product decision** is what it earned the shop, from the outcomes reported against its decision id and
+the session's orders: the price paid (the chosen SKU's list price × the chosen band's multiplier, from the logged band
+features) when the shopper took the product (an ``ADD_TO_CART`` against the decision) and the session ordered at or
+after it, minus the business objective's complaint cost per ``COMPLAINT`` against the decision. It is the per-offer part
+of the business objective (a taken product's value reaches the objective only through the order that carries it), so
+each layer is a contextual bandit over its candidates; what an offer does to the rest of the session (a complaint makes
+the shopper likelier to leave) is left to the complaint cost.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from core.domain import Outcome
+from experience.objective import BusinessObjective
+from trainer.replay import buckets_of, write_embeddings
+from weights.model_set import ModelSet
+
+F32 = npt.NDArray[np.float32]
+LAYERS = ("category", "sku", "price_band")
+HEAD_OF = {"category": "category", "sku": "sku", "price_band": "band"}
+"""The log's layer names → ``weights.product_heads``' head names."""
+PAID = 3
+"""The band features' column of log(the price paid) (``policy.product_features.band_features``)."""
+
+
+@dataclass(frozen=True)
+class LayerRows:
+    """One layer's candidates per decision, padded to the widest: shape (N, C, F) and (N, C)."""
+
+    features: F32
+    valid: npt.NDArray[np.bool_]
+    """A real candidate (not padding)."""
+    permitted: npt.NDArray[np.bool_]
+    index: npt.NDArray[np.int64]
+    propensity: npt.NDArray[np.float64]
+    """The behaviour's probability of the logged choice (the served distribution's, given the layers before)."""
+    served: npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True)
+class ProductRows:
+    states: F32
+    layers: dict[str, LayerRows]
+    rewards: npt.NDArray[np.float64]
+    taken: npt.NDArray[np.bool_]
+    complaints: npt.NDArray[np.int64]
+    sessions: npt.NDArray[np.object_]
+    model_versions: tuple[str, ...]
+
+    def __len__(self) -> int:
+        return len(self.rewards)
+
+
+def _padded(column: pa.ChunkedArray, width: int, counts: npt.NDArray[np.int64]) -> F32:
+    """A list<list<float16>> column as (N, max count, width) float32, zero-padded."""
+    n, c = len(counts), int(counts.max()) if len(counts) else 0
+    flat = pc.list_flatten(pc.list_flatten(column)).to_numpy(zero_copy_only=False).astype(np.float32).reshape(-1, width)
+    out = np.zeros((n, c, width), dtype=np.float32)
+    out[np.repeat(np.arange(n), counts), np.concatenate([np.arange(k) for k in counts]) if n else []] = flat
+    return out
+
+
+def _padded_list(column: pa.ChunkedArray, counts: npt.NDArray[np.int64], dtype: type, fill: object) -> npt.NDArray[Any]:
+    n, c = len(counts), int(counts.max()) if len(counts) else 0
+    flat = pc.list_flatten(column).to_numpy(zero_copy_only=False).astype(dtype)
+    out: npt.NDArray[Any] = np.full((n, c), fill, dtype=dtype)
+    out[np.repeat(np.arange(n), counts), np.concatenate([np.arange(k) for k in counts]) if n else []] = flat
+    return out
+
+
+def layer_rows(table: pa.Table, layer: str, width: int) -> LayerRows:
+    counts = pc.list_value_length(table.column(f"{layer}_ids")).to_numpy(zero_copy_only=False).astype(np.int64)
+    valid = np.arange(int(counts.max()) if len(counts) else 0)[None, :] < counts[:, None]
+    features = _padded(table.column(f"{layer}_features"), width, counts)
+    index = np.asarray(table.column(f"{layer}_index").to_numpy(), dtype=np.int64)
+    if ((index < 0) | (index >= counts)).any():
+        raise ValueError(f"{layer}_index: a choice outside its candidates")
+    return LayerRows(features, valid, _padded_list(table.column(f"{layer}_permitted"), counts, np.bool_, False) & valid, index,
+                     np.asarray(table.column(f"{layer}_propensity").to_numpy(), dtype=np.float64),
+                     _padded_list(table.column(f"{layer}_served_probs"), counts, np.float64, 0.0))
+
+
+def rewards(products: pa.Table, outcomes: pa.Table, paid: npt.NDArray[np.float64], complaint_cost: float
+            ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.bool_], npt.NDArray[np.int64]]:
+    """Per product decision: the reward (module doc), whether it was taken, its complaints."""
+    ids = products.column("decision_id").to_pylist()
+    row_of = {d: i for i, d in enumerate(ids)}
+    taken = np.zeros(len(ids), dtype=np.bool_)
+    complaints = np.zeros(len(ids), dtype=np.int64)
+    kinds = np.asarray(outcomes.column("outcome").to_numpy(), dtype=np.int64)
+    for d, kind in zip(outcomes.column("decision_id").to_pylist(), kinds.tolist(), strict=True):
+        i = row_of.get(d)
+        if i is None:
+            continue
+        if kind == Outcome.ADD_TO_CART:
+            taken[i] = True
+        elif kind == Outcome.COMPLAINT:
+            complaints[i] += 1
+    orders = kinds == Outcome.ORDER
+    last_order: dict[str, float] = {}
+    for s, t in zip(np.asarray(outcomes.column("session_id").to_pylist(), dtype=object)[orders].tolist(),
+                    np.asarray(outcomes.column("event_time_s").to_numpy())[orders].tolist(), strict=True):
+        last_order[s] = max(t, last_order.get(s, -np.inf))
+    times = np.asarray(products.column("event_time_s").to_numpy(), dtype=np.float64)
+    ordered = np.array([last_order.get(s, -np.inf) >= t for s, t in zip(products.column("session_id").to_pylist(), times.tolist(),
+                                                                         strict=True)], dtype=np.bool_)
+    return np.where(taken & ordered, paid, 0.0) - complaint_cost * complaints, taken, complaints
+
+
+def product_rows(products: pa.Table, outcomes: pa.Table, model: ModelSet, objective: BusinessObjective | None = None) -> ProductRows:
+    """The training rows of ``products`` records (states rebuilt by ``model``'s encoder), rewarded from ``outcomes``."""
+    if model.product is None:
+        raise ValueError("the bundle has no product heads to train (weights init --product-heads)")
+    spec, widths = model.encoder.spec, model.product.heads.widths
+    states = model.encoder.encode_columns(buckets_of(products, spec), np.asarray(products.column("hour").to_numpy(), dtype=np.int64))
+    write_embeddings(states[:, : spec.item_dim], products.column("item_embedding"), spec.item_dim)
+    layers = {layer: layer_rows(products, layer, widths[HEAD_OF[layer]]) for layer in LAYERS}
+    band = layers["price_band"]
+    paid = np.exp(band.features[np.arange(len(band.index)), band.index, PAID].astype(np.float64))
+    reward, taken, complaints = rewards(products, outcomes, paid, (objective or BusinessObjective()).complaint_cost)
+    return ProductRows(states.astype(np.float32), layers, reward, taken, complaints,
+                       np.asarray(products.column("session_id").to_pylist(), dtype=object),
+                       tuple(sorted(set(products.column("model_version").to_pylist()))))
