@@ -52,7 +52,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--init", type=Path, help="start from this bundle (default: the embedded default)")
     p.set_defaults(handler=_train)
 
-    p = subparsers.add_parser("train-products", help="train a bundle's RecommendProduct heads on its logged product decisions")
+    p = subparsers.add_parser("train-products", help="train a bundle's RecommendProduct heads on its logged product decisions",
+                              description="Exit 0: written and the product gate passed it; 3: written, but the gate refused "
+                                          "it; 2: bad usage.")
     p.add_argument("--logs", required=True, metavar="DIR_OR_URI", help="the logs (with products/ records), as for train")
     p.add_argument("--init", type=Path, required=True, help="the bundle whose product heads to train (format 2)")
     p.add_argument("--out", type=Path, required=True, help="the bundle file to write")
@@ -259,8 +261,10 @@ def _train_products(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     atomic_write(args.out, result.bundle)
-    print(json.dumps({"out": str(args.out), "model_version": version, "metrics": result.metrics}))
-    return 0
+    print(json.dumps({"out": str(args.out), "model_version": version, "publish": result.publish, "metrics": result.metrics}))
+    if not result.publish:
+        log.warning("the product gate refused the new heads (the bundle is written all the same): %s", result.metrics["gate"]["reason"])
+    return 0 if result.publish else EXIT_REFUSED
 
 
 def _evaluate(args: argparse.Namespace) -> int:

@@ -49,6 +49,8 @@ class LayerRows:
     propensity: npt.NDArray[np.float64]
     """The behaviour's probability of the logged choice (the served distribution's, given the layers before)."""
     served: npt.NDArray[np.float64]
+    fallback: npt.NDArray[np.int64]
+    """The layer's rule's choice (what the decoder serves on low consensus)."""
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,13 @@ class ProductRows:
 
     def __len__(self) -> int:
         return len(self.rewards)
+
+    def take(self, keep: npt.NDArray[np.bool_]) -> ProductRows:
+        """The rows where ``keep``."""
+        layers = {name: LayerRows(d.features[keep], d.valid[keep], d.permitted[keep], d.index[keep], d.propensity[keep],
+                                  d.served[keep], d.fallback[keep]) for name, d in self.layers.items()}
+        return ProductRows(self.states[keep], layers, self.rewards[keep], self.taken[keep], self.complaints[keep],
+                           self.sessions[keep], self.model_versions)
 
 
 def _padded(column: pa.ChunkedArray, width: int, counts: npt.NDArray[np.int64]) -> F32:
@@ -91,7 +100,8 @@ def layer_rows(table: pa.Table, layer: str, width: int) -> LayerRows:
         raise ValueError(f"{layer}_index: a choice outside its candidates")
     return LayerRows(features, valid, _padded_list(table.column(f"{layer}_permitted"), counts, np.bool_, False) & valid, index,
                      np.asarray(table.column(f"{layer}_propensity").to_numpy(), dtype=np.float64),
-                     _padded_list(table.column(f"{layer}_served_probs"), counts, np.float64, 0.0))
+                     _padded_list(table.column(f"{layer}_served_probs"), counts, np.float64, 0.0),
+                     np.asarray(table.column(f"{layer}_fallback").to_numpy(), dtype=np.int64))
 
 
 def rewards(products: pa.Table, outcomes: pa.Table, paid: npt.NDArray[np.float64], complaint_cost: float

@@ -1,10 +1,12 @@
 """Train a bundle's ``RecommendProduct`` heads on its logged product decisions: read, step each layer, export.
 
-``train_products`` reads the ``products`` records and outcomes (``trainer.product_data``), takes one trust-region
-natural-gradient step per layer (``trainer.product_update``) and writes a bundle whose flat-decision parts are the
-starting bundle's byte for byte and whose product heads are the new ones (``weights.product_heads.with_heads``),
-loaded back as the server loads it before it is returned. Rows beyond ``max_rows`` are sampled by a keyed hash of
-their session, so a rerun on the same logs trains on the same rows and gives the same bytes.
+``train_products`` reads the ``products`` records and outcomes (``trainer.product_data``), holds out ``gate_share`` of
+the sessions (a keyed hash), takes each layer's trust-region natural-gradient steps on the rest
+(``trainer.product_update``) and writes a bundle whose flat-decision parts are the starting bundle's byte for byte and
+whose product heads are the new ones (``weights.product_heads.with_heads``), loaded back as the server loads it. The
+held-out offers then judge the new heads against the starting ones (``trainer.product_gate``); the verdict is in the
+metrics (``gate``) and the manifest. Training rows beyond ``max_rows`` are sampled by a keyed hash of their session,
+so a rerun on the same logs trains on the same rows and gives the same bytes.
 """
 
 from __future__ import annotations
@@ -14,10 +16,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import torch
 
 from trainer.product_data import LAYERS, product_rows
+from trainer.product_gate import judge
 from trainer.product_update import DELTAS, update_heads
 from weights import mlp
 from weights.bundle import Bundle, read_bundle
@@ -34,15 +39,32 @@ class ProductTrainConfig:
     layers: tuple[str, ...] = LAYERS
     max_rows: int = MAX_ROWS
     seed: int = 0
+    gate_share: float = 0.2
+    """Sessions held out of training for the gate (a keyed hash of the session)."""
+    tolerance: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"deltas": dict(self.deltas), "layers": list(self.layers), "max_rows": self.max_rows, "seed": self.seed}
+        return {"deltas": dict(self.deltas), "layers": list(self.layers), "max_rows": self.max_rows, "seed": self.seed,
+                "gate_share": self.gate_share, "tolerance": self.tolerance}
 
 
 @dataclass(frozen=True)
 class ProductTrainResult:
     bundle: bytes
     metrics: dict[str, Any]
+
+    @property
+    def publish(self) -> bool:
+        return bool(self.metrics["gate"]["publish"])
+
+
+def _unit(seed: int, session: str) -> float:
+    return int.from_bytes(hashlib.blake2b(f"product-gate:{seed}:{session}".encode(), digest_size=8).digest(), "big") / 2.0**64
+
+
+def held_out(sessions: Any, share: float, seed: int) -> npt.NDArray[np.bool_]:
+    """Which rows' sessions the gate keeps (a keyed hash below ``share``): never trained on."""
+    return np.array([_unit(seed, str(s)) < share for s in sessions], dtype=np.bool_)
 
 
 def sample_rows(table: pa.Table, max_rows: int, seed: int) -> pa.Table:
@@ -61,14 +83,21 @@ def train_products(products: pa.Table, outcomes: pa.Table, bundle: Bundle, model
     config = config or ProductTrainConfig()
     if config.max_rows < 1:
         raise ValueError(f"max_rows: expected >= 1, got {config.max_rows}")
+    if not 0.0 < config.gate_share < 1.0:
+        raise ValueError(f"gate_share: expected in (0, 1), got {config.gate_share}")
     if products.num_rows == 0:
         raise ValueError("the logs hold no product decisions (products/): nothing to train the heads on")
     torch.manual_seed(config.seed)
     model = ModelSet.load(bundle, LoadOptions(device="cpu", warmup_batch=1))
-    rows = product_rows(sample_rows(products, config.max_rows, config.seed), outcomes, model)
+    gate_rows = held_out(products.column("session_id").to_pylist(), config.gate_share, config.seed)
+    held = product_rows(products.filter(pa.array(gate_rows)), outcomes, model)
+    rows = product_rows(sample_rows(products.filter(pa.array(~gate_rows)), config.max_rows, config.seed), outcomes, model)
+    if len(rows) == 0 or len(held) == 0:
+        raise ValueError(f"too few sessions to hold {config.gate_share:g} of them out for the gate and train on the rest")
     params: dict[str, mlp.Params] = {name: mlp.policy_params_from_onnx(bundle.parts[part]) for name, part in PART.items()}
     new, steps = update_heads(params, rows, config.deltas, config.layers)
-    metrics = {"product_rows": len(rows), "product_rows_logged": products.num_rows, "mean_reward": float(rows.rewards.mean()),
+    metrics: dict[str, Any] = {"product_rows": len(rows), "product_rows_logged": products.num_rows, "gate_rows": len(held),
+                               "mean_reward": float(rows.rewards.mean()),
                "taken": float(rows.taken.mean()), "complaints": float(rows.complaints.mean()),
                "layers": {s.layer: s.to_dict() for s in steps}, "behaviour_versions": list(rows.model_versions),
                "config": config.to_dict()}
@@ -76,6 +105,12 @@ def train_products(products: pa.Table, outcomes: pa.Table, bundle: Bundle, model
                 "provenance": {"kind": "product-trained", "from": bundle.model_version,
                                "builder": "trainer.product_train.train_products"},
                 "product_training": metrics}
-    data = with_heads(bundle, new, model.encoder.spec, manifest)
+    candidate = ModelSet.load(read_bundle(with_heads(bundle, new, model.encoder.spec, manifest)), LoadOptions(device="cpu",
+                                                                                                              warmup_batch=1))
+    assert candidate.product is not None and model.product is not None
+    verdict = judge((candidate.product.heads, candidate.product.decoder), (model.product.heads, model.product.decoder), held,
+                    config.tolerance, config.seed)
+    metrics["gate"] = verdict.to_dict()
+    data = with_heads(bundle, new, model.encoder.spec, manifest)  # the same bytes, with the verdict in the manifest
     ModelSet.load(read_bundle(data), LoadOptions(device="cpu", warmup_batch=1))  # as the server will: golden self-test
     return ProductTrainResult(data, metrics)

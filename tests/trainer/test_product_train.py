@@ -21,6 +21,7 @@ from simulator.drive import by_model, run_logged
 from simulator.world import World
 from tests.harness import ROOT
 from trainer.product_data import HEAD_OF, LAYERS, product_rows
+from trainer.product_gate import judge, served_probability
 from trainer.product_train import ProductTrainConfig, sample_rows, train_products
 from trainer.product_update import DELTAS, Head, _kl, _log_q, update_heads
 from weights import mlp
@@ -136,7 +137,34 @@ def test_the_exported_bundle_keeps_the_flat_decision_and_serves_the_new_heads(pr
     kept = set(few.column("session_id").to_pylist())
     assert all(s in kept for s in few.column("session_id").to_pylist())
     small = train_products(products, outcomes, start, "products-2", "2026-12-03T00:00:00Z", ProductTrainConfig(max_rows=100))
-    assert small.metrics["product_rows"] == few.num_rows < small.metrics["product_rows_logged"]
+    assert small.metrics["product_rows"] <= 100 < small.metrics["product_rows_logged"]
+    gate = result.metrics["gate"]  # judged on sessions it never trained on
+    assert gate["offers"] == result.metrics["gate_rows"] > 0 and gate["publish"] == result.publish
+    assert result.metrics["product_rows"] + result.metrics["gate_rows"] == products.num_rows
+    assert trained.manifest["product_training"]["gate"] == gate
+
+
+def test_the_gate_replays_the_logged_propensities_and_pairs_the_two_bundles(rows, start: Bundle) -> None:  # type: ignore[no-untyped-def]
+    model = ModelSet.load(start, OPTIONS)
+    assert model.product is not None
+    pair = (model.product.heads, model.product.decoder)
+    logged = np.prod([rows.layers[layer].propensity for layer in LAYERS], axis=0)
+    np.testing.assert_allclose(served_probability(*pair, rows), logged, rtol=0.02, atol=1e-3)  # float16 features
+    same = judge(pair, pair, rows)
+    assert same.difference.value == 0 and same.difference.ci_low == 0 and same.publish
+    assert same.sessions == len(set(rows.sessions.tolist())) and same.offers == len(rows)
+    # Another band head, judged against the logging one: a paired difference, published only on its lower bound.
+    params = _params(start)
+    worse = {**params, "band": {**params["band"], "w3": params["band"]["w3"] * 0}}
+    bad = ModelSet.load(read_bundle(with_heads(start, worse, FeatureSpec.parse(start.manifest["feature_spec"]), {})), OPTIONS)
+    assert bad.product is not None
+    verdict = judge((bad.product.heads, bad.product.decoder), pair, rows)
+    d = verdict.difference
+    assert d.value == pytest.approx(verdict.new.value - verdict.current.value) and d.ci_low <= d.value <= d.ci_high
+    assert verdict.current.value == same.current.value != verdict.new.value
+    assert verdict.publish == (d.ci_low >= 0 and verdict.pareto_k <= 0.7)
+    with pytest.raises(ValueError, match="no held-out"):
+        judge(pair, pair, rows.take(np.zeros(len(rows), dtype=np.bool_)))
 
 
 def test_a_bundle_without_heads_or_logs_without_products_are_refused(product_logs: Path) -> None:
@@ -155,8 +183,8 @@ def test_the_command_trains_and_names_what_is_wrong(tmp_path: Path, product_logs
     cli = [sys.executable, "-m", "server", "train-products"]
     run = subprocess.run([*cli, "--logs", str(product_logs), "--init", str(init), "--out", str(tmp_path / "out.bundle"),
                           "--version", "p1", "--max-rows", "500"], capture_output=True, text=True, cwd=ROOT, timeout=300)
-    assert run.returncode == 0, run.stderr
     report = json.loads(run.stdout.splitlines()[-1])
+    assert run.returncode == (0 if report["publish"] else 3), run.stderr  # written either way; 3: the gate refused it
     assert report["model_version"] == "p1" and report["metrics"]["product_rows"] <= 500
     assert read_bundle(tmp_path / "out.bundle").model_version == "p1"
     empty = tmp_path / "no-products"

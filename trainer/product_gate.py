@@ -1,0 +1,101 @@
+"""The gate of the product decision: is the new bundle's offer worth more than the current one's, on held-out logs?
+
+An offer is a one-step decision, so importance weighting needs no product of ratios over a session: the weight of a
+logged offer is the new bundle's probability of serving the logged (category, SKU, band), given the same candidates,
+over the probability it was logged with, w = π(c) π(s | c) π(b | c, s) / μ(c, s, b). Each factor is the layer's
+*served* probability (the plurality vote, exploration and rule fallback of ``policy.plurality``, computed from the
+logged features, permitted candidates and rule choices: exactly what the server would serve). The estimate is the
+per-session sum of w · r (``trainer.product_data``'s reward), averaged over held-out sessions; the current bundle is
+estimated the same way on the same offers, and the difference is paired per session, with a percentile bootstrap over
+sessions (``trainer.bootstrap``: the same resamples for both). Weights are cut at ``MAX_WEIGHT``; the tail of the
+uncut weights is read by PSIS's k̂ (``trainer.pareto``), as the flat decision's gate reads it.
+
+Verdict: publish iff the lower bound of new − current is ≥ −tolerance and k̂ ≤ ``MAX_PARETO_K``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from policy.plurality import PluralityDecoder
+from policy.product_policy import masked_softmax
+from trainer.bootstrap import Estimate, bootstrap_counts, interval
+from trainer.pareto import pareto_k
+from trainer.product_data import HEAD_OF, LAYERS, ProductRows
+from weights.product_heads import ProductHeads
+
+MAX_WEIGHT = 100.0
+MAX_PARETO_K = 0.7
+N_BOOT = 400
+
+
+def served_probability(heads: ProductHeads, decoder: PluralityDecoder, rows: ProductRows) -> npt.NDArray[np.float64]:
+    """Per logged offer, the probability ``heads`` would serve its logged (category, SKU, band) on its candidates."""
+    n = len(rows)
+    h = heads.encode(rows.states) if n else np.zeros((0, 1), np.float32)
+    joint = np.ones(n)
+    for layer in LAYERS:
+        data = rows.layers[layer]
+        row_of, cand = np.nonzero(data.valid)
+        logits = np.zeros(data.valid.shape, dtype=np.float32)
+        if len(row_of):  # every row's candidates in one call
+            logits[row_of, cand] = heads.score(HEAD_OF[layer], h[row_of], data.features[row_of, cand])
+        for i in range(n):
+            q = masked_softmax(logits[i, data.valid[i]], data.permitted[i, data.valid[i]])
+            joint[i] *= float(decoder.served(q, int(data.fallback[i]))[data.index[i]])
+    return joint
+
+
+def session_terms(rows: ProductRows, target: npt.NDArray[np.float64], max_weight: float = MAX_WEIGHT
+                  ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.object_], npt.NDArray[np.float64]]:
+    """Per held-out session, Σ min(w, max_weight) · r over its offers; the sessions; the uncut weights."""
+    behaviour = np.prod([rows.layers[layer].propensity for layer in LAYERS], axis=0)
+    weights = target / np.maximum(behaviour, 1e-12)
+    sessions, which = np.unique(rows.sessions.astype(str), return_inverse=True)
+    terms = np.bincount(which, weights=np.minimum(weights, max_weight) * rows.rewards, minlength=len(sessions)).astype(np.float64)
+    return terms, sessions, weights
+
+
+@dataclass(frozen=True)
+class ProductGate:
+    publish: bool
+    reason: str
+    new: Estimate
+    current: Estimate
+    difference: Estimate
+    pareto_k: float
+    sessions: int
+    offers: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"publish": self.publish, "reason": self.reason, "new": self.new.to_dict(), "current": self.current.to_dict(),
+                "difference": self.difference.to_dict(), "pareto_k": self.pareto_k if math.isfinite(self.pareto_k) else None,
+                "sessions": self.sessions, "offers": self.offers, "value": "product reward per session (IPS)"}
+
+
+def judge(new: tuple[ProductHeads, PluralityDecoder], current: tuple[ProductHeads, PluralityDecoder], rows: ProductRows,
+          tolerance: float = 0.0, seed: int = 0, n_boot: int = N_BOOT, level: float = 0.95) -> ProductGate:
+    """The verdict on ``rows`` (held-out offers; module doc)."""
+    if len(rows) == 0:
+        raise ValueError("the gate has no held-out product decisions to judge on")
+    new_terms, sessions, new_w = session_terms(rows, served_probability(*new, rows))
+    cur_terms, _, _ = session_terms(rows, served_probability(*current, rows))
+    stacked = np.stack([new_terms, cur_terms, new_terms - cur_terms], axis=1)
+    samples = np.concatenate([counts @ stacked / len(sessions) for counts in bootstrap_counts(len(sessions), n_boot, seed)])
+    point = stacked.mean(axis=0)
+    est = [interval(samples[:, j], float(point[j]), level) for j in range(3)]
+    k = pareto_k(new_w)
+    refusals = []
+    if k > MAX_PARETO_K:
+        refusals.append(f"the new heads' weights are too heavy-tailed to judge: Pareto k̂ {k:.2f} > {MAX_PARETO_K}")
+    if est[2].ci_low < -tolerance:
+        refusals.append(f"the new heads may be worse: new − current = {est[2].value:.4g} per session, lower bound "
+                        f"{est[2].ci_low:.4g} < −{tolerance:g}")
+    reason = "; ".join(refusals) or (f"new − current = {est[2].value:.4g} per session, lower bound {est[2].ci_low:.4g} ≥ "
+                                     f"−{tolerance:g}; Pareto k̂ {k:.2f}")
+    return ProductGate(not refusals, reason, est[0], est[1], est[2], k, len(sessions), len(rows))
