@@ -79,17 +79,21 @@ def baseline_features(rows: ProductRows, h: npt.NDArray[np.float32], layer: str)
     return np.concatenate(parts, axis=1).astype(np.float64)
 
 
-def advantages(rows: ProductRows, h: npt.NDArray[np.float32], layer: str) -> npt.NDArray[np.float64]:
-    """r − b_ℓ, b_ℓ a ridge regression cross-fitted on two halves (a row's baseline never saw its own reward)."""
-    x, r = baseline_features(rows, h, layer), rows.rewards
+def cross_fitted_advantage(x: npt.NDArray[np.float64], r: npt.NDArray[np.float64], ridge: float = RIDGE) -> npt.NDArray[np.float64]:
+    """r − a ridge regression of r on ``x``, cross-fitted on two halves (a row's baseline never saw its own reward)."""
     fold = np.arange(len(r)) % 2
     out = np.empty_like(r)
     for k in (0, 1):
         fit, apply = fold != k, fold == k
         xf = x[fit]
-        coef = np.linalg.solve(xf.T @ xf + RIDGE * np.eye(x.shape[1]), xf.T @ r[fit])
+        coef = np.linalg.solve(xf.T @ xf + ridge * np.eye(x.shape[1]), xf.T @ r[fit])
         out[apply] = r[apply] - x[apply] @ coef
     return out
+
+
+def advantages(rows: ProductRows, h: npt.NDArray[np.float32], layer: str) -> npt.NDArray[np.float64]:
+    """Layer ``layer``'s own advantage: r − b_ℓ on what it knows before it chooses (``baseline_features``)."""
+    return cross_fitted_advantage(baseline_features(rows, h, layer), rows.rewards)
 
 
 class Head:
