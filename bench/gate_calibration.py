@@ -47,7 +47,7 @@ from simulator.config import SimConfig
 from simulator.drive import run_in_process, run_logged
 from simulator.world import World
 from trainer.config import TrainConfig
-from trainer.evaluation import MAX_UNSUPPORTED, MIN_ESS, MIN_ESS_FRACTION, Evaluation, evaluate_bundle, gate
+from trainer.evaluation import MAX_PARETO_K, MAX_UNSUPPORTED, MIN_ESS, MIN_ESS_FRACTION, Evaluation, evaluate_bundle, gate
 from weights.bundle import Bundle, read_bundle
 from weights.initial import make_bundle
 from weights.model_set import LoadOptions, ModelSet
@@ -120,7 +120,7 @@ def judged(world: World, model: ModelSet, evaluation: Evaluation, settings: Sett
         "pareto_k": report.pareto_k,
         "unsupported_mass": evaluation.unsupported_mass,
         "gate_checks_pass": bool(report.ess >= max(MIN_ESS_FRACTION * report.n_episodes, MIN_ESS)
-                                 and evaluation.unsupported_mass <= MAX_UNSUPPORTED),
+                                 and evaluation.unsupported_mass <= MAX_UNSUPPORTED and not report.pareto_k > MAX_PARETO_K),
         "kl_to_behavior": evaluation.behavior_kl,
     }
     for name in ESTIMATORS:

@@ -14,6 +14,8 @@ The fit is Zhang and Stephens' empirical-Bayes estimate ("A New and Efficient Es
 Pareto Distribution", Technometrics 51, 2009), with the weakly informative prior PSIS adds (k̂ pulled towards 0.5 as if
 by 10 more observations), written here from the papers in numpy: a few dozen lines do not justify scipy or arviz as
 trainer dependencies. ``pareto_k`` of weights that are all equal (a policy judged on its own logs) is −∞: no tail.
+Weights that tie at the tail's threshold (a discrete policy's) set the fit's scale by the smallest positive excess
+instead of the lower quartile, so ties do not hide a heavy tail.
 """
 
 from __future__ import annotations
@@ -40,9 +42,11 @@ def gpd_shape(excesses: npt.ArrayLike) -> float:
     n = len(x)
     if n < MIN_TAIL or not np.isfinite(x).all() or x[0] < 0:
         raise ValueError(f"excesses: expected at least {MIN_TAIL} finite values >= 0, got {n}")
-    quartile = x[max(int(n / 4 + 0.5) - 1, 0)]
-    if x[-1] <= 0 or quartile <= 0:
+    if x[-1] <= 0:
         return -math.inf
+    quartile = x[max(int(n / 4 + 0.5) - 1, 0)]
+    if quartile <= 0:  # ties at the threshold (discrete weights): the grid's scale from the smallest positive excess
+        quartile = float(x[x > 0][0])
     m = 30 + int(math.sqrt(n))
     j = np.arange(1, m + 1, dtype=np.float64)
     # Candidate θ = −k/σ on the grid of the paper, each with its profile log-likelihood; θ̂ is their posterior mean.

@@ -45,3 +45,13 @@ def test_bad_weights_are_refused(bad: list[float]) -> None:
         pareto_k(bad)
     with pytest.raises(ValueError, match="excesses"):
         gpd_shape([1.0, 2.0])
+
+
+def test_ties_at_the_threshold_do_not_hide_a_heavy_tail() -> None:
+    """A discrete policy's weights: products of ratios 4.5 or 0.125 over sessions of geometric length (mean 3), whose
+    variance is infinite (E[ρ²] · P(another step) ≈ 2.7 > 1); many tie at the tail's threshold."""
+    rng = np.random.default_rng(0)
+    lengths = rng.geometric(1 / 3, size=10_000)
+    w = np.array([np.prod(np.where(rng.random(n) < 0.2, 4.5, 0.125)) for n in lengths])
+    assert len(np.unique(w[-tail_size(len(w)):])) < tail_size(len(w))  # ties in the tail
+    assert pareto_k(w) > 0.7
