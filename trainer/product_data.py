@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 
 from core.domain import Outcome
 from experience.objective import BusinessObjective
+from experience.sessions import dedupe_outcomes
 from trainer.replay import buckets_of, write_embeddings
 from weights.model_set import ModelSet
 
@@ -62,6 +63,8 @@ class ProductRows:
     complaints: npt.NDArray[np.int64]
     sessions: npt.NDArray[np.object_]
     model_versions: tuple[str, ...]
+    versions: npt.NDArray[np.object_]
+    """Per row, the model version that served it."""
 
     def __len__(self) -> int:
         return len(self.rewards)
@@ -71,12 +74,16 @@ class ProductRows:
         layers = {name: LayerRows(d.features[keep], d.valid[keep], d.permitted[keep], d.index[keep], d.propensity[keep],
                                   d.served[keep], d.fallback[keep]) for name, d in self.layers.items()}
         return ProductRows(self.states[keep], layers, self.rewards[keep], self.taken[keep], self.complaints[keep],
-                           self.sessions[keep], self.model_versions)
+                           self.sessions[keep], self.model_versions, self.versions[keep])
 
 
-def _padded(column: pa.ChunkedArray, width: int, counts: npt.NDArray[np.int64]) -> F32:
+def _padded(column: pa.ChunkedArray, width: int, counts: npt.NDArray[np.int64], name: str) -> F32:
     """A list<list<float16>> column as (N, max count, width) float32, zero-padded."""
     n, c = len(counts), int(counts.max()) if len(counts) else 0
+    inner = pc.list_value_length(pc.list_flatten(column)).to_numpy(zero_copy_only=False)
+    if len(inner) and (inner != width).any():
+        raise ValueError(f"{name}: candidates of {sorted(set(inner.tolist()))[:3]} features where the bundle's "
+                         f"head reads {width}: these logs were written for another feature spec")
     flat = pc.list_flatten(pc.list_flatten(column)).to_numpy(zero_copy_only=False).astype(np.float32).reshape(-1, width)
     out = np.zeros((n, c, width), dtype=np.float32)
     out[np.repeat(np.arange(n), counts), np.concatenate([np.arange(k) for k in counts]) if n else []] = flat
@@ -94,7 +101,7 @@ def _padded_list(column: pa.ChunkedArray, counts: npt.NDArray[np.int64], dtype: 
 def layer_rows(table: pa.Table, layer: str, width: int) -> LayerRows:
     counts = pc.list_value_length(table.column(f"{layer}_ids")).to_numpy(zero_copy_only=False).astype(np.int64)
     valid = np.arange(int(counts.max()) if len(counts) else 0)[None, :] < counts[:, None]
-    features = _padded(table.column(f"{layer}_features"), width, counts)
+    features = _padded(table.column(f"{layer}_features"), width, counts, f"{layer}_features")
     index = np.asarray(table.column(f"{layer}_index").to_numpy(), dtype=np.int64)
     if ((index < 0) | (index >= counts)).any():
         raise ValueError(f"{layer}_index: a choice outside its candidates")
@@ -106,7 +113,9 @@ def layer_rows(table: pa.Table, layer: str, width: int) -> LayerRows:
 
 def rewards(products: pa.Table, outcomes: pa.Table, paid: npt.NDArray[np.float64], complaint_cost: float
             ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.bool_], npt.NDArray[np.int64]]:
-    """Per product decision: the reward (module doc), whether it was taken, its complaints."""
+    """Per product decision: the reward (module doc), whether it was taken, its complaints. A retried report counts
+    once (``experience.sessions.dedupe_outcomes``, as the objective counts it)."""
+    outcomes = outcomes.take(pa.array(dedupe_outcomes(outcomes)))
     ids = products.column("decision_id").to_pylist()
     row_of = {d: i for i, d in enumerate(ids)}
     taken = np.zeros(len(ids), dtype=np.bool_)
@@ -144,4 +153,5 @@ def product_rows(products: pa.Table, outcomes: pa.Table, model: ModelSet, object
     reward, taken, complaints = rewards(products, outcomes, paid, (objective or BusinessObjective()).complaint_cost)
     return ProductRows(states.astype(np.float32), layers, reward, taken, complaints,
                        np.asarray(products.column("session_id").to_pylist(), dtype=object),
-                       tuple(sorted(set(products.column("model_version").to_pylist()))))
+                       tuple(sorted(set(products.column("model_version").to_pylist()))),
+                       np.asarray(products.column("model_version").to_pylist(), dtype=object))

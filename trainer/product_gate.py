@@ -10,7 +10,9 @@ estimated the same way on the same offers, and the difference is paired per sess
 sessions (``trainer.bootstrap``: the same resamples for both). Weights are cut at ``MAX_WEIGHT``; the tail of the
 uncut weights is read by PSIS's k̂ (``trainer.pareto``), as the flat decision's gate reads it.
 
-Verdict: publish iff the lower bound of new − current is ≥ −tolerance and k̂ ≤ ``MAX_PARETO_K``.
+Verdict: publish iff the held-out sessions are at least ``MIN_SESSIONS``, k̂ ≤ ``MAX_PARETO_K`` (NaN refuses), and
+the lower bound of new − current is ≥ −tolerance. Before judging, the current heads' replay of the offers they
+served must give back the logged propensities (``REPLAY_TOLERANCE``); a mismatch is an error, not a verdict.
 """
 
 from __future__ import annotations
@@ -32,6 +34,12 @@ from weights.product_heads import ProductHeads
 MAX_WEIGHT = 100.0
 MAX_PARETO_K = 0.7
 N_BOOT = 400
+MIN_SESSIONS = 100
+"""Held-out sessions below which the gate does not judge (k̂ cannot be fitted on fewer than ~25 offers either)."""
+REPLAY_TOLERANCE = 0.02
+"""How far the current heads' replayed joint probability may be from the logged one, on average over the rows it
+served: further, and the logs were served with other decoder settings (a server's --samples, --min-votes,
+--exploration-epsilon) or other heads, and neither side's estimate would be of what was served."""
 
 
 def served_probability(heads: ProductHeads, decoder: PluralityDecoder, rows: ProductRows) -> npt.NDArray[np.float64]:
@@ -79,19 +87,31 @@ class ProductGate:
 
 
 def judge(new: tuple[ProductHeads, PluralityDecoder], current: tuple[ProductHeads, PluralityDecoder], rows: ProductRows,
-          tolerance: float = 0.0, seed: int = 0, n_boot: int = N_BOOT, level: float = 0.95) -> ProductGate:
-    """The verdict on ``rows`` (held-out offers; module doc)."""
+          tolerance: float = 0.0, seed: int = 0, n_boot: int = N_BOOT, level: float = 0.95, current_version: str | None = None
+          ) -> ProductGate:
+    """The verdict on ``rows`` (held-out offers; module doc). ``current_version``: the current heads' model version, whose
+    logged rows their replay must reproduce."""
     if len(rows) == 0:
         raise ValueError("the gate has no held-out product decisions to judge on")
+    current_p = served_probability(*current, rows)
+    mine = rows.versions == current_version
+    if mine.any():
+        logged = np.prod([rows.layers[layer].propensity[mine] for layer in LAYERS], axis=0)
+        gap = float(np.abs(current_p[mine] - logged).mean())
+        if gap > REPLAY_TOLERANCE:
+            raise ValueError(f"the current heads ({current_version}) do not replay their own logged propensities (mean gap "
+                             f"{gap:.3g} > {REPLAY_TOLERANCE}): the logs were served with other decoder settings or heads")
     new_terms, sessions, new_w = session_terms(rows, served_probability(*new, rows))
-    cur_terms, _, _ = session_terms(rows, served_probability(*current, rows))
+    cur_terms, _, _ = session_terms(rows, current_p)
     stacked = np.stack([new_terms, cur_terms, new_terms - cur_terms], axis=1)
     samples = np.concatenate([counts @ stacked / len(sessions) for counts in bootstrap_counts(len(sessions), n_boot, seed)])
     point = stacked.mean(axis=0)
     est = [interval(samples[:, j], float(point[j]), level) for j in range(3)]
     k = pareto_k(new_w)
     refusals = []
-    if k > MAX_PARETO_K:
+    if len(sessions) < MIN_SESSIONS:
+        refusals.append(f"too few held-out sessions to judge: {len(sessions)} < {MIN_SESSIONS}")
+    if not k <= MAX_PARETO_K and len(sessions) >= MIN_SESSIONS:  # NaN refuses too
         refusals.append(f"the new heads' weights are too heavy-tailed to judge: Pareto k̂ {k:.2f} > {MAX_PARETO_K}")
     if est[2].ci_low < -tolerance:
         refusals.append(f"the new heads may be worse: new − current = {est[2].value:.4g} per session, lower bound "

@@ -68,13 +68,19 @@ def held_out(sessions: Any, share: float, seed: int) -> npt.NDArray[np.bool_]:
 
 
 def sample_rows(table: pa.Table, max_rows: int, seed: int) -> pa.Table:
-    """At most ``max_rows`` rows, whole sessions chosen by a keyed hash of their id (bottom-k): the same on a rerun."""
+    """At most ``max_rows`` rows of whole sessions, taken in the order of a keyed hash of their id: the same on a rerun."""
     if table.num_rows <= max_rows:
         return table
     sessions = table.column("session_id").to_pylist()
-    rank = {s: hashlib.blake2b(f"{seed}:{s}".encode(), digest_size=8).digest() for s in set(sessions)}
-    order = sorted(range(len(sessions)), key=lambda i: (rank[sessions[i]], i))
-    return table.take(pa.array(sorted(order[:max_rows])))
+    rows_of: dict[str, list[int]] = {}
+    for i, s in enumerate(sessions):
+        rows_of.setdefault(s, []).append(i)
+    kept: list[int] = []
+    for s in sorted(rows_of, key=lambda s: hashlib.blake2b(f"{seed}:{s}".encode(), digest_size=8).digest()):
+        if len(kept) + len(rows_of[s]) > max_rows:
+            continue  # a smaller session further on may still fit
+        kept.extend(rows_of[s])
+    return table.take(pa.array(sorted(kept), type=pa.int64()))
 
 
 def train_products(products: pa.Table, outcomes: pa.Table, bundle: Bundle, model_version: str, created_at: str,
@@ -90,10 +96,12 @@ def train_products(products: pa.Table, outcomes: pa.Table, bundle: Bundle, model
     torch.manual_seed(config.seed)
     model = ModelSet.load(bundle, LoadOptions(device="cpu", warmup_batch=1))
     gate_rows = held_out(products.column("session_id").to_pylist(), config.gate_share, config.seed)
+    if gate_rows.all() or not gate_rows.any():
+        raise ValueError(f"too few sessions to hold {config.gate_share:g} of them out for the gate and train on the rest")
     held = product_rows(products.filter(pa.array(gate_rows)), outcomes, model)
     rows = product_rows(sample_rows(products.filter(pa.array(~gate_rows)), config.max_rows, config.seed), outcomes, model)
-    if len(rows) == 0 or len(held) == 0:
-        raise ValueError(f"too few sessions to hold {config.gate_share:g} of them out for the gate and train on the rest")
+    if len(rows) == 0:
+        raise ValueError(f"max_rows {config.max_rows}: no whole session fits; raise it")
     params: dict[str, mlp.Params] = {name: mlp.policy_params_from_onnx(bundle.parts[part]) for name, part in PART.items()}
     new, steps = update_heads(params, rows, config.deltas, config.layers)
     metrics: dict[str, Any] = {"product_rows": len(rows), "product_rows_logged": products.num_rows, "gate_rows": len(held),
@@ -109,7 +117,7 @@ def train_products(products: pa.Table, outcomes: pa.Table, bundle: Bundle, model
                                                                                                               warmup_batch=1))
     assert candidate.product is not None and model.product is not None
     verdict = judge((candidate.product.heads, candidate.product.decoder), (model.product.heads, model.product.decoder), held,
-                    config.tolerance, config.seed)
+                    config.tolerance, config.seed, current_version=bundle.model_version)
     metrics["gate"] = verdict.to_dict()
     data = with_heads(bundle, new, model.encoder.spec, manifest)  # the same bytes, with the verdict in the manifest
     ModelSet.load(read_bundle(data), LoadOptions(device="cpu", warmup_batch=1))  # as the server will: golden self-test

@@ -7,20 +7,23 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import numpy as np
+import pyarrow as pa
 import pytest
 import torch
 
 from experience.segments import DirectorySource
 from policy.features import FeatureSpec
+from policy.plurality import PluralityDecoder
 from simulator.config import SimConfig
 from simulator.drive import by_model, run_logged
 from simulator.world import World
 from tests.harness import ROOT
-from trainer.product_data import HEAD_OF, LAYERS, product_rows
+from trainer.product_data import HEAD_OF, LAYERS, layer_rows, product_rows
 from trainer.product_gate import judge, served_probability
 from trainer.product_train import ProductTrainConfig, sample_rows, train_products
 from trainer.product_update import DELTAS, Head, _kl, _log_q, update_heads
@@ -133,9 +136,9 @@ def test_the_exported_bundle_keeps_the_flat_decision_and_serves_the_new_heads(pr
     assert model.product is not None
     # Fewer rows: whole sessions by a keyed hash, the same on a rerun.
     few = sample_rows(products, 100, 0)
-    assert few.num_rows <= 100 and few.equals(sample_rows(products, 100, 0))
-    kept = set(few.column("session_id").to_pylist())
-    assert all(s in kept for s in few.column("session_id").to_pylist())
+    assert 0 < few.num_rows <= 100 and few.equals(sample_rows(products, 100, 0))
+    everywhere = Counter(products.column("session_id").to_pylist())
+    assert all(everywhere[s] == n for s, n in Counter(few.column("session_id").to_pylist()).items())  # whole sessions
     small = train_products(products, outcomes, start, "products-2", "2026-12-03T00:00:00Z", ProductTrainConfig(max_rows=100))
     assert small.metrics["product_rows"] <= 100 < small.metrics["product_rows_logged"]
     gate = result.metrics["gate"]  # judged on sessions it never trained on
@@ -165,6 +168,22 @@ def test_the_gate_replays_the_logged_propensities_and_pairs_the_two_bundles(rows
     assert verdict.publish == (d.ci_low >= 0 and verdict.pareto_k <= 0.7)
     with pytest.raises(ValueError, match="no held-out"):
         judge(pair, pair, rows.take(np.zeros(len(rows), dtype=np.bool_)))
+    few = judge(pair, pair, rows.take(np.isin(rows.sessions, rows.sessions[:40])))  # a handful of sessions: no verdict
+    assert not few.publish and "too few held-out sessions" in few.reason
+    assert judge(pair, pair, rows, current_version="heads-3").publish  # its replay gives back what it logged
+    other = PluralityDecoder(samples=3, min_votes=2)  # not what served the logs
+    with pytest.raises(ValueError, match="do not replay their own logged propensities"):
+        judge(pair, (model.product.heads, other), rows, current_version="heads-3")
+
+
+def test_retried_reports_count_once_and_foreign_features_are_named(product_logs: Path, start: Bundle, rows) -> None:  # type: ignore[no-untyped-def]
+    source = DirectorySource(product_logs)
+    products, outcomes = source.table("products"), source.table("outcomes")
+    model = ModelSet.load(start, OPTIONS)
+    twice = product_rows(products, pa.concat_tables([outcomes, outcomes]), model)  # every report sent again
+    np.testing.assert_array_equal(twice.rewards, rows.rewards)
+    with pytest.raises(ValueError, match=r"sku_features: candidates of .* features where the bundle's head reads 5"):
+        layer_rows(products, "sku", 5)
 
 
 def test_a_bundle_without_heads_or_logs_without_products_are_refused(product_logs: Path) -> None:
