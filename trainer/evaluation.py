@@ -52,6 +52,7 @@ is at least −tolerance, and the new bundle's estimate can be trusted at all:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -218,7 +219,8 @@ class GateResult:
     """What the gate compared: ESS and its floor, unsupported mass and its limit, the difference's bound and −tolerance."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"publish": self.publish, "reason": self.reason, "dr_difference": self.difference.to_dict(), "checks": self.checks,
+        checks = {k: v if math.isfinite(v) else None for k, v in self.checks.items()}  # k̂ is −∞ with no tail, NaN unfitted
+        return {"publish": self.publish, "reason": self.reason, "dr_difference": self.difference.to_dict(), "checks": checks,
                 "new": self.new.to_dict(), "current": self.current.to_dict()}
 
 

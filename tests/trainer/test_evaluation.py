@@ -85,7 +85,8 @@ def test_the_gate_refuses_when_the_effective_sample_size_is_too_low() -> None:
     result = gate(far, current, tolerance=0.0)
     assert not result.publish and result.reason.startswith("too few effective sessions") and "may be worse" not in result.reason
     assert result.difference.value > 0  # it does look better: the refusal is about trust, not the estimate
-    assert gate(far, current, tolerance=0.0, min_ess_fraction=0.0).publish  # the floor is configurable
+    assert far.report.pareto_k > MAX_PARETO_K  # weights 5^L, tied in the tail: heavy all the same
+    assert gate(far, current, tolerance=0.0, min_ess_fraction=0.0, max_pareto_k=math.inf).publish  # the floor is configurable
     # However close to the logs: fewer than MIN_ESS effective sessions are too few.
     few, few_current = _evaluation(0.5, n_episodes=80), _evaluation(0.0, n_episodes=80)
     small = gate(few, few_current, tolerance=1.0)
@@ -98,7 +99,7 @@ def test_the_train_config_sets_the_gates_limits_with_the_same_defaults() -> None
                                            "max_pareto_k": MAX_PARETO_K}
     current, far = _evaluation(0.0, n_episodes=10_000), _evaluation(6.0, n_episodes=10_000)
     assert not gate(far, current, 0.0, **TrainConfig().gate_limits()).publish
-    assert gate(far, current, 0.0, **TrainConfig(gate_min_ess_fraction=0.0).gate_limits()).publish
+    assert gate(far, current, 0.0, **TrainConfig(gate_min_ess_fraction=0.0, gate_max_pareto_k=math.inf).gate_limits()).publish
     with pytest.raises(ValueError, match="gate_min_ess_fraction"):
         TrainConfig(gate_min_ess_fraction=1.5)
 
@@ -129,6 +130,8 @@ def test_the_gate_refuses_weights_too_heavy_tailed_to_judge() -> None:
     assert gate(near, current, tolerance=0.0).publish
     assert json.loads(json.dumps(far.report.to_dict()))["diagnostics"]["pareto_k"] == far.report.pareto_k
     assert current.report.to_dict()["diagnostics"]["pareto_k"] is None  # −∞ is not JSON
+    unchanged = gate(current, current, tolerance=0.0)  # a run that took no step: every weight 1, no tail
+    assert unchanged.publish and json.loads(json.dumps(unchanged.to_dict(), allow_nan=False))["checks"]["pareto_k"] is None
     with pytest.raises(ValueError, match="max_pareto_k"):
         gate(far, current, tolerance=0.0, max_pareto_k=0.0)
     with pytest.raises(ValueError, match="gate_max_pareto_k"):
