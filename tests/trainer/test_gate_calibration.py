@@ -16,6 +16,7 @@ import pytest
 from bench.gate_calibration import Settings, behaviour_bundle, one_seed
 from tests.harness import FRESH_ARGS
 from trainer.config import GuardConfig, TrainConfig
+from trainer.evaluation import MAX_PARETO_K
 
 SHORT = TrainConfig(updates=1, batch=8192, value_epochs=2, guard=GuardConfig(epochs=2), bootstrap=100)
 SETTINGS = Settings(sessions=1500, truth_sessions=3000, behaviour_seed=FRESH_ARGS[0], bootstrap=200, config=SHORT)
@@ -32,7 +33,9 @@ def test_the_gates_dr_interval_holds_the_new_bundles_truth(rows: list[dict[str, 
     for row in rows:
         dr, truth = row["dr"], row["truth"]
         assert row["updates_accepted"] >= 1 and row["kl_to_behavior"] > 1e-3  # a bundle that moved: this is off-policy
-        assert row["gate_checks_pass"], row  # ESS and support: the gate would act on this estimate
+        # ESS, support and the weights' tail: the gate acts on this estimate, or refuses it for its tail and says so
+        # (seed 2: k̂ 0.78, its DR 6.5 for a true 9.4 — the short fall the tail check is there for).
+        assert row["gate_checks_pass"] or (row["pareto_k"] > MAX_PARETO_K and "heavy-tailed" in row["gate"]["reason"]), row
         # The truth is a mean of 3,000 sessions: inside the interval widened by its own error (the bench reports both).
         assert dr["covered_widened"], (row["seed"], dr, truth)
 
