@@ -77,37 +77,44 @@ class ProductRows:
                            self.sessions[keep], self.model_versions, self.versions[keep])
 
 
-def _padded(column: pa.ChunkedArray, width: int, counts: npt.NDArray[np.int64], name: str) -> F32:
-    """A list<list<float16>> column as (N, max count, width) float32, zero-padded."""
-    n, c = len(counts), int(counts.max()) if len(counts) else 0
+def _slots(counts: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Where each flattened candidate goes in an (N, max count) padding: its row and its position in the row."""
+    rows = np.repeat(np.arange(len(counts)), counts)
+    return rows, np.arange(len(rows)) - np.repeat(np.cumsum(counts) - counts, counts)
+
+
+def _padded(flat: npt.NDArray[Any], counts: npt.NDArray[np.int64], fill: object) -> npt.NDArray[Any]:
+    """``flat`` (one entry per candidate, in row order) as (N, max count, ...), ``fill`` where there is no candidate."""
+    out: npt.NDArray[Any] = np.full((len(counts), int(counts.max()) if len(counts) else 0, *flat.shape[1:]), fill, dtype=flat.dtype)
+    out[_slots(counts)] = flat
+    return out
+
+
+def _features(column: pa.ChunkedArray, width: int, counts: npt.NDArray[np.int64], name: str) -> F32:
+    """A list<list<float16>> column as (N, max count, width) float32, zero-padded; another width is named."""
     inner = pc.list_value_length(pc.list_flatten(column)).to_numpy(zero_copy_only=False)
     if len(inner) and (inner != width).any():
         raise ValueError(f"{name}: candidates of {sorted(set(inner.tolist()))[:3]} features where the bundle's "
                          f"head reads {width}: these logs were written for another feature spec")
     flat = pc.list_flatten(pc.list_flatten(column)).to_numpy(zero_copy_only=False).astype(np.float32).reshape(-1, width)
-    out = np.zeros((n, c, width), dtype=np.float32)
-    out[np.repeat(np.arange(n), counts), np.concatenate([np.arange(k) for k in counts]) if n else []] = flat
+    out: F32 = _padded(flat, counts, 0.0)
     return out
 
 
-def _padded_list(column: pa.ChunkedArray, counts: npt.NDArray[np.int64], dtype: type, fill: object) -> npt.NDArray[Any]:
-    n, c = len(counts), int(counts.max()) if len(counts) else 0
-    flat = pc.list_flatten(column).to_numpy(zero_copy_only=False).astype(dtype)
-    out: npt.NDArray[Any] = np.full((n, c), fill, dtype=dtype)
-    out[np.repeat(np.arange(n), counts), np.concatenate([np.arange(k) for k in counts]) if n else []] = flat
-    return out
+def _lists(column: pa.ChunkedArray, counts: npt.NDArray[np.int64], dtype: type, fill: object) -> npt.NDArray[Any]:
+    return _padded(pc.list_flatten(column).to_numpy(zero_copy_only=False).astype(dtype), counts, fill)
 
 
 def layer_rows(table: pa.Table, layer: str, width: int) -> LayerRows:
     counts = pc.list_value_length(table.column(f"{layer}_ids")).to_numpy(zero_copy_only=False).astype(np.int64)
     valid = np.arange(int(counts.max()) if len(counts) else 0)[None, :] < counts[:, None]
-    features = _padded(table.column(f"{layer}_features"), width, counts, f"{layer}_features")
+    features = _features(table.column(f"{layer}_features"), width, counts, f"{layer}_features")
     index = np.asarray(table.column(f"{layer}_index").to_numpy(), dtype=np.int64)
     if ((index < 0) | (index >= counts)).any():
         raise ValueError(f"{layer}_index: a choice outside its candidates")
-    return LayerRows(features, valid, _padded_list(table.column(f"{layer}_permitted"), counts, np.bool_, False) & valid, index,
+    return LayerRows(features, valid, _lists(table.column(f"{layer}_permitted"), counts, np.bool_, False) & valid, index,
                      np.asarray(table.column(f"{layer}_propensity").to_numpy(), dtype=np.float64),
-                     _padded_list(table.column(f"{layer}_served_probs"), counts, np.float64, 0.0),
+                     _lists(table.column(f"{layer}_served_probs"), counts, np.float64, 0.0),
                      np.asarray(table.column(f"{layer}_fallback").to_numpy(), dtype=np.int64))
 
 

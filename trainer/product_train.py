@@ -11,24 +11,26 @@ so a rerun on the same logs trains on the same rows and gives the same bytes.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 import pyarrow as pa
 import torch
 
+from experience.sessions import session_codes, session_hashes, split_by_session
 from trainer.product_data import LAYERS, product_rows
 from trainer.product_gate import judge
 from trainer.product_update import DELTAS, update_heads
+from trainer.window import SAMPLE_SALT
 from weights import mlp
 from weights.bundle import Bundle, read_bundle
 from weights.model_set import LoadOptions, ModelSet
 from weights.product_heads import PART, with_heads
 
+GATE_SALT = b"product-gate"
+"""The product gate's held-out split (``experience.sessions.split_by_session``), independent of the flat gate's."""
 MAX_ROWS = 40_000
 """Product decisions one run trains on (≈ 1.3 GB of the category layer's inputs and activations at 6 candidates)."""
 
@@ -58,29 +60,19 @@ class ProductTrainResult:
         return bool(self.metrics["gate"]["publish"])
 
 
-def _unit(seed: int, session: str) -> float:
-    return int.from_bytes(hashlib.blake2b(f"product-gate:{seed}:{session}".encode(), digest_size=8).digest(), "big") / 2.0**64
-
-
-def held_out(sessions: Any, share: float, seed: int) -> npt.NDArray[np.bool_]:
-    """Which rows' sessions the gate keeps (a keyed hash below ``share``): never trained on."""
-    return np.array([_unit(seed, str(s)) < share for s in sessions], dtype=np.bool_)
-
-
 def sample_rows(table: pa.Table, max_rows: int, seed: int) -> pa.Table:
-    """At most ``max_rows`` rows of whole sessions, taken in the order of a keyed hash of their id: the same on a rerun."""
+    """At most ``max_rows`` rows of whole sessions, taken in the order of the window sample's keyed session hash
+    (``experience.sessions.session_hashes``), skipping a session that no longer fits: the same on a rerun."""
     if table.num_rows <= max_rows:
         return table
-    sessions = table.column("session_id").to_pylist()
-    rows_of: dict[str, list[int]] = {}
-    for i, s in enumerate(sessions):
-        rows_of.setdefault(s, []).append(i)
-    kept: list[int] = []
-    for s in sorted(rows_of, key=lambda s: hashlib.blake2b(f"{seed}:{s}".encode(), digest_size=8).digest()):
-        if len(kept) + len(rows_of[s]) > max_rows:
-            continue  # a smaller session further on may still fit
-        kept.extend(rows_of[s])
-    return table.take(pa.array(sorted(kept), type=pa.int64()))
+    distinct, which = session_codes(table.column("session_id").to_numpy(zero_copy_only=False))
+    sizes = np.bincount(which, minlength=len(distinct))
+    keep = np.zeros(len(distinct), dtype=np.bool_)
+    room = max_rows
+    for code in np.argsort(session_hashes(distinct, SAMPLE_SALT + int(seed).to_bytes(8, "little", signed=True)), kind="stable"):
+        if sizes[code] <= room:  # a smaller session further on may still fit
+            keep[code], room = True, room - int(sizes[code])
+    return table.filter(pa.array(keep[which]))
 
 
 def train_products(products: pa.Table, outcomes: pa.Table, bundle: Bundle, model_version: str, created_at: str,
@@ -95,7 +87,8 @@ def train_products(products: pa.Table, outcomes: pa.Table, bundle: Bundle, model
         raise ValueError("the logs hold no product decisions (products/): nothing to train the heads on")
     torch.manual_seed(config.seed)
     model = ModelSet.load(bundle, LoadOptions(device="cpu", warmup_batch=1))
-    gate_rows = held_out(products.column("session_id").to_pylist(), config.gate_share, config.seed)
+    gate_rows = split_by_session(products.column("session_id").to_numpy(zero_copy_only=False), config.gate_share, config.seed,
+                                 GATE_SALT)
     if gate_rows.all() or not gate_rows.any():
         raise ValueError(f"too few sessions to hold {config.gate_share:g} of them out for the gate and train on the rest")
     held = product_rows(products.filter(pa.array(gate_rows)), outcomes, model)

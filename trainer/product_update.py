@@ -52,7 +52,6 @@ KEYS = ("w1", "b1", "w2", "b2", "w3", "b3")
 @dataclass(frozen=True)
 class LayerStep:
     layer: str
-    accepted: bool
     kl: float
     improvement: float
     rows: int
@@ -60,6 +59,10 @@ class LayerStep:
     advantage_sd: float
     steps: int = 0
     """Natural-gradient steps taken (each within the region from the layer's starting policy)."""
+
+    @property
+    def accepted(self) -> bool:
+        return self.steps > 0
 
     def to_dict(self) -> dict[str, Any]:
         return {"accepted": self.accepted, "kl": self.kl, "improvement": self.improvement, "rows": self.rows,
@@ -217,7 +220,7 @@ def layer_step(head: Head, h: npt.NDArray[np.float32], rows: ProductRows, layer:
     result = trust_region_steps(head.params, lambda: _log_q(head, x, permitted), permitted, torch.from_numpy(data.index),
                                 torch.from_numpy(advantage.astype(np.float32)),
                                 torch.from_numpy(np.maximum(data.propensity, 1e-6).astype(np.float32)), delta, max_ratio, iterations)
-    return LayerStep(layer, result.steps > 0, result.kl, result.improvement, n, delta, float(advantage.std()), result.steps)
+    return LayerStep(layer, result.kl, result.improvement, n, delta, float(advantage.std()), result.steps)
 
 
 def update_heads(params: Mapping[str, mlp.Params], rows: ProductRows, deltas: Mapping[str, float] = DELTAS,
