@@ -9,9 +9,12 @@
    held-out sessions (the business objective, γ = 1), publish when the gate passes; a refused
    candidate is kept for step 1 of a later run, or with ``--canary F`` one the gate could not rule
    out (the paired upper bound ≥ −tolerance) is served on F of the sessions for step 0.
+3. With product heads, the ``RecommendProduct`` heads are trained on the window's product decisions and gated on
+   their own (``trainer.cycle_products``): passed heads go into the candidate, or alone into a new active bundle
+   when the candidate is refused and nothing is kept.
 
-Exit codes (``trainer.cli``): 0 published or unchanged (a canary promoted counts), or a canary still
-serving; 3 refused (a canary started is a refusal: nothing was published); 1 failed; 2 bad usage.
+Exit codes (``trainer.cli``): 0 published or unchanged (a canary promoted counts; new product heads published
+alone count), or a canary still serving; 3 refused (a canary started is a refusal: nothing was published); 1 failed; 2 bad usage.
 Keeping or looking at a candidate never turns a refusal into a failure: what goes wrong there
 (an unreadable kept file, a full disk) is logged and reported, and the candidate dropped.
 """
@@ -29,6 +32,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from trainer.config import TrainConfig
+    from trainer.cycle_products import ProductStep
     from trainer.evaluation import Evaluation, GateResult
     from trainer.window import Window
     from weights.model_set import LoadOptions, ModelSet
@@ -79,7 +83,7 @@ def run_cycle(args: argparse.Namespace) -> int:
         return 0
 
     result = _trained(args, init, window, config)
-    gate_sessions = window.gate
+    gate_sessions, versions = window.gate, list(window.versions)
     del window  # the training sample's rows: not held while the gate reads and judges its own
     shutdown()  # every rank together, training done: rank 0 gates alone, with no rank left waiting in a collective
     if args.rank != 0:
@@ -94,6 +98,13 @@ def run_cycle(args: argparse.Namespace) -> int:
     if canaried is not None:
         report["canary"] = canaried
     published = verdict.publish or args.force
+    products = _products(args, init, result, versions, config)
+    if products is not None:
+        report["products"] = products.report
+        if products.passed:  # the new heads travel with the candidate, whatever becomes of it
+            assert products.trained is not None
+            result.product, result.manifest = products.params, {**result.manifest,
+                                                                "product_training": products.trained.metrics}
     result.with_metrics(offline_metrics(verdict))
     signed = _signed(args, result.bundle)
     if args.candidate_out is not None:
@@ -106,7 +117,15 @@ def run_cycle(args: argparse.Namespace) -> int:
                                          "canary_not_started", "started as a canary")
     elif looks:
         report["kept_for_second_look"] = _keep(store.hold, signed, report, "not_kept", "kept for a second look")
+    heads_alone = (not published and products is not None and products.passed and args.init is None
+                   and not report.get("canary_started") and not report.get("kept_for_second_look"))
+    if heads_alone:  # the flat decision refused and nothing kept: the active bundle with the new heads
+        assert products is not None and products.trained is not None
+        report["products"]["published"] = _publish(args, store, _signed(args, products.trained.bundle))
     print(json.dumps(report, default=float) if args.json else f"{'published' if published else 'refused'}: {verdict.reason}")
+    if heads_alone:
+        log.warning("the flat candidate was refused (%s); the new product heads were published on their own", verdict.reason)
+        return 0
     if promoted and not published:
         log.warning("the canary was promoted; its successor was not published: %s", verdict.reason)
         return 0
@@ -114,6 +133,24 @@ def run_cycle(args: argparse.Namespace) -> int:
         log.warning("nothing published: %s", verdict.reason)
         return EXIT_REFUSED
     return 0
+
+
+def _products(args: argparse.Namespace, init: Any, result: Any, versions: list[str], config: TrainConfig) -> ProductStep | None:
+    """The product step (``trainer.cycle_products``) when the trained bundle carries product heads, with the run's seed and
+    gate tolerance; a failure there is reported and leaves the flat decision's outcome alone."""
+    from trainer.cli import _source
+    from trainer.cycle_products import ProductStep, product_step
+    from trainer.product_train import ProductTrainConfig
+
+    if result.product is None:
+        return None
+    version = f"{result.manifest['model_version']}-products"
+    try:
+        return product_step(_source(args.logs, init), init, versions, version, result.manifest["created_at"],
+                            ProductTrainConfig(seed=config.seed, tolerance=config.tolerance))
+    except Exception as exc:  # optional: the flat decision is published or refused on its own merits
+        log.exception("the product step failed; the candidate keeps the heads it was trained from")
+        return ProductStep({"error": f"{type(exc).__name__}: {exc}"})
 
 
 def _serving(store: WeightsStore, active: Any) -> list[str]:

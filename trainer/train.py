@@ -353,7 +353,7 @@ def train(decisions: pa.Table, outcomes: pa.Table, init: Bundle, config: TrainCo
         "provenance": {"kind": "trained", "builder": "trainer.train", **(provenance or {})},
     }
     product = None
-    if base.product is not None:  # carried over as they are: the trainer does not train them yet (issue 18)
+    if base.product is not None:  # carried over as they are: cycle trains them apart (trainer.cycle_products)
         product = {name: mlp.policy_params_from_onnx(init.parts[part]) for name, part in PART.items()}
         manifest["product"] = base.manifest["product"]
     data = export_bundle(policy, guarded.net, base.encoder.behavior_table, spec, manifest, config.seed, product=product)
