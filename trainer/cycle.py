@@ -10,11 +10,12 @@
    candidate is kept for step 1 of a later run, or with ``--canary F`` one the gate could not rule
    out (the paired upper bound ≥ −tolerance) is served on F of the sessions for step 0.
 3. With product heads, the ``RecommendProduct`` heads are trained on the window's product decisions and gated on
-   their own (``trainer.cycle_products``): passed heads go into the candidate, or alone into a new active bundle
-   when the candidate is refused and nothing is kept.
+   their own (``trainer.cycle_products``): passed heads go into the candidate; when it is not published they are
+   also published alone, on the active bundle's flat decision.
 
-Exit codes (``trainer.cli``): 0 published or unchanged (a canary promoted counts; new product heads published
-alone count), or a canary still serving; 3 refused (a canary started is a refusal: nothing was published); 1 failed; 2 bad usage.
+Exit codes (``trainer.cli``): 0 published or unchanged (a canary promoted counts), or a canary still serving;
+3 refused (a canary started is a refusal: no flat candidate was published; new product heads may have been,
+``products.published`` says); 1 failed; 2 bad usage.
 Keeping or looking at a candidate never turns a refusal into a failure: what goes wrong there
 (an unreadable kept file, a full disk) is logged and reported, and the candidate dropped.
 """
@@ -83,7 +84,7 @@ def run_cycle(args: argparse.Namespace) -> int:
         return 0
 
     result = _trained(args, init, window, config)
-    gate_sessions, versions = window.gate, list(window.versions)
+    gate_sessions, versions, since = window.gate, list(window.versions), window_start(window)
     del window  # the training sample's rows: not held while the gate reads and judges its own
     shutdown()  # every rank together, training done: rank 0 gates alone, with no rank left waiting in a collective
     if args.rank != 0:
@@ -92,18 +93,20 @@ def run_cycle(args: argparse.Namespace) -> int:
     new = ModelSet.load(read_bundle(result.bundle), options)
     verdict = gate(judged(config, new, held_d, held_o), judged(config, current, held_d, held_o), config.tolerance,
                    **config.gate_limits())
+    del held_d, held_o  # judged: not held while the product step reads and trains
     report: dict[str, Any] = {"model_version": new.version, "current_version": current.version, **verdict.to_dict()}
     if looked is not None:
         report["second_look"] = looked
     if canaried is not None:
         report["canary"] = canaried
     published = verdict.publish or args.force
-    products = _products(args, init, result, versions, config)
+    products = _products(args, init, result, versions, since, config)
     if products is not None:
         report["products"] = products.report
-        if products.passed:  # the new heads travel with the candidate, whatever becomes of it
+        if products.passed:  # the new heads travel with the candidate, whatever becomes of it; its version names them
             assert products.trained is not None
-            result.product, result.manifest = products.params, {**result.manifest,
+            report["model_version"] = f"{result.manifest['model_version']}-p{products.digest}"
+            result.product, result.manifest = products.params, {**result.manifest, "model_version": report["model_version"],
                                                                 "product_training": products.trained.metrics}
     result.with_metrics(offline_metrics(verdict))
     signed = _signed(args, result.bundle)
@@ -114,18 +117,16 @@ def run_cycle(args: argparse.Namespace) -> int:
         report["published"] = _publish(args, store, signed)
     elif judging and settings.fraction > 0 and verdict.difference.ci_high >= -config.tolerance:  # refused, not ruled out
         report["canary_started"] = _keep(store.start_canary, _signed(args, _with_canary(result.bundle, settings.fraction)), report,
-                                         "canary_not_started", "started as a canary")
+                                         "canary_not_started", "started as a canary: the refused candidate")
     elif looks:
-        report["kept_for_second_look"] = _keep(store.hold, signed, report, "not_kept", "kept for a second look")
-    heads_alone = (not published and products is not None and products.passed and args.init is None
-                   and not report.get("canary_started") and not report.get("kept_for_second_look"))
-    if heads_alone:  # the flat decision refused and nothing kept: the active bundle with the new heads
-        assert products is not None and products.trained is not None
-        report["products"]["published"] = _publish(args, store, _signed(args, products.trained.bundle))
-    print(json.dumps(report, default=float) if args.json else f"{'published' if published else 'refused'}: {verdict.reason}")
-    if heads_alone:
-        log.warning("the flat candidate was refused (%s); the new product heads were published on their own", verdict.reason)
-        return 0
+        report["kept_for_second_look"] = _keep(store.hold, signed, report, "not_kept", "kept for a second look: the refused candidate")
+    if not published and products is not None and products.passed and args.init is None:
+        # the flat candidate refused (kept, canaried or dropped): the active bundle's flat decision with the new heads
+        assert products.trained is not None
+        report["products"]["published"] = _keep(lambda data: _publish(args, store, data), _signed(args, products.trained.bundle),
+                                                report["products"], "not_published", "published: the new product heads")
+    print(json.dumps(report, default=float) if args.json else f"{'published' if published else 'refused'}: {verdict.reason}"
+          + (" (new product heads published)" if report.get("products", {}).get("published") else ""))
     if promoted and not published:
         log.warning("the canary was promoted; its successor was not published: %s", verdict.reason)
         return 0
@@ -135,7 +136,20 @@ def run_cycle(args: argparse.Namespace) -> int:
     return 0
 
 
-def _products(args: argparse.Namespace, init: Any, result: Any, versions: list[str], config: TrainConfig) -> ProductStep | None:
+def window_start(window: Window) -> float | None:
+    """The earliest ``time_s`` of the window's decisions (None when it has none, or one that orders nothing)."""
+    import math
+
+    import pyarrow.compute as pc
+
+    if window.decisions.num_rows == 0:
+        return None
+    first = pc.min(window.decisions.column("time_s")).as_py()
+    return float(first) if first is not None and math.isfinite(first) else None
+
+
+def _products(args: argparse.Namespace, init: Any, result: Any, versions: list[str], since: float | None,
+              config: TrainConfig) -> ProductStep | None:
     """The product step (``trainer.cycle_products``) when the trained bundle carries product heads, with the run's seed and
     gate tolerance; a failure there is reported and leaves the flat decision's outcome alone."""
     from trainer.cli import _source
@@ -144,10 +158,9 @@ def _products(args: argparse.Namespace, init: Any, result: Any, versions: list[s
 
     if result.product is None:
         return None
-    version = f"{result.manifest['model_version']}-products"
     try:
-        return product_step(_source(args.logs, init), init, versions, version, result.manifest["created_at"],
-                            ProductTrainConfig(seed=config.seed, tolerance=config.tolerance))
+        return product_step(_source(args.logs, init), init, versions, result.manifest["created_at"],
+                            ProductTrainConfig(seed=config.seed, tolerance=config.tolerance), since=since)
     except Exception as exc:  # optional: the flat decision is published or refused on its own merits
         log.exception("the product step failed; the candidate keeps the heads it was trained from")
         return ProductStep({"error": f"{type(exc).__name__}: {exc}"})
@@ -212,15 +225,16 @@ def _publish(args: argparse.Namespace, store: WeightsStore, data: bytes) -> str:
 
 
 def _keep(write: Callable[[bytes], str], data: bytes, report: dict[str, Any], failure: str, what: str) -> str | None:
-    """Keep a refused candidate with ``write`` (``store.hold`` or ``store.start_canary``): its version; on failure (a full
-    disk, a bundle the store's check refuses) say why under ``report[failure]`` and keep nothing."""
+    """Write ``data`` with ``write`` (``store.hold`` or ``store.start_canary`` for a refused candidate, a publish for new
+    product heads alone): its version; on failure (a full disk, a bundle the store's check refuses, a version already
+    taken by other bytes) say why under ``report[failure]`` and write nothing: a refusal stays a refusal."""
     from weights.bundle import BundleError
     from weights.store import StoreError
 
     try:
         return write(data)
     except (BundleError, StoreError, OSError) as exc:
-        log.warning("the refused candidate could not be %s: %s", what, exc)
+        log.warning("not %s: %s", what, exc)
         report[failure] = str(exc)
         return None
 
@@ -251,13 +265,14 @@ def second_look(args: argparse.Namespace, store: WeightsStore, config: TrainConf
 
 def _look(args: argparse.Namespace, store: WeightsStore, config: TrainConfig, current: ModelSet, window: Window,
           options: LoadOptions, data: bytes) -> dict[str, Any]:
+    from trainer.cycle_products import same_flat_as
     from trainer.evaluation import gate
     from trainer.second_look import candidate_record, unseen_sessions
     from weights.model_set import ModelSet
 
     candidate = ModelSet.load(store.validate(data), options)
     head: dict[str, Any] = {"model_version": candidate.version, "current_version": current.version}
-    record = candidate_record(candidate.manifest, current.version)
+    record = candidate_record(candidate.manifest, current.version, same_flat_as(current.manifest))
     if isinstance(record, str):
         log.info("the kept candidate %s is stale: %s", candidate.version, record)
         return {**head, "publish": False, "reason": f"stale: {record}"}

@@ -4,27 +4,38 @@ The heads are a second decision with its own logs (``products/``), its own trust
 (``trainer.product_train``), so ``cycle`` judges them apart from the flat decision:
 
 - the step runs when the bundle trained from carries product heads and the logs hold product decisions of the
-  window's model versions (``trainer.product_window``: the gate's held-out sessions and a bounded sample);
+  window's model versions from the window's start on (``trainer.product_window``: the gate's held-out sessions and
+  a bounded sample, read in two passes);
 - heads the product gate passes go into the flat candidate, whatever becomes of it (published, kept for a second
-  look, started as a canary); heads it refuses are left out, and the candidate keeps the heads it was trained from;
-- when the flat candidate is not published and nothing is kept or started, passed heads are published on their own:
-  the active bundle's flat decision byte for byte with the new heads, under a new model version.
+  look, started as a canary), and its version says so (``<candidate>-p<digest>``);
+- when the flat candidate is not published, passed heads are also published alone: the active bundle's flat decision
+  byte for byte with the new heads, as ``products-<time>-<digest>`` (the digest of the heads' bytes, so a version
+  names its bytes). Its manifest's ``same_flat_as`` names the versions whose flat decision it serves, so a candidate
+  kept for a second look, trained from the bundle before, is still judged (``trainer.second_look``), and a canary
+  started in the same run is compared with sessions that see the same heads;
+- refused heads are left out; a product step that fails is reported (``error``) and leaves the flat decision's
+  outcome alone; one that has nothing to train on says why (``skipped``).
 
 What happened is reported under ``products`` in ``cycle``'s report, and the trained heads' metrics (each layer's KL
-and steps, the gate's verdict) under ``product_training`` in the manifest of the bundle that carries them.
+and steps, the gate's verdict) under ``product_training`` in the manifest of the bundles that carry them.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from experience.segments import DirectorySource
+from experience.sessions import split_by_session
 from trainer.product_train import GATE_SALT, MAX_ROWS, ProductTrainConfig, ProductTrainResult, train_products
 from trainer.product_window import read_products
 from weights import mlp
-from weights.bundle import Bundle, read_bundle
+from weights.bundle import MANIFEST, PRODUCT_PARTS, Bundle, read_bundle, write_bundle
 from weights.product_heads import PART
 
 log = logging.getLogger(__name__)
@@ -37,35 +48,52 @@ MAX_GATE_ROWS = 20_000
 class ProductStep:
     report: dict[str, Any]
     trained: ProductTrainResult | None = None
+    """The heads-only bundle (the starting bundle's flat decision with the new heads), under its final version."""
     params: dict[str, mlp.Params] | None = field(default=None, repr=False)
+    digest: str = ""
+    """The first 8 hex digits of the SHA-256 of the new heads' parts."""
 
     @property
     def passed(self) -> bool:
         return self.trained is not None and self.trained.publish
 
 
-def product_step(source: DirectorySource, base: Bundle, versions: list[str], model_version: str, created_at: str,
-                 config: ProductTrainConfig | None = None, max_gate_rows: int = MAX_GATE_ROWS) -> ProductStep:
-    """Train and gate ``base``'s product heads on the product decisions of ``versions`` (module doc)."""
+def same_flat_as(manifest: dict[str, Any]) -> list[str]:
+    """The versions whose flat decision a bundle serves byte for byte (besides its own): a heads-only bundle's."""
+    versions = manifest.get("same_flat_as")
+    return [v for v in versions if isinstance(v, str)] if isinstance(versions, list) else []
+
+
+def product_step(source: DirectorySource, base: Bundle, versions: list[str], created_at: str,
+                 config: ProductTrainConfig | None = None, max_gate_rows: int = MAX_GATE_ROWS,
+                 since: float | None = None) -> ProductStep:
+    """Train and gate ``base``'s product heads on the product decisions of ``versions`` from ``since`` (module doc)."""
     config = config or ProductTrainConfig(max_rows=MAX_ROWS)
     if "product" not in base.manifest:
         return ProductStep({"skipped": "the bundle has no product heads (format version 1)"})
     if not source.has("products"):
         return ProductStep({"skipped": "the logs hold no product decisions (products/)"})
     window = read_products(source, versions, gate_share=config.gate_share, seed=config.seed, gate_salt=GATE_SALT,
-                           max_rows=config.max_rows, max_gate_rows=max_gate_rows)
+                           max_rows=config.max_rows, max_gate_rows=max_gate_rows, since=since)
     if window.products.num_rows == 0:
         return ProductStep({"skipped": f"no product decisions of the window's versions {versions}", **window.describe()})
-    try:
-        trained = train_products(window.products, window.outcomes, base, model_version, created_at, config)
-    except ValueError as exc:  # too few sessions to hold out, none that fits: the heads stay as they are
-        log.warning("the product heads were not trained: %s", exc)
-        return ProductStep({"skipped": str(exc), **window.describe()})
+    held = split_by_session(np.asarray(window.products.column("session_id").to_pylist(), dtype=object), config.gate_share,
+                            config.seed, GATE_SALT)
+    if held.all() or not held.any():
+        return ProductStep({"skipped": f"too few sessions to hold {config.gate_share:g} of them out for the product gate "
+                                       "and train on the rest", **window.describe()})
+    trained = train_products(window.products, window.outcomes, base, "products-pending", created_at, config)
     gate = trained.metrics["gate"]
     report = {"window": window.describe(), "publish": trained.publish, "reason": gate["reason"], "gate": gate,
               "layers": trained.metrics["layers"]}
-    params = None
-    if trained.publish:
-        new = read_bundle(trained.bundle)
-        params = {name: mlp.policy_params_from_onnx(new.parts[part]) for name, part in PART.items()}
-    return ProductStep(report, trained, params)
+    if not trained.publish:
+        return ProductStep(report, trained)
+    new = read_bundle(trained.bundle)
+    digest = hashlib.sha256(b"".join(new.parts[name] for name in PRODUCT_PARTS)).hexdigest()[:8]
+    version = f"products-{created_at.replace('-', '').replace(':', '')}-{digest}"
+    manifest = {**{k: v for k, v in new.manifest.items() if k not in ("format", "format_version", "parts")},
+                "model_version": version}
+    out = io.BytesIO()
+    write_bundle(out, manifest, {name: data for name, data in new.parts.items() if name != MANIFEST})
+    params = {name: mlp.policy_params_from_onnx(new.parts[part]) for name, part in PART.items()}
+    return ProductStep(report, ProductTrainResult(out.getvalue(), trained.metrics), params, digest)

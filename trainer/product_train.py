@@ -31,6 +31,8 @@ from weights.product_heads import PART, with_heads
 
 GATE_SALT = b"product-gate"
 """The product gate's held-out split (``experience.sessions.split_by_session``), independent of the flat gate's."""
+SAME_FLAT_KEPT = 20
+"""Versions a heads-only bundle names as serving its flat decision byte for byte (``same_flat_as``), newest first."""
 MAX_ROWS = 40_000
 """Product decisions one run trains on (≈ 1.3 GB of the category layer's inputs and activations at 6 candidates)."""
 
@@ -102,9 +104,11 @@ def train_products(products: pa.Table, outcomes: pa.Table, bundle: Bundle, model
                "taken": float(rows.taken.mean()), "complaints": float(rows.complaints.mean()),
                "layers": {s.layer: s.to_dict() for s in steps}, "behaviour_versions": list(rows.model_versions),
                "config": config.to_dict()}
+    earlier = bundle.manifest.get("same_flat_as")
     manifest = {"model_version": model_version, "created_at": created_at,
                 "provenance": {"kind": "product-trained", "from": bundle.model_version,
                                "builder": "trainer.product_train.train_products"},
+                "same_flat_as": [bundle.model_version, *(earlier if isinstance(earlier, list) else [])][:SAME_FLAT_KEPT],
                 "product_training": metrics}
     candidate = ModelSet.load(read_bundle(with_heads(bundle, new, model.encoder.spec, manifest)), LoadOptions(device="cpu",
                                                                                                               warmup_batch=1))

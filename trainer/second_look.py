@@ -38,6 +38,7 @@ the first look's coverage).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,13 +77,15 @@ class Unseen:
         return {"newest_time_s": self.newest_time_s, "fresh_sessions": self.n_fresh, "heldout_sessions": self.n_heldout}
 
 
-def candidate_record(manifest: dict[str, Any], current_version: str) -> Record | str:
-    """What the kept candidate read, or why it cannot be judged against ``current_version`` (it is stale)."""
+def candidate_record(manifest: dict[str, Any], current_version: str, same_flat_as: Sequence[str] = ()) -> Record | str:
+    """What the kept candidate read, or why it cannot be judged against ``current_version`` (it is stale).
+    ``same_flat_as``: the versions whose flat decision the current bundle serves byte for byte (new product heads
+    published alone, ``trainer.cycle_products``): a candidate trained from one of them is not stale."""
     trainer = manifest.get("trainer")
     if not isinstance(trainer, dict):
         return "its manifest has no trainer record"
     init = trainer.get("init_model_version")
-    if init != current_version:
+    if init != current_version and init not in same_flat_as:
         return f"it was trained from {init!r}, not from the active {current_version!r}"
     window = trainer.get("window")
     newest = window.get("newest_time_s") if isinstance(window, dict) else None

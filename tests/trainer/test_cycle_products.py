@@ -4,6 +4,7 @@ recorder), a real weights store and the real command, in process."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -22,9 +23,10 @@ from simulator.config import SimConfig
 from simulator.drive import by_model, run_logged
 from simulator.world import World
 from tests.harness import trainer_in_process
-from trainer.cycle_products import product_step
+from trainer.cycle_products import product_step, same_flat_as
 from trainer.product_train import GATE_SALT, ProductTrainConfig
 from trainer.product_window import chosen_sessions, read_products
+from trainer.second_look import Record, candidate_record
 from weights.bundle import PRODUCT_PARTS, Bundle, read_bundle
 from weights.embedded import default_bundle
 from weights.model_set import LoadOptions, ModelSet
@@ -82,15 +84,17 @@ def test_the_read_keeps_whole_sessions_of_the_windows_versions_within_each_budge
 
 def test_the_step_skips_what_it_cannot_train_and_names_why(logs: Path, tmp_path: Path, start: bytes) -> None:
     flat = default_bundle()  # format 1: no heads
-    assert product_step(DirectorySource(logs), flat, ["heads-5"], "v", "t").report["skipped"].startswith("the bundle has no")
+    assert product_step(DirectorySource(logs), flat, ["heads-5"], "t").report["skipped"].startswith("the bundle has no")
     empty = tmp_path / "empty"
     (empty / "decisions").mkdir(parents=True)
-    assert "no product decisions" in product_step(DirectorySource(empty), read_bundle(start), ["heads-5"], "v", "t").report["skipped"]
-    step = product_step(DirectorySource(logs), read_bundle(start), ["elsewhere"], "v", "t")
+    assert "no product decisions" in product_step(DirectorySource(empty), read_bundle(start), ["heads-5"], "t").report["skipped"]
+    step = product_step(DirectorySource(logs), read_bundle(start), ["elsewhere"], "t")
     assert "no product decisions of the window's versions" in step.report["skipped"] and not step.passed
-    few = product_step(DirectorySource(logs), read_bundle(start), ["heads-5"], "v", "2026-12-03T00:00:00Z",
+    few = product_step(DirectorySource(logs), read_bundle(start), ["heads-5"], "2026-12-03T00:00:00Z",
                        ProductTrainConfig(gate_share=0.2), max_gate_rows=0)
     assert "too few sessions to hold 0.2 of them out" in few.report["skipped"] and not few.passed  # none read for the gate
+    late = product_step(DirectorySource(logs), read_bundle(start), ["heads-5"], "2026-12-03T00:00:00Z", since=1e12)
+    assert "no product decisions" in late.report["skipped"]  # none from the window's start on
 
 
 def _cycle(logs: Path, weights: Path, config: dict[str, Any], tmp_path: Path) -> tuple[int, dict[str, Any]]:
@@ -102,7 +106,11 @@ def _cycle(logs: Path, weights: Path, config: dict[str, Any], tmp_path: Path) ->
     return code, json.loads(out.strip().splitlines()[-1])
 
 
-FAST = {"updates": 1, "batch": 8192, "value_epochs": 1, "guard": {"epochs": 1}, "bootstrap": 50, "second_look_level": None}
+def _heads(bundle: Bundle) -> str:
+    return hashlib.sha256(b"".join(bundle.parts[name] for name in PRODUCT_PARTS)).hexdigest()[:8]
+
+
+FAST = {"updates": 1, "batch": 8192, "value_epochs": 1, "guard": {"epochs": 1}, "bootstrap": 50}
 
 
 def _parts(bundle: Bundle, names: tuple[str, ...]) -> dict[str, bytes]:
@@ -121,31 +129,39 @@ def _forced(logs: Path, tmp_path: Path, start: bytes, config: dict[str, Any], na
     report = json.loads(out.strip().splitlines()[-1])
     published = read_bundle(store.active_path.read_bytes())
     assert published.model_version == report["model_version"] and "published" not in report["products"]
+    assert ("same_flat_as" not in published.manifest) and "kept_for_second_look" not in report
     return report, published
 
 
 def test_a_cycle_trains_the_heads_and_publishes_them_with_the_candidate_or_alone(logs: Path, tmp_path: Path,
                                                                                 start: bytes) -> None:
     started = read_bundle(start)
-    # The flat gate cannot pass (no ESS is that large) and nothing is kept; the heads pass their gate (the run's tolerance
-    # of 2 per session) and are published alone.
+    # The flat gate cannot pass (no ESS is that large): its candidate is kept for a second look (the default), and the
+    # heads, which pass their gate (the run's tolerance of 2 per session), ride it and are also published alone.
     weights = tmp_path / "alone"
     store = WeightsStore(weights, lambda data: verify(data, None))
     store.publish(start)
     code, report = _cycle(logs, weights, {**FAST, "gate_min_ess": 1e9, "tolerance": 2.0}, tmp_path)
-    assert "too few effective sessions" in report["reason"] and "published" not in report
+    assert code == 3 and "too few effective sessions" in report["reason"] and "published" not in report
     products = report["products"]
     assert products["window"]["rows_in_window"] > 0 and products["gate"]["sessions"] >= 100
     for layer in ("category", "sku", "price_band"):
         assert 0 < products["layers"][layer]["kl"] <= products["layers"][layer]["delta"] * 1.5
     assert products["publish"] is True, products["reason"]
-    assert code == 0 and products["published"] == "published"
     active = read_bundle(store.active_path.read_bytes())
-    assert active.model_version == report["model_version"] + "-products"
+    digest = _heads(active)
+    assert products["published"] == "published" and active.model_version.startswith("products-")
+    assert active.model_version.endswith(digest)  # the version names the heads' bytes
     assert _parts(active, FLAT_PARTS) == _parts(started, FLAT_PARTS)  # the active flat decision, byte for byte
     assert _parts(active, PRODUCT_PARTS) != _parts(started, PRODUCT_PARTS)
-    assert active.manifest["product_training"]["gate"]["publish"] is True
+    assert active.manifest["same_flat_as"] == ["heads-5"] and active.manifest["product_training"]["gate"]["publish"] is True
     assert ModelSet.load(active, OPTIONS).product is not None  # loads as the server loads it (golden self-test)
+    kept = read_bundle(store.pending() or b"")
+    assert kept.model_version == report["kept_for_second_look"] == report["model_version"] == f"{report['model_version'][:-10]}-p{digest}"
+    assert _parts(kept, PRODUCT_PARTS) == _parts(active, PRODUCT_PARTS)  # the kept candidate carries the same heads
+    # ... and is still judged against the heads-only bundle now active: it serves the flat decision it was trained from.
+    assert isinstance(candidate_record(kept.manifest, active.model_version, same_flat_as(active.manifest)), Record)
+    assert isinstance(candidate_record(kept.manifest, active.model_version), str)  # without it: stale
 
     # The flat candidate published (forced): it carries the same new heads (the same logs and seed).
     forced, published = _forced(logs, tmp_path, start, {**FAST, "tolerance": 2.0}, "with")
