@@ -24,8 +24,10 @@ flags below, over the defaults.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
+import math
 import os
 import sys
 import time
@@ -63,6 +65,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--max-rows", type=int, default=None, help="product decisions trained on at most (default 40000)")
     for layer, delta in (("category", 0.03), ("sku", 0.05), ("price-band", 0.02)):
         p.add_argument(f"--delta-{layer}", type=float, default=delta, help=f"the {layer} layer's trust region (default {delta})")
+    p.add_argument("--delta-encoder", type=float, default=None,
+                   help="the shared encoder's region on the sum of the layers' KL (0 holds it fixed; default the trainer's)")
     p.set_defaults(handler=_train_products)
 
     p = subparsers.add_parser("evaluate", help="offline estimates of a bundle's value on logs (IPS, SNIPS, DR)")
@@ -249,6 +253,8 @@ def _train_products(args: argparse.Namespace) -> int:
     bad = [f"--delta-{k.replace('_', '-')}" for k, v in deltas.items() if not v > 0]
     if bad or (args.max_rows is not None and args.max_rows < 1):
         raise UsageError(f"{', '.join(bad) or '--max-rows'}: expected > 0")
+    if args.delta_encoder is not None and not (args.delta_encoder >= 0 and math.isfinite(args.delta_encoder)):
+        raise UsageError(f"--delta-encoder: expected >= 0, got {args.delta_encoder}")
     init = _bundle(args.init)
     source = _source(args.logs, init)
     if not source.has("products"):
@@ -256,6 +262,8 @@ def _train_products(args: argparse.Namespace) -> int:
     created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     version = args.model_version or f"products-{created.replace('-', '').replace(':', '')}-s{args.seed}"
     config = ProductTrainConfig(deltas=deltas, max_rows=args.max_rows or MAX_ROWS, seed=args.seed)
+    if args.delta_encoder is not None:
+        config = dataclasses.replace(config, encoder_delta=args.delta_encoder)
     try:
         result = train_products(source.table("products"), source.table("outcomes"), init, version, created, config)
     except ValueError as exc:

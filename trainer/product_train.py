@@ -22,7 +22,7 @@ import torch
 from experience.sessions import session_codes, session_hashes, split_by_session
 from trainer.product_data import LAYERS, product_rows
 from trainer.product_gate import judge
-from trainer.product_update import DELTAS, update_heads
+from trainer.product_update import DELTAS, ENCODER_DELTA, update_heads
 from trainer.window import SAMPLE_SALT
 from weights import mlp
 from weights.bundle import Bundle, read_bundle
@@ -46,10 +46,13 @@ class ProductTrainConfig:
     gate_share: float = 0.2
     """Sessions held out of training for the gate (a keyed hash of the session)."""
     tolerance: float = 0.0
+    encoder_delta: float = ENCODER_DELTA
+    """The shared encoder's region on the sum of the layers' KL (``trainer.product_update``); 0 holds it fixed."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"deltas": dict(self.deltas), "layers": list(self.layers), "max_rows": self.max_rows, "seed": self.seed,
-                "gate_share": self.gate_share, "tolerance": self.tolerance}
+                "gate_share": self.gate_share, "tolerance": self.tolerance,
+                "encoder_delta": self.encoder_delta}
 
 
 @dataclass(frozen=True)
@@ -98,7 +101,7 @@ def train_products(products: pa.Table, outcomes: pa.Table, bundle: Bundle, model
     if len(rows) == 0:
         raise ValueError(f"max_rows {config.max_rows}: no whole session fits; raise it")
     params: dict[str, mlp.Params] = {name: mlp.policy_params_from_onnx(bundle.parts[part]) for name, part in PART.items()}
-    new, steps = update_heads(params, rows, config.deltas, config.layers)
+    new, steps = update_heads(params, rows, config.deltas, config.layers, config.encoder_delta)
     metrics: dict[str, Any] = {"product_rows": len(rows), "product_rows_logged": products.num_rows, "gate_rows": len(held),
                                "mean_reward": float(rows.rewards.mean()),
                "taken": float(rows.taken.mean()), "complaints": float(rows.complaints.mean()),

@@ -119,6 +119,39 @@ def test_each_layer_moves_within_its_own_trust_region_and_improves_its_surrogate
         update_heads(params, rows, deltas={**DELTAS, "category": 0.0})
 
 
+def test_the_encoder_moves_within_the_summed_region_under_the_new_heads(rows, start: Bundle) -> None:  # type: ignore[no-untyped-def]
+    torch.manual_seed(0)
+    params = _params(start)
+    heads_only, _ = update_heads(params, rows)
+    new, steps = update_heads(params, rows, encoder_delta=0.02)
+    assert [s.layer for s in steps] == [*LAYERS, "encoder"]
+    for name in ("category", "sku", "band"):  # the heads' steps are the same with or without the encoder's after them
+        for k in params[name]:
+            assert np.array_equal(new[name][k], heads_only[name][k]), (name, k)
+    step = steps[-1]
+    assert step.accepted and step.improvement > 0 and 0 < step.kl <= 0.02 * (1 + 1e-5), step
+    assert any(not np.array_equal(new["encoder"][k], params["encoder"][k]) for k in params["encoder"])
+
+    def log_q(encoder: mlp.Params, heads: dict[str, mlp.Params], layer: str) -> torch.Tensor:  # from the exported arrays
+        h = mlp.policy_forward(encoder, rows.states).astype(np.float32)
+        data = rows.layers[layer]
+        n, c = data.features.shape[:2]
+        x = torch.from_numpy(np.concatenate([np.broadcast_to(h[:, None, :], (n, c, h.shape[1])), data.features], axis=2))
+        with torch.no_grad():
+            return _log_q(Head(heads[HEAD_OF[layer]]), x, torch.from_numpy(data.permitted))
+
+    def kl(a: torch.Tensor, b: torch.Tensor, layer: str) -> float:
+        return float(_kl(a, b, torch.from_numpy(rows.layers[layer].permitted)))
+
+    summed = sum(kl(log_q(params["encoder"], new, layer), log_q(new["encoder"], new, layer), layer) for layer in LAYERS)
+    assert summed == pytest.approx(step.kl, rel=1e-3, abs=1e-6)
+    for layer_step in steps[:-1]:  # each layer's whole move, both steps, from its starting policy: measured, reported
+        whole = kl(log_q(params["encoder"], params, layer_step.layer), log_q(new["encoder"], new, layer_step.layer), layer_step.layer)
+        assert layer_step.kl_from_start == pytest.approx(whole, rel=1e-3, abs=1e-6) and whole > 0
+    with pytest.raises(ValueError, match="encoder_delta"):
+        update_heads(params, rows, encoder_delta=-1.0)
+
+
 def test_the_exported_bundle_keeps_the_flat_decision_and_serves_the_new_heads(product_logs: Path, start: Bundle) -> None:
     source = DirectorySource(product_logs)
     products, outcomes = source.table("products"), source.table("outcomes")
@@ -127,11 +160,15 @@ def test_the_exported_bundle_keeps_the_flat_decision_and_serves_the_new_heads(pr
     assert result.bundle == again.bundle  # same logs, same seed: the same bytes
     trained = read_bundle(result.bundle)
     assert all(trained.parts[p] == start.parts[p] for p in PARTS)  # the flat decision, byte for byte
-    assert all(trained.parts[p] != start.parts[p] for p in ("product_category.onnx", "product_sku.onnx", "product_band.onnx"))
-    assert trained.parts["product_encoder.onnx"] == start.parts["product_encoder.onnx"]  # the encoder is held fixed
+    assert all(trained.parts[p] != start.parts[p] for p in ("product_category.onnx", "product_sku.onnx", "product_band.onnx",
+                                                            "product_encoder.onnx"))  # the encoder in its own region too
     m = trained.manifest
     assert m["model_version"] == "products-1" and m["provenance"]["from"] == "heads-3" and m["product"] == start.manifest["product"]
-    assert set(m["product_training"]["layers"]) == set(LAYERS)
+    assert set(m["product_training"]["layers"]) == {*LAYERS, "encoder"}
+    assert all(m["product_training"]["layers"][layer]["kl_from_start"] > 0 for layer in LAYERS)
+    fixed = read_bundle(train_products(products, outcomes, start, "products-3", "2026-12-03T00:00:00Z",
+                                       ProductTrainConfig(encoder_delta=0.0)).bundle)
+    assert fixed.parts["product_encoder.onnx"] == start.parts["product_encoder.onnx"]  # held fixed when asked
     model = ModelSet.load(trained, OPTIONS)  # the golden self-test of the new heads passes as the server runs it
     assert model.product is not None
     # Fewer rows: whole sessions by a keyed hash, the same on a rerun.
@@ -201,15 +238,18 @@ def test_the_command_trains_and_names_what_is_wrong(tmp_path: Path, product_logs
     init.write_bytes(with_heads(start, _params(start), FeatureSpec.parse(start.manifest["feature_spec"]), {}))
     cli = [sys.executable, "-m", "server", "train-products"]
     run = subprocess.run([*cli, "--logs", str(product_logs), "--init", str(init), "--out", str(tmp_path / "out.bundle"),
-                          "--version", "p1", "--max-rows", "500"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+                          "--version", "p1", "--max-rows", "500", "--delta-encoder", "0.01"], capture_output=True, text=True,
+                         cwd=ROOT, timeout=300)
     report = json.loads(run.stdout.splitlines()[-1])
     assert run.returncode == (0 if report["publish"] else 3), run.stderr  # written either way; 3: the gate refused it
     assert report["model_version"] == "p1" and report["metrics"]["product_rows"] <= 500
+    assert report["metrics"]["config"]["encoder_delta"] == 0.01 and 0 < report["metrics"]["layers"]["encoder"]["kl"] <= 0.01
     assert read_bundle(tmp_path / "out.bundle").model_version == "p1"
     empty = tmp_path / "no-products"
     (empty / "decisions").mkdir(parents=True)
     for args, message in ((["--logs", str(empty)], "no products/ directory"),
-                          (["--logs", str(product_logs), "--delta-sku", "0"], "--delta-sku")):
+                          (["--logs", str(product_logs), "--delta-sku", "0"], "--delta-sku"),
+                          (["--logs", str(product_logs), "--delta-encoder", "-0.1"], "--delta-encoder: expected >= 0")):
         bad = subprocess.run([*cli, *args, "--init", str(init), "--out", str(tmp_path / "x.bundle")], capture_output=True,
                              text=True, cwd=ROOT, timeout=120)
         assert bad.returncode == 2 and message in bad.stderr, bad.stderr
