@@ -26,7 +26,13 @@ features, guardrails, decoding, reward and learning (its trust region the layers
 the same session ranges from its own served traffic (kept in memory: it has no serving path), and plays the same truth
 sessions; ``layered_vs_flat`` is paired per session. ``--no-flat`` skips it.
 
-Writes ``bench/results/product_learning.json`` with ``--json``.
+**The shared encoder** (``--encoder-delta``, ``--compare-encoder D``): the layered cycles run again with the encoder's
+summed-KL region D (``trainer.product_update``; 0 holds it fixed), each arm from its own served traffic on the same
+session ranges, and each cycle's bundle is compared with the first arm's on the same truth sessions (``minus_first``,
+paired).
+
+Writes ``bench/results/product_learning.json`` with ``--json`` (``product_learning-encoder.json`` with
+``--compare-encoder``).
 """
 
 from __future__ import annotations
@@ -196,6 +202,47 @@ def flat_cycles(world: World, args: argparse.Namespace, start: Bundle, truth_ses
     return rows
 
 
+def layered_cycles(world: World, args: argparse.Namespace, encoder_delta: float, truth_sessions: range, moved_on: range,
+                   values: dict[str, np.ndarray], arm: str) -> list[dict[str, Any]]:
+    """The layered heads' cycles with the shared encoder's region ``encoder_delta`` (0: held fixed); each bundle's
+    per-session truth goes into ``values`` as ``{arm}cycle{k}``."""
+    from experience.segments import DirectorySource
+    from trainer.product_train import ProductTrainConfig, train_products  # torch: imported where it is needed
+
+    config = ProductTrainConfig(encoder_delta=encoder_delta)
+    bundle = start_bundle()
+    cycles: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="product-learning-") as tmp:
+        for k in range(args.cycles + 1):
+            model = ModelSet.load(bundle, OPTIONS)
+            v, row = truth(world, model, by_model(model), truth_sessions)
+            values[f"{arm}cycle{k}"] = v
+            row.update({"cycle": k, "model_version": bundle.model_version, "encoder_delta": encoder_delta,
+                        "vs_rules": mean_ci(v - values["rules"]), "vs_untrained": mean_ci(v - values[f"{arm}cycle0"]),
+                        "share_of_oracle_over_rules": float((v.mean() - values["rules"].mean())
+                                                            / (values["oracle"].mean() - values["rules"].mean()))})
+            if k == args.cycles:
+                cycles.append(row)
+                print(json.dumps(row), file=sys.stderr)
+                break
+            logs = Path(tmp) / f"cycle{k}"
+            run_logged(world, model, range(k * args.sessions, (k + 1) * args.sessions), UTC, logs, b"bench-salt" * 4,
+                       products=by_model(model))
+            source = DirectorySource(logs)
+            trained = train_products(source.table("products"), source.table("outcomes"), bundle, f"products-cycle{k + 1}",
+                                     "2026-12-03T00:00:00Z", config)
+            row["training"] = trained.metrics["layers"]
+            row["gate"] = trained.metrics["gate"]
+            after = read_bundle(trained.bundle)
+            row["movement_next"] = movement(model, ModelSet.load(after, OPTIONS), world, moved_on)
+            cycles.append(row)
+            print(json.dumps(row), file=sys.stderr)
+            bundle = after
+    for k, row in enumerate(cycles[:-1]):  # the gate's paired interval against the truth's paired difference
+        row["gate"]["truth_difference"] = mean_ci(values[f"{arm}cycle{k + 1}"] - values[f"{arm}cycle{k}"])
+    return cycles
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.product_learning", description=__doc__.splitlines()[0])
     p.add_argument("--cycles", type=int, default=4)
@@ -204,9 +251,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--movement-sessions", type=int, default=500, help="product requests the layers' movement is measured on")
     p.add_argument("--seed", type=int, default=7, help="the world")
     p.add_argument("--no-flat", action="store_true", help="skip the flat peer")
+    p.add_argument("--encoder-delta", type=float, default=None,
+                   help="the shared encoder's region (summed KL) of the layered heads; default the trainer's")
+    p.add_argument("--compare-encoder", type=float, default=None, metavar="D",
+                   help="also run the layered cycles with the encoder's region D, paired per session against the first")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
-    from trainer.product_train import train_products  # torch: imported where it is needed
+    from trainer.product_train import ProductTrainConfig
 
     started = time.monotonic()
     world = World(SimConfig(), args.seed)
@@ -218,46 +269,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name, model, chooser in (("rules", rules_model, by_model(rules_model)), ("oracle", rules_model, oracle_chooser(rules_model))):
         values[name], baselines[name] = truth(world, model, chooser, truth_sessions)
         print(f"{name}: {baselines[name]['objective']}", file=sys.stderr)
-    bundle = start_bundle()
-    cycles = []
-    with tempfile.TemporaryDirectory(prefix="product-learning-") as tmp:
-        for k in range(args.cycles + 1):
-            model = ModelSet.load(bundle, OPTIONS)
-            v, row = truth(world, model, by_model(model), truth_sessions)
-            values[f"cycle{k}"] = v
-            row.update({"cycle": k, "model_version": bundle.model_version,
-                        "vs_rules": mean_ci(v - values["rules"]), "vs_untrained": mean_ci(v - values["cycle0"]),
-                        "share_of_oracle_over_rules": float((v.mean() - values["rules"].mean())
-                                                            / (values["oracle"].mean() - values["rules"].mean()))})
-            if k == args.cycles:
-                cycles.append(row)
-                print(json.dumps(row), file=sys.stderr)
-                break
-            logs = Path(tmp) / f"cycle{k}"
-            run_logged(world, model, range(k * args.sessions, (k + 1) * args.sessions), UTC, logs, b"bench-salt" * 4,
-                       products=by_model(model))
-            from experience.segments import DirectorySource
-            source = DirectorySource(logs)
-            trained = train_products(source.table("products"), source.table("outcomes"), bundle, f"products-cycle{k + 1}",
-                                     "2026-12-03T00:00:00Z")
-            row["training"] = trained.metrics["layers"]
-            row["gate"] = trained.metrics["gate"]
-            after = read_bundle(trained.bundle)
-            row["movement_next"] = movement(model, ModelSet.load(after, OPTIONS), world, moved_on)
-            cycles.append(row)
-            print(json.dumps(row), file=sys.stderr)
-            bundle = after
-    for k, row in enumerate(cycles[:-1]):  # the gate's paired interval against the truth's paired difference
-        row["gate"]["truth_difference"] = mean_ci(values[f"cycle{k + 1}"] - values[f"cycle{k}"])
+    encoder_delta = ProductTrainConfig().encoder_delta if args.encoder_delta is None else args.encoder_delta
+    cycles = layered_cycles(world, args, encoder_delta, truth_sessions, moved_on, values, "")
+    result: dict[str, Any] = {"seed": args.seed, "sessions_per_cycle": args.sessions,
+                              "truth_sessions": [truth_sessions.start, truth_sessions.stop], "baselines": baselines,
+                              "cycles": cycles}
+    if args.compare_encoder is not None:
+        other = layered_cycles(world, args, args.compare_encoder, truth_sessions, moved_on, values, "other-")
+        for k, row in enumerate(other):  # the same truth sessions: paired per session
+            row["minus_first"] = mean_ci(values[f"other-cycle{k}"] - values[f"cycle{k}"])
+        result["compared"] = other
     if not args.no_flat:
         flat_rows = flat_cycles(world, args, start_bundle(), truth_sessions, moved_on, values)
         for layered, flat in zip(cycles, flat_rows, strict=True):
             layered["flat"] = flat
-    result = {"seed": args.seed, "sessions_per_cycle": args.sessions, "truth_sessions": [truth_sessions.start, truth_sessions.stop],
-              "baselines": baselines, "cycles": cycles, "seconds": round(time.monotonic() - started, 1)}
+    result["seconds"] = round(time.monotonic() - started, 1)
     if args.json:
         RESULTS.mkdir(exist_ok=True)
-        (RESULTS / "product_learning.json").write_text(json.dumps(result, indent=1) + "\n")
+        name = "product_learning.json" if args.compare_encoder is None else "product_learning-encoder.json"
+        (RESULTS / name).write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result, indent=1))
     return 0
 
