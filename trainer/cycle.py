@@ -153,6 +153,7 @@ def _products(args: argparse.Namespace, init: Any, result: Any, versions: list[s
     """The product step (``trainer.cycle_products``) when the trained bundle carries product heads, with the run's seed and
     gate tolerance; a failure there is reported and leaves the flat decision's outcome alone."""
     from trainer.cli import _source
+    from trainer.cycle_products import MAX_ROWS as PRODUCT_ROWS
     from trainer.cycle_products import ProductStep, product_step
     from trainer.product_train import ProductTrainConfig
 
@@ -160,7 +161,7 @@ def _products(args: argparse.Namespace, init: Any, result: Any, versions: list[s
         return None
     try:
         return product_step(_source(args.logs, init), init, versions, result.manifest["created_at"],
-                            ProductTrainConfig(seed=config.seed, tolerance=config.tolerance), since=since)
+                            ProductTrainConfig(seed=config.seed, tolerance=config.tolerance, max_rows=PRODUCT_ROWS), since=since)
     except Exception as exc:  # optional: the flat decision is published or refused on its own merits
         log.exception("the product step failed; the candidate keeps the heads it was trained from")
         return ProductStep({"error": f"{type(exc).__name__}: {exc}"})

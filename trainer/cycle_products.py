@@ -32,7 +32,7 @@ import numpy as np
 
 from experience.segments import DirectorySource
 from experience.sessions import split_by_session
-from trainer.product_train import GATE_SALT, MAX_ROWS, ProductTrainConfig, ProductTrainResult, train_products
+from trainer.product_train import GATE_SALT, ProductTrainConfig, ProductTrainResult, train_products
 from trainer.product_window import read_products
 from weights import mlp
 from weights.bundle import MANIFEST, PRODUCT_PARTS, Bundle, read_bundle, write_bundle
@@ -40,8 +40,12 @@ from weights.product_heads import PART
 
 log = logging.getLogger(__name__)
 
-MAX_GATE_ROWS = 20_000
-"""Held-out product decisions the product gate judges on at most (about 2,500 sessions of 8 pages)."""
+MAX_ROWS = 12_000
+"""Product decisions ``cycle`` trains the heads on at most. A product decision's rows are wide (every candidate's
+features: 6 categories and 6 SKUs of 768 floats here), and ``train-products`` at its 40,000 peaked at 6.8 GB, too
+close to the CronJob pod's 8 Gi after the flat decision's run; see docs/performance.md for the figure at this size."""
+MAX_GATE_ROWS = 8_000
+"""Held-out product decisions the product gate judges on at most (about 1,800 sessions of 4.4 pages)."""
 
 
 @dataclass
