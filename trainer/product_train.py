@@ -34,7 +34,8 @@ GATE_SALT = b"product-gate"
 SAME_FLAT_KEPT = 20
 """Versions a heads-only bundle names as serving its flat decision byte for byte (``same_flat_as``), newest first."""
 MAX_ROWS = 40_000
-"""Product decisions one run trains on (≈ 1.3 GB of the category layer's inputs and activations at 6 candidates)."""
+"""Product decisions one run trains on: a whole run peaked at 6.8 GB at this size on a shelf of 6 categories × 6 SKUs
+of 768 floats (``cycle`` takes fewer: ``trainer.cycle_products.MAX_ROWS``)."""
 
 
 @dataclass(frozen=True)
