@@ -248,8 +248,8 @@ def encoder_step(params: Mapping[str, mlp.Params], rows: ProductRows, advantage:
                  iterations: int = ITERATIONS) -> tuple[mlp.Params, LayerStep]:
     """``trust_region_steps`` of the shared encoder with every head held fixed: the surrogates of ``layers`` summed, their
     KLs summed within ``delta`` (module doc). The heads' first layer is split into its h part and its candidate part;
-    the candidate part is fixed, so it is computed once, and h is the only input that carries a gradient. (The other
-    layers read h too: their move is in their ``kl_from_start``.)"""
+    the candidate part is fixed, so it is computed once, and h is the only input that carries a gradient. (A layer not in
+    ``layers`` reads h too and moves with it, unreported: the trainer steps all three.)"""
     n = len(rows)
     encoder = [torch.tensor(np.asarray(params["encoder"][k], dtype=np.float32), requires_grad=True) for k in KEYS]
     states = torch.from_numpy(np.ascontiguousarray(rows.states, dtype=np.float32))
