@@ -187,3 +187,20 @@ def test_a_product_step_that_fails_leaves_the_flat_decision_alone(logs: Path, tm
     report, published = _forced(broken, tmp_path, start, FAST, "broken")
     assert "log schema version 99" in report["products"]["error"] and "publish" not in report["products"]
     assert _parts(published, PRODUCT_PARTS) == _parts(read_bundle(start), PRODUCT_PARTS)  # the heads it was trained from
+
+
+def test_the_read_starts_at_the_windows_start(tmp_path: Path, start: bytes) -> None:
+    model = ModelSet.load(read_bundle(start), OPTIONS)
+    world = World(SimConfig(), 5)
+    for first, at in ((0, 1_000_000.0), (40, 2_000_000.0)):  # two days' logs, each written by a clock that says when
+        run_logged(world, model, range(first, first + 40), ZoneInfo("UTC"), tmp_path, b"pepper" * 6, clock=lambda at=at: at,
+                   products=by_model(model))
+    source = DirectorySource(tmp_path)
+    every = read_products(source, ["heads-5"], gate_share=0.2, seed=0, gate_salt=GATE_SALT, max_rows=10**6, max_gate_rows=10**6)
+    late = read_products(source, ["heads-5"], gate_share=0.2, seed=0, gate_salt=GATE_SALT, max_rows=10**6, max_gate_rows=10**6,
+                         since=1_500_000.0)
+    times = every.products.column("time_s").to_numpy()
+    assert (times == 1_000_000.0).any() and (times == 2_000_000.0).any()
+    assert late.products.num_rows == int((times >= 1_500_000.0).sum()) > 0  # the second day's rows, all of them
+    assert pc.all(pc.greater_equal(late.products.column("time_s"), 1_500_000.0)).as_py()
+    assert late.rows_in_window == late.products.num_rows < every.rows_in_window
