@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import torch
 
@@ -66,18 +67,26 @@ class ProductTrainResult:
         return bool(self.metrics["gate"]["publish"])
 
 
-def sample_rows(table: pa.Table, max_rows: int, seed: int) -> pa.Table:
-    """At most ``max_rows`` rows of whole sessions, taken in the order of the window sample's keyed session hash
-    (``experience.sessions.session_hashes``), skipping a session that no longer fits: the same on a rerun."""
-    if table.num_rows <= max_rows:
-        return table
-    distinct, which = session_codes(table.column("session_id").to_numpy(zero_copy_only=False))
-    sizes = np.bincount(which, minlength=len(distinct))
+def fill_sessions(distinct: list[Any], sizes: npt.NDArray[np.int64], max_rows: int, seed: int,
+                  among: npt.NDArray[np.bool_] | None = None) -> npt.NDArray[np.bool_]:
+    """Which of the ``distinct`` sessions (``sizes``: their rows; ``among``: the ones eligible, default all) to keep: whole
+    sessions in the order of the window sample's keyed session hash (``experience.sessions.session_hashes``) up to
+    ``max_rows`` rows, skipping a session that no longer fits. The same on a rerun; ``trainer.product_window`` fills
+    its read with it, so training on what it read samples nothing more."""
     keep = np.zeros(len(distinct), dtype=np.bool_)
     room = max_rows
     for code in np.argsort(session_hashes(distinct, SAMPLE_SALT + int(seed).to_bytes(8, "little", signed=True)), kind="stable"):
-        if sizes[code] <= room:  # a smaller session further on may still fit
+        if (among is None or among[code]) and sizes[code] <= room:  # a smaller session further on may still fit
             keep[code], room = True, room - int(sizes[code])
+    return keep
+
+
+def sample_rows(table: pa.Table, max_rows: int, seed: int) -> pa.Table:
+    """At most ``max_rows`` rows of whole sessions (``fill_sessions``)."""
+    if table.num_rows <= max_rows:
+        return table
+    distinct, which = session_codes(table.column("session_id").to_numpy(zero_copy_only=False))
+    keep = fill_sessions(distinct, np.bincount(which, minlength=len(distinct)), max_rows, seed)
     return table.filter(pa.array(keep[which]))
 
 

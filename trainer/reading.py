@@ -144,12 +144,14 @@ def older_than(newest: dict[str, float], start: float | None) -> frozenset[str]:
 
 
 def read_segments(source: DirectorySource, kind: str, stage: str, columns: tuple[str, ...] | None = None, *,
-          newest: dict[str, float] | None = None, skip: frozenset[str] = frozenset()) -> Iterator[pa.Table]:
-    """Each segment of ``kind`` but those in ``skip`` as one table (only ``columns``, when given, kept from each batch as
-    it is read), with the stage's progress (segments read and left out, rows read); ``newest``, when given, gets each
-    segment's newest ``time_s``. A segment at a time, not a batch at a time: the recorder writes small batches, and
+          newest: dict[str, float] | None = None, skip: frozenset[str] = frozenset(),
+          paths: list[str] | None = None) -> Iterator[pa.Table]:
+    """Each segment of ``kind`` (of ``paths``, when given: say the segments an earlier pass listed, so none written since
+    is read; else the source's listing now) but those in ``skip`` as one table (only ``columns``, when given, kept from
+    each batch as it is read), with the stage's progress (segments read and left out, rows read); ``newest``, when
+    given, gets each segment's newest ``time_s``. A segment at a time, not a batch at a time: the recorder writes small batches, and
     every filter on a batch would build its set of session ids again."""
-    paths = source.segments(kind)
+    paths = source.segments(kind) if paths is None else paths
     schema = SCHEMAS[kind] if columns is None else pa.schema([SCHEMAS[kind].field(c) for c in columns])
     with progress(stage, total=len(paths), unit="segment") as bar:
         for path in paths:

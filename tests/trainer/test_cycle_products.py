@@ -157,7 +157,8 @@ def test_a_cycle_trains_the_heads_and_publishes_them_with_the_candidate_or_alone
     assert active.manifest["same_flat_as"] == ["heads-5"] and active.manifest["product_training"]["gate"]["publish"] is True
     assert ModelSet.load(active, OPTIONS).product is not None  # loads as the server loads it (golden self-test)
     kept = read_bundle(store.pending() or b"")
-    assert kept.model_version == report["kept_for_second_look"] == report["model_version"] == f"{report['model_version'][:-10]}-p{digest}"
+    assert kept.model_version == report["kept_for_second_look"] == report["model_version"]
+    assert kept.model_version.endswith(f"-p{digest}")  # the candidate's version names the heads it carries
     assert _parts(kept, PRODUCT_PARTS) == _parts(active, PRODUCT_PARTS)  # the kept candidate carries the same heads
     # ... and is still judged against the heads-only bundle now active: it serves the flat decision it was trained from.
     assert isinstance(candidate_record(kept.manifest, active.model_version, same_flat_as(active.manifest)), Record)
