@@ -56,9 +56,9 @@ def test_served_frequencies_match_the_exact_probabilities_for_twelve_candidates(
     n = 200_000
     u = uniforms_batch([f"plurality-{i}" for i in range(n)], decoder.samples + 2)
     counts = np.zeros(len(q))
-    for row in u:
-        draw = decoder.draw_with(q, row)
-        counts[fallback if draw.index is None else draw.index] += 1
+    for start in range(0, n, 20_000):  # the batch procedure, one request's row at a time (``draw_with`` is one row of it)
+        for draw in decoder.draw_batch(np.tile(q, (20_000, 1)), u[start:start + 20_000], [len(q)] * 20_000):
+            counts[fallback if draw.index is None else draw.index] += 1
     seen = expected > 0
     chi2 = float((((counts - n * expected) ** 2)[seen] / (n * expected[seen])).sum())
     assert chi2 < 40.0, (chi2, counts / n, expected)  # 10 degrees of freedom: P(χ² > 40) ≈ 2e-5
@@ -84,6 +84,56 @@ def test_bad_distributions_are_refused(q: list[float], message: str) -> None:
 def test_a_fallback_outside_the_candidates_is_refused() -> None:
     with pytest.raises(ValueError, match="fallback"):
         PluralityDecoder().served([0.5, 0.5], 2)
+
+
+def test_a_batch_of_rows_of_any_widths_padded_with_zeros_gives_each_rows_own_probabilities() -> None:
+    """RecommendProduct's micro-batch decides many requests' layers at once, each with its own number of candidates: a
+    row padded with zeros must get exactly what it gets alone, and the padding nothing."""
+    decoder = PluralityDecoder(10, 4, 0.05, 1.2)
+    rng = np.random.default_rng(11)
+    widths = [1, 2, 5, 12, 3, 7, 64, 1, 9]
+    rows = [q for n in widths for q in _cases(rng, n, 3)]
+    fallback = np.array([int(rng.integers(len(q))) for q in rows])
+    padded = np.zeros((len(rows), max(widths)))
+    for i, q in enumerate(rows):
+        padded[i, :len(q)] = q
+    batch = decoder.served_batch(padded, fallback)
+    for i, q in enumerate(rows):
+        np.testing.assert_allclose(batch[i, :len(q)], decoder.served(q, int(fallback[i])), rtol=0, atol=1e-13)
+        assert (batch[i, len(q):] == 0).all()
+        assert batch[i].sum() == pytest.approx(1.0, abs=1e-12)
+
+
+def test_a_batch_of_draws_padded_with_zeros_draws_each_row_as_alone() -> None:
+    """Each row's draw (explored or voted, winner or rule, counts) is the one it gets alone with the same uniforms, the
+    padding never drawn; uniforms a hair below 1 (whose lookup rounding can carry past the last step) included."""
+    decoder = PluralityDecoder(10, 4, 0.3, 1.2)
+    rng = np.random.default_rng(12)
+    rows = [q for n in (1, 2, 5, 12, 3, 7, 9) for q in _cases(rng, n, 12)] + list(rng.dirichlet(np.ones(64) * 0.3, size=6))
+    widths = [len(q) for q in rows]
+    u = uniforms_batch([f"row-{i}" for i in range(len(rows))], decoder.samples + 2)
+    u[::5, 1:] = 1.0 - 2.0 ** -53
+    padded = np.zeros((len(rows), max(widths)))
+    for i, q in enumerate(rows):
+        padded[i, :len(q)] = q
+    draws = decoder.draw_batch(padded, u, [len(q) for q in rows])
+    for i, q in enumerate(rows):
+        alone = decoder.draw_with(q, u[i])
+        assert (draws[i].index, draws[i].explored) == (alone.index, alone.explored)
+        np.testing.assert_array_equal(draws[i].counts, alone.counts)
+        assert draws[i].index is None or draws[i].index < len(q)
+    assert {d.explored for d in draws} == {True, False} and any(d.index is None for d in draws)
+
+
+@pytest.mark.parametrize(("fallback", "shape"), [([0, 3], (2, 3)), ([0], (2, 3)), ([-1, 0], (2, 3))])
+def test_a_batchs_fallbacks_must_be_one_candidate_per_row(fallback: list[int], shape: tuple[int, int]) -> None:
+    with pytest.raises(ValueError, match="fallback"):
+        PluralityDecoder().served_batch(np.full(shape, 1.0 / shape[1]), fallback)
+
+
+def test_a_batch_row_without_probability_is_refused() -> None:
+    with pytest.raises(ValueError, match="q"):
+        PluralityDecoder().served_batch([[0.5, 0.5], [0.0, 0.0]], [0, 0])
 
 
 @pytest.mark.parametrize("temperature", [0.002, 1e-6])
