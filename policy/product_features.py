@@ -27,13 +27,16 @@ def sku_features(skus: tuple[SkuCandidate, ...]) -> F32:
 
 
 def category_features(categories: tuple[CategoryCandidate, ...]) -> F32:
-    rows = []
-    for c in categories:
-        embedding = np.mean(np.stack([s.embedding for s in c.skus]), axis=0)
-        extra = [math.log(float(np.mean([s.price for s in c.skus]))), c.in_stock / len(c.skus), math.log(len(c.skus)),
-                 math.log1p(sum(s.stock for s in c.skus))]
-        rows.append(np.concatenate([embedding, extra]))
-    return np.asarray(rows, dtype=np.float32)
+    """One row per category, every category's SKUs reduced at once (``np.add.reduceat`` over the stacked SKUs)."""
+    counts = np.array([len(c.skus) for c in categories], dtype=np.float64)
+    skus = [s for c in categories for s in c.skus]
+    starts = np.concatenate([[0], np.cumsum(counts[:-1])]).astype(np.intp)
+    embedding = np.add.reduceat(np.stack([s.embedding for s in skus]).astype(np.float64), starts, axis=0) / counts[:, None]
+    price = np.array([s.price for s in skus])
+    stock = np.array([s.stock for s in skus], dtype=np.float64)
+    extra = np.stack([np.log(np.add.reduceat(price, starts) / counts), np.add.reduceat((stock > 0) * 1.0, starts) / counts,
+                      np.log(counts), np.log1p(np.add.reduceat(stock, starts))], axis=1)
+    return np.concatenate([embedding, extra], axis=1).astype(np.float32)
 
 
 def band_features(bands: tuple[PriceBand, ...], sku: SkuCandidate, first_visit: bool) -> F32:

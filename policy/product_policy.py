@@ -11,6 +11,7 @@ before it, and the joint propensity is their product.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 import numpy as np
@@ -19,6 +20,7 @@ import numpy.typing as npt
 from core.domain import Source
 from core.product import Layer, LayerChoice, ProductDecision, ProductRequest
 from policy import product_rules as rules
+from policy.decoder import uniforms_batch
 from policy.plurality import PluralityDecoder
 from policy.product_features import band_features, category_features, sku_features
 
@@ -33,42 +35,74 @@ class Heads(Protocol):
 
 def masked_softmax(logits: F32, permitted: npt.NDArray[np.bool_]) -> npt.NDArray[np.float64]:
     """The softmax of ``logits`` over the permitted candidates (0 elsewhere); ``FloatingPointError`` on a non-finite logit."""
+    return masked_softmax_rows(logits, [permitted], [len(logits)])[0]
+
+
+def masked_softmax_rows(logits: F32, permitted: Sequence[npt.NDArray[np.bool_]], sizes: Sequence[int]) -> npt.NDArray[np.float64]:
+    """``masked_softmax`` of consecutive runs of ``logits`` (``sizes[b]`` each), one row each, padded with 0 to the
+    longest; ``FloatingPointError`` on any non-finite logit (the micro-batcher then decides request by request)."""
+    width = max(sizes)
+    at = np.arange(width) < np.asarray(sizes)[:, None]
+    rows = np.zeros((len(sizes), width), dtype=np.float64)
+    mask = np.zeros((len(sizes), width), dtype=np.bool_)
+    rows[at] = logits
+    mask[at] = np.concatenate(permitted)
+    return masked_softmax_padded(rows, mask)
+
+
+def masked_softmax_padded(logits: npt.NDArray[np.floating], permitted: npt.NDArray[np.bool_]) -> npt.NDArray[np.float64]:
+    """Row by row, the softmax of ``logits`` (B, n) over each row's permitted candidates, 0 elsewhere (padding is simply
+    not permitted); ``FloatingPointError`` on a non-finite logit anywhere."""
     z = np.asarray(logits, dtype=np.float64)
     if not np.isfinite(z).all():
         raise FloatingPointError("a product head produced NaN or Inf for this input")
-    z = np.where(permitted, z - z[permitted].max(), -np.inf)
+    z = np.where(permitted, z - np.where(permitted, z, -np.inf).max(axis=1, keepdims=True), -np.inf)
     q = np.exp(z)
-    return q / q.sum()
+    return q / q.sum(axis=1, keepdims=True)  # type: ignore[no-any-return]
 
 
-def layer_choice(decoder: PluralityDecoder, logits: F32, permitted: npt.NDArray[np.bool_], rule_index: int, rule: str,
-                 stream: str) -> LayerChoice:
-    """One layer's draw with its exact propensity; ``stream`` seeds its uniforms (the decision id and the layer)."""
-    q = masked_softmax(logits, permitted)
-    served = decoder.served(q, rule_index)
-    draw = decoder.draw(q, stream)
-    distribution, allowed = tuple(served.tolist()), tuple(permitted.tolist())
-    if draw.index is None:
-        return LayerChoice(rule_index, float(served[rule_index]), Source.FALLBACK_LOW_CONSENSUS, rule=rule, served=distribution,
-                           permitted=allowed, fallback=rule_index)
-    source = Source.EXPLORATION if draw.explored else Source.POLICY
-    return LayerChoice(draw.index, float(served[draw.index]), source, votes=int(draw.counts[draw.index]), served=distribution,
-                       permitted=allowed, fallback=rule_index)
+def _layer(decoder: PluralityDecoder, heads: Heads, head: str, h: F32, features: Sequence[F32],
+           permitted: Sequence[npt.NDArray[np.bool_]], rule_index: Sequence[int], rule: str,
+           streams: Sequence[str]) -> list[LayerChoice]:
+    """One layer's draws for a batch of requests, each with its own candidates: one head call over every request's rows
+    (each beside its request's h), one exact served distribution per request (``served_batch``, shorter candidate lists
+    padded with 0), and each request's draw from its own stream (the decision id and the layer)."""
+    sizes = [len(f) for f in features]
+    logits = heads.score(head, np.repeat(h, sizes, axis=0), np.concatenate(features))
+    q = masked_softmax_rows(logits, permitted, sizes)
+    served = decoder.served_batch(q, rule_index)
+    draws = decoder.draw_batch(q, uniforms_batch(streams, decoder.samples + 2), sizes)
+    choices = []
+    for i, (n, draw) in enumerate(zip(sizes, draws, strict=True)):
+        distribution, allowed, fallback = tuple(served[i, :n].tolist()), tuple(permitted[i].tolist()), rule_index[i]
+        if draw.index is None:
+            choices.append(LayerChoice(fallback, distribution[fallback], Source.FALLBACK_LOW_CONSENSUS, rule=rule,
+                                       served=distribution, permitted=allowed, fallback=fallback))
+        else:
+            source = Source.EXPLORATION if draw.explored else Source.POLICY
+            choices.append(LayerChoice(draw.index, distribution[draw.index], source, votes=int(draw.counts[draw.index]),
+                                       served=distribution, permitted=allowed, fallback=fallback))
+    return choices
 
 
-def decide(heads: Heads, decoder: PluralityDecoder, state: F32, request: ProductRequest, decision_id: str,
-           model_version: str) -> ProductDecision:
-    """The three layers in order for one request (``state``: the shopper's encoded state, shape (1, S))."""
-    h = heads.encode(state)
-    permitted = rules.category_permitted(request)
-    category = layer_choice(decoder, heads.score("category", h, category_features(request.categories)), permitted,
-                            rules.rule_category(request, permitted), rules.RULE_CATEGORY, f"{decision_id}/{Layer.CATEGORY.value}")
-    chosen = request.categories[category.index]
-    permitted = rules.sku_permitted(chosen)
-    sku = layer_choice(decoder, heads.score("sku", h, sku_features(chosen.skus)), permitted, rules.rule_sku(chosen, permitted),
-                       rules.RULE_SKU, f"{decision_id}/{Layer.SKU.value}")
-    permitted = rules.band_permitted(request)
-    features = band_features(request.price_bands, chosen.skus[sku.index], request.visit_count == 1)
-    band = layer_choice(decoder, heads.score("band", h, features), permitted, rules.rule_band(request.price_bands, permitted),
-                        rules.RULE_PRICE_BAND, f"{decision_id}/{Layer.PRICE_BAND.value}")
-    return ProductDecision(category, sku, band, model_version)
+def decide_batch(heads: Heads, decoder: PluralityDecoder, states: F32, requests: Sequence[ProductRequest],
+                 decision_ids: Sequence[str], model_version: str) -> list[ProductDecision]:
+    """The three layers in order for a batch of requests (``states``: the shoppers' encoded states, shape (B, S)): one
+    encoder call and one call per head for the whole batch. Each decision is the one its request gets alone (tested)."""
+    h = heads.encode(states)
+    permitted = [rules.category_permitted(r) for r in requests]
+    categories = _layer(decoder, heads, "category", h, [category_features(r.categories) for r in requests], permitted,
+                        [rules.rule_category(r, p) for r, p in zip(requests, permitted, strict=True)], rules.RULE_CATEGORY,
+                        [f"{d}/{Layer.CATEGORY.value}" for d in decision_ids])
+    chosen = [r.categories[c.index] for r, c in zip(requests, categories, strict=True)]
+    permitted = [rules.sku_permitted(c) for c in chosen]
+    skus = _layer(decoder, heads, "sku", h, [sku_features(c.skus) for c in chosen], permitted,
+                  [rules.rule_sku(c, p) for c, p in zip(chosen, permitted, strict=True)], rules.RULE_SKU,
+                  [f"{d}/{Layer.SKU.value}" for d in decision_ids])
+    permitted = [rules.band_permitted(r) for r in requests]
+    features = [band_features(r.price_bands, c.skus[s.index], r.visit_count == 1)
+                for r, c, s in zip(requests, chosen, skus, strict=True)]
+    bands = _layer(decoder, heads, "band", h, features, permitted,
+                   [rules.rule_band(r.price_bands, p) for r, p in zip(requests, permitted, strict=True)],
+                   rules.RULE_PRICE_BAND, [f"{d}/{Layer.PRICE_BAND.value}" for d in decision_ids])
+    return [ProductDecision(c, s, b, model_version) for c, s, b in zip(categories, skus, bands, strict=True)]

@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from policy.plurality import PluralityDecoder
-from policy.product_policy import masked_softmax
+from policy.product_policy import masked_softmax_padded
 from trainer.bootstrap import Estimate, bootstrap_counts, interval
 from trainer.pareto import pareto_k
 from trainer.product_data import HEAD_OF, LAYERS, ProductRows
@@ -34,6 +34,7 @@ from weights.product_heads import ProductHeads
 MAX_WEIGHT = 100.0
 MAX_PARETO_K = 0.7
 N_BOOT = 400
+REPLAY_CHUNK = 512  # rows replayed at once: the served-probability arrays stay about 10 MB each at 64 candidates
 MIN_SESSIONS = 100
 """Held-out sessions below which the gate does not judge (k̂ cannot be fitted on fewer than ~25 offers either)."""
 REPLAY_TOLERANCE = 0.02
@@ -53,9 +54,13 @@ def served_probability(heads: ProductHeads, decoder: PluralityDecoder, rows: Pro
         logits = np.zeros(data.valid.shape, dtype=np.float32)
         if len(row_of):  # every row's candidates in one call
             logits[row_of, cand] = heads.score(HEAD_OF[layer], h[row_of], data.features[row_of, cand])
-        for i in range(n):
-            q = masked_softmax(logits[i, data.valid[i]], data.permitted[i, data.valid[i]])
-            joint[i] *= float(decoder.served(q, int(data.fallback[i]))[data.index[i]])
+        sizes = data.valid.sum(axis=1)
+        for start in range(0, n, REPLAY_CHUNK):  # the server's batched procedure, a chunk of rows at a time
+            at = slice(start, start + REPLAY_CHUNK)
+            width = int(sizes[at].max())  # valid candidates are a prefix of each row
+            q = masked_softmax_padded(logits[at, :width], data.permitted[at, :width])
+            served = decoder.served_batch(q, data.fallback[at])
+            joint[at] *= served[np.arange(len(q)), data.index[at]]
     return joint
 
 

@@ -7,6 +7,7 @@ mutated after ``load`` returns.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
@@ -29,7 +30,7 @@ from policy.features import FeatureEncoder, FeatureSpec
 from policy.onnx_model import OnnxModel, RuntimeMissing
 from policy.plurality import PluralityDecoder
 from policy.product_decision import by_rules as product_by_rules
-from policy.product_policy import decide as decide_product
+from policy.product_policy import decide_batch as decide_products
 from weights.bundle import PRODUCT_PARTS, Bundle, BundleError
 from weights.onnx_check import check_model
 from weights.product_heads import ProductHeads
@@ -207,10 +208,33 @@ class ModelSet:
 
     def decide_product(self, request: ProductRequest, hour: int, decision_id: str) -> ProductDecision:
         """``RecommendProduct``'s layers: sampled by the product networks when the bundle has them, else by their rules."""
+        return self.decide_products([request], [hour], [decision_id])[0]
+
+    def decide_products(self, requests: Sequence[ProductRequest], hours: Sequence[int],
+                        decision_ids: Sequence[str]) -> list[ProductDecision]:
+        """``decide_product`` for a batch: one encoder call and one call per head for all of them."""
         if self.product is None:
-            return product_by_rules(request, self.version)
-        state = self.encoder.encode_batch([request.shopper], [hour])
-        return decide_product(self.product.heads, self.product.decoder, state, request, decision_id, self.version)
+            return [product_by_rules(r, self.version) for r in requests]
+        states = self.encoder.encode_batch([r.shopper for r in requests], hours)
+        return decide_products(self.product.heads, self.product.decoder, states, requests, decision_ids, self.version)
+
+    @functools.cached_property
+    def product_batches(self) -> ProductBatches:
+        """What the server's product micro-batcher runs on: one object per model set, so a batch never mixes two."""
+        return ProductBatches(self)
+
+
+class ProductBatches:
+    """``ModelSet.decide_products`` in the micro-batcher's terms (``server.batching.BatchModel``)."""
+
+    __slots__ = ("_model",)
+
+    def __init__(self, model: ModelSet) -> None:
+        self._model = model
+
+    def run(self, requests: Sequence[ProductRequest], contexts: Sequence[Context],
+            decision_ids: Sequence[str]) -> list[ProductDecision]:
+        return self._model.decide_products(requests, [c.hour for c in contexts], decision_ids)
 
 
 @dataclass(frozen=True)

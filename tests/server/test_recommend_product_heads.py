@@ -87,6 +87,40 @@ def test_a_logged_decision_replays_from_its_id() -> None:
     assert {d.category.source for d in first} <= {Source.POLICY, Source.EXPLORATION, Source.FALLBACK_LOW_CONSENSUS}
 
 
+def _shelf(seed: int) -> pb.RecommendProductRequest:
+    """A request of its own shape: 1-12 categories of 1-9 SKUs, some out of stock, 1-5 bands, any visit count."""
+    rng = np.random.default_rng(seed)
+    categories = [pb.ProductCategory(category_id=f"c{c}", skus=[
+        sku(f"c{c}-{k}", float(rng.uniform(5, 300)), stock=int(rng.integers(0, 3)) if k else 1, seed=seed * 100 + k,
+            competitor=float(rng.uniform(5, 300)) if rng.random() < 0.5 else None)
+        for k in range(int(rng.integers(1, 10)))]) for c in range(int(rng.integers(1, 13)))]
+    bands = [pb.PriceBand(band_id=f"b{b}", price_multiplier=float(m))
+             for b, m in enumerate(rng.uniform(0.7, 1.4, size=int(rng.integers(1, 6))))]
+    return product(categories=categories, price_bands=bands, visit_count=int(rng.integers(0, 4)))
+
+
+def test_a_batch_decides_each_request_as_it_decides_it_alone() -> None:
+    """The micro-batch decides requests of different shapes in one encoder call and one call per head: each request
+    gets the choices, sources and votes it gets alone, and the same propensities to the graphs' rounding (a batched
+    matrix product may round differently from a one-row one, as for RecommendAction)."""
+    model = ModelSet.load(read_bundle(HEADS), LoadOptions(warmup_batch=1))
+    limits = Limits(768, 16, 256)
+    requests = [parse_product(_shelf(seed), limits, now_s=1_790_000_000.0) for seed in range(24)]
+    hours = [(5 * i) % 24 for i in range(len(requests))]
+    ids = [f"batch-{i}" for i in range(len(requests))]
+    batch = model.decide_products(requests, hours, ids)
+    assert len(batch) == len(requests)
+    for decision, req, hour, did in zip(batch, requests, hours, ids, strict=True):
+        alone = model.decide_product(req, hour, did)
+        for (_, got), (_, want) in zip(decision.choices(), alone.choices(), strict=True):
+            assert (got.index, got.source, got.votes, got.rule, got.permitted, got.fallback) == \
+                (want.index, want.source, want.votes, want.rule, want.permitted, want.fallback)
+            np.testing.assert_allclose(got.served, want.served, rtol=0, atol=1e-6)
+            assert got.propensity == pytest.approx(want.propensity, abs=1e-6)
+    sizes = {len(d.category.served) for d in batch} | {len(d.sku.served) for d in batch}
+    assert len(sizes) > 3  # really of different shapes
+
+
 def test_a_bundle_without_heads_is_swapped_for_one_with_them(tmp_path: Path) -> None:
     from tests.server.test_hot_swap import bundle_bytes
 
