@@ -21,6 +21,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 from prometheus_client import CollectorRegistry
 
+from core.domain import Decision, DecisionRequest
+from core.product import ProductDecision, ProductRequest
 from server import transport
 from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
 from server.batching import MicroBatcher
@@ -59,7 +61,8 @@ class ShoppingAgentServer:
         self.certificates: ReloadingCertificates | None = None
         self._server: aio.Server | None = None
         self._health_server: aio.Server | None = None
-        self._batcher: MicroBatcher | None = None
+        self._batcher: MicroBatcher[DecisionRequest, Decision] | None = None
+        self._product_batcher: MicroBatcher[ProductRequest, ProductDecision] | None = None
         self._loading: asyncio.Task[None] | None = None
         self._watcher: WeightsWatcher | None = None
         self._canary_watcher: WeightsWatcher | None = None
@@ -77,12 +80,18 @@ class ShoppingAgentServer:
                                      duty=config.batch_duty, max_delay_s=config.max_batch_delay_ms / 1000.0,
                                      gap_s=config.batch_gap_ms / 1000.0)
         self._batcher.start()
+        self._product_batcher = MicroBatcher(config.max_batch, config.max_queue,
+                                             self.metrics.product_batch if self.metrics else None,
+                                             duty=config.batch_duty, max_delay_s=config.max_batch_delay_ms / 1000.0,
+                                             gap_s=config.batch_gap_ms / 1000.0)
+        self._product_batcher.start()
         if self.recorder is not None:
             self.recorder.start()
             log.info("logging decisions and outcomes", extra={"fields": {"log_dir": str(config.log_dir),
                                                                          "sample_rate": config.log_sample_rate}})
         registrar = InstrumentedRegistrar(server, self.metrics)
-        add_to_server(ShoppingAgentServicer(config, self.models, self._batcher, self.metrics, self.recorder), registrar)
+        add_to_server(ShoppingAgentServicer(config, self.models, self._batcher, self._product_batcher, self.metrics,
+                                            self.recorder), registrar)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, registrar)
         names = (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME)
         reflection_pb2_grpc.add_ServerReflectionServicer_to_server(reflection.aio.ReflectionServicer(names), registrar)
@@ -210,6 +219,13 @@ class ShoppingAgentServer:
         await self.health.set("", status)
         await self.health.set(SERVICE_NAME, status)
 
+    async def _close_batchers(self) -> None:
+        """Finish what the micro-batchers hold, then stop them."""
+        for batcher in (self._batcher, self._product_batcher):
+            if batcher is not None:
+                await batcher.close()
+        self._batcher = self._product_batcher = None
+
     async def stop(self, grace: float | None = None, drain_delay: float | None = None) -> None:
         """Health NOT_SERVING; keep serving for ``drain_delay`` while clients and load balancers
         move away; then refuse new calls and let in-flight ones finish within ``grace``; stop
@@ -222,9 +238,7 @@ class ShoppingAgentServer:
         grace = self.config.grace_seconds if grace is None else grace
         drain_delay = self.config.drain_delay_seconds if drain_delay is None else drain_delay
         if self._server is None:  # never started, or start() failed part-way: release what it did start
-            if self._batcher is not None:
-                await self._batcher.close()
-                self._batcher = None
+            await self._close_batchers()
             if self.recorder is not None:
                 await asyncio.get_running_loop().run_in_executor(None, self.recorder.close)
             if self._health_server is not None:
@@ -248,8 +262,7 @@ class ShoppingAgentServer:
                 await asyncio.get_running_loop().run_in_executor(None, watcher.stop)
         if self.validator is not None:  # after the watcher: no bundle is being validated any more
             await asyncio.get_running_loop().run_in_executor(None, self.validator.close)
-        if self._batcher is not None:
-            await self._batcher.close()
+        await self._close_batchers()
         if self.recorder is not None:  # after the last call: every answered decision is written
             await asyncio.get_running_loop().run_in_executor(None, self.recorder.close)
         if self._health_server is not None:  # last: the probes read NOT_SERVING, not a refused port, until here

@@ -50,9 +50,9 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
-from core.domain import Context, Decision, DecisionRequest
+from core.domain import Context
 
 log = logging.getLogger(__name__)
 
@@ -69,38 +69,46 @@ class BatcherClosed(RuntimeError):
     """The batcher is shutting down (or its worker stopped)."""
 
 
-class BatchModel(Protocol):
-    def run(self, requests: Sequence[DecisionRequest], contexts: Sequence[Context],
-            decision_ids: Sequence[str]) -> list[Decision]: ...
+Req = TypeVar("Req")
+Out = TypeVar("Out")
+Req_contra = TypeVar("Req_contra", contravariant=True)
+Out_co = TypeVar("Out_co", covariant=True)
+
+
+class BatchModel(Protocol[Req_contra, Out_co]):
+    """What a batch runs on: ``RecommendAction``'s ``ModelSet.run``, or ``RecommendProduct``'s ``ProductBatches``."""
+
+    def run(self, requests: Sequence[Req_contra], contexts: Sequence[Context],
+            decision_ids: Sequence[str]) -> Sequence[Out_co]: ...
 
 
 @dataclass(slots=True)
-class _Item:
-    model: BatchModel
-    request: DecisionRequest
+class _Item(Generic[Req, Out]):
+    model: BatchModel[Req, Out]
+    request: Req
     context: Context
     decision_id: str
-    future: asyncio.Future[Decision]
+    future: asyncio.Future[Out]
 
 
-def _run(model: BatchModel, items: Sequence[_Item]) -> list[Decision]:
+def _run(model: BatchModel[Req, Out], items: Sequence[_Item[Req, Out]]) -> Sequence[Out]:
     return model.run([i.request for i in items], [i.context for i in items], [i.decision_id for i in items])
 
 
-def _fail(items: Sequence[_Item], exc: BaseException) -> None:
+def _fail(items: Sequence[_Item[Req, Out]], exc: BaseException) -> None:
     for item in items:
         if not item.future.done():
             item.future.set_exception(exc)
 
 
-class MicroBatcher:
+class MicroBatcher(Generic[Req, Out]):
     """``on_batch(decisions, seconds, queue_depth)`` hears of every model run with the decisions
     actually delivered (metrics count them once per run, not once per call), the one-by-one
     reruns after a failed batch included; ``queue_depth`` is how many callers waited when the
     batch was taken, its own included (nothing can arrive while a batch runs on the loop)."""
 
     def __init__(self, max_batch: int, max_queue: int,
-                 on_batch: Callable[[list[Decision], float, int], None] | None = None,
+                 on_batch: Callable[[list[Out], float, int], None] | None = None,
                  duty: float = 1.0, max_delay_s: float = 0.0, gap_s: float = 0.001) -> None:
         if not 0.0 < duty <= 1.0:
             raise ValueError(f"duty: expected 0 < duty <= 1, got {duty}")
@@ -123,9 +131,9 @@ class MicroBatcher:
         self._last_arrival = 0.0  # loop time of the latest request
         # Queue order lives in the deque; who still waits lives in the set. A caller that gives
         # up leaves the set at once (a done callback) and the deque when the worker reaches it.
-        self._pending: collections.deque[_Item] = collections.deque()
-        self._waiting: set[asyncio.Future[Decision]] = set()
-        self._running: list[_Item] = []  # the batch being decided now
+        self._pending: collections.deque[_Item[Req, Out]] = collections.deque()
+        self._waiting: set[asyncio.Future[Out]] = set()
+        self._running: list[_Item[Req, Out]] = []  # the batch being decided now
         self._wake = asyncio.Event()
         self._nudge = asyncio.Event()  # wakes a pause to check whether it should end (max_batch, a deadline, close)
         self._task: asyncio.Task[None] | None = None
@@ -143,8 +151,8 @@ class MicroBatcher:
         self._task = asyncio.get_running_loop().create_task(self._worker(), name="micro-batcher")
         self._task.add_done_callback(self._worker_ended)
 
-    def decide(self, model: BatchModel, request: DecisionRequest, context: Context,
-               decision_id: str, give_up_at: float | None = None) -> asyncio.Future[Decision]:
+    def decide(self, model: BatchModel[Req, Out], request: Req, context: Context,
+               decision_id: str, give_up_at: float | None = None) -> asyncio.Future[Out]:
         """The decision for one request, computed in a batch with its neighbours: await the future.
 
         Raises ``BatcherClosed`` or ``Overloaded`` here, at call time. Cancelling the future
@@ -156,7 +164,7 @@ class MicroBatcher:
         waiting = self._waiting
         if len(waiting) >= self.max_queue:
             raise Overloaded(f"{len(waiting)} requests already waiting for inference")
-        future: asyncio.Future[Decision] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Out] = asyncio.get_running_loop().create_future()
         waiting.add(future)
         future.add_done_callback(waiting.discard)
         pending = self._pending
@@ -173,16 +181,16 @@ class MicroBatcher:
             self._nudge.set()
         return future
 
-    def _dequeue(self, item: _Item) -> None:
+    def _dequeue(self, item: _Item[Req, Out]) -> None:
         self._waiting.discard(item.future)
         item.future.remove_done_callback(self._waiting.discard)
 
-    def _take(self) -> list[_Item]:
+    def _take(self) -> list[_Item[Req, Out]]:
         """The oldest waiting request and those behind it on the same model, up to max_batch."""
         pending = self._pending
-        model: BatchModel | None = None
-        batch: list[_Item] = []
-        keep: list[_Item] = []
+        model: BatchModel[Req, Out] | None = None
+        batch: list[_Item[Req, Out]] = []
+        keep: list[_Item[Req, Out]] = []
         while pending and len(batch) < self.max_batch:
             item = pending.popleft()
             if item.future.done():  # the caller gave up (deadline or cancellation)
@@ -261,7 +269,7 @@ class MicroBatcher:
             self._population = self._quiet_count = 0  # max_batch, the bound, a deadline, close: learn afresh
         self._pausing = self._arrivals - arrivals_before >= 2
 
-    async def _serve(self, batch: list[_Item], depth: int) -> None:
+    async def _serve(self, batch: list[_Item[Req, Out]], depth: int) -> None:
         started = time.perf_counter()
         try:
             decisions = _run(batch[0].model, batch)
@@ -277,7 +285,7 @@ class MicroBatcher:
             return
         self._deliver(batch, decisions, started, depth)
 
-    def _run_one(self, item: _Item, depth: int) -> None:
+    def _run_one(self, item: _Item[Req, Out], depth: int) -> None:
         if item.future.done():
             return
         started = time.perf_counter()
@@ -287,18 +295,18 @@ class MicroBatcher:
         except Exception as exc:
             _fail([item], exc)
 
-    def _deliver(self, batch: list[_Item], decisions: list[Decision], started: float, depth: int) -> None:
+    def _deliver(self, batch: list[_Item[Req, Out]], decisions: Sequence[Out], started: float, depth: int) -> None:
         """Hand each caller still waiting its decision, then tell ``on_batch``."""
         if len(decisions) != len(batch):
             raise RuntimeError(f"the model returned {len(decisions)} decisions for {len(batch)} requests")
-        delivered: list[Decision] = []
+        delivered: list[Out] = []
         for item, decision in zip(batch, decisions, strict=True):
             if not item.future.done():
                 item.future.set_result(decision)
                 delivered.append(decision)
         self._report(delivered, time.perf_counter() - started, depth)
 
-    def _report(self, delivered: list[Decision], seconds: float, depth: int) -> None:
+    def _report(self, delivered: list[Out], seconds: float, depth: int) -> None:
         if self._on_batch is None:
             return
         try:

@@ -116,6 +116,14 @@ class Metrics:
                                buckets=DWELL_BUCKETS, registry=r)
         self.scroll = Histogram("shopping_agent_engagement_scroll_depth", "Reported scroll depth of a page (0 to 1).",
                                 buckets=SCROLL_BUCKETS, registry=r)
+        self.product_inference = Histogram("shopping_agent_product_inference_seconds",
+                                           "Time to encode, score the three layers and decide one RecommendProduct "
+                                           "micro-batch.", buckets=LATENCY_BUCKETS, registry=r)
+        self.product_batch_size = Histogram("shopping_agent_product_batch_size", "RecommendProduct requests per micro-batch.",
+                                            buckets=BATCH_BUCKETS, registry=r)
+        self.product_queue_depth = Gauge("shopping_agent_product_inference_queue_depth",
+                                         "RecommendProduct requests waiting for inference when the last batch was taken, "
+                                         "its own included.", registry=r, multiprocess_mode="livesum")
         self.product_layers = Counter("shopping_agent_product_layer_decisions",
                                       "RecommendProduct layer choices served, by layer and source.", ["layer", "source"], registry=r)
         self._product_layers = {(layer, src): self.product_layers.labels(layer=layer.value, source=src.name.lower())
@@ -173,6 +181,12 @@ class Metrics:
         self.batch_size.observe(len(decisions))
         self.inference.observe(seconds)
         self.queue_depth.set(queue_depth)
+
+    def product_batch(self, decisions: list[ProductDecision], seconds: float, queue_depth: int) -> None:
+        """A RecommendProduct micro-batch finished (the servicer counts its layers' choices)."""
+        self.product_batch_size.observe(len(decisions))
+        self.product_inference.observe(seconds)
+        self.product_queue_depth.set(queue_depth)
 
     # --- model lifecycle ---------------------------------------------------------------------
     def swap_done(self, result: str, reason: str, seconds: float) -> None:

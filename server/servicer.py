@@ -24,7 +24,7 @@ from policy.features import context_of
 from policy.product_decision import by_rules as product_by_rules
 from server import errors
 from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
-from server.batching import BatcherClosed, MicroBatcher, Overloaded
+from server.batching import BatcherClosed, BatchModel, MicroBatcher, Overloaded
 from server.config import Config
 from server.grpc_metrics import InstrumentedRegistrar, MethodMetrics
 from server.logs import log_context
@@ -136,14 +136,20 @@ def product_response(req: ProductRequest, decision: ProductDecision, decision_id
         joint_propensity=decision.joint_propensity, model_version=decision.model_version, request_id=req.shopper.request_id)
 
 
+Out = TypeVar("Out", Decision, ProductDecision)
+Req = TypeVar("Req", DecisionRequest, ProductRequest)
+
+
 class ShoppingAgentServicer:
-    def __init__(self, config: Config, models: ModelHolder, batcher: MicroBatcher, metrics: Metrics | None,
+    def __init__(self, config: Config, models: ModelHolder, batcher: MicroBatcher[DecisionRequest, Decision],
+                 product_batcher: MicroBatcher[ProductRequest, ProductDecision], metrics: Metrics | None,
                  recorder: ExperienceRecorder | None = None) -> None:
         self._config = config
         self._recorder = recorder
         self._tz = config.tz
         self._models = models
         self._batcher = batcher
+        self._product_batcher = product_batcher
         self._metrics = metrics
         self._min_budget_s = config.min_inference_budget_ms / 1000.0
         self._limits_cache = Limits(models.current.item_dim, config.max_recent_behavior_ids, config.max_id_length,
@@ -252,11 +258,7 @@ class ShoppingAgentServicer:
             model = canary.choose(model, req.shopper.session_id)
         decision_id = os.urandom(16).hex()
         try:
-            remaining = context.time_remaining()
-            if remaining is not None and remaining < self._min_budget_s:  # answer by the rules rather than too late
-                decision = product_by_rules(req, model.version, Source.FALLBACK_DEGRADED)
-            else:
-                decision = self._decide_product(model, req, ctx.hour, decision_id)
+            decision = await self._decide_product(model, req, ctx, decision_id, context.time_remaining())
             if self._metrics is not None:
                 self._metrics.product_served(decision)
             if self._recorder is not None:  # before answering: an answered decision is a logged one
@@ -267,21 +269,19 @@ class ShoppingAgentServicer:
             await errors.abort(context, exc)
             raise
 
-    def _decide_product(self, model: ModelSet | NoModel, req: ProductRequest, hour: int, decision_id: str) -> ProductDecision:
-        """The layers from the bundle's product networks, its rules when it has none or no bundle is loaded, and the rules
-        with ``FALLBACK_DEGRADED`` when inference fails. On the event loop, as the micro-batcher's batches run (a worker
-        thread measured 150 req/s against the loop's 444 on 2 cores, ``bench.product_serving``: ``server.batching``'s
-        reasons)."""
-        if not isinstance(model, ModelSet):
-            return product_by_rules(req, model.version)
-        try:
-            return model.decide_product(req, hour, decision_id)
-        except Exception as exc:
-            log.warning("product inference failed; answering from the rules",
-                        extra={"fields": {"decision_id": decision_id, "error": repr(exc)[:300]}})
-            # counted by its layers' source (fallback_degraded), not in degraded_decisions_total: that counter's alert
-            # divides by RecommendAction's decisions, which a product request never adds to
+    async def _decide_product(self, model: ModelSet | NoModel, req: ProductRequest, ctx: Context, decision_id: str,
+                              remaining_s: float | None) -> ProductDecision:
+        """The layers from the bundle's product networks, micro-batched with other RecommendProduct calls as
+        RecommendAction's are (its own batcher: a batch runs one model's graphs); its rules when it has none or no bundle
+        is loaded, and the rules with ``FALLBACK_DEGRADED`` when inference cannot answer (a full queue, the deadline,
+        shutdown, an error). Those are counted by their layers' source, not in degraded_decisions_total: that counter's
+        alert divides by RecommendAction's decisions, which a product request never adds to."""
+        if remaining_s is not None and remaining_s < self._min_budget_s:  # too little time, whatever answers
             return product_by_rules(req, model.version, Source.FALLBACK_DEGRADED)
+        if not isinstance(model, ModelSet) or model.product is None:
+            return product_by_rules(req, model.version)
+        return await self._batched(self._product_batcher, model.product_batches, req, ctx, decision_id, remaining_s,
+                                   lambda _: product_by_rules(req, model.version, Source.FALLBACK_DEGRADED))
 
     async def _validated(self, request: Message | Malformed, context: aio.ServicerContext,  # type: ignore[type-arg]
                          parse: Callable[[Message, Limits, float], Parsed], name: str) -> Parsed:
@@ -299,27 +299,34 @@ class ShoppingAgentServicer:
         """The decision for one request, from the batcher or the rules (the caller counts it, once)."""
         if not model.ready:
             return model.fallback(ctx, Source.FALLBACK_NO_MODEL)
+        return await self._batched(self._batcher, model, req, ctx, decision_id, remaining_s,
+                                   lambda reason: self._degraded(model, ctx, reason))
+
+    async def _batched(self, batcher: MicroBatcher[Req, Out], model: BatchModel[Req, Out],
+                       req: Req, ctx: Context, decision_id: str, remaining_s: float | None,
+                       degraded: Callable[[str], Out]) -> Out:
+        """``req`` decided in a micro-batch, or ``degraded(reason)`` when inference cannot answer in time."""
         if remaining_s is not None and remaining_s < self._min_budget_s:
-            return self._degraded(model, ctx, "deadline")
+            return degraded("deadline")
         try:
             if remaining_s is None:
-                return await self._batcher.decide(model, req, ctx, decision_id)
+                return await batcher.decide(model, req, ctx, decision_id)
             # answer with the rules before the caller's deadline rather than not at all
             budget_s = remaining_s - self._min_budget_s
             give_up_at = asyncio.get_running_loop().time() + budget_s
-            pending = self._batcher.decide(model, req, ctx, decision_id, give_up_at)
+            pending = batcher.decide(model, req, ctx, decision_id, give_up_at)
             async with asyncio.timeout(budget_s):  # no extra Task, unlike wait_for
                 return await pending
         except Overloaded:
-            return self._degraded(model, ctx, "overload")
+            return degraded("overload")
         except TimeoutError:
-            return self._degraded(model, ctx, "deadline")
+            return degraded("deadline")
         except BatcherClosed:
-            return self._degraded(model, ctx, "shutdown")
+            return degraded("shutdown")
         except Exception as exc:
             log.warning("inference failed; answering from the rule engine",
                         extra={"fields": {"decision_id": decision_id, "error": repr(exc)[:300]}})
-            return self._degraded(model, ctx, "error")
+            return degraded("error")
 
     def _degraded(self, model: ModelSet | NoModel, ctx: Context, reason: str) -> Decision:
         if self._metrics is not None:
