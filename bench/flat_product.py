@@ -130,7 +130,7 @@ def layer_views(served: npt.NDArray[np.float64], c: int, s: int) -> dict[str, np
 
 @dataclass
 class FlatChooser:
-    """Serves the flat policy in ``simulator.drive`` (a ``ProductChooser``) and keeps what a trainer needs of each decision."""
+    """Serves the flat policy in ``simulator.drive`` (a ``OneProductChooser``) and keeps what a trainer needs of each decision."""
 
     params: dict[str, npt.NDArray[np.float32]]
     encode: Any

@@ -53,7 +53,7 @@ import numpy as np
 from core.product import ProductDecision, ProductRequest
 from policy.features import FeatureSpec
 from simulator.config import SimConfig
-from simulator.drive import ProductChooser, Trace, by_model, run_in_process, run_logged
+from simulator.drive import ProductChooser, Trace, by_model, one_at_a_time, run_in_process, run_logged
 from simulator.products import candidates
 from simulator.reference import product_oracle
 from simulator.world import ShopperSession, World
@@ -84,7 +84,7 @@ def oracle_chooser(model: ModelSet) -> ProductChooser:
         c, s, b = product_oracle(session, session.shelf())
         return ProductDecision(LayerChoice(c, 1.0, Source.POLICY), LayerChoice(s, 1.0, Source.POLICY),
                                LayerChoice(b, 1.0, Source.POLICY), "oracle")
-    return choose
+    return one_at_a_time(choose)
 
 
 def per_session(trace: Trace) -> np.ndarray:
@@ -176,12 +176,13 @@ def flat_cycles(world: World, args: argparse.Namespace, start: Bundle, truth_ses
     rows = []
     for k in range(args.cycles + 1):
         judge = FlatChooser(params, encode, world.catalogue, decoder, shape, record=False)
-        v = per_session(run_in_process(world, model, truth_sessions, UTC, products=judge))
+        v = per_session(run_in_process(world, model, truth_sessions, UTC, products=one_at_a_time(judge)))
         row: dict[str, Any] = {"cycle": k, "objective": mean_ci(v), "vs_rules": mean_ci(v - values["rules"]),
                                "layered_vs_flat": mean_ci(values[f"cycle{k}"] - v)}
         if k < args.cycles:
             chooser = FlatChooser(params, encode, world.catalogue, decoder, shape)
-            trace = run_in_process(world, model, range(k * args.sessions, (k + 1) * args.sessions), UTC, products=chooser)
+            trace = run_in_process(world, model, range(k * args.sessions, (k + 1) * args.sessions), UTC,
+                                   products=one_at_a_time(chooser))
             new, row["training"] = train_flat(params, chooser.rows, trace.tables()[1], world.catalogue.embeddings)
             moved: dict[str, list[float]] = {"category": [], "sku": [], "price_band": []}
             for i in moved_on:

@@ -53,17 +53,27 @@ class BatchDecider(Protocol):
 
 
 class ProductDecider(Protocol):
-    def decide_product(self, request: ProductRequest, hour: int, decision_id: str) -> ProductDecision: ...
+    def decide_products(self, requests: Sequence[ProductRequest], hours: Sequence[int],
+                        decision_ids: Sequence[str]) -> list[ProductDecision]: ...
 
 
-ProductChooser = Callable[[ShopperSession, ProductRequest, int, str], ProductDecision]
-"""(the session, its page's ``RecommendProduct`` request, the hour feature, the decision id) → the layered decision. A
-server's chooser reads only the request (``by_model``); a reference may read the session's hidden state."""
+ProductChooser = Callable[[Sequence[ShopperSession], Sequence[ProductRequest], Sequence[int], Sequence[str]],
+                          Sequence[ProductDecision]]
+"""(a round's sessions, each page's ``RecommendProduct`` request, hour feature and decision id) → one layered decision
+each, in order. A server's chooser reads only the requests (``by_model``: one batch, as the server's micro-batch
+decides it); a reference may read the sessions' hidden state."""
+
+OneProductChooser = Callable[[ShopperSession, ProductRequest, int, str], ProductDecision]
+"""A chooser that decides one page at a time (``one_at_a_time`` makes it a ``ProductChooser``)."""
 
 
 def by_model(model: ProductDecider) -> ProductChooser:
-    """The server's product decision (``ModelSet.decide_product``: the bundle's heads, or the rules without them)."""
-    return lambda session, request, hour, did: model.decide_product(request, hour, did)
+    """The server's product decision (``ModelSet.decide_products``: the bundle's heads, or the rules without them)."""
+    return lambda sessions, requests, hours, ids: model.decide_products(requests, hours, ids)
+
+
+def one_at_a_time(chooser: OneProductChooser) -> ProductChooser:
+    return lambda sessions, requests, hours, ids: [chooser(*page) for page in zip(sessions, requests, hours, ids, strict=True)]
 
 
 def decision_id(seed: int, session: int, step: int) -> str:
@@ -186,23 +196,33 @@ def engagement_report_for(session: ShopperSession, decision: str, page: PageEnga
                             page.event_time_s)
 
 
-def offer_product(world: World, index: int, step: int, session: ShopperSession, request: DecisionRequest, hour: int,
-                  products: ProductChooser, recorder: ExperienceRecorder | None, spec: Any, trace: Trace) -> None:
-    """The page's product: its shelf as a request, the chooser's decision, the shopper's reaction, all reported/logged."""
-    categories, bands = candidates(world.catalogue, session.shelf())
-    product_request = ProductRequest(request, categories, bands, session.visit_count)
-    did = product_decision_id(world.seed, index, step)
-    decision = products(session, product_request, hour, did)
-    trace.products += 1
-    for _, choice in decision.choices():
-        key = choice.source.name.lower()
-        trace.product_sources[key] = trace.product_sources.get(key, 0) + 1
-    if recorder is not None:
-        recorder.product(product_request, hour, decision, did, spec)
-    for report in reports_for(session, did, session.offer(decision.category.index, decision.sku.index, decision.price_band.index)):
-        trace.reported(report)
+def offer_products(world: World, pages: Sequence[tuple[int, int, ShopperSession, DecisionRequest, int]],
+                   products: ProductChooser, recorder: ExperienceRecorder | None, spec: Any, trace: Trace) -> None:
+    """A round's products, one for each of ``pages`` (session index, step, session, its request, hour): each page's shelf
+    as a request, the chooser's decisions for all of them at once, each shopper's reaction, all reported/logged in page
+    order. Every session draws from its own streams, so deciding a round together changes no session's dice."""
+    if not pages:
+        return
+    requests, ids = [], []
+    for index, step, session, request, _ in pages:
+        categories, bands = candidates(world.catalogue, session.shelf())
+        requests.append(ProductRequest(request, categories, bands, session.visit_count))
+        ids.append(product_decision_id(world.seed, index, step))
+    decisions = products([p[2] for p in pages], requests, [p[4] for p in pages], ids)
+    if len(decisions) != len(pages):
+        raise RuntimeError(f"the product chooser returned {len(decisions)} decisions for {len(pages)} pages")
+    for (_, _, session, _, hour), product_request, did, decision in zip(pages, requests, ids, decisions, strict=True):
+        trace.products += 1
+        for _, choice in decision.choices():
+            key = choice.source.name.lower()
+            trace.product_sources[key] = trace.product_sources.get(key, 0) + 1
         if recorder is not None:
-            recorder.outcome(report)
+            recorder.product(product_request, hour, decision, did, spec)
+        for report in reports_for(session, did, session.offer(decision.category.index, decision.sku.index,
+                                                              decision.price_band.index)):
+            trace.reported(report)
+            if recorder is not None:
+                recorder.outcome(report)
 
 
 def run_in_process(world: World, model: BatchDecider, sessions: range, tz: tzinfo, recorder: ExperienceRecorder | None = None,
@@ -232,8 +252,8 @@ def run_in_process(world: World, model: BatchDecider, sessions: range, tz: tzinf
         requests = [req for _, _, req in live]
         contexts = [context_of(req, tz) for req in requests]
         if products is not None:
-            for (index, session, req), ctx in zip(live, contexts, strict=True):
-                offer_product(world, index, steps[index], session, req, ctx.hour, products, recorder, model.encoder.spec, trace)
+            offer_products(world, [(index, steps[index], session, req, ctx.hour) for (index, session, req), ctx
+                                   in zip(live, contexts, strict=True)], products, recorder, model.encoder.spec, trace)
         decisions = model.run(requests, contexts, ids) if live else []
         for (index, session, req), ctx, did, decision in zip(live, contexts, ids, decisions, strict=True):
             trace.model_versions.add(decision.model_version)

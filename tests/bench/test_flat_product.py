@@ -15,7 +15,7 @@ from core.product import ProductRequest
 from policy import product_rules as rules
 from policy.plurality import PluralityDecoder
 from simulator.config import SimConfig
-from simulator.drive import run_in_process
+from simulator.drive import one_at_a_time, run_in_process
 from simulator.products import candidates
 from simulator.world import World
 from weights.embedded import default_bundle
@@ -76,7 +76,7 @@ def test_training_moves_the_flat_policy_within_its_region_and_the_forwards_agree
     model = ModelSet.load(default_bundle(), LoadOptions(warmup_batch=1))
     params = init_flat(np.random.default_rng(1), ITEM_DIM)
     chooser = FlatChooser(params, _encode, WORLD.catalogue, PluralityDecoder(), SHAPE)
-    trace = run_in_process(WORLD, model, range(120), ZoneInfo("UTC"), products=chooser)
+    trace = run_in_process(WORLD, model, range(120), ZoneInfo("UTC"), products=one_at_a_time(chooser))
     torch.manual_seed(0)
     new, report = train_flat(params, chooser.rows, trace.tables()[1], WORLD.catalogue.embeddings)
     assert report["rows"] == len(chooser.rows) == trace.products and 0 < report["kl"] <= DELTA * (1 + 1e-5)
