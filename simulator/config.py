@@ -138,11 +138,19 @@ class ProductSettings:
     """P(a complaint about an offered product)."""
     first_visit_top_complaint: float = 0.15
     """P(a complaint when the top band is offered on a first visit)."""
+    overpriced_ratio: float = 1.10
+    """An offered item whose list price is more than this times its known competitor price is overpriced."""
+    overpriced_complaint: float = 0.25
+    """P(a complaint about price gouging when an overpriced item is offered, whatever the band): a cause independent of
+    the others (P = 1 − (1 − the other rule's P) · (1 − this)); none where no competitor price is known."""
 
     def __post_init__(self) -> None:
         problems = [f"products.{k}: must be a probability" for k in ("favourite_offered", "stockout", "competitor_known",
-                                                                       "first_visit", "complaint", "first_visit_top_complaint")
+                                                                       "first_visit", "complaint", "first_visit_top_complaint",
+                                                                       "overpriced_complaint")
                     if not 0 <= getattr(self, k) <= 1]
+        if not (math.isfinite(self.overpriced_ratio) and self.overpriced_ratio > 0):
+            problems.append("products.overpriced_ratio: must be finite and > 0")
         if self.categories < 1 or self.skus < 1:
             problems.append("products.categories and products.skus: must be >= 1")
         if not self.bands or not all(math.isfinite(b) and b > 0 for b in self.bands):

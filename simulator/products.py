@@ -11,13 +11,25 @@ whether an offered product is taken (into the cart, at the list price × the ban
                         − price[intent] · log(paid / the category's median price)
                         − competitor · max(0, log(paid / competitor price)) )     (where a competitor price is known)
 
-and whether it draws a complaint: ``first_visit_top_complaint`` for the top band (the largest multiplier) on a first
-visit (a session's ``visit_count`` 1, with P ``first_visit``), else ``complaint``. A taken product's GMV counts when the
-session orders (``simulator.world``: its order probability, unchanged); a complaint costs what every complaint costs and
-raises the chance the shopper leaves after the page, as a complaint on the page's prompt does. So which category
-(the favourite: +``favourite`` logits), which SKU (bargain hunters take cheap ones, buyers dear ones, which earn more)
-and which band (a higher price earns more per order but is taken less, and the top band risks a first visitor's
-complaint) all change orders and GMV: ``product_effect_table(SimConfig())`` tabulates it.
+and whether it draws a complaint, from two independent causes:
+
+    P(complaint) = 1 − (1 − p_band) · (1 − p_overpriced)
+
+where p_band is ``first_visit_top_complaint`` for the top band (the largest multiplier) on a first visit (a session's
+``visit_count`` 1, with P ``first_visit``), else ``complaint``; and p_overpriced is ``overpriced_complaint`` when the
+item is overpriced (a competitor price is known and the list price is more than ``overpriced_ratio`` × it), else 0. A
+shopper who sees a product priced well above what a competitor asks complains about price gouging whatever band is
+shown: a fact of the SKU, not of the band. The request carries the competitor price and the SKU features include
+log(price / competitor price) (``policy.product_features``), so a guard at the SKU layer can learn to refuse such an
+item, while the policy's own reward (a complaint's cost) only discourages it on average and exploration can still
+serve one. ``complaint_table(SimConfig())`` tabulates the complaint probabilities.
+
+A taken product's GMV counts when the session orders (``simulator.world``: its order probability, unchanged); a
+complaint costs what every complaint costs and raises the chance the shopper leaves after the page, as a complaint on
+the page's prompt does. So which category (the favourite: +``favourite`` logits), which SKU (bargain hunters take cheap
+ones, buyers dear ones, which earn more; an overpriced one draws complaints) and which band (a higher price earns more
+per order but is taken less, and the top band risks a first visitor's complaint) all change orders, GMV and
+complaints: ``product_effect_table(SimConfig())`` tabulates the take-up.
 
 Determinism: a page's shelf and the offer's dice come from ``default_rng([seed, 3, session, step])``, apart from the
 session's own stream, so a session that is never offered a product runs exactly as before (tested against a digest),
@@ -88,9 +100,36 @@ def take_probability(catalogue: Catalogue, settings: ProductSettings, intent: In
     return 1.0 / (1.0 + math.exp(-logit))
 
 
-def complaint_probability(settings: ProductSettings, multiplier: float, multipliers: tuple[float, ...], visit_count: int) -> float:
+def overpriced(settings: ProductSettings, price: float, competitor: float | None) -> bool:
+    """Whether an item at list price ``price`` is overpriced: more than ``overpriced_ratio`` × its known competitor price."""
+    return competitor is not None and price > settings.overpriced_ratio * competitor
+
+
+def complaint_probability(settings: ProductSettings, multiplier: float, multipliers: tuple[float, ...], visit_count: int,
+                          price: float, competitor: float | None) -> float:
+    """P(offering an item at list price ``price`` (competitor price ``competitor``, None where unknown) at band
+    ``multiplier`` of ``multipliers`` draws a complaint): the module doc's two independent causes."""
     top = len(set(multipliers)) > 1 and multiplier >= max(multipliers)
-    return settings.first_visit_top_complaint if top and visit_count == 1 else settings.complaint
+    band = settings.first_visit_top_complaint if top and visit_count == 1 else settings.complaint
+    if not overpriced(settings, price, competitor):
+        return band
+    return 1.0 - (1.0 - band) * (1.0 - settings.overpriced_complaint)
+
+
+def complaint_table(config: SimConfig) -> str:
+    """P(complaint) for a fairly priced item and an overpriced one, on a first visit's top band and otherwise (markdown)."""
+    s = config.products
+
+    def p(top: bool, over: bool) -> str:  # a first visit either way; the lowest band is never the top one (unless alone)
+        x = complaint_probability(s, max(s.bands) if top else min(s.bands), s.bands, 1, 2.0 * s.overpriced_ratio if over else 1.0, 1.0)
+        return f"{round(x, 4):g}"
+
+    return "\n".join([
+        f"| offer | fairly priced (or no competitor price) | overpriced (list price > {s.overpriced_ratio:g} × competitor) |",
+        "| --- | --- | --- |",
+        f"| any other offer | {p(False, False)} | {p(False, True)} |",
+        f"| the top band on a first visit | {p(True, False)} | {p(True, True)} |",
+    ])
 
 
 def product_effect_table(config: SimConfig) -> str:

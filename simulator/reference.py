@@ -46,7 +46,8 @@ def product_oracle(session: ShopperSession, here: Shelf) -> tuple[int, int, int]
                 take = take_probability(catalogue, settings, session.intent, session.favourite, trendy, category, item, multiplier,
                                         here.competitor[c][s])
                 value = take * float(catalogue.price[item]) * multiplier * order
-                value -= COMPLAINT_COST * complaint_probability(settings, multiplier, here.multipliers, here.visit_count)
+                value -= COMPLAINT_COST * complaint_probability(settings, multiplier, here.multipliers, here.visit_count,
+                                                                float(catalogue.price[item]), here.competitor[c][s])
                 if value > best:
                     best, choice = value, (c, s, b)
     return choice

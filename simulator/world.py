@@ -294,7 +294,9 @@ class ShopperSession:
             self._multipliers.append(multiplier)
             self._behaviors.appendleft(_REACTION[Action.ADD_TO_CART])
             events.append(OutcomeEvent(Outcome.ADD_TO_CART, 0.0, 0.0, t))
-        self._offer_complaint = here.u_complain < complaint_probability(settings, multiplier, here.multipliers, here.visit_count)
+        self._offer_complaint = here.u_complain < complaint_probability(settings, multiplier, here.multipliers, here.visit_count,
+                                                                        float(world.catalogue.price[item]),
+                                                                        here.competitor[category][sku])
         if self._offer_complaint:
             events.append(OutcomeEvent(Outcome.COMPLAINT, 0.0, 0.0, t))
         return events

@@ -5,6 +5,8 @@ shown changes the shop's objective."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,8 +14,8 @@ import pytest
 from core.domain import Action, DecisionRequest, Outcome
 from core.product import ProductRequest
 from policy import product_rules as rules
-from simulator.config import Intent, SimConfig
-from simulator.products import candidates, complaint_probability, product_effect_table, take_probability
+from simulator.config import Intent, ProductSettings, SimConfig
+from simulator.products import candidates, complaint_probability, complaint_table, overpriced, product_effect_table, take_probability
 from simulator.reference import COMPLAINT_COST, product_oracle
 from simulator.world import ShopperSession, World
 
@@ -78,10 +80,89 @@ def test_take_up_follows_the_favourite_the_price_and_the_competitor() -> None:
     price = float(catalogue.price[item])
     assert p(Intent.BUYER, competitor=price * 0.8) < p(Intent.BUYER) == p(Intent.BUYER, competitor=price * 1.2)
     bands = settings.bands
-    assert complaint_probability(settings, max(bands), bands, visit_count=1) == settings.first_visit_top_complaint
-    assert complaint_probability(settings, max(bands), bands, visit_count=2) == settings.complaint
-    assert complaint_probability(settings, min(bands), bands, visit_count=1) == settings.complaint
+    assert complaint_probability(settings, max(bands), bands, 1, price, None) == settings.first_visit_top_complaint
+    assert complaint_probability(settings, max(bands), bands, 2, price, None) == settings.complaint
+    assert complaint_probability(settings, min(bands), bands, 1, price, None) == settings.complaint
     assert "bargain_hunter" in product_effect_table(SMALL)
+
+
+def test_an_overpriced_sku_adds_its_own_complaint_cause_to_the_bands() -> None:
+    """P = 1 − (1 − the band's P) · (1 − overpriced_complaint) when the list price is more than overpriced_ratio × a known
+    competitor price; no effect without a competitor price or at or below the ratio."""
+    settings = SMALL.products
+    assert (settings.overpriced_ratio, settings.overpriced_complaint) == (1.10, 0.25)
+    bands, top, low = settings.bands, max(settings.bands), min(settings.bands)
+
+    def p(price: float, competitor: float | None, multiplier: float = low, visit_count: int = 2) -> float:
+        return complaint_probability(settings, multiplier, bands, visit_count, price, competitor)
+
+    assert p(100.0, None) == settings.complaint == 0.01
+    assert p(1000.0, None) == 0.01  # however dear: no competitor price, no such complaint
+    assert p(100.0, 95.0) == p(100.0, 100.0 / 1.10) == p(100.0, 100.0) == 0.01  # below or at the threshold
+    assert p(100.0, 200.0) == 0.01  # cheaper than the competitor
+    assert p(100.0, 90.0) == pytest.approx(1 - (1 - 0.01) * (1 - 0.25), abs=1e-15)  # 100 > 1.10 × 90 = 99
+    assert p(100.0, 90.0, top, visit_count=2) == pytest.approx(0.2575, abs=1e-15)  # a returning shopper: the base rate
+    assert p(100.0, 90.0, top, visit_count=1) == pytest.approx(1 - (1 - 0.15) * (1 - 0.25), abs=1e-15)  # 0.3625
+    assert p(100.0, 90.0, low, visit_count=1) == pytest.approx(0.2575, abs=1e-15)
+    assert p(100.0, 95.0, top, visit_count=1) == settings.first_visit_top_complaint
+    table = complaint_table(SimConfig())
+    assert all(x in table for x in ("| 0.01 | 0.2575 |", "| 0.15 | 0.3625 |", "1.1 × competitor"))
+    assert table in (Path(__file__).parents[2] / "docs" / "simulator.md").read_text(encoding="utf-8")  # the docs' copy
+
+
+def _first_offers(settings: ProductSettings, sessions: range, want_overpriced: bool,
+                  seed: int = 11) -> list[tuple[bool, float, list[Outcome]]]:
+    """On the first page of each session, offer the first in-stock SKU that is (or is not) overpriced, at the lowest band
+    (never the top one): (whether it complained, the page's u_complain, the offer's outcomes)."""
+    config = SimConfig(n_items=600, item_dim=16, products=settings)
+    world = World(config, seed)
+    out = []
+    for i in sessions:
+        session = world.session(i)
+        here = session.shelf()
+        pick = next(((c, s) for c, items in enumerate(here.items) for s, item in enumerate(items) if here.stock[c][s] > 0
+                     and overpriced(settings, float(world.catalogue.price[item]), here.competitor[c][s]) == want_overpriced), None)
+        if pick is None:
+            continue
+        events = session.offer(*pick, here.multipliers.index(min(here.multipliers)))
+        outcomes = [e.outcome for e in events]
+        out.append((Outcome.COMPLAINT in outcomes, here.u_complain, outcomes))
+    return out
+
+
+def test_offered_overpriced_skus_draw_complaints_at_their_rate_and_fair_ones_at_the_base_rate() -> None:
+    """Through the real world: 2,000 first-page offers of each kind, at the lowest band. The rates are within 6 standard
+    deviations of 1 − 0.99 · 0.75 = 0.2575 and of 0.01 (a false alarm about 1e-9), and each outcome is the page's own die
+    against that probability (no new draw)."""
+    settings = SMALL.products
+    for want, p in ((True, 1 - (1 - settings.complaint) * (1 - settings.overpriced_complaint)), (False, settings.complaint)):
+        offers = _first_offers(settings, range(2400), want)[:2000]
+        assert len(offers) == 2000
+        assert all(complained == (u < p) for complained, u, _ in offers)
+        rate = sum(complained for complained, _, _ in offers) / len(offers)
+        assert abs(rate - p) < 6 * math.sqrt(p * (1 - p) / len(offers)), (want, rate, p)
+
+
+def test_the_overpriced_rule_changes_only_complaints_of_overpriced_offers() -> None:
+    """With overpriced_complaint 0 the world is the one before the rule: the same shelves and dice, the same take-up; the
+    complaints differ only on overpriced offers."""
+    settings = SMALL.products
+    before = replace(settings, overpriced_complaint=0.0)
+    for want in (True, False):
+        now, then = _first_offers(settings, range(300), want), _first_offers(before, range(300), want)
+        assert [u for _, u, _ in now] == [u for _, u, _ in then] and len(now) > 100
+        assert [Outcome.ADD_TO_CART in o for _, _, o in now] == [Outcome.ADD_TO_CART in o for _, _, o in then]
+        changed = sum(a != b for (a, _, _), (b, _, _) in zip(now, then, strict=True))
+        assert (changed > 0) if want else (changed == 0)
+
+
+@pytest.mark.parametrize(("field", "value"), [("overpriced_complaint", 1.5), ("overpriced_complaint", -0.1),
+                                              ("overpriced_complaint", math.nan), ("overpriced_ratio", 0.0),
+                                              ("overpriced_ratio", -1.0), ("overpriced_ratio", math.inf),
+                                              ("overpriced_ratio", math.nan)])
+def test_bad_overpriced_settings_are_refused_naming_the_field(field: str, value: float) -> None:
+    with pytest.raises(ValueError, match=rf"products\.{field}"):
+        ProductSettings(**{field: value})
 
 
 def _rules(session: ShopperSession, world: World) -> tuple[int, int, int]:

@@ -137,11 +137,12 @@ def test_a_cycle_trains_the_heads_and_publishes_them_with_the_candidate_or_alone
                                                                                 start: bytes) -> None:
     started = read_bundle(start)
     # The flat gate cannot pass (no ESS is that large): its candidate is kept for a second look (the default), and the
-    # heads, which pass their gate (the run's tolerance of 2 per session), ride it and are also published alone.
+    # heads, which pass their gate (the run's tolerance of 3 per session: on these 800 sessions new − current is −0.83,
+    # lower bound −2.69, since overpriced SKUs draw complaints), ride it and are also published alone.
     weights = tmp_path / "alone"
     store = WeightsStore(weights, lambda data: verify(data, None))
     store.publish(start)
-    code, report = _cycle(logs, weights, {**FAST, "gate_min_ess": 1e9, "tolerance": 2.0}, tmp_path)
+    code, report = _cycle(logs, weights, {**FAST, "gate_min_ess": 1e9, "tolerance": 3.0}, tmp_path)
     assert code == 3 and "too few effective sessions" in report["reason"] and "published" not in report
     products = report["products"]
     assert products["window"]["rows_in_window"] > 0 and products["gate"]["sessions"] >= 100
@@ -165,7 +166,7 @@ def test_a_cycle_trains_the_heads_and_publishes_them_with_the_candidate_or_alone
     assert isinstance(candidate_record(kept.manifest, active.model_version), str)  # without it: stale
 
     # The flat candidate published (forced): it carries the same new heads (the same logs and seed).
-    forced, published = _forced(logs, tmp_path, start, {**FAST, "tolerance": 2.0}, "with")
+    forced, published = _forced(logs, tmp_path, start, {**FAST, "tolerance": 3.0}, "with")
     assert forced["products"]["publish"] is True
     assert _parts(published, PRODUCT_PARTS) == _parts(active, PRODUCT_PARTS)
     assert _parts(published, FLAT_PARTS) != _parts(started, FLAT_PARTS)
