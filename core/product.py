@@ -86,6 +86,8 @@ class LayerChoice:
     """Which candidates the layer's guardrails let through."""
     fallback: int = -1
     """The layer's rule's choice (served on low consensus): with ``permitted``, what a replay needs besides the scores."""
+    vetoed: int = 0
+    """How many candidates the guardrails permit that the bundle's learned guard vetoed (``permitted`` excludes them)."""
 
 
 @dataclass(frozen=True, slots=True)

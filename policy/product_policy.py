@@ -1,17 +1,19 @@
 """The layered product decision with a model: category, then SKU within it, then price band, each sampled.
 
 Each layer scores its candidates (``weights.product_heads``: the shared encoder's h beside each candidate's features,
-``policy.product_features``), removes what its guardrails ban (``policy.product_rules``), and serves by the same
+``policy.product_features``), removes what its guardrails ban (``policy.product_rules``) and, when the bundle has
+them, what its learned guard vetoes (``weights.product_guard``: a candidate too likely to draw a complaint), and serves by the same
 seeded, replayable majority vote as ``RecommendAction`` over any number of candidates (``policy.plurality``): with
 probability ε an exploration draw from q^(1/T), else the most-voted of K draws, or the layer's rule when fewer than
 ``min_votes`` agree (``FALLBACK_LOW_CONSENSUS``). Each layer's uniforms come from the decision id and the layer's name,
 so a logged decision replays exactly; each layer's propensity is the exact probability of its choice given the layers
-before it, and the joint propensity is their product.
+before it, and the joint propensity is their product. When the guard vetoes every candidate the guardrails permit, the
+layer's rule answers among those with ``FALLBACK_GUARD`` and certainty, as ``RecommendAction`` does.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import numpy as np
@@ -31,6 +33,10 @@ class Heads(Protocol):
     def encode(self, states: F32) -> F32: ...
 
     def score(self, head: str, h: F32, features: F32) -> F32: ...
+
+
+class Guard(Protocol):
+    def vetoed(self, head: str, h: F32, features: F32) -> npt.NDArray[np.bool_]: ...
 
 
 def masked_softmax(logits: F32, permitted: npt.NDArray[np.bool_]) -> npt.NDArray[np.float64]:
@@ -61,48 +67,66 @@ def masked_softmax_padded(logits: npt.NDArray[np.floating], permitted: npt.NDArr
     return q / q.sum(axis=1, keepdims=True)  # type: ignore[no-any-return]
 
 
-def _layer(decoder: PluralityDecoder, heads: Heads, head: str, h: F32, features: Sequence[F32],
-           permitted: Sequence[npt.NDArray[np.bool_]], rule_index: Sequence[int], rule: str,
+def _layer(decoder: PluralityDecoder, heads: Heads, guard: Guard | None, head: str, h: F32, features: Sequence[F32],
+           permitted: Sequence[npt.NDArray[np.bool_]], rule_of: Callable[[int, npt.NDArray[np.bool_]], int], rule: str,
            streams: Sequence[str]) -> list[LayerChoice]:
-    """One layer's draws for a batch of requests, each with its own candidates: one head call over every request's rows
-    (each beside its request's h), one exact served distribution per request (``served_batch``, shorter candidate lists
-    padded with 0), and each request's draw from its own stream (the decision id and the layer)."""
+    """One layer's draws for a batch of requests, each with its own candidates: one head call (and one guard call) over
+    every request's rows (each beside its request's h), the guard's vetoes taken from what the guardrails permit, one
+    exact served distribution per request (``served_batch``, shorter candidate lists padded with 0), and each request's
+    draw from its own stream (the decision id and the layer). ``rule_of(b, allowed)``: request b's rule choice."""
     sizes = [len(f) for f in features]
-    logits = heads.score(head, np.repeat(h, sizes, axis=0), np.concatenate(features))
-    q = masked_softmax_rows(logits, permitted, sizes)
-    served = decoder.served_batch(q, rule_index)
-    draws = decoder.draw_batch(q, uniforms_batch(streams, decoder.samples + 2), sizes)
-    choices = []
-    for i, (n, draw) in enumerate(zip(sizes, draws, strict=True)):
-        distribution, allowed, fallback = tuple(served[i, :n].tolist()), tuple(permitted[i].tolist()), rule_index[i]
-        if draw.index is None:
-            choices.append(LayerChoice(fallback, distribution[fallback], Source.FALLBACK_LOW_CONSENSUS, rule=rule,
-                                       served=distribution, permitted=allowed, fallback=fallback))
-        else:
-            source = Source.EXPLORATION if draw.explored else Source.POLICY
-            choices.append(LayerChoice(draw.index, distribution[draw.index], source, votes=int(draw.counts[draw.index]),
-                                       served=distribution, permitted=allowed, fallback=fallback))
-    return choices
+    rows_h, rows = np.repeat(h, sizes, axis=0), np.concatenate(features)
+    logits = heads.score(head, rows_h, rows)
+    bounds = np.cumsum(sizes)[:-1]
+    allowed, vetoes = list(permitted), [0] * len(sizes)
+    if guard is not None:
+        for i, (ok, veto) in enumerate(zip(permitted, np.split(guard.vetoed(head, rows_h, rows), bounds), strict=True)):
+            vetoes[i] = int((ok & veto).sum())
+            allowed[i] = ok & ~veto
+    choices: list[LayerChoice | None] = [None] * len(sizes)
+    for i, ok in enumerate(allowed):
+        if not ok.any():  # the guard vetoed every candidate the guardrails permit: the rule among those, with certainty
+            index = rule_of(i, permitted[i])
+            choices[i] = LayerChoice(index, 1.0, Source.FALLBACK_GUARD, rule=rule,
+                                     served=tuple(float(k == index) for k in range(sizes[i])),
+                                     permitted=tuple(permitted[i].tolist()), fallback=index, vetoed=vetoes[i])
+    live = [i for i, c in enumerate(choices) if c is None]
+    if live:
+        live_sizes = [sizes[i] for i in live]
+        split = np.split(logits, bounds)
+        q = masked_softmax_rows(np.concatenate([split[i] for i in live]), [allowed[i] for i in live], live_sizes)
+        fallbacks = [rule_of(i, allowed[i]) for i in live]
+        served = decoder.served_batch(q, fallbacks)
+        draws = decoder.draw_batch(q, uniforms_batch([streams[i] for i in live], decoder.samples + 2), live_sizes)
+        for row, (i, draw) in enumerate(zip(live, draws, strict=True)):
+            n, fallback = sizes[i], fallbacks[row]
+            distribution, mask = tuple(served[row, :n].tolist()), tuple(allowed[i].tolist())
+            if draw.index is None:
+                choices[i] = LayerChoice(fallback, distribution[fallback], Source.FALLBACK_LOW_CONSENSUS, rule=rule,
+                                         served=distribution, permitted=mask, fallback=fallback, vetoed=vetoes[i])
+            else:
+                source = Source.EXPLORATION if draw.explored else Source.POLICY
+                choices[i] = LayerChoice(draw.index, distribution[draw.index], source, votes=int(draw.counts[draw.index]),
+                                         served=distribution, permitted=mask, fallback=fallback, vetoed=vetoes[i])
+    return [c for c in choices if c is not None]
 
 
 def decide_batch(heads: Heads, decoder: PluralityDecoder, states: F32, requests: Sequence[ProductRequest],
-                 decision_ids: Sequence[str], model_version: str) -> list[ProductDecision]:
+                 decision_ids: Sequence[str], model_version: str, guard: Guard | None = None) -> list[ProductDecision]:
     """The three layers in order for a batch of requests (``states``: the shoppers' encoded states, shape (B, S)): one
-    encoder call and one call per head for the whole batch. Each decision is the one its request gets alone (tested)."""
+    encoder call and one call per head (and per guard) for the whole batch. Each decision is the one its request gets
+    alone (tested)."""
     h = heads.encode(states)
-    permitted = [rules.category_permitted(r) for r in requests]
-    categories = _layer(decoder, heads, "category", h, [category_features(r.categories) for r in requests], permitted,
-                        [rules.rule_category(r, p) for r, p in zip(requests, permitted, strict=True)], rules.RULE_CATEGORY,
-                        [f"{d}/{Layer.CATEGORY.value}" for d in decision_ids])
+    categories = _layer(decoder, heads, guard, "category", h, [category_features(r.categories) for r in requests],
+                        [rules.category_permitted(r) for r in requests], lambda i, ok: rules.rule_category(requests[i], ok),
+                        rules.RULE_CATEGORY, [f"{d}/{Layer.CATEGORY.value}" for d in decision_ids])
     chosen = [r.categories[c.index] for r, c in zip(requests, categories, strict=True)]
-    permitted = [rules.sku_permitted(c) for c in chosen]
-    skus = _layer(decoder, heads, "sku", h, [sku_features(c.skus) for c in chosen], permitted,
-                  [rules.rule_sku(c, p) for c, p in zip(chosen, permitted, strict=True)], rules.RULE_SKU,
+    skus = _layer(decoder, heads, guard, "sku", h, [sku_features(c.skus) for c in chosen],
+                  [rules.sku_permitted(c) for c in chosen], lambda i, ok: rules.rule_sku(chosen[i], ok), rules.RULE_SKU,
                   [f"{d}/{Layer.SKU.value}" for d in decision_ids])
-    permitted = [rules.band_permitted(r) for r in requests]
     features = [band_features(r.price_bands, c.skus[s.index], r.visit_count == 1)
                 for r, c, s in zip(requests, chosen, skus, strict=True)]
-    bands = _layer(decoder, heads, "band", h, features, permitted,
-                   [rules.rule_band(r.price_bands, p) for r, p in zip(requests, permitted, strict=True)],
-                   rules.RULE_PRICE_BAND, [f"{d}/{Layer.PRICE_BAND.value}" for d in decision_ids])
+    bands = _layer(decoder, heads, guard, "band", h, features, [rules.band_permitted(r) for r in requests],
+                   lambda i, ok: rules.rule_band(requests[i].price_bands, ok), rules.RULE_PRICE_BAND,
+                   [f"{d}/{Layer.PRICE_BAND.value}" for d in decision_ids])
     return [ProductDecision(c, s, b, model_version) for c, s, b in zip(categories, skus, bands, strict=True)]

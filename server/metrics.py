@@ -128,6 +128,10 @@ class Metrics:
                                       "RecommendProduct layer choices served, by layer and source.", ["layer", "source"], registry=r)
         self._product_layers = {(layer, src): self.product_layers.labels(layer=layer.value, source=src.name.lower())
                                 for layer in LAYERS for src in Source}
+        self.product_vetoes = Counter("shopping_agent_product_guard_vetoes",
+                                      "RecommendProduct candidates the guardrails permitted that the bundle's learned guard "
+                                      "vetoed, by layer.", ["layer"], registry=r)
+        self._product_vetoes = {layer: self.product_vetoes.labels(layer=layer.value) for layer in LAYERS}
         self.experience = ExperienceMetrics(r)
         self._created_s = math.nan
         if not multiprocess_mode():
@@ -158,9 +162,11 @@ class Metrics:
             child.inc()
 
     def product_served(self, decision: ProductDecision) -> None:
-        """Count one answered RecommendProduct: each layer's choice by its source."""
+        """Count one answered RecommendProduct: each layer's choice by its source, and its guard's vetoes."""
         for layer, choice in decision.choices():
             self._product_layers[(layer, choice.source)].inc()
+            if choice.vetoed:
+                self._product_vetoes[layer].inc(choice.vetoed)
 
     def outcome_received(self, outcome: Outcome) -> None:
         self._outcomes[outcome].inc()

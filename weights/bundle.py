@@ -36,6 +36,7 @@ import json
 import os
 import stat
 import zipfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -45,15 +46,24 @@ import numpy as np
 import numpy.typing as npt
 
 FORMAT = "shopping-agent-bundle"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 """The newest format this code writes and reads; it reads every version in ``VERSION_PARTS``."""
 MANIFEST = "manifest.json"
 PARTS = ("policy.onnx", "guard.onnx", "behavior_table.npy", "golden_states.npy", "golden_outputs.npy")
 PRODUCT_PARTS = ("product_encoder.onnx", "product_category.onnx", "product_sku.onnx", "product_band.onnx",
                  "golden_product_outputs.npy")
-VERSION_PARTS = {1: PARTS, 2: PARTS + PRODUCT_PARTS}
+PRODUCT_GUARD_PARTS = ("product_guard_category.onnx", "product_guard_sku.onnx", "product_guard_band.onnx",
+                       "golden_product_guard_outputs.npy")
+VERSION_PARTS = {1: PARTS, 2: PARTS + PRODUCT_PARTS, 3: PARTS + PRODUCT_PARTS + PRODUCT_GUARD_PARTS}
 """The parts of each format version: 1 has the flat decision's networks; 2 adds ``RecommendProduct``'s heads
-(``weights.product_heads``). A bundle without the heads is written as version 1, byte for byte as before."""
+(``weights.product_heads``); 3 adds a learned guard per product layer (``weights.product_guard``). Each bundle is
+written at the lowest version that holds its parts, so one without heads is version 1, byte for byte as before."""
+
+
+def version_of(names: Iterable[str]) -> int:
+    """The format version whose parts a bundle holding ``names`` must have: the lowest that names them all."""
+    held = set(names)
+    return 3 if held & set(PRODUCT_GUARD_PARTS) else 2 if held & set(PRODUCT_PARTS) else 1
 SIGNATURE = "signature.ed25519"
 MAX_BUNDLE_BYTES = 128 * 1024 * 1024  # the default bundle is 1.9 MB; two MLPs of this kind stay far below
 MAX_PART_BYTES = 64 * 1024 * 1024
@@ -106,7 +116,7 @@ def write_bundle(path: Path | io.BytesIO, manifest: dict[str, Any], parts: dict[
 
     Returns the manifest as written. The same input gives the same bytes.
     """
-    version = 2 if any(name in parts for name in PRODUCT_PARTS) else 1
+    version = version_of(parts)
     names = VERSION_PARTS[version]
     missing, extra = sorted(set(names) - set(parts)), sorted(set(parts) - set(names))
     if missing or extra:
@@ -186,7 +196,7 @@ def _read_bundle(data: bytes) -> Bundle:
         if len(infos) != len(listed_infos):
             names = [i.filename for i in listed_infos]
             raise BundleError("format", f"duplicate members {sorted({n for n in names if names.count(n) > 1})}")
-        expected = {MANIFEST, *(PARTS + PRODUCT_PARTS if any(n in infos for n in PRODUCT_PARTS) else PARTS)}
+        expected = {MANIFEST, *VERSION_PARTS[version_of(infos)]}
         if not expected <= set(infos) <= expected | {SIGNATURE}:
             raise BundleError(
                 "format",

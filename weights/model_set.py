@@ -31,8 +31,9 @@ from policy.onnx_model import OnnxModel, RuntimeMissing
 from policy.plurality import PluralityDecoder
 from policy.product_decision import by_rules as product_by_rules
 from policy.product_policy import decide_batch as decide_products
-from weights.bundle import PRODUCT_PARTS, Bundle, BundleError
+from weights.bundle import PRODUCT_GUARD_PARTS, PRODUCT_PARTS, Bundle, BundleError
 from weights.onnx_check import check_model
+from weights.product_guard import ProductGuard
 from weights.product_heads import ProductHeads
 from weights.signing import check_signature
 
@@ -216,7 +217,8 @@ class ModelSet:
         if self.product is None:
             return [product_by_rules(r, self.version) for r in requests]
         states = self.encoder.encode_batch([r.shopper for r in requests], hours)
-        return decide_products(self.product.heads, self.product.decoder, states, requests, decision_ids, self.version)
+        return decide_products(self.product.heads, self.product.decoder, states, requests, decision_ids, self.version,
+                               self.product.guard)
 
     @functools.cached_property
     def product_batches(self) -> ProductBatches:
@@ -243,10 +245,13 @@ class ProductLayers:
 
     heads: ProductHeads
     decoder: PluralityDecoder
+    guard: ProductGuard | None = None
+    """The learned per-layer vetoes (format version 3); None: the guardrails alone."""
 
 
 def _product_layers(bundle: Bundle, spec: FeatureSpec, options: LoadOptions, tolerance: float) -> ProductLayers:
-    """The product networks of a format-2 bundle, checked and self-tested, with the manifest's ``product.decoder``."""
+    """The product networks of a format-2 or -3 bundle (the guards too), checked and self-tested, with the manifest's
+    ``product.decoder`` (and ``product.guard``)."""
     section = bundle.manifest.get("product")
     dec = section.get("decoder") if isinstance(section, dict) else None
     if not isinstance(dec, dict):
@@ -259,7 +264,12 @@ def _product_layers(bundle: Bundle, spec: FeatureSpec, options: LoadOptions, tol
                                    temperature=_number(dec, "exploration_temperature", "product.decoder"))
     except ValueError as exc:
         raise BundleError("schema", f"manifest.json: product.decoder: {exc}") from None
-    return ProductLayers(ProductHeads.load(bundle, spec, options.device, options.threads, tolerance), decoder)
+    heads = ProductHeads.load(bundle, spec, options.device, options.threads, tolerance)
+    guard = None
+    if PRODUCT_GUARD_PARTS[0] in bundle.parts:
+        guard = ProductGuard.load(bundle, heads.encode(bundle.array("golden_states.npy")), heads.widths, options.device,
+                                  options.threads, tolerance)
+    return ProductLayers(heads, decoder, guard)
 
 
 class NoModel:

@@ -16,6 +16,7 @@ same at build and at load) against ``golden_product_outputs.npy``: per golden st
 from __future__ import annotations
 
 import io
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +27,7 @@ from core.product import MAX_CATEGORIES, MAX_PRICE_BANDS, MAX_SKUS_PER_CATEGORY
 from policy.features import FeatureSpec
 from policy.onnx_model import OnnxModel
 from weights import mlp
-from weights.bundle import MANIFEST, Bundle, BundleError, npy_bytes, write_bundle
+from weights.bundle import MANIFEST, PRODUCT_GUARD_PARTS, Bundle, BundleError, npy_bytes, write_bundle
 from weights.onnx_check import check_model
 
 F32 = npt.NDArray[np.float32]
@@ -82,14 +83,21 @@ def parts(params: dict[str, mlp.Params], spec: FeatureSpec, golden_states: F32) 
     return out
 
 
-def with_heads(bundle: Bundle, params: dict[str, mlp.Params], spec: FeatureSpec, manifest: dict[str, Any]) -> bytes:
+def with_heads(bundle: Bundle, params: dict[str, mlp.Params], spec: FeatureSpec, manifest: dict[str, Any],
+               guard: tuple[dict[str, bytes], dict[str, Any]] | None = None) -> bytes:
     """``bundle`` with these product networks (and their golden outputs on its golden states) and ``manifest`` merged
     over its own: the flat decision's parts stay byte for byte. A bundle without a ``product`` section gets the default
-    decoder settings (``manifest_section``). Unsigned: a signature covers the old manifest, not this one."""
-    members = {name: data for name, data in bundle.parts.items() if name != MANIFEST}
+    decoder settings (``manifest_section``). ``guard``: the product guards' parts and ``product.guard`` section
+    (``weights.product_guard``); without it the result has no guards (a bundle's guards read its encoder's h, so new
+    heads never keep old guards). Unsigned: a signature covers the old manifest, not this one."""
+    members = {name: data for name, data in bundle.parts.items() if name != MANIFEST and name not in PRODUCT_GUARD_PARTS}
     members.update(parts(params, spec, bundle.array("golden_states.npy")))
     merged = {k: v for k, v in bundle.manifest.items() if k not in ("format", "format_version", "parts")}
-    merged.setdefault("product", manifest_section())
+    product = {k: v for k, v in (merged.get("product") or manifest_section()).items() if k != "guard"}
+    if guard is not None:
+        members.update(guard[0])
+        product["guard"] = guard[1]
+    merged["product"] = product
     merged.update(manifest)
     buf = io.BytesIO()
     write_bundle(buf, merged, members)
@@ -121,17 +129,12 @@ class ProductHeads:
         """Run the encoder on one state and each head on as many candidates as a request may offer it: what a graph
         allocates can grow faster than its rows, and the self-test's 8 rows would not show it. So the bounded load
         (``weights.sandbox``) sees the largest request's memory, and a graph that cannot take those shapes is refused."""
-        sizes = {"category": MAX_CATEGORIES, "sku": MAX_SKUS_PER_CATEGORY, "band": MAX_PRICE_BANDS}
         try:
             h = self.encode(np.zeros((1, spec.state_dim), dtype=np.float32))
-            for head, rows in sizes.items():
-                if not np.isfinite(self.score(head, h, golden_features(self.widths[head], rows))).all():
-                    raise BundleError("nonfinite", f"the product {head} head produces NaN or Inf on {rows} candidates")
-        except BundleError:
-            raise
         except Exception as exc:
-            raise BundleError("shape", f"the product graphs do not run at a request's largest sizes: "
-                                       f"{str(exc).splitlines()[0][:300]}") from None
+            raise BundleError("shape", f"the product encoder does not run: {str(exc).splitlines()[0][:300]}") from None
+        run_at_the_limits(self.score, h, self.widths, "head")
+
 
     def _self_test(self, bundle: Bundle, tolerance: float) -> None:
         states, expected = bundle.array("golden_states.npy"), bundle.array(GOLDEN)
@@ -160,11 +163,30 @@ class ProductHeads:
 
     def score(self, head: str, h: F32, features: F32) -> F32:
         """One logit per candidate row: ``h`` (1, H) (or one row per candidate) beside each row of ``features``."""
-        rows = np.concatenate([np.broadcast_to(h, (len(features), h.shape[1])), features], axis=1).astype(np.float32)
-        out = self.heads[head].run(rows)
-        if out.shape != (len(features), 1):
-            raise BundleError("shape", f"product {head} head: expected output ({len(features)}, 1), got {out.shape}")
-        return out[:, 0]
+        return candidate_rows(self.heads[head], f"product {head} head", h, features)
+
+
+def run_at_the_limits(score: Callable[[str, F32, F32], F32], h: F32, widths: dict[str, int], kind: str) -> None:
+    """``score`` (a head's or a guard's) on as many candidates as a request may offer each layer, beside ``h`` (one
+    row): ``BundleError`` when it cannot take those shapes or gives NaN or Inf."""
+    sizes = {"category": MAX_CATEGORIES, "sku": MAX_SKUS_PER_CATEGORY, "band": MAX_PRICE_BANDS}
+    try:
+        for head, rows in sizes.items():
+            if not np.isfinite(score(head, h, golden_features(widths[head], rows))).all():
+                raise BundleError("nonfinite", f"the product {head} {kind} produces NaN or Inf on {rows} candidates")
+    except BundleError:
+        raise
+    except Exception as exc:
+        raise BundleError("shape", f"the product {kind} graphs do not run at a request's largest sizes: "
+                                   f"{str(exc).splitlines()[0][:300]}") from None
+
+def candidate_rows(graph: OnnxModel, name: str, h: F32, features: F32) -> F32:
+    """``graph``'s one output per candidate row ``[h, features]`` (``h``: one row, or one per candidate)."""
+    rows = np.concatenate([np.broadcast_to(h, (len(features), h.shape[1])), features], axis=1).astype(np.float32)
+    out = graph.run(rows)
+    if out.shape != (len(features), 1):
+        raise BundleError("shape", f"{name}: expected output ({len(features)}, 1), got {out.shape}")
+    return out[:, 0]
 
 
 def manifest_section() -> dict[str, Any]:

@@ -168,7 +168,7 @@ def test_extra_member(members: dict[str, bytes], raw_zip: Any) -> None:
     assert info.value.reason == "format"
 
 
-@pytest.mark.parametrize("version", [3, 0, "1", None, True])
+@pytest.mark.parametrize("version", [FORMAT_VERSION + 1, 0, "1", None, True])
 def test_unknown_format_version(members: dict[str, bytes], raw_zip: Any, version: Any) -> None:
     manifest = json.loads(members[MANIFEST])
     manifest["format_version"] = version
