@@ -23,12 +23,15 @@ import torch
 from experience.sessions import session_codes, session_hashes, split_by_session
 from trainer.product_data import LAYERS, product_rows
 from trainer.product_gate import judge
+from trainer.product_guard import GuardConfig, train_guards
 from trainer.product_update import DELTAS, ENCODER_DELTA, update_heads
 from trainer.window import SAMPLE_SALT
 from weights import mlp
 from weights.bundle import Bundle, read_bundle
 from weights.model_set import LoadOptions, ModelSet
-from weights.product_heads import PART, with_heads
+from weights.product_guard import manifest_section as guard_section
+from weights.product_guard import parts as guard_parts
+from weights.product_heads import PART, feature_widths, with_heads
 
 GATE_SALT = b"product-gate"
 """The product gate's held-out split (``experience.sessions.split_by_session``), independent of the flat gate's."""
@@ -50,11 +53,13 @@ class ProductTrainConfig:
     tolerance: float = 0.0
     encoder_delta: float = ENCODER_DELTA
     """The shared encoder's region on the sum of the layers' KL (``trainer.product_update``); 0 holds it fixed."""
+    guard: GuardConfig | None = field(default_factory=GuardConfig)
+    """The per-layer guards' training (``trainer.product_guard``); None: the bundle is written without guards."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"deltas": dict(self.deltas), "layers": list(self.layers), "max_rows": self.max_rows, "seed": self.seed,
                 "gate_share": self.gate_share, "tolerance": self.tolerance,
-                "encoder_delta": self.encoder_delta}
+                "encoder_delta": self.encoder_delta, "guard": None if self.guard is None else self.guard.to_dict()}
 
 
 @dataclass(frozen=True)
@@ -123,12 +128,20 @@ def train_products(products: pa.Table, outcomes: pa.Table, bundle: Bundle, model
                                "builder": "trainer.product_train.train_products"},
                 "same_flat_as": [bundle.model_version, *(earlier if isinstance(earlier, list) else [])][:SAME_FLAT_KEPT],
                 "product_training": metrics}
-    candidate = ModelSet.load(read_bundle(with_heads(bundle, new, model.encoder.spec, manifest)), LoadOptions(device="cpu",
-                                                                                                              warmup_batch=1))
+    guard = None
+    if config.guard is not None:  # on the new encoder's h, the one the exported heads and guards read
+        widths = feature_widths(model.encoder.spec)
+        guards, metrics["guard"] = train_guards(rows, mlp.policy_forward(new["encoder"], rows.states), held,
+                                                mlp.policy_forward(new["encoder"], held.states), widths, config.guard,
+                                                config.seed)
+        guard = (guard_parts(guards, mlp.policy_forward(new["encoder"], bundle.array("golden_states.npy")), widths),
+                 guard_section(config.guard.max_complaint))
+    candidate = ModelSet.load(read_bundle(with_heads(bundle, new, model.encoder.spec, manifest, guard)),
+                              LoadOptions(device="cpu", warmup_batch=1))
     assert candidate.product is not None and model.product is not None
     verdict = judge((candidate.product.heads, candidate.product.decoder), (model.product.heads, model.product.decoder), held,
                     config.tolerance, config.seed, current_version=bundle.model_version)
     metrics["gate"] = verdict.to_dict()
-    data = with_heads(bundle, new, model.encoder.spec, manifest)  # the same bytes, with the verdict in the manifest
+    data = with_heads(bundle, new, model.encoder.spec, manifest, guard)  # the same bytes, with the verdict in the manifest
     ModelSet.load(read_bundle(data), LoadOptions(device="cpu", warmup_batch=1))  # as the server will: golden self-test
     return ProductTrainResult(data, metrics)

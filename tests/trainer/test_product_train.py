@@ -31,6 +31,7 @@ from weights import mlp
 from weights.bundle import PARTS, Bundle, read_bundle
 from weights.embedded import default_bundle
 from weights.model_set import LoadOptions, ModelSet
+from weights.product_guard import manifest_section as guard_section
 from weights.product_heads import PART, init_params, with_heads
 
 OPTIONS = LoadOptions(device="cpu", warmup_batch=1)
@@ -163,12 +164,16 @@ def test_the_exported_bundle_keeps_the_flat_decision_and_serves_the_new_heads(pr
     assert all(trained.parts[p] != start.parts[p] for p in ("product_category.onnx", "product_sku.onnx", "product_band.onnx",
                                                             "product_encoder.onnx"))  # the encoder in its own region too
     m = trained.manifest
-    assert m["model_version"] == "products-1" and m["provenance"]["from"] == "heads-3" and m["product"] == start.manifest["product"]
+    assert m["model_version"] == "products-1" and m["provenance"]["from"] == "heads-3"
+    assert m["product"] == {**start.manifest["product"], "guard": guard_section()} and m["format_version"] == 3  # guards too
     assert set(m["product_training"]["layers"]) == {*LAYERS, "encoder"}
     assert all(m["product_training"]["layers"][layer]["kl_from_start"] > 0 for layer in LAYERS)
     fixed = read_bundle(train_products(products, outcomes, start, "products-3", "2026-12-03T00:00:00Z",
                                        ProductTrainConfig(encoder_delta=0.0)).bundle)
     assert fixed.parts["product_encoder.onnx"] == start.parts["product_encoder.onnx"]  # held fixed when asked
+    unguarded = read_bundle(train_products(products, outcomes, start, "products-4", "2026-12-03T00:00:00Z",
+                                           ProductTrainConfig(guard=None)).bundle)
+    assert unguarded.manifest["format_version"] == 2 and "guard" not in unguarded.manifest["product"]
     model = ModelSet.load(trained, OPTIONS)  # the golden self-test of the new heads passes as the server runs it
     assert model.product is not None
     # Fewer rows: whole sessions by a keyed hash, the same on a rerun.
@@ -238,18 +243,23 @@ def test_the_command_trains_and_names_what_is_wrong(tmp_path: Path, product_logs
     init.write_bytes(with_heads(start, _params(start), FeatureSpec.parse(start.manifest["feature_spec"]), {}))
     cli = [sys.executable, "-m", "server", "train-products"]
     run = subprocess.run([*cli, "--logs", str(product_logs), "--init", str(init), "--out", str(tmp_path / "out.bundle"),
-                          "--version", "p1", "--max-rows", "500", "--delta-encoder", "0.01"], capture_output=True, text=True,
+                          "--version", "p1", "--max-rows", "500", "--delta-encoder", "0.01", "--guard-max-complaint", "0.2"],
+                         capture_output=True, text=True,
                          cwd=ROOT, timeout=300)
     report = json.loads(run.stdout.splitlines()[-1])
     assert run.returncode == (0 if report["publish"] else 3), run.stderr  # written either way; 3: the gate refused it
     assert report["model_version"] == "p1" and report["metrics"]["product_rows"] <= 500
     assert report["metrics"]["config"]["encoder_delta"] == 0.01 and 0 < report["metrics"]["layers"]["encoder"]["kl"] <= 0.01
     assert read_bundle(tmp_path / "out.bundle").model_version == "p1"
+    assert read_bundle(tmp_path / "out.bundle").manifest["product"]["guard"]["max_complaint"]["sku"] == 0.2
+    assert report["metrics"]["config"]["guard"]["max_complaint"] == 0.2 and set(report["metrics"]["guard"]["layers"]) == set(LAYERS)
     empty = tmp_path / "no-products"
     (empty / "decisions").mkdir(parents=True)
     for args, message in ((["--logs", str(empty)], "no products/ directory"),
                           (["--logs", str(product_logs), "--delta-sku", "0"], "--delta-sku"),
-                          (["--logs", str(product_logs), "--delta-encoder", "-0.1"], "--delta-encoder: expected >= 0")):
+                          (["--logs", str(product_logs), "--delta-encoder", "-0.1"], "--delta-encoder: expected >= 0"),
+                          (["--logs", str(product_logs), "--guard-max-complaint", "0"], "--guard-max-complaint"),
+                          (["--logs", str(product_logs), "--guard-max-complaint", "0.2", "--no-guard"], "--guard-max-complaint")):
         bad = subprocess.run([*cli, *args, "--init", str(init), "--out", str(tmp_path / "x.bundle")], capture_output=True,
                              text=True, cwd=ROOT, timeout=120)
         assert bad.returncode == 2 and message in bad.stderr, bad.stderr

@@ -1,0 +1,154 @@
+"""Train ``RecommendProduct``'s per-layer guards on the complaints the logged offers drew (``weights.product_guard``).
+
+For each layer, every logged offer is one example: ``[h, the chosen candidate's features]`` (h from the new encoder,
+the one the exported heads read) and whether a complaint was reported against the offer's decision. Each guard is the
+guard-shaped MLP (``weights.product_guard``) fitted by logistic loss (Adam, weight decay, a fixed number of epochs,
+seeded), from a fresh start each run: its output is a calibrated complaint probability, which the server compares with
+``product.guard.max_complaint``. The label is the offer's, whatever layer caused it: a layer's guard learns the
+complaint rate of its candidates under the logged choices of the layers after it.
+
+Judged on the product gate's held-out sessions, per layer: the complaint rate, the share of offers the guard would veto,
+the complaint rate among those and among the rest, and the ranking quality (AUC). A guard is data like the heads: its
+effect on what shoppers see is measured on the simulator (``bench.product_learning --guard``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from trainer.product_data import HEAD_OF, LAYERS, ProductRows
+from weights import mlp
+from weights.product_guard import MAX_COMPLAINT, init_params
+from weights.product_heads import CATEGORY_EXTRA, HIDDEN, SKU_EXTRA
+
+F32 = npt.NDArray[np.float32]
+VALIDATION = 0.2
+"""The share of a guard's training rows (seeded) whose loss picks the weights kept."""
+CHECK_EVERY = 50
+EMBEDDED = {"category": 1, "sku": 1}
+EXTRA = {"category": CATEGORY_EXTRA, "sku": SKU_EXTRA}
+"""Which heads' features start with an item embedding, and how many features follow it (``policy.product_features``)."""
+
+
+@dataclass(frozen=True)
+class GuardConfig:
+    max_complaint: float = MAX_COMPLAINT
+    steps: int = 2000
+    batch: int = 512
+    lr: float = 3e-3
+    weight_decay: float = 1e-3
+    embeddings: bool = False
+    """Whether a guard reads the candidates' embeddings (category, SKU): off, it reads h and the candidates' few price,
+    stock and band features, where complaints have their causes, and ~800 inputs learnt from rare complaints would
+    mostly fit the training rows' embeddings."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"max_complaint": self.max_complaint, "steps": self.steps, "batch": self.batch, "lr": self.lr,
+                "weight_decay": self.weight_decay, "embeddings": self.embeddings}
+
+
+def examples(rows: ProductRows, h: F32, layer: str) -> tuple[F32, npt.NDArray[np.float32]]:
+    """Per logged offer, ``[h, the layer's chosen candidate's features]`` and 1.0 where it drew a complaint."""
+    data = rows.layers[layer]
+    chosen = data.features[np.arange(len(rows)), data.index]
+    return np.concatenate([h, chosen], axis=1).astype(np.float32), (rows.complaints > 0).astype(np.float32)
+
+
+def _fit(params: mlp.Params, x: F32, y: npt.NDArray[np.float32], config: GuardConfig, seed: int,
+         ignored: slice = slice(0, 0)) -> mlp.Params:
+    """Logistic loss plus an L2 penalty on standardised inputs (a one-column signal such as log(price / competitor) is
+    then as easy to find as a 768-d embedding's), minibatches of a seeded permutation, for at most ``config.steps``,
+    keeping the weights of the best loss on a seeded ``VALIDATION`` share of the rows (checked every ``CHECK_EVERY``
+    steps): complaints are rare, so a guard of ~800 inputs would otherwise learn the training rows' embeddings by heart.
+    The scaling is then folded into the first layer, so the exported graph reads the raw ``[h, features]``. Columns
+    ``ignored`` (the candidates' embeddings, unless ``config.embeddings``) are held at 0 in training and get 0 weights."""
+    rng = np.random.default_rng([seed, 11])
+    check = rng.random(len(x)) < VALIDATION
+    if check.all() or not check.any():
+        check[:] = False
+    mean = x[~check].mean(axis=0)
+    scale = x[~check].std(axis=0)
+    scale = np.where(scale > 1e-6, scale, 1.0).astype(np.float32)
+    names = ("w1", "b1", "w2", "b2", "w3", "b3")
+    tensors = {k: torch.tensor(params[k], requires_grad=True) for k in names}
+    optimiser = torch.optim.Adam(list(tensors.values()), lr=config.lr)
+    z = torch.from_numpy((x - mean) / scale)
+    z[:, ignored] = 0.0
+    xs, ys, xv, yv = z[torch.from_numpy(~check)], torch.from_numpy(y[~check]), z[torch.from_numpy(check)], torch.from_numpy(y[check])
+
+    def loss_of(inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        a = torch.relu(inputs @ tensors["w1"] + tensors["b1"])
+        a = torch.relu(a @ tensors["w2"] + tensors["b2"])
+        return torch.nn.functional.binary_cross_entropy_with_logits((a @ tensors["w3"] + tensors["b3"])[:, 0], labels)
+
+    generator = torch.Generator().manual_seed(seed)
+    order, at = torch.randperm(len(xs), generator=generator), 0
+    best, kept = math.inf, {k: t.detach().clone() for k, t in tensors.items()}
+    for step in range(config.steps):
+        if at >= len(order):
+            order, at = torch.randperm(len(xs), generator=generator), 0
+        batch, at = order[at:at + config.batch], at + config.batch
+        penalty = sum((tensors[k] ** 2).sum() for k in ("w1", "w2", "w3"))
+        loss = loss_of(xs[batch], ys[batch]) + config.weight_decay * penalty
+        optimiser.zero_grad()
+        loss.backward()  # type: ignore[no-untyped-call]
+        optimiser.step()
+        if len(xv) and (step + 1) % CHECK_EVERY == 0:
+            with torch.no_grad():
+                held = float(loss_of(xv, yv))
+            if held < best:
+                best, kept = held, {k: t.detach().clone() for k, t in tensors.items()}
+    out = {k: t.numpy().astype(np.float32) for k, t in (kept if len(xv) else {k: t.detach() for k, t in tensors.items()}).items()}
+    w1 = out["w1"] / scale[:, None]  # ((x - mean) / scale) @ w1 + b1 = x @ (w1 / scale) + (b1 - (mean / scale) @ w1)
+    out["b1"] = (out["b1"] - (mean / scale) @ out["w1"]).astype(np.float32)
+    w1[ignored] = 0.0
+    out["w1"] = w1.astype(np.float32)
+    return out
+
+
+def auc(score: npt.NDArray[np.floating], label: npt.NDArray[np.bool_]) -> float:
+    """P(a complaint's score > a quiet offer's), ties half (the Mann-Whitney statistic); NaN without both kinds."""
+    positives, negatives = int(label.sum()), int((~label).sum())
+    if positives == 0 or negatives == 0:
+        return float("nan")
+    _, inverse, counts = np.unique(score, return_inverse=True, return_counts=True)
+    ends = np.cumsum(counts)
+    ranks = ((ends - counts + 1 + ends) / 2.0)[inverse]  # 1-based ranks, ties sharing their mean
+    return float((ranks[label].sum() - positives * (positives + 1) / 2) / (positives * negatives))
+
+
+def judged(params: mlp.Params, x: F32, y: npt.NDArray[np.float32], max_complaint: float) -> dict[str, Any]:
+    """A guard's figures on held-out offers."""
+    p = 1.0 / (1.0 + np.exp(-mlp.policy_forward(params, x)[:, 0].astype(np.float64)))
+    veto, complained = p > max_complaint, y > 0
+
+    def rate(m: npt.NDArray[np.bool_]) -> float | None:
+        return float(complained[m].mean()) if m.any() else None
+
+    return {"offers": len(y), "complaint_rate": rate(np.ones(len(y), dtype=bool)), "vetoed_share": float(veto.mean()) if len(y) else None,
+            "complaint_rate_vetoed": rate(veto), "complaint_rate_kept": rate(~veto), "mean_predicted": float(p.mean()) if len(y) else None,
+            "auc": auc(p, complained) if len(y) else None}
+
+
+def train_guards(rows: ProductRows, h: F32, held: ProductRows, h_held: F32, widths: Mapping[str, int],
+                 config: GuardConfig | None = None, seed: int = 0) -> tuple[dict[str, mlp.Params], dict[str, Any]]:
+    """One guard per layer (by head name) fitted on ``rows`` and judged on ``held``; their params and figures."""
+    config = config or GuardConfig()
+    start = init_params(np.random.default_rng([seed, 7]), dict(widths))
+    params, report = {}, {"config": config.to_dict(), "layers": {}}
+    for layer in LAYERS:
+        head = HEAD_OF[layer]
+        x, y = examples(rows, h, layer)
+        embedded = EMBEDDED.get(head, 0) * (widths[head] - EXTRA.get(head, 0))
+        ignored = slice(0, 0) if config.embeddings else slice(HIDDEN, HIDDEN + embedded)
+        params[head] = _fit(start[head], x, y, config, seed, ignored) if len(y) else start[head]
+        report["layers"][layer] = {"train": judged(params[head], x, y, config.max_complaint),
+                                   "held_out": judged(params[head], *examples(held, h_held, layer), config.max_complaint)}
+    return params, report
