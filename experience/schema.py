@@ -58,8 +58,8 @@ keyed hashes; the SKUs and bands are those the layer chose among: the chosen cat
 ``<layer>_features`` (each candidate's features as the product heads read them, ``policy.product_features``, float16),
 ``<layer>_index`` (the choice's position), ``<layer>_propensity``, ``<layer>_source``, ``<layer>_votes``,
 ``<layer>_rule``, ``<layer>_served_probs`` (the probability of serving each candidate, given the layers before:
-the behaviour policy), ``<layer>_permitted`` (what its guardrails let through) and ``<layer>_fallback`` (its rule's
-choice): with the features, what a replay needs to compute any bundle's served distribution exactly;
+the behaviour policy), ``<layer>_permitted`` (what its guardrails and the bundle's learned guard let through) and
+``<layer>_fallback`` (its rule's choice): with the features, what a replay needs to compute any bundle's served distribution exactly;
 ``joint_propensity``, ``model_version``, ``sample_rate``.
 
 Versions: 1 stored ``session_id``, ``item_id``, ``request_id``, ``outcome_id`` and every
