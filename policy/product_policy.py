@@ -87,9 +87,11 @@ def _layer(decoder: PluralityDecoder, heads: Heads, guard: Guard | None, head: s
     for i, ok in enumerate(allowed):
         if not ok.any():  # the guard vetoed every candidate the guardrails permit: the rule among those, with certainty
             index = rule_of(i, permitted[i])
-            choices[i] = LayerChoice(index, 1.0, Source.FALLBACK_GUARD, rule=rule,
-                                     served=tuple(float(k == index) for k in range(sizes[i])),
-                                     permitted=tuple(permitted[i].tolist()), fallback=index, vetoed=vetoes[i])
+            # logged as permitting the rule's candidate alone: what this layer could serve, and a replay of it (the
+            # vote over one candidate) gives the logged certainty
+            only = tuple(k == index for k in range(sizes[i]))
+            choices[i] = LayerChoice(index, 1.0, Source.FALLBACK_GUARD, rule=rule, served=tuple(map(float, only)),
+                                     permitted=only, fallback=index, vetoed=vetoes[i])
     live = [i for i, c in enumerate(choices) if c is None]
     if live:
         live_sizes = [sizes[i] for i in live]

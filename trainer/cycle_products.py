@@ -35,7 +35,7 @@ from experience.sessions import split_by_session
 from trainer.product_train import GATE_SALT, ProductTrainConfig, ProductTrainResult, train_products
 from trainer.product_window import read_products
 from weights import mlp
-from weights.bundle import MANIFEST, PRODUCT_PARTS, Bundle, read_bundle, write_bundle
+from weights.bundle import MANIFEST, PRODUCT_GUARD_PARTS, PRODUCT_PARTS, Bundle, read_bundle, write_bundle
 from weights.product_heads import PART
 
 log = logging.getLogger(__name__)
@@ -93,7 +93,8 @@ def product_step(source: DirectorySource, base: Bundle, versions: list[str], cre
     if not trained.publish:
         return ProductStep(report, trained)
     new = read_bundle(trained.bundle)
-    digest = hashlib.sha256(b"".join(new.parts[name] for name in PRODUCT_PARTS)).hexdigest()[:8]
+    digest = hashlib.sha256(b"".join(new.parts[name] for name in (*PRODUCT_PARTS, *PRODUCT_GUARD_PARTS)
+                                     if name in new.parts)).hexdigest()[:8]  # the heads' and their guards' bytes
     version = f"products-{created_at.replace('-', '').replace(':', '')}-{digest}"
     manifest = {**{k: v for k, v in new.manifest.items() if k not in ("format", "format_version", "parts")},
                 "model_version": version}

@@ -32,6 +32,8 @@ F32 = npt.NDArray[np.float32]
 VALIDATION = 0.2
 """The share of a guard's training rows (seeded) whose loss picks the weights kept."""
 CHECK_EVERY = 50
+PATIENCE = 6
+"""Checks without a better held loss after which training stops."""
 EMBEDDED = {"category": 1, "sku": 1}
 EXTRA = {"category": CATEGORY_EXTRA, "sku": SKU_EXTRA}
 """Which heads' features start with an item embedding, and how many features follow it (``policy.product_features``)."""
@@ -66,7 +68,8 @@ def _fit(params: mlp.Params, x: F32, y: npt.NDArray[np.float32], config: GuardCo
     """Logistic loss plus an L2 penalty on standardised inputs (a one-column signal such as log(price / competitor) is
     then as easy to find as a 768-d embedding's), minibatches of a seeded permutation, for at most ``config.steps``,
     keeping the weights of the best loss on a seeded ``VALIDATION`` share of the rows (checked every ``CHECK_EVERY``
-    steps): complaints are rare, so a guard of ~800 inputs would otherwise learn the training rows' embeddings by heart.
+    steps, stopping after ``PATIENCE`` checks without a better one): complaints are rare, so a guard of ~800 inputs
+    would otherwise learn the training rows' embeddings by heart.
     The scaling is then folded into the first layer, so the exported graph reads the raw ``[h, features]``. Columns
     ``ignored`` (the candidates' embeddings, unless ``config.embeddings``) are held at 0 in training and get 0 weights."""
     rng = np.random.default_rng([seed, 11])
@@ -90,7 +93,7 @@ def _fit(params: mlp.Params, x: F32, y: npt.NDArray[np.float32], config: GuardCo
 
     generator = torch.Generator().manual_seed(seed)
     order, at = torch.randperm(len(xs), generator=generator), 0
-    best, kept = math.inf, {k: t.detach().clone() for k, t in tensors.items()}
+    best, kept, since = math.inf, {k: t.detach().clone() for k, t in tensors.items()}, 0
     for step in range(config.steps):
         if at >= len(order):
             order, at = torch.randperm(len(xs), generator=generator), 0
@@ -104,12 +107,24 @@ def _fit(params: mlp.Params, x: F32, y: npt.NDArray[np.float32], config: GuardCo
             with torch.no_grad():
                 held = float(loss_of(xv, yv))
             if held < best:
-                best, kept = held, {k: t.detach().clone() for k, t in tensors.items()}
-    out = {k: t.numpy().astype(np.float32) for k, t in (kept if len(xv) else {k: t.detach() for k, t in tensors.items()}).items()}
-    w1 = out["w1"] / scale[:, None]  # ((x - mean) / scale) @ w1 + b1 = x @ (w1 / scale) + (b1 - (mean / scale) @ w1)
+                best, kept, since = held, {k: t.detach().clone() for k, t in tensors.items()}, 0
+            else:
+                since += 1
+                if since >= PATIENCE:  # no better for PATIENCE checks: the held rows say it has started to fit noise
+                    break
+    final = {k: t.detach() for k, t in tensors.items()}
+    out = {k: t.numpy().astype(np.float32) for k, t in (kept if math.isfinite(best) else final).items()}
+    return folded(out, mean, scale, ignored)
+
+
+def folded(params: mlp.Params, mean: F32, scale: F32, ignored: slice = slice(0, 0)) -> mlp.Params:
+    """``params`` trained on ``(x − mean) / scale`` with the ``ignored`` columns held at 0, as weights that read the raw
+    x: ``((x − mean) / scale) @ w1 + b1 = x @ (w1 / scale) + (b1 − (mean / scale) @ w1)``, the ignored rows 0 first
+    (those inputs added nothing in training, so they may add nothing to the bias either)."""
+    out = {k: v.copy() for k, v in params.items()}
+    out["w1"][ignored] = 0.0
     out["b1"] = (out["b1"] - (mean / scale) @ out["w1"]).astype(np.float32)
-    w1[ignored] = 0.0
-    out["w1"] = w1.astype(np.float32)
+    out["w1"] = (out["w1"] / scale[:, None]).astype(np.float32)
     return out
 
 
@@ -134,7 +149,12 @@ def judged(params: mlp.Params, x: F32, y: npt.NDArray[np.float32], max_complaint
 
     return {"offers": len(y), "complaint_rate": rate(np.ones(len(y), dtype=bool)), "vetoed_share": float(veto.mean()) if len(y) else None,
             "complaint_rate_vetoed": rate(veto), "complaint_rate_kept": rate(~veto), "mean_predicted": float(p.mean()) if len(y) else None,
-            "auc": auc(p, complained) if len(y) else None}
+            "auc": _finite(auc(p, complained)) if len(y) else None}
+
+
+def _finite(x: float) -> float | None:
+    """JSON has no NaN: an AUC without both kinds of offer is written as null."""
+    return x if math.isfinite(x) else None
 
 
 def train_guards(rows: ProductRows, h: F32, held: ProductRows, h_held: F32, widths: Mapping[str, int],

@@ -8,8 +8,11 @@ from collections import Counter
 from pathlib import Path
 
 import grpc
+import numpy as np
 import pytest
 
+from core.domain import Source
+from policy.product_policy import masked_softmax
 from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
 from server.product_validation import parse_product
 from server.validation import Limits
@@ -57,6 +60,14 @@ def test_a_layer_whose_candidates_are_all_vetoed_is_answered_by_its_rule(tmp_pat
     assert answer.category.source != pb.DECISION_SOURCE_FALLBACK_GUARD
     assert value("shopping_agent_product_guard_vetoes_total", {"layer": "price_band"}) == 2  # of the two it permits
     assert value("shopping_agent_product_layer_decisions_total", {"layer": "price_band", "source": "fallback_guard"}) == 1
+    # as logged: the band layer permitted the rule's band alone, so a replay of it (the trainer's) gives its certainty
+    model = ModelSet.load(read_bundle(guarded(vetoes_every_band=True)), LoadOptions(warmup_batch=1))
+    band = model.decide_product(parse_product(product(visit_count=1), Limits(768, 16, 256), 1_790_000_000.0), 9, "g").price_band
+    assert (band.source, band.permitted, band.served, band.fallback, band.vetoed) == \
+        (Source.FALLBACK_GUARD, (False, True, False), (0.0, 1.0, 0.0), 1, 2)
+    decoder = model.product.decoder  # type: ignore[union-attr]
+    replayed = decoder.served(masked_softmax(np.array([0.3, -1.0, 2.0], dtype=np.float32), np.array(band.permitted)), band.fallback)
+    assert replayed[band.index] == pytest.approx(1.0, abs=1e-12)
 
 
 def test_a_batch_with_the_guard_decides_each_request_as_alone() -> None:

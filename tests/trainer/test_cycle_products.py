@@ -27,7 +27,7 @@ from trainer.cycle_products import product_step, same_flat_as
 from trainer.product_train import GATE_SALT, ProductTrainConfig
 from trainer.product_window import chosen_sessions, read_products
 from trainer.second_look import Record, candidate_record
-from weights.bundle import PRODUCT_PARTS, Bundle, read_bundle
+from weights.bundle import PRODUCT_GUARD_PARTS, PRODUCT_PARTS, Bundle, read_bundle
 from weights.embedded import default_bundle
 from weights.model_set import LoadOptions, ModelSet
 from weights.product_heads import init_params, with_heads
@@ -107,7 +107,9 @@ def _cycle(logs: Path, weights: Path, config: dict[str, Any], tmp_path: Path) ->
 
 
 def _heads(bundle: Bundle) -> str:
-    return hashlib.sha256(b"".join(bundle.parts[name] for name in PRODUCT_PARTS)).hexdigest()[:8]
+    names = [name for name in (*PRODUCT_PARTS, *PRODUCT_GUARD_PARTS) if name in bundle.parts]
+    assert set(PRODUCT_GUARD_PARTS) <= set(names)  # trained with their guards (the default)
+    return hashlib.sha256(b"".join(bundle.parts[name] for name in names)).hexdigest()[:8]
 
 
 FAST = {"updates": 1, "batch": 8192, "value_epochs": 1, "guard": {"epochs": 1}, "bootstrap": 50}

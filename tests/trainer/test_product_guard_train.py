@@ -18,7 +18,7 @@ from simulator.config import SimConfig
 from simulator.drive import by_model, run_logged
 from simulator.world import World
 from trainer.product_data import ProductRows, product_rows
-from trainer.product_guard import GuardConfig, auc, train_guards
+from trainer.product_guard import GuardConfig, auc, folded, train_guards
 from weights import mlp
 from weights.bundle import Bundle, read_bundle
 from weights.embedded import default_bundle
@@ -82,6 +82,32 @@ def test_the_guards_ignore_the_embeddings_unless_asked_and_a_rerun_is_the_same(s
         assert not params[head]["w1"][embedding].any() and params[head]["w1"][HIDDEN + SPEC.item_dim:].any()
     reading, _ = train_guards(train, h, held, h_held, WIDTHS, GuardConfig(steps=200, embeddings=True))
     assert reading["sku"]["w1"][HIDDEN:HIDDEN + SPEC.item_dim].any()
+
+
+def test_the_exported_weights_read_raw_inputs_as_the_trained_ones_read_scaled_ones() -> None:
+    """The fold of the standardisation into the first layer, with ignored columns whose weights are not 0 when training
+    stops (weight decay only shrinks them) and whose inputs have a mean far from 0."""
+    rng = np.random.default_rng(4)
+    params = mlp.init_params(rng, [12, 8, 8, 1])
+    params["b1"] = rng.standard_normal(8).astype(np.float32)
+    x = (rng.standard_normal((50, 12)) * rng.uniform(0.5, 3, 12) + rng.uniform(-5, 5, 12)).astype(np.float32)
+    mean, scale = x.mean(axis=0), x.std(axis=0)
+    ignored = slice(3, 7)
+    scaled = (x - mean) / scale
+    scaled[:, ignored] = 0.0
+    expected = mlp.policy_forward(params, scaled)
+    np.testing.assert_allclose(mlp.policy_forward(folded(params, mean, scale, ignored), x), expected, rtol=1e-4, atol=1e-4)
+    x[:, ignored] += 100.0  # what the ignored columns hold does not matter
+    np.testing.assert_allclose(mlp.policy_forward(folded(params, mean, scale, ignored), x), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_a_split_without_complaints_reports_no_auc_and_a_short_run_keeps_its_weights(split) -> None:  # type: ignore[no-untyped-def]
+    train, h, held, h_held = split
+    quiet = held.take(held.complaints == 0)
+    params, report = train_guards(train, h, quiet, h_held[held.complaints == 0], WIDTHS, GuardConfig(steps=10))
+    assert report["layers"]["sku"]["held_out"]["auc"] is None  # JSON has no NaN
+    start = train_guards(train, h, quiet, h_held[held.complaints == 0], WIDTHS, GuardConfig(steps=0))[0]
+    assert not np.array_equal(params["sku"]["w2"], start["sku"]["w2"])  # 10 steps, fewer than a check: still trained
 
 
 def test_auc_counts_ties_as_half() -> None:
