@@ -157,18 +157,47 @@ def _finite(x: float) -> float | None:
     return x if math.isfinite(x) else None
 
 
+@dataclass(frozen=True)
+class PreviousGuard:
+    """The guards of the bundle being trained from, and the h they read (its encoder's, on the training rows)."""
+
+    params: Mapping[str, mlp.Params]
+    h: F32
+    max_complaint: Mapping[str, float]
+
+
+def carried(rows: ProductRows, h: F32, layer: str, previous: PreviousGuard) -> tuple[F32, npt.NDArray[np.float32]]:
+    """The previous guard's vetoes as examples: every logged candidate the record did not permit (``valid`` and not
+    ``permitted``: the guardrails' bans and the old guard's vetoes) that the old guard scores above its threshold, with
+    its probability as a soft label. A vetoed candidate is never served, so no outcome ever labels it; without these a
+    guard trained on a guarded bundle's traffic forgets what its predecessor vetoed (``bench.product_guard``)."""
+    head, data = HEAD_OF[layer], rows.layers[layer]
+    row, candidate = np.nonzero(data.valid & ~data.permitted)
+    if not len(row):
+        return np.zeros((0, h.shape[1] + data.features.shape[2]), np.float32), np.zeros(0, np.float32)
+    features = data.features[row, candidate]
+    old = mlp.policy_forward(previous.params[head], np.concatenate([previous.h[row], features], axis=1))[:, 0]
+    p = 1.0 / (1.0 + np.exp(-old.astype(np.float64)))
+    keep = p > previous.max_complaint[head]
+    return np.concatenate([h[row[keep]], features[keep]], axis=1).astype(np.float32), p[keep].astype(np.float32)
+
+
 def train_guards(rows: ProductRows, h: F32, held: ProductRows, h_held: F32, widths: Mapping[str, int],
-                 config: GuardConfig | None = None, seed: int = 0) -> tuple[dict[str, mlp.Params], dict[str, Any]]:
-    """One guard per layer (by head name) fitted on ``rows`` and judged on ``held``; their params and figures."""
+                 config: GuardConfig | None = None, seed: int = 0,
+                 previous: PreviousGuard | None = None) -> tuple[dict[str, mlp.Params], dict[str, Any]]:
+    """One guard per layer (by head name) fitted on ``rows`` (and ``previous``'s vetoes, ``carried``) and judged on
+    ``held``'s offers; their params and figures."""
     config = config or GuardConfig()
     start = init_params(np.random.default_rng([seed, 7]), dict(widths))
     params, report = {}, {"config": config.to_dict(), "layers": {}}
     for layer in LAYERS:
         head = HEAD_OF[layer]
         x, y = examples(rows, h, layer)
+        extra = carried(rows, h, layer, previous) if previous is not None else (x[:0], y[:0])
         embedded = EMBEDDED.get(head, 0) * (widths[head] - EXTRA.get(head, 0))
         ignored = slice(0, 0) if config.embeddings else slice(HIDDEN, HIDDEN + embedded)
-        params[head] = _fit(start[head], x, y, config, seed, ignored) if len(y) else start[head]
-        report["layers"][layer] = {"train": judged(params[head], x, y, config.max_complaint),
+        fit_x, fit_y = np.concatenate([x, extra[0]]), np.concatenate([y, extra[1]])
+        params[head] = _fit(start[head], fit_x, fit_y, config, seed, ignored) if len(fit_y) else start[head]
+        report["layers"][layer] = {"train": judged(params[head], x, y, config.max_complaint), "carried": len(extra[1]),
                                    "held_out": judged(params[head], *examples(held, h_held, layer), config.max_complaint)}
     return params, report

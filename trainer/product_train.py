@@ -23,12 +23,13 @@ import torch
 from experience.sessions import session_codes, session_hashes, split_by_session
 from trainer.product_data import LAYERS, product_rows
 from trainer.product_gate import judge
-from trainer.product_guard import GuardConfig, train_guards
+from trainer.product_guard import GuardConfig, PreviousGuard, train_guards
 from trainer.product_update import DELTAS, ENCODER_DELTA, update_heads
 from trainer.window import SAMPLE_SALT
 from weights import mlp
 from weights.bundle import Bundle, read_bundle
 from weights.model_set import LoadOptions, ModelSet
+from weights.product_guard import GUARD_PART
 from weights.product_guard import manifest_section as guard_section
 from weights.product_guard import parts as guard_parts
 from weights.product_heads import PART, feature_widths, with_heads
@@ -131,9 +132,13 @@ def train_products(products: pa.Table, outcomes: pa.Table, bundle: Bundle, model
     guard = None
     if config.guard is not None:  # on the new encoder's h, the one the exported heads and guards read
         widths = feature_widths(model.encoder.spec)
+        previous = None
+        if model.product is not None and model.product.guard is not None:  # carry its vetoes forward (``carried``)
+            previous = PreviousGuard({head: mlp.policy_params_from_onnx(bundle.parts[part]) for head, part in GUARD_PART.items()},
+                                     mlp.policy_forward(params["encoder"], rows.states), model.product.guard.max_complaint)
         guards, metrics["guard"] = train_guards(rows, mlp.policy_forward(new["encoder"], rows.states), held,
                                                 mlp.policy_forward(new["encoder"], held.states), widths, config.guard,
-                                                config.seed)
+                                                config.seed, previous)
         guard = (guard_parts(guards, mlp.policy_forward(new["encoder"], bundle.array("golden_states.npy")), widths),
                  guard_section(config.guard.max_complaint))
     candidate = ModelSet.load(read_bundle(with_heads(bundle, new, model.encoder.spec, manifest, guard)),
