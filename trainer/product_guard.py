@@ -2,14 +2,16 @@
 
 For each layer, every logged offer is one example: ``[h, the chosen candidate's features]`` (h from the new encoder,
 the one the exported heads read) and whether a complaint was reported against the offer's decision. Each guard is the
-guard-shaped MLP (``weights.product_guard``) fitted by logistic loss (Adam, weight decay, a fixed number of epochs,
-seeded), from a fresh start each run: its output is a calibrated complaint probability, which the server compares with
-``product.guard.max_complaint``. The label is the offer's, whatever layer caused it: a layer's guard learns the
-complaint rate of its candidates under the logged choices of the layers after it.
+guard-shaped MLP (``weights.product_guard``) fitted from a fresh start each run by logistic loss with an L2 penalty
+(Adam, seeded minibatches, the best weights on a held fifth of the rows, ``_fit``): its output is a calibrated
+complaint probability, which the server compares with ``product.guard.max_complaint``. The label is the offer's,
+whatever layer caused it: a layer's guard learns the complaint rate of its candidates under the logged choices of the
+layers after it. A vetoed candidate is never served and so never labelled: the previous guard's vetoes are carried as
+soft labels (``carried``).
 
 Judged on the product gate's held-out sessions, per layer: the complaint rate, the share of offers the guard would veto,
 the complaint rate among those and among the rest, and the ranking quality (AUC). A guard is data like the heads: its
-effect on what shoppers see is measured on the simulator (``bench.product_learning --guard``).
+effect on what shoppers see is measured on the simulator (``bench.product_guard``).
 """
 
 from __future__ import annotations
@@ -71,7 +73,7 @@ def _fit(params: mlp.Params, x: F32, y: npt.NDArray[np.float32], config: GuardCo
     steps, stopping after ``PATIENCE`` checks without a better one): complaints are rare, so a guard of ~800 inputs
     would otherwise learn the training rows' embeddings by heart.
     The scaling is then folded into the first layer, so the exported graph reads the raw ``[h, features]``. Columns
-    ``ignored`` (the candidates' embeddings, unless ``config.embeddings``) are held at 0 in training and get 0 weights."""
+    ``ignored`` (the candidates' embeddings, unless ``config.embeddings``) are left out of training and get 0 weights."""
     rng = np.random.default_rng([seed, 11])
     check = rng.random(len(x)) < VALIDATION
     if check.all() or not check.any():
@@ -79,11 +81,12 @@ def _fit(params: mlp.Params, x: F32, y: npt.NDArray[np.float32], config: GuardCo
     mean = x[~check].mean(axis=0)
     scale = x[~check].std(axis=0)
     scale = np.where(scale > 1e-6, scale, 1.0).astype(np.float32)
+    used = np.ones(x.shape[1], dtype=np.bool_)
+    used[ignored] = False  # an input held at 0 moves nothing but its own weights' penalty: leave it out of the products
     names = ("w1", "b1", "w2", "b2", "w3", "b3")
-    tensors = {k: torch.tensor(params[k], requires_grad=True) for k in names}
+    tensors = {k: torch.tensor(params[k][used] if k == "w1" else params[k], requires_grad=True) for k in names}
     optimiser = torch.optim.Adam(list(tensors.values()), lr=config.lr)
-    z = torch.from_numpy((x - mean) / scale)
-    z[:, ignored] = 0.0
+    z = torch.from_numpy(((x - mean) / scale)[:, used])
     xs, ys, xv, yv = z[torch.from_numpy(~check)], torch.from_numpy(y[~check]), z[torch.from_numpy(check)], torch.from_numpy(y[check])
 
     def loss_of(inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -114,7 +117,9 @@ def _fit(params: mlp.Params, x: F32, y: npt.NDArray[np.float32], config: GuardCo
                     break
     final = {k: t.detach() for k, t in tensors.items()}
     out = {k: t.numpy().astype(np.float32) for k, t in (kept if math.isfinite(best) else final).items()}
-    return folded(out, mean, scale, ignored)
+    w1 = np.zeros_like(params["w1"])
+    w1[used] = out["w1"]
+    return folded({**out, "w1": w1}, mean, scale, ignored)
 
 
 def folded(params: mlp.Params, mean: F32, scale: F32, ignored: slice = slice(0, 0)) -> mlp.Params:

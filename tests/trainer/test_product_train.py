@@ -169,7 +169,7 @@ def test_the_exported_bundle_keeps_the_flat_decision_and_serves_the_new_heads(pr
     assert set(m["product_training"]["layers"]) == {*LAYERS, "encoder"}
     assert all(m["product_training"]["layers"][layer]["kl_from_start"] > 0 for layer in LAYERS)
     fixed = read_bundle(train_products(products, outcomes, start, "products-3", "2026-12-03T00:00:00Z",
-                                       ProductTrainConfig(encoder_delta=0.0)).bundle)
+                                       ProductTrainConfig(encoder_delta=0.0, guard=None)).bundle)
     assert fixed.parts["product_encoder.onnx"] == start.parts["product_encoder.onnx"]  # held fixed when asked
     unguarded = read_bundle(train_products(products, outcomes, start, "products-4", "2026-12-03T00:00:00Z",
                                            ProductTrainConfig(guard=None)).bundle)
