@@ -39,20 +39,10 @@ from simulator.config import SimConfig
 from simulator.drive import Trace, by_model, run_in_process, run_logged
 from simulator.products import overpriced
 from simulator.world import World
-from weights.bundle import PRODUCT_GUARD_PARTS, Bundle, read_bundle, write_bundle
+from weights.bundle import Bundle, read_bundle
 from weights.embedded import default_bundle
 from weights.model_set import ModelSet
-
-
-def without_guard(bundle: Bundle) -> Bundle:
-    """The same bundle minus its product guards (format version 2): every other part byte for byte."""
-    import io
-
-    manifest = {k: v for k, v in bundle.manifest.items() if k not in ("format", "format_version", "parts")}
-    manifest["product"] = {k: v for k, v in manifest["product"].items() if k != "guard"}
-    buf = io.BytesIO()
-    write_bundle(buf, manifest, {n: d for n, d in bundle.parts.items() if n not in PRODUCT_GUARD_PARTS})
-    return read_bundle(buf.getvalue())
+from weights.product_guard import without_guard
 
 
 class Overpriced:
@@ -135,7 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             row["arms"][arm] = {**figures, "training": training}
             print(f"cycle {k + 1} {arm}: {figures['objective']} complaints {figures['complaints_per_session']} "
                   f"overpriced {figures['overpriced_share']:.4f}", file=sys.stderr)
-        value, complaints, figures = play(world, ModelSet.load(without_guard(bundles["guarded"]), OPTIONS), truth)
+        value, complaints, figures = play(world, ModelSet.load(read_bundle(without_guard(bundles["guarded"])), OPTIONS), truth)
         played["heads only"] = (value, complaints)
         row["arms"]["guarded, heads only"] = figures
         row["guard_vs_heads_only"] = {"objective": mean_ci(played["guarded"][0] - value),

@@ -89,11 +89,12 @@ class PluralityDecoder:
         self._log_k_fact = math.lgamma(samples + 1)
 
     @staticmethod
-    def _checked(q: FloatArray | Sequence[float]) -> FloatArray:
+    def _row(q: FloatArray | Sequence[float]) -> FloatArray:
+        """One request's ``q`` as a batch of one row (the batch methods check and normalise it)."""
         q = np.asarray(q, dtype=np.float64)
-        if q.ndim != 1 or len(q) == 0 or not np.isfinite(q).all() or (q < 0).any() or not q.sum() > 0:
-            raise ValueError("q: expected a non-empty vector of finite, non-negative probabilities with a positive sum")
-        return q / q.sum()
+        if q.ndim != 1:
+            raise ValueError(f"q: expected a vector of probabilities, got shape {q.shape}")
+        return q[None, :]
 
     def order(self, q: FloatArray) -> IntArray:
         """Candidates from strongest to weakest under the tie rule (larger ``q``, then lower index)."""
@@ -112,7 +113,7 @@ class PluralityDecoder:
 
     def decided(self, q: FloatArray | Sequence[float]) -> tuple[FloatArray, float]:
         """Without exploration: P(each candidate wins with at least ``min_votes``), and P(no candidate does)."""
-        wins, low = self.decided_batch(self._checked(q)[None, :])
+        wins, low = self.decided_batch(self._row(q))
         return wins[0], float(low[0])
 
     def decided_batch(self, q: FloatArray | Sequence[Sequence[float]]) -> tuple[FloatArray, FloatArray]:
@@ -122,7 +123,10 @@ class PluralityDecoder:
         Every winning count ``c`` at once: the truncated exponentials of all rows' candidates for all ``c`` are one
         array (B, C, n, K + 1), and the prefix (stronger) and suffix (weaker) products run over the candidates in
         strength order, one batched truncated polynomial product (``_times_batch``) per position and direction."""
-        q = self._checked_rows(q)
+        return self._decided(self._checked_rows(q))
+
+    def _decided(self, q: FloatArray) -> tuple[FloatArray, FloatArray]:
+        """``decided_batch`` of rows already checked and normalised (``_checked_rows``)."""
         k, m = self.samples, self.min_votes
         b, n = q.shape
         order = np.argsort(-q, axis=1, kind="stable")  # each row strongest first (``order``'s tie rule)
@@ -166,16 +170,23 @@ class PluralityDecoder:
 
     def served(self, q: FloatArray | Sequence[float], fallback: int) -> FloatArray:
         """Exact probability of serving each candidate; ``fallback``: the rule engine's candidate."""
-        q = self._checked(q)
-        return self.served_batch(q[None, :], np.array([fallback]))[0]
+        return self.served_batch(self._row(q), [fallback])[0]
 
     def served_batch(self, q: FloatArray | Sequence[Sequence[float]], fallback: IntArray | Sequence[int]) -> FloatArray:
         """``served`` for each row of ``q`` (B, n; shorter rows padded with 0) and its rule's candidate ``fallback[b]``."""
+        return self._served(self._checked_rows(q), fallback)
+
+    def served_and_drawn(self, q: FloatArray | Sequence[Sequence[float]], fallback: IntArray | Sequence[int], u: FloatArray,
+                         sizes: Sequence[int]) -> tuple[FloatArray, list[PluralityDraw]]:
+        """``served_batch`` and ``draw_batch`` of the same rows, checked once (a layer of a micro-batch needs both)."""
         q = self._checked_rows(q)
+        return self._served(q, fallback), self._drawn(q, u, sizes)
+
+    def _served(self, q: FloatArray, fallback: IntArray | Sequence[int]) -> FloatArray:
         fallback = np.asarray(fallback, dtype=np.int64)
         if fallback.shape != (len(q),) or (fallback < 0).any() or (fallback >= q.shape[1]).any():
             raise ValueError(f"fallback: expected one candidate index in 0..{q.shape[1] - 1} per row, got {fallback.tolist()}")
-        wins, low = self.decided_batch(q)
+        wins, low = self._decided(q)
         wins[np.arange(len(q)), fallback] += low
         out: FloatArray = (1.0 - self.epsilon) * wins
         if self.epsilon > 0:
@@ -185,15 +196,17 @@ class PluralityDecoder:
     def draw_with(self, q: FloatArray | Sequence[float], u: FloatArray) -> PluralityDraw:
         """Run the procedure once with ``samples + 2`` uniforms: ``u[0]`` explores or not, ``u[1]`` picks the exploration
         draw, the rest are the votes; each draw an inverse-CDF lookup (as ``MajorityDecoder.draw_batch``)."""
-        q = self._checked(q)
-        return self.draw_batch(q[None, :], np.asarray(u, dtype=np.float64)[None, :], [len(q)])[0]
+        row = self._row(q)
+        return self.draw_batch(row, np.asarray(u, dtype=np.float64)[None, :], [row.shape[1]])[0]
 
     def draw_batch(self, q: FloatArray | Sequence[Sequence[float]], u: FloatArray,
                    sizes: Sequence[int]) -> list[PluralityDraw]:
         """``draw_with`` for each row of ``q`` (B, n), row ``b`` holding ``sizes[b]`` candidates and 0 after them, with
         the uniforms ``u[b]``. A padded 0 is never drawn (its step of the CDF is empty), and a lookup past a row's last
         step, which rounding in ``u · total`` can give, is its last candidate, as alone."""
-        q = self._checked_rows(q)
+        return self._drawn(self._checked_rows(q), u, sizes)
+
+    def _drawn(self, q: FloatArray, u: FloatArray, sizes: Sequence[int]) -> list[PluralityDraw]:
         b, n = q.shape
         last = np.asarray(sizes, dtype=np.int64) - 1
         if u.shape != (b, self.samples + 2) or last.shape != (b,) or (last < 0).any() or (last >= n).any():

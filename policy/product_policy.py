@@ -98,8 +98,8 @@ def _layer(decoder: PluralityDecoder, heads: Heads, guard: Guard | None, head: s
         split = np.split(logits, bounds)
         q = masked_softmax_rows(np.concatenate([split[i] for i in live]), [allowed[i] for i in live], live_sizes)
         fallbacks = [rule_of(i, allowed[i]) for i in live]
-        served = decoder.served_batch(q, fallbacks)
-        draws = decoder.draw_batch(q, uniforms_batch([streams[i] for i in live], decoder.samples + 2), live_sizes)
+        served, draws = decoder.served_and_drawn(q, fallbacks, uniforms_batch([streams[i] for i in live], decoder.samples + 2),
+                                                 live_sizes)
         for row, (i, draw) in enumerate(zip(live, draws, strict=True)):
             n, fallback = sizes[i], fallbacks[row]
             distribution, mask = tuple(served[row, :n].tolist()), tuple(allowed[i].tolist())

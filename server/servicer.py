@@ -280,8 +280,8 @@ class ShoppingAgentServicer:
             return product_by_rules(req, model.version, Source.FALLBACK_DEGRADED)
         if not isinstance(model, ModelSet) or model.product is None:
             return product_by_rules(req, model.version)
-        return await self._batched(self._product_batcher, model.product_batches, req, ctx, decision_id, remaining_s,
-                                   lambda _: product_by_rules(req, model.version, Source.FALLBACK_DEGRADED))
+        decision = await self._batched(self._product_batcher, model.product_batches, req, ctx, decision_id, remaining_s)
+        return product_by_rules(req, model.version, Source.FALLBACK_DEGRADED) if isinstance(decision, str) else decision
 
     async def _validated(self, request: Message | Malformed, context: aio.ServicerContext,  # type: ignore[type-arg]
                          parse: Callable[[Message, Limits, float], Parsed], name: str) -> Parsed:
@@ -299,15 +299,15 @@ class ShoppingAgentServicer:
         """The decision for one request, from the batcher or the rules (the caller counts it, once)."""
         if not model.ready:
             return model.fallback(ctx, Source.FALLBACK_NO_MODEL)
-        return await self._batched(self._batcher, model, req, ctx, decision_id, remaining_s,
-                                   lambda reason: self._degraded(model, ctx, reason))
+        decision = await self._batched(self._batcher, model, req, ctx, decision_id, remaining_s)
+        return self._degraded(model, ctx, decision) if isinstance(decision, str) else decision
 
     async def _batched(self, batcher: MicroBatcher[Req, Out], model: BatchModel[Req, Out],
-                       req: Req, ctx: Context, decision_id: str, remaining_s: float | None,
-                       degraded: Callable[[str], Out]) -> Out:
-        """``req`` decided in a micro-batch, or ``degraded(reason)`` when inference cannot answer in time."""
+                       req: Req, ctx: Context, decision_id: str, remaining_s: float | None) -> Out | str:
+        """``req`` decided in a micro-batch, or why inference cannot answer in time (``overload``, ``deadline``,
+        ``shutdown``, ``error``): the caller answers by its rules (a reason, not a callback: no closure per call)."""
         if remaining_s is not None and remaining_s < self._min_budget_s:
-            return degraded("deadline")
+            return "deadline"
         try:
             if remaining_s is None:
                 return await batcher.decide(model, req, ctx, decision_id)
@@ -318,15 +318,15 @@ class ShoppingAgentServicer:
             async with asyncio.timeout(budget_s):  # no extra Task, unlike wait_for
                 return await pending
         except Overloaded:
-            return degraded("overload")
+            return "overload"
         except TimeoutError:
-            return degraded("deadline")
+            return "deadline"
         except BatcherClosed:
-            return degraded("shutdown")
+            return "shutdown"
         except Exception as exc:
             log.warning("inference failed; answering from the rule engine",
                         extra={"fields": {"decision_id": decision_id, "error": repr(exc)[:300]}})
-            return degraded("error")
+            return "error"
 
     def _degraded(self, model: ModelSet | NoModel, ctx: Context, reason: str) -> Decision:
         if self._metrics is not None:

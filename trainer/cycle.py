@@ -138,14 +138,9 @@ def run_cycle(args: argparse.Namespace) -> int:
 
 def window_start(window: Window) -> float | None:
     """The earliest ``time_s`` of the window's decisions (None when it has none, or one that orders nothing)."""
-    import math
+    from trainer.reading import earliest_time
 
-    import pyarrow.compute as pc
-
-    if window.decisions.num_rows == 0:
-        return None
-    first = pc.min(window.decisions.column("time_s")).as_py()
-    return float(first) if first is not None and math.isfinite(first) else None
+    return earliest_time(window.decisions.column("time_s"))
 
 
 def _products(args: argparse.Namespace, init: Any, result: Any, versions: list[str], since: float | None,

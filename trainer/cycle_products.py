@@ -23,7 +23,6 @@ and steps, the gate's verdict) under ``product_training`` in the manifest of the
 from __future__ import annotations
 
 import hashlib
-import io
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,7 +34,7 @@ from experience.sessions import split_by_session
 from trainer.product_train import GATE_SALT, ProductTrainConfig, ProductTrainResult, train_products
 from trainer.product_window import read_products
 from weights import mlp
-from weights.bundle import MANIFEST, PRODUCT_GUARD_PARTS, PRODUCT_PARTS, Bundle, read_bundle, write_bundle
+from weights.bundle import PRODUCT_GUARD_PARTS, PRODUCT_PARTS, Bundle, read_bundle, rewritten
 from weights.product_heads import PART
 
 log = logging.getLogger(__name__)
@@ -96,9 +95,5 @@ def product_step(source: DirectorySource, base: Bundle, versions: list[str], cre
     digest = hashlib.sha256(b"".join(new.parts[name] for name in (*PRODUCT_PARTS, *PRODUCT_GUARD_PARTS)
                                      if name in new.parts)).hexdigest()[:8]  # the heads' and their guards' bytes
     version = f"products-{created_at.replace('-', '').replace(':', '')}-{digest}"
-    manifest = {**{k: v for k, v in new.manifest.items() if k not in ("format", "format_version", "parts")},
-                "model_version": version}
-    out = io.BytesIO()
-    write_bundle(out, manifest, {name: data for name, data in new.parts.items() if name != MANIFEST})
     params = {name: mlp.policy_params_from_onnx(new.parts[part]) for name, part in PART.items()}
-    return ProductStep(report, ProductTrainResult(out.getvalue(), trained.metrics), params, digest)
+    return ProductStep(report, ProductTrainResult(rewritten(new, {"model_version": version}), trained.metrics), params, digest)

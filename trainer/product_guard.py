@@ -28,7 +28,7 @@ import torch
 from trainer.product_data import HEAD_OF, LAYERS, ProductRows
 from weights import mlp
 from weights.product_guard import MAX_COMPLAINT, init_params
-from weights.product_heads import CATEGORY_EXTRA, HIDDEN, SKU_EXTRA
+from weights.product_heads import HIDDEN, SKU_EXTRA
 
 F32 = npt.NDArray[np.float32]
 VALIDATION = 0.2
@@ -36,9 +36,8 @@ VALIDATION = 0.2
 CHECK_EVERY = 50
 PATIENCE = 6
 """Checks without a better held loss after which training stops."""
-EMBEDDED = {"category": 1, "sku": 1}
-EXTRA = {"category": CATEGORY_EXTRA, "sku": SKU_EXTRA}
-"""Which heads' features start with an item embedding, and how many features follow it (``policy.product_features``)."""
+EMBEDDED = ("category", "sku")
+"""The heads whose candidate features start with an item embedding (``policy.product_features``)."""
 
 
 @dataclass(frozen=True)
@@ -195,12 +194,12 @@ def train_guards(rows: ProductRows, h: F32, held: ProductRows, h_held: F32, widt
     config = config or GuardConfig()
     start = init_params(np.random.default_rng([seed, 7]), dict(widths))
     params, report = {}, {"config": config.to_dict(), "layers": {}}
+    item_dim = widths["sku"] - SKU_EXTRA
     for layer in LAYERS:
         head = HEAD_OF[layer]
         x, y = examples(rows, h, layer)
         extra = carried(rows, h, layer, previous) if previous is not None else (x[:0], y[:0])
-        embedded = EMBEDDED.get(head, 0) * (widths[head] - EXTRA.get(head, 0))
-        ignored = slice(0, 0) if config.embeddings else slice(HIDDEN, HIDDEN + embedded)
+        ignored = slice(HIDDEN, HIDDEN + item_dim) if head in EMBEDDED and not config.embeddings else slice(0, 0)
         fit_x, fit_y = np.concatenate([x, extra[0]]), np.concatenate([y, extra[1]])
         params[head] = _fit(start[head], fit_x, fit_y, config, seed, ignored) if len(fit_y) else start[head]
         report["layers"][layer] = {"train": judged(params[head], x, y, config.max_complaint), "carried": len(extra[1]),

@@ -29,7 +29,7 @@ from experience.schema import SCHEMAS
 from experience.segments import DirectorySource
 from experience.sessions import session_codes, split_by_session
 from trainer.product_train import fill_sessions
-from trainer.reading import older_than, read_segments, rows_of
+from trainer.reading import earliest_time, older_than, read_segments, rows_of
 
 PRODUCTS = "products"
 
@@ -74,8 +74,8 @@ def read_products(source: DirectorySource, versions: Collection[str], *, gate_sh
     sessions = np.asarray(rows.column("session_id").to_numpy(), dtype=object)
     keep = pa.chunked_array([sorted(chosen_sessions(sessions, gate_share, seed, gate_salt, max_rows, max_gate_rows))],
                             type=pa.string())
-    earliest = pc.min(rows.filter(pc.is_in(rows.column("session_id"), keep.combine_chunks())).column("time_s")).as_py()
-    start = math.inf if not len(keep) else earliest if earliest is not None and math.isfinite(earliest) else None
+    start = math.inf if not len(keep) else earliest_time(rows.filter(pc.is_in(rows.column("session_id"),
+                                                                               keep.combine_chunks())).column("time_s"))
     segments = read_segments(source, PRODUCTS, "read.products", paths=list(newest), skip=older_than(newest, start))
     products = pa.Table.from_batches([b.filter(_in_window(b, wanted, since)) for b in rows_of(segments, keep)],
                                      schema=SCHEMAS[PRODUCTS])

@@ -115,9 +115,15 @@ def earliest_start(index: SessionIndex, sessions: pa.ChunkedArray) -> float | No
     row of theirs), None when one of them has no finite time (then nothing may be left out)."""
     if len(sessions) == 0:
         return math.inf
-    times = index.sessions.filter(pc.is_in(index.sessions.column("session_id"), sessions.combine_chunks())).column("time_s")
-    if _orders_nothing(times):
-        return None  # a time that orders nothing (never logged by a server's clock): leave nothing out
+    return earliest_time(index.sessions.filter(pc.is_in(index.sessions.column("session_id"), sessions.combine_chunks()))
+                         .column("time_s"))
+
+
+def earliest_time(times: pa.ChunkedArray) -> float | None:
+    """The earliest of these ``time_s``: None when there are none, or when one of them is null or not finite (a time
+    that orders nothing, never logged by a server's clock: then nothing may be left out by time)."""
+    if len(times) == 0 or _orders_nothing(times):
+        return None
     return float(pc.min(times).as_py())
 
 

@@ -36,7 +36,7 @@ import json
 import os
 import stat
 import zipfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -108,6 +108,18 @@ def sha256(data: bytes) -> str:
 def npy_bytes(array: npt.NDArray[Any]) -> bytes:
     buf = io.BytesIO()
     np.save(buf, np.ascontiguousarray(array), allow_pickle=False)
+    return buf.getvalue()
+
+
+def rewritten(bundle: Bundle, manifest: Mapping[str, Any] | None = None, parts: Mapping[str, bytes] | None = None,
+              drop: Iterable[str] = ()) -> bytes:
+    """``bundle``'s bytes with ``manifest``'s keys set over its own and ``parts`` added or replacing its own, after
+    removing the parts named in ``drop``; the format version and checksums are recomputed (``write_bundle``). Unsigned:
+    a signature covers the old manifest."""
+    gone = set(drop)
+    buf = io.BytesIO()
+    write_bundle(buf, {**bundle.manifest, **(manifest or {})},
+                 {**{n: d for n, d in bundle.parts.items() if n not in gone}, **(parts or {})})
     return buf.getvalue()
 
 

@@ -20,7 +20,6 @@ runs each on ``golden_states.npy`` encoded by the bundle's encoder and seeded ca
 
 from __future__ import annotations
 
-import io
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -31,9 +30,18 @@ import numpy.typing as npt
 from policy.features import FeatureSpec
 from policy.onnx_model import OnnxModel
 from weights import mlp
-from weights.bundle import MANIFEST, PRODUCT_PARTS, Bundle, BundleError, npy_bytes, write_bundle
+from weights.bundle import PRODUCT_GUARD_PARTS, PRODUCT_PARTS, Bundle, BundleError, npy_bytes, rewritten
 from weights.onnx_check import check_model
-from weights.product_heads import HEAD_WIDTH, HEADS, HIDDEN, candidate_rows, feature_widths, golden_features, run_at_the_limits
+from weights.product_heads import (
+    HEAD_WIDTH,
+    HEADS,
+    HIDDEN,
+    candidate_rows,
+    feature_widths,
+    golden_check,
+    golden_features,
+    run_at_the_limits,
+)
 
 F32 = npt.NDArray[np.float32]
 GUARD_PART = {"category": "product_guard_category.onnx", "sku": "product_guard_sku.onnx", "band": "product_guard_band.onnx"}
@@ -75,13 +83,15 @@ def with_guard(bundle: Bundle, params: dict[str, mlp.Params], max_complaint: flo
         raise BundleError("format", "a product guard needs the bundle's product heads (format version 2)")
     encoder = mlp.policy_params_from_onnx(bundle.parts[PRODUCT_PARTS[0]])
     widths = feature_widths(FeatureSpec.parse(bundle.manifest["feature_spec"]))
-    members = {name: data for name, data in bundle.parts.items() if name != MANIFEST}
-    members.update(parts(params, mlp.policy_forward(encoder, bundle.array("golden_states.npy")), widths))
-    merged = {k: v for k, v in bundle.manifest.items() if k not in ("format", "format_version", "parts")}
-    merged["product"] = {**merged["product"], "guard": manifest_section(max_complaint)}
-    buf = io.BytesIO()
-    write_bundle(buf, merged, members)
-    return buf.getvalue()
+    return rewritten(bundle, {"product": {**bundle.manifest["product"], "guard": manifest_section(max_complaint)}},
+                     parts(params, mlp.policy_forward(encoder, bundle.array("golden_states.npy")), widths))
+
+
+def without_guard(bundle: Bundle) -> bytes:
+    """``bundle`` without its guards (format version 2, or 1 without heads); every other part byte for byte."""
+    product = bundle.manifest.get("product")
+    manifest = {"product": {k: v for k, v in product.items() if k != "guard"}} if isinstance(product, dict) else {}
+    return rewritten(bundle, manifest, drop=PRODUCT_GUARD_PARTS)
 
 
 def manifest_section(max_complaint: float | dict[str, float] = MAX_COMPLAINT) -> dict[str, Any]:
@@ -132,20 +142,9 @@ class ProductGuard:
         return guard
 
     def _self_test(self, bundle: Bundle, h_golden: F32, widths: dict[str, int], tolerance: float) -> None:
-        expected = bundle.array(GUARD_GOLDEN)
-        if expected.shape != (len(h_golden), len(HEADS)):
-            raise BundleError("shape", f"{GUARD_GOLDEN}: expected ({len(h_golden)}, {len(HEADS)}), got {expected.shape}")
-        try:
-            got = np.stack([self.logits(head, h_golden, golden_features(widths[head], len(h_golden))) for head in HEADS], axis=1)
-        except BundleError:
-            raise
-        except Exception as exc:
-            raise BundleError("shape", f"the product guard graphs do not run on their inputs: {str(exc).splitlines()[0][:300]}") from None
-        if not np.isfinite(got).all():
-            raise BundleError("nonfinite", "the product guard graphs produce NaN or Inf on the golden inputs")
-        error = float(np.abs(got - expected).max())
-        if not error <= tolerance:
-            raise BundleError("golden", f"product guard golden self-test failed: max error {error:.3g} > tolerance {tolerance:.3g}")
+        golden_check(lambda: np.stack([self.logits(head, h_golden, golden_features(widths[head], len(h_golden)))
+                                       for head in HEADS], axis=1),
+                     bundle.array(GUARD_GOLDEN), (len(h_golden), len(HEADS)), GUARD_GOLDEN, "product guard", tolerance)
 
     def logits(self, head: str, h: F32, features: F32) -> F32:
         """One complaint logit per candidate row (``h``: one row, or one per candidate)."""

@@ -15,7 +15,6 @@ same at build and at load) against ``golden_product_outputs.npy``: per golden st
 
 from __future__ import annotations
 
-import io
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -27,7 +26,7 @@ from core.product import MAX_CATEGORIES, MAX_PRICE_BANDS, MAX_SKUS_PER_CATEGORY
 from policy.features import FeatureSpec
 from policy.onnx_model import OnnxModel
 from weights import mlp
-from weights.bundle import MANIFEST, PRODUCT_GUARD_PARTS, Bundle, BundleError, npy_bytes, write_bundle
+from weights.bundle import PRODUCT_GUARD_PARTS, Bundle, BundleError, npy_bytes, rewritten
 from weights.onnx_check import check_model
 
 F32 = npt.NDArray[np.float32]
@@ -90,18 +89,12 @@ def with_heads(bundle: Bundle, params: dict[str, mlp.Params], spec: FeatureSpec,
     decoder settings (``manifest_section``). ``guard``: the product guards' parts and ``product.guard`` section
     (``weights.product_guard``); without it the result has no guards (a bundle's guards read its encoder's h, so new
     heads never keep old guards). Unsigned: a signature covers the old manifest, not this one."""
-    members = {name: data for name, data in bundle.parts.items() if name != MANIFEST and name not in PRODUCT_GUARD_PARTS}
-    members.update(parts(params, spec, bundle.array("golden_states.npy")))
-    merged = {k: v for k, v in bundle.manifest.items() if k not in ("format", "format_version", "parts")}
-    product = {k: v for k, v in (merged.get("product") or manifest_section()).items() if k != "guard"}
+    members = parts(params, spec, bundle.array("golden_states.npy"))
+    product = {k: v for k, v in (bundle.manifest.get("product") or manifest_section()).items() if k != "guard"}
     if guard is not None:
         members.update(guard[0])
         product["guard"] = guard[1]
-    merged["product"] = product
-    merged.update(manifest)
-    buf = io.BytesIO()
-    write_bundle(buf, merged, members)
-    return buf.getvalue()
+    return rewritten(bundle, {"product": product, **manifest}, members, drop=PRODUCT_GUARD_PARTS)
 
 
 @dataclass(frozen=True)
@@ -137,22 +130,14 @@ class ProductHeads:
 
 
     def _self_test(self, bundle: Bundle, tolerance: float) -> None:
-        states, expected = bundle.array("golden_states.npy"), bundle.array(GOLDEN)
-        if expected.shape != (len(states), HIDDEN + len(HEADS)):
-            raise BundleError("shape", f"{GOLDEN}: expected ({len(states)}, {HIDDEN + len(HEADS)}), got {expected.shape}")
-        try:
+        states = bundle.array("golden_states.npy")
+
+        def outputs() -> F32:
             h = self.encode(states)
             logits = [self.score(head, h, golden_features(self.widths[head], len(states))) for head in HEADS]
-        except BundleError:
-            raise
-        except Exception as exc:
-            raise BundleError("shape", f"the product graphs do not run on their inputs: {str(exc).splitlines()[0][:300]}") from None
-        got = np.concatenate([h, *[x[:, None] for x in logits]], axis=1)
-        if not np.isfinite(got).all():
-            raise BundleError("nonfinite", "the product graphs produce NaN or Inf on the golden inputs")
-        error = float(np.abs(got - expected).max())
-        if not error <= tolerance:
-            raise BundleError("golden", f"product golden self-test failed: max error {error:.3g} > tolerance {tolerance:.3g}")
+            return np.concatenate([h, *[x[:, None] for x in logits]], axis=1)
+
+        golden_check(outputs, bundle.array(GOLDEN), (len(states), HIDDEN + len(HEADS)), GOLDEN, "product", tolerance)
 
     def encode(self, states: F32) -> F32:
         """h (N, ``HIDDEN``) for a batch of shopper states."""
@@ -164,6 +149,25 @@ class ProductHeads:
     def score(self, head: str, h: F32, features: F32) -> F32:
         """One logit per candidate row: ``h`` (1, H) (or one row per candidate) beside each row of ``features``."""
         return candidate_rows(self.heads[head], f"product {head} head", h, features)
+
+
+def golden_check(outputs: Callable[[], F32], expected: F32, shape: tuple[int, int], name: str, kind: str,
+                 tolerance: float) -> None:
+    """The self-test of a bundle's product graphs (``kind``: "product", "product guard"): ``outputs()`` against the
+    golden array ``name`` of ``shape``, within ``tolerance``; ``BundleError`` naming what is wrong."""
+    if expected.shape != shape:
+        raise BundleError("shape", f"{name}: expected {shape}, got {expected.shape}")
+    try:
+        got = outputs()
+    except BundleError:
+        raise
+    except Exception as exc:
+        raise BundleError("shape", f"the {kind} graphs do not run on their inputs: {str(exc).splitlines()[0][:300]}") from None
+    if not np.isfinite(got).all():
+        raise BundleError("nonfinite", f"the {kind} graphs produce NaN or Inf on the golden inputs")
+    error = float(np.abs(got - expected).max())
+    if not error <= tolerance:
+        raise BundleError("golden", f"{kind} golden self-test failed: max error {error:.3g} > tolerance {tolerance:.3g}")
 
 
 def run_at_the_limits(score: Callable[[str, F32, F32], F32], h: F32, widths: dict[str, int], kind: str) -> None:

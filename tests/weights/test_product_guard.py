@@ -14,7 +14,7 @@ import pytest
 from policy.features import FeatureSpec
 from weights import mlp
 from weights import product_guard as pg
-from weights.bundle import MANIFEST, PARTS, PRODUCT_GUARD_PARTS, PRODUCT_PARTS, BundleError, read_bundle, write_bundle, write_members
+from weights.bundle import MANIFEST, PARTS, PRODUCT_GUARD_PARTS, PRODUCT_PARTS, BundleError, read_bundle, rewritten, write_members
 from weights.initial import make_bundle
 from weights.model_set import LoadOptions, ModelSet
 from weights.product_heads import HIDDEN, feature_widths
@@ -57,6 +57,9 @@ def test_a_guarded_bundle_is_version_3_and_keeps_every_other_part() -> None:
     model = ModelSet.load(bundle, OPTIONS)
     assert model.product is not None and model.product.guard is not None
     assert ModelSet.load(read_bundle(HEADS_BUNDLE), OPTIONS).product.guard is None  # type: ignore[union-attr]
+    bare = read_bundle(pg.without_guard(bundle))  # and back: the heads bundle, every part and the product section
+    assert bare.manifest["format_version"] == 2 and bare.parts == heads.parts
+    assert bare.manifest["product"] == heads.manifest["product"]
 
 
 def test_the_veto_is_the_threshold_on_the_complaint_probability() -> None:
@@ -72,9 +75,7 @@ def test_the_veto_is_the_threshold_on_the_complaint_probability() -> None:
 
 def _with_manifest(data: bytes, **product: Any) -> bytes:
     bundle = read_bundle(data)
-    out = io.BytesIO()
-    write_bundle(out, {**bundle.manifest, "product": {**bundle.manifest["product"], **product}}, dict(bundle.parts))
-    return out.getvalue()
+    return rewritten(bundle, {"product": {**bundle.manifest["product"], **product}})
 
 
 @pytest.mark.parametrize("guard", [None, {"max_complaint": 0.1}, {"max_complaint": {"category": 0.1, "sku": 0.1}},
@@ -99,11 +100,9 @@ def test_a_version_3_bundle_without_one_of_its_guards_is_refused() -> None:
 def test_a_guard_that_does_not_compute_its_golden_outputs_is_refused() -> None:
     bundle = read_bundle(guarded())
     other = pg.parts(overpriced_guard(limit=0.0), np.zeros((1, HIDDEN), dtype=np.float32), WIDTHS)  # other weights
-    parts = {**bundle.parts, "product_guard_sku.onnx": other["product_guard_sku.onnx"]}
-    out = io.BytesIO()
-    write_bundle(out, {k: v for k, v in bundle.manifest.items() if k not in ("format", "format_version", "parts")}, parts)
+    tampered = rewritten(bundle, parts={"product_guard_sku.onnx": other["product_guard_sku.onnx"]})
     with pytest.raises(BundleError, match="guard golden self-test") as info:
-        ModelSet.load(read_bundle(out.getvalue()), OPTIONS)
+        ModelSet.load(read_bundle(tampered), OPTIONS)
     assert info.value.reason == "golden"
 
 
