@@ -67,6 +67,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         p.add_argument(f"--delta-{layer}", type=float, default=delta, help=f"the {layer} layer's trust region (default {delta})")
     p.add_argument("--delta-encoder", type=float, default=None,
                    help="the shared encoder's region on the sum of the layers' KL (0 holds it fixed; default the trainer's)")
+    p.add_argument("--encoder-layers", default=None, metavar="LAYERS",
+                   help="comma-separated layers whose data the shared encoder learns from, among category, sku, price_band "
+                        "(default all; bench.product_stability measures what leaving one out does)")
     p.add_argument("--guard-max-complaint", type=float, default=None,
                    help="train the per-layer guards and veto a candidate above this complaint probability (default 0.1)")
     p.add_argument("--no-guard", action="store_true", help="write the bundle without product guards (format version 2)")
@@ -248,6 +251,16 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _encoder_layers(text: str) -> tuple[str, ...]:
+    from trainer.product_data import LAYERS
+
+    layers = tuple(part.strip() for part in text.split(",") if part.strip())
+    unknown = [layer for layer in layers if layer not in LAYERS]
+    if unknown or not layers or len(set(layers)) != len(layers):
+        raise UsageError(f"--encoder-layers: expected distinct layers among {', '.join(LAYERS)}, got {text!r}")
+    return layers
+
+
 def _train_products(args: argparse.Namespace) -> int:
     from trainer.product_guard import GuardConfig
     from trainer.product_train import MAX_ROWS, ProductTrainConfig, train_products
@@ -259,6 +272,7 @@ def _train_products(args: argparse.Namespace) -> int:
         raise UsageError(f"{', '.join(bad) or '--max-rows'}: expected > 0")
     if args.delta_encoder is not None and not (args.delta_encoder >= 0 and math.isfinite(args.delta_encoder)):
         raise UsageError(f"--delta-encoder: expected >= 0, got {args.delta_encoder}")
+    encoder_layers = None if args.encoder_layers is None else _encoder_layers(args.encoder_layers)
     if args.guard_max_complaint is not None and (args.no_guard or not 0 < args.guard_max_complaint <= 1):
         raise UsageError(f"--guard-max-complaint: expected a probability in (0, 1] without --no-guard, got {args.guard_max_complaint}")
     init = _bundle(args.init)
@@ -270,6 +284,8 @@ def _train_products(args: argparse.Namespace) -> int:
     config = ProductTrainConfig(deltas=deltas, max_rows=args.max_rows or MAX_ROWS, seed=args.seed)
     if args.delta_encoder is not None:
         config = dataclasses.replace(config, encoder_delta=args.delta_encoder)
+    if encoder_layers is not None:
+        config = dataclasses.replace(config, encoder_layers=encoder_layers)
     if args.no_guard:
         config = dataclasses.replace(config, guard=None)
     elif args.guard_max_complaint is not None:

@@ -54,13 +54,17 @@ class ProductTrainConfig:
     tolerance: float = 0.0
     encoder_delta: float = ENCODER_DELTA
     """The shared encoder's region on the sum of the layers' KL (``trainer.product_update``); 0 holds it fixed."""
+    encoder_layers: tuple[str, ...] = LAYERS
+    """The layers whose data the encoder learns from (``update_heads``); the others' data cannot reach the layers
+    through it (``bench.product_stability``)."""
     guard: GuardConfig | None = field(default_factory=GuardConfig)
     """The per-layer guards' training (``trainer.product_guard``); None: the bundle is written without guards."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"deltas": dict(self.deltas), "layers": list(self.layers), "max_rows": self.max_rows, "seed": self.seed,
                 "gate_share": self.gate_share, "tolerance": self.tolerance,
-                "encoder_delta": self.encoder_delta, "guard": None if self.guard is None else self.guard.to_dict()}
+                "encoder_delta": self.encoder_delta, "encoder_layers": list(self.encoder_layers),
+                "guard": None if self.guard is None else self.guard.to_dict()}
 
 
 @dataclass(frozen=True)
@@ -117,7 +121,8 @@ def train_products(products: pa.Table, outcomes: pa.Table, bundle: Bundle, model
     if len(rows) == 0:
         raise ValueError(f"max_rows {config.max_rows}: no whole session fits; raise it")
     params: dict[str, mlp.Params] = {name: mlp.policy_params_from_onnx(bundle.parts[part]) for name, part in PART.items()}
-    new, steps = update_heads(params, rows, config.deltas, config.layers, config.encoder_delta)
+    new, steps = update_heads(params, rows, config.deltas, config.layers, config.encoder_delta,
+                              encoder_layers=tuple(layer for layer in config.layers if layer in config.encoder_layers))
     metrics: dict[str, Any] = {"product_rows": len(rows), "product_rows_logged": products.num_rows, "gate_rows": len(held),
                                "mean_reward": float(rows.rewards.mean()),
                "taken": float(rows.taken.mean()), "complaints": float(rows.complaints.mean()),

@@ -26,7 +26,9 @@ policies after the heads' steps. KL has no triangle inequality, so the two regio
 layer's whole move; each layer's KL from its starting policy after both is measured and reported
 (``kl_from_start``). The heads' parameters are never moved by another layer's loss; the encoder's are moved by all
 of them. With ``encoder_delta`` 0 (``update_heads``' default; the trainer's is ``ENCODER_DELTA``, 0.02) the encoder is
-held fixed and a layer's whole move is its head's, within δ_ℓ.
+held fixed and a layer's whole move is its head's, within δ_ℓ. ``encoder_layers`` names the layers whose data the
+encoder learns from: leaving the category out keeps a category update from reaching the SKU and band layers through the
+encoder, at a cost in learning (``bench.product_stability``, ``docs/performance.md``).
 """
 
 from __future__ import annotations
@@ -256,7 +258,7 @@ def encoder_step(params: Mapping[str, mlp.Params], rows: ProductRows, advantage:
     fixed, offsets, offset = [], [], 0
     with torch.no_grad():
         for layer in layers:
-            head = [torch.from_numpy(np.asarray(params[HEAD_OF[layer]][k], dtype=np.float32)) for k in KEYS]
+            head = [torch.tensor(np.asarray(params[HEAD_OF[layer]][k], dtype=np.float32)) for k in KEYS]  # a copy: may be read-only
             data = rows.layers[layer]
             width = encoder[4].shape[1]  # HIDDEN: the rows of the head's w1 that read h
             candidates = torch.from_numpy(data.features) @ head[0][width:] + head[1]  # (N, C, 32): fixed
@@ -288,26 +290,44 @@ def encoder_step(params: Mapping[str, mlp.Params], rows: ProductRows, advantage:
 
 
 def update_heads(params: Mapping[str, mlp.Params], rows: ProductRows, deltas: Mapping[str, float] = DELTAS,
-                 layers: tuple[str, ...] = LAYERS, encoder_delta: float = 0.0) -> tuple[dict[str, mlp.Params], list[LayerStep]]:
+                 layers: tuple[str, ...] = LAYERS, encoder_delta: float = 0.0,
+                 advantage: Mapping[str, npt.NDArray[np.float64]] | None = None,
+                 encoder_layers: tuple[str, ...] | None = None) -> tuple[dict[str, mlp.Params], list[LayerStep]]:
     """One step per layer in ``layers`` (each in its own region), then, with ``encoder_delta`` > 0, one of the shared
-    encoder under the new heads (module doc); the other heads come back as they went in."""
-    for layer in layers:
+    encoder under the new heads (module doc); the other heads come back as they went in. ``advantage``: each layer's
+    advantage per row instead of its own (``advantages``), for a counterfactual in which only one layer's data changes
+    (``bench.product_stability``). ``encoder_layers`` (default: ``layers``): the layers whose data the encoder learns
+    from. For the others, its step sees a zero advantage and their heads as they *started* (their new heads are what
+    their data made), so nothing of their data reaches the encoder, nor through it the other layers; their KL still
+    counts in its region, measured under those starting heads, and their whole move after both steps is measured
+    (``kl_from_start``)."""
+    encoder_layers = layers if encoder_layers is None else encoder_layers
+    for layer in (*layers, *encoder_layers):
         if layer not in LAYERS:
             raise ValueError(f"layers: unknown layer {layer!r} (expected among {LAYERS})")
+    if not set(encoder_layers) <= set(layers):
+        raise ValueError(f"encoder_layers: {sorted(set(encoder_layers) - set(layers))} are not among the layers stepped {layers}")
+    for layer in layers:
         if not deltas[layer] > 0:
             raise ValueError(f"deltas[{layer!r}]: expected > 0, got {deltas[layer]!r}")
     if not (encoder_delta >= 0 and math.isfinite(encoder_delta)):
         raise ValueError(f"encoder_delta: expected >= 0, got {encoder_delta!r}")
     h = mlp.policy_forward(params["encoder"], rows.states).astype(np.float32)
     out = {name: {k: np.array(v, copy=True) for k, v in p.items()} for name, p in params.items()}
-    advantage = {layer: advantages(rows, h, layer) for layer in layers}
+    gains = {layer: advantages(rows, h, layer) if advantage is None else np.asarray(advantage[layer], dtype=np.float64)
+             for layer in layers}
+    for layer, a in gains.items():
+        if a.shape != (len(rows),):
+            raise ValueError(f"advantage[{layer!r}]: expected {len(rows)} rows, got shape {a.shape}")
     steps = []
     for layer in layers:
         head = Head(params[HEAD_OF[layer]])
-        steps.append(layer_step(head, h, rows, layer, deltas[layer], advantage=advantage[layer]))
+        steps.append(layer_step(head, h, rows, layer, deltas[layer], advantage=gains[layer]))
         out[HEAD_OF[layer]] = head.to_params()
     if encoder_delta > 0:
-        out["encoder"], step = encoder_step(out, rows, advantage, encoder_delta, layers)
+        taught = {layer: gains[layer] if layer in encoder_layers else np.zeros(len(rows)) for layer in layers}
+        under = {**out, **{HEAD_OF[layer]: params[HEAD_OF[layer]] for layer in layers if layer not in encoder_layers}}
+        out["encoder"], step = encoder_step(under, rows, taught, encoder_delta, layers)
         moved = mlp.policy_forward(out["encoder"], rows.states).astype(np.float32)
         steps = [dataclasses.replace(s, kl_from_start=layer_kl(params, h, out, moved, rows, s.layer)) for s in steps]
         steps.append(step)

@@ -22,7 +22,7 @@ from policy.plurality import PluralityDecoder
 from simulator.config import SimConfig
 from simulator.drive import by_model, run_logged
 from simulator.world import World
-from tests.harness import ROOT
+from tests.harness import ROOT, trainer_in_process
 from trainer.product_data import HEAD_OF, LAYERS, layer_rows, product_rows
 from trainer.product_gate import judge, served_probability
 from trainer.product_train import ProductTrainConfig, sample_rows, train_products
@@ -95,6 +95,42 @@ def test_a_category_step_leaves_the_other_heads_and_the_encoder_untouched(rows, 
     for name in ("encoder", "sku", "band"):
         for k in params[name]:
             assert np.array_equal(new[name][k], params[name][k]), (name, k)
+
+
+def test_changing_only_the_categorys_advantages_reaches_the_sku_layer_only_through_the_encoder(rows, start: Bundle) -> None:  # type: ignore[no-untyped-def]
+    from trainer.product_update import advantages
+
+    params = _params(start)
+    h = mlp.policy_forward(params["encoder"], rows.states).astype(np.float32)
+    own = {layer: advantages(rows, h, layer) for layer in LAYERS}
+    logged, _ = update_heads(params, rows, advantage=own)
+    assert all(np.array_equal(logged[n][k], v) for n, p in update_heads(params, rows)[0].items() for k, v in p.items())
+    reversed_category = {**own, "category": -own["category"]}
+    fixed, _ = update_heads(params, rows, advantage=reversed_category)
+    assert any(not np.array_equal(fixed["category"][k], logged["category"][k]) for k in params["category"])
+    for name in ("encoder", "sku", "band"):  # the encoder held: the SKU and band heads are the logged run's, bit for bit
+        assert all(np.array_equal(fixed[name][k], logged[name][k]) for k in params[name]), name
+    with_encoder, _ = update_heads(params, rows, encoder_delta=0.02, advantage=reversed_category)
+    logged_encoder, _ = update_heads(params, rows, encoder_delta=0.02, advantage=own)
+    assert all(np.array_equal(with_encoder["sku"][k], logged["sku"][k]) for k in params["sku"])
+    assert any(not np.array_equal(with_encoder["encoder"][k], logged_encoder["encoder"][k]) for k in params["encoder"])
+    with pytest.raises(ValueError, match=r"advantage\['sku'\]"):
+        update_heads(params, rows, advantage={**own, "sku": own["sku"][:-1]})
+
+    # The encoder taught by the SKU's and the band's data only: the category's data no longer reaches it, so the SKU
+    # layer (head and encoder) is the same whatever the category's data says, and the category's KL still bounds it.
+    untaught = ("sku", "price_band")
+    a, a_steps = update_heads(params, rows, encoder_delta=0.02, advantage=own, encoder_layers=untaught)
+    b, _ = update_heads(params, rows, encoder_delta=0.02, advantage=reversed_category, encoder_layers=untaught)
+    assert any(not np.array_equal(a["category"][k], b["category"][k]) for k in params["category"])
+    for name in ("encoder", "sku", "band"):
+        assert all(np.array_equal(a[name][k], b[name][k]) for k in params[name]), name
+    assert any(not np.array_equal(a["encoder"][k], params["encoder"][k]) for k in params["encoder"])
+    assert a_steps[-1].accepted and a_steps[-1].kl <= 0.02 * (1 + 1e-5)
+    assert a_steps[0].kl_from_start is not None  # the category reads the moved h too: its whole move is measured
+    assert a_steps[0].kl_from_start != pytest.approx(a_steps[0].kl, rel=1e-3)
+    with pytest.raises(ValueError, match="encoder_layers"):
+        update_heads(params, rows, layers=("sku",), encoder_delta=0.02, encoder_layers=("category",))
 
 
 def test_each_layer_moves_within_its_own_trust_region_and_improves_its_surrogate(rows, start: Bundle) -> None:  # type: ignore[no-untyped-def]
@@ -243,13 +279,15 @@ def test_the_command_trains_and_names_what_is_wrong(tmp_path: Path, product_logs
     init.write_bytes(with_heads(start, _params(start), FeatureSpec.parse(start.manifest["feature_spec"]), {}))
     cli = [sys.executable, "-m", "server", "train-products"]
     run = subprocess.run([*cli, "--logs", str(product_logs), "--init", str(init), "--out", str(tmp_path / "out.bundle"),
-                          "--version", "p1", "--max-rows", "500", "--delta-encoder", "0.01", "--guard-max-complaint", "0.2"],
+                          "--version", "p1", "--max-rows", "500", "--delta-encoder", "0.01", "--guard-max-complaint", "0.2",
+                          "--encoder-layers", "sku, price_band"],
                          capture_output=True, text=True,
                          cwd=ROOT, timeout=300)
     report = json.loads(run.stdout.splitlines()[-1])
     assert run.returncode == (0 if report["publish"] else 3), run.stderr  # written either way; 3: the gate refused it
     assert report["model_version"] == "p1" and report["metrics"]["product_rows"] <= 500
     assert report["metrics"]["config"]["encoder_delta"] == 0.01 and 0 < report["metrics"]["layers"]["encoder"]["kl"] <= 0.01
+    assert report["metrics"]["config"]["encoder_layers"] == ["sku", "price_band"]
     assert read_bundle(tmp_path / "out.bundle").model_version == "p1"
     assert read_bundle(tmp_path / "out.bundle").manifest["product"]["guard"]["max_complaint"]["sku"] == 0.2
     assert report["metrics"]["config"]["guard"]["max_complaint"] == 0.2 and set(report["metrics"]["guard"]["layers"]) == set(LAYERS)
@@ -258,8 +296,8 @@ def test_the_command_trains_and_names_what_is_wrong(tmp_path: Path, product_logs
     for args, message in ((["--logs", str(empty)], "no products/ directory"),
                           (["--logs", str(product_logs), "--delta-sku", "0"], "--delta-sku"),
                           (["--logs", str(product_logs), "--delta-encoder", "-0.1"], "--delta-encoder: expected >= 0"),
+                          (["--logs", str(product_logs), "--encoder-layers", "sku,colour"], "--encoder-layers: expected distinct"),
                           (["--logs", str(product_logs), "--guard-max-complaint", "0"], "--guard-max-complaint"),
                           (["--logs", str(product_logs), "--guard-max-complaint", "0.2", "--no-guard"], "--guard-max-complaint")):
-        bad = subprocess.run([*cli, *args, "--init", str(init), "--out", str(tmp_path / "x.bundle")], capture_output=True,
-                             text=True, cwd=ROOT, timeout=120)
-        assert bad.returncode == 2 and message in bad.stderr, bad.stderr
+        code, _, err = trainer_in_process("train-products", *args, "--init", str(init), "--out", str(tmp_path / "x.bundle"))
+        assert code == 2 and message in err, err
