@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -102,6 +103,8 @@ def test_cycle_keeps_a_refused_candidate_waits_for_fresh_logs_and_publishes_it_o
     behaviour = ModelSet.load(fresh_bundle(), LoadOptions(warmup_batch=8))
     world = World(SimConfig(), 11)
     run_logged(world, behaviour, range(2500), ZoneInfo("UTC"), logs, b"k" * 32)
+    early = tmp_path / "early"  # the first 2,500 sessions alone: enough for the last two runs, which only need a refusal
+    shutil.copytree(logs, early)
     fast = {"updates": 2, "batch": 8192, "value_epochs": 2, "guard": {"epochs": 2}, "bootstrap": 100}
     strict, normal = tmp_path / "strict.json", tmp_path / "normal.json"
     strict.write_text(json.dumps({**fast, "gate_min_ess": 1e9}))  # a first look that cannot pass
@@ -135,7 +138,7 @@ def test_cycle_keeps_a_refused_candidate_waits_for_fresh_logs_and_publishes_it_o
 
     # A kept file that is not a bundle (a torn write, a hostile one) is dropped with its reason; the run trains as always.
     store.pending_path.write_bytes(b"PK\x03\x04 garbage")
-    code, third, _ = _cycle(logs, weights, strict)
+    code, third, _ = _cycle(early, weights, strict)
     assert code == 3 and "no second look" in third["second_look"]["reason"]
     assert third["kept_for_second_look"] == third["model_version"]
     assert read_bundle(store.pending() or b"").manifest["model_version"] == third["model_version"]
@@ -144,6 +147,6 @@ def test_cycle_keeps_a_refused_candidate_waits_for_fresh_logs_and_publishes_it_o
     store.drop_pending()
     store.pending_path.parent.rmdir()
     store.pending_path.parent.write_bytes(b"in the way")
-    code, fourth, _ = _cycle(logs, weights, strict)
+    code, fourth, _ = _cycle(early, weights, strict)
     assert code == 3 and fourth["kept_for_second_look"] is None and fourth["not_kept"]
     assert active() == kept  # the served bundle is untouched throughout
