@@ -29,15 +29,17 @@ sessions; ``layered_vs_flat`` is paired per session. ``--no-flat`` skips it.
 **The shared encoder** (``--encoder-delta``, ``--compare-encoder D``): the layered cycles run again with the encoder's
 summed-KL region D (``trainer.product_update``; 0 holds it fixed), each arm from its own served traffic on the same
 session ranges, and each cycle's bundle is compared with the first arm's on the same truth sessions (``minus_first``,
-paired).
+paired). ``--compare-encoder-layers`` names the layers whose data that arm's encoder learns from (``bench.product_stability``:
+leaving the category's out keeps its data from reaching the SKU layer through the encoder).
 
 Writes ``bench/results/product_learning.json`` with ``--json`` (``product_learning-encoder.json`` with
-``--compare-encoder``).
+``--compare-encoder``, ``product_learning-encoder-layers.json`` with ``--compare-encoder-layers`` too).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
@@ -204,13 +206,15 @@ def flat_cycles(world: World, args: argparse.Namespace, start: Bundle, truth_ses
 
 
 def layered_cycles(world: World, args: argparse.Namespace, encoder_delta: float, truth_sessions: range, moved_on: range,
-                   values: dict[str, np.ndarray], arm: str) -> list[dict[str, Any]]:
-    """The layered heads' cycles with the shared encoder's region ``encoder_delta`` (0: held fixed); each bundle's
-    per-session truth goes into ``values`` as ``{arm}cycle{k}``."""
+                   values: dict[str, np.ndarray], arm: str, encoder_layers: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
+    """The layered heads' cycles with the shared encoder's region ``encoder_delta`` (0: held fixed), learning from
+    ``encoder_layers`` (default all); each bundle's per-session truth goes into ``values`` as ``{arm}cycle{k}``."""
     from experience.segments import DirectorySource
     from trainer.product_train import ProductTrainConfig, train_products  # torch: imported where it is needed
 
     config = ProductTrainConfig(encoder_delta=encoder_delta)
+    if encoder_layers is not None:
+        config = dataclasses.replace(config, encoder_layers=encoder_layers)
     bundle = start_bundle()
     cycles: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="product-learning-") as tmp:
@@ -219,6 +223,7 @@ def layered_cycles(world: World, args: argparse.Namespace, encoder_delta: float,
             v, row = truth(world, model, by_model(model), truth_sessions)
             values[f"{arm}cycle{k}"] = v
             row.update({"cycle": k, "model_version": bundle.model_version, "encoder_delta": encoder_delta,
+                        "encoder_layers": list(config.encoder_layers),
                         "vs_rules": mean_ci(v - values["rules"]), "vs_untrained": mean_ci(v - values[f"{arm}cycle0"]),
                         "share_of_oracle_over_rules": float((v.mean() - values["rules"].mean())
                                                             / (values["oracle"].mean() - values["rules"].mean()))})
@@ -256,6 +261,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="the shared encoder's region (summed KL) of the layered heads; default the trainer's")
     p.add_argument("--compare-encoder", type=float, default=None, metavar="D",
                    help="also run the layered cycles with the encoder's region D, paired per session against the first")
+    p.add_argument("--compare-encoder-layers", default=None, metavar="LAYERS",
+                   help="with --compare-encoder: the layers (comma-separated) whose data its encoder learns from (default all)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     from trainer.product_train import ProductTrainConfig
@@ -276,7 +283,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                               "truth_sessions": [truth_sessions.start, truth_sessions.stop], "baselines": baselines,
                               "cycles": cycles}
     if args.compare_encoder is not None:
-        other = layered_cycles(world, args, args.compare_encoder, truth_sessions, moved_on, values, "other-")
+        taught = None if args.compare_encoder_layers is None else tuple(args.compare_encoder_layers.split(","))
+        other = layered_cycles(world, args, args.compare_encoder, truth_sessions, moved_on, values, "other-", taught)
         for k, row in enumerate(other):  # the same truth sessions: paired per session
             row["minus_first"] = mean_ci(values[f"other-cycle{k}"] - values[f"cycle{k}"])
         result["compared"] = other
@@ -287,7 +295,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     result["seconds"] = round(time.monotonic() - started, 1)
     if args.json:
         RESULTS.mkdir(exist_ok=True)
-        name = "product_learning.json" if args.compare_encoder is None else "product_learning-encoder.json"
+        name = ("product_learning.json" if args.compare_encoder is None else "product_learning-encoder.json"
+                if args.compare_encoder_layers is None else "product_learning-encoder-layers.json")
         (RESULTS / name).write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result, indent=1))
     return 0
