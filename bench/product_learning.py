@@ -223,7 +223,7 @@ def layered_cycles(world: World, args: argparse.Namespace, encoder_delta: float,
             v, row = truth(world, model, by_model(model), truth_sessions)
             values[f"{arm}cycle{k}"] = v
             row.update({"cycle": k, "model_version": bundle.model_version, "encoder_delta": encoder_delta,
-                        "encoder_layers": list(config.encoder_layers),
+                        "encoder_layers": list(config.encoder_layers or config.layers),
                         "vs_rules": mean_ci(v - values["rules"]), "vs_untrained": mean_ci(v - values[f"{arm}cycle0"]),
                         "share_of_oracle_over_rules": float((v.mean() - values["rules"].mean())
                                                             / (values["oracle"].mean() - values["rules"].mean()))})
@@ -265,7 +265,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="with --compare-encoder: the layers (comma-separated) whose data its encoder learns from (default all)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
+    from trainer.product_data import parse_layers
     from trainer.product_train import ProductTrainConfig
+
+    if args.compare_encoder_layers is not None:
+        if args.compare_encoder is None:
+            p.error("--compare-encoder-layers: only with --compare-encoder D")
+        try:
+            parse_layers(args.compare_encoder_layers)
+        except ValueError as exc:
+            p.error(f"--compare-encoder-layers: {exc}")
 
     started = time.monotonic()
     world = World(SimConfig(), args.seed)
@@ -283,7 +292,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                               "truth_sessions": [truth_sessions.start, truth_sessions.stop], "baselines": baselines,
                               "cycles": cycles}
     if args.compare_encoder is not None:
-        taught = None if args.compare_encoder_layers is None else tuple(args.compare_encoder_layers.split(","))
+        taught = None if args.compare_encoder_layers is None else parse_layers(args.compare_encoder_layers)
         other = layered_cycles(world, args, args.compare_encoder, truth_sessions, moved_on, values, "other-", taught)
         for k, row in enumerate(other):  # the same truth sessions: paired per session
             row["minus_first"] = mean_ci(values[f"other-cycle{k}"] - values[f"cycle{k}"])

@@ -10,8 +10,8 @@ This bench measures how far.
 
 In one world (``--seed``), the embedded default with untrained product heads (``bench.product_learning.start_bundle``)
 serves sessions ``[0, S)`` with the real recorder; their product records are the training rows (all of them: there is
-no gate here). From the same starting parameters, ``update_heads`` runs once per *counterfactual* and per encoder region
-(0: held fixed; the trainer's default), every layer stepping each time:
+no gate here). From the same starting parameters, ``update_heads`` runs once per *counterfactual* and per encoder
+setting (below), every layer stepping each time:
 
 - **logged**: every layer's own advantage (what ``train-products`` does);
 - **category shuffled**: the category's advantages permuted across rows (its data carries no signal), the SKU's and
@@ -20,7 +20,7 @@ no gate here). From the same starting parameters, ``update_heads`` runs once per
 - **SKU reversed** (the scale): the SKU's advantages negated, the others as logged: how far the SKU layer moves when its
   *own* data changes.
 
-All three regions are run: the encoder held fixed (0), moved by every layer's data (the trainer's default region and
+Three encoder settings are run: the encoder held fixed (0), moved by every layer's data (the trainer's default region and
 teachers), and moved in the same region by the SKU's and the band's data only (``--encoder-layers sku,price_band``,
 ``UNTAUGHT_BY_CATEGORY``: the category's advantages are zero in the encoder's step, its KL still in the region).
 

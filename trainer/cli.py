@@ -251,16 +251,6 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _encoder_layers(text: str) -> tuple[str, ...]:
-    from trainer.product_data import LAYERS
-
-    layers = tuple(part.strip() for part in text.split(",") if part.strip())
-    unknown = [layer for layer in layers if layer not in LAYERS]
-    if unknown or not layers or len(set(layers)) != len(layers):
-        raise UsageError(f"--encoder-layers: expected distinct layers among {', '.join(LAYERS)}, got {text!r}")
-    return layers
-
-
 def _train_products(args: argparse.Namespace) -> int:
     from trainer.product_guard import GuardConfig
     from trainer.product_train import MAX_ROWS, ProductTrainConfig, train_products
@@ -272,7 +262,16 @@ def _train_products(args: argparse.Namespace) -> int:
         raise UsageError(f"{', '.join(bad) or '--max-rows'}: expected > 0")
     if args.delta_encoder is not None and not (args.delta_encoder >= 0 and math.isfinite(args.delta_encoder)):
         raise UsageError(f"--delta-encoder: expected >= 0, got {args.delta_encoder}")
-    encoder_layers = None if args.encoder_layers is None else _encoder_layers(args.encoder_layers)
+    encoder_layers = None
+    if args.encoder_layers is not None:
+        from trainer.product_data import parse_layers
+
+        if args.delta_encoder == 0:
+            raise UsageError("--encoder-layers: the encoder is held fixed (--delta-encoder 0), so nothing teaches it")
+        try:
+            encoder_layers = parse_layers(args.encoder_layers)
+        except ValueError as exc:
+            raise UsageError(f"--encoder-layers: {exc}") from None
     if args.guard_max_complaint is not None and (args.no_guard or not 0 < args.guard_max_complaint <= 1):
         raise UsageError(f"--guard-max-complaint: expected a probability in (0, 1] without --no-guard, got {args.guard_max_complaint}")
     init = _bundle(args.init)

@@ -34,6 +34,16 @@ F32 = npt.NDArray[np.float32]
 LAYERS = ("category", "sku", "price_band")
 HEAD_OF = {"category": "category", "sku": "sku", "price_band": "band"}
 """The log's layer names → ``weights.product_heads``' head names."""
+
+
+def parse_layers(text: str) -> tuple[str, ...]:
+    """Comma-separated layer names (``price-band`` as the flags spell it is ``price_band``), distinct, at least one;
+    ``ValueError`` otherwise."""
+    layers = tuple(part.strip().replace("-", "_") for part in text.split(",") if part.strip())
+    if not layers or len(set(layers)) != len(layers) or not set(layers) <= set(LAYERS):
+        raise ValueError(f"expected distinct layers among {', '.join(LAYERS)}, got {text!r}")
+    return layers
+
 PAID = 3
 """The band features' column of log(the price paid) (``policy.product_features.band_features``)."""
 

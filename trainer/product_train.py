@@ -54,16 +54,20 @@ class ProductTrainConfig:
     tolerance: float = 0.0
     encoder_delta: float = ENCODER_DELTA
     """The shared encoder's region on the sum of the layers' KL (``trainer.product_update``); 0 holds it fixed."""
-    encoder_layers: tuple[str, ...] = LAYERS
-    """The layers whose data the encoder learns from (``update_heads``); the others' data cannot reach the layers
-    through it (``bench.product_stability``)."""
+    encoder_layers: tuple[str, ...] | None = None
+    """The layers whose data teach the encoder (``update_heads``), some of ``layers``; None: all of them. The others'
+    data cannot reach the other layers through it (``bench.product_stability``)."""
+
+    def __post_init__(self) -> None:
+        if self.encoder_layers is not None and (not self.encoder_layers or not set(self.encoder_layers) <= set(self.layers)):
+            raise ValueError(f"encoder_layers: expected some of the layers trained {self.layers}, got {self.encoder_layers}")
     guard: GuardConfig | None = field(default_factory=GuardConfig)
     """The per-layer guards' training (``trainer.product_guard``); None: the bundle is written without guards."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"deltas": dict(self.deltas), "layers": list(self.layers), "max_rows": self.max_rows, "seed": self.seed,
                 "gate_share": self.gate_share, "tolerance": self.tolerance,
-                "encoder_delta": self.encoder_delta, "encoder_layers": list(self.encoder_layers),
+                "encoder_delta": self.encoder_delta, "encoder_layers": list(self.encoder_layers or self.layers),
                 "guard": None if self.guard is None else self.guard.to_dict()}
 
 
@@ -122,7 +126,7 @@ def train_products(products: pa.Table, outcomes: pa.Table, bundle: Bundle, model
         raise ValueError(f"max_rows {config.max_rows}: no whole session fits; raise it")
     params: dict[str, mlp.Params] = {name: mlp.policy_params_from_onnx(bundle.parts[part]) for name, part in PART.items()}
     new, steps = update_heads(params, rows, config.deltas, config.layers, config.encoder_delta,
-                              encoder_layers=tuple(layer for layer in config.layers if layer in config.encoder_layers))
+                              encoder_layers=config.encoder_layers)
     metrics: dict[str, Any] = {"product_rows": len(rows), "product_rows_logged": products.num_rows, "gate_rows": len(held),
                                "mean_reward": float(rows.rewards.mean()),
                "taken": float(rows.taken.mean()), "complaints": float(rows.complaints.mean()),

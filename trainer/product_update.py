@@ -20,15 +20,17 @@ input, the other heads' outputs are never read), so a category step cannot move 
 
 **The shared encoder** (``encoder_delta`` > 0) moves after the heads, in a region of its own on the *sum* of the
 layers' KL: every layer reads the same h, so a change to h moves them all at once. With the new heads held fixed, its
-surrogate is the sum of the stepped layers' surrogates (each with its own advantage and ratio) and its steps are the
-same natural-gradient steps, with the Fisher of the summed KL: Σ_ℓ KL(q_ℓ ‖ q_ℓ') ≤ δ_encoder, measured from the
-policies after the heads' steps. KL has no triangle inequality, so the two regions do not add up to a bound on a
-layer's whole move; each layer's KL from its starting policy after both is measured and reported
-(``kl_from_start``). The heads' parameters are never moved by another layer's loss; the encoder's are moved by all
-of them. With ``encoder_delta`` 0 (``update_heads``' default; the trainer's is ``ENCODER_DELTA``, 0.02) the encoder is
-held fixed and a layer's whole move is its head's, within δ_ℓ. ``encoder_layers`` names the layers whose data the
-encoder learns from: leaving the category out keeps a category update from reaching the SKU and band layers through the
-encoder, at a cost in learning (``bench.product_stability``, ``docs/performance.md``).
+surrogate is the sum of the surrogates of the layers that teach it (by default every stepped layer; ``encoder_layers``
+below), each with its own advantage and ratio, and its steps are the same natural-gradient steps, with the Fisher of
+the summed KL: Σ_ℓ KL(q_ℓ ‖ q_ℓ') ≤ δ_encoder, measured from the policies after the heads' steps. KL has no triangle
+inequality, so the two regions do not add up to a bound on a layer's whole move; each layer's KL from its starting
+policy after both is measured and reported (``kl_from_start``). The heads' parameters are never moved by another
+layer's loss; the encoder's are moved by those of every layer that teaches it. With ``encoder_delta`` 0
+(``update_heads``' default; the trainer's is ``ENCODER_DELTA``, 0.02) the encoder is held fixed and a layer's whole
+move is its head's, within δ_ℓ. ``encoder_layers`` names the layers whose data teach the encoder: a layer left out
+enters its step with a zero advantage and its head as it *started* (so its KL in the region is measured under that
+head), and its data cannot reach the other layers through the encoder. Leaving the category out costs some learning
+(``bench.product_stability``, ``docs/performance.md``).
 """
 
 from __future__ import annotations
@@ -74,6 +76,8 @@ class LayerStep:
     """Natural-gradient steps taken (each within the region from the layer's starting policy)."""
     kl_from_start: float | None = None
     """With the encoder moved too: the layer's mean KL from its starting policy after both steps (None: as ``kl``)."""
+    taught: tuple[str, ...] | None = None
+    """The encoder's step only: the layers whose data taught it (``advantage_sd`` is over theirs)."""
 
     @property
     def accepted(self) -> bool:
@@ -82,7 +86,8 @@ class LayerStep:
     def to_dict(self) -> dict[str, Any]:
         return {"accepted": self.accepted, "kl": self.kl, "improvement": self.improvement, "rows": self.rows,
                 "delta": self.delta, "advantage_sd": self.advantage_sd, "steps": self.steps,
-                **({} if self.kl_from_start is None else {"kl_from_start": self.kl_from_start})}
+                **({} if self.kl_from_start is None else {"kl_from_start": self.kl_from_start}),
+                **({} if self.taught is None else {"taught": list(self.taught)})}
 
 
 def baseline_features(rows: ProductRows, h: npt.NDArray[np.float32], layer: str) -> npt.NDArray[np.float64]:
@@ -302,11 +307,11 @@ def update_heads(params: Mapping[str, mlp.Params], rows: ProductRows, deltas: Ma
     counts in its region, measured under those starting heads, and their whole move after both steps is measured
     (``kl_from_start``)."""
     encoder_layers = layers if encoder_layers is None else encoder_layers
-    for layer in (*layers, *encoder_layers):
+    for layer in layers:
         if layer not in LAYERS:
             raise ValueError(f"layers: unknown layer {layer!r} (expected among {LAYERS})")
-    if not set(encoder_layers) <= set(layers):
-        raise ValueError(f"encoder_layers: {sorted(set(encoder_layers) - set(layers))} are not among the layers stepped {layers}")
+    if not encoder_layers or not set(encoder_layers) <= set(layers):
+        raise ValueError(f"encoder_layers: expected some of the layers stepped {layers}, got {encoder_layers}")
     for layer in layers:
         if not deltas[layer] > 0:
             raise ValueError(f"deltas[{layer!r}]: expected > 0, got {deltas[layer]!r}")
@@ -314,6 +319,8 @@ def update_heads(params: Mapping[str, mlp.Params], rows: ProductRows, deltas: Ma
         raise ValueError(f"encoder_delta: expected >= 0, got {encoder_delta!r}")
     h = mlp.policy_forward(params["encoder"], rows.states).astype(np.float32)
     out = {name: {k: np.array(v, copy=True) for k, v in p.items()} for name, p in params.items()}
+    if advantage is not None and not set(layers) <= set(advantage):
+        raise ValueError(f"advantage: expected one per layer stepped {layers}, got {sorted(advantage)}")
     gains = {layer: advantages(rows, h, layer) if advantage is None else np.asarray(advantage[layer], dtype=np.float64)
              for layer in layers}
     for layer, a in gains.items():
@@ -328,6 +335,8 @@ def update_heads(params: Mapping[str, mlp.Params], rows: ProductRows, deltas: Ma
         taught = {layer: gains[layer] if layer in encoder_layers else np.zeros(len(rows)) for layer in layers}
         under = {**out, **{HEAD_OF[layer]: params[HEAD_OF[layer]] for layer in layers if layer not in encoder_layers}}
         out["encoder"], step = encoder_step(under, rows, taught, encoder_delta, layers)
+        step = dataclasses.replace(step, taught=tuple(encoder_layers),
+                                   advantage_sd=float(np.concatenate([gains[layer] for layer in encoder_layers]).std()))
         moved = mlp.policy_forward(out["encoder"], rows.states).astype(np.float32)
         steps = [dataclasses.replace(s, kl_from_start=layer_kl(params, h, out, moved, rows, s.layer)) for s in steps]
         steps.append(step)

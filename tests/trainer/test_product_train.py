@@ -126,11 +126,32 @@ def test_changing_only_the_categorys_advantages_reaches_the_sku_layer_only_throu
     for name in ("encoder", "sku", "band"):
         assert all(np.array_equal(a[name][k], b[name][k]) for k in params[name]), name
     assert any(not np.array_equal(a["encoder"][k], params["encoder"][k]) for k in params["encoder"])
-    assert a_steps[-1].accepted and a_steps[-1].kl <= 0.02 * (1 + 1e-5)
+    assert a_steps[-1].accepted and a_steps[-1].kl <= 0.02 * (1 + 1e-5) and a_steps[-1].taught == untaught
+
+    def layer_kl(layer: str, head: mlp.Params) -> float:  # the layer's KL as the encoder moved, under ``head``, from the arrays
+        data = rows.layers[layer]
+        n, c = data.features.shape[:2]
+        permitted = torch.from_numpy(data.permitted)
+
+        def log_q(encoder: mlp.Params) -> torch.Tensor:
+            h = mlp.policy_forward(encoder, rows.states).astype(np.float32)
+            x = torch.from_numpy(np.concatenate([np.broadcast_to(h[:, None, :], (n, c, h.shape[1])), data.features], axis=2))
+            with torch.no_grad():
+                return _log_q(Head(head), x, permitted)
+        return float(_kl(log_q(params["encoder"]), log_q(a["encoder"]), permitted))
+
+    # The region holds all three layers' KL, the untaught category's under its starting head.
+    region = layer_kl("category", params["category"]) + layer_kl("sku", a["sku"]) + layer_kl("price_band", a["band"])
+    assert region == pytest.approx(a_steps[-1].kl, rel=1e-3, abs=1e-6) and layer_kl("category", params["category"]) > 0
     assert a_steps[0].kl_from_start is not None  # the category reads the moved h too: its whole move is measured
     assert a_steps[0].kl_from_start != pytest.approx(a_steps[0].kl, rel=1e-3)
+    for layers, taught in ((("sku",), ("category",)), (LAYERS, ())):
+        with pytest.raises(ValueError, match="encoder_layers"):
+            update_heads(params, rows, layers=layers, encoder_delta=0.02, encoder_layers=taught)
+    with pytest.raises(ValueError, match="advantage: expected one per layer"):
+        update_heads(params, rows, advantage={"sku": own["sku"]})
     with pytest.raises(ValueError, match="encoder_layers"):
-        update_heads(params, rows, layers=("sku",), encoder_delta=0.02, encoder_layers=("category",))
+        ProductTrainConfig(layers=("sku",), encoder_layers=("category",))
 
 
 def test_each_layer_moves_within_its_own_trust_region_and_improves_its_surrogate(rows, start: Bundle) -> None:  # type: ignore[no-untyped-def]
@@ -280,7 +301,7 @@ def test_the_command_trains_and_names_what_is_wrong(tmp_path: Path, product_logs
     cli = [sys.executable, "-m", "server", "train-products"]
     run = subprocess.run([*cli, "--logs", str(product_logs), "--init", str(init), "--out", str(tmp_path / "out.bundle"),
                           "--version", "p1", "--max-rows", "500", "--delta-encoder", "0.01", "--guard-max-complaint", "0.2",
-                          "--encoder-layers", "sku, price_band"],
+                          "--encoder-layers", "sku, price-band"],
                          capture_output=True, text=True,
                          cwd=ROOT, timeout=300)
     report = json.loads(run.stdout.splitlines()[-1])
@@ -288,6 +309,7 @@ def test_the_command_trains_and_names_what_is_wrong(tmp_path: Path, product_logs
     assert report["model_version"] == "p1" and report["metrics"]["product_rows"] <= 500
     assert report["metrics"]["config"]["encoder_delta"] == 0.01 and 0 < report["metrics"]["layers"]["encoder"]["kl"] <= 0.01
     assert report["metrics"]["config"]["encoder_layers"] == ["sku", "price_band"]
+    assert report["metrics"]["layers"]["encoder"]["taught"] == ["sku", "price_band"]  # what the step really used
     assert read_bundle(tmp_path / "out.bundle").model_version == "p1"
     assert read_bundle(tmp_path / "out.bundle").manifest["product"]["guard"]["max_complaint"]["sku"] == 0.2
     assert report["metrics"]["config"]["guard"]["max_complaint"] == 0.2 and set(report["metrics"]["guard"]["layers"]) == set(LAYERS)
@@ -297,6 +319,9 @@ def test_the_command_trains_and_names_what_is_wrong(tmp_path: Path, product_logs
                           (["--logs", str(product_logs), "--delta-sku", "0"], "--delta-sku"),
                           (["--logs", str(product_logs), "--delta-encoder", "-0.1"], "--delta-encoder: expected >= 0"),
                           (["--logs", str(product_logs), "--encoder-layers", "sku,colour"], "--encoder-layers: expected distinct"),
+                          (["--logs", str(product_logs), "--encoder-layers", "sku,sku"], "--encoder-layers: expected distinct"),
+                          (["--logs", str(product_logs), "--encoder-layers", " , "], "--encoder-layers: expected distinct"),
+                          (["--logs", str(product_logs), "--encoder-layers", "sku", "--delta-encoder", "0"], "held fixed"),
                           (["--logs", str(product_logs), "--guard-max-complaint", "0"], "--guard-max-complaint"),
                           (["--logs", str(product_logs), "--guard-max-complaint", "0.2", "--no-guard"], "--guard-max-complaint")):
         code, _, err = trainer_in_process("train-products", *args, "--init", str(init), "--out", str(tmp_path / "x.bundle"))
