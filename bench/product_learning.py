@@ -39,7 +39,6 @@ Writes ``bench/results/product_learning.json`` with ``--json`` (``product_learni
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import sys
@@ -212,9 +211,7 @@ def layered_cycles(world: World, args: argparse.Namespace, encoder_delta: float,
     from experience.segments import DirectorySource
     from trainer.product_train import ProductTrainConfig, train_products  # torch: imported where it is needed
 
-    config = ProductTrainConfig(encoder_delta=encoder_delta)
-    if encoder_layers is not None:
-        config = dataclasses.replace(config, encoder_layers=encoder_layers)
+    config = ProductTrainConfig(encoder_delta=encoder_delta, encoder_layers=encoder_layers)
     bundle = start_bundle()
     cycles: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="product-learning-") as tmp:
@@ -304,8 +301,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     result["seconds"] = round(time.monotonic() - started, 1)
     if args.json:
         RESULTS.mkdir(exist_ok=True)
-        name = ("product_learning.json" if args.compare_encoder is None else "product_learning-encoder.json"
-                if args.compare_encoder_layers is None else "product_learning-encoder-layers.json")
+        name = "product_learning.json"
+        if args.compare_encoder is not None:
+            name = "product_learning-encoder.json" if args.compare_encoder_layers is None else "product_learning-encoder-layers.json"
         (RESULTS / name).write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result, indent=1))
     return 0

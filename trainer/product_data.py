@@ -35,6 +35,9 @@ LAYERS = ("category", "sku", "price_band")
 HEAD_OF = {"category": "category", "sku": "sku", "price_band": "band"}
 """The log's layer names → ``weights.product_heads``' head names."""
 
+PAID = 3
+"""The band features' column of log(the price paid) (``policy.product_features.band_features``)."""
+
 
 def parse_layers(text: str) -> tuple[str, ...]:
     """Comma-separated layer names (``price-band`` as the flags spell it is ``price_band``), distinct, at least one;
@@ -43,9 +46,6 @@ def parse_layers(text: str) -> tuple[str, ...]:
     if not layers or len(set(layers)) != len(layers) or not set(layers) <= set(LAYERS):
         raise ValueError(f"expected distinct layers among {', '.join(LAYERS)}, got {text!r}")
     return layers
-
-PAID = 3
-"""The band features' column of log(the price paid) (``policy.product_features.band_features``)."""
 
 
 @dataclass(frozen=True)

@@ -57,12 +57,12 @@ class ProductTrainConfig:
     encoder_layers: tuple[str, ...] | None = None
     """The layers whose data teach the encoder (``update_heads``), some of ``layers``; None: all of them. The others'
     data cannot reach the other layers through it (``bench.product_stability``)."""
+    guard: GuardConfig | None = field(default_factory=GuardConfig)
+    """The per-layer guards' training (``trainer.product_guard``); None: the bundle is written without guards."""
 
     def __post_init__(self) -> None:
         if self.encoder_layers is not None and (not self.encoder_layers or not set(self.encoder_layers) <= set(self.layers)):
             raise ValueError(f"encoder_layers: expected some of the layers trained {self.layers}, got {self.encoder_layers}")
-    guard: GuardConfig | None = field(default_factory=GuardConfig)
-    """The per-layer guards' training (``trainer.product_guard``); None: the bundle is written without guards."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"deltas": dict(self.deltas), "layers": list(self.layers), "max_rows": self.max_rows, "seed": self.seed,

@@ -310,11 +310,10 @@ def update_heads(params: Mapping[str, mlp.Params], rows: ProductRows, deltas: Ma
     for layer in layers:
         if layer not in LAYERS:
             raise ValueError(f"layers: unknown layer {layer!r} (expected among {LAYERS})")
-    if not encoder_layers or not set(encoder_layers) <= set(layers):
-        raise ValueError(f"encoder_layers: expected some of the layers stepped {layers}, got {encoder_layers}")
-    for layer in layers:
         if not deltas[layer] > 0:
             raise ValueError(f"deltas[{layer!r}]: expected > 0, got {deltas[layer]!r}")
+    if not encoder_layers or not set(encoder_layers) <= set(layers):
+        raise ValueError(f"encoder_layers: expected some of the layers stepped {layers}, got {encoder_layers}")
     if not (encoder_delta >= 0 and math.isfinite(encoder_delta)):
         raise ValueError(f"encoder_delta: expected >= 0, got {encoder_delta!r}")
     h = mlp.policy_forward(params["encoder"], rows.states).astype(np.float32)
