@@ -95,8 +95,10 @@ def _layer(decoder: PluralityDecoder, heads: Heads, guard: Guard | None, head: s
     live = [i for i, c in enumerate(choices) if c is None]
     if live:
         live_sizes = [sizes[i] for i in live]
-        split = np.split(logits, bounds)
-        q = masked_softmax_rows(np.concatenate([split[i] for i in live]), [allowed[i] for i in live], live_sizes)
+        if len(live) < len(sizes):  # some requests answered by their rule: their rows leave the batch
+            split = np.split(logits, bounds)
+            logits = np.concatenate([split[i] for i in live])
+        q = masked_softmax_rows(logits, [allowed[i] for i in live], live_sizes)
         fallbacks = [rule_of(i, allowed[i]) for i in live]
         served, draws = decoder.served_and_drawn(q, fallbacks, uniforms_batch([streams[i] for i in live], decoder.samples + 2),
                                                  live_sizes)

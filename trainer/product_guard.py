@@ -25,6 +25,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from trainer.guard_threshold import rank_auc
 from trainer.product_data import HEAD_OF, LAYERS, ProductRows
 from weights import mlp
 from weights.product_guard import MAX_COMPLAINT, init_params
@@ -132,17 +133,6 @@ def folded(params: mlp.Params, mean: F32, scale: F32, ignored: slice = slice(0, 
     return out
 
 
-def auc(score: npt.NDArray[np.floating], label: npt.NDArray[np.bool_]) -> float:
-    """P(a complaint's score > a quiet offer's), ties half (the Mann-Whitney statistic); NaN without both kinds."""
-    positives, negatives = int(label.sum()), int((~label).sum())
-    if positives == 0 or negatives == 0:
-        return float("nan")
-    _, inverse, counts = np.unique(score, return_inverse=True, return_counts=True)
-    ends = np.cumsum(counts)
-    ranks = ((ends - counts + 1 + ends) / 2.0)[inverse]  # 1-based ranks, ties sharing their mean
-    return float((ranks[label].sum() - positives * (positives + 1) / 2) / (positives * negatives))
-
-
 def judged(params: mlp.Params, x: F32, y: npt.NDArray[np.float32], max_complaint: float) -> dict[str, Any]:
     """A guard's figures on held-out offers."""
     p = 1.0 / (1.0 + np.exp(-mlp.policy_forward(params, x)[:, 0].astype(np.float64)))
@@ -153,12 +143,7 @@ def judged(params: mlp.Params, x: F32, y: npt.NDArray[np.float32], max_complaint
 
     return {"offers": len(y), "complaint_rate": rate(np.ones(len(y), dtype=bool)), "vetoed_share": float(veto.mean()) if len(y) else None,
             "complaint_rate_vetoed": rate(veto), "complaint_rate_kept": rate(~veto), "mean_predicted": float(p.mean()) if len(y) else None,
-            "auc": _finite(auc(p, complained)) if len(y) else None}
-
-
-def _finite(x: float) -> float | None:
-    """JSON has no NaN: an AUC without both kinds of offer is written as null."""
-    return x if math.isfinite(x) else None
+            "auc": rank_auc(p, complained) if complained.any() and not complained.all() else None}  # null: JSON has no NaN
 
 
 @dataclass(frozen=True)

@@ -59,11 +59,6 @@ VERSION_PARTS = {1: PARTS, 2: PARTS + PRODUCT_PARTS, 3: PARTS + PRODUCT_PARTS + 
 (``weights.product_heads``); 3 adds a learned guard per product layer (``weights.product_guard``). Each bundle is
 written at the lowest version that holds its parts, so one without heads is version 1, byte for byte as before."""
 
-
-def version_of(names: Iterable[str]) -> int:
-    """The format version whose parts a bundle holding ``names`` must have: the lowest that names them all."""
-    held = set(names)
-    return 3 if held & set(PRODUCT_GUARD_PARTS) else 2 if held & set(PRODUCT_PARTS) else 1
 SIGNATURE = "signature.ed25519"
 MAX_BUNDLE_BYTES = 128 * 1024 * 1024  # the default bundle is 1.9 MB; two MLPs of this kind stay far below
 MAX_PART_BYTES = 64 * 1024 * 1024
@@ -109,6 +104,12 @@ def npy_bytes(array: npt.NDArray[Any]) -> bytes:
     buf = io.BytesIO()
     np.save(buf, np.ascontiguousarray(array), allow_pickle=False)
     return buf.getvalue()
+
+
+def version_of(names: Iterable[str]) -> int:
+    """The format version whose parts a bundle holding ``names`` must have: the lowest that names them all."""
+    held = set(names)
+    return 3 if held & set(PRODUCT_GUARD_PARTS) else 2 if held & set(PRODUCT_PARTS) else 1
 
 
 def rewritten(bundle: Bundle, manifest: Mapping[str, Any] | None = None, parts: Mapping[str, bytes] | None = None,

@@ -27,6 +27,9 @@ SHELF = [pb.ProductCategory(category_id="kitchen", skus=[sku("fair", 100.0, comp
                                                           sku("over", 130.0, competitor=100.0, seed=2),
                                                           sku("cheap", 80.0, competitor=100.0, seed=3)])]
 
+OVERPRICED = [pb.ProductCategory(category_id="kitchen", skus=[sku("over", 130.0, competitor=100.0, seed=2),
+                                                               sku("dearer", 150.0, competitor=100.0, seed=4)])]
+
 
 def _served(directory: Path, data: bytes, calls: int) -> tuple[Counter[str], float | None, list[pb.RecommendProductResponse]]:
     directory.mkdir()
@@ -73,11 +76,19 @@ def test_a_layer_whose_candidates_are_all_vetoed_is_answered_by_its_rule(tmp_pat
 def test_a_batch_with_the_guard_decides_each_request_as_alone() -> None:
     model = ModelSet.load(read_bundle(guarded()), LoadOptions(warmup_batch=1))
     limits = Limits(768, 16, 256)
-    requests = [parse_product(product(categories=SHELF, visit_count=v % 3), limits, now_s=1_790_000_000.0) for v in range(12)]
+    # every third shelf has only overpriced SKUs: its SKU layer is all vetoed, answered by its rule, the rest of the
+    # batch by the policy (the rule-answered rows leave the batch's softmax and vote)
+    shelves = [SHELF, SHELF, OVERPRICED]
+    requests = [parse_product(product(categories=shelves[v % 3], visit_count=v % 3), limits, now_s=1_790_000_000.0)
+                for v in range(12)]
     ids = [f"guarded-{i}" for i in range(len(requests))]
     batch = model.decide_products(requests, [9] * len(requests), ids)
-    for decision, req, did in zip(batch, requests, ids, strict=True):
+    for v, (decision, req, did) in enumerate(zip(batch, requests, ids, strict=True)):
         alone = model.decide_product(req, 9, did)
-        assert [(c.index, c.source, c.permitted, c.vetoed) for _, c in decision.choices()] == \
-            [(c.index, c.source, c.permitted, c.vetoed) for _, c in alone.choices()]
-        assert decision.sku.vetoed == 1 and decision.sku.permitted == (True, False, True)
+        assert [(c.index, c.source, c.permitted, c.vetoed, c.served) for _, c in decision.choices()] == \
+            [(c.index, c.source, c.permitted, c.vetoed, c.served) for _, c in alone.choices()]
+        if v % 3 == 2:
+            assert decision.sku.source is Source.FALLBACK_GUARD and decision.sku.vetoed == 2
+        else:
+            assert decision.sku.vetoed == 1 and decision.sku.permitted == (True, False, True)
+            assert decision.sku.source is not Source.FALLBACK_GUARD

@@ -18,7 +18,7 @@ from simulator.config import SimConfig
 from simulator.drive import by_model, run_logged
 from simulator.world import World
 from trainer.product_data import ProductRows, product_rows
-from trainer.product_guard import GuardConfig, auc, folded, train_guards
+from trainer.product_guard import GuardConfig, folded, train_guards
 from weights import mlp
 from weights.bundle import Bundle, read_bundle
 from weights.embedded import default_bundle
@@ -142,11 +142,3 @@ def test_a_split_without_complaints_reports_no_auc_and_a_short_run_keeps_its_wei
     assert report["layers"]["sku"]["held_out"]["auc"] is None  # JSON has no NaN
     start = train_guards(train, h, quiet, h_held[held.complaints == 0], WIDTHS, GuardConfig(steps=0))[0]
     assert not np.array_equal(params["sku"]["w2"], start["sku"]["w2"])  # 10 steps, fewer than a check: still trained
-
-
-def test_auc_counts_ties_as_half() -> None:
-    label = np.array([True, False, True, False])
-    assert auc(np.array([0.9, 0.1, 0.8, 0.2]), label) == 1.0
-    assert auc(np.array([0.1, 0.9, 0.2, 0.8]), label) == 0.0
-    assert auc(np.ones(4), label) == 0.5
-    assert math.isnan(auc(np.ones(3), np.zeros(3, dtype=bool)))
