@@ -83,11 +83,18 @@ class LayerChoice:
     served: tuple[float, ...] = ()
     """The probability of serving each of the layer's candidates (the behaviour policy the logs keep)."""
     permitted: tuple[bool, ...] = ()
-    """Which candidates the layer's guardrails let through."""
+    """Which candidates the layer could serve: what its guardrails let through less what the bundle's guard vetoed (when
+    the guard vetoed all of them, the rule's candidate alone)."""
     fallback: int = -1
     """The layer's rule's choice (served on low consensus): with ``permitted``, what a replay needs besides the scores."""
     vetoed: int = 0
     """How many candidates the guardrails permit that the bundle's learned guard vetoed (``permitted`` excludes them)."""
+    guardrail: tuple[bool, ...] = ()
+    """Which candidates the guardrails alone let through (before any guard): with ``rule_rank``, what a replay under
+    another bundle's guard needs."""
+    rule_rank: tuple[int, ...] = ()
+    """Each candidate's place in the layer's rule's order (``policy.product_rules``): the rule chooses the first one
+    permitted, whatever the vetoes."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -104,7 +104,8 @@ def stem_of(path: str) -> str:
 
 def read_part(path: str, filesystem: pafs.FileSystem, kind: str, columns: Sequence[str] | None = None) -> Iterator[pa.RecordBatch]:
     """The record batches of one ``kind`` part, only ``columns`` when given (the others are never decoded). A file that
-    is not a part of this kind in the current schema raises ``ValueError`` naming it."""
+    is not a part of this kind in the current schema raises ``ValueError`` naming it; a nullable column added to the
+    schema after the part was written is simply not in its batches (the reader's ``_conform`` gives it nulls)."""
     try:
         with filesystem.open_input_file(path) as f:
             reader = pa.ipc.open_file(f)
@@ -112,16 +113,16 @@ def read_part(path: str, filesystem: pafs.FileSystem, kind: str, columns: Sequen
             if metadata.get(b"kind") != kind.encode() or metadata.get(b"schema_version") != str(SCHEMA_VERSION).encode():
                 raise ValueError(f"{path}: not a {kind} log part of schema version {SCHEMA_VERSION} "
                                  f"(kind {metadata.get(b'kind')!r}, version {metadata.get(b'schema_version')!r})")
-            names = reader.schema.names
-            missing = [c for c in (columns or SCHEMAS[kind].names) if c not in names]
+            names, schema = reader.schema.names, SCHEMAS[kind]
+            missing = [c for c in (columns or schema.names) if c not in names and not schema.field(c).nullable]
             if missing:
                 raise ValueError(f"{path}: the log part has no column {missing[0]!r}")
             if columns is not None:
-                wanted = [names.index(c) for c in columns]
-                reader = pa.ipc.open_file(f, options=pa.ipc.IpcReadOptions(included_fields=wanted))
+                present = [c for c in columns if c in names]
+                reader = pa.ipc.open_file(f, options=pa.ipc.IpcReadOptions(included_fields=[names.index(c) for c in present]))
             for i in range(reader.num_record_batches):
                 batch = reader.get_batch(i)
-                yield batch if columns is None else batch.select(list(columns))  # in the order asked for
+                yield batch if columns is None else batch.select(present)  # in the order asked for
     except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
         raise ValueError(f"{path}: not a readable log part: {exc}") from exc
 

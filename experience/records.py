@@ -213,6 +213,8 @@ def _layer_columns(layer: str, ids: list[list[str]], features: list[np.ndarray],
         f"{layer}_served_probs": pa.array([list(c.served) for c in choices], type=pa.list_(pa.float64())),
         f"{layer}_permitted": pa.array([list(c.permitted) for c in choices], type=pa.list_(pa.bool_())),
         f"{layer}_fallback": pa.array([c.fallback for c in choices], type=pa.int16()),
+        f"{layer}_guardrail": pa.array([list(c.guardrail) if c.guardrail else None for c in choices], type=pa.list_(pa.bool_())),
+        f"{layer}_rule_rank": pa.array([list(c.rule_rank) if c.rule_rank else None for c in choices], type=pa.list_(pa.int16())),
     }
 
 

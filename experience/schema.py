@@ -59,7 +59,11 @@ keyed hashes; the SKUs and bands are those the layer chose among: the chosen cat
 ``<layer>_index`` (the choice's position), ``<layer>_propensity``, ``<layer>_source``, ``<layer>_votes``,
 ``<layer>_rule``, ``<layer>_served_probs`` (the probability of serving each candidate, given the layers before:
 the behaviour policy), ``<layer>_permitted`` (what its guardrails and the bundle's learned guard let through) and
-``<layer>_fallback`` (its rule's choice): with the features, what a replay needs to compute any bundle's served distribution exactly;
+``<layer>_fallback`` (its rule's choice): with the features, what a replay of the serving bundle's heads needs;
+``<layer>_guardrail`` (what the guardrails alone let through) and ``<layer>_rule_rank`` (each candidate's place in the
+rule's order, ``policy.product_rules``): with them a replay applies *another* bundle's guard, whose vetoes and rule
+choice differ, and so computes any bundle's served distribution exactly. These two came later within version 2 and
+are null in the rows written before them (a reader then falls back on ``permitted`` and ``fallback``);
 ``joint_propensity``, ``model_version``, ``sample_rate``.
 
 Versions: 1 stored ``session_id``, ``item_id``, ``request_id``, ``outcome_id`` and every
@@ -162,6 +166,8 @@ def _layer_fields(layer: str) -> list[pa.Field]:
         pa.field(f"{layer}_served_probs", pa.list_(pa.float64()), nullable=False),
         pa.field(f"{layer}_permitted", pa.list_(pa.bool_()), nullable=False),
         pa.field(f"{layer}_fallback", pa.int16(), nullable=False),
+        pa.field(f"{layer}_guardrail", pa.list_(pa.bool_()), nullable=True),  # null: written before the column was
+        pa.field(f"{layer}_rule_rank", pa.list_(pa.int16()), nullable=True),
     ]
 
 

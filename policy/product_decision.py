@@ -16,17 +16,16 @@ from policy import product_rules as rules
 
 def by_rules(request: ProductRequest, model_version: str, source: Source = Source.FALLBACK_NO_MODEL) -> ProductDecision:
     """Every layer answered by its rule within its guardrails, in order (the SKU within the chosen category)."""
-    category_ok = rules.category_permitted(request)
-    category = rules.rule_category(request, category_ok)
-    chosen = request.categories[category]
-    sku_ok = rules.sku_permitted(chosen)
-    sku = rules.rule_sku(chosen, sku_ok)
-    band_ok = rules.band_permitted(request)
-    band = rules.rule_band(request.price_bands, band_ok)
+    category = certain(rules.category_rank(request), rules.category_permitted(request), rules.RULE_CATEGORY, source)
+    chosen = request.categories[category.index]
+    sku = certain(rules.sku_rank(chosen), rules.sku_permitted(chosen), rules.RULE_SKU, source)
+    band = certain(rules.band_rank(request.price_bands), rules.band_permitted(request), rules.RULE_PRICE_BAND, source)
+    return ProductDecision(category, sku, band, model_version)
 
-    def certain(index: int, permitted: npt.NDArray[np.bool_], rule: str) -> LayerChoice:
-        return LayerChoice(index, 1.0, source, rule=rule, served=tuple(float(i == index) for i in range(len(permitted))),
-                           permitted=tuple(permitted.tolist()), fallback=index)
 
-    return ProductDecision(certain(category, category_ok, rules.RULE_CATEGORY), certain(sku, sku_ok, rules.RULE_SKU),
-                           certain(band, band_ok, rules.RULE_PRICE_BAND), model_version)
+def certain(rank: rules.Rank, permitted: npt.NDArray[np.bool_], rule: str, source: Source) -> LayerChoice:
+    """The layer's rule's choice among ``permitted``, with certainty, as it is logged."""
+    index = rules.first_permitted(rank, permitted)
+    mask = tuple(permitted.tolist())
+    return LayerChoice(index, 1.0, source, rule=rule, served=tuple(float(i == index) for i in range(len(permitted))),
+                       permitted=mask, fallback=index, guardrail=mask, rule_rank=tuple(rank.tolist()))

@@ -13,7 +13,7 @@ layer's rule answers among those with ``FALLBACK_GUARD`` and certainty, as ``Rec
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Protocol
 
 import numpy as np
@@ -68,12 +68,13 @@ def masked_softmax_padded(logits: npt.NDArray[np.floating], permitted: npt.NDArr
 
 
 def _layer(decoder: PluralityDecoder, heads: Heads, guard: Guard | None, head: str, h: F32, features: Sequence[F32],
-           permitted: Sequence[npt.NDArray[np.bool_]], rule_of: Callable[[int, npt.NDArray[np.bool_]], int], rule: str,
+           permitted: Sequence[npt.NDArray[np.bool_]], ranks: Sequence[rules.Rank], rule: str,
            streams: Sequence[str]) -> list[LayerChoice]:
     """One layer's draws for a batch of requests, each with its own candidates: one head call (and one guard call) over
     every request's rows (each beside its request's h), the guard's vetoes taken from what the guardrails permit, one
     exact served distribution per request (``served_batch``, shorter candidate lists padded with 0), and each request's
-    draw from its own stream (the decision id and the layer). ``rule_of(b, allowed)``: request b's rule choice."""
+    draw from its own stream (the decision id and the layer). ``ranks[b]``: request b's candidates' places in the rule's
+    order (its choice: the first one allowed)."""
     sizes = [len(f) for f in features]
     rows_h, rows = np.repeat(h, sizes, axis=0), np.concatenate(features)
     logits = heads.score(head, rows_h, rows)
@@ -84,14 +85,16 @@ def _layer(decoder: PluralityDecoder, heads: Heads, guard: Guard | None, head: s
             vetoes[i] = int((ok & veto).sum())
             allowed[i] = ok & ~veto
     choices: list[LayerChoice | None] = [None] * len(sizes)
+    guardrails, orders = [tuple(m.tolist()) for m in permitted], [tuple(r.tolist()) for r in ranks]  # as logged
     for i, ok in enumerate(allowed):
         if not ok.any():  # the guard vetoed every candidate the guardrails permit: the rule among those, with certainty
-            index = rule_of(i, permitted[i])
+            index = rules.first_permitted(ranks[i], permitted[i])
             # logged as permitting the rule's candidate alone: what this layer could serve, and a replay of it (the
             # vote over one candidate) gives the logged certainty
             only = tuple(k == index for k in range(sizes[i]))
             choices[i] = LayerChoice(index, 1.0, Source.FALLBACK_GUARD, rule=rule, served=tuple(map(float, only)),
-                                     permitted=only, fallback=index, vetoed=vetoes[i])
+                                     permitted=only, fallback=index, vetoed=vetoes[i], guardrail=guardrails[i],
+                                     rule_rank=orders[i])
     live = [i for i, c in enumerate(choices) if c is None]
     if live:
         live_sizes = [sizes[i] for i in live]
@@ -99,7 +102,7 @@ def _layer(decoder: PluralityDecoder, heads: Heads, guard: Guard | None, head: s
             split = np.split(logits, bounds)
             logits = np.concatenate([split[i] for i in live])
         q = masked_softmax_rows(logits, [allowed[i] for i in live], live_sizes)
-        fallbacks = [rule_of(i, allowed[i]) for i in live]
+        fallbacks = [rules.first_permitted(ranks[i], allowed[i]) for i in live]
         served, draws = decoder.served_and_drawn(q, fallbacks, uniforms_batch([streams[i] for i in live], decoder.samples + 2),
                                                  live_sizes)
         for row, (i, draw) in enumerate(zip(live, draws, strict=True)):
@@ -107,11 +110,13 @@ def _layer(decoder: PluralityDecoder, heads: Heads, guard: Guard | None, head: s
             distribution, mask = tuple(served[row, :n].tolist()), tuple(allowed[i].tolist())
             if draw.index is None:
                 choices[i] = LayerChoice(fallback, distribution[fallback], Source.FALLBACK_LOW_CONSENSUS, rule=rule,
-                                         served=distribution, permitted=mask, fallback=fallback, vetoed=vetoes[i])
+                                         served=distribution, permitted=mask, fallback=fallback, vetoed=vetoes[i],
+                                         guardrail=guardrails[i], rule_rank=orders[i])
             else:
                 source = Source.EXPLORATION if draw.explored else Source.POLICY
                 choices[i] = LayerChoice(draw.index, distribution[draw.index], source, votes=int(draw.counts[draw.index]),
-                                         served=distribution, permitted=mask, fallback=fallback, vetoed=vetoes[i])
+                                         served=distribution, permitted=mask, fallback=fallback, vetoed=vetoes[i],
+                                         guardrail=guardrails[i], rule_rank=orders[i])
     return [c for c in choices if c is not None]
 
 
@@ -122,15 +127,15 @@ def decide_batch(heads: Heads, decoder: PluralityDecoder, states: F32, requests:
     alone (tested)."""
     h = heads.encode(states)
     categories = _layer(decoder, heads, guard, "category", h, [category_features(r.categories) for r in requests],
-                        [rules.category_permitted(r) for r in requests], lambda i, ok: rules.rule_category(requests[i], ok),
+                        [rules.category_permitted(r) for r in requests], [rules.category_rank(r) for r in requests],
                         rules.RULE_CATEGORY, [f"{d}/{Layer.CATEGORY.value}" for d in decision_ids])
     chosen = [r.categories[c.index] for r, c in zip(requests, categories, strict=True)]
     skus = _layer(decoder, heads, guard, "sku", h, [sku_features(c.skus) for c in chosen],
-                  [rules.sku_permitted(c) for c in chosen], lambda i, ok: rules.rule_sku(chosen[i], ok), rules.RULE_SKU,
+                  [rules.sku_permitted(c) for c in chosen], [rules.sku_rank(c) for c in chosen], rules.RULE_SKU,
                   [f"{d}/{Layer.SKU.value}" for d in decision_ids])
     features = [band_features(r.price_bands, c.skus[s.index], r.visit_count == 1)
                 for r, c, s in zip(requests, chosen, skus, strict=True)]
     bands = _layer(decoder, heads, guard, "band", h, features, [rules.band_permitted(r) for r in requests],
-                   lambda i, ok: rules.rule_band(requests[i].price_bands, ok), rules.RULE_PRICE_BAND,
+                   [rules.band_rank(r.price_bands) for r in requests], rules.RULE_PRICE_BAND,
                    [f"{d}/{Layer.PRICE_BAND.value}" for d in decision_ids])
     return [ProductDecision(c, s, b, model_version) for c, s, b in zip(categories, skus, bands, strict=True)]

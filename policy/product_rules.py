@@ -8,7 +8,9 @@ Guardrails (what a layer may never serve, model or rule alike):
   omitted field must not switch a guardrail off): the reference design's own example of a guard, a
   first impression at the highest price costs more trust than it earns.
 
-The rules (what a layer serves when its model cannot decide):
+The rules (what a layer serves when its model cannot decide), each an order of the layer's candidates
+(``*_rank``: every candidate's place in it, 0 first) whose choice is the first permitted candidate in that order
+(``first_permitted``), so a replay under another bundle's vetoes knows what the rule would have chosen:
 
 - category: the one with the most SKUs in stock (ties: the first offered) — the widest choice;
 - SKU: the best deal in stock, the lowest price relative to the competitor's (1 where unknown),
@@ -25,6 +27,7 @@ import numpy.typing as npt
 from core.product import CategoryCandidate, PriceBand, ProductRequest
 
 Mask = npt.NDArray[np.bool_]
+Rank = npt.NDArray[np.int64]
 
 RULE_CATEGORY = "category_most_in_stock"
 RULE_SKU = "sku_best_deal"
@@ -50,17 +53,44 @@ def band_permitted(request: ProductRequest) -> Mask:
     return allowed
 
 
+def _places(*keys: npt.ArrayLike) -> Rank:
+    """Each candidate's place (0 first) in the order of ``keys``, the first key the most significant, then position."""
+    order = np.lexsort((np.arange(len(np.asarray(keys[0]))), *reversed([np.asarray(k) for k in keys])))
+    rank = np.empty(len(order), dtype=np.int64)
+    rank[order] = np.arange(len(order))
+    return rank
+
+
+def category_rank(request: ProductRequest) -> Rank:
+    return _places([-c.in_stock for c in request.categories])
+
+
+def sku_rank(category: CategoryCandidate) -> Rank:
+    skus = category.skus
+    return _places([s.price / s.competitor_price if s.competitor_price else 1.0 for s in skus], [s.price for s in skus])
+
+
+def band_rank(bands: tuple[PriceBand, ...]) -> Rank:
+    return _places([abs(b.price_multiplier - 1.0) for b in bands], [b.price_multiplier for b in bands])
+
+
+def first_permitted(rank: Rank, permitted: Mask) -> int:
+    """The rule's choice: the permitted candidate first in its order (``permitted`` must permit one)."""
+    return int(first_permitted_rows(rank[None], permitted[None])[0])
+
+
+def first_permitted_rows(rank: Rank, permitted: Mask) -> Rank:
+    """``first_permitted`` of each row of ``rank`` and ``permitted`` (B, n)."""
+    return np.argmin(np.where(permitted, rank, np.iinfo(np.int64).max), axis=1)
+
+
 def rule_category(request: ProductRequest, permitted: Mask) -> int:
-    stock = np.array([c.in_stock for c in request.categories])
-    return int(np.argmax(np.where(permitted, stock, -1)))
+    return first_permitted(category_rank(request), permitted)
 
 
 def rule_sku(category: CategoryCandidate, permitted: Mask) -> int:
-    keys = [(s.price / s.competitor_price if s.competitor_price else 1.0, s.price, i)
-            for i, s in enumerate(category.skus) if permitted[i]]
-    return min(keys)[2]
+    return first_permitted(sku_rank(category), permitted)
 
 
 def rule_band(bands: tuple[PriceBand, ...], permitted: Mask) -> int:
-    keys = [(abs(b.price_multiplier - 1.0), b.price_multiplier, i) for i, b in enumerate(bands) if permitted[i]]
-    return min(keys)[2]
+    return first_permitted(band_rank(bands), permitted)

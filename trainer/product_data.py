@@ -16,7 +16,7 @@ the shopper likelier to leave) is left to the complaint cost.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -62,6 +62,15 @@ class LayerRows:
     served: npt.NDArray[np.float64]
     fallback: npt.NDArray[np.int64]
     """The layer's rule's choice (what the decoder serves on low consensus)."""
+    guardrail: npt.NDArray[np.bool_]
+    """What the guardrails alone permit (before the serving bundle's guard); ``permitted`` where the log has no column."""
+    rule_rank: npt.NDArray[np.int64]
+    """Each candidate's place in the rule's order (``policy.product_rules``); 0 where the log has no column."""
+    guardrails_logged: npt.NDArray[np.bool_]
+    """Per row: the log has ``guardrail`` and ``rule_rank``, so another bundle's guard can be replayed on it (shape (N,))."""
+
+    def take(self, keep: npt.NDArray[np.bool_]) -> LayerRows:
+        return LayerRows(*(getattr(self, f.name)[keep] for f in fields(self)))
 
 
 @dataclass(frozen=True)
@@ -81,8 +90,7 @@ class ProductRows:
 
     def take(self, keep: npt.NDArray[np.bool_]) -> ProductRows:
         """The rows where ``keep``."""
-        layers = {name: LayerRows(d.features[keep], d.valid[keep], d.permitted[keep], d.index[keep], d.propensity[keep],
-                                  d.served[keep], d.fallback[keep]) for name, d in self.layers.items()}
+        layers = {name: d.take(keep) for name, d in self.layers.items()}
         return ProductRows(self.states[keep], layers, self.rewards[keep], self.taken[keep], self.complaints[keep],
                            self.sessions[keep], self.model_versions, self.versions[keep])
 
@@ -93,9 +101,11 @@ def _slots(counts: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64], npt.ND
     return rows, np.arange(len(rows)) - np.repeat(np.cumsum(counts) - counts, counts)
 
 
-def _padded(flat: npt.NDArray[Any], counts: npt.NDArray[np.int64], fill: object) -> npt.NDArray[Any]:
-    """``flat`` (one entry per candidate, in row order) as (N, max count, ...), ``fill`` where there is no candidate."""
-    out: npt.NDArray[Any] = np.full((len(counts), int(counts.max()) if len(counts) else 0, *flat.shape[1:]), fill, dtype=flat.dtype)
+def _padded(flat: npt.NDArray[Any], counts: npt.NDArray[np.int64], fill: object, width: int | None = None) -> npt.NDArray[Any]:
+    """``flat`` (one entry per candidate, in row order) as (N, ``width`` or the max count, ...), ``fill`` where there is
+    no candidate."""
+    width = (int(counts.max()) if len(counts) else 0) if width is None else width
+    out: npt.NDArray[Any] = np.full((len(counts), width, *flat.shape[1:]), fill, dtype=flat.dtype)
     out[_slots(counts)] = flat
     return out
 
@@ -111,8 +121,21 @@ def _features(column: pa.ChunkedArray, width: int, counts: npt.NDArray[np.int64]
     return out
 
 
-def _lists(column: pa.ChunkedArray, counts: npt.NDArray[np.int64], dtype: type, fill: object) -> npt.NDArray[Any]:
-    return _padded(pc.list_flatten(column).to_numpy(zero_copy_only=False).astype(dtype), counts, fill)
+def _lists(column: pa.ChunkedArray, counts: npt.NDArray[np.int64], dtype: type, fill: object, width: int | None = None
+           ) -> npt.NDArray[Any]:
+    return _padded(pc.list_flatten(column).to_numpy(zero_copy_only=False).astype(dtype), counts, fill, width)
+
+
+def _optional_lists(table: pa.Table, name: str, counts: npt.NDArray[np.int64], dtype: type
+                    ) -> tuple[npt.NDArray[Any], npt.NDArray[np.bool_]]:
+    """A per-candidate column that older rows lack (null), padded as ``_lists`` (zero in a null row), and which rows
+    have it; a row whose list is not one entry a candidate is named."""
+    column = table.column(name)
+    present = np.asarray(column.is_valid().to_numpy(zero_copy_only=False), dtype=np.bool_)
+    lengths = pc.list_value_length(column).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    if (lengths[present] != counts[present]).any():
+        raise ValueError(f"{name}: a row whose list is not one entry per candidate")
+    return _lists(column, np.where(present, counts, 0), dtype, 0, int(counts.max()) if len(counts) else 0), present
 
 
 def layer_rows(table: pa.Table, layer: str, width: int) -> LayerRows:
@@ -122,10 +145,14 @@ def layer_rows(table: pa.Table, layer: str, width: int) -> LayerRows:
     index = np.asarray(table.column(f"{layer}_index").to_numpy(), dtype=np.int64)
     if ((index < 0) | (index >= counts)).any():
         raise ValueError(f"{layer}_index: a choice outside its candidates")
-    return LayerRows(features, valid, _lists(table.column(f"{layer}_permitted"), counts, np.bool_, False) & valid, index,
-                     np.asarray(table.column(f"{layer}_propensity").to_numpy(), dtype=np.float64),
+    permitted = _lists(table.column(f"{layer}_permitted"), counts, np.bool_, False) & valid
+    guardrail, with_guardrail = _optional_lists(table, f"{layer}_guardrail", counts, np.bool_)
+    rank, with_rank = _optional_lists(table, f"{layer}_rule_rank", counts, np.int64)
+    logged = with_guardrail & with_rank
+    return LayerRows(features, valid, permitted, index, np.asarray(table.column(f"{layer}_propensity").to_numpy(), dtype=np.float64),
                      _lists(table.column(f"{layer}_served_probs"), counts, np.float64, 0.0),
-                     np.asarray(table.column(f"{layer}_fallback").to_numpy(), dtype=np.int64))
+                     np.asarray(table.column(f"{layer}_fallback").to_numpy(), dtype=np.int64),
+                     np.where(logged[:, None], guardrail & valid, permitted), np.where(logged[:, None], rank, 0), logged)
 
 
 def rewards(products: pa.Table, outcomes: pa.Table, paid: npt.NDArray[np.float64], complaint_cost: float

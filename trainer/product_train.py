@@ -153,8 +153,7 @@ def train_products(products: pa.Table, outcomes: pa.Table, bundle: Bundle, model
     candidate = ModelSet.load(read_bundle(with_heads(bundle, new, model.encoder.spec, manifest, guard)),
                               LoadOptions(device="cpu", warmup_batch=1))
     assert candidate.product is not None and model.product is not None
-    verdict = judge((candidate.product.heads, candidate.product.decoder), (model.product.heads, model.product.decoder), held,
-                    config.tolerance, config.seed, current_version=bundle.model_version)
+    verdict = judge(candidate.product, model.product, held, config.tolerance, config.seed, current_version=bundle.model_version)
     metrics["gate"] = verdict.to_dict()
     data = with_heads(bundle, new, model.encoder.spec, manifest, guard)  # the same bytes, with the verdict in the manifest
     ModelSet.load(read_bundle(data), LoadOptions(device="cpu", warmup_batch=1))  # as the server will: golden self-test

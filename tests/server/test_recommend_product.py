@@ -220,6 +220,12 @@ def test_rule_answers_are_logged_with_certainty(tmp_path: Path) -> None:
     assert row["sku_served_probs"] == [0.0, 1.0, 0.0] and row["sku_index"] == 1 and row["sku_rule"] == "sku_best_deal"
     assert row["category_served_probs"] == [0.0, 1.0] and row["price_band_served_probs"] == [0.0, 1.0, 0.0]
     assert row["category_source"] == pb.DECISION_SOURCE_FALLBACK_NO_MODEL
+    # what a replay under another bundle's guard needs: the guardrails alone, and the rule's order (most in stock; best
+    # deal: b2 at 0.9 of the competitor's price, then b3 with none known, then b1 at 1.2; the band nearest the list price)
+    assert row["category_guardrail"] == [True, True] and row["category_rule_rank"] == [1, 0]
+    assert row["sku_guardrail"] == [True, True, True] and row["sku_rule_rank"] == [2, 0, 1]
+    assert row["price_band_guardrail"] == row["price_band_permitted"] == [True, True, True]
+    assert row["price_band_rule_rank"] == [1, 0, 2]
 
 
 def test_product_records_compact_like_the_other_kinds(tmp_path: Path) -> None:
@@ -239,3 +245,17 @@ def test_product_records_compact_like_the_other_kinds(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     assert [p.name for p in (tmp_path / "products").iterdir() if p.is_dir()] and before.num_rows == 4
     assert DirectorySource(tmp_path).table("products").sort_by("decision_id").equals(before)
+    # A part compacted before the guardrail and rule-order columns existed reads with them null, the rest as written.
+    import pyarrow as pa
+
+    later = [f"{layer}_{name}" for layer in ("category", "sku", "price_band") for name in ("guardrail", "rule_rank")]
+    for part in (tmp_path / "products").glob("*/*.arrow"):
+        old = pa.ipc.open_file(pa.memory_map(str(part))).read_all().drop_columns(later)
+        with pa.OSFile(str(part), "wb") as sink, pa.ipc.new_file(sink, old.schema) as writer:
+            writer.write_table(old)
+    read = DirectorySource(tmp_path).table("products").sort_by("decision_id")
+    assert all(read.column(c).null_count == 4 for c in later)
+    assert read.drop_columns(later).equals(before.drop_columns(later))
+    source = DirectorySource(tmp_path)
+    batch = next(source.segment_batches(source.segments("products")[0], "products", ["session_id", "sku_rule_rank"]))
+    assert batch.schema.names == ["session_id", "sku_rule_rank"] and batch.column(1).null_count == batch.num_rows > 0

@@ -30,7 +30,7 @@ from trainer.product_update import DELTAS, Head, _kl, _log_q, update_heads
 from weights import mlp
 from weights.bundle import PARTS, Bundle, read_bundle
 from weights.embedded import default_bundle
-from weights.model_set import LoadOptions, ModelSet
+from weights.model_set import LoadOptions, ModelSet, ProductLayers
 from weights.product_guard import manifest_section as guard_section
 from weights.product_heads import PART, init_params, with_heads
 
@@ -249,9 +249,9 @@ def test_the_exported_bundle_keeps_the_flat_decision_and_serves_the_new_heads(pr
 def test_the_gate_replays_the_logged_propensities_and_pairs_the_two_bundles(rows, start: Bundle) -> None:  # type: ignore[no-untyped-def]
     model = ModelSet.load(start, OPTIONS)
     assert model.product is not None
-    pair = (model.product.heads, model.product.decoder)
+    pair = model.product
     logged = np.prod([rows.layers[layer].propensity for layer in LAYERS], axis=0)
-    np.testing.assert_allclose(served_probability(*pair, rows), logged, rtol=0.02, atol=1e-3)  # float16 features
+    np.testing.assert_allclose(served_probability(pair, rows), logged, rtol=0.02, atol=1e-3)  # float16 features
     same = judge(pair, pair, rows)
     assert same.difference.value == 0 and same.difference.ci_low == 0 and same.publish
     assert same.sessions == len(set(rows.sessions.tolist())) and same.offers == len(rows)
@@ -260,7 +260,7 @@ def test_the_gate_replays_the_logged_propensities_and_pairs_the_two_bundles(rows
     worse = {**params, "band": {**params["band"], "w3": params["band"]["w3"] * 0}}
     bad = ModelSet.load(read_bundle(with_heads(start, worse, FeatureSpec.parse(start.manifest["feature_spec"]), {})), OPTIONS)
     assert bad.product is not None
-    verdict = judge((bad.product.heads, bad.product.decoder), pair, rows)
+    verdict = judge(bad.product, pair, rows)
     d = verdict.difference
     assert d.value == pytest.approx(verdict.new.value - verdict.current.value) and d.ci_low <= d.value <= d.ci_high
     assert verdict.current.value == same.current.value != verdict.new.value
@@ -271,8 +271,8 @@ def test_the_gate_replays_the_logged_propensities_and_pairs_the_two_bundles(rows
     assert not few.publish and "too few held-out sessions" in few.reason
     assert judge(pair, pair, rows, current_version="heads-3").publish  # its replay gives back what it logged
     other = PluralityDecoder(samples=3, min_votes=2)  # not what served the logs
-    with pytest.raises(ValueError, match="do not replay their own logged propensities"):
-        judge(pair, (model.product.heads, other), rows, current_version="heads-3")
+    with pytest.raises(ValueError, match="does not replay its own logged propensities"):
+        judge(pair, ProductLayers(model.product.heads, other), rows, current_version="heads-3")
 
 
 def test_retried_reports_count_once_and_foreign_features_are_named(product_logs: Path, start: Bundle, rows) -> None:  # type: ignore[no-untyped-def]

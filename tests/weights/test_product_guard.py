@@ -27,16 +27,17 @@ RATIO = HIDDEN + SPEC.item_dim + 2
 """The SKU guard's input column of log(price / competitor price) (``policy.product_features.sku_features``)."""
 
 
-def overpriced_guard(limit: float = math.log(1.1), vetoes_every_band: bool = False) -> dict[str, mlp.Params]:
-    """A hand-made guard: the SKU guard's complaint logit is -5 below ``limit`` of log(price / competitor) and jumps
-    to +995 just above it; the category guard never vetoes; the band guard never, or always."""
-    params = pg.init_params(np.random.default_rng(0), WIDTHS)
+def overpriced_guard(limit: float = math.log(1.1), vetoes_every_band: bool = False, spec: FeatureSpec = SPEC) -> dict[str, mlp.Params]:
+    """A hand-made guard for bundles of feature spec ``spec``: the SKU guard's complaint logit is -5 below ``limit`` of
+    log(price / competitor) and jumps to +995 just above it; the category guard never vetoes; the band guard never, or
+    always."""
+    params = pg.init_params(np.random.default_rng(0), feature_widths(spec))
     for p in params.values():
         for key in p:
             p[key][...] = 0.0
         p["b3"][:] = -10.0
     sku = params["sku"]
-    sku["w1"][RATIO, 0], sku["b1"][0] = 1.0, -limit - 0.005
+    sku["w1"][HIDDEN + spec.item_dim + 2, 0], sku["b1"][0] = 1.0, -limit - 0.005  # the log(price / competitor) column
     sku["w2"][0, 0], sku["w3"][0, 0], sku["b3"][:] = 1.0, 1e5, -5.0
     if vetoes_every_band:
         params["band"]["b3"][:] = 10.0
