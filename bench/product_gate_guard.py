@@ -42,10 +42,11 @@ from experience.segments import DirectorySource
 from simulator.config import SimConfig
 from simulator.drive import by_model, run_logged
 from simulator.world import World
-from trainer.product_data import ProductRows, product_rows
-from trainer.product_gate import judge
+from trainer.bootstrap import bootstrap_counts, interval
+from trainer.product_data import LAYERS, ProductRows, product_rows
+from trainer.product_gate import MAX_WEIGHT, N_BOOT, judge, served_probability
 from weights.bundle import Bundle, read_bundle
-from weights.model_set import ModelSet
+from weights.model_set import ModelSet, ProductLayers
 from weights.product_guard import without_guard
 
 SALT = b"product-gate-guard-bench" * 2
@@ -69,6 +70,26 @@ def as_before(rows: ProductRows) -> ProductRows:
     """``rows`` as the gate read them before the guardrail and rule-order columns: every row on the logged mask."""
     return replace(rows, layers={name: replace(d, guardrails_logged=np.zeros_like(d.guardrails_logged))
                                  for name, d in rows.layers.items()})
+
+
+def variance(new: ProductLayers, current: ProductLayers, rows: ProductRows, seed: int) -> dict[str, Any]:
+    """Where the paired difference's variance comes from: the share of offers taken, the share of Σ ((w_new − w_cur)·r)²
+    that taken offers carry, and the difference's interval with the mean reward subtracted as a baseline (unbiased:
+    each weight's mean under the behaviour is 1), beside the gate's own."""
+    behaviour = np.prod([rows.layers[layer].propensity for layer in LAYERS], axis=0)
+    dw = (np.minimum(served_probability(new, rows) / behaviour, MAX_WEIGHT)
+          - np.minimum(served_probability(current, rows) / behaviour, MAX_WEIGHT))
+    sessions, which = np.unique(rows.sessions.astype(str), return_inverse=True)
+
+    def paired(per_offer: np.ndarray) -> dict[str, float]:
+        terms = np.bincount(which, weights=per_offer, minlength=len(sessions))
+        samples = np.concatenate([counts @ terms[:, None] / len(sessions) for counts in bootstrap_counts(len(sessions), N_BOOT, seed)])
+        return interval(samples.ravel(), float(terms.mean()), 0.95).to_dict()
+
+    r, taken = rows.rewards, rows.rewards > 0
+    second = (dw * r) ** 2
+    return {"taken_share": float(taken.mean()), "taken_share_of_second_moment": float(second[taken].sum() / second.sum()),
+            "difference": paired(dw * r), "difference_with_mean_reward_baseline": paired(dw * (r - r.mean()))}
 
 
 def _holds(estimate: dict[str, Any], truth: float) -> bool:
@@ -101,7 +122,8 @@ def cycle(world: World, behaviour: Bundle, k: int, args: argparse.Namespace) -> 
     truths["guard's effect"] = mean_ci(value["candidate"] - value["candidate without its guard"])
     row: dict[str, Any] = {"cycle": k, "behaviour": model.version, "held_out_sessions": [held_out.start, held_out.stop],
                            "held_out_offers": len(held), "truth": truths, "train_gate_published": result.publish,
-                           "guard": result.metrics.get("guard"), "gates": {}}
+                           "guard": result.metrics.get("guard"), "gates": {},
+                           "variance": variance(new.product, model.product, held, args.seed)}
     for name, verdict in gates.items():
         g = verdict.to_dict()
         row["gates"][name] = {**{key: g[key] for key in ("new", "current", "difference", "publish", "pareto_k",

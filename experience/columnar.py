@@ -59,7 +59,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
-from experience.schema import SCHEMA_VERSION, SCHEMAS
+from experience.schema import ADDED_IN_V2, SCHEMA_VERSION, SCHEMAS
 from experience.segments import SUFFIX, DirectorySource, fsync_path
 
 log = logging.getLogger(__name__)
@@ -104,8 +104,9 @@ def stem_of(path: str) -> str:
 
 def read_part(path: str, filesystem: pafs.FileSystem, kind: str, columns: Sequence[str] | None = None) -> Iterator[pa.RecordBatch]:
     """The record batches of one ``kind`` part, only ``columns`` when given (the others are never decoded). A file that
-    is not a part of this kind in the current schema raises ``ValueError`` naming it; a nullable column added to the
-    schema after the part was written is simply not in its batches (the reader's ``_conform`` gives it nulls)."""
+    is not a part of this kind in the current schema raises ``ValueError`` naming it; a column added within the schema
+    version after the part was written (``experience.schema.ADDED_IN_V2``) is simply not in its batches (the reader's
+    ``_conform`` gives it nulls)."""
     try:
         with filesystem.open_input_file(path) as f:
             reader = pa.ipc.open_file(f)
@@ -113,8 +114,8 @@ def read_part(path: str, filesystem: pafs.FileSystem, kind: str, columns: Sequen
             if metadata.get(b"kind") != kind.encode() or metadata.get(b"schema_version") != str(SCHEMA_VERSION).encode():
                 raise ValueError(f"{path}: not a {kind} log part of schema version {SCHEMA_VERSION} "
                                  f"(kind {metadata.get(b'kind')!r}, version {metadata.get(b'schema_version')!r})")
-            names, schema = reader.schema.names, SCHEMAS[kind]
-            missing = [c for c in (columns or schema.names) if c not in names and not schema.field(c).nullable]
+            names, later = reader.schema.names, ADDED_IN_V2.get(kind, frozenset())
+            missing = [c for c in (columns or SCHEMAS[kind].names) if c not in names and c not in later]
             if missing:
                 raise ValueError(f"{path}: the log part has no column {missing[0]!r}")
             if columns is not None:

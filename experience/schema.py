@@ -62,7 +62,8 @@ the behaviour policy), ``<layer>_permitted`` (what its guardrails and the bundle
 ``<layer>_fallback`` (its rule's choice): with the features, what a replay of the serving bundle's heads needs;
 ``<layer>_guardrail`` (what the guardrails alone let through) and ``<layer>_rule_rank`` (each candidate's place in the
 rule's order, ``policy.product_rules``): with them a replay applies *another* bundle's guard, whose vetoes and rule
-choice differ, and so computes any bundle's served distribution exactly. These two came later within version 2 and
+choice differ, and so computes any bundle's served distribution (up to the features' float16 rounding, which can flip
+a guard's veto of a candidate within it of the threshold). These two came later within version 2 (``ADDED_IN_V2``) and
 are null in the rows written before them (a reader then falls back on ``permitted`` and ``fallback``);
 ``joint_propensity``, ``model_version``, ``sample_rate``.
 
@@ -179,6 +180,10 @@ PRODUCTS = pa.schema(
      pa.field("sample_rate", pa.float64(), nullable=False)],
     metadata={"kind": "products", "schema_version": str(SCHEMA_VERSION)},
 )
+
+ADDED_IN_V2 = {PRODUCTS_KIND: frozenset(f"{layer}_{name}" for layer in PRODUCT_LAYERS for name in ("guardrail", "rule_rank"))}
+"""Columns added to a kind after its first segments of version 2 were written: a segment or part without them reads
+them as null (``experience.segments._conform``); any other missing column is an error."""
 
 SCHEMAS = {DECISIONS_KIND: DECISIONS, OUTCOMES_KIND: OUTCOMES, ENGAGEMENTS_KIND: ENGAGEMENTS, PRODUCTS_KIND: PRODUCTS}
 assert tuple(SCHEMAS) == KINDS

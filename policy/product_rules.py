@@ -75,12 +75,15 @@ def band_rank(bands: tuple[PriceBand, ...]) -> Rank:
 
 
 def first_permitted(rank: Rank, permitted: Mask) -> int:
-    """The rule's choice: the permitted candidate first in its order (``permitted`` must permit one)."""
+    """The rule's choice: the permitted candidate first in its order; ``ValueError`` when none is permitted (a rule
+    must never answer with a banned candidate)."""
+    if not permitted.any():
+        raise ValueError("the rule has no permitted candidate to choose")
     return int(first_permitted_rows(rank[None], permitted[None])[0])
 
 
 def first_permitted_rows(rank: Rank, permitted: Mask) -> Rank:
-    """``first_permitted`` of each row of ``rank`` and ``permitted`` (B, n)."""
+    """``first_permitted`` of each row of ``rank`` and ``permitted`` (B, n); a row that permits none gets 0."""
     return np.argmin(np.where(permitted, rank, np.iinfo(np.int64).max), axis=1)
 
 

@@ -149,6 +149,11 @@ def layer_rows(table: pa.Table, layer: str, width: int) -> LayerRows:
     guardrail, with_guardrail = _optional_lists(table, f"{layer}_guardrail", counts, np.bool_)
     rank, with_rank = _optional_lists(table, f"{layer}_rule_rank", counts, np.int64)
     logged = with_guardrail & with_rank
+    ordered = np.sort(np.where(valid, rank, np.iinfo(np.int64).max), axis=1)  # each row's places: 0..n−1, then padding
+    if (logged[:, None] & valid & (ordered != np.arange(valid.shape[1]))).any():
+        raise ValueError(f"{layer}_rule_rank: a row whose places are not 0 to its candidates' count − 1, once each")
+    if (logged[:, None] & permitted & ~guardrail).any():
+        raise ValueError(f"{layer}_permitted: a candidate permitted that the row's {layer}_guardrail bans")
     return LayerRows(features, valid, permitted, index, np.asarray(table.column(f"{layer}_propensity").to_numpy(), dtype=np.float64),
                      _lists(table.column(f"{layer}_served_probs"), counts, np.float64, 0.0),
                      np.asarray(table.column(f"{layer}_fallback").to_numpy(), dtype=np.int64),

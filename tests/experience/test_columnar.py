@@ -223,3 +223,15 @@ def test_a_part_that_is_not_a_log_part_of_its_kind_is_refused_by_name(logs: Path
     (hour / "z-an-outcomes-part.arrow").write_bytes(b"not arrow at all")
     with pytest.raises(ValueError, match=r"z-an-outcomes-part\.arrow: not a readable log part"):
         _rows(root, "decisions")
+
+
+def test_a_part_missing_a_column_is_refused_by_name_unless_the_column_came_later(logs: Path, tmp_path: Path) -> None:
+    """Only the columns added within the schema version (``experience.schema.ADDED_IN_V2``) may be missing from a part."""
+    root = _copy(logs, tmp_path)
+    compact(DirectorySource(root), "decisions", before_s=float("inf"))
+    part = next((root / "decisions").glob(f"{HOUR_PREFIX}*/*{PART_SUFFIX}"))
+    table = pa.ipc.open_file(pa.memory_map(str(part))).read_all().drop_columns(["propensity"])
+    with pa.OSFile(str(part), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    with pytest.raises(ValueError, match=r"the log part has no column 'propensity'"):
+        _rows(root, "decisions")

@@ -5,6 +5,7 @@ written out, on random shelves with ties), so a replay under another guard's vet
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from core.domain import DecisionRequest, PageType
 from core.product import CategoryCandidate, PriceBand, ProductRequest, SkuCandidate
@@ -45,5 +46,7 @@ def test_the_first_permitted_in_each_rules_order_is_the_rules_choice() -> None:
                 assert rules.first_permitted(rank, permitted) == min(k for k, ok in zip(keys, permitted, strict=True) if ok)[-1]
                 checked += 1
     assert checked > 1000
+    with pytest.raises(ValueError, match="no permitted candidate"):  # never a banned candidate, whatever the order
+        rules.first_permitted(np.array([0, 1]), np.array([False, False]))
     rows = np.array([[2, 0, 1], [0, 1, 2]])
     assert rules.first_permitted_rows(rows, np.array([[True, False, True], [False, True, True]])).tolist() == [2, 1]

@@ -213,9 +213,11 @@ def test_rule_answers_are_logged_with_certainty(tmp_path: Path) -> None:
     """Without product heads the rows are logged too, each layer's distribution one-hot at the rule's choice."""
     from experience.segments import DirectorySource
 
+    shoes = [pb.ProductCategory(category_id="shoes", skus=[sku("s1", 80.0, stock=0), sku("s2", 60.0), sku("s3", 70.0)])]
     with running_server(log_dir=tmp_path) as logged, grpc.insecure_channel(logged.target) as ch:
         answer = stub(ch).RecommendProduct(product(), timeout=5)
-    (row,) = DirectorySource(tmp_path).table("products").to_pylist()
+        first_visit = stub(ch).RecommendProduct(product(categories=shoes, visit_count=1), timeout=5)
+    row, other = sorted(DirectorySource(tmp_path).table("products").to_pylist(), key=lambda r: r["decision_id"] != answer.decision_id)
     assert row["decision_id"] == answer.decision_id and row["joint_propensity"] == 1.0
     assert row["sku_served_probs"] == [0.0, 1.0, 0.0] and row["sku_index"] == 1 and row["sku_rule"] == "sku_best_deal"
     assert row["category_served_probs"] == [0.0, 1.0] and row["price_band_served_probs"] == [0.0, 1.0, 0.0]
@@ -226,6 +228,11 @@ def test_rule_answers_are_logged_with_certainty(tmp_path: Path) -> None:
     assert row["sku_guardrail"] == [True, True, True] and row["sku_rule_rank"] == [2, 0, 1]
     assert row["price_band_guardrail"] == row["price_band_permitted"] == [True, True, True]
     assert row["price_band_rule_rank"] == [1, 0, 2]
+    # an out-of-stock SKU and, on a first visit, the top band: banned by the guardrails, still ranked by the rules
+    assert other["decision_id"] == first_visit.decision_id and other["sku_guardrail"] == [False, True, True]
+    assert other["sku_rule_rank"] == [2, 0, 1] and other["sku_index"] == 1  # the cheapest, s1 ranks last (dearest)
+    assert other["price_band_guardrail"] == other["price_band_permitted"] == [True, True, False]
+    assert other["price_band_rule_rank"] == [1, 0, 2] and other["price_band_index"] == 1
 
 
 def test_product_records_compact_like_the_other_kinds(tmp_path: Path) -> None:

@@ -75,12 +75,19 @@ def test_a_new_guards_vetoes_are_replayed_on_logs_served_without_one(rows, start
     np.testing.assert_array_equal(joint, guarded["category"] * guarded["sku"] * guarded["price_band"])
 
 
-def test_a_guard_that_vetoes_every_band_leaves_the_rule_with_certainty(rows, start: Bundle) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
-    band = rows.layers["price_band"]
-    replayed = layer_probabilities(_guarded(start, vetoes_every_band=True), rows)["price_band"]
-    # the unguarded logs' rule choice is the rule's among the guardrails: the band the new bundle serves, always
-    np.testing.assert_array_equal(replayed, (band.index == band.fallback).astype(np.float64))
-    assert 0 < replayed.sum() < len(rows)
+def test_a_guard_that_vetoes_every_candidate_leaves_the_rule_among_the_guardrails_with_certainty(rows, start: Bundle) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+    spec = FeatureSpec.parse(start.manifest["feature_spec"])
+    params = overpriced_guard(LIMIT, True, spec)  # every band vetoed
+    params["sku"]["w3"][:], params["sku"]["b3"][:] = 0.0, 10.0  # and every SKU
+    replayed = layer_probabilities(_product(read_bundle(with_guard(start, params))), rows)
+    for layer in ("sku", "price_band"):
+        data = rows.layers[layer]
+        # the unguarded logs' rule choice is the rule's among the guardrails: what the new bundle serves, always
+        np.testing.assert_array_equal(replayed[layer], (data.index == data.fallback).astype(np.float64))
+        assert 0 < replayed[layer].sum() < len(rows)
+    # and among the guardrails, not among every candidate: shelves whose out-of-stock SKU the rule ranks first
+    sku = rows.layers["sku"]
+    assert (sku.valid & ~sku.guardrail & (sku.rule_rank == 0)).any()
 
 
 def test_a_guard_that_vetoes_the_rules_choice_leaves_the_rule_its_next(rows, start: Bundle) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
@@ -103,9 +110,10 @@ def test_a_guard_that_vetoes_the_rules_choice_leaves_the_rule_its_next(rows, sta
 
 @pytest.fixture(scope="module")
 def guarded_logs(tmp_path_factory: pytest.TempPathFactory, start: Bundle) -> tuple[ProductRows, str]:  # noqa: F811
-    """Offers the guarded bundle served itself (the first 300 sessions of the unguarded logs' world)."""
+    """Offers the guarded bundle (overpriced SKUs and every band vetoed) served itself (the first 300 sessions of the
+    unguarded logs' world)."""
     root = tmp_path_factory.mktemp("guarded-logs")
-    data = with_guard(start, overpriced_guard(LIMIT, False, FeatureSpec.parse(start.manifest["feature_spec"])))
+    data = with_guard(start, overpriced_guard(LIMIT, True, FeatureSpec.parse(start.manifest["feature_spec"])))
     model = ModelSet.load(read_bundle(data), OPTIONS)
     run_logged(World(SimConfig(), 7), model, range(300), ZoneInfo("UTC"), root, b"salt" * 8, products=by_model(model))
     source = DirectorySource(root)
@@ -118,7 +126,9 @@ def test_logs_served_with_a_guard_replay_through_it_and_the_heads_alone_replay_w
     held_back = sku.guardrail & ~sku.permitted  # what the guardrails permitted and the guard vetoed, as logged
     assert held_back.any() and (held_back <= _overpriced(served, start)).all()
     logged = np.prod([served.layers[layer].propensity for layer in LAYERS], axis=0)
-    guarded, heads = _guarded(start), _product(start)
+    guarded, heads = _guarded(start, vetoes_every_band=True), _product(start)
+    band = served.layers["price_band"]
+    assert (band.propensity == 1.0).all() and (~band.permitted & band.guardrail).any()  # every band the rule's, certain
     replayed = served_probability(guarded, served)  # through its guard
     off = ~np.isclose(replayed, logged, rtol=0.02, atol=1e-3)
     # the logs keep features in float16: a SKU within its rounding of the guard's sharp limit may flip, nothing else
@@ -156,4 +166,13 @@ def test_rows_logged_before_the_guardrail_columns_replay_on_the_logged_mask(prod
     bad = bad.set_column(i, bad.schema.field(i), pa.array([[0]] * bad.num_rows, type=bad.schema.field(i).type))
     with pytest.raises(ValueError, match="sku_rule_rank: a row whose list is not one entry per candidate"):
         product_rows(bad, source.table("outcomes"), ModelSet.load(start, OPTIONS))
+    good = source.table("products")
+    for name, values, message in (
+            ("sku_rule_rank", lambda n: [0] * n, "sku_rule_rank: a row whose places are not 0 to"),
+            ("sku_guardrail", lambda n: [False] * n, "sku_permitted: a candidate permitted that the row's sku_guardrail bans")):
+        i = good.schema.get_field_index(name)
+        counts = [len(ids) for ids in good.column("sku_ids").to_pylist()]
+        wrong = good.set_column(i, good.schema.field(i), pa.array([values(n) for n in counts], type=good.schema.field(i).type))
+        with pytest.raises(ValueError, match=message):
+            product_rows(wrong, source.table("outcomes"), ModelSet.load(start, OPTIONS))
 
