@@ -143,11 +143,18 @@ class ProductSettings:
     overpriced_complaint: float = 0.25
     """P(a complaint about price gouging when an overpriced item is offered, whatever the band): a cause independent of
     the others (P = 1 − (1 − the other rule's P) · (1 − this)); none where no competitor price is known."""
+    sold_out_share: float = 0.5
+    """A pushed category with at most this share of its offered items in stock looks like bait (``sold_out_complaint``)."""
+    sold_out_complaint: float = 0.0
+    """P(a complaint about bait when the offer's category is mostly sold out, whatever its item and band): a third
+    independent cause, a fact of the category, for a category-layer guard to learn. 0, off, in the default world, so
+    every world of the results before it is unchanged; ``bench.product_guard --sold-out-complaint`` turns it on."""
 
     def __post_init__(self) -> None:
         problems = [f"products.{k}: must be a probability" for k in ("favourite_offered", "stockout", "competitor_known",
                                                                        "first_visit", "complaint", "first_visit_top_complaint",
-                                                                       "overpriced_complaint")
+                                                                       "overpriced_complaint", "sold_out_share",
+                                                                       "sold_out_complaint")
                     if not 0 <= getattr(self, k) <= 1]
         if not (math.isfinite(self.overpriced_ratio) and self.overpriced_ratio > 0):
             problems.append("products.overpriced_ratio: must be finite and > 0")

@@ -11,13 +11,15 @@ whether an offered product is taken (into the cart, at the list price × the ban
                         − price[intent] · log(paid / the category's median price)
                         − competitor · max(0, log(paid / competitor price)) )     (where a competitor price is known)
 
-and whether it draws a complaint, from two independent causes:
+and whether it draws a complaint, from independent causes:
 
-    P(complaint) = 1 − (1 − p_band) · (1 − p_overpriced)
+    P(complaint) = 1 − (1 − p_band) · (1 − p_overpriced) · (1 − p_sold_out)
 
 where p_band is ``first_visit_top_complaint`` for the top band (the largest multiplier) on a first visit (a session's
-``visit_count`` 1, with P ``first_visit``), else ``complaint``; and p_overpriced is ``overpriced_complaint`` when the
-item is overpriced (a competitor price is known and the list price is more than ``overpriced_ratio`` × it), else 0. A
+``visit_count`` 1, with P ``first_visit``), else ``complaint``; p_overpriced is ``overpriced_complaint`` when the
+item is overpriced (a competitor price is known and the list price is more than ``overpriced_ratio`` × it), else 0;
+and p_sold_out is ``sold_out_complaint`` (0, off, in the default world) when at most ``sold_out_share`` of the
+category's offered items are in stock (the category features' in-stock share), else 0. A
 shopper who sees a product priced well above what a competitor asks complains about price gouging whatever band is
 shown: a fact of the SKU, not of the band. The request carries the competitor price and the SKU features include
 log(price / competitor price) (``policy.product_features``), so a guard at the SKU layer can learn to refuse such an
@@ -106,14 +108,24 @@ def overpriced(settings: ProductSettings, price: float, competitor: float | None
 
 
 def complaint_probability(settings: ProductSettings, multiplier: float, multipliers: tuple[float, ...], visit_count: int,
-                          price: float, competitor: float | None) -> float:
+                          price: float, competitor: float | None, in_stock_share: float = 1.0) -> float:
     """P(offering an item at list price ``price`` (competitor price ``competitor``, None where unknown) at band
-    ``multiplier`` of ``multipliers`` draws a complaint): the module doc's two independent causes."""
+    ``multiplier`` of ``multipliers``, from a category with ``in_stock_share`` of its offered items in stock, draws a
+    complaint): the module doc's independent causes."""
     top = len(set(multipliers)) > 1 and multiplier >= max(multipliers)
     band = settings.first_visit_top_complaint if top and visit_count == 1 else settings.complaint
-    if not overpriced(settings, price, competitor):
-        return band
-    return 1.0 - (1.0 - band) * (1.0 - settings.overpriced_complaint)
+    spared = 1.0  # P(no complaint from the other causes)
+    if overpriced(settings, price, competitor):
+        spared *= 1.0 - settings.overpriced_complaint
+    if in_stock_share <= settings.sold_out_share:
+        spared *= 1.0 - settings.sold_out_complaint
+    return band if spared == 1.0 else 1.0 - (1.0 - band) * spared
+
+
+def in_stock_share(here: Shelf, category: int) -> float:
+    """The share of the shelf's ``category``-th category's offered items in stock."""
+    stock = here.stock[category]
+    return sum(1 for s in stock if s > 0) / len(stock)
 
 
 def complaint_table(config: SimConfig) -> str:

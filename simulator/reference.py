@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from core.domain import Action
 from simulator.config import Intent
-from simulator.products import Shelf, complaint_probability, take_probability
+from simulator.products import Shelf, complaint_probability, in_stock_share, take_probability
 from simulator.world import PageView, ShopperSession
 
 
@@ -47,7 +47,8 @@ def product_oracle(session: ShopperSession, here: Shelf) -> tuple[int, int, int]
                                         here.competitor[c][s])
                 value = take * float(catalogue.price[item]) * multiplier * order
                 value -= COMPLAINT_COST * complaint_probability(settings, multiplier, here.multipliers, here.visit_count,
-                                                                float(catalogue.price[item]), here.competitor[c][s])
+                                                                float(catalogue.price[item]), here.competitor[c][s],
+                                                                in_stock_share(here, c))
                 if value > best:
                     best, choice = value, (c, s, b)
     return choice

@@ -93,7 +93,7 @@ import numpy.typing as npt
 from core.domain import Action, DecisionRequest, Outcome, PageType
 from simulator.config import Intent, IntentProfile, SimConfig
 from simulator.items import Catalogue
-from simulator.products import PRODUCT_STREAM, Shelf, complaint_probability, shelf, take_probability
+from simulator.products import PRODUCT_STREAM, Shelf, complaint_probability, in_stock_share, shelf, take_probability
 
 _CATALOGUE_STREAM = 0
 _SESSION_STREAM = 1
@@ -296,7 +296,8 @@ class ShopperSession:
             events.append(OutcomeEvent(Outcome.ADD_TO_CART, 0.0, 0.0, t))
         self._offer_complaint = here.u_complain < complaint_probability(settings, multiplier, here.multipliers, here.visit_count,
                                                                         float(world.catalogue.price[item]),
-                                                                        here.competitor[category][sku])
+                                                                        here.competitor[category][sku],
+                                                                        in_stock_share(here, category))
         if self._offer_complaint:
             events.append(OutcomeEvent(Outcome.COMPLAINT, 0.0, 0.0, t))
         return events

@@ -15,7 +15,15 @@ from core.domain import Action, DecisionRequest, Outcome
 from core.product import ProductRequest
 from policy import product_rules as rules
 from simulator.config import Intent, ProductSettings, SimConfig
-from simulator.products import candidates, complaint_probability, complaint_table, overpriced, product_effect_table, take_probability
+from simulator.products import (
+    candidates,
+    complaint_probability,
+    complaint_table,
+    in_stock_share,
+    overpriced,
+    product_effect_table,
+    take_probability,
+)
 from simulator.reference import COMPLAINT_COST, product_oracle
 from simulator.world import ShopperSession, World
 
@@ -156,7 +164,42 @@ def test_the_overpriced_rule_changes_only_complaints_of_overpriced_offers() -> N
         assert (changed > 0) if want else (changed == 0)
 
 
+def test_a_mostly_sold_out_category_is_a_third_cause_off_in_the_default_world() -> None:
+    """P = 1 − (1 − p_band) · (1 − p_overpriced) · (1 − sold_out_complaint) when at most sold_out_share of the category's
+    offered items are in stock; the default world has it off, exactly."""
+    settings = SMALL.products
+    assert (settings.sold_out_share, settings.sold_out_complaint) == (0.5, 0.0)
+    bands, low, top = settings.bands, min(settings.bands), max(settings.bands)
+    assert complaint_probability(settings, low, bands, 2, 100.0, None, in_stock_share=0.0) == settings.complaint  # off
+    on = replace(settings, sold_out_complaint=0.3)
+
+    def p(share: float, competitor: float | None = None, multiplier: float = low, visit_count: int = 2) -> float:
+        return complaint_probability(on, multiplier, bands, visit_count, 100.0, competitor, share)
+
+    assert p(1.0) == p(0.51) == 0.01 and p(0.5) == p(1 / 6) == pytest.approx(1 - 0.99 * 0.7, abs=1e-15)
+    assert p(0.5, 90.0) == pytest.approx(1 - 0.99 * 0.75 * 0.7, abs=1e-15)  # overpriced too: independent causes
+    assert p(0.5, multiplier=top, visit_count=1) == pytest.approx(1 - 0.85 * 0.7, abs=1e-15)
+    # Through the real world, with the cause certain: a mostly sold-out category's offer always draws a complaint.
+    world = World(SimConfig(n_items=600, item_dim=16, products=replace(on, sold_out_complaint=1.0)), 11)
+    seen = {True: 0, False: 0}
+    for i in range(600):
+        session = world.session(i)
+        here = session.shelf()
+        for c in range(len(here.categories)):
+            share = in_stock_share(here, c)
+            s = next((k for k, stock in enumerate(here.stock[c]) if stock > 0), None)
+            if s is None or seen[share <= 0.5] >= 30:
+                continue
+            outcomes = [e.outcome for e in session.offer(c, s, bands.index(low))]
+            if share <= 0.5:
+                assert Outcome.COMPLAINT in outcomes
+            seen[share <= 0.5] += 1
+            break
+    assert seen[True] == seen[False] == 30
+
+
 @pytest.mark.parametrize(("field", "value"), [("overpriced_complaint", 1.5), ("overpriced_complaint", -0.1),
+                                              ("sold_out_complaint", 1.1), ("sold_out_share", -0.5),
                                               ("overpriced_complaint", math.nan), ("overpriced_ratio", 0.0),
                                               ("overpriced_ratio", -1.0), ("overpriced_ratio", math.inf),
                                               ("overpriced_ratio", math.nan)])
