@@ -1,6 +1,7 @@
 """Does the learned product guard earn its place? The same heads served with and without it, on the same sessions.
 
-    .venv/bin/python -m bench.product_guard [--cycles 2] [--sessions 3000] [--truth-sessions 4000] [--seed 7] [--json]
+    .venv/bin/python -m bench.product_guard [--cycles 2] [--sessions 3000] [--truth-sessions 4000] [--seed 7]
+        [--sold-out-complaint P] [--json]
 
 In one world (``--seed``) every page offers one product beside its action (the embedded default's action policy). Two
 arms start from the same bundle, the embedded default with untrained product heads (``bench.product_learning``), and
@@ -17,7 +18,10 @@ learning). Per bundle: the business objective per session (net GMV − 10 per co
 the share of offers that are overpriced (the simulator's price-gouging cause, ``simulator.products``); differences are
 paired per session. Context on the same sessions: the per-layer rules and ``simulator.reference.product_oracle``.
 
-Writes ``bench/results/product_guard.json`` with ``--json``.
+``--sold-out-complaint P`` plays a world with a third complaint cause, a fact of the category (``simulator.products``:
+a pushed category with at most half its offered items in stock draws a complaint with P), for the category guard to
+learn; off (0) in the default world. Writes ``bench/results/product_guard.json`` with ``--json``
+(``product_guard-sold-out.json`` with the cause on).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +42,7 @@ from bench.product_learning import OPTIONS, RESULTS, TRUTH_FIRST, UTC, mean_ci, 
 from experience.segments import DirectorySource
 from simulator.config import SimConfig
 from simulator.drive import Trace, by_model, run_in_process, run_logged
-from simulator.products import overpriced
+from simulator.products import in_stock_share, overpriced
 from simulator.world import World
 from weights.bundle import Bundle, read_bundle
 from weights.embedded import default_bundle
@@ -46,10 +51,11 @@ from weights.product_guard import without_guard
 
 
 class Overpriced:
-    """Counts, as a ``ProductChooser`` wrapper, how many offers were of an overpriced SKU (the sessions' shelves know)."""
+    """Counts, as a ``ProductChooser`` wrapper, how many offers were of an overpriced SKU, and how many pushed a mostly
+    sold-out category (the sessions' shelves know)."""
 
     def __init__(self, model: ModelSet, world: World) -> None:
-        self.inner, self.world, self.offers, self.overpriced = by_model(model), world, 0, 0
+        self.inner, self.world, self.offers, self.overpriced, self.sold_out = by_model(model), world, 0, 0, 0
 
     def __call__(self, sessions, requests, hours, ids):  # type: ignore[no-untyped-def]
         decisions = self.inner(sessions, requests, hours, ids)
@@ -60,6 +66,7 @@ class Overpriced:
             self.offers += 1
             self.overpriced += overpriced(settings, float(self.world.catalogue.price[item]),
                                           here.competitor[decision.category.index][decision.sku.index])
+            self.sold_out += in_stock_share(here, decision.category.index) <= settings.sold_out_share
         return decisions
 
 
@@ -78,7 +85,8 @@ def play(world: World, model: ModelSet, sessions: range) -> tuple[np.ndarray, np
     trace = run_in_process(world, model, sessions, UTC, products=chooser)
     value, complaints = per_session(trace), complaints_per_session(trace)
     return value, complaints, {"objective": mean_ci(value), "complaints_per_session": mean_ci(complaints),
-                               "overpriced_share": chooser.overpriced / max(chooser.offers, 1), "offers": chooser.offers,
+                               "overpriced_share": chooser.overpriced / max(chooser.offers, 1),
+                               "sold_out_share": chooser.sold_out / max(chooser.offers, 1), "offers": chooser.offers,
                                "product_sources": trace.product_sources}
 
 
@@ -101,10 +109,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--sessions", type=int, default=3000, help="logged sessions per cycle and arm")
     p.add_argument("--truth-sessions", type=int, default=4000)
     p.add_argument("--seed", type=int, default=7, help="the world")
+    p.add_argument("--sold-out-complaint", type=float, default=0.0,
+                   help="P(a complaint) when the pushed category is mostly sold out: a cause for the category guard (0: off)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     started = time.monotonic()
-    world = World(SimConfig(), args.seed)
+    world = World(SimConfig(products=replace(SimConfig().products, sold_out_complaint=args.sold_out_complaint)), args.seed)
     truth = range(TRUTH_FIRST, TRUTH_FIRST + args.truth_sessions)
     rules = ModelSet.load(default_bundle(), OPTIONS)
     baselines = {}
@@ -124,7 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             played[arm] = (value, complaints)
             row["arms"][arm] = {**figures, "training": training}
             print(f"cycle {k + 1} {arm}: {figures['objective']} complaints {figures['complaints_per_session']} "
-                  f"overpriced {figures['overpriced_share']:.4f}", file=sys.stderr)
+                  f"overpriced {figures['overpriced_share']:.4f} sold out {figures['sold_out_share']:.4f}", file=sys.stderr)
         value, complaints, figures = play(world, ModelSet.load(read_bundle(without_guard(bundles["guarded"])), OPTIONS), truth)
         played["heads only"] = (value, complaints)
         row["arms"]["guarded, heads only"] = figures
@@ -134,11 +144,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                                        "complaints_per_session": mean_ci(played["guarded"][1] - played["unguarded"][1])}
         print(f"cycle {k + 1}: guard vs heads only {row['guard_vs_heads_only']}", file=sys.stderr)
         rows.append(row)
-    result = {"seed": args.seed, "sessions_per_cycle": args.sessions, "truth_sessions": [truth.start, truth.stop],
+    result = {"seed": args.seed, "sold_out_complaint": args.sold_out_complaint, "sessions_per_cycle": args.sessions,
+              "truth_sessions": [truth.start, truth.stop],
               "baselines": baselines, "cycles": rows, "seconds": round(time.monotonic() - started, 1)}
     if args.json:
         RESULTS.mkdir(exist_ok=True)
-        (RESULTS / "product_guard.json").write_text(json.dumps(result, indent=1) + "\n")
+        name = "product_guard-sold-out.json" if args.sold_out_complaint else "product_guard.json"
+        (RESULTS / name).write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result, indent=1))
     return 0
 

@@ -129,7 +129,7 @@ def _lists(column: pa.ChunkedArray, counts: npt.NDArray[np.int64], dtype: type, 
 def _optional_lists(table: pa.Table, name: str, counts: npt.NDArray[np.int64], dtype: type
                     ) -> tuple[npt.NDArray[Any], npt.NDArray[np.bool_]]:
     """A per-candidate column that older rows lack (null), padded as ``_lists`` (zero in a null row), and which rows
-    have it; a row whose list is not one entry a candidate is named."""
+    have it; a row whose list is not one entry per candidate is a ``ValueError`` naming the column."""
     column = table.column(name)
     present = np.asarray(column.is_valid().to_numpy(zero_copy_only=False), dtype=np.bool_)
     lengths = pc.list_value_length(column).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)

@@ -4,7 +4,8 @@ An offer is a one-step decision, so importance weighting needs no product of rat
 logged offer is the new bundle's probability of serving the logged (category, SKU, band), given the same candidates,
 over the probability it was logged with, w = π(c) π(s | c) π(b | c, s) / μ(c, s, b). Each factor is the layer's
 *served* probability (the plurality vote, exploration and rule fallback of ``policy.plurality``, computed from the
-logged features, what the guardrails permitted and the rule's order: exactly what the server would serve). Each
+logged features, what the guardrails permitted and the rule's order: what the server would serve, up to the logged
+features' float16 rounding, which can flip a guard's veto of a candidate that close to its threshold). Each
 bundle's own learned guard (``weights.product_guard``) vetoes among what the guardrails permitted, as it does when
 serving, so a new guard is judged with the heads it ships with, and the rule's choice among what it leaves is read
 from the logged order. Rows logged before the guardrail mask and the rule's order were (``experience.schema``) are
