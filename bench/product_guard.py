@@ -21,7 +21,7 @@ paired per session. Context on the same sessions: the per-layer rules and ``simu
 ``--sold-out-complaint P`` plays a world with a third complaint cause, a fact of the category (``simulator.products``:
 a pushed category with at most half its offered items in stock draws a complaint with P), for the category guard to
 learn; off (0) in the default world. Writes ``bench/results/product_guard.json`` with ``--json``
-(``product_guard-sold-out.json`` with the cause on).
+(``product_guard-sold-out-P.json`` with the cause on at P).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from weights.model_set import ModelSet
 from weights.product_guard import without_guard
 
 
-class Overpriced:
+class Offers:
     """Counts, as a ``ProductChooser`` wrapper, how many offers were of an overpriced SKU, and how many pushed a mostly
     sold-out category (the sessions' shelves know)."""
 
@@ -81,12 +81,12 @@ def complaints_per_session(trace: Trace) -> np.ndarray:
 
 
 def play(world: World, model: ModelSet, sessions: range) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
-    chooser = Overpriced(model, world)
+    chooser = Offers(model, world)
     trace = run_in_process(world, model, sessions, UTC, products=chooser)
     value, complaints = per_session(trace), complaints_per_session(trace)
     return value, complaints, {"objective": mean_ci(value), "complaints_per_session": mean_ci(complaints),
                                "overpriced_share": chooser.overpriced / max(chooser.offers, 1),
-                               "sold_out_share": chooser.sold_out / max(chooser.offers, 1), "offers": chooser.offers,
+                               "sold_out_offer_share": chooser.sold_out / max(chooser.offers, 1), "offers": chooser.offers,
                                "product_sources": trace.product_sources}
 
 
@@ -134,7 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             played[arm] = (value, complaints)
             row["arms"][arm] = {**figures, "training": training}
             print(f"cycle {k + 1} {arm}: {figures['objective']} complaints {figures['complaints_per_session']} "
-                  f"overpriced {figures['overpriced_share']:.4f} sold out {figures['sold_out_share']:.4f}", file=sys.stderr)
+                  f"overpriced {figures['overpriced_share']:.4f} sold out {figures['sold_out_offer_share']:.4f}", file=sys.stderr)
         value, complaints, figures = play(world, ModelSet.load(read_bundle(without_guard(bundles["guarded"])), OPTIONS), truth)
         played["heads only"] = (value, complaints)
         row["arms"]["guarded, heads only"] = figures
@@ -149,7 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               "baselines": baselines, "cycles": rows, "seconds": round(time.monotonic() - started, 1)}
     if args.json:
         RESULTS.mkdir(exist_ok=True)
-        name = "product_guard-sold-out.json" if args.sold_out_complaint else "product_guard.json"
+        name = f"product_guard-sold-out-{args.sold_out_complaint:g}.json" if args.sold_out_complaint else "product_guard.json"
         (RESULTS / name).write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result, indent=1))
     return 0

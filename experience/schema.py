@@ -182,8 +182,9 @@ PRODUCTS = pa.schema(
 )
 
 ADDED_IN_V2 = {PRODUCTS_KIND: frozenset(f"{layer}_{name}" for layer in PRODUCT_LAYERS for name in ("guardrail", "rule_rank"))}
-"""Columns added to a kind after its first segments of version 2 were written: a segment or part without them reads
-them as null (``experience.segments._conform``); any other missing column is an error."""
+"""Columns added to a kind after its first segments of version 2 were written: a segment or a columnar part without
+them reads them as null (``experience.segments._conform``). A columnar part missing any other column is refused by name
+(``experience.columnar.read_part``)."""
 
 SCHEMAS = {DECISIONS_KIND: DECISIONS, OUTCOMES_KIND: OUTCOMES, ENGAGEMENTS_KIND: ENGAGEMENTS, PRODUCTS_KIND: PRODUCTS}
 assert tuple(SCHEMAS) == KINDS

@@ -4,6 +4,7 @@ shown changes the shop's objective."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import replace
 from pathlib import Path
@@ -170,7 +171,11 @@ def test_a_mostly_sold_out_category_is_a_third_cause_off_in_the_default_world() 
     settings = SMALL.products
     assert (settings.sold_out_share, settings.sold_out_complaint) == (0.5, 0.0)
     bands, low, top = settings.bands, min(settings.bands), max(settings.bands)
-    assert complaint_probability(settings, low, bands, 2, 100.0, None, in_stock_share=0.0) == settings.complaint  # off
+    for multiplier, visit_count, competitor in itertools.product(bands, (1, 2), (None, 100.0, 80.0)):  # off: as before
+        band = settings.first_visit_top_complaint if multiplier == top and visit_count == 1 else settings.complaint
+        before = 1 - (1 - band) * (1 - settings.overpriced_complaint) if competitor == 80.0 else band  # the two causes
+        assert {complaint_probability(settings, multiplier, bands, visit_count, 100.0, competitor, share)
+                for share in (0.0, 0.5, 1.0)} == {before}
     on = replace(settings, sold_out_complaint=0.3)
 
     def p(share: float, competitor: float | None = None, multiplier: float = low, visit_count: int = 2) -> float:
