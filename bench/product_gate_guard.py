@@ -27,37 +27,26 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from bench.product_learning import OPTIONS, UTC, mean_ci, start_bundle
+from bench.product_guard import cycle as train_on_served
+from bench.product_learning import OPTIONS, logged_rows, mean_ci, start_bundle
 from bench.report import add_json_flag, header, write_results
-from experience.segments import DirectorySource
 from simulator.config import SimConfig
-from simulator.drive import by_model, run_logged
 from simulator.world import World
 from trainer.bootstrap import bootstrap_counts, interval
-from trainer.product_data import LAYERS, ProductRows, product_rows
+from trainer.product_data import LAYERS, ProductRows
 from trainer.product_gate import MAX_WEIGHT, N_BOOT, judge, served_probability
 from weights.bundle import Bundle, read_bundle
 from weights.model_set import ModelSet, ProductLayers
 from weights.product_guard import without_guard
 
 SALT = b"product-gate-guard-bench" * 2
-
-
-def logged_rows(world: World, model: ModelSet, sessions: range) -> ProductRows:
-    """The offers ``model`` serves in ``sessions``, through the real recorder, as the trainer reads them."""
-    with tempfile.TemporaryDirectory() as root:
-        run_logged(world, model, sessions, UTC, Path(root), SALT, products=by_model(model))
-        source = DirectorySource(Path(root))
-        return product_rows(source.table("products"), source.table("outcomes"), model)
 
 
 def reward_per_session(rows: ProductRows) -> dict[str, float]:
@@ -97,23 +86,17 @@ def _holds(estimate: dict[str, Any], truth: float) -> bool:
 
 
 def cycle(world: World, behaviour: Bundle, k: int, args: argparse.Namespace) -> tuple[Bundle, dict[str, Any]]:
-    from trainer.product_train import ProductTrainConfig, train_products
-
     s = args.sessions
     model = ModelSet.load(behaviour, OPTIONS)
-    with tempfile.TemporaryDirectory() as root:
-        run_logged(world, model, range(2 * (k - 1) * s, (2 * k - 1) * s), UTC, Path(root), SALT, products=by_model(model))
-        source = DirectorySource(Path(root))
-        result = train_products(source.table("products"), source.table("outcomes"), behaviour, f"guarded-{k}",
-                                "2026-12-03T00:00:00Z", ProductTrainConfig(seed=args.seed))
-    candidate = read_bundle(result.bundle)
+    candidate, training = train_on_served(world, behaviour, range(2 * (k - 1) * s, (2 * k - 1) * s), f"guarded-{k}", True,
+                                          args.seed, SALT)
     new = ModelSet.load(candidate, OPTIONS)
     assert new.product is not None and model.product is not None and new.product.guard is not None
     held_out = range((2 * k - 1) * s, 2 * k * s)
-    held = logged_rows(world, model, held_out)
+    held = logged_rows(world, model, held_out, SALT)
     gates = {"replaying each guard": judge(new.product, model.product, held, seed=args.seed, current_version=model.version),
              "as before": judge(new.product, model.product, as_before(held), seed=args.seed)}
-    played = {"behaviour": reward_per_session(held)} | {name: reward_per_session(logged_rows(world, m, held_out)) for name, m in (
+    played = {"behaviour": reward_per_session(held)} | {name: reward_per_session(logged_rows(world, m, held_out, SALT)) for name, m in (
         ("candidate", new), ("candidate without its guard", ModelSet.load(read_bundle(without_guard(candidate)), OPTIONS)))}
     ids = sorted(played["behaviour"])  # the sessions the gate averages over
     value = {name: np.array([p.get(i, 0.0) for i in ids]) for name, p in played.items()}
@@ -121,8 +104,8 @@ def cycle(world: World, behaviour: Bundle, k: int, args: argparse.Namespace) -> 
     truths["candidate − behaviour"] = mean_ci(value["candidate"] - value["behaviour"])
     truths["guard's effect"] = mean_ci(value["candidate"] - value["candidate without its guard"])
     row: dict[str, Any] = {"cycle": k, "behaviour": model.version, "held_out_sessions": [held_out.start, held_out.stop],
-                           "held_out_offers": len(held), "truth": truths, "train_gate_published": result.publish,
-                           "guard": result.metrics.get("guard"), "gates": {},
+                           "held_out_offers": len(held), "truth": truths, "train_gate_published": training["gate"],
+                           "guard": training["guard"], "gates": {},
                            "variance": variance(new.product, model.product, held, args.seed)}
     for name, verdict in gates.items():
         g = verdict.to_dict()

@@ -90,12 +90,15 @@ def play(world: World, model: ModelSet, sessions: range) -> tuple[np.ndarray, np
                                "product_sources": trace.product_sources}
 
 
-def cycle(world: World, bundle: Bundle, sessions: range, version: str, guarded: bool, seed: int) -> tuple[Bundle, dict[str, Any]]:
+def cycle(world: World, bundle: Bundle, sessions: range, version: str, guarded: bool, seed: int,
+          salt: bytes = b"product-guard-bench!" * 2) -> tuple[Bundle, dict[str, Any]]:
+    """``bundle`` serves ``sessions`` with the real recorder and ``train_products`` (with guards, or without) trains the
+    next bundle on those logs: it, and whether its own gate passed it and its guards' figures."""
     from trainer.product_train import ProductTrainConfig, train_products
 
     model = ModelSet.load(bundle, OPTIONS)
     with tempfile.TemporaryDirectory() as root:
-        run_logged(world, model, sessions, UTC, Path(root), b"product-guard-bench!" * 2, products=by_model(model))
+        run_logged(world, model, sessions, UTC, Path(root), salt, products=by_model(model))
         source = DirectorySource(Path(root))
         config = ProductTrainConfig(seed=seed) if guarded else ProductTrainConfig(seed=seed, guard=None)
         result = train_products(source.table("products"), source.table("outcomes"), bundle, version,

@@ -76,6 +76,18 @@ def start_bundle() -> Bundle:
                                   {"model_version": "default+untrained-heads"}))
 
 
+
+def logged_rows(world: World, model: ModelSet, sessions: range, salt: bytes) -> Any:
+    """The offers ``model`` serves in ``sessions``, through the real recorder, as the trainer reads them
+    (``trainer.product_data.ProductRows``)."""
+    from experience.segments import DirectorySource
+    from trainer.product_data import product_rows  # the trainer's: imported where it is needed
+
+    with tempfile.TemporaryDirectory(prefix="product-rows-") as root:
+        run_logged(world, model, sessions, UTC, Path(root), salt, products=by_model(model))
+        source = DirectorySource(Path(root))
+        return product_rows(source.table("products"), source.table("outcomes"), model)
+
 def oracle_chooser(model: ModelSet) -> ProductChooser:
     """The hidden-state reference's offer, as a decision (propensity 1 per layer)."""
     from core.domain import Source

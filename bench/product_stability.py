@@ -39,19 +39,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from bench.product_learning import OPTIONS, TRUTH_FIRST, UTC, movement, start_bundle
+from bench.product_learning import OPTIONS, TRUTH_FIRST, logged_rows, movement, start_bundle
 from bench.report import add_json_flag, header, write_results
 from policy.features import FeatureSpec
 from simulator.config import SimConfig
-from simulator.drive import by_model, run_logged
 from simulator.world import World
 from weights import mlp
 from weights.bundle import Bundle, read_bundle
@@ -77,18 +74,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=7, help="the world")
     add_json_flag(p, "product_stability.json")
     args = p.parse_args(argv)
-    from experience.segments import DirectorySource
-    from trainer.product_data import LAYERS, product_rows  # torch: the trainer's, imported where it is needed
+    from trainer.product_data import LAYERS  # torch: the trainer's, imported where it is needed
     from trainer.product_update import ENCODER_DELTA, advantages, update_heads
 
     started = time.time()
     world = World(SimConfig(), args.seed)
     start = start_bundle()
     model = ModelSet.load(start, OPTIONS)
-    with tempfile.TemporaryDirectory(prefix="product-stability-") as tmp:
-        run_logged(world, model, range(args.sessions), UTC, Path(tmp), b"bench-salt" * 4, products=by_model(model))
-        source = DirectorySource(Path(tmp))
-        rows = product_rows(source.table("products"), source.table("outcomes"), model)
+    rows = logged_rows(world, model, range(args.sessions), b"bench-salt" * 4)
     params = {name: mlp.policy_params_from_onnx(start.parts[part]) for name, part in PART.items()}
     h = mlp.policy_forward(params["encoder"], rows.states).astype(np.float32)
     runs = counterfactuals({layer: advantages(rows, h, layer) for layer in LAYERS}, np.random.default_rng([args.seed, 5]))

@@ -79,12 +79,13 @@ def first_permitted(rank: Rank, permitted: Mask) -> int:
     must never answer with a banned candidate)."""
     if not permitted.any():
         raise ValueError("the rule has no permitted candidate to choose")
-    return int(np.argmin(np.where(permitted, rank, len(rank))))  # ``first_permitted_rows`` of one row, on the request path
+    return int(first_permitted_rows(rank, permitted))
 
 
 def first_permitted_rows(rank: Rank, permitted: Mask) -> Rank:
-    """``first_permitted`` of each row of ``rank`` and ``permitted`` (B, n); a row that permits none gets 0."""
-    return np.argmin(np.where(permitted, rank, np.iinfo(np.int64).max), axis=1)
+    """``first_permitted`` along the last axis: of one row (n,), or of each row of (B, n); a row that permits none
+    gets 0."""
+    return np.argmin(np.where(permitted, rank, np.iinfo(np.int64).max), axis=-1)
 
 
 def rule_category(request: ProductRequest, permitted: Mask) -> int:
