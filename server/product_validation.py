@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from core.product import (
     MAX_CATEGORIES,
@@ -51,13 +52,14 @@ def _unique(value: str, name: str, seen: set[str], limits: Limits) -> str:
     return value
 
 
-def _sku(msg: pb.ProductSku, at: str, seen: set[str], limits: Limits) -> SkuCandidate:
+def _sku(msg: pb.ProductSku, raw: bytes, at: str, seen: set[str], limits: Limits) -> SkuCandidate:
     competitor = _price(msg.competitor_price, f"{at}.competitor_price") if msg.HasField("competitor_price") else None
-    return SkuCandidate(_unique(msg.sku_id, f"{at}.sku_id", seen, limits), embedding_of(msg.embedding, f"{at}.embedding", limits.item_dim),
+    return SkuCandidate(_unique(msg.sku_id, f"{at}.sku_id", seen, limits),
+                        embedding_of(msg.embedding, f"{at}.embedding", limits.item_dim, raw),
                         _price(msg.price, f"{at}.price"), msg.stock, competitor)
 
 
-def _categories(msg: pb.RecommendProductRequest, limits: Limits, product: ProductLimits) -> tuple[CategoryCandidate, ...]:
+def _categories(msg: pb.RecommendProductRequest, view: Any, limits: Limits, product: ProductLimits) -> tuple[CategoryCandidate, ...]:
     n = len(msg.categories)
     if not 1 <= n <= product.max_categories:
         raise InvalidRequest("categories", f"expected 1 to {product.max_categories} categories, got {n}")
@@ -72,8 +74,11 @@ def _categories(msg: pb.RecommendProductRequest, limits: Limits, product: Produc
         category_id = _unique(category.category_id, f"{at}.category_id", category_ids, limits)
         if not 1 <= len(category.skus) <= product.max_skus_per_category:
             raise InvalidRequest(f"{at}.skus", f"expected 1 to {product.max_skus_per_category} SKUs, got {len(category.skus)}")
-        out.append(CategoryCandidate(category_id, tuple(_sku(s, f"{at}.skus[{j}]", sku_ids, limits)
-                                                         for j, s in enumerate(category.skus))))
+        raws = [s.embedding for s in view.categories[i].skus] if view is not None else []
+        if len(raws) != len(category.skus):  # no view: every embedding from its container
+            raws = [b""] * len(category.skus)
+        out.append(CategoryCandidate(category_id, tuple(_sku(s, raw, f"{at}.skus[{j}]", sku_ids, limits)
+                                                         for j, (s, raw) in enumerate(zip(category.skus, raws, strict=True)))))
     if not any(c.in_stock for c in out):
         raise InvalidRequest("categories", "no SKU is in stock: nothing can be recommended")
     return tuple(out)
@@ -96,13 +101,14 @@ def _bands(msg: pb.RecommendProductRequest, limits: Limits, product: ProductLimi
 
 
 def parse_product(msg: pb.RecommendProductRequest, limits: Limits, now_s: float,
-                  product: ProductLimits | None = None) -> ProductRequest:
-    """Check every field of a RecommendProductRequest; ``now_s`` stands in for the shopper's missing event_time."""
+                  product: ProductLimits | None = None, view: Any = None) -> ProductRequest:
+    """Check every field of a RecommendProductRequest; ``now_s`` stands in for the shopper's missing event_time.
+    ``view``: the same bytes parsed as its wire view (``server.wire_view``), for the embeddings."""
     product = product or ProductLimits()
     if not msg.HasField("shopper"):
         raise InvalidRequest("shopper", "required")
     try:
-        shopper = parse_request(msg.shopper, limits, now_s)
+        shopper = parse_request(msg.shopper, limits, now_s, view.shopper if view is not None else None)
     except InvalidRequest as exc:
         raise InvalidRequest(f"shopper.{exc.field}", str(exc).split(": ", 1)[1]) from None
-    return ProductRequest(shopper, _categories(msg, limits, product), _bands(msg, limits, product), msg.visit_count)
+    return ProductRequest(shopper, _categories(msg, view, limits, product), _bands(msg, limits, product), msg.visit_count)

@@ -12,7 +12,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -32,6 +32,7 @@ from server.metrics import Metrics
 from server.models import ModelHolder
 from server.product_validation import parse_product
 from server.validation import InvalidRequest, Limits, parse_engagement, parse_outcome, parse_request
+from server.wire_view import view_of
 from weights.model_set import ModelSet, NoModel
 
 if TYPE_CHECKING:
@@ -52,6 +53,7 @@ class Malformed:
 Message = TypeVar("Message", pb.RecommendActionRequest, pb.ReportOutcomeRequest, pb.ReportEngagementRequest,
                   pb.RecommendProductRequest)
 Parsed = TypeVar("Parsed", OutcomeReport, EngagementReport, ProductRequest)
+Wire = TypeVar("Wire")  # what a deserializer hands the servicer: a message, or a message with its view
 
 
 def wire_parser(message: type[Message]) -> Callable[[bytes], Message | Malformed]:
@@ -61,6 +63,32 @@ def wire_parser(message: type[Message]) -> Callable[[bytes], Message | Malformed
             return message.FromString(data)
         except DecodeError:
             return Malformed("wire format is corrupt")
+
+    return parse
+
+
+class Viewed(NamedTuple, Generic[Message]):
+    """A request with embeddings: the message, and the same bytes as its wire view (``server.wire_view``; ``None`` when
+    they do not parse as one, which only means reading each embedding through its container)."""
+
+    message: Message
+    view: Any
+
+
+def viewed_parser(message: type[Message]) -> Callable[[bytes], Viewed[Message] | Malformed]:
+    """``wire_parser`` for a request with embeddings: the message and its wire view."""
+    view_class = view_of(message)
+
+    def parse(data: bytes) -> Viewed[Message] | Malformed:
+        try:
+            parsed = message.FromString(data)
+        except DecodeError:
+            return Malformed("wire format is corrupt")
+        try:
+            view = view_class.FromString(data)
+        except DecodeError:  # (not seen: the view's only change, bytes for packed floats, parses whatever the message does)
+            view = None
+        return Viewed(parsed, view)
 
     return parse
 
@@ -75,7 +103,7 @@ def add_to_server(servicer: ShoppingAgentServicer, server: InstrumentedRegistrar
     handlers = {
         "RecommendAction": grpc.unary_unary_rpc_method_handler(  # records its own transport metrics (hot path)
             servicer.RecommendAction,
-            request_deserializer=wire_parser(pb.RecommendActionRequest),
+            request_deserializer=viewed_parser(pb.RecommendActionRequest),
             response_serializer=pb.RecommendActionResponse.SerializeToString,
         ),
         "ReportOutcome": server.instrument(service, "ReportOutcome", grpc.unary_unary_rpc_method_handler(
@@ -90,7 +118,7 @@ def add_to_server(servicer: ShoppingAgentServicer, server: InstrumentedRegistrar
         )),
         "RecommendProduct": server.instrument(service, "RecommendProduct", grpc.unary_unary_rpc_method_handler(
             servicer.RecommendProduct,
-            request_deserializer=wire_parser(pb.RecommendProductRequest),
+            request_deserializer=viewed_parser(pb.RecommendProductRequest),
             response_serializer=pb.RecommendProductResponse.SerializeToString,
         )),
     }
@@ -163,7 +191,7 @@ class ShoppingAgentServicer:
         return self._limits_cache
 
     async def RecommendAction(  # noqa: N802 - the gRPC method name
-        self, request: pb.RecommendActionRequest | Malformed, context: aio.ServicerContext  # type: ignore[type-arg]
+        self, request: Viewed[pb.RecommendActionRequest] | Malformed, context: aio.ServicerContext  # type: ignore[type-arg]
     ) -> pb.RecommendActionResponse:
         metrics, rpc = self._metrics, self._rpc
         if metrics is None or rpc is None:
@@ -190,13 +218,13 @@ class ShoppingAgentServicer:
                 metrics.inflight.dec()
             rpc.finish(code, started)
 
-    async def _recommend(self, request: pb.RecommendActionRequest | Malformed,
+    async def _recommend(self, request: Viewed[pb.RecommendActionRequest] | Malformed,
                          context: aio.ServicerContext) -> pb.RecommendActionResponse:  # type: ignore[type-arg]
         model = self._models.current  # read once: validated against, and answered by, this model set
         try:
             if isinstance(request, Malformed):
                 raise InvalidRequest("request", f"not a RecommendActionRequest ({request.error})")
-            req = parse_request(request, self._limits(model.item_dim), time.time())
+            req = parse_request(request.message, self._limits(model.item_dim), time.time(), request.view)
             try:
                 ctx = context_of(req, self._tz)
             except (OverflowError, ValueError, OSError):  # a legal Timestamp the local calendar cannot hold
@@ -243,11 +271,12 @@ class ShoppingAgentServicer:
         return pb.ReportEngagementResponse(engagement_id=report.engagement_id, logged=logged)
 
     async def RecommendProduct(  # noqa: N802 - the gRPC method name
-        self, request: pb.RecommendProductRequest | Malformed, context: aio.ServicerContext  # type: ignore[type-arg]
+        self, request: Viewed[pb.RecommendProductRequest] | Malformed, context: aio.ServicerContext  # type: ignore[type-arg]
     ) -> pb.RecommendProductResponse:
         model = self._models.current  # read once: validated against, and answered by, this model set
         limits = self._limits(model.item_dim)
-        req = await self._validated(request, context, lambda m, _, now: parse_product(m, limits, now), "RecommendProductRequest")
+        req = await self._validated(request, context, lambda m, _, now: parse_product(m.message, limits, now, view=m.view),
+                                    "RecommendProductRequest")
         try:
             ctx = context_of(req.shopper, self._tz)
         except (OverflowError, ValueError, OSError):  # a legal Timestamp the local calendar cannot hold
@@ -283,8 +312,8 @@ class ShoppingAgentServicer:
         decision = await self._batched(self._product_batcher, model.product_batches, req, ctx, decision_id, remaining_s)
         return product_by_rules(req, model.version, Source.FALLBACK_DEGRADED) if isinstance(decision, str) else decision
 
-    async def _validated(self, request: Message | Malformed, context: aio.ServicerContext,  # type: ignore[type-arg]
-                         parse: Callable[[Message, Limits, float], Parsed], name: str) -> Parsed:
+    async def _validated(self, request: Wire | Malformed, context: aio.ServicerContext,  # type: ignore[type-arg]
+                         parse: Callable[[Wire, Limits, float], Parsed], name: str) -> Parsed:
         """The request ``parse`` validated, or the call answered INVALID_ARGUMENT naming the field."""
         try:
             if isinstance(request, Malformed):

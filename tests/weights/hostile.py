@@ -17,6 +17,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from tests.wire import varint
 from weights.bundle import MANIFEST, PARTS, npy_bytes, write_bundle
 from weights.embedded import default_bundle
 
@@ -159,15 +160,6 @@ def broadcasting_guard(n: int = 60_000) -> bytes:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, n = n & 0x7F, n >> 7
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
 def hidden_node_guard() -> bytes:
     """The default guard with a ConstantOfShape node under a 5-byte tag whose bit 32 is set.
 
@@ -180,9 +172,9 @@ def hidden_node_guard() -> bytes:
     key = (1 << 3) | 2
     tag = bytes([(key >> (7 * i)) & 0x7F | 0x80 for i in range(4)] + [((key >> 28) & 0x0F) | 0x10])
     payload = hidden.SerializeToString()
-    graph = model.graph.SerializeToString() + tag + _varint(len(payload)) + payload
+    graph = model.graph.SerializeToString() + tag + varint(len(payload)) + payload
     model.ClearField("graph")
-    return model.SerializeToString() + _varint((7 << 3) | 2) + _varint(len(graph)) + graph
+    return model.SerializeToString() + varint((7 << 3) | 2) + varint(len(graph)) + graph
 
 
 def inflating_head(model_bytes: bytes, copies: int = 16) -> bytes:

@@ -1,0 +1,65 @@
+"""Embeddings read straight from the request's wire bytes into numpy, without a Python float per value.
+
+A packed ``repeated float`` field and a ``bytes`` field have one wire encoding (a length-delimited run of
+little-endian float32s). So the same request bytes, parsed as a *view* message (the API's message with every
+``repeated float`` field declared ``bytes``), hold each embedding as one bytes object, which ``np.frombuffer``
+reads as it is. Reading 768 values through protobuf's repeated container builds 768 Python floats first: about
+2 µs for a warm message in a loop, and 10 to 34 µs in the server under load and alone (py-spy), 36 of them in
+every ``RecommendProduct`` request. The view is derived here from the API's own descriptor (in a pool of its own),
+so it cannot drift from the API; nothing outside the server sees it.
+
+The view's bytes are the field's values only when the client sent the field packed and in one run, as every
+protobuf library does. A parser must also accept it unpacked (one tag per value) or split into several packed
+runs: then the view holds none of it, or only its last run. ``values`` decides which to read: the view's bytes
+only when they hold exactly as many values as the parsed field has (the other runs then hold none), the
+field's container otherwise. Either way the embedding is the same float32 values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, timestamp_pb2
+
+from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
+
+_F = descriptor_pb2.FieldDescriptorProto
+_LE_FLOAT32 = np.dtype("<f4")
+
+
+def _view_pool() -> descriptor_pool.DescriptorPool:
+    """The API's file with every ``repeated float`` field as ``bytes`` (same numbers, so the same wire bytes parse)."""
+    file = descriptor_pb2.FileDescriptorProto()
+    pb.DESCRIPTOR.CopyToProto(file)
+    file.ClearField("service")  # messages only: the view is never served
+    for message in file.message_type:
+        for field in message.field:
+            if field.type == _F.TYPE_FLOAT and field.label == _F.LABEL_REPEATED:
+                field.type, field.label = _F.TYPE_BYTES, _F.LABEL_OPTIONAL
+                field.ClearField("options")
+    pool = descriptor_pool.DescriptorPool()
+    timestamp = descriptor_pb2.FileDescriptorProto()
+    timestamp_pb2.DESCRIPTOR.CopyToProto(timestamp)
+    pool.Add(timestamp)
+    pool.Add(file)
+    return pool
+
+
+_POOL = _view_pool()
+
+
+def view_of(message: type[Any]) -> type[Any]:
+    """The view class of the API message class ``message``."""
+    return message_factory.GetMessageClass(_POOL.FindMessageTypeByName(message.DESCRIPTOR.full_name))
+
+
+def values(container: Sequence[float], raw: bytes) -> npt.NDArray[np.float32]:
+    """A ``repeated float`` field as float32: from ``raw`` (its view's bytes) when they hold all of it, else from the
+    parsed ``container``. Read-only when it comes from ``raw``: a request's embedding is never written to."""
+    n = len(container)
+    if len(raw) == 4 * n:
+        return np.frombuffer(raw, dtype=_LE_FLOAT32).astype(np.float32, copy=False)
+    return np.array(container, dtype=np.float32)  # buffer copy; fromiter is 8x slower
