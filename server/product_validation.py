@@ -69,14 +69,14 @@ def _categories(msg: pb.RecommendProductRequest, view: Any, limits: Limits, prod
     category_ids: set[str] = set()
     sku_ids: set[str] = set()
     out = []
-    for i, category in enumerate(msg.categories):
+    # the view parses what the message does into the same elements; without one, every embedding is read from its container
+    viewed = view.categories if view is not None else [None] * n
+    for i, (category, seen) in enumerate(zip(msg.categories, viewed, strict=True)):
         at = f"categories[{i}]"
         category_id = _unique(category.category_id, f"{at}.category_id", category_ids, limits)
         if not 1 <= len(category.skus) <= product.max_skus_per_category:
             raise InvalidRequest(f"{at}.skus", f"expected 1 to {product.max_skus_per_category} SKUs, got {len(category.skus)}")
-        raws = [s.embedding for s in view.categories[i].skus] if view is not None else []
-        if len(raws) != len(category.skus):  # no view: every embedding from its container
-            raws = [b""] * len(category.skus)
+        raws = [s.embedding for s in seen.skus] if seen is not None else [b""] * len(category.skus)
         out.append(CategoryCandidate(category_id, tuple(_sku(s, raw, f"{at}.skus[{j}]", sku_ids, limits)
                                                          for j, (s, raw) in enumerate(zip(category.skus, raws, strict=True)))))
     if not any(c.in_stock for c in out):

@@ -79,11 +79,12 @@ def viewed_parser(message: type[Message]) -> Callable[[bytes], Viewed[Message] |
     """``wire_parser`` for a request with embeddings: the message and its wire view."""
     view_class = view_of(message)
 
+    parse_message = wire_parser(message)
+
     def parse(data: bytes) -> Viewed[Message] | Malformed:
-        try:
-            parsed = message.FromString(data)
-        except DecodeError:
-            return Malformed("wire format is corrupt")
+        parsed = parse_message(data)
+        if isinstance(parsed, Malformed):
+            return parsed
         try:
             view = view_class.FromString(data)
         except DecodeError:  # (not seen: the view's only change, bytes for packed floats, parses whatever the message does)
@@ -103,7 +104,7 @@ def add_to_server(servicer: ShoppingAgentServicer, server: InstrumentedRegistrar
     handlers = {
         "RecommendAction": grpc.unary_unary_rpc_method_handler(  # records its own transport metrics (hot path)
             servicer.RecommendAction,
-            request_deserializer=viewed_parser(pb.RecommendActionRequest),
+            request_deserializer=wire_parser(pb.RecommendActionRequest),  # its one embedding: no gain from a view
             response_serializer=pb.RecommendActionResponse.SerializeToString,
         ),
         "ReportOutcome": server.instrument(service, "ReportOutcome", grpc.unary_unary_rpc_method_handler(
@@ -191,7 +192,7 @@ class ShoppingAgentServicer:
         return self._limits_cache
 
     async def RecommendAction(  # noqa: N802 - the gRPC method name
-        self, request: Viewed[pb.RecommendActionRequest] | Malformed, context: aio.ServicerContext  # type: ignore[type-arg]
+        self, request: pb.RecommendActionRequest | Malformed, context: aio.ServicerContext  # type: ignore[type-arg]
     ) -> pb.RecommendActionResponse:
         metrics, rpc = self._metrics, self._rpc
         if metrics is None or rpc is None:
@@ -218,13 +219,13 @@ class ShoppingAgentServicer:
                 metrics.inflight.dec()
             rpc.finish(code, started)
 
-    async def _recommend(self, request: Viewed[pb.RecommendActionRequest] | Malformed,
+    async def _recommend(self, request: pb.RecommendActionRequest | Malformed,
                          context: aio.ServicerContext) -> pb.RecommendActionResponse:  # type: ignore[type-arg]
         model = self._models.current  # read once: validated against, and answered by, this model set
         try:
             if isinstance(request, Malformed):
                 raise InvalidRequest("request", f"not a RecommendActionRequest ({request.error})")
-            req = parse_request(request.message, self._limits(model.item_dim), time.time(), request.view)
+            req = parse_request(request, self._limits(model.item_dim), time.time())
             try:
                 ctx = context_of(req, self._tz)
             except (OverflowError, ValueError, OSError):  # a legal Timestamp the local calendar cannot hold

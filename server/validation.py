@@ -16,7 +16,7 @@ import numpy.typing as npt
 
 from core.domain import DecisionRequest, EngagementReport, Outcome, OutcomeReport, PageType
 from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
-from server.wire_view import values
+from server.wire_view import float32_of
 
 _PAGE_TYPES = {int(p) for p in PageType}
 _OUTCOMES = {int(o) for o in Outcome}
@@ -114,7 +114,7 @@ def embedding_of(container: Sequence[float], name: str, item_dim: int, raw: byte
     view (``server.wire_view``), read instead of the container when it holds the whole field."""
     if len(container) != item_dim:
         raise InvalidRequest(name, f"expected exactly {item_dim} values, got {len(container)}")
-    embedding = values(container, raw)
+    embedding = float32_of(container, raw)
     finite = np.isfinite(embedding)
     if not finite.all():
         bad = int(np.argmin(finite))

@@ -10,9 +10,12 @@ so it cannot drift from the API; nothing outside the server sees it.
 
 The view's bytes are the field's values only when the client sent the field packed and in one run, as every
 protobuf library does. A parser must also accept it unpacked (one tag per value) or split into several packed
-runs: then the view holds none of it, or only its last run. ``values`` decides which to read: the view's bytes
+runs: then the view holds none of it, or only its last run. ``float32_of`` decides which to read: the view's bytes
 only when they hold exactly as many values as the parsed field has (the other runs then hold none), the
 field's container otherwise. Either way the embedding is the same float32 values.
+
+Used for ``RecommendProduct`` (36 embeddings in a typical request): +5 % throughput by the rules, measured. For
+``RecommendAction``'s one embedding it measured no gain, so that rpc parses its message alone.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, timestamp_pb2
+from google.protobuf import descriptor, descriptor_pb2, descriptor_pool, message_factory, timestamp_pb2
 
 from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
 
@@ -35,7 +38,10 @@ def _view_pool() -> descriptor_pool.DescriptorPool:
     file = descriptor_pb2.FileDescriptorProto()
     pb.DESCRIPTOR.CopyToProto(file)
     file.ClearField("service")  # messages only: the view is never served
-    for message in file.message_type:
+    messages = list(file.message_type)
+    while messages:  # nested messages too
+        message = messages.pop()
+        messages.extend(message.nested_type)
         for field in message.field:
             if field.type == _F.TYPE_FLOAT and field.label == _F.LABEL_REPEATED:
                 field.type, field.label = _F.TYPE_BYTES, _F.LABEL_OPTIONAL
@@ -51,14 +57,20 @@ def _view_pool() -> descriptor_pool.DescriptorPool:
 _POOL = _view_pool()
 
 
+def view_descriptor(message: descriptor.Descriptor) -> descriptor.Descriptor:
+    """The view of the API message ``message`` (a nested one too)."""
+    return _POOL.FindMessageTypeByName(message.full_name)
+
+
 def view_of(message: type[Any]) -> type[Any]:
     """The view class of the API message class ``message``."""
-    return message_factory.GetMessageClass(_POOL.FindMessageTypeByName(message.DESCRIPTOR.full_name))
+    return message_factory.GetMessageClass(view_descriptor(message.DESCRIPTOR))
 
 
-def values(container: Sequence[float], raw: bytes) -> npt.NDArray[np.float32]:
+def float32_of(container: Sequence[float], raw: bytes) -> npt.NDArray[np.float32]:
     """A ``repeated float`` field as float32: from ``raw`` (its view's bytes) when they hold all of it, else from the
-    parsed ``container``. Read-only when it comes from ``raw``: a request's embedding is never written to."""
+    parsed ``container``. From ``raw`` it is read-only (on a little-endian host: no copy), and no one writes to a request's
+    embedding."""
     n = len(container)
     if len(raw) == 4 * n:
         return np.frombuffer(raw, dtype=_LE_FLOAT32).astype(np.float32, copy=False)

@@ -1,5 +1,7 @@
 """Embeddings read from the wire bytes (``server.wire_view``): the same float32 values as protobuf's container gives, however
-a client encodes the field (packed in one run, unpacked, or packed in several runs), and the same errors naming the field."""
+a client encodes the field (packed in one run, unpacked, or packed in several runs), and the same errors naming the field.
+The server reads ``RecommendProduct``'s embeddings through the view and ``RecommendAction``'s through the container: both
+are checked over the wire with every encoding."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from google.protobuf import descriptor
 from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
 from server.product_validation import parse_product
 from server.validation import InvalidRequest, Limits, parse_request
-from server.wire_view import values, view_of
+from server.wire_view import float32_of, view_descriptor, view_of
 from tests.harness import request
 from tests.server.test_recommend_product import product
 from tests.wire import varint
@@ -65,11 +67,17 @@ def action_bytes(embedding: bytes) -> bytes:
     return request(item_embedding=[]).SerializeToString() + embedding
 
 
+def _messages(messages: list[descriptor.Descriptor]) -> list[descriptor.Descriptor]:
+    """These messages and every message nested in them."""
+    return [m for message in messages for m in (message, *_messages(list(message.nested_types)))]
+
+
 def test_every_repeated_float_is_bytes_in_the_view_and_nothing_else_differs() -> None:
-    """Derived from the API's descriptor: a new embedding field gets a view, and no other field can drift from the API."""
+    """Derived from the API's descriptor: a new embedding field gets a view (a nested message's too), and no other field can
+    drift from the API."""
     changed = []
-    for message in pb.DESCRIPTOR.message_types_by_name.values():
-        view = view_of(getattr(pb, message.name)).DESCRIPTOR
+    for message in _messages(list(pb.DESCRIPTOR.message_types_by_name.values())):
+        view = view_descriptor(message)
         assert [f.name for f in view.fields] == [f.name for f in message.fields]
         for ours, theirs in zip(view.fields, message.fields, strict=True):
             assert ours.number == theirs.number
@@ -101,7 +109,7 @@ def test_a_last_run_as_long_as_the_field_is_not_taken_for_all_of_it() -> None:
     assert len(view.item_embedding) == 4 * 768
     with pytest.raises(InvalidRequest, match=r"^item_embedding: expected exactly 768 values, got 1536"):
         parse_request(pb.RecommendActionRequest.FromString(data), LIMITS, 0.0, view)
-    assert values([1.0, 2.0], struct.pack("<3f", 1.0, 2.0, 3.0)).tolist() == [1.0, 2.0]  # bytes of another length: unused
+    assert float32_of([1.0, 2.0], struct.pack("<3f", 1.0, 2.0, 3.0)).tolist() == [1.0, 2.0]  # bytes of another length: unused
 
 
 def _call(channel: grpc.Channel, path: str, data: bytes, response: Any) -> Any:
