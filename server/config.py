@@ -55,8 +55,8 @@ class Config:
     intra_op_threads: int = _opt(1, "onnxruntime threads per session")
     max_batch: int = _opt(64, "most requests micro-batched into one inference call")
     max_queue: int = _opt(1024, "requests waiting for inference before new ones get the degraded (rule) answer")
-    batch_duty: float = _opt(0.1, "after a batch that ran t, requests may gather for up to t*(1/duty-1) before the next, "
-                                  "so under load inference takes about this share of the event loop; 1: never wait")
+    batch_duty: float = _opt(0.05, "after a batch that ran t, requests may gather for up to t*(1/duty-1) before the next, "
+                                   "so under load inference takes about this share of the event loop; 1: never wait")
     max_batch_delay_ms: float = _opt(10.0, "longest such gathering pause (it also ends for a caller's deadline)")
     batch_gap_ms: float = _opt(1.0, "a gathering pause ends once this long passes without a new request (a lone client "
                                     "calling one at a time is never held)")
