@@ -97,8 +97,8 @@ class DecisionProcedure(Rules):
         rows = np.flatnonzero(ok).tolist()
         if rows:
             fallback_index = np.array([fallbacks[i].action.value - 1 for i in rows])
-            served[rows] = decoder.served_batch(q[rows], fallback_index)
-            draws = decoder.draw_batch(q[rows], uniforms_batch([decision_ids[i] for i in rows], samples + 2))
+            served[rows], draws = decoder.served_and_drawn(q[rows], fallback_index,
+                                                           uniforms_batch([decision_ids[i] for i in rows], samples + 2))
             counts = draws.counts.tolist()
             explored, decisive, drawn = draws.explored.tolist(), draws.decisive.tolist(), draws.index.tolist()
             for j, i in enumerate(rows):
@@ -126,7 +126,7 @@ class DecisionProcedure(Rules):
         """
         guard = guard or self.guard
         fired = [self.guardrails.weights(ctx) for ctx in contexts]
-        weights = np.stack([w for w, _ in fired]) if fired else np.zeros((0, N_ACTIONS))
+        weights = np.array([w for w, _ in fired]) if fired else np.zeros((0, N_ACTIONS))  # (np.stack: 5x the cost)
         policy_probs = gr.apply_batch(logits, weights)
         allow64 = allow.astype(np.float64)
         permitted = weights > 0

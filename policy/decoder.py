@@ -70,8 +70,8 @@ def tempered(q: FloatArray, temperature: float) -> FloatArray:
     """``q^(1/T)`` normalised along the last axis, in log space: at a small ``T`` the powers of every ``q`` < 1 underflow to
     0 in linear space (0/0: NaN, and an exploration draw past every mask), while here the largest ``q`` keeps weight 1
     and a banned (``q`` = 0) action stays at exactly 0."""
-    with np.errstate(divide="ignore"):
-        log_q = np.where(q > 0, np.log(np.where(q > 0, q, 1.0)), -np.inf)
+    positive = q > 0
+    log_q = np.where(positive, np.log(np.where(positive, q, 1.0)), -np.inf)  # (no log of 0: no divide warning to silence)
     weights = np.exp((log_q - log_q.max(axis=-1, keepdims=True)) / temperature)
     return weights / weights.sum(axis=-1, keepdims=True)  # type: ignore[no-any-return]
 
@@ -159,7 +159,7 @@ class MajorityDecoder:
 
     def _winners(self, counts: IntArray, order: IntArray) -> IntArray:
         rank = np.empty_like(order)
-        np.put_along_axis(rank, order, np.arange(self.n_actions - 1, -1, -1)[None, :], axis=1)
+        rank[np.arange(len(order))[:, None], order] = np.arange(self.n_actions - 1, -1, -1)  # put_along_axis, cheaper
         return np.argmax(counts * self.n_actions + rank, axis=1)
 
     def explore_batch(self, q: FloatArray) -> FloatArray:
@@ -169,28 +169,36 @@ class MajorityDecoder:
     def explore_distribution(self, q: FloatArray | Sequence[float]) -> FloatArray:
         return self.explore_batch(np.asarray([q], dtype=np.float64))[0]
 
+    def served_and_drawn(self, q: FloatArray, fallback: IntArray, u: FloatArray) -> tuple[FloatArray, DrawBatch]:
+        """``served_batch`` and ``draw_batch`` of the same rows, sharing their order and exploration distribution (what
+        a decision needs: about a fifth of the decoder's time for a batch of one)."""
+        order, explore = self.order(q), self.explore_batch(q) if self.epsilon > 0 else None
+        return self._served(q, fallback, order, explore), self._drawn(q, u, order, explore)
+
     def served_batch(self, q: FloatArray, fallback: IntArray) -> FloatArray:
         """Exact probability of serving each action, per row of ``q`` (N, n_actions).
 
         ``fallback[i]`` is the rule engine's action index for row ``i``. Rows that share a
         support and an order share a table, so a batch costs one matrix product per group.
         """
+        return self._served(q, fallback, self.order(q), self.explore_batch(q) if self.epsilon > 0 else None)
+
+    def _served(self, q: FloatArray, fallback: IntArray, order: IntArray, explore: FloatArray | None) -> FloatArray:
         n = len(q)
         decided = np.zeros((n, self.n_actions))
-        order = self.order(q)
         groups: dict[tuple[tuple[bool, ...], tuple[int, ...]], list[int]] = {}
         for i, key in enumerate(zip(map(tuple, (q > 0).tolist()), map(tuple, order.tolist()), strict=True)):
             groups.setdefault(key, []).append(i)
         for (support, row_order), members in groups.items():
             t = self._table(support, row_order)
             idx = np.array(members)
-            log_q = np.log(q[np.ix_(idx, t.support)])
+            log_q = np.log(q[idx][:, t.support])
             decided[idx] = np.exp(t.log_coef + log_q @ t.counts_t) @ t.winners
             if len(t.low_log_coef):
                 decided[idx, fallback[idx]] += np.exp(t.low_log_coef + log_q @ t.low_counts_t).sum(axis=1)
         served: FloatArray = (1.0 - self.epsilon) * decided
-        if self.epsilon > 0:
-            served += self.epsilon * self.explore_batch(q)
+        if explore is not None:
+            served += self.epsilon * explore
         return served
 
     def served_distribution(self, q: FloatArray | Sequence[float], fallback: int) -> FloatArray:
@@ -203,8 +211,11 @@ class MajorityDecoder:
         ``u[:, 0]`` decides exploration, ``u[:, 1]`` picks the exploration draw, the rest are
         the K votes; each draw is an inverse-CDF lookup (the count of CDF entries ≤ u·total).
         """
+        return self._drawn(q, u, self.order(q), self.explore_batch(q))
+
+    def _drawn(self, q: FloatArray, u: FloatArray, order: IntArray, explore: FloatArray | None) -> DrawBatch:
         last = self.n_actions - 1
-        explore_cdf = np.cumsum(self.explore_batch(q), axis=1)
+        explore_cdf = np.cumsum(explore if explore is not None else self.explore_batch(q), axis=1)
         explored_index = np.minimum(
             (u[:, 1:2] * explore_cdf[:, -1:] >= explore_cdf).sum(axis=1), last
         )
@@ -212,7 +223,7 @@ class MajorityDecoder:
         votes = u[:, 2:] * cdf[:, -1:]
         picks = np.minimum((votes[:, :, None] >= cdf[:, None, :]).sum(axis=2), last)
         counts = (picks[:, :, None] == np.arange(self.n_actions)).sum(axis=1)
-        winners = self._winners(counts, self.order(q))
+        winners = self._winners(counts, order)
         explored = u[:, 0] < self.epsilon
         decisive = counts[np.arange(len(q)), winners] >= self.min_votes
         index = np.where(explored, explored_index, winners)

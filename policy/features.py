@@ -10,6 +10,7 @@ of ``event_time`` in the configured timezone.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -78,7 +79,13 @@ def context_of(req: DecisionRequest, tz: tzinfo) -> Context:
     return Context(req.page_type, req.cart_item_count, local_hour(req.event_time_s, tz), len(req.recent_behavior_ids))
 
 
+BUCKET_CACHE = 8192  # ids remembered: a session's recent behaviours repeat from page to page; bounded (ids are at most
+# --max-id-length, 256 characters: about 3 MB at worst), so a client sending new ids every time only causes evictions
+
+
+@functools.lru_cache(maxsize=BUCKET_CACHE)
 def bucket(behavior_id: str, buckets: int) -> int:
+    """The hashing-trick row of ``behavior_id``: a keyless BLAKE2b of it, modulo ``buckets`` (1 µs; 0.1 µs remembered)."""
     return int.from_bytes(hashlib.blake2b(behavior_id.encode(), digest_size=8).digest(), "little") % buckets
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from core.conditions import SchemaError
 from core.domain import DecisionRequest, PageType
-from policy.features import FeatureEncoder, FeatureSpec, bucket, context_of
+from policy.features import BUCKET_CACHE, FeatureEncoder, FeatureSpec, bucket, context_of
 
 SPEC = FeatureSpec()
 ITEM, BEHAVIOR, HOUR_AT = 768, 128, 768 + 128
@@ -54,6 +54,17 @@ def test_bucket_is_blake2b_64_little_endian_mod_buckets() -> None:
     for behavior_id in ["view:sku-123", "cart:sku-9", "", "ünïcode-id"]:
         assert bucket(behavior_id, 2048) == blake_row(behavior_id)
         assert bucket(behavior_id, 97) == blake_row(behavior_id, 97)
+
+
+def test_bucket_remembers_a_bounded_number_of_ids() -> None:
+    """Remembered ids give the same rows, and a stream of new ids only evicts: the memory stays bounded."""
+    for i in range(BUCKET_CACHE + 500):
+        assert bucket(f"view:new-{i}", 2048) == blake_row(f"view:new-{i}")
+    info = bucket.cache_info()
+    assert info.maxsize == BUCKET_CACHE and info.currsize == BUCKET_CACHE
+    hits = info.hits
+    assert bucket(f"view:new-{BUCKET_CACHE + 499}", 2048) == blake_row(f"view:new-{BUCKET_CACHE + 499}")
+    assert bucket.cache_info().hits == hits + 1
 
 
 def test_encode_layout_item_behaviour_hour(encoder: FeatureEncoder, table: np.ndarray) -> None:
