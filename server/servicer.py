@@ -77,9 +77,7 @@ class Viewed(NamedTuple, Generic[Message]):
 
 def viewed_parser(message: type[Message]) -> Callable[[bytes], Viewed[Message] | Malformed]:
     """``wire_parser`` for a request with embeddings: the message and its wire view."""
-    view_class = view_of(message)
-
-    parse_message = wire_parser(message)
+    view_class, parse_message = view_of(message), wire_parser(message)
 
     def parse(data: bytes) -> Viewed[Message] | Malformed:
         parsed = parse_message(data)
