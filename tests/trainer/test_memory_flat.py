@@ -39,6 +39,10 @@ def _peak_mb(logs: Path, config: Path, out: Path) -> float:
     return peak
 
 
+def _largest_segment_mb(logs: Path) -> float:
+    return max(path.stat().st_size for path in logs.rglob("decisions-*")) / 2**20
+
+
 @pytest.fixture(scope="module")
 def logs(tmp_path_factory: pytest.TempPathFactory, default_model: ModelSet) -> tuple[Path, Path]:
     small, large = tmp_path_factory.mktemp("small-logs"), tmp_path_factory.mktemp("large-logs")
@@ -59,4 +63,9 @@ def test_peak_memory_does_not_grow_with_the_log_beyond_the_sample(logs: tuple[Pa
     print(f"peak RSS: small {at_small:.0f} MB, large {at_large:.0f} MB, large unsampled {unsampled:.0f} MB")
     # the tolerance means something: without the sample, the larger log costs well beyond it
     assert unsampled - at_large > 2 * TOLERANCE_MB, (at_small, at_large, unsampled)
-    assert abs(at_large - at_small) <= TOLERANCE_MB, (at_small, at_large, unsampled)
+    # reading is a segment at a time: one decoded segment may still be held (freed but kept by Arrow's allocator) when
+    # the next is read; the larger log's segments are full ones (64 MB), the smaller log's one is not. In 8 runs the
+    # larger log's peak was 584-599 MB three times and 531-553 MB otherwise (the smaller's 523-543 MB): one run, and a
+    # CI run (69 MB), broke the bare tolerance, with this stop's changes and without them.
+    allowance = TOLERANCE_MB + _largest_segment_mb(large)
+    assert abs(at_large - at_small) <= allowance, (at_small, at_large, unsampled, allowance)
