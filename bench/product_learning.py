@@ -46,7 +46,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
 import numpy as np
@@ -63,6 +63,9 @@ from weights.embedded import default_bundle
 from weights.model_set import LoadOptions, ModelSet
 from weights.product_heads import init_params, with_heads
 
+if TYPE_CHECKING:
+    from trainer.product_data import ProductRows  # torch: imported at run time only where it is needed
+
 UTC = ZoneInfo("UTC")
 TRUTH_FIRST = 1_000_000
 OPTIONS = LoadOptions(device="cpu", warmup_batch=1)
@@ -76,10 +79,8 @@ def start_bundle() -> Bundle:
                                   {"model_version": "default+untrained-heads"}))
 
 
-
-def logged_rows(world: World, model: ModelSet, sessions: range, salt: bytes) -> Any:
-    """The offers ``model`` serves in ``sessions``, through the real recorder, as the trainer reads them
-    (``trainer.product_data.ProductRows``)."""
+def logged_rows(world: World, model: ModelSet, sessions: range, salt: bytes) -> ProductRows:
+    """The offers ``model`` serves in ``sessions``, through the real recorder, as the trainer reads them."""
     from experience.segments import DirectorySource
     from trainer.product_data import product_rows  # the trainer's: imported where it is needed
 
@@ -87,6 +88,7 @@ def logged_rows(world: World, model: ModelSet, sessions: range, salt: bytes) -> 
         run_logged(world, model, sessions, UTC, Path(root), salt, products=by_model(model))
         source = DirectorySource(Path(root))
         return product_rows(source.table("products"), source.table("outcomes"), model)
+
 
 def oracle_chooser(model: ModelSet) -> ProductChooser:
     """The hidden-state reference's offer, as a decision (propensity 1 per layer)."""

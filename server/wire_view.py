@@ -3,10 +3,9 @@
 A packed ``repeated float`` field and a ``bytes`` field have one wire encoding (a length-delimited run of
 little-endian float32s). So the same request bytes, parsed as a *view* message (the API's message with every
 ``repeated float`` field declared ``bytes``), hold each embedding as one bytes object, which ``np.frombuffer``
-reads as it is. Reading 768 values through protobuf's repeated container builds 768 Python floats first: about
-2 µs for a warm message in a loop, and 10 to 34 µs in the server under load and alone (py-spy), 36 of them in
-every ``RecommendProduct`` request. The view is derived here from the API's own descriptor (in a pool of its own),
-so it cannot drift from the API; nothing outside the server sees it.
+reads as it is. Reading 768 values through protobuf's repeated container builds 768 Python floats first (about
+2 µs for a warm message in a loop), 36 times in every ``RecommendProduct`` request. The view is derived here from
+the API's own descriptor (in a pool of its own), so it cannot drift from the API; nothing outside the server sees it.
 
 The view's bytes are the field's values only when the client sent the field packed and in one run, as every
 protobuf library does. A parser must also accept it unpacked (one tag per value) or split into several packed
