@@ -60,7 +60,8 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
 from experience.schema import ADDED_IN_V2, SCHEMA_VERSION, SCHEMAS
-from experience.segments import SUFFIX, DirectorySource, fsync_path
+from experience.segment_writer import SUFFIX, fsync_path
+from experience.segments import DirectorySource
 
 log = logging.getLogger(__name__)
 

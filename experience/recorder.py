@@ -52,7 +52,7 @@ from experience.records import (
 from experience.salt import SALT_FILE as SALT_FILE
 from experience.salt import SaltError as SaltError
 from experience.salt import resolve_salt as resolve_salt
-from experience.segments import SegmentWriter, recover_abandoned
+from experience.segment_writer import SegmentWriter, recover_abandoned
 from policy.features import FeatureSpec
 
 log = logging.getLogger(__name__)

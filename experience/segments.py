@@ -1,5 +1,7 @@
 """Log segments on a directory: written as Arrow IPC streams, published by rename, read column-wise.
 
+This module reads; the writing side is ``experience.segment_writer``, all a serving process imports.
+
 Layout: ``DIR/decisions/`` and ``DIR/outcomes/``. A writer appends record batches to a hidden
 temp file (``.open-<name>``) that it holds an exclusive ``flock`` on, and finalises it by
 fsync + ``os.replace`` to ``<name>.arrows`` when the segment is big enough, old enough, or
@@ -22,281 +24,24 @@ finalised on a full disk too (without it).
 
 from __future__ import annotations
 
-import fcntl
 import itertools
 import logging
 import os
-import secrets
-import socket
-import time
 import urllib.parse
 from collections.abc import Iterator, Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Protocol
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from experience.kinds import KINDS
 from experience.salt import read_salt
 from experience.schema import SCHEMA_VERSION, SCHEMAS
+from experience.segment_writer import SUFFIX, segment_dir
 from experience.upgrade import V1_SCHEMAS, V1Reading, segment_version, upgrade_v1
 from policy.features import FeatureSpec
 
 log = logging.getLogger(__name__)
-
-SUFFIX = ".arrows"
-OPEN_PREFIX = ".open-"
-_IPC_OPTIONS = pa.ipc.IpcWriteOptions(compression="zstd")
-_EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # the IPC stream's end-of-stream marker: continuation, length 0
-
-
-def fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def segment_dir(root: Path, kind: str) -> Path:
-    if kind not in SCHEMAS:
-        raise ValueError(f"kind: expected one of {KINDS}, got {kind!r}")
-    return root / kind
-
-
-def _stream(schema: pa.Schema, batches: list[pa.RecordBatch]) -> pa.Buffer:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, schema, options=_IPC_OPTIONS) as writer:
-        for batch in batches:
-            writer.write_batch(batch)
-    return sink.getvalue()
-
-
-class _Encoder:
-    """A batch as the bytes it adds to a stream: a stream is the schema, then its batches' messages, then EOS."""
-
-    def __init__(self, schema: pa.Schema) -> None:
-        self.schema = schema
-        empty = _stream(schema, []).to_pybytes()
-        if not empty.endswith(_EOS):
-            raise RuntimeError("pyarrow wrote an IPC stream without its end-of-stream marker")
-        self.header = empty[: -len(_EOS)]
-
-    def message(self, batch: pa.RecordBatch) -> pa.Buffer:
-        data = _stream(self.schema, [batch])
-        start, end = len(self.header), data.size - len(_EOS)
-        if data[:start].to_pybytes() != self.header or data[end:].to_pybytes() != _EOS:
-            raise RuntimeError("pyarrow wrote an IPC stream that is not its schema, its batch and EOS")
-        return data[start:end]  # a view: no copy
-
-
-def _write_at(fd: int, data: bytes | pa.Buffer, offset: int) -> int:
-    """Write all of ``data`` at ``offset`` (a full disk may take part of it, then fail); returns the offset after it."""
-    view = memoryview(data)
-    while view:
-        n = os.pwrite(fd, view, offset)
-        view, offset = view[n:], offset + n
-    return offset
-
-
-class SegmentWriter:
-    """Appends record batches of one kind to rotating segments under ``root/kind``.
-
-    Not thread-safe: one writer thread owns it. ``write`` appends (or holds, when the write
-    fails: ``held_rows``); ``due`` says when to ``rotate``; ``close`` finalises the open
-    segment. Every finalised segment is complete.
-    """
-
-    def __init__(self, root: Path, kind: str, max_bytes: int, max_seconds: float) -> None:
-        self.dir = segment_dir(root, kind)
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.kind = kind
-        self.schema = SCHEMAS[kind]
-        self.max_bytes = max_bytes
-        self.max_seconds = max_seconds
-        self._encoder = _Encoder(self.schema)
-        self._tag = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
-        self._seq = 0
-        self._fd = -1
-        self._path: Path | None = None
-        self._size = 0  # bytes of complete messages in the open segment (0: not even the schema yet)
-        self._torn = False  # a failed write could not be cut off again: append nothing more to this file
-        self._opened_at = 0.0
-        self._held: list[pa.Buffer] = []  # messages not yet in the file
-        self.held_rows = 0
-        self.finalised: list[Path] = []
-
-    @property
-    def open_path(self) -> Path | None:
-        return self._path
-
-    def write(self, batch: pa.RecordBatch) -> int:
-        """Append ``batch`` after what is held; returns the rows now in the file (held ones included).
-
-        On ``OSError`` nothing is half-written: the batch is held with the others, for the next call.
-        """
-        if batch.num_rows:
-            self._held.append(self._encoder.message(batch))
-            self.held_rows += batch.num_rows
-        return self.retry()
-
-    def retry(self) -> int:
-        """Write what is held; returns the rows written (``OSError``: still held)."""
-        if not self._held:
-            return 0
-        if self._torn:  # finalise what the torn file holds; the held messages start a new one
-            if self._size:
-                self._seal()
-            else:
-                self._discard()
-        if self._fd < 0:
-            self._open()
-        parts: list[bytes | pa.Buffer] = [self._encoder.header] if self._size == 0 else []
-        end = self._size
-        try:
-            for part in parts + self._held:
-                end = _write_at(self._fd, part, end)
-        except OSError:
-            self._cut()
-            raise
-        self._size = end
-        rows, self._held, self.held_rows = self.held_rows, [], 0
-        return rows
-
-    def due(self) -> bool:
-        """Whether the open segment is big or old enough to finalise (with or without new records)."""
-        return self._size > 0 and (self._size >= self.max_bytes or time.monotonic() - self._opened_at >= self.max_seconds)
-
-    def rotate(self) -> Path | None:
-        """Finalise the open segment (if it holds records); the next write opens a new one.
-
-        Held messages go in first when they can; when they cannot, the segment is finalised
-        without them and they wait for the next one. ``OSError`` (fsync, rename): the
-        segment stays open, complete, for another try.
-        """
-        if self._fd < 0:
-            return None
-        try:
-            self.retry()
-        except OSError:
-            pass
-        if self._size == 0:
-            if not self._held:
-                self._discard()
-            return None
-        return self._seal()
-
-    def close(self) -> int:
-        """Finalise the open segment; returns the rows still held, which are given up (0 normally).
-
-        A segment that cannot be finalised is left as it is (complete up to its last batch):
-        ``recover_abandoned`` finalises it at the next start.
-        """
-        try:
-            self.rotate()
-        except OSError as exc:
-            log.error("could not finalise a log segment; it is left for recovery at the next start",
-                      extra={"fields": {"segment": str(self._path), "error": str(exc)}})
-        dropped, self._held, self.held_rows = self.held_rows, [], 0
-        if self._fd >= 0:
-            if self._size == 0:
-                self._discard()
-            else:
-                self._release()
-        return dropped
-
-    # --- the open file ---------------------------------------------------------------------
-    def _open(self) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self._seq += 1
-        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
-        path = self.dir / f"{OPEN_PREFIX}{self.kind}-{stamp}-{self._tag}-{self._seq:06d}{SUFFIX}"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o640)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            path.unlink(missing_ok=True)
-            raise
-        self._fd, self._path, self._size, self._torn = fd, path, 0, False
-        self._opened_at = time.monotonic()
-
-    def _cut(self) -> None:
-        """After a failed write: the file back to its complete messages (truncating frees space, so it works on a full disk)."""
-        try:
-            os.ftruncate(self._fd, self._size)
-        except OSError:
-            self._torn = True  # readers stop at the torn batch; what follows goes to a new segment
-
-    def _seal(self) -> Path:
-        assert self._path is not None
-        if not self._torn:
-            try:
-                _write_at(self._fd, _EOS, self._size)
-            except OSError:  # full disk: the marker is optional, the stream ends at its last message
-                self._cut()
-        os.fsync(self._fd)
-        final = self.dir / self._path.name.removeprefix(OPEN_PREFIX)
-        try:
-            os.replace(self._path, final)
-        except FileNotFoundError:  # the volume lost the open segment: nothing to retry
-            self._release()
-            raise
-        self._release()
-        try:
-            fsync_path(self.dir)
-        except OSError:
-            log.warning("could not fsync a log directory", extra={"fields": {"dir": str(self.dir)}})
-        self.finalised.append(final)
-        return final
-
-    def _discard(self) -> None:
-        """Remove the open segment, which holds nothing (not even the schema)."""
-        if self._path is not None:
-            self._path.unlink(missing_ok=True)
-        self._release()
-
-    def _release(self) -> None:
-        os.close(self._fd)  # and with it the flock
-        self._fd, self._path, self._size, self._torn = -1, None, 0, False
-
-
-def recover_abandoned(root: Path, kind: str) -> list[Path]:
-    """Finalise open segments whose writer is gone (their flock is free): a killed writer's data.
-
-    A segment in use by a live writer stays locked and is left alone.
-    """
-    recovered: list[Path] = []
-    directory = segment_dir(root, kind)
-    if not directory.is_dir():
-        return recovered
-    for path in sorted(directory.glob(f"{OPEN_PREFIX}*{SUFFIX}")):
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:  # finalised meanwhile
-            continue
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                continue  # a live writer holds it
-            if not path.exists():
-                continue
-            final = directory / path.name.removeprefix(OPEN_PREFIX)
-            stat = os.fstat(fd)
-            if stat.st_size == 0:
-                if time.time() - stat.st_mtime > 60:  # a young empty file may be a writer between create and lock
-                    path.unlink()
-                continue
-            os.replace(path, final)
-            fsync_path(directory)
-            recovered.append(final)
-            log.warning("recovered a log segment left open by a writer that did not close it", extra={"fields": {"segment": str(final)}})
-        finally:
-            os.close(fd)
-    return recovered
 
 
 class LogSource(Protocol):

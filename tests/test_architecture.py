@@ -71,13 +71,17 @@ def test_serve_without_logs_loads_no_trainer_simulator_pyarrow_or_torch() -> Non
                                                                                                  "trainer", "onnx"}
 
 
-def test_serve_with_logs_loads_pyarrow_and_still_no_torch(tmp_path: Path) -> None:
+def test_serve_with_logs_loads_the_log_writer_but_no_reader_and_still_no_torch(tmp_path: Path) -> None:
     with spawn_server("--log-dir", str(tmp_path / "logs"), interpreter_args=("-X", "importtime")) as server, \
             grpc.insecure_channel(server.target) as ch:
         stub(ch).RecommendAction(request(), timeout=20)
         server.proc.send_signal(signal.SIGTERM)
         server.proc.wait(30)
         time.sleep(0.2)
-        imported = {line.split("|")[-1].strip().split(".")[0] for line in server.lines if line.startswith("import time:")}
-    assert {"pyarrow", "experience"} <= imported
+        modules = {line.split("|")[-1].strip() for line in server.lines if line.startswith("import time:")}
+    imported = {m.split(".")[0] for m in modules}
+    assert {"pyarrow", "experience"} <= imported and "experience.segment_writer" in modules
     assert imported.isdisjoint({"torch", "simulator", "trainer"})
+    # the readers' filesystem layer (S3, GCS, HDFS, Azure, datasets) is the trainer's, not a serving process's memory
+    reading = {"pyarrow.fs", "pyarrow._fs", "pyarrow.dataset", "pyarrow.parquet", "experience.segments"}
+    assert modules.isdisjoint(reading), modules & reading

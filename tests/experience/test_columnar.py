@@ -13,7 +13,8 @@ import pyarrow as pa
 import pytest
 
 from experience.columnar import HOUR_PREFIX, LOCK_NAME, PART_SUFFIX, TIME_COLUMN, CompactionBusy, compact, hour_of, read_part
-from experience.segments import SUFFIX, DirectorySource
+from experience.segment_writer import SUFFIX
+from experience.segments import DirectorySource
 from simulator.config import SimConfig
 from simulator.drive import run_logged
 from simulator.world import World

@@ -17,7 +17,8 @@ from prometheus_client import CollectorRegistry
 
 from core.domain import Outcome, OutcomeReport
 from experience.recorder import ExperienceRecorder, RecorderOptions
-from experience.segments import OPEN_PREFIX, DirectorySource
+from experience.segment_writer import OPEN_PREFIX
+from experience.segments import DirectorySource
 from server.metrics import Metrics
 from tests.small_disk import SmallDisk
 
@@ -147,7 +148,7 @@ def test_shutdown_on_a_full_disk_counts_what_it_could_not_write(small_disk: Smal
 
 def test_a_write_that_fails_part_way_leaves_no_half_batch(small_disk: SmallDisk) -> None:
     """A batch bigger than the space left: the write is cut back, the segment stays readable, the batch is held."""
-    from experience.segments import SegmentWriter
+    from experience.segment_writer import SegmentWriter
     from tests.experience.test_segments import outcome_batch
 
     writer = SegmentWriter(small_disk.path, "outcomes", max_bytes=10**9, max_seconds=3600)

@@ -13,7 +13,8 @@ import pyarrow as pa
 import pytest
 
 from experience.schema import OUTCOMES, SCHEMA_VERSION
-from experience.segments import OPEN_PREFIX, DirectorySource, SegmentWriter, read_segment, recover_abandoned
+from experience.segment_writer import OPEN_PREFIX, SegmentWriter, recover_abandoned
+from experience.segments import DirectorySource, read_segment
 from tests.harness import ROOT
 
 
@@ -86,7 +87,7 @@ import sys, time
 from pathlib import Path
 sys.path.insert(0, sys.argv[2])
 from tests.experience.test_segments import outcome_batch
-from experience.segments import SegmentWriter
+from experience.segment_writer import SegmentWriter
 w = SegmentWriter(Path(sys.argv[1]), "outcomes", max_bytes=10**9, max_seconds=3600)
 for i in range(3):
     w.write(outcome_batch(10 * i, 10))  # in the file when write returns
