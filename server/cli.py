@@ -113,6 +113,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (RuntimeMissing, ValueError) as exc:
             print(f"shopping-agent: {exc}", file=sys.stderr)
             return 2
+        from server.memory import cap_malloc_arenas
+
+        cap_malloc_arenas()  # before any thread starts (every --workers worker runs this line too)
         if config.workers > 1:
             from server.workers import run_workers
 

@@ -1,0 +1,47 @@
+"""How a serving process allocates: fewer glibc malloc arenas, and Arrow's log batches on the system allocator.
+
+A serving process is one event loop plus a handful of threads (gRPC's, onnxruntime's, the log writer), and
+glibc gives each thread that meets contention an arena of its own, whose freed pages it keeps. Capping the
+arenas at ``ARENAS`` (2), and building the log writer's Arrow batches with the system allocator rather than
+Arrow's default mimalloc (which keeps its own segments), took a process with ``--log-dir`` from 172 MB to
+149 MB RSS after 10 s at 3,700 req/s, with no change in throughput beyond noise (docs/performance.md).
+An operator's own ``MALLOC_ARENA_MAX`` or ``ARROW_DEFAULT_MEMORY_POOL`` wins: both libraries read them
+themselves, and then nothing here changes them. Elsewhere than glibc (musl has no arenas) the cap is a no-op.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from collections.abc import Mapping
+
+ARENAS = 2
+_M_ARENA_MAX = -8  # glibc's mallopt parameter number (malloc.h)
+
+
+def cap_malloc_arenas(environ: Mapping[str, str] = os.environ, arenas: int = ARENAS) -> bool:
+    """Limit glibc to ``arenas`` malloc arenas; whether the limit was set (not with ``MALLOC_ARENA_MAX`` given, nor
+    off glibc). Call it before the threads start: arenas already made stay."""
+    if "MALLOC_ARENA_MAX" in environ:
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+    return bool(mallopt(_M_ARENA_MAX, arenas))
+
+
+def arrow_on_system_allocator() -> str:
+    """Make the system allocator Arrow's default pool, unless ``ARROW_DEFAULT_MEMORY_POOL`` chose one; the pool's name.
+
+    Arrow reads that variable when it first needs its default pool, so it is set here, before pyarrow is imported
+    (a serving process imports it only to write logs). Had something imported pyarrow already, the Python-level
+    default is switched instead: Arrow's own C++ allocations then stay on mimalloc.
+    """
+    chosen = os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
+    import pyarrow as pa
+
+    if chosen == "system" and pa.default_memory_pool().backend_name != "system":
+        pa.set_memory_pool(pa.system_memory_pool())
+    return str(pa.default_memory_pool().backend_name)
