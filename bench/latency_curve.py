@@ -217,6 +217,7 @@ def plot(servers: dict[str, dict[str, Any]], path: Path) -> Path | None:
     ax.set_title("RecommendAction latency against load, 2 cores")
     ax.legend(fontsize=8)
     fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)  # a fresh checkout has no bench/results yet
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

@@ -5,7 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from bench.latency_curve import LOAD_FRACTIONS, targets
+import pytest
+
+from bench.latency_curve import LOAD_FRACTIONS, plot, targets
 from bench.loaders import h2load_log_percentiles
 
 
@@ -40,3 +42,11 @@ def test_targets_are_ratios_within_the_run() -> None:
     assert bad["workers_2_64_in_flight_over_2_bare"]["value"] == 0.75
     assert bad["throughput_128_in_flight_over_mlserver"]["value"] == 2.8  # 700 / 250, below 3
     assert "throughput_64_in_flight_over_mlserver" not in targets({"bare": bare, "real": _server(850.0, 1.4, [1.0] * 4)})
+
+
+def test_the_plot_is_written_where_no_results_directory_exists_yet(tmp_path: Path) -> None:
+    """A fresh checkout has no bench/results: the run's figures must not be lost to a missing directory."""
+    pytest.importorskip("matplotlib")  # the bench extra; without it the plot is skipped with a message
+    servers = {"bare": _server(1000.0, 1.0, [2.0, 2.0, 2.0, 2.0]), "real": _server(850.0, 1.4, [3.0, 3.9, 3.9, 30.0])}
+    path = tmp_path / "not" / "yet" / "latency-curve.png"
+    assert plot(servers, path) == path and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
