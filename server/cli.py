@@ -41,6 +41,10 @@ async def serve(config: Config) -> int:
     except ValueError as exc:  # the log salt (experience.salt.SaltError): a setup problem to report, not a crash
         print(f"shopping-agent: {exc}", file=sys.stderr)
         return 2
+    from server.memory import freeze_startup_objects
+
+    frozen = freeze_startup_objects()  # everything imported and built so far; the bundle loads after this (module doc)
+    log.debug("objects exempted from garbage collection", extra={"fields": {"frozen": frozen}})
     loop = asyncio.get_running_loop()
     requested = asyncio.Event()
 

@@ -1,4 +1,5 @@
-"""How a serving process allocates: fewer glibc malloc arenas, and Arrow's log batches on the system allocator.
+"""How a serving process uses memory: fewer glibc malloc arenas, Arrow's log batches on the system allocator, and a
+garbage collector that does not rescan what was built at start.
 
 A serving process is one event loop plus a handful of threads (gRPC's, onnxruntime's, the log writer), and
 glibc gives each thread that meets contention an arena of its own, whose freed pages it keeps. Capping the
@@ -7,11 +8,19 @@ Arrow's default mimalloc (which keeps its own segments), took a process with ``-
 149 MB RSS after 10 s at 3,700 req/s, with no change in throughput beyond noise (docs/performance.md).
 An operator's own ``MALLOC_ARENA_MAX`` or ``ARROW_DEFAULT_MEMORY_POOL`` wins: both libraries read them
 themselves, and then nothing here changes them. Elsewhere than glibc (musl has no arenas) the cap is a no-op.
+
+Python's full collections walk every container object, and most of a serving process's are built at start (modules,
+classes, the protobuf descriptors, gRPC's and onnxruntime's bindings). At 3,300 req/s one ran every 0.67 s and held
+the event loop about 10 ms. ``freeze_startup_objects`` moves what exists before the server starts into the permanent
+generation, which collections skip (CPython's ``gc.freeze``, made for this): a full collection then takes 0.15 ms, and
+p99 at 2,200 req/s (half of capacity) went from 11.0-12.5 to 7.6-8.0 ms. Objects frozen are never freed by the cycle
+collector, so it runs before the bundle is loaded: a model replaced by a hot swap is collected as before.
 """
 
 from __future__ import annotations
 
 import ctypes
+import gc
 import os
 from collections.abc import Mapping
 
@@ -45,3 +54,10 @@ def arrow_on_system_allocator() -> str:
     if chosen == "system" and pa.default_memory_pool().backend_name != "system":
         pa.set_memory_pool(pa.system_memory_pool())
     return str(pa.default_memory_pool().backend_name)
+
+
+def freeze_startup_objects() -> int:
+    """Collect, then exempt every object alive now from later collections (``gc.freeze``); how many were frozen."""
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()

@@ -1,18 +1,20 @@
-"""``server.memory``: the glibc arena cap and Arrow's system pool, each in a fresh interpreter (both act at start-up,
-so they are only meaningful in a process that has not yet done what they govern)."""
+"""``server.memory``: the glibc arena cap, Arrow's system pool and the frozen start-up heap, each in a fresh interpreter
+(they act at start-up, so they are only meaningful in a process that has not yet done what they govern)."""
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from server.memory import ARENAS, cap_malloc_arenas
-from tests.harness import ROOT
+from tests.harness import ROOT, spawn_server
 
 GLIBC = platform.libc_ver()[0] == "glibc"
 
@@ -79,3 +81,40 @@ def test_a_logging_server_builds_its_batches_on_the_system_allocator(tmp_path: P
     pool, mimalloc_used = out.stdout.split()[-2:]
     assert pool == expected, out.stderr
     assert mimalloc_used == str(expected == "mimalloc")  # not only Python's default: Arrow's C++ default too
+
+
+_FREEZE = """
+import gc, json, sys, time
+sys.path.insert(0, sys.argv[1])
+from server.memory import freeze_startup_objects
+startup = [[i] for i in range(300_000)]  # what a process builds at start: many small containers
+def full_collection():
+    t = time.perf_counter(); gc.collect(); return time.perf_counter() - t
+before = full_collection()
+frozen = freeze_startup_objects()
+after = full_collection()
+class Node: pass
+a, b = Node(), Node(); a.other, b.other = b, a  # a cycle made after the freeze
+del a, b
+print(json.dumps({"before": before, "after": after, "frozen": frozen, "later_cycle_collected": gc.collect()}))
+"""
+
+
+def test_freezing_exempts_what_exists_and_still_collects_what_comes_later() -> None:
+    out = subprocess.run([sys.executable, "-c", _FREEZE, str(ROOT)], capture_output=True, text=True, timeout=60, check=True)
+    got = json.loads(out.stdout)
+    assert got["frozen"] >= 300_000
+    assert got["after"] < got["before"] / 5, got  # a full collection no longer walks the frozen objects
+    assert got["later_cycle_collected"] >= 2  # the cycle collector still frees what is made afterwards
+
+
+def test_serve_freezes_what_it_built_before_loading_the_bundle() -> None:
+    with spawn_server("--log-level", "DEBUG") as server:
+        deadline = time.monotonic() + 20
+        while not any('"serving"' in line for line in server.lines) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        lines = list(server.lines)
+    frozen = [(i, json.loads(line)) for i, line in enumerate(lines) if "exempted from garbage collection" in line]
+    loaded = [i for i, line in enumerate(lines) if "loaded the embedded default bundle" in line]
+    assert frozen and frozen[0][1]["frozen"] > 10_000, frozen
+    assert loaded and frozen[0][0] < loaded[0]  # frozen before the bundle's objects exist
