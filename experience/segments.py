@@ -12,7 +12,7 @@ so several processes (``--workers``, several pods on one volume) never collide.
 The IPC *stream* format (not the file format) is used on purpose: a stream is readable up to
 its last complete batch, so a segment left open by a writer that was killed (SIGKILL, OOM)
 is not lost: the next writer on the directory finds it (its lock is free), and finalises it
-as it is. ``recover_abandoned`` does this; a reader stops quietly at a torn last batch.
+as it is. ``experience.segment_writer.recover_abandoned`` does this; a reader stops quietly at a torn last batch.
 
 A write is all or nothing. Each batch is encoded in memory first (one IPC message), then
 written at the end of the segment's complete messages; a write that fails (disk full, I/O

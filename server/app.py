@@ -278,9 +278,6 @@ def make_recorder(config: Config, metrics: Metrics | None) -> ExperienceRecorder
     """The decision and outcome log writer, when ``log_dir`` is set."""
     if config.log_dir is None:
         return None
-    from server.memory import arrow_on_system_allocator
-
-    arrow_on_system_allocator()  # before pyarrow is first imported, just below
     from experience.recorder import ExperienceRecorder, RecorderOptions, resolve_salt  # pyarrow: only when logging
 
     options = RecorderOptions(

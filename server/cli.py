@@ -35,14 +35,16 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 
 async def serve(config: Config) -> int:
     from server.app import ShoppingAgentServer
+    from server.memory import arrow_on_system_allocator, freeze_startup_objects
 
+    if config.log_dir is not None:  # before the recorder imports pyarrow (server/memory.py)
+        pool, whole = arrow_on_system_allocator()
+        log.debug("arrow memory pool", extra={"fields": {"pool": pool, "before_pyarrow_import": whole}})
     try:
         server = ShoppingAgentServer(config)
     except ValueError as exc:  # the log salt (experience.salt.SaltError): a setup problem to report, not a crash
         print(f"shopping-agent: {exc}", file=sys.stderr)
         return 2
-    from server.memory import freeze_startup_objects
-
     frozen = freeze_startup_objects()  # everything imported and built so far; the bundle loads after this (module doc)
     log.debug("objects exempted from garbage collection", extra={"fields": {"frozen": frozen}})
     loop = asyncio.get_running_loop()
@@ -119,7 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         from server.memory import cap_malloc_arenas
 
-        cap_malloc_arenas()  # before any thread starts (every --workers worker runs this line too)
+        cap_malloc_arenas()  # before any thread but the main one allocates (every --workers worker runs this too)
         if config.workers > 1:
             from server.workers import run_workers
 

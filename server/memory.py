@@ -4,17 +4,18 @@ garbage collector that does not rescan what was built at start.
 A serving process is one event loop plus a handful of threads (gRPC's, onnxruntime's, the log writer), and
 glibc gives each thread that meets contention an arena of its own, whose freed pages it keeps. Capping the
 arenas at ``ARENAS`` (2), and building the log writer's Arrow batches with the system allocator rather than
-Arrow's default mimalloc (which keeps its own segments), took a process with ``--log-dir`` from 172 MB to
-149 MB RSS after 10 s at 3,700 req/s, with no change in throughput beyond noise (docs/performance.md).
-An operator's own ``MALLOC_ARENA_MAX`` or ``ARROW_DEFAULT_MEMORY_POOL`` wins: both libraries read them
-themselves, and then nothing here changes them. Elsewhere than glibc (musl has no arenas) the cap is a no-op.
+Arrow's default mimalloc (which keeps its own segments), took a process with ``--log-dir`` from 160-164 to 143-150
+MiB RSS after load (two of the four changes that brought it from 178 to 149 MB: docs/performance.md, "Memory"),
+with no change in throughput beyond noise. An operator's own ``MALLOC_ARENA_MAX`` (or ``GLIBC_TUNABLES``'s
+``glibc.malloc.arena_max``) or ``ARROW_DEFAULT_MEMORY_POOL`` wins: the libraries read them themselves, and then
+nothing here changes them. Elsewhere than glibc (musl has no arenas) the cap is a no-op.
 
 Python's full collections walk every container object, and most of a serving process's are built at start (modules,
 classes, the protobuf descriptors, gRPC's and onnxruntime's bindings). At 3,300 req/s one ran every 0.67 s and held
 the event loop about 10 ms. ``freeze_startup_objects`` moves what exists before the server starts into the permanent
-generation, which collections skip (CPython's ``gc.freeze``, made for this): a full collection then takes 0.15 ms, and
-p99 at 2,200 req/s (half of capacity) went from 11.0-12.5 to 7.6-8.0 ms. Objects frozen are never freed by the cycle
-collector, so it runs before the bundle is loaded: a model replaced by a hot swap is collected as before.
+generation, which collections skip (CPython's ``gc.freeze``, made for this): a full collection then takes 0.3-0.4 ms,
+and p99 at 2,200 req/s (half of capacity) went from 11.0-12.5 to 7.6-7.8 ms. Objects frozen are never freed by the
+cycle collector, so it runs before the bundle is loaded: a model replaced by a hot swap is collected as before.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import ctypes
 import gc
 import os
+import sys
 from collections.abc import Mapping
 
 ARENAS = 2
@@ -29,9 +31,10 @@ _M_ARENA_MAX = -8  # glibc's mallopt parameter number (malloc.h)
 
 
 def cap_malloc_arenas(environ: Mapping[str, str] = os.environ, arenas: int = ARENAS) -> bool:
-    """Limit glibc to ``arenas`` malloc arenas; whether the limit was set (not with ``MALLOC_ARENA_MAX`` given, nor
-    off glibc). Call it before the threads start: arenas already made stay."""
-    if "MALLOC_ARENA_MAX" in environ:
+    """Limit glibc to ``arenas`` malloc arenas; whether the limit was set (not when the operator set it, through
+    ``MALLOC_ARENA_MAX`` or ``GLIBC_TUNABLES``, nor off glibc). Call it before any thread but the main one allocates:
+    arenas already made stay."""
+    if "MALLOC_ARENA_MAX" in environ or "glibc.malloc.arena_max" in environ.get("GLIBC_TUNABLES", ""):
         return False
     try:
         mallopt = ctypes.CDLL(None).mallopt
@@ -41,19 +44,22 @@ def cap_malloc_arenas(environ: Mapping[str, str] = os.environ, arenas: int = ARE
     return bool(mallopt(_M_ARENA_MAX, arenas))
 
 
-def arrow_on_system_allocator() -> str:
-    """Make the system allocator Arrow's default pool, unless ``ARROW_DEFAULT_MEMORY_POOL`` chose one; the pool's name.
+def arrow_on_system_allocator() -> tuple[str, bool]:
+    """Make the system allocator Arrow's default pool, unless ``ARROW_DEFAULT_MEMORY_POOL`` chose one: the pool's name,
+    and whether pyarrow was imported only now (so that the choice holds for Arrow's own C++ allocations too).
 
-    Arrow reads that variable when it first needs its default pool, so it is set here, before pyarrow is imported
-    (a serving process imports it only to write logs). Had something imported pyarrow already, the Python-level
-    default is switched instead: Arrow's own C++ allocations then stay on mimalloc.
+    Arrow fixes its default pool when pyarrow is imported, from that variable, so it is set here first (a serving
+    process imports pyarrow only to write logs, and ``serve`` calls this before building the recorder). Had something
+    imported pyarrow already, the Python-level default is switched instead: Arrow's own C++ allocations then stay on
+    mimalloc.
     """
+    whole = "pyarrow" not in sys.modules
     chosen = os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
     import pyarrow as pa
 
     if chosen == "system" and pa.default_memory_pool().backend_name != "system":
         pa.set_memory_pool(pa.system_memory_pool())
-    return str(pa.default_memory_pool().backend_name)
+    return str(pa.default_memory_pool().backend_name), whole
 
 
 def freeze_startup_objects() -> int:

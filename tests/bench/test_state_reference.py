@@ -28,9 +28,9 @@ def test_the_imitator_learns_what_the_state_determines_and_no_more() -> None:
     assert (predicted == np.where(test[:, 0] > 0, 2, 0)).mean() > 0.95
     same = np.tile(x[:1], (3000, 1))  # one state, a 70/30 mix of labels: what "sampled" plays is the mix, as a hedge
     mixed = np.where(rng.random(3000) < 0.7, 0, 3).astype(np.int64)
-    model.fit(same, mixed, epochs=5, batch=64)
+    model.fit(same, mixed, epochs=10, batch=64)
     p = model.probabilities(same[0])
-    assert abs(p[0] - (mixed == 0).mean()) < 0.03 and abs(p[3] - (mixed == 3).mean()) < 0.03 and p[[1, 2, 4]].sum() < 0.02
+    assert abs(p[0] - (mixed == 0).mean()) < 0.05 and abs(p[3] - (mixed == 3).mean()) < 0.05 and p[[1, 2, 4]].sum() < 0.03
     assert np.allclose(sum(model.probabilities(test[0])), 1.0)
 
 
@@ -59,9 +59,10 @@ def test_bench_runs_on_a_few_sessions(tmp_path: Path, capsys: pytest.CaptureFixt
     out = tmp_path / "r.json"
     assert main(["--sessions", "300", "--rounds", "1", "--eval-sessions", "300", "--epochs", "2", "--json", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "intent policy" in printed and "round 1" in printed and "best:" in printed
+    assert "intent policy" in printed and "round 1" in printed and "last round, drawn" in printed
     result = json.loads(out.read_text())
     assert [r["round"] for r in result["rounds"]] == [0, 1]
     assert result["rounds"][1]["pages"] > result["rounds"][0]["pages"] > 300
-    share = result["rounds"][0]["argmax"]["objective"]["mean"] / result["intent_policy"]["objective"]["mean"]
-    assert result["rounds"][0]["argmax"]["share_of_intent_policy"] == share
+    for entry in result["rounds"]:  # an imitation from its labels does not beat the intent policy (300 sessions: loose)
+        assert entry["sampled"]["share_of_intent_policy"] < 1.2 and entry["sampled"]["minus_intent_policy"]["mean"] < 5
+    assert result["last_round_drawn_share_of_intent_policy"] == result["rounds"][-1]["sampled"]["share_of_intent_policy"]

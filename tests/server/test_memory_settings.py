@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from server.memory import ARENAS, cap_malloc_arenas
-from tests.harness import ROOT, spawn_server
+from tests.harness import ROOT, Spawned, spawn_server
 
 GLIBC = platform.libc_ver()[0] == "glibc"
 
@@ -50,37 +50,52 @@ def test_the_cap_holds_threads_to_two_arenas_where_they_would_make_more() -> Non
 
 def test_an_operators_own_setting_wins() -> None:
     assert cap_malloc_arenas({"MALLOC_ARENA_MAX": "8"}) is False  # glibc has read it already: nothing is changed
+    assert cap_malloc_arenas({"GLIBC_TUNABLES": "glibc.malloc.check=0:glibc.malloc.arena_max=4"}) is False
 
 
-_RECORDER = """
+_POOL = """
 import sys
-from pathlib import Path
 sys.path.insert(0, sys.argv[1])
-from server.app import make_recorder
-from server.config import Config
-recorder = make_recorder(Config(log_dir=Path(sys.argv[2])), None)
+if sys.argv[2] == "imported-first":
+    import pyarrow
+from server.memory import arrow_on_system_allocator
+pool, whole = arrow_on_system_allocator()
 import pyarrow as pa
 batch = pa.record_batch([pa.array(list(range(100_000)))], names=["x"])
 with pa.ipc.new_stream(pa.BufferOutputStream(), batch.schema,  # Arrow's own C++ allocations, as the writer's encoding
                        options=pa.ipc.IpcWriteOptions(compression="zstd")) as stream:
     stream.write_batch(batch)
-print(pa.default_memory_pool().backend_name, pa.mimalloc_memory_pool().max_memory() > 0)
+print(pool, whole, pa.mimalloc_memory_pool().max_memory() > 0)
 """
 
 
-@pytest.mark.parametrize(("given", "expected"), [(None, "system"), ("mimalloc", "mimalloc")])
-def test_a_logging_server_builds_its_batches_on_the_system_allocator(tmp_path: Path, given: str | None,
-                                                                     expected: str) -> None:
-    """The recorder as ``serve --log-dir`` makes it, in a process that had not imported pyarrow; an operator's
-    ``ARROW_DEFAULT_MEMORY_POOL`` is kept."""
+@pytest.mark.parametrize(("given", "order", "expected"), [
+    (None, "fresh", "system True False"),  # the whole process on the system allocator: mimalloc never used
+    ("mimalloc", "fresh", "mimalloc True True"),  # an operator's choice is kept
+    (None, "imported-first", "system False True"),  # too late for Arrow's C++ default: only Python's switches (the limit)
+])
+def test_arrows_pool_is_the_system_allocator_when_chosen_before_pyarrow_is_imported(given: str | None, order: str,
+                                                                                    expected: str) -> None:
     env = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
     if given is not None:
         env["ARROW_DEFAULT_MEMORY_POOL"] = given
-    out = subprocess.run([sys.executable, "-c", _RECORDER, str(ROOT), str(tmp_path / "logs")], capture_output=True,
-                         text=True, timeout=60, env=env, check=True)
-    pool, mimalloc_used = out.stdout.split()[-2:]
-    assert pool == expected, out.stderr
-    assert mimalloc_used == str(expected == "mimalloc")  # not only Python's default: Arrow's C++ default too
+    out = subprocess.run([sys.executable, "-c", _POOL, str(ROOT), order], capture_output=True, text=True, timeout=60,
+                         env=env, check=True)
+    assert out.stdout.strip() == expected, out.stderr
+
+
+def test_serve_with_logs_chooses_the_pool_before_pyarrow_is_imported(tmp_path: Path) -> None:
+    with spawn_server("--log-dir", str(tmp_path / "logs"), "--log-level", "DEBUG") as server:
+        lines = _until_serving(server)
+    chosen = [json.loads(line) for line in lines if '"arrow memory pool"' in line]
+    assert chosen and chosen[0]["pool"] == "system" and chosen[0]["before_pyarrow_import"] is True, chosen
+
+
+def _until_serving(server: Spawned) -> list[str]:
+    deadline = time.monotonic() + 20
+    while not any('"serving"' in line for line in server.lines) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return list(server.lines)
 
 
 _FREEZE = """
@@ -110,10 +125,7 @@ def test_freezing_exempts_what_exists_and_still_collects_what_comes_later() -> N
 
 def test_serve_freezes_what_it_built_before_loading_the_bundle() -> None:
     with spawn_server("--log-level", "DEBUG") as server:
-        deadline = time.monotonic() + 20
-        while not any('"serving"' in line for line in server.lines) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        lines = list(server.lines)
+        lines = _until_serving(server)
     frozen = [(i, json.loads(line)) for i, line in enumerate(lines) if "exempted from garbage collection" in line]
     loaded = [i for i, line in enumerate(lines) if "loaded the embedded default bundle" in line]
     assert frozen and frozen[0][1]["frozen"] > 10_000, frozen
