@@ -30,7 +30,7 @@ from zoneinfo import ZoneInfo
 
 import numpy as np
 
-from bench.loop import TRUTH_FIRST, constant, paired, play, scored
+from bench.loop import TRUTH_FIRST, constant, paired, play, public, scored
 from bench.report import add_json_flag, header, write_results
 from core.domain import ACTIONS, Action, PageType
 from policy.features import FeatureEncoder, local_hour
@@ -44,6 +44,7 @@ FIRST = 4_000_000  # the imitation's own sessions: a range no other bench plays
 UTC = ZoneInfo("UTC")
 CART_CAP = 4  # cart counts above this share one bucket in the --context features
 Choose = Callable[[ShopperSession, PageView], Action]
+Act = Callable[[np.ndarray, ShopperSession, PageView], Action]  # a decider given the page's state too
 
 
 class StateFeatures:
@@ -98,8 +99,7 @@ class Imitator:
         return p / p.sum()  # type: ignore[no-any-return]
 
 
-def recording(features: StateFeatures, act: Callable[[np.ndarray, ShopperSession, PageView], Action],
-              states: list[np.ndarray], labels: list[int]) -> Choose:
+def recording(features: StateFeatures, act: Act, states: list[np.ndarray], labels: list[int]) -> Choose:
     """A decider that plays ``act`` and records each page's state with the intent policy's action there."""
 
     def choose(session: ShopperSession, page: PageView) -> Action:
@@ -111,10 +111,20 @@ def recording(features: StateFeatures, act: Callable[[np.ndarray, ShopperSession
     return choose
 
 
-def learner(features: StateFeatures, model: Imitator, sampled: bool, seed: int) -> Callable[..., Action]:
+def playing(features: StateFeatures, act: Act) -> Choose:
+    """``act`` as a decider of the loop bench's ``play``: each page's state computed for it."""
+    return lambda session, page: act(features.of(session, page), session, page)
+
+
+def the_intent_policy(state: np.ndarray, session: ShopperSession, page: PageView) -> Action:
+    return intent_policy(session, page)  # what round 0 plays: it reads the session, not the state
+
+
+def learner(model: Imitator, sampled: bool, seed: int) -> Act:
+    """The imitation: its most likely action, or a draw from its probabilities."""
     rng = np.random.default_rng(seed)
 
-    def act(state: np.ndarray, session: ShopperSession | None = None, page: PageView | None = None) -> Action:
+    def act(state: np.ndarray, session: ShopperSession, page: PageView) -> Action:
         p = model.probabilities(state)
         return ACTIONS[int(rng.choice(len(p), p=p)) if sampled else int(np.argmax(p))]
 
@@ -145,23 +155,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     labels: list[int] = []
     model = Imitator(features.dim, seed=args.seed)
     rounds: list[dict[str, Any]] = []
-    act: Callable[..., Action] = lambda state, session, page: intent_policy(session, page)  # noqa: E731 - round 0
+    act: Act = the_intent_policy
     for r in range(args.rounds + 1):
         sessions = range(FIRST + r * args.sessions, FIRST + (r + 1) * args.sessions)
         play(world, sessions, recording(features, act, states, labels))
         accuracy = model.fit(np.stack(states), np.asarray(labels, dtype=np.int64), epochs=args.epochs)
         entry: dict[str, Any] = {"round": r, "pages": len(labels), "train_accuracy": accuracy}
         for how in ("argmax", "sampled"):
-            got = scored(f"imitation {how}", play(world, truth, (lambda a: lambda s, pg: a(features.of(s, pg)))(
-                learner(features, model, how == "sampled", args.seed + r))), world, truth)
+            imitation = playing(features, learner(model, how == "sampled", args.seed + r))
+            got = scored(f"imitation {how}", play(world, truth, imitation), world, truth)
             share = got["objective"]["mean"] / oracle["objective"]["mean"]
-            entry[how] = {**{k: v for k, v in got.items() if not k.startswith("_")}, "share_of_intent_policy": share,
+            entry[how] = {**public(got), "share_of_intent_policy": share,
                           "minus_always_add_to_cart": paired(got, atc), "minus_intent_policy": paired(got, oracle)}
             print(f"round {r} ({len(labels):,} pages, train accuracy {accuracy:.3f}) {how}: "
                   f"{got['objective']['mean']:.2f} [{got['objective']['ci_low']:.2f}, {got['objective']['ci_high']:.2f}], "
                   f"{share:.0%} of the intent policy", flush=True)
         rounds.append(entry)
-        act = learner(features, model, sampled=True, seed=10_000 + r)  # the next round visits where this learner goes
+        act = learner(model, sampled=True, seed=10_000 + r)  # the next round visits where this learner goes
 
     best = max((e[h] for e in rounds for h in ("argmax", "sampled")), key=lambda g: g["objective"]["mean"])
     last = rounds[-1]["sampled"]  # a fixed choice; the best of all is picked on the same sessions it is scored on
@@ -169,11 +179,9 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"best of {2 * len(rounds)} (selected on these sessions, so optimistic): {best['name']} "
           f"{best['objective']['mean']:.2f}, {best['share_of_intent_policy']:.0%}")
     if args.json is not None:
-        strip = {k: v for k, v in oracle.items() if not k.startswith("_")}
         write_results(args.json, {**header("bench.state_reference", started, argv), "seed": args.seed,
                                   "context": args.context, "truth_sessions": [truth.start, truth.stop],
-                                  "always_add_to_cart": {k: v for k, v in atc.items() if not k.startswith("_")},
-                                  "intent_policy": strip, "rounds": rounds,
+                                  "always_add_to_cart": public(atc), "intent_policy": public(oracle), "rounds": rounds,
                                   "last_round_drawn_share_of_intent_policy": last["share_of_intent_policy"],
                                   "best_share_of_intent_policy_selected": best["share_of_intent_policy"]})
     return 0

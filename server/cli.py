@@ -38,8 +38,8 @@ async def serve(config: Config) -> int:
     from server.memory import arrow_on_system_allocator, freeze_startup_objects
 
     if config.log_dir is not None:  # before the recorder imports pyarrow (server/memory.py)
-        pool, whole = arrow_on_system_allocator()
-        log.debug("arrow memory pool", extra={"fields": {"pool": pool, "before_pyarrow_import": whole}})
+        pool, in_time = arrow_on_system_allocator()
+        log.debug("arrow memory pool", extra={"fields": {"pool": pool, "before_pyarrow_import": in_time}})
     try:
         server = ShoppingAgentServer(config)
     except ValueError as exc:  # the log salt (experience.salt.SaltError): a setup problem to report, not a crash

@@ -45,21 +45,18 @@ def cap_malloc_arenas(environ: Mapping[str, str] = os.environ, arenas: int = ARE
 
 
 def arrow_on_system_allocator() -> tuple[str, bool]:
-    """Make the system allocator Arrow's default pool, unless ``ARROW_DEFAULT_MEMORY_POOL`` chose one: the pool's name,
-    and whether pyarrow was imported only now (so that the choice holds for Arrow's own C++ allocations too).
+    """Make the system allocator Arrow's default pool, unless ``ARROW_DEFAULT_MEMORY_POOL`` chose one: the pool Arrow
+    uses, and whether the choice was in time.
 
-    Arrow fixes its default pool when pyarrow is imported, from that variable, so it is set here first (a serving
-    process imports pyarrow only to write logs, and ``serve`` calls this before building the recorder). Had something
-    imported pyarrow already, the Python-level default is switched instead: Arrow's own C++ allocations then stay on
-    mimalloc.
+    Arrow fixes its default pool, for its C++ allocations too, from that variable when pyarrow is imported, so it is
+    set here first (a serving process imports pyarrow only to write logs, and ``serve`` calls this before building the
+    recorder). Were pyarrow imported already, nothing would change, and the answer says so.
     """
-    whole = "pyarrow" not in sys.modules
-    chosen = os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
+    in_time = "pyarrow" not in sys.modules
+    os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
     import pyarrow as pa
 
-    if chosen == "system" and pa.default_memory_pool().backend_name != "system":
-        pa.set_memory_pool(pa.system_memory_pool())
-    return str(pa.default_memory_pool().backend_name), whole
+    return str(pa.default_memory_pool().backend_name), in_time
 
 
 def freeze_startup_objects() -> int:

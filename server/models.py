@@ -21,7 +21,6 @@ from weights.embedded import default_bundle, default_manifest
 from weights.forkserver import Validator
 from weights.model_set import LoadOptions, ModelSet, NoModel
 from weights.sandbox import SandboxLimits
-from weights.signing import load_public_key, public_key_bytes
 from weights.store import ACTIVE_NAME, CANARY_DIR, CANARY_NAME
 
 log = logging.getLogger(__name__)
@@ -29,7 +28,11 @@ log = logging.getLogger(__name__)
 
 def load_options(config: Config) -> LoadOptions:
     """How this server loads bundles (reads the public key file: ``KeyFileError`` when it is not one)."""
-    key = None if config.bundle_public_key is None else public_key_bytes(load_public_key(config.bundle_public_key))
+    key = None
+    if config.bundle_public_key is not None:  # cryptography (about 7 MB) only in a server that verifies signatures
+        from weights.signing import load_public_key, public_key_bytes
+
+        key = public_key_bytes(load_public_key(config.bundle_public_key))
     return LoadOptions(
         device=config.device,
         threads=config.intra_op_threads,

@@ -35,7 +35,6 @@ from weights.bundle import PRODUCT_GUARD_PARTS, PRODUCT_PARTS, Bundle, BundleErr
 from weights.onnx_check import check_model
 from weights.product_guard import ProductGuard
 from weights.product_heads import ProductHeads
-from weights.signing import check_signature
 
 log = logging.getLogger(__name__)
 F32 = npt.NDArray[np.float32]
@@ -113,7 +112,10 @@ class ModelSet:
 
     @classmethod
     def _load(cls, bundle: Bundle, options: LoadOptions) -> ModelSet:
-        check_signature(bundle, options.public_key)
+        if options.public_key is not None:  # cryptography (about 7 MB) only in a process that verifies signatures
+            from weights.signing import check_signature
+
+            check_signature(bundle, options.public_key)
         m = bundle.manifest
         try:
             spec = FeatureSpec.parse(_section(m, "feature_spec"))

@@ -13,21 +13,18 @@ neither required nor checked.
 Keys are PEM files: the private key (PKCS#8) stays with whoever publishes (the CronJob's
 Secret, or an operator's machine); servers get only the public key (SubjectPublicKeyInfo).
 ``shopping-agent weights keygen`` makes a pair.
-
-``cryptography`` (about 7 MB of a process once imported) is imported where a key is used: a server
-without ``--bundle-public-key`` never loads it.
 """
 
 from __future__ import annotations
 
 import io
 from pathlib import Path
-from typing import TYPE_CHECKING
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from weights.bundle import MANIFEST, SIGNATURE, Bundle, BundleError, read_bundle, write_members
-
-if TYPE_CHECKING:
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 
 class KeyFileError(ValueError):
@@ -35,9 +32,6 @@ class KeyFileError(ValueError):
 
 
 def load_private_key(path: Path | str) -> Ed25519PrivateKey:
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
     try:
         key = serialization.load_pem_private_key(Path(path).read_bytes(), password=None)
     except (OSError, ValueError, TypeError) as exc:
@@ -48,9 +42,6 @@ def load_private_key(path: Path | str) -> Ed25519PrivateKey:
 
 
 def load_public_key(path: Path | str) -> Ed25519PublicKey:
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-
     try:
         key = serialization.load_pem_public_key(Path(path).read_bytes())
     except (OSError, ValueError, TypeError) as exc:
@@ -62,16 +53,11 @@ def load_public_key(path: Path | str) -> Ed25519PublicKey:
 
 def public_key_bytes(key: Ed25519PublicKey) -> bytes:
     """The raw 32-byte key: what load options carry (plain data, comparable, picklable-free)."""
-    from cryptography.hazmat.primitives import serialization
-
     return key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
 
 
 def keypair_pem() -> tuple[bytes, bytes]:
     """A new (private PKCS#8 PEM, public SubjectPublicKeyInfo PEM) pair."""
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
     private = Ed25519PrivateKey.generate()
     return (
         private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()),
@@ -93,9 +79,6 @@ def check_signature(bundle: Bundle, public_key: bytes | None) -> None:
     """Raise ``BundleError("signature", …)`` unless ``bundle`` is signed by ``public_key`` (raw bytes); no key, no check."""
     if public_key is None:
         return
-    from cryptography.exceptions import InvalidSignature
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-
     if bundle.signature is None:
         raise BundleError("signature", f"the bundle is not signed, and this server accepts only bundles signed by its key "
                                        f"({SIGNATURE} is missing)")
