@@ -3,12 +3,18 @@
 The CUDA provider is used when onnxruntime-gpu is installed and CUDA is usable; otherwise
 the CPU provider. Which provider a session really got is read back from
 ``session.get_providers()`` (onnxruntime-gpu silently falls back to CPU without CUDA).
+
+The server never imports torch, so nothing else has loaded CUDA's libraries when the first
+CUDA session is made: ``preload_cuda_libraries`` has onnxruntime load them from the NVIDIA
+wheels (``onnxruntime-gpu[cuda,cudnn]``, the [gpu] extra) or the system's loader path first.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
+import io
 import logging
 import os
 import tempfile
@@ -49,6 +55,35 @@ def choose_providers(device: str, available: list[str]) -> list[str]:
     return ["CPUExecutionProvider"]
 
 
+# TF32 off: with it, onnxruntime's CUDA provider rounds float32 matrix inputs to a 10-bit mantissa
+# (its default on Ampere and later), and the embedded default's golden self-test then missed its
+# 1e-4 tolerance on an H200 (1.02e-4): every CUDA server answered FALLBACK_NO_MODEL. These MLPs
+# are far too small for TF32's speed to matter; the self-test's meaning does.
+CUDA_OPTIONS = {"use_tf32": "0"}
+
+
+def session_providers(names: list[str]) -> list[str | tuple[str, dict[str, str]]]:
+    """``choose_providers``'s names as ``InferenceSession`` takes them, the CUDA provider with ``CUDA_OPTIONS``."""
+    return [(n, dict(CUDA_OPTIONS)) if n == "CUDAExecutionProvider" else n for n in names]
+
+
+@functools.cache
+def preload_cuda_libraries() -> None:
+    """Load CUDA, cuBLAS and cuDNN once per process, before the first CUDA session (see the module doc).
+
+    ``onnxruntime.preload_dlls`` (1.21 and later) prints what it could not load; that goes to the log.
+    """
+    ort = onnxruntime()
+    preload = getattr(ort, "preload_dlls", None)
+    if preload is None:
+        return
+    said = io.StringIO()
+    with contextlib.redirect_stdout(said):
+        preload()
+    if said.getvalue().strip():
+        log.warning("onnxruntime.preload_dlls: %s", " ".join(said.getvalue().split())[:500])
+
+
 @functools.cache
 def empty_directory() -> str:
     """A private, empty directory (0700, per process): where onnxruntime is told external data lives.
@@ -84,8 +119,10 @@ class OnnxModel:
         options.log_severity_level = 3
         options.add_session_config_entry("session.model_external_initializers_file_folder_path", empty_directory())
         providers = choose_providers(device, ort.get_available_providers())
+        if "CUDAExecutionProvider" in providers:
+            preload_cuda_libraries()
         self.name = name
-        self.session = ort.InferenceSession(model, sess_options=options, providers=providers)
+        self.session = ort.InferenceSession(model, sess_options=options, providers=session_providers(providers))
         inputs, outputs = self.session.get_inputs(), self.session.get_outputs()
         if len(inputs) != 1 or len(outputs) != 1:
             raise ValueError(f"{name}: expected one input and one output, got {len(inputs)} and {len(outputs)}")

@@ -12,7 +12,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from policy.onnx_model import OnnxModel, RuntimeMissing, choose_providers
+from policy.onnx_model import OnnxModel, RuntimeMissing, choose_providers, preload_cuda_libraries, session_providers
 from weights import mlp
 
 CPU, CUDA = "CPUExecutionProvider", "CUDAExecutionProvider"
@@ -38,6 +38,21 @@ def test_choose_providers_rejects_cuda_without_cuda_and_unknown_devices() -> Non
         choose_providers("cuda", [CPU])
     with pytest.raises(ValueError, match=r"device: expected auto, cpu or cuda, got 'gpu'"):
         choose_providers("gpu", [CUDA, CPU])
+
+
+def test_the_cuda_provider_is_asked_for_full_float32() -> None:
+    # On an H200 (scripts/gpu_check.py, docs/performance.md) TF32 put the default bundle's golden self-test at
+    # 1.02e-4 against its 1e-4 tolerance: a CUDA server never loaded a model. The options travel with the name.
+    assert session_providers([CUDA, CPU]) == [(CUDA, {"use_tf32": "0"}), CPU]
+    assert session_providers([CPU]) == [CPU]
+
+
+def test_preloading_cuda_libraries_on_a_cpu_build_is_silent(caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]) -> None:
+    # The CPU package has preload_dlls too and returns at once (no CUDA version): nothing printed, nothing logged.
+    preload_cuda_libraries.cache_clear()
+    preload_cuda_libraries()
+    assert capfd.readouterr().out == ""
+    assert not [r for r in caplog.records if r.name == "policy.onnx_model"]
 
 
 def test_cpu_session_runs_the_policy_graph() -> None:
