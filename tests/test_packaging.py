@@ -107,6 +107,8 @@ def test_the_image_lock_files_pin_every_dependency_with_hashes() -> None:
     assert base <= set(cpu) and base <= set(gpu) and base <= set(trainer)
     assert "onnxruntime" in cpu and "onnxruntime-gpu" not in cpu
     assert "onnxruntime-gpu" in gpu and "onnxruntime" not in gpu
+    # The slim base has no CUDA: the gpu extra's [cuda,cudnn] brings it as wheels (policy.onnx_model preloads them).
+    assert {"nvidia-cuda-runtime", "nvidia-cublas", "nvidia-cudnn-cu13"} <= set(gpu)
     assert "onnx" in trainer and "torch" not in trainer  # torch comes from its own index (Dockerfile)
     assert not {p for p in trainer if p.startswith(("nvidia-", "cuda-", "triton"))}
     assert "torch" not in cpu and "torch" not in gpu
