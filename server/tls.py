@@ -199,15 +199,25 @@ def _grpc_configuration(certificates: Certificates) -> grpc.ServerCertificateCon
 
 
 def server_credentials(source: ReloadingCertificates) -> grpc.ServerCredentials:
-    """Credentials whose certificates follow the files; with a client CA, a client certificate is required."""
+    """Credentials whose certificates follow the files; with a client CA, a client certificate is required.
+
+    Several servers share one ``source`` (``--grpc-servers``): ``refresh`` reports new files once, to
+    whichever server's handshake looked first, so each credentials object compares what it serves
+    with the source's current certificates and takes them up at its own next handshake."""
+    served = source.current
 
     def fetch() -> grpc.ServerCertificateConfiguration | None:
+        nonlocal served
         try:
-            new = source.refresh()
+            source.refresh()
         except Exception:  # never into grpc's handshake: keep what is in use
             log.exception("reading the certificate files failed; the current ones stay in use")
             return None
-        return None if new is None else _grpc_configuration(new)
+        current = source.current
+        if current is served:
+            return None
+        served = current
+        return _grpc_configuration(current)
 
-    return grpc.dynamic_ssl_server_credentials(_grpc_configuration(source.current), fetch,
+    return grpc.dynamic_ssl_server_credentials(_grpc_configuration(served), fetch,
                                                require_client_authentication=source.files.mutual)
