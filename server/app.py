@@ -59,7 +59,7 @@ class ShoppingAgentServer:
         self.health_port: int | None = None
         self.metrics_endpoint: MetricsEndpoint | None = None
         self.certificates: ReloadingCertificates | None = None
-        self._server: aio.Server | None = None
+        self._servers: list[aio.Server] = []
         self._health_server: aio.Server | None = None
         self._batcher: MicroBatcher[DecisionRequest, Decision] | None = None
         self._product_batcher: MicroBatcher[ProductRequest, ProductDecision] | None = None
@@ -75,7 +75,7 @@ class ShoppingAgentServer:
         config = self.config
         files = grpc_files(config)
         self.certificates = ReloadingCertificates(files) if files is not None else None  # TlsError: before anything starts
-        server = transport.new_server(config, config.max_concurrent_rpcs)
+        servers = transport.service_servers(config)  # --grpc-servers on one port: why, in server/transport.py
         self._batcher = MicroBatcher(config.max_batch, config.max_queue, self.metrics.batch if self.metrics else None,
                                      duty=config.batch_duty, max_delay_s=config.max_batch_delay_ms / 1000.0,
                                      gap_s=config.batch_gap_ms / 1000.0)
@@ -89,14 +89,16 @@ class ShoppingAgentServer:
             self.recorder.start()
             log.info("logging decisions and outcomes", extra={"fields": {"log_dir": str(config.log_dir),
                                                                          "sample_rate": config.log_sample_rate}})
-        registrar = InstrumentedRegistrar(server, self.metrics)
-        add_to_server(ShoppingAgentServicer(config, self.models, self._batcher, self._product_batcher, self.metrics,
-                                            self.recorder), registrar)
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, registrar)
+        servicer = ShoppingAgentServicer(config, self.models, self._batcher, self._product_batcher, self.metrics, self.recorder)
         names = (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME)
-        reflection_pb2_grpc.add_ServerReflectionServicer_to_server(reflection.aio.ReflectionServicer(names), registrar)
-        credentials = server_credentials(self.certificates) if self.certificates is not None else None
-        port = transport.add_port(server, config.host, config.port, credentials)
+        port = config.port
+        for server in servers:  # the first binds (port 0 picks one), the others join it
+            registrar = InstrumentedRegistrar(server, self.metrics)
+            add_to_server(servicer, registrar)
+            health_pb2_grpc.add_HealthServicer_to_server(self.health, registrar)
+            reflection_pb2_grpc.add_ServerReflectionServicer_to_server(reflection.aio.ReflectionServicer(names), registrar)
+            credentials = server_credentials(self.certificates) if self.certificates is not None else None
+            port = transport.add_port(server, config.host, port, credentials)
         health_server = self._health_only_server() if config.health_port is not None else None
         if self.metrics is not None and config.metrics_port is not None:
             self.metrics_endpoint = MetricsEndpoint.for_config(self.registry, config)
@@ -107,8 +109,9 @@ class ShoppingAgentServer:
             await health_server.start()
             self._health_server = health_server
             log.info("health port", extra={"fields": {"host": config.host, "port": self.health_port}})
-        await server.start()
-        self._server, self.port = server, port
+        for server in servers:
+            await server.start()
+        self._servers, self.port = servers, port
         log.info("listening", extra={"fields": {"host": config.host, "port": port, "tls": credentials is not None,
                                                 "mutual_tls": config.tls_client_ca is not None}})
         self._loading = asyncio.get_running_loop().create_task(self._load(), name="initial-load")
@@ -237,7 +240,7 @@ class ShoppingAgentServer:
         """
         grace = self.config.grace_seconds if grace is None else grace
         drain_delay = self.config.drain_delay_seconds if drain_delay is None else drain_delay
-        if self._server is None:  # never started, or start() failed part-way: release what it did start
+        if not self._servers:  # never started, or start() failed part-way: release what it did start
             await self._close_batchers()
             if self.recorder is not None:
                 await asyncio.get_running_loop().run_in_executor(None, self.recorder.close)
@@ -254,7 +257,7 @@ class ShoppingAgentServer:
         await self.health.enter_graceful_shutdown()
         if drain_delay > 0:
             await asyncio.sleep(drain_delay)
-        await self._server.stop(grace)
+        await asyncio.gather(*(server.stop(grace) for server in self._servers))
         if self._loading is not None and not self._loading.done():
             self._loading.cancel()
         for watcher in (self._watcher, self._canary_watcher):
@@ -269,7 +272,7 @@ class ShoppingAgentServer:
             await self._health_server.stop(0)
         if self.metrics_endpoint is not None:
             self.metrics_endpoint.stop()
-        self._server = None
+        self._servers = []
         log.info("stopped")
         self.stopped.set()
 

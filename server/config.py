@@ -23,12 +23,19 @@ def _opt(default: Any, help: str) -> Any:
     return field(default=default, metadata={"help": help})
 
 
+MAX_GRPC_SERVERS = 64
+
+
 @dataclass(frozen=True)
 class Config:
     host: str = _opt("0.0.0.0", "address to bind the gRPC server to")
     port: int = _opt(50051, "gRPC port; 0 picks a free port (logged at start)")
     workers: int = _opt(1, "server processes sharing the port (SO_REUSEPORT); metrics report as one target")
     reuse_port: bool = _opt(False, "bind with SO_REUSEPORT (set for each worker when --workers > 1)")
+    grpc_servers: int = _opt(8, "grpc.aio servers in each process, all on the one port (SO_REUSEPORT between them): one "
+                                "admits new calls one at a time through the event loop, several admit several connections' "
+                                "calls at once (a connection's calls stay on one server); --max-concurrent-rpcs is shared "
+                                "out evenly between them")
     metrics_multiproc_dir: Path | None = _opt(
         None, "with --workers > 1: prometheus_client's multiprocess directory; its *.db files are removed at start "
               "(default: a temporary one)")
@@ -117,6 +124,11 @@ class Config:
             problems.append(f"port: expected 0..65535, got {self.port}")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             problems.append(f"metrics_port: expected 0..65535, got {self.metrics_port}")
+        if not 1 <= self.grpc_servers <= MAX_GRPC_SERVERS:
+            problems.append(f"grpc_servers: expected 1..{MAX_GRPC_SERVERS}, got {self.grpc_servers}")
+        elif self.max_concurrent_rpcs is not None and 1 <= self.max_concurrent_rpcs < self.grpc_servers:
+            problems.append(f"max_concurrent_rpcs: {self.max_concurrent_rpcs} cannot be shared out between "
+                            f"{self.grpc_servers} --grpc-servers (at least one call each)")
         for name in ("workers", "intra_op_threads", "max_batch", "max_queue", "max_recent_behavior_ids", "max_id_length",
                      "max_message_bytes", "log_queue"):
             if getattr(self, name) < 1:

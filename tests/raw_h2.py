@@ -10,12 +10,14 @@ HPACK (RFC 7541, no Huffman, no table) it needs fit here.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import ssl
 import struct
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -166,3 +168,23 @@ class RawH2:
                     self.seen.goaway.append(int.from_bytes(payload[4:8], "big"))
         except (OSError, ConnectionError, ValueError):
             self.seen.closed = True
+
+
+
+@contextlib.contextmanager
+def hung_calls(port: int, method: str, per_connection: int, at_least: int, timeout: float = 10.0) -> Iterator[tuple[RawH2, RawH2]]:
+    """Two connections that open ``per_connection`` calls each and never send their requests, yielded once the
+    server has ended ``at_least`` of those calls (refused past a limit) or ``timeout`` passed, then a settling
+    pause; closed on leaving."""
+    first, second = RawH2("127.0.0.1", port), RawH2("127.0.0.1", port)
+    try:
+        first.open_calls(method, per_connection)
+        second.open_calls(method, per_connection)
+        deadline = time.monotonic() + timeout
+        while len(first.seen.ended_streams) + len(second.seen.ended_streams) < at_least and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.2)
+        yield first, second
+    finally:
+        first.close()
+        second.close()

@@ -18,7 +18,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from server.config import Config
 from server.transport import server_options
 from tests.harness import ServerThread, make_config, request, running_server, spawn_server, stub
-from tests.raw_h2 import ENHANCE_YOUR_CALM, PING, REFUSED_STREAM, SETTINGS_MAX_CONCURRENT_STREAMS, RawH2
+from tests.raw_h2 import ENHANCE_YOUR_CALM, PING, REFUSED_STREAM, SETTINGS_MAX_CONCURRENT_STREAMS, RawH2, hung_calls
 
 METHOD = "/shopping_agent.v1.ShoppingAgent/RecommendAction"
 UNARY = {"grpc_type": "unary", "grpc_service": "shopping_agent.v1.ShoppingAgent", "grpc_method": "RecommendAction"}
@@ -96,23 +96,13 @@ def test_calls_past_max_concurrent_rpcs_get_resource_exhausted_and_the_slots_com
     """Two connections of 50 hung calls against a limit of 64: grpc answers the 36 past it at once, before any
     handler runs (so grpc_server_* does not see them); a normal call gets RESOURCE_EXHAUSTED until the hung
     calls go away, then OK."""
-    with running_server(max_concurrent_rpcs=64) as live:
-        first, second = RawH2("127.0.0.1", port_of(live)), RawH2("127.0.0.1", port_of(live))
-        try:
-            first.open_calls(METHOD, 50)
-            second.open_calls(METHOD, 50)
-            deadline = time.monotonic() + 10
-            while len(first.seen.ended_streams) + len(second.seen.ended_streams) < 36 and time.monotonic() < deadline:
-                time.sleep(0.05)
-            time.sleep(0.2)
+    with running_server(max_concurrent_rpcs=64, grpc_servers=1) as live:  # one server: the whole limit (shares: test_grpc_servers)
+        with hung_calls(port_of(live), METHOD, 50, at_least=36) as (first, second):
             assert len(first.seen.ended_streams) + len(second.seen.ended_streams) == 36
             with grpc.insecure_channel(live.target) as ch, pytest.raises(grpc.RpcError) as info:
                 stub(ch).RecommendAction(request(), timeout=5)
             assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
             assert live.registry.get_sample_value("grpc_server_started_total", UNARY) in (None, 0.0)
-        finally:
-            first.close()
-            second.close()
         deadline = time.monotonic() + 10
         while True:  # the reset streams end their calls, and the limiter counts them down
             try:
