@@ -1,7 +1,8 @@
 """The baseline: the ShoppingAgent service with no decision behind it.
 
 A single-process ``grpc.aio`` server built like the real one (same generated code, same
-channel options from ``server.config.Config``'s defaults, a health service) whose
+channel options from ``server.config.Config``'s defaults, a health service; one server on the
+port unless ``--grpc-servers N``, the real server's admission lever, asks for more) whose
 ``RecommendAction`` only reads the parsed request and answers one constant, realistically
 sized ``RecommendActionResponse``. What the bench measures against it is the cost of gRPC,
 HTTP/2 and protobuf in this Python on this machine: the ceiling the real server cannot beat.
@@ -70,20 +71,24 @@ def _log(msg: str, **fields: object) -> None:
           file=sys.stderr, flush=True)
 
 
-async def serve(host: str, port: int, reuse_port: bool = False) -> int:
+async def serve(host: str, port: int, reuse_port: bool = False, grpc_servers: int = 1) -> int:
     defaults = Config()
-    options = [  # as in server/app.py (reuse_port: as each of its --workers binds)
+    options = [  # as in server/app.py (reuse_port: as each of its --workers binds, or its --grpc-servers)
         ("grpc.max_receive_message_length", defaults.max_message_bytes),
-        ("grpc.so_reuseport", int(reuse_port)),
+        ("grpc.so_reuseport", int(reuse_port or grpc_servers > 1)),
     ]
-    server = aio.server(options=options)
-    pb_grpc.add_ShoppingAgentServicer_to_server(BareServicer(), server)
     health_servicer = health.aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    bound = server.add_insecure_port(f"{host}:{port}")
-    if bound == 0:
-        raise OSError(f"cannot bind {host}:{port}")
-    await server.start()
+    servers, bound = [], port
+    for _ in range(grpc_servers):  # the first binds (port 0 picks one), the others join it
+        server = aio.server(options=options)
+        pb_grpc.add_ShoppingAgentServicer_to_server(BareServicer(), server)
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        bound = server.add_insecure_port(f"{host}:{bound}")
+        if bound == 0:
+            raise OSError(f"cannot bind {host}:{port}")
+        servers.append(server)
+    for server in servers:
+        await server.start()
     _log("listening", host=host, port=bound)
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -95,7 +100,7 @@ async def serve(host: str, port: int, reuse_port: bool = False) -> int:
         loop.add_signal_handler(signum, stop.set)
     await stop.wait()
     await health_servicer.enter_graceful_shutdown()
-    await server.stop(2.0)
+    await asyncio.gather(*(server.stop(2.0) for server in servers))
     _log("stopped")
     return 0
 
@@ -105,8 +110,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=0, help="port; 0 picks a free one (logged)")
     p.add_argument("--reuse-port", action="store_true", help="bind with SO_REUSEPORT: several processes on one port")
+    p.add_argument("--grpc-servers", type=int, default=1,
+                   help="grpc.aio servers on the port, as the real server's --grpc-servers (default 1: the issue's baseline)")
     args = p.parse_args(argv)
-    return asyncio.run(serve(args.host, args.port, args.reuse_port))
+    if not 1 <= args.grpc_servers <= 64:
+        p.error("--grpc-servers must be in 1..64")
+    return asyncio.run(serve(args.host, args.port, args.reuse_port, args.grpc_servers))
 
 
 if __name__ == "__main__":

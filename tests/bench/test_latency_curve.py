@@ -44,6 +44,16 @@ def test_targets_are_ratios_within_the_run() -> None:
     assert "throughput_64_in_flight_over_mlserver" not in targets({"bare": bare, "real": _server(850.0, 1.4, [1.0] * 4)})
 
 
+def test_the_grpc_servers_context_is_reported_not_judged() -> None:
+    """The real server with one gRPC server, and the bare one with as many as the real server: ratios, no verdict."""
+    bare = _server(1000.0, 1.0, [2.0] * 4)
+    got = targets({"bare": bare, "real": _server(700.0, 1.4, [3.0] * 4), "real_one_server": _server(550.0, 1.0, [1.0] * 4),
+                   "bare_same_servers": _server(1400.0, 1.0, [1.0] * 4)})
+    assert got["real_one_server_64_in_flight_over_bare"] == {"value": 0.55, "target": "context", "met": None}
+    assert got["throughput_128_in_flight_over_bare_same_servers"]["value"] == 0.5
+    assert got["throughput_64_in_flight_over_bare"]["value"] == 0.7  # the target stays against the one-server bare process
+
+
 def test_the_plot_is_written_where_no_results_directory_exists_yet(tmp_path: Path) -> None:
     """A fresh checkout has no bench/results: the run's figures must not be lost to a missing directory."""
     pytest.importorskip("matplotlib")  # the bench extra; without it the plot is skipped with a message
