@@ -3,8 +3,10 @@
 The request path calls ``decision()`` / ``outcome()`` / ``engagement()`` / ``product()``: a sampling check and one append to a
 bounded in-memory queue, never I/O, never a wait. A full queue drops the record, counts it
 (``observer.dropped``) and the writer thread logs the running count; nothing is lost
-silently. The writer thread wakes every ``flush_seconds``, turns what is queued into one
-Arrow record batch per kind and appends it to the open segment (``SegmentWriter``), which
+silently. The writer thread wakes every ``flush_seconds``, or as soon as one kind's queue
+reaches ``flush_rows`` (so what a process holds between flushes does not grow with its
+throughput: at 5,500 decisions a second, 0.25 s of them held about 8 MB of requests), turns
+what is queued into one Arrow record batch per kind and appends it to the open segment (``SegmentWriter``), which
 rotates by size and age. ``close()`` drains the queues and finalises the segments; the
 server calls it after in-flight calls have finished, so every answered decision is on disk.
 
@@ -85,14 +87,15 @@ class RecorderOptions:
     segment_bytes: int = 64 * 1024 * 1024
     segment_seconds: float = 300.0
     flush_seconds: float = 0.25
+    flush_rows: int = 256
     retry_min_seconds: float = 0.5
     retry_max_seconds: float = 30.0
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.sample_rate <= 1.0:
             raise ValueError(f"sample_rate: expected 0..1, got {self.sample_rate}")
-        if self.max_queue < 1 or self.segment_bytes < 1 or self.segment_seconds <= 0 or self.flush_seconds <= 0:
-            raise ValueError("max_queue and segment_bytes must be >= 1, segment_seconds and flush_seconds > 0")
+        if self.max_queue < 1 or self.segment_bytes < 1 or self.flush_rows < 1 or self.segment_seconds <= 0 or self.flush_seconds <= 0:
+            raise ValueError("max_queue, segment_bytes and flush_rows must be >= 1, segment_seconds and flush_seconds > 0")
         if not 0 < self.retry_min_seconds <= self.retry_max_seconds:
             raise ValueError("retry_min_seconds must be > 0 and <= retry_max_seconds")
 
@@ -133,6 +136,7 @@ class ExperienceRecorder:
         self._dropped_logged = dict.fromkeys(KINDS, 0)
         self._drop_log_after = 0.0
         self._stop = threading.Event()
+        self._wake = threading.Event()  # a queue reached flush_rows, or close(): write now
         self._thread = threading.Thread(target=self._run, name="experience-writer", daemon=True)
         self._closed = False
         self.written = dict.fromkeys(KINDS, 0)
@@ -184,6 +188,8 @@ class ExperienceRecorder:
                 self._observer.dropped(kind, "closed" if self._closed else "queue_full", 1)
             return False
         queue.append(item)  # deque.append and popleft are atomic: no lock with the writer thread
+        if len(queue) == self.options.flush_rows:  # once as it crosses: one Event.set per flush_rows records
+            self._wake.set()
         return True
 
     def depth(self, kind: str) -> int:
@@ -195,7 +201,11 @@ class ExperienceRecorder:
 
     # --- writer thread -------------------------------------------------------------------
     def _run(self) -> None:
-        while not self._stop.wait(self.options.flush_seconds):
+        while True:
+            self._wake.wait(self.options.flush_seconds)
+            self._wake.clear()
+            if self._stop.is_set():
+                break
             self.flush()
         self._drain()
 
@@ -311,6 +321,7 @@ class ExperienceRecorder:
         """Refuse new records, write everything queued, finalise the open segments."""
         self._closed = True
         self._stop.set()
+        self._wake.set()
         if self._thread.is_alive():
             self._thread.join(timeout)
         elif self._thread.ident is None:  # never started: write in this thread

@@ -289,6 +289,7 @@ def make_recorder(config: Config, metrics: Metrics | None) -> ExperienceRecorder
         segment_bytes=int(config.log_segment_mb * 1024 * 1024),
         segment_seconds=config.log_segment_seconds,
         flush_seconds=config.log_flush_seconds,
+        flush_rows=config.log_flush_rows,
     )
     salt = resolve_salt(config.log_dir, config.log_user_salt)
     return ExperienceRecorder(config.log_dir, salt, options, metrics.experience if metrics is not None else None)

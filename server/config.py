@@ -113,6 +113,8 @@ class Config:
     log_segment_mb: float = _opt(64.0, "finalise a log segment once it holds this many MB")
     log_segment_seconds: float = _opt(300.0, "finalise a log segment once it is this old")
     log_flush_seconds: float = _opt(0.25, "how often the writer thread writes what is queued")
+    log_flush_rows: int = _opt(256, "also write as soon as this many records of one kind are queued (bounds the memory "
+                                    "they hold at high throughput)")
     drain_delay_seconds: float = _opt(0.0, "on SIGTERM/SIGINT, keep serving this long with health NOT_SERVING before refusing new calls")
     grace_seconds: float = _opt(10.0, "on SIGTERM/SIGINT, how long in-flight calls may finish")
     log_level: str = _opt("INFO", "DEBUG, INFO, WARNING or ERROR")
@@ -130,7 +132,7 @@ class Config:
             problems.append(f"max_concurrent_rpcs: {self.max_concurrent_rpcs} cannot be shared out between "
                             f"{self.grpc_servers} --grpc-servers (at least one call each)")
         for name in ("workers", "intra_op_threads", "max_batch", "max_queue", "max_recent_behavior_ids", "max_id_length",
-                     "max_message_bytes", "log_queue"):
+                     "max_message_bytes", "log_queue", "log_flush_rows"):
             if getattr(self, name) < 1:
                 problems.append(f"{name}: expected >= 1, got {getattr(self, name)}")
         if self.device not in ("auto", "cpu", "cuda"):

@@ -165,6 +165,27 @@ def test_full_queue_drops_are_counted_and_logged(tmp_path: Path, caplog: pytest.
     assert value("shopping_agent_log_records_dropped_total", {"kind": "outcomes", "reason": "closed"}) == 1
 
 
+def test_a_queue_at_flush_rows_is_written_without_waiting_for_the_timer(tmp_path: Path) -> None:
+    """What a busy server holds between flushes is bounded by rows, not by its throughput times flush_seconds."""
+    metrics = Metrics(CollectorRegistry())
+    recorder = ExperienceRecorder(tmp_path, b"k" * 32, RecorderOptions(flush_seconds=60, flush_rows=4), metrics.experience)
+    recorder.start()
+    try:
+        for i in range(3):
+            recorder.outcome(_report(i))
+        time.sleep(0.3)
+        assert recorder.written["outcomes"] == 0  # below flush_rows: the 60 s timer
+        recorder.outcome(_report(3))
+        deadline = time.monotonic() + 10
+        while recorder.written["outcomes"] < 4 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert recorder.written["outcomes"] == 4 and recorder.depth("outcomes") == 0
+    finally:
+        recorder.close()
+    with pytest.raises(ValueError, match="flush_rows must be >= 1"):
+        RecorderOptions(flush_rows=0)
+
+
 def test_a_write_error_holds_the_records_and_the_writer_goes_on(tmp_path: Path) -> None:
     metrics = Metrics(CollectorRegistry())
     options = RecorderOptions(retry_min_seconds=0.01, retry_max_seconds=0.01)
