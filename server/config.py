@@ -81,9 +81,10 @@ class Config:
                                             "(mutual TLS; needs --tls-cert)")
     health_port: int | None = _opt(None, "a second, plaintext gRPC port serving grpc.health.v1 only, for kubelet probes (which "
                                          "cannot do TLS); 0 picks a free port; empty: none")
-    max_concurrent_rpcs: int | None = _opt(2048, "calls in progress at once over all connections (twice the default "
-                                                 "--max-queue; each costs about 20 KB); past it new calls fail at once with "
-                                                 "RESOURCE_EXHAUSTED; empty: no limit")
+    max_concurrent_rpcs: int | None = _opt(4096, "calls in progress at once over all connections (each costs about 20-25 KB); "
+                                                 "each of the --grpc-servers enforces its even share (512 by default: two "
+                                                 "connections' worth of streams, so one connection cannot fill its server); past "
+                                                 "it new calls fail at once with RESOURCE_EXHAUSTED; empty: no limit")
     max_concurrent_streams: int = _opt(256, "calls in progress at once on one connection (HTTP/2 MAX_CONCURRENT_STREAMS); "
                                             "the server refuses the streams past it")
     max_connection_idle_seconds: float | None = _opt(300.0, "close a connection (GOAWAY) that had no call in progress for "

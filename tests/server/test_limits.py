@@ -16,7 +16,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from server.config import Config
-from server.transport import server_options
+from server.transport import concurrency_share, server_options
 from tests.harness import ServerThread, make_config, request, running_server, spawn_server, stub
 from tests.raw_h2 import ENHANCE_YOUR_CALM, PING, REFUSED_STREAM, SETTINGS_MAX_CONCURRENT_STREAMS, RawH2, hung_calls
 
@@ -61,6 +61,10 @@ def test_defaults_leave_room_above_the_batcher_queue() -> None:
     """The batcher answers past max_queue with the rule engine at once; the RPC limit sits well above it."""
     config = Config()
     assert config.max_concurrent_rpcs is not None and config.max_concurrent_rpcs >= 2 * config.max_queue
+    # Each of the port's servers enforces its share (server/transport.py): one connection's streams must not fill it,
+    # or a client holding calls open would refuse every new connection the kernel hands that server.
+    shares = [concurrency_share(config.max_concurrent_rpcs, config.grpc_servers, i) for i in range(config.grpc_servers)]
+    assert min(s for s in shares if s is not None) >= 2 * config.max_concurrent_streams
     options = dict(server_options(config))
     assert options["grpc.max_concurrent_streams"] == config.max_concurrent_streams == 256
     assert options["grpc.http2.max_ping_strikes"] == 2 and options["grpc.max_connection_idle_ms"] == 300_000
