@@ -17,6 +17,7 @@ import functools
 import io
 import logging
 import os
+import re
 import tempfile
 from typing import Any
 
@@ -78,10 +79,14 @@ def preload_cuda_libraries() -> None:
     if preload is None:
         return
     said = io.StringIO()
-    with contextlib.redirect_stdout(said):
-        preload()
-    if said.getvalue().strip():
-        log.warning("onnxruntime.preload_dlls: %s", " ".join(said.getvalue().split())[:500])
+    try:
+        with contextlib.redirect_stdout(said):  # process-wide while it runs: at load, where nothing else prints
+            preload()
+    except Exception as exc:  # a missing library shows as the CPU fallback's warning; the model still loads
+        log.warning("onnxruntime.preload_dlls failed: %s: %s", type(exc).__name__, str(exc)[:300])
+    text = re.sub(r"\x1b\[[0-9;]*m", "", said.getvalue())  # its warnings come in terminal colours
+    if text.strip():
+        log.warning("onnxruntime.preload_dlls: %s", " ".join(text.split())[:500])
 
 
 @functools.cache

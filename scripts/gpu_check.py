@@ -47,15 +47,19 @@ sys.path.insert(0, str(ROOT))
 
 def _cuda_visible(device: str) -> dict[str, Any]:
     import onnxruntime as ort
-    import torch
 
+    try:
+        import torch
+    except ImportError:  # a serving image: no trainer half to check
+        torch = None
+    available = torch is not None and torch.cuda.is_available()
     providers = ort.get_available_providers()
-    torch_cuda = device == "cpu" or torch.cuda.is_available()
+    torch_cuda = torch is not None and (device == "cpu" or available)
     ort_cuda = device == "cpu" or "CUDAExecutionProvider" in providers
-    return {"ok": torch_cuda and ort_cuda, "torch_cuda": torch.cuda.is_available(), "ort_cuda": ort_cuda,
+    return {"ok": torch_cuda and ort_cuda, "torch_cuda": available, "ort_cuda": ort_cuda,
             "trainer_half": torch_cuda, "ort_providers": providers, "ort_version": ort.__version__,
-            "torch_version": torch.__version__,
-            "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+            "torch_version": None if torch is None else torch.__version__,
+            "device": torch.cuda.get_device_name(0) if available else None}
 
 
 def _serving_provider(states: Any, device: str) -> dict[str, Any]:

@@ -92,6 +92,8 @@ class ShoppingAgentServer:
         servicer = ShoppingAgentServicer(config, self.models, self._batcher, self._product_batcher, self.metrics, self.recorder)
         names = (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME)
         port = config.port
+        if len(servers) > 1 and not config.reuse_port and port != 0:  # --workers' children share the port on purpose
+            transport.check_port_free(config.host, port)
         for server in servers:  # the first binds (port 0 picks one), the others join it
             registrar = InstrumentedRegistrar(server, self.metrics)
             add_to_server(servicer, registrar)
@@ -111,7 +113,8 @@ class ShoppingAgentServer:
             log.info("health port", extra={"fields": {"host": config.host, "port": self.health_port}})
         for server in servers:
             await server.start()
-        self._servers, self.port = servers, port
+            self._servers.append(server)  # what started is stopped by stop(), also if a later one fails
+        self.port = port
         log.info("listening", extra={"fields": {"host": config.host, "port": port, "tls": credentials is not None,
                                                 "mutual_tls": config.tls_client_ca is not None}})
         self._loading = asyncio.get_running_loop().create_task(self._load(), name="initial-load")

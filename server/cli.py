@@ -59,7 +59,12 @@ async def serve(config: Config) -> int:
     # "listening" is a shutdown like any other, not the default action (killed, logs unflushed).
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, on_signal, signum)
-    await server.start()
+    try:
+        await server.start()
+    except OSError as exc:  # the port is taken (transport.check_port_free) or cannot be bound: say so, release what started
+        print(f"shopping-agent: {exc}", file=sys.stderr)
+        await server.stop(0, 0)
+        return 2
     await requested.wait()
     await server.stop()
     return 0

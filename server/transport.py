@@ -9,7 +9,7 @@ Why several servers on the service port: a ``grpc.aio`` server admits new calls 
 under load calls queue inside grpc-core, out of the batcher's sight, while the loop runs
 batches of one or two. Measured (2026-12-04, h2load 4 connections at 3,300 req/s, channelz's
 calls started against the handler's entries): a bad window held all 256 of the client's calls
-in grpc-core and at most 2 in the handler. Servers bound with SO_REUSEPORT each take the
+in grpc-core and 0-8 in the handler. Servers bound with SO_REUSEPORT each take the
 connections the kernel hands them, so the calls of several connections are admitted at once.
 
 - ``maximum_concurrent_rpcs``: calls in progress over all connections (shared out between
@@ -33,6 +33,8 @@ connections the kernel hands them, so the calls of several connections are admit
 """
 
 from __future__ import annotations
+
+import socket
 
 import grpc
 from grpc import aio
@@ -88,6 +90,22 @@ def service_servers(config: Config) -> list[aio.Server]:
     n = config.grpc_servers
     return [new_server(config, concurrency_share(config.max_concurrent_rpcs, n, i), reuse_port=config.reuse_port or n > 1)
             for i in range(n)]
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Raise ``OSError`` naming ``host:port`` if anything listens there already.
+
+    The service port is bound with SO_REUSEPORT when ``--grpc-servers`` > 1, and such a bind
+    succeeds beside another process of the same user that did the same (a stale server, a second
+    one started by mistake), which would then take a share of the connections unseen. A probe
+    bound without SO_REUSEPORT fails if any socket holds the port."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a closed server's TIME_WAIT is no listener
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise OSError(exc.errno, f"cannot bind {host}:{port}: {exc.strerror} (is another server running on it?)") from None
 
 
 def add_port(server: aio.Server, host: str, port: int, credentials: grpc.ServerCredentials | None) -> int:

@@ -55,6 +55,27 @@ def test_preloading_cuda_libraries_on_a_cpu_build_is_silent(caplog: pytest.LogCa
     assert not [r for r in caplog.records if r.name == "policy.onnx_model"]
 
 
+@pytest.mark.parametrize("behaviour", ["prints", "raises"])
+def test_what_preloading_says_or_raises_goes_to_the_log(behaviour: str, monkeypatch: pytest.MonkeyPatch,
+                                                        caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]) -> None:
+    def fake_preload() -> None:
+        if behaviour == "raises":
+            raise OSError("libcudnn.so.9: cannot open shared object file")
+        print("\033[33mWARNING: Failed to load libcublasLt.so.13\033[0m")
+
+    monkeypatch.setattr(ort, "preload_dlls", fake_preload)
+    preload_cuda_libraries.cache_clear()
+    try:
+        preload_cuda_libraries()  # never raises: the session then falls back to the CPU, with its own warning
+    finally:
+        preload_cuda_libraries.cache_clear()
+    assert capfd.readouterr().out == ""  # nothing on the process's stdout
+    said = " ".join(r.getMessage() for r in caplog.records if r.name == "policy.onnx_model")
+    printed = "onnxruntime.preload_dlls: WARNING: Failed to load libcublasLt.so.13"
+    expected = "libcudnn.so.9: cannot open" if behaviour == "raises" else printed
+    assert expected in said and "\x1b" not in said
+
+
 def test_cpu_session_runs_the_policy_graph() -> None:
     params = mlp.init_params(np.random.default_rng(3), [12, 8, 5])
     params = {"w1": params["w1"], "b1": params["b1"] + 0.1,
