@@ -173,7 +173,10 @@ def test_bad_configuration_exits_2_with_the_reason(args: list[str], env: dict[st
     assert message in out.stderr
 
 
-def test_stop_after_a_failed_start_releases_the_threads(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("grpc_servers", "error", "says"), [
+    (8, OSError, "cannot bind 127.0.0.1:{port}: .* another server"),  # our probe, before SO_REUSEPORT could share it
+    (1, RuntimeError, "Failed to bind")])  # grpc's own error for a taken port
+def test_stop_after_a_failed_start_releases_the_threads(tmp_path: Path, grpc_servers: int, error: type[Exception], says: str) -> None:
     import asyncio
     import socket
 
@@ -184,10 +187,10 @@ def test_stop_after_a_failed_start_releases_the_threads(tmp_path: Path) -> None:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        server = ShoppingAgentServer(make_config(port=port, log_dir=tmp_path))
+        server = ShoppingAgentServer(make_config(port=port, log_dir=tmp_path, grpc_servers=grpc_servers))
 
         async def start_then_stop() -> None:
-            with pytest.raises(RuntimeError, match="Failed to bind"):  # grpc's own error for a taken port
+            with pytest.raises(error, match=says.format(port=port)):
                 await server.start()
             batcher, recorder = server._batcher, server.recorder
             assert batcher is not None and recorder is not None
