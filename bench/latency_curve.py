@@ -156,17 +156,14 @@ def workers_closed(n: int, real_argv: list[str], request: pb.RecommendActionRequ
     return {"workers": n, "real": real, "bare": bare}
 
 
-def grpc_servers_of(real_argv: Sequence[str]) -> int:
-    """The real server's ``--grpc-servers`` under these arguments (the last given, else the default)."""
-    from server.config import Config
+def grpc_servers_of(server_args: Sequence[str]) -> int:
+    """The real server's ``--grpc-servers`` under these ``serve`` arguments and this environment, as ``serve`` reads them."""
+    import os
 
-    n = Config().grpc_servers
-    for i, arg in enumerate(real_argv):
-        if arg.startswith("--grpc-servers="):
-            n = int(arg.split("=", 1)[1])
-        elif arg == "--grpc-servers" and i + 1 < len(real_argv):
-            n = int(real_argv[i + 1])
-    return n
+    from server.cli import parser
+    from server.config import build_config
+
+    return build_config(parser("serve").parse_args(["serve", *server_args]), os.environ).grpc_servers
 
 
 def _ratio(a: float, b: float) -> float:
@@ -296,7 +293,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 got = open_loop(name, argv_, request, body, timing, tmp, loads)
                 servers[name].update(open=got["open"], open_start_to_serving_s=got["start_to_serving_s"], open_rss_mb=got["rss_mb"])
             if not args.quick:
-                n = grpc_servers_of(real_argv)
+                n = grpc_servers_of(args.server_arg)
                 print(f"[real --grpc-servers 1] and [bare --grpc-servers {n}] closed loop", flush=True)
                 servers["real_one_server"] = closed_and_few("real_one_server", [*real_argv, "--grpc-servers", "1"], request,
                                                             body, timing, tmp, few=False)

@@ -75,7 +75,8 @@ def _serving_provider(states: Any, device: str) -> dict[str, Any]:
     providers = list(gpu.policy.providers)
     expected = "CPUExecutionProvider" if device == "cpu" else "CUDAExecutionProvider"
     tf32 = gpu.policy.session.get_provider_options().get("CUDAExecutionProvider", {}).get("use_tf32")
-    return {"ok": providers[0] == expected and gap <= 1e-4, "providers": providers, "max_gap_vs_cpu": gap, "cuda_use_tf32": tf32}
+    ok = providers[0] == expected and gap <= 1e-4 and (device == "cpu" or tf32 == "0")  # the session really got the option
+    return {"ok": ok, "providers": providers, "max_gap_vs_cpu": gap, "cuda_use_tf32": tf32}
 
 
 def _fvp_cg(states: Any, device: str) -> dict[str, Any]:
@@ -166,7 +167,7 @@ def _server_on_cuda(device: str) -> dict[str, Any]:
         code = server.stop()
     loaded = [line for line in server.log_tail if '"providers"' in line]
     expected = "CPUExecutionProvider" if device == "cpu" else "CUDAExecutionProvider"
-    on_expected = bool(loaded) and f'"providers": ["{expected}"' in loaded[-1].replace("'", '"')
+    on_expected = bool(loaded) and json.loads(loaded[-1]).get("providers", [None])[0] == expected
     model_answer = reply.source not in (pb.DECISION_SOURCE_UNSPECIFIED, pb.DECISION_SOURCE_FALLBACK_NO_MODEL,
                                         pb.DECISION_SOURCE_FALLBACK_DEGRADED)
     return {"ok": on_expected and model_answer, "serving_after_s": round(serving_s, 2), "exit": code,

@@ -115,7 +115,7 @@ class ShoppingAgentServer:
             await server.start()
             self._servers.append(server)  # what started is stopped by stop(), also if a later one fails
         self.port = port
-        log.info("listening", extra={"fields": {"host": config.host, "port": port, "tls": credentials is not None,
+        log.info("listening", extra={"fields": {"host": config.host, "port": port, "tls": self.certificates is not None,
                                                 "mutual_tls": config.tls_client_ca is not None}})
         self._loading = asyncio.get_running_loop().create_task(self._load(), name="initial-load")
         return port

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from bench.latency_curve import LOAD_FRACTIONS, plot, targets
+from bench.latency_curve import LOAD_FRACTIONS, grpc_servers_of, plot, targets
 from bench.loaders import h2load_log_percentiles
 
 
@@ -60,3 +60,11 @@ def test_the_plot_is_written_where_no_results_directory_exists_yet(tmp_path: Pat
     servers = {"bare": _server(1000.0, 1.0, [2.0, 2.0, 2.0, 2.0]), "real": _server(850.0, 1.4, [3.0, 3.9, 3.9, 30.0])}
     path = tmp_path / "not" / "yet" / "latency-curve.png"
     assert plot(servers, path) == path and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_bare_servers_count_is_read_as_serve_reads_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SHOPPING_AGENT_GRPC_SERVERS", raising=False)
+    assert grpc_servers_of([]) == 8
+    assert grpc_servers_of(["--grpc-servers", "3"]) == grpc_servers_of(["--grpc-servers=3"]) == 3
+    monkeypatch.setenv("SHOPPING_AGENT_GRPC_SERVERS", "5")  # the spawned server inherits the environment too
+    assert grpc_servers_of([]) == 5 and grpc_servers_of(["--grpc-servers", "2"]) == 2
