@@ -18,7 +18,7 @@ import grpc
 from google.protobuf.message import DecodeError
 from grpc import aio
 
-from core.domain import ACTIONS, Context, Decision, DecisionRequest, EngagementReport, OutcomeReport, Source
+from core.domain import Context, Decision, DecisionRequest, EngagementReport, OutcomeReport, Source
 from core.product import LayerChoice, ProductDecision, ProductRequest
 from policy.features import context_of
 from policy.product_decision import by_rules as product_by_rules
@@ -31,6 +31,7 @@ from server.logs import log_context
 from server.metrics import Metrics
 from server.models import ModelHolder
 from server.product_validation import parse_product
+from server.response_wire import recommend_response
 from server.validation import InvalidRequest, Limits, parse_engagement, parse_outcome, parse_request
 from server.wire_view import view_of
 from weights.model_set import ModelSet, NoModel
@@ -103,7 +104,7 @@ def add_to_server(servicer: ShoppingAgentServicer, server: InstrumentedRegistrar
         "RecommendAction": grpc.unary_unary_rpc_method_handler(  # records its own transport metrics (hot path)
             servicer.RecommendAction,
             request_deserializer=wire_parser(pb.RecommendActionRequest),  # its one embedding: no gain from a view
-            response_serializer=pb.RecommendActionResponse.SerializeToString,
+            response_serializer=passthrough,  # the handler answers with the wire bytes (server.response_wire)
         ),
         "ReportOutcome": server.instrument(service, "ReportOutcome", grpc.unary_unary_rpc_method_handler(
             servicer.ReportOutcome,
@@ -126,25 +127,8 @@ def add_to_server(servicer: ShoppingAgentServicer, server: InstrumentedRegistrar
     server.add_registered_method_handlers(service, handlers, counted=True)
 
 
-def to_response(decision: Decision, decision_id: str, request_id: str) -> pb.RecommendActionResponse:
-    response = pb.RecommendActionResponse(
-        decision_id=decision_id,
-        action=pb.Action.ValueType(decision.action),
-        source=pb.DecisionSource.ValueType(decision.source),
-        propensity=decision.propensity,
-        votes=decision.votes,
-        samples=decision.samples,
-        model_version=decision.model_version,
-        request_id=request_id,
-        rule=decision.rule,
-    )
-    policy, allow = decision.policy_probs.tolist(), decision.allow_probs.tolist()
-    blocked, served = decision.blocked.tolist(), decision.served_probs.tolist()
-    add = response.action_scores.add  # add() in place: about 2x faster than building ActionScore lists
-    for a in ACTIONS:
-        i = a.index
-        add(action=pb.Action.ValueType(a), policy_probability=policy[i], guard_allow_probability=allow[i],
-            blocked=blocked[i], served_probability=served[i])
+def passthrough(response: bytes) -> bytes:
+    """The response serializer of a method whose handler writes its own wire bytes (``server.response_wire``)."""
     return response
 
 
@@ -191,7 +175,7 @@ class ShoppingAgentServicer:
 
     async def RecommendAction(  # noqa: N802 - the gRPC method name
         self, request: pb.RecommendActionRequest | Malformed, context: aio.ServicerContext  # type: ignore[type-arg]
-    ) -> pb.RecommendActionResponse:
+    ) -> bytes:  # a RecommendActionResponse, written by server.response_wire
         metrics, rpc = self._metrics, self._rpc
         if metrics is None or rpc is None:
             return await self._recommend(request, context)
@@ -218,7 +202,7 @@ class ShoppingAgentServicer:
             rpc.finish(code, started)
 
     async def _recommend(self, request: pb.RecommendActionRequest | Malformed,
-                         context: aio.ServicerContext) -> pb.RecommendActionResponse:  # type: ignore[type-arg]
+                         context: aio.ServicerContext) -> bytes:  # type: ignore[type-arg]
         model = self._models.current  # read once: validated against, and answered by, this model set
         try:
             if isinstance(request, Malformed):
@@ -243,7 +227,7 @@ class ShoppingAgentServicer:
             if self._recorder is not None:  # before answering: an answered decision is a logged one
                 self._recorder.decision(req, ctx.hour, decision, decision_id,
                                         model.encoder.spec if isinstance(model, ModelSet) else None)
-            return to_response(decision, decision_id, req.request_id)
+            return recommend_response(decision, decision_id, req.request_id)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a bug: answer INTERNAL without the exception's text, log it once
