@@ -12,7 +12,7 @@ A condition is a JSON object; every key present must hold (an empty object alway
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 from core.domain import Context, PageType
 
@@ -23,6 +23,15 @@ _KEYS = frozenset(
 
 class SchemaError(ValueError):
     """A bundle's rule or guardrail data is malformed; the message names the path."""
+
+
+MAX_NAME = 100
+
+
+def is_rule_name(value: object) -> TypeGuard[str]:
+    """A rule's name as answers, log records and metric labels carry it: 1-100 printable characters (no control
+    character, no lone surrogate, which no answer could encode)."""
+    return isinstance(value, str) and 0 < len(value) <= MAX_NAME and value.isprintable()
 
 
 def _int(spec: dict[str, Any], key: str, where: str, lo: int, hi: int) -> int | None:

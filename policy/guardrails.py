@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from core.conditions import Condition, SchemaError
+from core.conditions import MAX_NAME, Condition, SchemaError, is_rule_name
 from core.domain import ACTIONS, Action, Context, FloatArray
 
 
@@ -66,8 +66,9 @@ class Guardrails:
             if not isinstance(rule, dict) or set(rule) - {"name", "when", "action", "multiplier"}:
                 raise SchemaError(f"{at}: expected an object with name, when, action, multiplier")
             name = rule.get("name")
-            if not isinstance(name, str) or not name or name in names:
-                raise SchemaError(f"{at}.name: expected a unique non-empty string, got {name!r}")
+            if not is_rule_name(name) or name in names:
+                raise SchemaError(f"{at}.name: expected a unique non-empty string of at most {MAX_NAME} printable characters, "
+                                  f"got {ascii(name)[:60]}")
             names.add(name)
             try:
                 action = Action.from_key(str(rule.get("action")))

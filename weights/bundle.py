@@ -34,6 +34,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import stat
 import zipfile
 from collections.abc import Iterable, Mapping
@@ -63,6 +64,7 @@ SIGNATURE = "signature.ed25519"
 MAX_BUNDLE_BYTES = 128 * 1024 * 1024  # the default bundle is 1.9 MB; two MLPs of this kind stay far below
 MAX_PART_BYTES = 64 * 1024 * 1024
 MAX_MANIFEST_BYTES = 1024 * 1024
+MODEL_VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:+@=-]{0,199}")  # also a history file's name (weights.store)
 _ZIP_TIME = (1980, 1, 1, 0, 0, 0)
 
 
@@ -243,8 +245,12 @@ def _read_bundle(data: bytes) -> Bundle:
     if set(part_names) != set(infos) - {MANIFEST, SIGNATURE}:
         held = sorted(set(infos) - {MANIFEST, SIGNATURE})
         raise BundleError("format", f"format_version {version} has the parts {sorted(part_names)}, the bundle {held}")
-    if not isinstance(manifest.get("model_version"), str) or not manifest["model_version"]:
-        raise BundleError("schema", "manifest.json: model_version must be a non-empty string")
+    model_version = manifest.get("model_version")
+    if not isinstance(model_version, str) or not MODEL_VERSION.fullmatch(model_version):
+        # every answer, log record and metric carries it, and a history file is named by it: a lone surrogate could not
+        # be encoded (every answer would fail), a long one would ride on each answer
+        raise BundleError("schema", f"manifest.json: model_version must be 1-200 letters, digits and . _ : + @ = -, "
+                                    f"starting with a letter or digit; got {ascii(model_version)[:60]}")
     created_at = manifest.get("created_at")
     if created_at is not None and parse_time(created_at) is None:
         raise BundleError("schema", f"manifest.json: created_at must be an ISO 8601 time with a zone, got {str(created_at)[:40]!r}")

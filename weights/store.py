@@ -32,7 +32,6 @@ import hashlib
 import json
 import logging
 import os
-import re
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -41,7 +40,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from weights.bundle import Bundle, BundleError, read_bundle, read_file, sha256
+from weights.bundle import MODEL_VERSION, Bundle, BundleError, read_bundle, read_file, sha256
 from weights.canary import requested_fraction
 
 log = logging.getLogger(__name__)
@@ -60,7 +59,6 @@ BUNDLE_SUFFIX = ".bundle"
 STALE_TMP_S = 3600.0
 """A ``.tmp-*`` file older than this, seen under the lock, was left by a killed writer: removed."""
 
-_VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:+@=-]{0,199}")
 
 
 class StoreError(Exception):
@@ -138,7 +136,7 @@ def file_sha256(path: Path) -> str | None:
 
 def check_version_name(version: str) -> None:
     """A model version names a history file: letters, digits and ``. _ : + @ = -``, not hidden."""
-    if not _VERSION.fullmatch(version):
+    if not MODEL_VERSION.fullmatch(version):
         raise StoreError(
             "version",
             f"model_version {version!r} cannot name a history file: use 1-200 letters, digits and . _ : + @ = -, "

@@ -143,6 +143,10 @@ def with_rule(i: int, **changes: Any) -> list[dict[str, Any]]:
         ({"name": "default"}, r"^fallback_rules: expected a non-empty list of rules"),
         (["default"], r"^fallback_rules\[0\]: expected an object"),
         (with_rule(1, name=""), r"^fallback_rules\[1\]\.name: expected a non-empty string"),
+        # every answer the rule gives carries its name: no lone surrogate (unencodable), no control character, bounded
+        (with_rule(1, name="\udfff"), r"^fallback_rules\[1\]\.name: expected a non-empty string of at most 100 printable"),
+        (with_rule(1, name="a\x00b"), r"^fallback_rules\[1\]\.name: expected a non-empty string"),
+        (with_rule(1, name="r" * 101), r"^fallback_rules\[1\]\.name: expected a non-empty string"),
         (with_rule(1, priority=2), r"^fallback_rules\[1\] \(full_cart_coupon\): unknown key\(s\) \['priority'\]"),
         (with_rule(2, name="cart_page_coupon"), r"^fallback_rules\[2\] \(cart_page_coupon\): duplicate rule name"),
         (with_rule(0, actions=["apply_coupon", "buy_now"]),

@@ -130,10 +130,15 @@ def test_parsed_static_weights_are_read_only() -> None:
         (spec_with(rules=[{**SPEC["rules"][0], "multiplier": "0.3"}]), r"^guardrails\.rules\[0\]\.multiplier \(full_cart_damp_add\)"),
         (spec_with(rules=[{**SPEC["rules"][0], "multiplier": float("inf")}]), r"^guardrails\.rules\[0\]\.multiplier"),
         (spec_with(rules=[SPEC["rules"][0], {**SPEC["rules"][0], "action": "buy_now"}]),
-         r"^guardrails\.rules\[1\]\.name: expected a unique non-empty string, got 'full_cart_damp_add'"),
+         r"^guardrails\.rules\[1\]\.name: expected a unique non-empty string of at most 100 printable characters, "
+         r"got 'full_cart_damp_add'"),
         (spec_with(rules=[SPEC["rules"][0], {**SPEC["rules"][0], "name": "other", "action": "buy_now"}]),
          r"^guardrails\.rules\[1\]\.action \(other\): unknown action 'buy_now'"),
         (spec_with(rules=[{**SPEC["rules"][0], "name": ""}]), r"^guardrails\.rules\[0\]\.name"),
+        # a metric label and every log record carry it: no lone surrogate, no control character, bounded
+        (spec_with(rules=[{**SPEC["rules"][0], "name": "\ud800"}]), r"^guardrails\.rules\[0\]\.name: .* got '\\ud800'"),
+        (spec_with(rules=[{**SPEC["rules"][0], "name": "a\nb"}]), r"^guardrails\.rules\[0\]\.name"),
+        (spec_with(rules=[{**SPEC["rules"][0], "name": "r" * 101}]), r"^guardrails\.rules\[0\]\.name"),
         (spec_with(rules=[{**SPEC["rules"][0], "when": {"hour_min": 30, "hour_max": 2}}]),
          r"^guardrails\.rules\[0\]\.when\.hour_min: expected an integer in \[0, 23\]"),
         (spec_with(rules=[{**SPEC["rules"][0], "priority": 1}]), r"^guardrails\.rules\[0\]: expected an object with"),

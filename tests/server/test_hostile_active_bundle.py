@@ -19,6 +19,7 @@ CASES = {
     "allocating-graph": (lambda: hostile.rebuilt({"guard.onnx": hostile.allocating_guard()}), "onnx"),
     "external-data": (lambda: hostile.rebuilt(hostile.zero_golden({"guard.onnx": hostile.external_data_guard()})), "onnx"),
     "bad-created-at": (lambda: hostile.rebuilt(created_at="soon"), "schema"),
+    "unencodable-version": (lambda: hostile.rebuilt(model_version="\ud800"), "schema"),  # no answer could carry it
 }
 
 

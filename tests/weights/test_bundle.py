@@ -197,11 +197,22 @@ def test_manifest_that_is_not_a_bundle_manifest(members: dict[str, bytes], raw_z
     assert reason_of(raw_zip({**members, MANIFEST: raw})) == reason
 
 
-@pytest.mark.parametrize(("key", "value"), [("model_version", ""), ("model_version", 7), ("parts", ["policy.onnx"])])
+@pytest.mark.parametrize(("key", "value"), [
+    ("model_version", ""), ("model_version", 7), ("parts", ["policy.onnx"]),
+    # what every answer, log record and metric would carry: unencodable, huge, control characters, a path
+    ("model_version", "\ud800"), ("model_version", "v" * 201), ("model_version", "v1\n"), ("model_version", "../escape"),
+    ("model_version", "-v1"), ("model_version", "v 1")])
 def test_manifest_fields_the_container_needs(members: dict[str, bytes], raw_zip: Any, key: str, value: Any) -> None:
     manifest = json.loads(members[MANIFEST])
     manifest[key] = value
     assert reason_of(raw_zip({**members, MANIFEST: json.dumps(manifest).encode()})) == "schema"
+
+
+@pytest.mark.parametrize("version", ["v1", "trained-20261204T120000Z-0a1b2c", "default+untrained-heads", "a:b@c=d.e_f", "v" * 200])
+def test_model_versions_that_name_a_file_are_read(members: dict[str, bytes], raw_zip: Any, version: str) -> None:
+    manifest = json.loads(members[MANIFEST])
+    manifest["model_version"] = version
+    assert read_bundle(raw_zip({**members, MANIFEST: json.dumps(manifest).encode()})).model_version == version
 
 
 def _central_directory_entry(data: bytes, name: str) -> int:

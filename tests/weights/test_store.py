@@ -17,7 +17,7 @@ import pytest
 
 from weights.bundle import Bundle, BundleError, npy_bytes, read_bundle
 from weights.initial import make_bundle
-from weights.store import ACTIVE_NAME, HISTORY_DIR, INDEX_NAME, STALE_TMP_S, StoreError, WeightsStore
+from weights.store import ACTIVE_NAME, HISTORY_DIR, INDEX_NAME, STALE_TMP_S, StoreError, WeightsStore, check_version_name
 from weights.validate import verify as verify_in_child
 
 verify = partial(verify_in_child, limits=None)  # in-process: these tests are about the store, not the sandbox
@@ -181,10 +181,13 @@ def test_republishing_a_kept_version_activates_it_and_moves_it_last(store: Weigh
 
 
 def test_a_version_that_cannot_name_a_file_is_refused(store: WeightsStore, put: Callable[[bytes], Path]) -> None:
-    with pytest.raises(StoreError) as info:
+    with pytest.raises(BundleError) as info:  # the bundle itself is refused: no server would load it either
         store.publish(put(make_bundle(1, "../escape", CREATED)))
-    assert info.value.reason == "version"
+    assert info.value.reason == "schema" and "model_version" in str(info.value)
     assert not store.directory.exists()
+    with pytest.raises(StoreError) as named:  # a version given by hand (weights CLI) is checked by the same rule
+        check_version_name("../escape")
+    assert named.value.reason == "version"
 
 
 def test_keep_prunes_the_oldest_versions(tmp_path: Path, bundles: dict[str, bytes], put: Callable[[bytes], Path]) -> None:
