@@ -27,7 +27,6 @@ from policy.product_features import band_features, category_features, sku_featur
 SESSION, ITEM, REQUEST, OUTCOME, DECISION = b"sa.session", b"sa.item", b"sa.request", b"sa.outcome", b"sa.decision"
 ENGAGEMENT = b"sa.engagement"
 CATEGORY, SKU, BAND = b"sa.category", b"sa.sku", b"sa.band"
-_NO_VETO = (False,) * N_ACTIONS
 _ISSUED_ID = re.compile(r"[0-9a-f]{32}")  # the form of a decision id the server hands out
 
 
@@ -79,26 +78,6 @@ def hash_id(value: str, salt: bytes, column: bytes) -> str:
     return hashlib.blake2b(value.encode(), key=salt, digest_size=16, person=column).hexdigest()
 
 
-class IdHasher:
-    """``hash_id(value, salt, column)``, or ``hash_user(value, salt)`` when ``column`` is ``None``, keyed once: each id then
-    costs a copy of the keyed state, not a new keyed hash (0.37 against 0.58 µs; the writer thread, which shares the GIL
-    with the event loop, hashes three ids a decision)."""
-
-    __slots__ = ("_empty_stays", "_keyed")
-
-    def __init__(self, salt: bytes, column: bytes | None) -> None:
-        self._keyed = (hashlib.blake2b(key=salt, digest_size=16) if column is None
-                       else hashlib.blake2b(key=salt, digest_size=16, person=column))
-        self._empty_stays = column is not None  # as hash_id leaves "" (hash_user hashes it)
-
-    def __call__(self, value: str) -> str:
-        if not value and self._empty_stays:
-            return ""
-        h = self._keyed.copy()
-        h.update(value.encode())
-        return h.hexdigest()
-
-
 def outcome_decision_id(decision_id: str, salt: bytes) -> str:
     """An outcome's ``decision_id`` as logged: kept when it has the form of an issued id, else hashed.
 
@@ -108,7 +87,7 @@ def outcome_decision_id(decision_id: str, salt: bytes) -> str:
     return decision_id if _ISSUED_ID.fullmatch(decision_id) else hash_id(decision_id, salt, DECISION)
 
 
-def _vectors(rows: Sequence[np.ndarray] | Sequence[tuple[bool, ...]], dtype: type, typ: pa.DataType) -> pa.FixedSizeListArray:
+def _vectors(rows: Sequence[np.ndarray], dtype: type, typ: pa.DataType) -> pa.FixedSizeListArray:
     flat: np.ndarray = np.array(rows, dtype=dtype).reshape(-1)  # one C loop; np.stack checks every row in Python
     return pa.FixedSizeListArray.from_arrays(pa.array(flat, type=typ), N_ACTIONS)
 
@@ -126,8 +105,7 @@ def _shopper_columns(items: Sequence[LoggedDecision] | Sequence[LoggedProduct], 
     """The columns of the shopper and the page a decision was made for (a decision row's and a product row's first)."""
     n = len(items)
     specs = [i.spec for i in items]
-    session, user, item, request = (IdHasher(salt, column) for column in (SESSION, None, ITEM, REQUEST))
-    sessions = {s: session(s) for s in {r.session_id for r in reqs}}  # a session's decisions share a flush
+    sessions = {s: hash_id(s, salt, SESSION) for s in {r.session_id for r in reqs}}  # a session's decisions share a flush
     embeddings = [r.item_embedding for r in reqs]
     lengths = np.fromiter((e.shape[0] for e in embeddings), dtype=np.int32, count=n)
     offsets = np.zeros(n + 1, dtype=np.int32)
@@ -140,9 +118,9 @@ def _shopper_columns(items: Sequence[LoggedDecision] | Sequence[LoggedProduct], 
         "time_s": pa.array([i.time_s for i in items], type=pa.float64()),
         "event_time_s": pa.array([r.event_time_s for r in reqs], type=pa.float64()),
         "session_id": pa.array([sessions[r.session_id] for r in reqs], type=pa.string()),
-        "user_hash": pa.array([user(r.user_id) for r in reqs], type=pa.string()),
-        "item_id": pa.array([item(r.item_id) for r in reqs], type=pa.string()),
-        "request_id": pa.array([request(r.request_id) for r in reqs], type=pa.string()),
+        "user_hash": pa.array([hash_user(r.user_id, salt) for r in reqs], type=pa.string()),
+        "item_id": pa.array([hash_id(r.item_id, salt, ITEM) for r in reqs], type=pa.string()),
+        "request_id": pa.array([hash_id(r.request_id, salt, REQUEST) for r in reqs], type=pa.string()),
         "item_embedding": embedding,
         "behavior_bucket_indices": _int_lists([behavior_buckets(r.recent_behavior_ids, spec) for r, spec in zip(reqs, specs, strict=True)]),
         "behavior_bucket_count": pa.array([spec.behavior_buckets for spec in specs], type=pa.int32()),
@@ -167,7 +145,7 @@ def decisions_batch(items: Sequence[LoggedDecision], salt: bytes, sample_rate: f
         "policy_probs": _vectors([d.policy_probs for d in ds], np.float64, pa.float64()),
         "allow_probs": _vectors([d.allow_probs for d in ds], np.float64, pa.float64()),
         "blocked": _vectors([d.blocked for d in ds], np.bool_, pa.bool_()),
-        "vetoed": _vectors([d.vetoed or _NO_VETO for d in ds], np.bool_, pa.bool_()),  # tuples: one numpy call for all
+        "vetoed": _vectors([np.asarray(d.vetoed or (False,) * N_ACTIONS) for d in ds], np.bool_, pa.bool_()),
         "guardrail_hits": _string_lists([d.guardrail_hits for d in ds]),
         "rule": pa.array([d.rule for d in ds], type=pa.string()),
         "model_version": pa.array([d.model_version for d in ds], type=pa.string()),
@@ -181,12 +159,11 @@ def _reported(items: Sequence[LoggedOutcome] | Sequence[LoggedEngagement], salt:
     """A report kind's columns: its own id (hashed), the decision and session it names, ``middle``, then the times."""
     reports = [i.report for i in items]
     n = len(items)
-    own, session = IdHasher(salt, person), IdHasher(salt, SESSION)
     return [
         pa.array(np.full(n, SCHEMA_VERSION, dtype=np.int16)),
-        pa.array([own(getattr(r, id_column)) for r in reports], type=pa.string()),
+        pa.array([hash_id(getattr(r, id_column), salt, person) for r in reports], type=pa.string()),
         pa.array([outcome_decision_id(r.decision_id, salt) for r in reports], type=pa.string()),
-        pa.array([session(r.session_id) for r in reports], type=pa.string()),
+        pa.array([hash_id(r.session_id, salt, SESSION) for r in reports], type=pa.string()),
         *middle.values(),
         pa.array([r.event_time_s for r in reports], type=pa.float64()),
         pa.array([i.received_s for i in items], type=pa.float64()),
