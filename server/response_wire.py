@@ -33,7 +33,10 @@ _SMALL = [bytes((i,)) for i in range(0x80)]
 
 
 def varint(n: int) -> bytes:
-    """Protobuf's base-128 varint of a non-negative integer."""
+    """Protobuf's base-128 varint of a ``uint32`` (the response's counts and enums): ``ValueError`` outside its range, as
+    protobuf's own message would raise (a negative would index ``_SMALL`` from the end, a larger one be cut by readers)."""
+    if not 0 <= n <= 0xFFFFFFFF:
+        raise ValueError(f"varint: {n} is not a uint32")
     if n < 0x80:
         return _SMALL[n]
     out = bytearray()

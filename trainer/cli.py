@@ -60,7 +60,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--logs", required=True, metavar="DIR_OR_URI", help="the logs (with products/ records), as for train")
     p.add_argument("--init", type=Path, required=True, help="the bundle whose product heads to train (format 2)")
     p.add_argument("--out", type=Path, required=True, help="the bundle file to write")
-    p.add_argument("--version", dest="model_version", help="model version of the new bundle (default products-<time>-s<seed>)")
+    p.add_argument("--version", dest="model_version", type=_model_version,
+                   help="model version of the new bundle (default products-<time>-s<seed>)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-rows", type=int, default=None, help="product decisions trained on at most (default 40000)")
     for layer, delta in (("category", 0.03), ("sku", 0.05), ("price-band", 0.02)):
@@ -116,7 +117,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--updates", type=int, help="TrainConfig.updates")
     p.add_argument("--kl-delta", type=float, help="TrainConfig.kl_delta")
     p.add_argument("--advantage", choices=("baseline", "group", "critic"), help="TrainConfig.advantage")
-    p.add_argument("--version", dest="model_version", help="model version of the new bundle (default trained-<time>-s<seed>)")
+    p.add_argument("--version", dest="model_version", type=_model_version,
+                   help="model version of the new bundle (default trained-<time>-s<seed>)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -322,6 +324,15 @@ def _evaluate(args: argparse.Namespace) -> int:
         print(f"unsupported     {result['unsupported_mass']:10.4g}   (mean probability on actions the logs never served)")
         print(f"kl_to_behavior  {result['kl_to_behavior']:10.4g}   steps {result['steps']}")
     return 0
+
+
+def _model_version(text: str) -> str:
+    """``--version``: a name every reader of the bundle accepts (``weights.bundle.MODEL_VERSION``), checked before training."""
+    from weights.bundle import MODEL_VERSION
+
+    if not MODEL_VERSION.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"{text!r}: use 1-200 letters, digits and . _ : + @ = -, starting with a letter or digit")
+    return text
 
 
 def _sessions_or_all(text: str) -> int | None:

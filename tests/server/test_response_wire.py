@@ -1,4 +1,5 @@
-"""The hand-written RecommendActionResponse bytes parse to the message protobuf's own API builds, for every decision."""
+"""The hand-written RecommendActionResponse bytes parse to the message protobuf's own API builds: real decisions, and
+every source and edge value built by hand."""
 
 from __future__ import annotations
 
@@ -66,6 +67,14 @@ def test_the_writer_uses_the_proto_field_numbers_and_types() -> None:
     assert [a.name for a in ACTIONS] == [v.name.removeprefix("ACTION_") for v in pb.Action.DESCRIPTOR.values[1:]]
 
 
+@pytest.mark.parametrize("n", [-1, 2**32])
+def test_varint_refuses_what_is_not_a_uint32(n: int) -> None:
+    with pytest.raises(ValueError, match="not a uint32"):
+        varint(n)
+    with pytest.raises(ValueError):  # protobuf's own message refuses it too
+        pb.RecommendActionResponse(votes=n)
+
+
 @pytest.mark.parametrize("n", [0, 1, 127, 128, 300, 16_383, 16_384, 2**21, 2**32 - 1])
 def test_varint_matches_protobuf(n: int) -> None:
     if n == 0:  # protobuf leaves a zero out; written explicitly, it reads back as zero
@@ -90,7 +99,7 @@ def test_real_decisions_of_every_source_the_model_gives() -> None:
     fallback = model.fallback(ctx, Source.FALLBACK_DEGRADED)  # the rule engine's answer: zeros and a rule name
     assert fallback.rule
     assert parsed(fallback, "f" * 32, "") == reference(fallback, "f" * 32, "")
-    assert {Source.POLICY, Source.EXPLORATION} <= seen
+    assert {Source.POLICY, Source.EXPLORATION} <= seen  # the other sources: test_edge_values_read_back_exactly
 
 
 @pytest.mark.parametrize("changes", [
@@ -99,6 +108,8 @@ def test_real_decisions_of_every_source_the_model_gives() -> None:
      "policy_probs": np.zeros(N_ACTIONS), "allow_probs": np.zeros(N_ACTIONS), "propensity": 1.0,
      "served_probs": np.array([0.0, 1.0, 0.0, 0.0, 0.0]), "action": Action.VIEW_DETAIL},
     {"source": Source.FALLBACK_GUARD, "blocked": np.ones(N_ACTIONS, dtype=bool), "action": Action.EXIT},
+    {"source": Source.FALLBACK_LOW_CONSENSUS, "votes": 3, "rule": "full_cart_coupon", "action": Action.APPLY_COUPON},
+    {"source": Source.EXPLORATION, "votes": 0},
     {"propensity": 5e-324, "votes": 300, "samples": 1_000},  # a subnormal, and counts past one varint byte
     {"propensity": -0.0},  # a negative zero is written, and reads back as such
     {"model_version": "ü" * 200, "rule": "règle"},  # UTF-8 lengths in bytes, past one varint byte

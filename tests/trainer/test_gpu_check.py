@@ -36,7 +36,8 @@ def test_the_dry_run_exercises_every_check_on_the_cpu() -> None:
     assert {k for k, v in summary.items() if isinstance(v, dict) and v.get("ok")} == {
         "cuda_visible", "serving_provider", "fvp_cg", "cycle_cuda", "server_on_cuda"}
     assert summary["serving_provider"]["max_gap_vs_cpu"] == 0.0
-    # The policy ran; which of its sources answered is chance (the embedded default explores on 5 % of calls).
-    assert summary["server_on_cuda"]["source"] in {
-        "DECISION_SOURCE_POLICY", "DECISION_SOURCE_EXPLORATION", "DECISION_SOURCE_FALLBACK_LOW_CONSENSUS"}
+    # The model answered; which of its sources is chance (the embedded default explores on 5 % of calls). As the script
+    # counts it: anything but no answer, no model, or inference unable to run.
+    assert summary["server_on_cuda"]["source"] not in {
+        "DECISION_SOURCE_UNSPECIFIED", "DECISION_SOURCE_FALLBACK_NO_MODEL", "DECISION_SOURCE_FALLBACK_DEGRADED"}
     assert '"providers": ["CPUExecutionProvider"]' in summary["server_on_cuda"]["load_log"]

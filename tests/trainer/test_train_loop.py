@@ -224,6 +224,8 @@ def test_exit_codes_tell_bad_usage_from_failure(logs: Path, tmp_path: Path) -> N
     bad_config.write_text(json.dumps({"kl_delta": -1}))
     usage = subprocess.run([*base, "--config", str(bad_config)], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert usage.returncode == 2 and "kl_delta" in usage.stderr
+    named = subprocess.run([*base, "--version", "my model"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert named.returncode == 2 and "--version" in named.stderr  # refused before training, not after: no bundle could carry it
     broken = tmp_path / "broken.bundle"
     broken.write_bytes(b"PK\x03\x04 not really a bundle")
     failed = subprocess.run([*base, "--init", str(broken)], capture_output=True, text=True, cwd=ROOT, timeout=120)
