@@ -23,6 +23,24 @@ from bench.payload import build_request, grpc_frame
 from bench.procs import REPO, BenchError, ServerProcess
 
 
+def alternated(rounds: int, settings: Settings, argvs: Callable[[Path, int], dict[str, list[str]]],
+               ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """``rounds`` rounds of a fresh server per named argv (``argvs(tmp, round)``, in its order), the same load each:
+    req/s and server CPU ms a request per name, in round order. Raises ``BenchError`` or ``TimeoutError``."""
+    request = build_request()
+    rps: dict[str, list[float]] = {}
+    cpu: dict[str, list[float]] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+        body = Path(tmp) / "request.grpc"
+        body.write_bytes(grpc_frame(request.SerializeToString()))
+        for round_ in range(rounds):
+            for name, server_argv in argvs(Path(tmp), round_).items():
+                result = measure(ServerProcess(name, server_argv), request, body, settings, None)
+                rps.setdefault(name, []).append(result["throughput"]["requests_per_s"])
+                cpu.setdefault(name, []).append(result["throughput"]["cpu"]["server_cpu_ms_per_request"])
+    return rps, cpu
+
+
 def run_ab(argv: Sequence[str] | None, prog: str, doc: str, feature: str, target: float,
            variants: Callable[[Path], dict[str, list[str]]], output: str) -> int:
     """``variants(tmp)`` gives the extra server flags of ``on`` and ``off`` (``tmp`` is scratch space)."""
@@ -41,23 +59,14 @@ def run_ab(argv: Sequence[str] | None, prog: str, doc: str, feature: str, target
     settings = Settings(duration_s=args.duration, h2_warmup_s=2.0, h2=H2Load(4, 32), latency_duration_s=1.0,
                         concurrency=16, single_latency_duration_s=0.0, warmup_s=1.0, start_timeout_s=30.0,
                         server_args=(), profile_s=0.0)
-    request = build_request()
-    rps: dict[str, list[float]] = {"on": [], "off": []}
-    cpu: dict[str, list[float]] = {"on": [], "off": []}
-    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
-        body = Path(tmp) / "request.grpc"
-        body.write_bytes(grpc_frame(request.SerializeToString()))
-        try:
-            for round_ in range(args.rounds):
-                extra = variants(Path(tmp) / f"round-{round_}")
-                for name in ("on", "off"):
-                    server = ServerProcess(f"{feature}-{name}", real_server_argv(extra[name]))
-                    result = measure(server, request, body, settings, None)
-                    rps[name].append(result["throughput"]["requests_per_s"])
-                    cpu[name].append(result["throughput"]["cpu"]["server_cpu_ms_per_request"])
-        except (BenchError, TimeoutError) as exc:
-            print(f"bench: {exc}", file=sys.stderr)
-            return 1
+    try:
+        rps, cpu = alternated(args.rounds, settings, lambda tmp, round_: {
+            f"{feature}-{name}": real_server_argv(extra) for name, extra in variants(tmp / f"round-{round_}").items()})
+    except (BenchError, TimeoutError) as exc:
+        print(f"bench: {exc}", file=sys.stderr)
+        return 1
+    rps = {name.removeprefix(f"{feature}-"): values for name, values in rps.items()}
+    cpu = {name.removeprefix(f"{feature}-"): values for name, values in cpu.items()}
     on, off = statistics.median(rps["on"]), statistics.median(rps["off"])
     cost = 1 - on / off
     cpu_on, cpu_off = statistics.median(cpu["on"]), statistics.median(cpu["off"])
