@@ -23,10 +23,11 @@ from bench.payload import build_request, grpc_frame
 from bench.procs import REPO, BenchError, ServerProcess
 
 
-def alternated(rounds: int, settings: Settings, argvs: Callable[[Path, int], dict[str, list[str]]],
+def alternated(rounds: int, settings: Settings, argvs: Callable[[Path, int], dict[str, list[str]]], prefix: str = "",
                ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
     """``rounds`` rounds of a fresh server per named argv (``argvs(tmp, round)``, in its order), the same load each:
-    req/s and server CPU ms a request per name, in round order. Raises ``BenchError`` or ``TimeoutError``."""
+    req/s and server CPU ms a request per name, in round order (``prefix``: before each name in the server's log
+    lines). Raises ``BenchError`` or ``TimeoutError``."""
     request = build_request()
     rps: dict[str, list[float]] = {}
     cpu: dict[str, list[float]] = {}
@@ -35,7 +36,7 @@ def alternated(rounds: int, settings: Settings, argvs: Callable[[Path, int], dic
         body.write_bytes(grpc_frame(request.SerializeToString()))
         for round_ in range(rounds):
             for name, server_argv in argvs(Path(tmp), round_).items():
-                result = measure(ServerProcess(name, server_argv), request, body, settings, None)
+                result = measure(ServerProcess(prefix + name, server_argv), request, body, settings, None)
                 rps.setdefault(name, []).append(result["throughput"]["requests_per_s"])
                 cpu.setdefault(name, []).append(result["throughput"]["cpu"]["server_cpu_ms_per_request"])
     return rps, cpu
@@ -61,12 +62,10 @@ def run_ab(argv: Sequence[str] | None, prog: str, doc: str, feature: str, target
                         server_args=(), profile_s=0.0)
     try:
         rps, cpu = alternated(args.rounds, settings, lambda tmp, round_: {
-            f"{feature}-{name}": real_server_argv(extra) for name, extra in variants(tmp / f"round-{round_}").items()})
+            name: real_server_argv(extra) for name, extra in variants(tmp / f"round-{round_}").items()}, prefix=f"{feature}-")
     except (BenchError, TimeoutError) as exc:
         print(f"bench: {exc}", file=sys.stderr)
         return 1
-    rps = {name.removeprefix(f"{feature}-"): values for name, values in rps.items()}
-    cpu = {name.removeprefix(f"{feature}-"): values for name, values in cpu.items()}
     on, off = statistics.median(rps["on"]), statistics.median(rps["off"])
     cost = 1 - on / off
     cpu_on, cpu_off = statistics.median(cpu["on"]), statistics.median(cpu["off"])

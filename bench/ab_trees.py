@@ -62,7 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         start_timeout_s=30.0, server_args=(), profile_s=0.0)
     argvs = {name: tree_argv(getattr(args, name), args.server_arg) for name in ("a", "b")}
     try:
-        rps, cpu = alternated(args.rounds, settings, lambda _tmp, _round: argvs)
+        rps, cpu = alternated(args.rounds, settings, lambda _tmp, _round: argvs, prefix="tree-")
     except (BenchError, TimeoutError) as exc:
         print(f"bench: {exc}", file=sys.stderr)
         return 1

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import socket
 import subprocess
 import sys
@@ -158,8 +159,6 @@ def workers_closed(n: int, real_argv: list[str], request: pb.RecommendActionRequ
 
 def grpc_servers_of(server_args: Sequence[str]) -> int:
     """The real server's ``--grpc-servers`` under these ``serve`` arguments and this environment, as ``serve`` reads them."""
-    import os
-
     from server.cli import parser
     from server.config import build_config
 

@@ -54,10 +54,10 @@ def _cuda_visible(device: str) -> dict[str, Any]:
         torch = None
     available = torch is not None and torch.cuda.is_available()
     providers = ort.get_available_providers()
-    torch_cuda = torch is not None and (device == "cpu" or available)
+    trainer_half = torch is not None and (device == "cpu" or available)
     ort_cuda = device == "cpu" or "CUDAExecutionProvider" in providers
-    return {"ok": torch_cuda and ort_cuda, "torch_cuda": available, "ort_cuda": ort_cuda,
-            "trainer_half": torch_cuda, "ort_providers": providers, "ort_version": ort.__version__,
+    return {"ok": trainer_half and ort_cuda, "torch_cuda": available, "ort_cuda": ort_cuda,
+            "trainer_half": trainer_half, "ort_providers": providers, "ort_version": ort.__version__,
             "torch_version": None if torch is None else torch.__version__,
             "device": torch.cuda.get_device_name(0) if available else None}
 

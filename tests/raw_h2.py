@@ -170,7 +170,6 @@ class RawH2:
             self.seen.closed = True
 
 
-
 @contextlib.contextmanager
 def hung_calls(port: int, method: str, per_connection: int, at_least: int, timeout: float = 10.0) -> Iterator[tuple[RawH2, RawH2]]:
     """Two connections that open ``per_connection`` calls each and never send their requests, yielded once the

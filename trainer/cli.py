@@ -328,10 +328,10 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 def _model_version(text: str) -> str:
     """``--version``: a name every reader of the bundle accepts (``weights.bundle.MODEL_VERSION``), checked before training."""
-    from weights.bundle import MODEL_VERSION
+    from weights.bundle import MODEL_VERSION, MODEL_VERSION_RULE
 
     if not MODEL_VERSION.fullmatch(text):
-        raise argparse.ArgumentTypeError(f"{text!r}: use 1-200 letters, digits and . _ : + @ = -, starting with a letter or digit")
+        raise argparse.ArgumentTypeError(f"{text!r}: use {MODEL_VERSION_RULE}")
     return text
 
 

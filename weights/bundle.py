@@ -65,6 +65,7 @@ MAX_BUNDLE_BYTES = 128 * 1024 * 1024  # the default bundle is 1.9 MB; two MLPs o
 MAX_PART_BYTES = 64 * 1024 * 1024
 MAX_MANIFEST_BYTES = 1024 * 1024
 MODEL_VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:+@=-]{0,199}")  # also a history file's name (weights.store)
+MODEL_VERSION_RULE = "1-200 letters, digits and . _ : + @ = -, starting with a letter or digit"
 _ZIP_TIME = (1980, 1, 1, 0, 0, 0)
 
 
@@ -249,8 +250,7 @@ def _read_bundle(data: bytes) -> Bundle:
     if not isinstance(model_version, str) or not MODEL_VERSION.fullmatch(model_version):
         # every answer, log record and metric carries it, and a history file is named by it: a lone surrogate could not
         # be encoded (every answer would fail), a long one would ride on each answer
-        raise BundleError("schema", f"manifest.json: model_version must be 1-200 letters, digits and . _ : + @ = -, "
-                                    f"starting with a letter or digit; got {ascii(model_version)[:60]}")
+        raise BundleError("schema", f"manifest.json: model_version must be {MODEL_VERSION_RULE}; got {ascii(model_version)[:60]}")
     created_at = manifest.get("created_at")
     if created_at is not None and parse_time(created_at) is None:
         raise BundleError("schema", f"manifest.json: created_at must be an ISO 8601 time with a zone, got {str(created_at)[:40]!r}")

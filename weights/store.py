@@ -40,7 +40,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from weights.bundle import MODEL_VERSION, Bundle, BundleError, read_bundle, read_file, sha256
+from weights.bundle import MODEL_VERSION, MODEL_VERSION_RULE, Bundle, BundleError, read_bundle, read_file, sha256
 from weights.canary import requested_fraction
 
 log = logging.getLogger(__name__)
@@ -139,8 +139,7 @@ def check_version_name(version: str) -> None:
     if not MODEL_VERSION.fullmatch(version):
         raise StoreError(
             "version",
-            f"model_version {version!r} cannot name a history file: use 1-200 letters, digits and . _ : + @ = -, "
-            "starting with a letter or digit",
+            f"model_version {version!r} cannot name a history file: use {MODEL_VERSION_RULE}",
         )
 
 
@@ -234,8 +233,7 @@ class WeightsStore:
         refusal; in both cases the active file and the history are untouched.
         """
         data = source if isinstance(source, bytes) else read_file(source)
-        version = self.validate(data).model_version
-        check_version_name(version)
+        version = self.validate(data).model_version  # a name a history file can take (weights.bundle.MODEL_VERSION)
         digest = sha256(data)
         with self.lock():
             active_digest = self.active_sha256()
@@ -296,7 +294,6 @@ class WeightsStore:
         """
         bundle = self.validate(data)
         version = bundle.model_version
-        check_version_name(version)
         try:
             requested_fraction(bundle.manifest)
         except ValueError as exc:

@@ -36,8 +36,6 @@ def test_the_dry_run_exercises_every_check_on_the_cpu() -> None:
     assert {k for k, v in summary.items() if isinstance(v, dict) and v.get("ok")} == {
         "cuda_visible", "serving_provider", "fvp_cg", "cycle_cuda", "server_on_cuda"}
     assert summary["serving_provider"]["max_gap_vs_cpu"] == 0.0
-    # The model answered; which of its sources is chance (the embedded default explores on 5 % of calls). As the script
-    # counts it: anything but no answer, no model, or inference unable to run.
-    assert summary["server_on_cuda"]["source"] not in {
-        "DECISION_SOURCE_UNSPECIFIED", "DECISION_SOURCE_FALLBACK_NO_MODEL", "DECISION_SOURCE_FALLBACK_DEGRADED"}
+    # server_on_cuda's ok (above) is the script's own test of a model answer; which source answered is chance (the
+    # embedded default explores on 5 % of calls), so it is not pinned here.
     assert '"providers": ["CPUExecutionProvider"]' in summary["server_on_cuda"]["load_log"]
