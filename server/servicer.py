@@ -103,7 +103,7 @@ def add_to_server(servicer: ShoppingAgentServicer, server: InstrumentedRegistrar
     handlers = {
         "RecommendAction": grpc.unary_unary_rpc_method_handler(  # records its own transport metrics (hot path)
             servicer.RecommendAction,
-            request_deserializer=wire_parser(pb.RecommendActionRequest),  # its one embedding: no gain from a view
+            request_deserializer=viewed_parser(pb.RecommendActionRequest),
             response_serializer=passthrough,  # the handler answers with the wire bytes (server.response_wire)
         ),
         "ReportOutcome": server.instrument(service, "ReportOutcome", grpc.unary_unary_rpc_method_handler(
@@ -201,13 +201,13 @@ class ShoppingAgentServicer:
                 metrics.inflight.dec()
             rpc.finish(code, started)
 
-    async def _recommend(self, request: pb.RecommendActionRequest | Malformed,
+    async def _recommend(self, request: Viewed[pb.RecommendActionRequest] | Malformed,
                          context: aio.ServicerContext) -> bytes:  # type: ignore[type-arg]
         model = self._models.current  # read once: validated against, and answered by, this model set
         try:
             if isinstance(request, Malformed):
                 raise InvalidRequest("request", f"not a RecommendActionRequest ({request.error})")
-            req = parse_request(request, self._limits(model.item_dim), time.time())
+            req = parse_request(request.message, self._limits(model.item_dim), time.time(), view=request.view)
             try:
                 ctx = context_of(req, self._tz)
             except (OverflowError, ValueError, OSError):  # a legal Timestamp the local calendar cannot hold

@@ -1,7 +1,6 @@
 """Embeddings read from the wire bytes (``server.wire_view``): the same float32 values as protobuf's container gives, however
 a client encodes the field (packed in one run, unpacked, or packed in several runs), and the same errors naming the field.
-The server reads ``RecommendProduct``'s embeddings through the view and ``RecommendAction``'s through the container: both
-are checked over the wire with every encoding."""
+The server reads both rpcs' embeddings through the view: both are checked over the wire with every encoding."""
 
 from __future__ import annotations
 
