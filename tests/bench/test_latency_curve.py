@@ -54,6 +54,16 @@ def test_the_grpc_servers_context_is_reported_not_judged() -> None:
     assert got["throughput_64_in_flight_over_bare"]["value"] == 0.7  # the target stays against the one-server bare process
 
 
+def test_how_much_of_each_offered_load_was_delivered_is_context() -> None:
+    """A load set from the closed loop's capacity can be past the open loop's: the least delivered share says so."""
+    bare, real = _server(1000.0, 1.0, [2.0] * 4), _server(850.0, 1.4, [3.0, 3.9, 3.9, 30.0])
+    assert "open_loop_least_delivered_over_offered" not in targets({"bare": bare, "real": real})  # no achieved rates: none
+    for point, delivered in zip(real["open"], (1.0, 1.0, 0.99, 0.95), strict=True):
+        point["requests_per_s"] = point["offered_per_s"] * delivered
+    got = targets({"bare": bare, "real": real})["open_loop_least_delivered_over_offered"]
+    assert got["target"] == "context" and got["met"] is None and abs(got["value"] - 0.95) < 1e-12
+
+
 def test_the_plot_is_written_where_no_results_directory_exists_yet(tmp_path: Path) -> None:
     """A fresh checkout has no bench/results: the run's figures must not be lost to a missing directory."""
     pytest.importorskip("matplotlib")  # the bench extra; without it the plot is skipped with a message
