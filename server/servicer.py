@@ -93,6 +93,16 @@ def viewed_parser(message: type[Message]) -> Callable[[bytes], Viewed[Message] |
     return parse
 
 
+# Each method's request deserializer. The two with embeddings also parse the bytes as their wire view, which reads each
+# embedding with one np.frombuffer (server.wire_view): RecommendAction +7.2 % and +4.0 % req/s in two A/Bs.
+REQUEST_PARSERS: dict[str, Callable[[bytes], Any]] = {
+    "RecommendAction": viewed_parser(pb.RecommendActionRequest),
+    "ReportOutcome": wire_parser(pb.ReportOutcomeRequest),
+    "ReportEngagement": wire_parser(pb.ReportEngagementRequest),
+    "RecommendProduct": viewed_parser(pb.RecommendProductRequest),
+}
+
+
 def add_to_server(servicer: ShoppingAgentServicer, server: InstrumentedRegistrar) -> None:
     """Register the service with a deserializer that turns corrupt bytes into INVALID_ARGUMENT.
 
@@ -103,22 +113,22 @@ def add_to_server(servicer: ShoppingAgentServicer, server: InstrumentedRegistrar
     handlers = {
         "RecommendAction": grpc.unary_unary_rpc_method_handler(  # records its own transport metrics (hot path)
             servicer.RecommendAction,
-            request_deserializer=viewed_parser(pb.RecommendActionRequest),
+            request_deserializer=REQUEST_PARSERS["RecommendAction"],
             response_serializer=passthrough,  # the handler answers with the wire bytes (server.response_wire)
         ),
         "ReportOutcome": server.instrument(service, "ReportOutcome", grpc.unary_unary_rpc_method_handler(
             servicer.ReportOutcome,
-            request_deserializer=wire_parser(pb.ReportOutcomeRequest),
+            request_deserializer=REQUEST_PARSERS["ReportOutcome"],
             response_serializer=pb.ReportOutcomeResponse.SerializeToString,
         )),
         "ReportEngagement": server.instrument(service, "ReportEngagement", grpc.unary_unary_rpc_method_handler(
             servicer.ReportEngagement,
-            request_deserializer=wire_parser(pb.ReportEngagementRequest),
+            request_deserializer=REQUEST_PARSERS["ReportEngagement"],
             response_serializer=pb.ReportEngagementResponse.SerializeToString,
         )),
         "RecommendProduct": server.instrument(service, "RecommendProduct", grpc.unary_unary_rpc_method_handler(
             servicer.RecommendProduct,
-            request_deserializer=viewed_parser(pb.RecommendProductRequest),
+            request_deserializer=REQUEST_PARSERS["RecommendProduct"],
             response_serializer=pb.RecommendProductResponse.SerializeToString,
         )),
     }
@@ -174,7 +184,7 @@ class ShoppingAgentServicer:
         return self._limits_cache
 
     async def RecommendAction(  # noqa: N802 - the gRPC method name
-        self, request: pb.RecommendActionRequest | Malformed, context: aio.ServicerContext  # type: ignore[type-arg]
+        self, request: Viewed[pb.RecommendActionRequest] | Malformed, context: aio.ServicerContext  # type: ignore[type-arg]
     ) -> bytes:  # a RecommendActionResponse, written by server.response_wire
         metrics, rpc = self._metrics, self._rpc
         if metrics is None or rpc is None:

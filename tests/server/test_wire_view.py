@@ -1,6 +1,7 @@
 """Embeddings read from the wire bytes (``server.wire_view``): the same float32 values as protobuf's container gives, however
 a client encodes the field (packed in one run, unpacked, or packed in several runs), and the same errors naming the field.
-The server reads both rpcs' embeddings through the view: both are checked over the wire with every encoding."""
+The server reads both rpcs' embeddings through the view (its deserializers are checked to give one); ``RecommendAction`` is
+checked over the wire with every encoding, ``RecommendProduct`` over the wire with bad ones and offline with every one."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from google.protobuf import descriptor
 
 from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
 from server.product_validation import parse_product
+from server.servicer import REQUEST_PARSERS, Malformed, Viewed
 from server.validation import InvalidRequest, Limits, parse_request
 from server.wire_view import float32_of, view_descriptor, view_of
 from tests.harness import request
@@ -115,7 +117,20 @@ def _call(channel: grpc.Channel, path: str, data: bytes, response: Any) -> Any:
     return channel.unary_unary(path, request_serializer=None, response_deserializer=response.FromString)(data, timeout=5)
 
 
-@pytest.mark.parametrize("encoding", ["unpacked", "two runs", "a run, values, a run"])
+def test_the_server_parses_both_embedding_requests_as_their_wire_view() -> None:
+    """The registered deserializers give the view (the fast path) for the rpcs with embeddings, the message alone for the rest."""
+    data = action_bytes(ENCODINGS["packed"])
+    parsed = REQUEST_PARSERS["RecommendAction"](data)
+    assert isinstance(parsed, Viewed) and parsed.view.item_embedding == ENCODINGS["packed"][-4 * 768:]
+    assert parsed.message == pb.RecommendActionRequest.FromString(data)
+    product_bytes = product().SerializeToString()
+    assert isinstance(REQUEST_PARSERS["RecommendProduct"](product_bytes), Viewed)
+    assert isinstance(REQUEST_PARSERS["RecommendAction"](b"\xff"), Malformed)
+    outcome = pb.ReportOutcomeRequest(decision_id="d")
+    assert REQUEST_PARSERS["ReportOutcome"](outcome.SerializeToString()) == outcome
+
+
+@pytest.mark.parametrize("encoding", ["unpacked", "two runs", "a run, values, a run", "an empty run then all"])
 def test_the_server_decides_the_same_state_from_any_encoding(channel: grpc.Channel, encoding: str) -> None:
     def probabilities(data: bytes) -> list[float]:
         answer = _call(channel, ACTION_PATH, data, pb.RecommendActionResponse)
