@@ -11,8 +11,9 @@ A condition is a JSON object; every key present must hold (an empty object alway
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
-from typing import Any, TypeGuard
+from typing import Any
 
 from core.domain import Context, PageType
 
@@ -28,10 +29,15 @@ class SchemaError(ValueError):
 MAX_NAME = 100
 
 
-def is_rule_name(value: object) -> TypeGuard[str]:
-    """A rule's name as answers, log records and metric labels carry it: 1-100 printable characters (no control
-    character, no lone surrogate, which no answer could encode)."""
-    return isinstance(value, str) and 0 < len(value) <= MAX_NAME and value.isprintable()
+def rule_name(value: object, at: str, taken: Collection[str] | None = None) -> str:
+    """``value`` as a rule's name, which answers, log records and metric labels carry: 1-100 printable characters (no
+    control character, no lone surrogate, which no answer could encode), and not in ``taken`` when given; else a
+    ``SchemaError`` naming ``{at}.name``."""
+    if not (isinstance(value, str) and 0 < len(value) <= MAX_NAME and value.isprintable()) or (taken is not None and value in taken):
+        unique = "unique " if taken is not None else ""
+        raise SchemaError(f"{at}.name: expected a {unique}non-empty string of at most {MAX_NAME} printable characters, "
+                          f"got {ascii(value)[:60]}")
+    return value
 
 
 def _int(spec: dict[str, Any], key: str, where: str, lo: int, hi: int) -> int | None:

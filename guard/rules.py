@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from core.conditions import MAX_NAME, Condition, SchemaError, is_rule_name
+from core.conditions import Condition, SchemaError, rule_name
 from core.domain import Action, Context, FloatArray
 
 BoolArray = npt.NDArray[np.bool_]
@@ -61,10 +61,7 @@ class RuleEngine:
             at = f"{where}[{i}]"
             if not isinstance(raw, dict):
                 raise SchemaError(f"{at}: expected an object")
-            name = raw.get("name")
-            if not is_rule_name(name):
-                raise SchemaError(f"{at}.name: expected a non-empty string of at most {MAX_NAME} printable characters, "
-                                  f"got {ascii(name)[:60]}")
+            name = rule_name(raw.get("name"), at)
             at = f"{where}[{i}] ({name})"
             unknown = sorted(set(raw) - {"name", "when", "actions"})
             if unknown:

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from core.conditions import MAX_NAME, Condition, SchemaError, is_rule_name
+from core.conditions import Condition, SchemaError, rule_name
 from core.domain import ACTIONS, Action, Context, FloatArray
 
 
@@ -57,7 +57,7 @@ class Guardrails:
         if not (static > 0).any():
             raise SchemaError(f"{where}.static: every action is banned")
         rules = []
-        names = set()
+        names: set[str] = set()
         rule_specs = spec.get("rules", [])
         if not isinstance(rule_specs, list):
             raise SchemaError(f"{where}.rules: expected a list")
@@ -65,10 +65,7 @@ class Guardrails:
             at = f"{where}.rules[{i}]"
             if not isinstance(rule, dict) or set(rule) - {"name", "when", "action", "multiplier"}:
                 raise SchemaError(f"{at}: expected an object with name, when, action, multiplier")
-            name = rule.get("name")
-            if not is_rule_name(name) or name in names:
-                raise SchemaError(f"{at}.name: expected a unique non-empty string of at most {MAX_NAME} printable characters, "
-                                  f"got {ascii(name)[:60]}")
+            name = rule_name(rule.get("name"), at, taken=names)
             names.add(name)
             try:
                 action = Action.from_key(str(rule.get("action")))

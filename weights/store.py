@@ -60,7 +60,6 @@ STALE_TMP_S = 3600.0
 """A ``.tmp-*`` file older than this, seen under the lock, was left by a killed writer: removed."""
 
 
-
 class StoreError(Exception):
     """A publish or rollback the store refuses (or cannot do). ``reason`` is a short label.
 
