@@ -87,18 +87,19 @@ class DecisionProcedure(Rules):
         decoder = self.decoder
         n = len(contexts)
         inputs = self.inputs(contexts, logits, allow)
-        fired, policy_probs, allow64, allowed, q, ok = (inputs.fired, inputs.policy_probs, inputs.allow, inputs.allowed,
-                                                        inputs.q, inputs.ok)
-        vetoed_rows = [tuple(v) for v in inputs.vetoed.tolist()]
+        fired, policy_probs, allow64, q, ok = inputs.fired, inputs.policy_probs, inputs.allow, inputs.q, inputs.ok
+        blocked = ~inputs.allowed
+        vetoed_rows = list(map(tuple, inputs.vetoed.tolist()))
         fallbacks = inputs.fallbacks
         samples = decoder.samples
-        served = np.zeros((n, N_ACTIONS))
         decisions: list[Decision | None] = [None] * n
-        rows = np.flatnonzero(ok).tolist()
+        every = bool(ok.all())  # (the usual batch: no fancy indexing)
+        rows = list(range(n)) if every else np.flatnonzero(ok).tolist()
         if rows:
             fallback_index = np.array([fallbacks[i].action.value - 1 for i in rows])
-            served[rows], draws = decoder.served_and_drawn(q[rows], fallback_index,
-                                                           uniforms_batch([decision_ids[i] for i in rows], samples + 2))
+            served, draws = decoder.served_and_drawn(q if every else q[rows], fallback_index,
+                                                     uniforms_batch(decision_ids if every else [decision_ids[i] for i in rows],
+                                                                    samples + 2))
             counts = draws.counts.tolist()
             explored, decisive, drawn = draws.explored.tolist(), draws.decisive.tolist(), draws.index.tolist()
             for j, i in enumerate(rows):
@@ -108,13 +109,14 @@ class DecisionProcedure(Rules):
                     index, source, rule = drawn[j], Source.POLICY, ""
                 else:
                     index, source, rule = fallbacks[i].action.value - 1, Source.FALLBACK_LOW_CONSENSUS, fallbacks[i].rule
-                decisions[i] = Decision(ACTIONS[index], source, float(served[i, index]),
-                                        0 if explored[j] else counts[j][index], samples, served[i], policy_probs[i],
-                                        allow64[i], ~allowed[i], self.version, rule, tuple(counts[j]),
-                                        vetoed_rows[i], fired[i][1])
-        for i in np.flatnonzero(~ok).tolist():  # every permitted action vetoed (or underflowed): the rules answer
-            decisions[i] = _certain(fallbacks[i], Source.FALLBACK_GUARD, self.version, policy_probs[i], allow64[i],
-                                    ~allowed[i], samples, vetoed_rows[i], fired[i][1])
+                row = served[j]
+                decisions[i] = Decision(ACTIONS[index], source, float(row[index]), 0 if explored[j] else counts[j][index],
+                                        samples, row, policy_probs[i], allow64[i], blocked[i], self.version, rule,
+                                        tuple(counts[j]), vetoed_rows[i], fired[i][1])
+        if not every:
+            for i in np.flatnonzero(~ok).tolist():  # every permitted action vetoed (or underflowed): the rules answer
+                decisions[i] = _certain(fallbacks[i], Source.FALLBACK_GUARD, self.version, policy_probs[i], allow64[i],
+                                        blocked[i], samples, vetoed_rows[i], fired[i][1])
         assert all(d is not None for d in decisions), "every row is decided by the decoder or the rules"
         return decisions  # type: ignore[return-value]
 
@@ -139,5 +141,8 @@ class DecisionProcedure(Rules):
         q = np.where(allowed, policy_probs, 0.0)
         total = q.sum(axis=1)
         ok = total > 0  # rows where some allowed action has probability: the decoder decides
-        q[ok] /= total[ok, None]
+        if ok.all():
+            q /= total[:, None]
+        else:
+            q[ok] /= total[ok, None]
         return DecisionInputs(fired, weights, policy_probs, allow64, vetoed, allowed, fallbacks, q, ok)

@@ -114,40 +114,48 @@ class MajorityDecoder:
         )
         self._log_coef = log_coef
         self._decisive = self._counts.max(axis=1) >= min_votes
-        self._tables: dict[tuple[tuple[bool, ...], tuple[int, ...]], _Table] = {}
+        self._supports: dict[tuple[bool, ...], _Support] = {}
+        self._tied: dict[tuple[tuple[bool, ...], tuple[int, ...]], tuple[IntArray, FloatArray]] = {}
 
     def order(self, q: FloatArray) -> IntArray:
         """Per row, actions from strongest to weakest under the tie rule (larger ``q``, then lower index)."""
         return np.argsort(-q, axis=-1, kind="stable")
 
-    def _table(self, support: tuple[bool, ...], order: tuple[int, ...]) -> _Table:
-        """Count vectors whose votes fall on supported actions, and their winners (cached).
+    def _support(self, support: tuple[bool, ...]) -> _Support:
+        """The count vectors whose votes all fall on the supported actions, and where their probability goes (cached).
 
-        The winner of a count vector depends on ``q`` only through the order of the actions,
-        so a table is built once per (support, order): at most 326 tables for 5 actions.
+        A count vector with a unique largest count has the same winner whatever the order of ``q``; with the vote
+        minimum it goes to that winner, below it to the rule engine's column (``n_actions``): ``fixed``, one matrix
+        product for every row. Only a decisive vector whose largest count is shared (70 of 1,001 for 5 actions and 10
+        votes) needs the row's order to pick its winner: ``tied``, resolved per order by ``_tied_winners``.
         """
-        key = (support, order)
-        table = self._tables.get(key)
+        table = self._supports.get(support)
         if table is None:
             mask = np.array(support)
             rows = ~(self._counts[:, ~mask] > 0).any(axis=1)
             counts = self._counts[rows]
-            rank = np.empty(self.n_actions, dtype=np.int64)
-            rank[list(order)] = np.arange(self.n_actions - 1, -1, -1)
-            winners = np.argmax(counts * self.n_actions + rank[None, :], axis=1)
-            decisive = self._decisive[rows]
-            log_coef = self._log_coef[rows]
-            sub = counts[:, mask].astype(np.float64)
-            table = _Table(
-                counts_t=np.ascontiguousarray(sub[decisive].T),
-                log_coef=log_coef[decisive],
-                winners=np.eye(self.n_actions)[winners[decisive]],
-                low_counts_t=np.ascontiguousarray(sub[~decisive].T),
-                low_log_coef=log_coef[~decisive],
-                support=mask,
-            )
-            self._tables[key] = table
+            top = counts.max(axis=1)
+            decisive = top >= self.min_votes
+            tied = decisive & ((counts == top[:, None]).sum(axis=1) > 1)
+            fixed = np.zeros((len(counts), self.n_actions + 1))
+            fixed[np.flatnonzero(decisive & ~tied), counts.argmax(axis=1)[decisive & ~tied]] = 1.0
+            fixed[~decisive, self.n_actions] = 1.0
+            table = self._supports[support] = _Support(
+                mask=mask, counts_t=np.ascontiguousarray(counts[:, mask].T.astype(np.float64)), log_coef=self._log_coef[rows],
+                fixed=fixed, tied=np.flatnonzero(tied), tied_counts=counts[tied])
         return table
+
+    def _tied_winners(self, support: tuple[bool, ...], order: tuple[int, ...]) -> tuple[IntArray, FloatArray]:
+        """The winners of the support's tied count vectors under the tie rule, for actions in this ``order``: indices,
+        and the same as rows of an (n_actions + 1)-column one-hot matrix (cached: at most 326 (support, order) pairs for
+        5 actions)."""
+        key = (support, order)
+        winners = self._tied.get(key)
+        if winners is None:
+            counts = self._support(support).tied_counts
+            index = self._winners(counts, np.broadcast_to(np.array(order), counts.shape))
+            winners = self._tied[key] = (index, np.eye(self.n_actions + 1)[index])
+        return winners
 
     def winner(self, counts: Sequence[int] | IntArray, q: Sequence[float] | FloatArray) -> int:
         """Majority action of one count vector under the tie rule (no vote minimum)."""
@@ -184,18 +192,32 @@ class MajorityDecoder:
         return self._served(q, fallback, self.order(q), self.explore_batch(q) if self.epsilon > 0 else None)
 
     def _served(self, q: FloatArray, fallback: IntArray, order: IntArray, explore: FloatArray | None) -> FloatArray:
-        n = len(q)
-        decided = np.zeros((n, self.n_actions))
-        groups: dict[tuple[tuple[bool, ...], tuple[int, ...]], list[int]] = {}
-        for i, key in enumerate(zip(map(tuple, (q > 0).tolist()), map(tuple, order.tolist()), strict=True)):
+        """Per support, one matrix product gives every row's probabilities of the count vectors on it and another sends
+        them to their winners (``_support``); a ``bincount`` places the few tied ones by each row's order."""
+        n, a = len(q), self.n_actions
+        decided = np.empty((n, a))
+        groups: dict[tuple[bool, ...], list[int]] = {}
+        for i, key in enumerate(map(tuple, (q > 0).tolist())):
             groups.setdefault(key, []).append(i)
-        for (support, row_order), members in groups.items():
-            t = self._table(support, row_order)
-            idx = np.array(members)
-            log_q = np.log(q[idx][:, t.support])
-            decided[idx] = np.exp(t.log_coef + log_q @ t.counts_t) @ t.winners
-            if len(t.low_log_coef):
-                decided[idx, fallback[idx]] += np.exp(t.low_log_coef + log_q @ t.low_counts_t).sum(axis=1)
+        orders = list(map(tuple, order.tolist()))
+        for support, members in groups.items():
+            t = self._support(support)
+            whole, m = len(members) == n, len(members)
+            mult = np.exp(t.log_coef + np.log((q if whole else q[members])[:, t.mask]) @ t.counts_t)  # (m, count vectors)
+            shares = mult @ t.fixed  # (m, a + 1): each action's decisive share, then the rule engine's
+            if len(t.tied):
+                keys = [orders[i] for i in members]
+                if keys.count(keys[0]) == m:  # one order (a single row, or alike rows): a product with its winners
+                    shares += mult[:, t.tied] @ self._tied_winners(support, keys[0])[1]
+                else:
+                    bins = np.array([self._tied_winners(support, k)[0] for k in keys]) + (a + 1) * np.arange(m)[:, None]
+                    shares += np.bincount(bins.ravel(), weights=mult[:, t.tied].ravel(),
+                                          minlength=(a + 1) * m).reshape(m, a + 1)
+            shares[np.arange(m), fallback if whole else fallback[members]] += shares[:, a]
+            if whole:
+                decided = shares[:, :a]
+            else:
+                decided[members] = shares[:, :a]
         served: FloatArray = (1.0 - self.epsilon) * decided
         if explore is not None:
             served += self.epsilon * explore
@@ -214,21 +236,24 @@ class MajorityDecoder:
         return self._drawn(q, u, self.order(q), self.explore_batch(q))
 
     def _drawn(self, q: FloatArray, u: FloatArray, order: IntArray, explore: FloatArray) -> DrawBatch:
-        last = self.n_actions - 1
-        explore_cdf = np.cumsum(explore, axis=1)
-        explored_index = np.minimum(
-            (u[:, 1:2] * explore_cdf[:, -1:] >= explore_cdf).sum(axis=1), last
-        )
-        cdf = np.cumsum(q, axis=1)
-        votes = u[:, 2:] * cdf[:, -1:]
-        picks = np.minimum((votes[:, :, None] >= cdf[:, None, :]).sum(axis=2), last)
-        counts = (picks[:, :, None] == np.arange(self.n_actions)).sum(axis=1)
-        winners = self._winners(counts, order)
+        n, last = len(q), self.n_actions - 1
         explored = u[:, 0] < self.epsilon
-        decisive = counts[np.arange(len(q)), winners] >= self.min_votes
-        index = np.where(explored, explored_index, winners)
-        return DrawBatch(index=index, explored=explored, decisive=decisive | explored,
-                         counts=np.where(explored[:, None], 0, counts))
+        cdf = np.cumsum(q, axis=1)
+        # A vote lands past action j (j < last) iff it is at least cdf[j] (the CDF never falls): counting those per j
+        # gives the votes per action by differences, the lookup's clamp at the last action included.
+        past = np.empty((n, last + 2), dtype=np.int64)  # [K votes past "action −1", then past each j < last, then 0]
+        past[:, 0], past[:, -1] = self.samples, 0
+        past[:, 1:-1] = (u[:, 2:, None] * cdf[:, None, -1:] >= cdf[:, None, :last]).sum(axis=1)
+        counts = past[:, :-1] - past[:, 1:]
+        winners = self._winners(counts, order)
+        decisive = counts[np.arange(n), winners] >= self.min_votes
+        if explored.any():
+            at = np.flatnonzero(explored)
+            explore_cdf = np.cumsum(explore[at], axis=1)
+            winners[at] = np.minimum((u[at, 1:2] * explore_cdf[:, -1:] >= explore_cdf).sum(axis=1), last)
+            decisive[at] = True
+            counts[at] = 0
+        return DrawBatch(index=winners, explored=explored, decisive=decisive, counts=counts)
 
     def draw(self, q: FloatArray | Sequence[float], decision_id: str) -> Draw:
         """Run the procedure once with uniforms derived from the decision id (replayable)."""
@@ -248,10 +273,12 @@ class DrawBatch:
 
 
 @dataclass(frozen=True, slots=True)
-class _Table:
-    counts_t: FloatArray  # (|support|, rows): votes on the supported actions, decisive rows
-    log_coef: FloatArray  # (rows,) log multinomial coefficients, decisive rows
-    winners: FloatArray  # (rows, n_actions) one-hot winner under the tie rule, decisive rows
-    low_counts_t: FloatArray  # the same for rows whose winner has fewer than min_votes votes
-    low_log_coef: FloatArray
-    support: npt.NDArray[np.bool_]  # (n_actions,) actions with q > 0
+class _Support:
+    """The count vectors of one support (``MajorityDecoder._support``)."""
+
+    mask: npt.NDArray[np.bool_]  # (n_actions,) actions with q > 0
+    counts_t: FloatArray  # (|support|, vectors): votes on the supported actions of every count vector on the support
+    log_coef: FloatArray  # (vectors,) their log multinomial coefficients
+    fixed: FloatArray  # (vectors, n_actions + 1) one-hot: the winner, or the rule engine's column; zero where tied
+    tied: IntArray  # decisive vectors whose largest count is shared (their winner depends on the order)
+    tied_counts: IntArray  # (len(tied), n_actions) those vectors

@@ -100,17 +100,21 @@ class Guardrails:
         return w, tuple(fired)
 
 
+_LEAST = np.finfo(np.float64).min
+_TINY = np.finfo(np.float64).tiny
+
+
 def apply_batch(logits: npt.NDArray[np.floating[Any]], weights: FloatArray) -> FloatArray:
     """Masked policy per row: ``softmax(logits + log weights)``; banned actions get exactly 0.
 
     A row where every action is banned comes back all zeros.
     """
     permitted = weights > 0
-    z = np.where(permitted, logits.astype(np.float64) + np.log(np.where(permitted, weights, 1.0)), -np.inf)
-    top = z.max(axis=-1, keepdims=True)
-    e = np.exp(z - np.where(np.isfinite(top), top, 0.0))
-    total = e.sum(axis=-1, keepdims=True)
-    return np.divide(e, total, out=np.zeros_like(e), where=total > 0)
+    z = np.where(permitted, logits + np.log(np.where(permitted, weights, 1.0), dtype=np.float64), -np.inf)
+    # a row's largest z, or the least float where all are banned: exp(−inf − that) = 0, not NaN
+    e = np.exp(z - np.maximum(z.max(axis=-1, keepdims=True), _LEAST))
+    e /= np.maximum(e.sum(axis=-1, keepdims=True), _TINY)  # a permitted row's sum is at least 1 (its largest term)
+    return e
 
 
 def apply(logits: npt.NDArray[np.floating[Any]], weights: FloatArray) -> FloatArray:

@@ -196,6 +196,42 @@ def test_served_distribution_with_more_than_eight_actions() -> None:
     np.testing.assert_allclose(got, _reference_served(narrow, 2, 1, 0.0, 1.2, 0), rtol=0, atol=1e-12)
 
 
+
+def test_a_batch_mixing_supports_orders_and_fallbacks_matches_brute_force_row_by_row() -> None:
+    """One call over rows of several supports, several orders within a support (its tied count vectors are placed by
+    each row's own order) and rows alike in order (one product): every row as the written-out procedure says."""
+    rows = [q for q in Q_CASES for _ in (0, 1)] + [[0.1, 0.4, 0.3, 0.2, 0.0], [0.2, 0.3, 0.4, 0.1, 0.0]]
+    fallbacks = [i % 5 for i in range(len(rows))]
+    decoder = MajorityDecoder(samples=10, min_votes=4, epsilon=0.05, temperature=1.2)
+    got = decoder.served_batch(np.array(rows), np.array(fallbacks))
+    for q, fallback, row in zip(rows, fallbacks, got, strict=True):
+        np.testing.assert_allclose(row, _reference_served(q, 10, 4, 0.05, 1.2, fallback), rtol=0, atol=1e-12)
+    alike = [[0.4, 0.3, 0.2, 0.1, 0.0], [0.5, 0.25, 0.15, 0.1, 0.0], [0.7, 0.2, 0.06, 0.04, 0.0]]  # one order
+    got = decoder.served_batch(np.array(alike), np.array([3, 3, 3]))
+    for q, row in zip(alike, got, strict=True):
+        np.testing.assert_allclose(row, _reference_served(q, 10, 4, 0.05, 1.2, 3), rtol=0, atol=1e-12)
+
+
+def test_a_batch_draws_what_each_row_draws_alone() -> None:
+    """Votes are counted for the whole batch at once; each row's draw is the one it gets alone (same uniforms), votes
+    landing exactly on a step of the CDF, or past its last step by rounding, included."""
+    decoder = MajorityDecoder(samples=10, min_votes=4, epsilon=0.2, temperature=1.2)
+    rng = np.random.default_rng(5)
+    q = np.array(Q_CASES * 4, dtype=np.float64)
+    u = rng.random((len(q), 12))
+    u[::5, 2:] = 1.0 - 1e-17  # at the top of the CDF
+    u[1::5, 2:7] = np.cumsum(q[1::5], axis=1)[:, :5] / np.cumsum(q[1::5], axis=1)[:, -1:]  # on its steps
+    batch = decoder.draw_batch(q, u)
+    for i in range(len(q)):
+        alone = decoder.draw_batch(q[i : i + 1], u[i : i + 1])
+        assert (batch.index[i], batch.explored[i], batch.decisive[i]) == (alone.index[0], alone.explored[0], alone.decisive[0])
+        assert batch.counts[i].tolist() == alone.counts[0].tolist()
+        if not batch.explored[i]:
+            cdf = np.cumsum(q[i])
+            picks = np.minimum((u[i, 2:, None] * cdf[-1] >= cdf[None, :]).sum(axis=1), 4)  # the inverse-CDF lookup
+            assert batch.counts[i].tolist() == np.bincount(picks, minlength=5).tolist()
+
+
 # --- draws against the exact distribution ------------------------------------------------------
 
 
