@@ -126,8 +126,8 @@ class MajorityDecoder:
 
         A count vector with a unique largest count has the same winner whatever the order of ``q``; with the vote
         minimum it goes to that winner, below it to the rule engine's column (``n_actions``): ``fixed``, one matrix
-        product for every row. Only a decisive vector whose largest count is shared (70 of 1,001 for 5 actions and 10
-        votes) needs the row's order to pick its winner: ``tied``, resolved per order by ``_tied_winners``.
+        product for every row. Only a decisive vector whose largest count is shared (70 of 1,001 for 5 actions, 10
+        votes and a minimum of 4) needs the row's order to pick its winner: ``tied``, resolved per order by ``_tied_winners``.
         """
         table = self._supports.get(support)
         if table is None:
@@ -186,14 +186,19 @@ class MajorityDecoder:
     def served_batch(self, q: FloatArray, fallback: IntArray) -> FloatArray:
         """Exact probability of serving each action, per row of ``q`` (N, n_actions).
 
-        ``fallback[i]`` is the rule engine's action index for row ``i``. Rows that share a
-        support and an order share a table, so a batch costs one matrix product per group.
+        ``fallback[i]`` is the rule engine's action index for row ``i`` (``ValueError`` outside 0..n_actions − 1). Rows
+        that share a support share their count vectors: a batch costs a few matrix products per support (``_served``).
         """
+        fallback = np.asarray(fallback)
+        if fallback.shape != (len(q),) or (len(q) and not (0 <= fallback.min() and fallback.max() < self.n_actions)):
+            raise ValueError(f"fallback: expected one action index in 0..{self.n_actions - 1} per row, got {fallback.tolist()}")
         return self._served(q, fallback, self.order(q), self.explore_batch(q) if self.epsilon > 0 else None)
 
     def _served(self, q: FloatArray, fallback: IntArray, order: IntArray, explore: FloatArray | None) -> FloatArray:
         """Per support, one matrix product gives every row's probabilities of the count vectors on it and another sends
-        them to their winners (``_support``); a ``bincount`` places the few tied ones by each row's order."""
+        them to their winners (``_support``); the few tied ones go by the rows' order: one more product when the rows
+        share one, else a ``bincount`` by each row's own. ``fallback`` must hold valid action indices (the rule engine's;
+        ``served_batch`` checks them)."""
         n, a = len(q), self.n_actions
         decided = np.empty((n, a))
         groups: dict[tuple[bool, ...], list[int]] = {}
@@ -237,6 +242,8 @@ class MajorityDecoder:
 
     def _drawn(self, q: FloatArray, u: FloatArray, order: IntArray, explore: FloatArray) -> DrawBatch:
         n, last = len(q), self.n_actions - 1
+        if u.shape != (n, self.samples + 2):  # the vote count below assumes exactly ``samples`` votes a row
+            raise ValueError(f"u: expected ({n}, {self.samples + 2}) uniforms, got {u.shape}")
         explored = u[:, 0] < self.epsilon
         cdf = np.cumsum(q, axis=1)
         # A vote lands past action j (j < last) iff it is at least cdf[j] (the CDF never falls): counting those per j

@@ -107,7 +107,8 @@ _TINY = np.finfo(np.float64).tiny
 def apply_batch(logits: npt.NDArray[np.floating[Any]], weights: FloatArray) -> FloatArray:
     """Masked policy per row: ``softmax(logits + log weights)``; banned actions get exactly 0.
 
-    A row where every action is banned comes back all zeros.
+    A row where every action is banned comes back all zeros. The logits must be finite (``ModelSet.infer`` refuses
+    others): a NaN gives NaN.
     """
     permitted = weights > 0
     z = np.where(permitted, logits + np.log(np.where(permitted, weights, 1.0), dtype=np.float64), -np.inf)

@@ -232,6 +232,18 @@ def test_a_batch_draws_what_each_row_draws_alone() -> None:
             assert batch.counts[i].tolist() == np.bincount(picks, minlength=5).tolist()
 
 
+
+def test_served_batch_and_draws_refuse_arguments_of_the_wrong_shape_or_range() -> None:
+    decoder = MajorityDecoder(samples=10, min_votes=4, epsilon=0.05)
+    q = np.array([[0.4, 0.3, 0.2, 0.1, 0.0]])
+    for fallback in ([5], [-1], [0, 1]):
+        with pytest.raises(ValueError, match="fallback"):
+            decoder.served_batch(q, np.array(fallback))
+    for width in (11, 13):  # the vote count assumes exactly ``samples`` votes
+        with pytest.raises(ValueError, match="u: expected"):
+            decoder.draw_batch(q, np.full((1, width), 0.5))
+
+
 # --- draws against the exact distribution ------------------------------------------------------
 
 
