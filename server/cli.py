@@ -35,7 +35,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 
 async def serve(config: Config) -> int:
     from server.app import ShoppingAgentServer
-    from server.memory import arrow_on_system_allocator, freeze_startup_objects
+    from server.memory import arrow_on_system_allocator, freeze_startup_objects, raise_young_threshold
 
     if config.log_dir is not None:  # before the recorder imports pyarrow (server/memory.py)
         pool, in_time = arrow_on_system_allocator()
@@ -46,7 +46,8 @@ async def serve(config: Config) -> int:
         print(f"shopping-agent: {exc}", file=sys.stderr)
         return 2
     frozen = freeze_startup_objects()  # everything imported and built so far; the bundle loads after this (module doc)
-    log.debug("objects exempted from garbage collection", extra={"fields": {"frozen": frozen}})
+    thresholds = raise_young_threshold()
+    log.debug("objects exempted from garbage collection", extra={"fields": {"frozen": frozen, "gc_thresholds": list(thresholds)}})
     loop = asyncio.get_running_loop()
     requested = asyncio.Event()
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from server.memory import ARENAS, cap_malloc_arenas
+from server.memory import ARENAS, YOUNG_THRESHOLD, cap_malloc_arenas
 from tests.harness import ROOT, Spawned, spawn_server
 
 GLIBC = platform.libc_ver()[0] == "glibc"
@@ -130,3 +130,26 @@ def test_serve_freezes_what_it_built_before_loading_the_bundle() -> None:
     loaded = [i for i, line in enumerate(lines) if "loaded the embedded default bundle" in line]
     assert frozen and frozen[0][1]["frozen"] > 10_000, frozen
     assert loaded and frozen[0][0] < loaded[0]  # frozen before the bundle's objects exist
+    assert frozen[0][1]["gc_thresholds"] == [YOUNG_THRESHOLD, 10, 10]  # the youngest generation raised, the others as they were
+
+
+_THRESHOLD = """
+import gc, json, sys
+sys.path.insert(0, sys.argv[1])
+from server.memory import raise_young_threshold
+gc.set_threshold(700, 7, 9)  # an older generation's own setting must survive
+got = raise_young_threshold(5000)
+counts = []
+for _ in range(3):
+    junk = [[i] for i in range(4000)]  # 4,000 new containers: fewer than the threshold, no young collection
+    counts.append(gc.get_count()[0])
+    del junk
+print(json.dumps({"got": got, "now": gc.get_threshold(), "young_counts": counts}))
+"""
+
+
+def test_the_youngest_generation_waits_for_its_threshold_and_the_others_keep_theirs() -> None:
+    out = subprocess.run([sys.executable, "-c", _THRESHOLD, str(ROOT)], capture_output=True, text=True, timeout=60, check=True)
+    got = json.loads(out.stdout)
+    assert got["got"] == [5000, 7, 9] and got["now"] == [5000, 7, 9]
+    assert got["young_counts"][0] >= 4000  # 4,000 new containers counted, not collected at 700
