@@ -196,7 +196,6 @@ def test_served_distribution_with_more_than_eight_actions() -> None:
     np.testing.assert_allclose(got, _reference_served(narrow, 2, 1, 0.0, 1.2, 0), rtol=0, atol=1e-12)
 
 
-
 def test_a_batch_mixing_supports_orders_and_fallbacks_matches_brute_force_row_by_row() -> None:
     """One call over rows of several supports, several orders within a support (its tied count vectors are placed by
     each row's own order) and rows alike in order (one product): every row as the written-out procedure says."""
@@ -230,7 +229,6 @@ def test_a_batch_draws_what_each_row_draws_alone() -> None:
             cdf = np.cumsum(q[i])
             picks = np.minimum((u[i, 2:, None] * cdf[-1] >= cdf[None, :]).sum(axis=1), 4)  # the inverse-CDF lookup
             assert batch.counts[i].tolist() == np.bincount(picks, minlength=5).tolist()
-
 
 
 def test_served_batch_and_draws_refuse_arguments_of_the_wrong_shape_or_range() -> None:
