@@ -141,8 +141,5 @@ class DecisionProcedure(Rules):
         q = np.where(allowed, policy_probs, 0.0)
         total = q.sum(axis=1)
         ok = total > 0  # rows where some allowed action has probability: the decoder decides
-        if ok.all():
-            q /= total[:, None]
-        else:
-            q[ok] /= total[ok, None]
+        np.divide(q, total[:, None], out=q, where=ok[:, None])  # (no fancy indexing: rows not ok stay zero)
         return DecisionInputs(fired, weights, policy_probs, allow64, vetoed, allowed, fallbacks, q, ok)

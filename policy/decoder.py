@@ -137,8 +137,9 @@ class MajorityDecoder:
             top = counts.max(axis=1)
             decisive = top >= self.min_votes
             tied = decisive & ((counts == top[:, None]).sum(axis=1) > 1)
+            untied = decisive & ~tied
             fixed = np.zeros((len(counts), self.n_actions + 1))
-            fixed[np.flatnonzero(decisive & ~tied), counts.argmax(axis=1)[decisive & ~tied]] = 1.0
+            fixed[np.flatnonzero(untied), counts.argmax(axis=1)[untied]] = 1.0
             fixed[~decisive, self.n_actions] = 1.0
             table = self._supports[support] = _Support(
                 mask=mask, counts_t=np.ascontiguousarray(counts[:, mask].T.astype(np.float64)), log_coef=self._log_coef[rows],
@@ -200,7 +201,7 @@ class MajorityDecoder:
         share one, else a ``bincount`` by each row's own. ``fallback`` must hold valid action indices (the rule engine's;
         ``served_batch`` checks them)."""
         n, a = len(q), self.n_actions
-        decided = np.empty((n, a))
+        decided = np.empty((n, a))  # filled per support (with one support, its shares are used instead)
         groups: dict[tuple[bool, ...], list[int]] = {}
         for i, key in enumerate(map(tuple, (q > 0).tolist())):
             groups.setdefault(key, []).append(i)

@@ -79,5 +79,4 @@ def raise_young_threshold(threshold: int = YOUNG_THRESHOLD) -> tuple[int, int, i
     """Collect the youngest generation every ``threshold`` new container objects instead of 700, leaving the older
     generations' thresholds as they are; the thresholds now in force."""
     gc.set_threshold(threshold, *gc.get_threshold()[1:])
-    young, middle, old = gc.get_threshold()
-    return young, middle, old
+    return gc.get_threshold()
