@@ -2,6 +2,7 @@
 
     .venv/bin/python -m bench.offline_learners --logs DIR --init B.bundle --config A.json --config B.json [--seed 7]
         [--eval-sessions 6000] [--json]
+    .venv/bin/python -m bench.offline_learners --untrained-logs 0.5,100 [--log-sessions 20000] --config A.json ...
 
 Where ``bench.loop`` asks what the CronJob cycle reaches, this asks what one ``train`` extracts from
 a fixed set of logs (for example a ``bench.loop --workdir`` run's directory, logged in world
@@ -10,6 +11,12 @@ the truth sessions ``[10⁶, 10⁶ + --eval-sessions)`` of that world, as ``benc
 objective per session, the action mix per hidden intent, and the paired difference to the best
 constant action and to ``--init``; the intent policy is the reference. Writes
 ``bench/results/offline_learners.json`` with ``--json``.
+
+``--untrained-logs EPSILON,TEMPERATURE`` writes the logs first instead: ``--log-sessions`` sessions of the world
+(from session 0, disjoint from the truth sessions) served by ``bench.loop``'s untrained bundle with its decoder's
+exploration set to these (``exploration_epsilon``, ``exploration_temperature``: say 0.5,100 for half the pages
+drawn uniformly from the allowed actions), which is then ``--init``: what one run extracts from logs as broad as
+the behaviour can make them, against the untrained bundle's own (0.05,1.2).
 """
 
 from __future__ import annotations
@@ -22,12 +29,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.loop import TRUTH_FIRST, UTC, paired, public, references, scored, trainer_json
+from bench.loop import SALT, TRUTH_FIRST, UTC, paired, public, references, scored, trainer_json
 from bench.report import add_json_flag, header, write_results
 from simulator.config import SimConfig
-from simulator.drive import run_in_process
+from simulator.drive import run_in_process, run_logged
 from simulator.world import World
-from weights.bundle import read_bundle
+from weights.bundle import read_bundle, write_bundle
+from weights.initial import make_bundle
 from weights.model_set import LoadOptions, ModelSet
 
 
@@ -40,6 +48,31 @@ def trained(logs: Path, init: Path, config: Path, out: Path) -> dict[str, Any]:
     return report
 
 
+def exploration_of(text: str) -> tuple[float, float]:
+    """``"EPSILON,TEMPERATURE"`` as the decoder's settings (``ValueError`` naming what is wrong)."""
+    parts = text.split(",")
+    if len(parts) != 2:
+        raise ValueError(f"expected EPSILON,TEMPERATURE, got {text!r}")
+    epsilon, temperature = float(parts[0]), float(parts[1])
+    if not (0.0 <= epsilon <= 1.0 and 0.0 < temperature < float("inf")):
+        raise ValueError(f"expected EPSILON in [0, 1] and TEMPERATURE > 0, got {text!r}")
+    return epsilon, temperature
+
+
+def untrained_logs(world: World, epsilon: float, temperature: float, sessions: int, out: Path) -> Path:
+    """``bench.loop``'s untrained bundle with this exploration, written to ``out/init.bundle``, after it served
+    ``sessions`` sessions (from 0) into ``out/logs``; returns the bundle's path."""
+    bundle = read_bundle(make_bundle(20261130, "default-init-20261130", "2026-11-30T00:00:00Z"))
+    manifest = {k: v for k, v in bundle.manifest.items() if k != "parts"}  # write_bundle fills the checksums in again
+    manifest["decoder"] = {**manifest["decoder"], "exploration_epsilon": epsilon, "exploration_temperature": temperature}
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "init.bundle"
+    write_bundle(path, manifest, bundle.parts)
+    model = ModelSet.load(read_bundle(path), LoadOptions(device="cpu", warmup_batch=8))
+    run_logged(world, model, range(sessions), UTC, out / "logs", SALT)
+    return path
+
+
 def summary(result: dict[str, Any]) -> str:
     mixes = " | ".join(f"{intent} " + " ".join(f"{k[:4]} {v:.2f}" for k, v in mix.items() if v >= 0.01)
                        for intent, mix in result["action_mix_by_intent"].items())
@@ -48,8 +81,12 @@ def summary(result: dict[str, Any]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.offline_learners", description=__doc__.splitlines()[0])
-    p.add_argument("--logs", type=Path, required=True, help="a log directory (serve --log-dir, bench.loop --workdir DIR/logs)")
-    p.add_argument("--init", type=Path, required=True, help="the starting bundle of every run")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--logs", type=Path, help="a log directory (serve --log-dir, bench.loop --workdir DIR/logs)")
+    source.add_argument("--untrained-logs", metavar="EPSILON,TEMPERATURE",
+                        help="write the logs first: the untrained bundle with this exploration serves --log-sessions sessions")
+    p.add_argument("--init", type=Path, help="the starting bundle of every run (with --logs)")
+    p.add_argument("--log-sessions", type=int, default=20_000, help="sessions logged with --untrained-logs (default 20,000)")
     p.add_argument("--config", type=Path, action="append", required=True, help="a TrainConfig JSON (repeat)")
     p.add_argument("--seed", type=int, default=7, help="the world the logs were written in")
     p.add_argument("--eval-sessions", type=int, default=6000)
@@ -57,21 +94,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     if not 500 <= args.eval_sessions <= 200_000:
         p.error("--eval-sessions: 500..200,000")
+    if (args.logs is None) != (args.init is None):
+        p.error("--init goes with --logs (--untrained-logs makes its own)")
+    if not 500 <= args.log_sessions < TRUTH_FIRST:
+        p.error(f"--log-sessions: 500..{TRUTH_FIRST - 1:,}")
+    try:
+        explore = exploration_of(args.untrained_logs) if args.untrained_logs is not None else None
+    except ValueError as exc:
+        p.error(f"--untrained-logs: {exc}")
     started = time.time()
     world = World(SimConfig(), args.seed)
     truth = range(TRUTH_FIRST, TRUTH_FIRST + args.eval_sessions)
     options = LoadOptions(device="cpu", warmup_batch=8)
     _, best, oracle = references(world, truth)
-    start = scored("init", run_in_process(world, ModelSet.load(read_bundle(args.init), options), truth, UTC), world, truth)
     print(f"{best['name']} {best['objective']['mean']:.2f}; intent policy {oracle['objective']['mean']:.2f}", flush=True)
-    print(summary(start), flush=True)
     runs = []
     with tempfile.TemporaryDirectory(prefix="bench-offline-") as tmp_dir:
         tmp = Path(tmp_dir)
+        logs, init = args.logs, args.init
+        if explore is not None:
+            init = untrained_logs(world, *explore, args.log_sessions, tmp / "untrained")
+            logs = tmp / "untrained" / "logs"
+            print(f"logged sessions [0, {args.log_sessions:,}) with exploration ε {explore[0]}, T {explore[1]}", flush=True)
+        start = scored("init", run_in_process(world, ModelSet.load(read_bundle(init), options), truth, UTC), world, truth)
+        print(summary(start), flush=True)
         for i, config in enumerate(args.config):
             t0 = time.monotonic()
             out = tmp / f"run-{i}.bundle"
-            report = trained(args.logs, args.init, config, out)
+            report = trained(logs, init, config, out)
             model = ModelSet.load(read_bundle(out), options)
             result = scored(config.name, run_in_process(world, model, truth, UTC), world, truth)
             share = result["objective"]["mean"] / oracle["objective"]["mean"]
@@ -86,7 +136,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if args.json is not None:
         write_results(args.json, {**header("bench.offline_learners", started, argv), "world_seed": args.seed,
-                                  "logs": str(args.logs), "init": str(args.init), "truth_sessions": [truth.start, truth.stop],
+                                  "logs": str(args.logs) if args.logs else {"untrained_exploration": explore,
+                                                                            "sessions": args.log_sessions},
+                                  "init": str(args.init) if args.init else "untrained", "truth_sessions": [truth.start, truth.stop],
                                   **public({"best_constant": best, "intent_policy": oracle, "init_result": start, "runs": runs})})
     return 0
 
