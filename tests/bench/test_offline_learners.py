@@ -34,7 +34,7 @@ def test_the_untrained_bundle_serves_the_logs_with_the_exploration_asked_for(tmp
         decisions = DirectorySource(tmp_path / name / "logs").table("decisions")
         assert decisions.num_rows > 300  # every session logged, several pages each
         served[name] = np.array(decisions.column("served_probs").to_pylist())
-    allowed = served["broad"] > 0  # what the guardrails permit on each page (exit is never the untrained policy's)
+    allowed = served["broad"] > 0  # what the guardrails permit on each page (the default guardrails ban exit everywhere)
     assert allowed.sum(axis=1).min() >= 2
     uniform = np.where(allowed, 1.0 / allowed.sum(axis=1, keepdims=True), 0.0)
     assert np.allclose(served["broad"], uniform, atol=1e-3)  # uniform over the allowed actions, page by page
