@@ -70,6 +70,9 @@ from weights.store import WeightsStore
 from weights.validate import verify
 
 TRUTH_FIRST = 1_000_000
+UNTRAINED = (20261130, "default-init-20261130", "2026-11-30T00:00:00Z")
+"""``weights.initial.make_bundle``'s arguments for the untrained bundle the learning benches start from (the seed and
+version ``scripts/build_default_bundle.py`` starts from too)."""
 SALT = b"bench-loop".ljust(32, b".")
 UTC = ZoneInfo("UTC")
 Choose = Callable[[ShopperSession, PageView], Action]
@@ -353,7 +356,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with contextlib.nullcontext(str(args.workdir)) if args.workdir else tempfile.TemporaryDirectory(prefix="bench-loop-") as tmp:
         logs, wdir = Path(tmp) / "logs", Path(tmp) / "weights"
         store = WeightsStore(wdir, lambda data: verify(data, None))
-        store.publish(make_bundle(20261130, "default-init-20261130", "2026-11-30T00:00:00Z"))
+        store.publish(make_bundle(*UNTRAINED))
         active = ModelSet.load(read_bundle(store.active_path), options)
         cycles.append({"cycle": 0, "version": active.version,
                        "truth": scored("untrained", run_in_process(world, active, truth, UTC), world, truth)})

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.loop import SALT, TRUTH_FIRST, UTC, paired, public, references, scored, trainer_json
+from bench.loop import SALT, TRUTH_FIRST, UNTRAINED, UTC, paired, public, references, scored, trainer_json
 from bench.report import add_json_flag, header, write_results
 from simulator.config import SimConfig
 from simulator.drive import run_in_process, run_logged
@@ -62,7 +62,7 @@ def exploration_of(text: str) -> tuple[float, float]:
 def untrained_logs(world: World, epsilon: float, temperature: float, sessions: int, out: Path) -> Path:
     """``bench.loop``'s untrained bundle with this exploration, written to ``out/init.bundle``, after it served
     ``sessions`` sessions (from 0) into ``out/logs``; returns the bundle's path."""
-    bundle = read_bundle(make_bundle(20261130, "default-init-20261130", "2026-11-30T00:00:00Z"))
+    bundle = read_bundle(make_bundle(*UNTRAINED))
     manifest = {k: v for k, v in bundle.manifest.items() if k != "parts"}  # write_bundle fills the checksums in again
     manifest["decoder"] = {**manifest["decoder"], "exploration_epsilon": epsilon, "exploration_temperature": temperature}
     out.mkdir(parents=True, exist_ok=True)

@@ -30,6 +30,7 @@ from zoneinfo import ZoneInfo
 
 import numpy as np
 
+from bench.loop import UNTRAINED
 from bench.procs import REPO
 from bench.report import write_results
 from experience.objective import BusinessObjective
@@ -80,7 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not advantages or advantages[0] != "baseline" or len(set(advantages)) != len(advantages) or not set(advantages) <= set(ADVANTAGES):
         p.error(f"--advantages: distinct values of {', '.join(ADVANTAGES)}, baseline first (the others are paired against it)")
     options = LoadOptions(device="cpu", warmup_batch=8)
-    fresh = read_bundle(make_bundle(20261130, "default-init-20261130", "2026-11-30T00:00:00Z"))
+    fresh = read_bundle(make_bundle(*UNTRAINED))
     behaviour = ModelSet.load(fresh, options)
     with tempfile.TemporaryDirectory(prefix="bench-trainer-") as tmp:
         run_logged(World(SimConfig(), args.seed), behaviour, range(args.sessions), ZoneInfo("UTC"), Path(tmp), b"bench".ljust(32, b"."))

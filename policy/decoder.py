@@ -201,14 +201,15 @@ class MajorityDecoder:
         share one, else a ``bincount`` by each row's own. ``fallback`` must hold valid action indices (the rule engine's;
         ``served_batch`` checks them)."""
         n, a = len(q), self.n_actions
-        decided = np.empty((n, a))  # filled per support (with one support, its shares are used instead)
         groups: dict[tuple[bool, ...], list[int]] = {}
         for i, key in enumerate(map(tuple, (q > 0).tolist())):
             groups.setdefault(key, []).append(i)
+        whole = len(groups) == 1  # every row on one support (a batch of one always): its shares are the result
+        decided = None if whole else np.empty((n, a))  # else filled support by support
         orders = list(map(tuple, order.tolist()))
         for support, members in groups.items():
             t = self._support(support)
-            whole, m = len(members) == n, len(members)
+            m = len(members)
             mult = np.exp(t.log_coef + np.log((q if whole else q[members])[:, t.mask]) @ t.counts_t)  # (m, count vectors)
             shares = mult @ t.fixed  # (m, a + 1): each action's decisive share, then the rule engine's
             if len(t.tied):
@@ -220,11 +221,9 @@ class MajorityDecoder:
                     shares += np.bincount(bins.ravel(), weights=mult[:, t.tied].ravel(),
                                           minlength=(a + 1) * m).reshape(m, a + 1)
             shares[np.arange(m), fallback if whole else fallback[members]] += shares[:, a]
-            if whole:
-                decided = shares[:, :a]
-            else:
+            if decided is not None:
                 decided[members] = shares[:, :a]
-        served: FloatArray = (1.0 - self.epsilon) * decided
+        served: FloatArray = (1.0 - self.epsilon) * (shares[:, :a] if decided is None else decided)
         if explore is not None:
             served += self.epsilon * explore
         return served
