@@ -270,8 +270,12 @@ def backtracking_line_search(
     quadratic model can be off by half (bench/fvp.py); one or two refits, a forward pass
     each, land within a few per cent.
 
-    At most ``max_tries`` evaluations in all. On failure, and at once on a non-finite KL or
-    surrogate, the module's parameters are restored to ``θ_0`` bit for bit. In
+    A KL of +inf (a trial that takes all of an action's probability away where the reference
+    has some: with the served distribution, logits pushed so far apart that a masked
+    probability underflows to exactly 0) is over the limit like any other: that trial is
+    rejected for the constraint and the search backtracks, never refits (``kl_fitted_fraction``
+    would grow the step). At most ``max_tries`` evaluations in all. On failure, and at once on
+    a NaN KL or a non-finite surrogate, the module's parameters are restored to ``θ_0`` bit for bit. In
     data-parallel training ``evaluate`` must return reduced means, so that every rank takes
     the same decisions.
     """
@@ -287,6 +291,10 @@ def backtracking_line_search(
     for k in range(1, max_tries + 1):
         set_flat_params(module, theta0 + fraction * step)
         kl, surrogate = evaluate()
+        if kl == math.inf and math.isfinite(surrogate):  # the trial took all probability off an action: too far, not broken
+            kl_rejections += 1
+            fraction *= backtrack
+            continue
         if not (math.isfinite(kl) and math.isfinite(surrogate)):
             set_flat_params(module, theta0)
             reason = f"aborted: non-finite KL {kl} or surrogate {surrogate}"

@@ -283,6 +283,35 @@ def test_line_search_failure_restores_the_parameters_exactly() -> None:
     assert not constraint_binds(result, delta)
 
 
+@pytest.mark.parametrize("kl_fits", [0, 2])
+def test_an_infinite_kl_is_over_the_limit_and_backtracks(kl_fits: int) -> None:
+    """A trial whose KL is +inf (an action's probability pushed to exactly 0) is shrunk like any trial past δ, with or
+    without refits, where it used to abort the whole update (the lifted-limits loop lost every update of a cycle so)."""
+    module, evaluate, step, delta = world()
+    theta0 = flat_params(module).clone()
+
+    def cliff() -> Evaluation:  # past a quarter of the step the support breaks; below it, the quadratic world
+        got = evaluate()
+        d = flat_params(module) - theta0
+        return Evaluation(math.inf, got.surrogate) if float(d.norm()) > 0.3 * float(step.norm()) else got
+
+    result = backtracking_line_search(module, step, cliff, surrogate_before=0.0, delta=delta, kl_fits=kl_fits)
+    assert result.accepted and result.fraction == 0.25 and result.kl_rejections >= 2, result
+    assert math.isfinite(result.kl) and result.kl <= delta * 1.5
+    assert torch.allclose(flat_params(module), theta0 + 0.25 * step)
+    assert constraint_binds(result, delta)  # the constraint limited the step: the tracker says so
+
+
+def test_a_kl_infinite_at_every_trial_fails_cleanly_and_restores() -> None:
+    module, _, step, delta = world()
+    theta0 = flat_params(module).clone()
+    result = backtracking_line_search(module, step, lambda: Evaluation(math.inf, 1.0), surrogate_before=0.0, delta=delta,
+                                      max_tries=4)
+    assert not result.accepted and result.tries == 4 and result.kl_rejections == 4
+    assert result.reason is not None and "4 over the KL limit" in result.reason
+    assert torch.equal(flat_params(module), theta0)
+
+
 def test_line_search_aborts_on_nan_and_restores() -> None:
     module, _, step, delta = world()
     theta0 = flat_params(module).clone()
