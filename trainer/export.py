@@ -4,8 +4,8 @@ The policy and guard go through ``weights.mlp`` (the same ONNX graph builders as
 bundle) and ``weights.initial.assemble_bundle`` (golden self-test data from a seeded
 generator). Before the bytes are returned, the bundle is loaded as the server loads it
 (``ModelSet.load``: checksums, schema, golden self-test) and its ONNX outputs are compared
-with the torch networks on random states: the largest difference must stay within
-``tolerance``. ``created_at`` comes from the caller (the trainer derives it from the logs),
+with the torch networks on random states: the largest difference (relative beyond magnitude 1,
+``weights.golden``) must stay within ``tolerance``. ``created_at`` comes from the caller (the trainer derives it from the logs),
 so the same logs and seed give the same bytes.
 """
 
@@ -21,6 +21,7 @@ from policy.features import FeatureSpec
 from trainer.networks import GuardNet, PolicyNet, to_arrays
 from weights import mlp
 from weights.bundle import read_bundle
+from weights.golden import golden_error
 from weights.initial import assemble_bundle
 from weights.model_set import LoadOptions, ModelSet
 
@@ -47,7 +48,7 @@ def export_bundle(policy: PolicyNet, guard: GuardNet, behavior_table: npt.NDArra
         x = torch.from_numpy(states)
         ref_logits = policy.cpu()(x).numpy()
         ref_allow = torch.sigmoid(guard.cpu()(x)).numpy()
-    error = max(float(np.abs(logits - ref_logits).max()), float(np.abs(allow - ref_allow).max()))
+    error = max(golden_error(logits, ref_logits), golden_error(allow, ref_allow))
     if not error <= tolerance:
         raise ExportError(f"ONNX and torch differ by {error:.3g} > {tolerance:.3g}")
     return data

@@ -32,6 +32,7 @@ from policy.plurality import PluralityDecoder
 from policy.product_decision import by_rules as product_by_rules
 from policy.product_policy import decide_batch as decide_products
 from weights.bundle import PRODUCT_GUARD_PARTS, PRODUCT_PARTS, Bundle, BundleError
+from weights.golden import golden_error
 from weights.onnx_check import check_model
 from weights.product_guard import ProductGuard
 from weights.product_heads import ProductHeads
@@ -181,9 +182,10 @@ class ModelSet:
             raise BundleError("nonfinite", "the graphs produce NaN or Inf on the golden inputs")
         if not ((allow >= 0.0) & (allow <= 1.0)).all():
             raise BundleError("range", "the guard's allow-probabilities on the golden inputs leave [0, 1]")
-        error = float(np.abs(got - expected).max())
+        error = golden_error(got, expected)
         if not error <= tolerance:
-            raise BundleError("golden", f"golden self-test failed: max error {error:.3g} > tolerance {tolerance:.3g}")
+            raise BundleError("golden", f"golden self-test failed: max error {error:.3g} > tolerance {tolerance:.3g} (relative "
+                                        "beyond magnitude 1)")
 
     def infer(self, states: F32) -> tuple[F32, F32]:
         """Policy logits and guard allow-probabilities for a batch of states.

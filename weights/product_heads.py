@@ -27,6 +27,7 @@ from policy.features import FeatureSpec
 from policy.onnx_model import OnnxModel
 from weights import mlp
 from weights.bundle import PRODUCT_GUARD_PARTS, Bundle, BundleError, npy_bytes, rewritten
+from weights.golden import golden_error
 from weights.onnx_check import check_model
 
 F32 = npt.NDArray[np.float32]
@@ -165,7 +166,7 @@ def golden_check(outputs: Callable[[], F32], expected: F32, shape: tuple[int, in
         raise BundleError("shape", f"the {kind} graphs do not run on their inputs: {str(exc).splitlines()[0][:300]}") from None
     if not np.isfinite(got).all():
         raise BundleError("nonfinite", f"the {kind} graphs produce NaN or Inf on the golden inputs")
-    error = float(np.abs(got - expected).max())
+    error = golden_error(got, expected)
     if not error <= tolerance:
         raise BundleError("golden", f"{kind} golden self-test failed: max error {error:.3g} > tolerance {tolerance:.3g}")
 

@@ -14,6 +14,7 @@ from core.domain import ACTIONS, Action, Context, PageType, Source
 from weights import mlp
 from weights.bundle import Bundle, BundleError, npy_bytes, read_bundle
 from weights.embedded import DEFAULT_MODEL_VERSION
+from weights.golden import golden_error
 from weights.model_set import LoadOptions, ModelSet, NoModel
 
 A, V, C, S, X = ACTIONS
@@ -106,6 +107,33 @@ def test_golden_outputs_within_the_tolerance_still_load(rebuild: Any, default_bu
     golden[0, 0] += 5e-5
     assert ModelSet.load(read_bundle(rebuild(**{"golden_outputs.npy": npy_bytes(golden)})),
                          LoadOptions(device="cpu", warmup_batch=1)).version == DEFAULT_MODEL_VERSION
+
+
+def test_a_confident_policy_is_judged_relative_to_its_logits(rebuild: Any, default_bundle: Bundle) -> None:
+    """Golden logits in the hundreds (a policy the trainer made confident) are compared relative to their size: float32
+    rounding that two CPUs or torch and onnxruntime legitimately differ by passes, a real difference still fails."""
+    model = ModelSet.load(default_bundle, LoadOptions(device="cpu", warmup_batch=1))
+    states = default_bundle.array("golden_states.npy") * np.float32(3000.0)  # far outside any state: logits in the hundreds
+    logits, allow = model.policy.run(states), model.guard_model.run(states)
+    golden = np.concatenate([logits, allow], axis=1).astype(np.float32)
+    i, j = np.unravel_index(np.argmax(np.abs(logits)), logits.shape)
+    assert abs(golden[i, j]) > 50.0, golden[i, j]  # large enough that 5e-6 of it is more than the absolute 1e-4
+    near, off = golden.copy(), golden.copy()
+    near[i, j] *= 1.0 + 5e-6  # rounding-sized: within 1e-4 relative, beyond 1e-4 absolute
+    off[i, j] *= 1.0 + 5e-4  # five times the tolerance, relative
+    parts = {"golden_states.npy": npy_bytes(states)}
+    assert ModelSet.load(read_bundle(rebuild(**parts, **{"golden_outputs.npy": npy_bytes(near)})),
+                         LoadOptions(device="cpu", warmup_batch=1)).version == DEFAULT_MODEL_VERSION
+    assert load_reason(rebuild(**parts, **{"golden_outputs.npy": npy_bytes(off)})) == "golden"
+
+
+def test_golden_error_is_absolute_below_one_and_relative_above() -> None:
+    expected = np.array([0.5, -0.2, 300.0, -250.0])
+    assert golden_error(expected + np.array([1e-4, 0, 0, 0]), expected) == pytest.approx(1e-4)  # |expected| < 1: absolute
+    assert golden_error(expected + np.array([0, 0, 0.03, 0]), expected) == pytest.approx(1e-4)  # 0.03 of 300
+    assert golden_error(expected + np.array([0, 0, 0, -0.05]), expected) == pytest.approx(2e-4)  # 0.05 of 250
+    assert math.isnan(golden_error(np.array([np.nan, 0, 0, 0]), expected))  # NaN never passes a bound
+    assert golden_error(np.zeros((0, 10)), np.zeros((0, 10))) == 0.0
 
 
 @pytest.mark.parametrize(
