@@ -48,9 +48,11 @@ def fresh_bundle() -> Any:
     return read_bundle(fresh_bundle_bytes())
 
 
-def variant_bytes(version: str, *, canary: float | None = None, only: str | None = None) -> bytes:
+def variant_bytes(version: str, *, canary: float | None = None, only: str | None = None, lean: str | None = None) -> bytes:
     """The untrained bundle as another version: asking for ``canary`` of the sessions, and with ``only`` the one action
-    its guardrails allow (``add_to_cart`` plays far better than the untrained policy, ``view_detail`` earns nothing)."""
+    its guardrails allow (``add_to_cart`` plays far better than the untrained policy, ``view_detail`` earns nothing);
+    with ``lean`` the one they favour, the others weighted 0.05 (much the same play, but a bundle trained from it can
+    still serve something else: one trained from ``only`` serves exactly what it does)."""
     import io
 
     from weights.bundle import PARTS, write_bundle
@@ -61,6 +63,9 @@ def variant_bytes(version: str, *, canary: float | None = None, only: str | None
         manifest["canary"] = {"fraction": canary}
     if only is not None:
         manifest["guardrails"] = {"static": {key: float(key == only) for key in manifest["guardrails"]["static"]}, "rules": []}
+    if lean is not None:
+        static = manifest["guardrails"]["static"]
+        manifest["guardrails"] = {"static": {key: 1.0 if key == lean else min(0.05, static[key]) for key in static}, "rules": []}
     out = io.BytesIO()
     write_bundle(out, manifest, {name: base.parts[name] for name in PARTS})
     return out.getvalue()

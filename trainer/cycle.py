@@ -8,7 +8,8 @@
 2. Otherwise: train from the active bundle on the window, evaluate new and current on the
    held-out sessions (the business objective, γ = 1), publish when the gate passes; a refused
    candidate is kept for step 1 of a later run, or with ``--canary F`` one the gate could not rule
-   out (the paired upper bound ≥ −tolerance) is served on F of the sessions for step 0.
+   out (the paired upper bound ≥ −tolerance) is served on F of the sessions for step 0. A candidate that serves what
+   the active bundle serves on every held-out page is neither kept nor canaried (``unchanged``: nothing to judge).
 3. With product heads, the ``RecommendProduct`` heads are trained on the window's product decisions and gated on
    their own (``trainer.cycle_products``): passed heads go into the candidate; when it is not published they are
    also published alone, on the active bundle's flat decision.
@@ -51,6 +52,7 @@ def run_cycle(args: argparse.Namespace) -> int:
     from trainer.distributed import shutdown
     from trainer.evaluation import gate
     from trainer.reading import read_gate
+    from trainer.replay import serves_alike
     from weights.bundle import read_bundle
     from weights.model_set import LoadOptions, ModelSet
     from weights.signing import load_public_key, public_key_bytes
@@ -93,13 +95,14 @@ def run_cycle(args: argparse.Namespace) -> int:
     new = ModelSet.load(read_bundle(result.bundle), options)
     verdict = gate(judged(config, new, held_d, held_o), judged(config, current, held_d, held_o), config.tolerance,
                    **config.gate_limits())
+    published = verdict.publish or args.force
+    alike = not published and serves_alike(new, current, held_d)
     del held_d, held_o  # judged: not held while the product step reads and trains
     report: dict[str, Any] = {"model_version": new.version, "current_version": current.version, **verdict.to_dict()}
     if looked is not None:
         report["second_look"] = looked
     if canaried is not None:
         report["canary"] = canaried
-    published = verdict.publish or args.force
     products = _products(args, init, result, versions, since, config)
     if products is not None:
         report["products"] = products.report
@@ -115,6 +118,9 @@ def run_cycle(args: argparse.Namespace) -> int:
         report["candidate"] = str(args.candidate_out)
     if published:
         report["published"] = _publish(args, store, signed)
+    elif alike:
+        report["unchanged"] = ("the candidate serves what the active bundle serves on every held-out page: nothing for a "
+                               "canary or a second look to judge")
     elif judging and settings.fraction > 0 and verdict.difference.ci_high >= -config.tolerance:  # refused, not ruled out
         report["canary_started"] = _keep(store.start_canary, _signed(args, _with_canary(result.bundle, settings.fraction)), report,
                                          "canary_not_started", "started as a canary: the refused candidate")

@@ -170,3 +170,12 @@ def served_of(model: ModelSet, inputs: DecisionInputs) -> FloatArray:
     return served
 
 
+def serves_alike(a: ModelSet, b: ModelSet, decisions: pa.Table) -> bool:
+    """Whether two bundles serve the same distribution on every logged row, bit for bit (False on no rows).
+
+    A candidate that does (its updates all refused, its guard and decoder the active bundle's in effect) has nothing new
+    for a canary or a second look to judge: serving it would spend shoppers' sessions on a difference of exactly zero.
+    """
+    if decisions.num_rows == 0:
+        return False
+    return bool(np.array_equal(replay(a, logged_steps(decisions, a)).served, replay(b, logged_steps(decisions, b)).served))

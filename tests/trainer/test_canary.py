@@ -129,7 +129,7 @@ def test_cycle_promotes_a_better_canary_drops_a_worse_one_and_starts_a_refused_c
 
     # A better canary, served next to the active bundle on half the sessions: promoted, its very bytes. The run goes on
     # from it (without --canary its refused successor is kept for a second look) and exits 0: it published.
-    better = variant_bytes("canary-better", canary=0.5, only="add_to_cart")
+    better = variant_bytes("canary-better", canary=0.5, lean="add_to_cart")  # successors can differ from it
     store.start_canary(better)
     _logs(tmp_path / "logs-1", fresh_bundle_bytes(), better, range(1600))
     code, report = _cycle(tmp_path / "logs-1", weights, fast)
@@ -162,3 +162,29 @@ def test_cycle_promotes_a_better_canary_drops_a_worse_one_and_starts_a_refused_c
     code, report = _cycle(tmp_path / "logs-2", weights, fast)
     assert code == 3 and "no canary look" in report["canary"]["reason"] and "canary_started" not in report
     assert store.canary() is None and report["kept_for_second_look"] == report["model_version"]
+
+
+def test_a_candidate_that_serves_what_the_active_bundle_serves_is_not_canaried(tmp_path: Path) -> None:
+    """Every update undone (a behaviour-KL limit of 0) and the decoder's settings the active bundle's: the candidate serves
+    the same distribution on every held-out page, so starting it as a canary would spend sessions on a difference of
+    exactly zero (a lifted-limits loop canaried such a candidate for three cycles). It is reported unchanged instead."""
+    weights = tmp_path / "weights"
+    store = WeightsStore(weights, lambda data: verify(data, None))
+    store.publish(fresh_bundle_bytes())
+    decoder = read_bundle(fresh_bundle_bytes()).manifest["decoder"]
+    still = tmp_path / "still.json"
+    still.write_text(json.dumps({"updates": 2, "batch": 8192, "value_epochs": 2, "guard": {"epochs": 2}, "bootstrap": 100,
+                                 "gate_min_ess": 1e9, "max_behavior_kl": 0.0,
+                                 "exploration_epsilon": decoder["exploration_epsilon"],
+                                 "exploration_temperature": decoder["exploration_temperature"]}))
+    _logs(tmp_path / "logs", fresh_bundle_bytes(), fresh_bundle_bytes(), range(800))
+    code, report = _cycle(tmp_path / "logs", weights, still, "--canary", "0.5")
+    assert code == 3 and "canary_started" not in report and "kept_for_second_look" not in report, report
+    assert "nothing for a canary" in report["unchanged"]
+    assert report["dr_difference"] == {"value": 0.0, "ci_low": 0.0, "ci_high": 0.0}  # the gate saw exactly no difference
+    assert store.canary() is None and read_bundle(store.active_path).model_version == read_bundle(fresh_bundle_bytes()).model_version
+    # a candidate that does serve differently (the same run without the limit) is still started as a canary
+    moving = tmp_path / "moving.json"
+    moving.write_text(json.dumps({**json.loads(still.read_text()), "max_behavior_kl": None}))
+    code, report = _cycle(tmp_path / "logs", weights, moving, "--canary", "0.5")
+    assert code == 3 and report["canary_started"] == report["model_version"] and "unchanged" not in report, report
