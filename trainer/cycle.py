@@ -9,7 +9,7 @@
    held-out sessions (the business objective, γ = 1), publish when the gate passes; a refused
    candidate is kept for step 1 of a later run, or with ``--canary F`` one the gate could not rule
    out (the paired upper bound ≥ −tolerance) is served on F of the sessions for step 0. A candidate that serves what
-   the active bundle serves on every held-out page is neither kept nor canaried (``unchanged``: nothing to judge).
+   the active bundle serves on every held-out page is neither kept nor canaried (``same_as_active``: nothing to judge).
 3. With product heads, the ``RecommendProduct`` heads are trained on the window's product decisions and gated on
    their own (``trainer.cycle_products``): passed heads go into the candidate; when it is not published they are
    also published alone, on the active bundle's flat decision.
@@ -122,7 +122,7 @@ def run_cycle(args: argparse.Namespace) -> int:
     if published:
         report["published"] = _publish(args, store, signed)
     elif alike:
-        report["unchanged"] = ("the candidate serves what the active bundle serves on every held-out page: nothing for a "
+        report["same_as_active"] = ("the candidate serves what the active bundle serves on every held-out page: nothing for a "
                                "canary or a second look to judge")
     elif judging and settings.fraction > 0 and verdict.difference.ci_high >= -config.tolerance:  # refused, not ruled out
         report["canary_started"] = _keep(store.start_canary, _signed(args, _with_canary(result.bundle, settings.fraction)), report,

@@ -167,7 +167,7 @@ def test_cycle_promotes_a_better_canary_drops_a_worse_one_and_starts_a_refused_c
 def test_a_candidate_that_serves_what_the_active_bundle_serves_is_not_canaried(tmp_path: Path) -> None:
     """Every update undone (a behaviour-KL limit of 0) and the decoder's settings the active bundle's: the candidate serves
     the same distribution on every held-out page, so starting it as a canary would spend sessions on a difference of
-    exactly zero (a lifted-limits loop canaried such a candidate for three cycles). It is reported unchanged instead."""
+    exactly zero (a lifted-limits loop canaried such a candidate for three cycles). It is reported same_as_active instead."""
     weights = tmp_path / "weights"
     store = WeightsStore(weights, lambda data: verify(data, None))
     store.publish(fresh_bundle_bytes())
@@ -180,11 +180,11 @@ def test_a_candidate_that_serves_what_the_active_bundle_serves_is_not_canaried(t
     _logs(tmp_path / "logs", fresh_bundle_bytes(), fresh_bundle_bytes(), range(800))
     code, report = _cycle(tmp_path / "logs", weights, still, "--canary", "0.5")
     assert code == 3 and "canary_started" not in report and "kept_for_second_look" not in report, report
-    assert "nothing for a canary" in report["unchanged"]
+    assert "nothing for a canary" in report["same_as_active"]
     assert report["dr_difference"] == {"value": 0.0, "ci_low": 0.0, "ci_high": 0.0}  # the gate saw exactly no difference
     assert store.canary() is None and read_bundle(store.active_path).model_version == read_bundle(fresh_bundle_bytes()).model_version
     # a candidate that does serve differently (the same run without the limit) is still started as a canary
     moving = tmp_path / "moving.json"
     moving.write_text(json.dumps({**json.loads(still.read_text()), "max_behavior_kl": None}))
     code, report = _cycle(tmp_path / "logs", weights, moving, "--canary", "0.5")
-    assert code == 3 and report["canary_started"] == report["model_version"] and "unchanged" not in report, report
+    assert code == 3 and report["canary_started"] == report["model_version"] and "same_as_active" not in report, report
