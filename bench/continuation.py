@@ -33,10 +33,10 @@ import numpy as np
 from bench.loop import SALT, TRUTH_FIRST, UTC, constant, intents, interval, per_session, play
 from bench.offline_learners import exploration_of, untrained_logs
 from bench.report import add_json_flag, header, write_results
-from core.domain import Action, Context
+from core.domain import Action
 from experience.records import SESSION, hash_id
 from experience.segments import DirectorySource
-from policy.features import local_hour
+from policy.features import context_of
 from simulator.config import SimConfig
 from simulator.drive import decision_id
 from simulator.reference import intent_policy
@@ -60,8 +60,7 @@ def bundle_chooser(model: ModelSet, seed: int) -> Choose:
 
     def choose(session: ShopperSession, page: PageView) -> Action:
         request = session.request(page)
-        context = Context(page.page_type, page.cart_item_count, local_hour(request.event_time_s, UTC), len(page.recent_behavior_ids))
-        return model.run([request], [context], [decision_id(seed, session_index(session), page.step)])[0].action
+        return model.run([request], [context_of(request, UTC)], [decision_id(seed, session_index(session), page.step)])[0].action
 
     return choose
 
@@ -105,8 +104,7 @@ def by_intent(first: np.ndarray, value: np.ndarray, intent: np.ndarray) -> dict[
 
 def played(world: World, truth: range, choose: Choose) -> dict[str, dict[str, dict[str, float]]]:
     """Each first action, then ``choose``, on every truth session: the objective per session by intent and first action."""
-    of_session = intents(world, truth)
-    intent = np.array([of_session[world.session(i).session_id] for i in truth])
+    intent = np.array(list(intents(world, truth).values()))  # in the order of ``truth``, as ``per_session``'s values
     firsts, values = [], []
     for action in FIRST_ACTIONS:
         values.append(per_session(play(world, truth, first_then(action, choose)), world, truth)["objective"])
@@ -150,7 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         init = untrained_logs(world, *explore, args.log_sessions, Path(tmp))
         logged = logged_first_returns(Path(tmp) / "logs", init, world, range(args.log_sessions))
         behaviour = ModelSet.load(read_bundle(init), LoadOptions(device="cpu", warmup_batch=8))
-    tables = {"logged (the behaviour's continuation)": by_intent(**{k: logged[k] for k in ("first", "value", "intent")})}
+    tables = {"logged (the behaviour's continuation)": by_intent(**logged)}
     continuations: dict[str, Choose] = {"then the behaviour": bundle_chooser(behaviour, args.seed),
                                         "then always add_to_cart": constant(Action.ADD_TO_CART), "then the intent policy": intent_policy}
     for name, choose in continuations.items():

@@ -124,7 +124,7 @@ def run_cycle(args: argparse.Namespace) -> int:
     elif alike:
         report["same_as_active"] = ("the candidate serves what the active bundle serves on every held-out page: nothing for a "
                                "canary or a second look to judge")
-    elif judging and settings.fraction > 0 and verdict.difference.ci_high >= -config.tolerance:  # refused, not ruled out
+    elif judging and settings.fraction > 0 and difference.ci_high >= -config.tolerance:  # refused, not ruled out
         report["canary_started"] = _keep(store.start_canary, _signed(args, _with_canary(result.bundle, settings.fraction)), report,
                                          "canary_not_started", "started as a canary: the refused candidate")
     elif looks:
