@@ -1,6 +1,7 @@
 """The learning loop on the simulator: from the untrained bundle, CronJob cycles, against strong baselines.
 
-    .venv/bin/python -m bench.loop [--cycles 5] [--sessions 20000] [--eval-sessions 20000] [--seed 7] [--no-vw] [--canary F]
+    .venv/bin/python -m bench.loop [--cycles 5] [--sessions 20000] [--eval-sessions 20000] [--seed 7] [--no-vw]
+        [--canary F [--canary-level L]]
 
 One world (``--seed``: catalogue, prices, shoppers), disjoint session ranges. Each cycle:
 
@@ -233,9 +234,12 @@ def trainer_json(argv: list[str]) -> tuple[int, dict[str, Any]]:
     return code, json.loads(text[-1]) if text and text[-1].startswith("{") else {}
 
 
-def run_cycle(logs: Path, weights: Path, config: Path | None, candidate: Path, canary: float = 0.0) -> tuple[int, dict[str, Any]]:
+def run_cycle(logs: Path, weights: Path, config: Path | None, candidate: Path, canary: float = 0.0,
+              canary_level: float | None = None) -> tuple[int, dict[str, Any]]:
     argv = ["cycle", "--logs", str(logs), "--weights-dir", str(weights), "--device", "cpu", "--json", "--candidate-out", str(candidate)]
-    return trainer_json(argv + (["--config", str(config)] if config is not None else []) + (["--canary", str(canary)] if canary else []))
+    if canary:
+        argv += ["--canary", str(canary)] + (["--canary-level", str(canary_level)] if canary_level is not None else [])
+    return trainer_json(argv + (["--config", str(config)] if config is not None else []))
 
 
 def serving(store: WeightsStore, active: ModelSet, options: LoadOptions) -> Routed:
@@ -326,12 +330,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--canary", type=float, default=0.0, metavar="FRACTION",
                    help="cycle --canary: a refused candidate the gate could not rule out serves this share of the next "
                         "sessions, and the next cycles judge it on-policy (default 0: a second look instead)")
+    p.add_argument("--canary-level", type=float, metavar="LEVEL",
+                   help="cycle --canary-level: the two-sided level of each canary look (default: the trainer's, 0.99)")
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "loop.json")
     p.add_argument("--workdir", type=Path,
                    help="keep the logs, weights and candidates here (an empty or new directory; default: a temporary one)")
     args = p.parse_args(argv)
     if not (1 <= args.cycles <= 20 and 500 <= args.sessions <= 200_000 and 500 <= args.eval_sessions <= 200_000):
         p.error("--cycles 1..20, --sessions and --eval-sessions 500..200,000")
+    if args.canary_level is not None and not (args.canary and 0.5 <= args.canary_level < 1):
+        p.error("--canary-level: 0.5 <= LEVEL < 1, and only with --canary")
     if args.first_session + args.cycles * args.sessions > TRUTH_FIRST:
         p.error("the logged sessions would reach the truth sessions")
     vw_ok = not args.no_vw
@@ -368,7 +376,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             decisions, outcomes = source.table("decisions"), source.table("outcomes")
             mine = decisions.filter(pa.compute.equal(decisions.column("model_version"), active.version))
             mine_o = outcomes.filter(pa.compute.is_in(outcomes.column("session_id"), pa.compute.unique(mine.column("session_id"))))
-            code, report = run_cycle(logs, wdir, args.config, Path(tmp) / f"candidate-{c}.bundle", args.canary)
+            code, report = run_cycle(logs, wdir, args.config, Path(tmp) / f"candidate-{c}.bundle", args.canary, args.canary_level)
             new_bundle = read_bundle(store.active_path)
             active = ModelSet.load(new_bundle, options)
             entry: dict[str, Any] = {

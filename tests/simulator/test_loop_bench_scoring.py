@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from bench import loop
 from bench.loop import play, scored
 from simulator.config import SimConfig
 from simulator.reference import intent_policy
@@ -69,3 +70,13 @@ def test_a_canary_look_is_held_against_the_truth_of_the_two_bundles_it_compared(
     assert canary_against_truth(promoted, {"truth": served})["held"] is False  # its lower bound above the true +2
     assert canary_against_truth({"canary": {**look, "look": 0}, "truth": served}, {"truth": served}) is None
     assert canary_against_truth({"truth": served}, {"truth": served}) is None
+
+
+@pytest.mark.parametrize("argv", [["--canary-level", "0.95"], ["--canary", "0.5", "--canary-level", "1"],
+                                  ["--canary", "0.5", "--canary-level", "0.2"]])
+def test_the_canary_level_is_refused_by_name_without_a_canary_or_outside_its_range(argv: list[str],
+                                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        loop.main(argv)
+    assert exit_info.value.code == 2
+    assert "--canary-level" in capsys.readouterr().err
