@@ -242,6 +242,15 @@ def run_cycle(logs: Path, weights: Path, config: Path | None, candidate: Path, c
     return trainer_json(argv + (["--config", str(config)] if config is not None else []))
 
 
+def _canary_level(canary: float, level: float | None) -> float | None:
+    """The level the cycles' canary looks used: the one given, else the trainer's default (None: no canary)."""
+    if not canary:
+        return None
+    from trainer.canary import CanarySettings
+
+    return level if level is not None else CanarySettings().level
+
+
 def serving(store: WeightsStore, active: ModelSet, options: LoadOptions) -> Routed:
     """What the servers serve from ``store``: the active bundle, and the canary on its share of the sessions."""
     data = store.canary()
@@ -450,7 +459,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                           and targets["share_of_intent_policy"] >= 0.8 and targets["no_cycle_worse_beyond_ci"])
 
     result = public({"world_seed": args.seed, "sessions_per_cycle": args.sessions, "truth_sessions": [truth.start, truth.stop],
-                    "config": str(args.config) if args.config else "default", "canary": args.canary, "seconds": time.monotonic() - started,
+                    "config": str(args.config) if args.config else "default", "canary": args.canary,
+                    "canary_level": _canary_level(args.canary, args.canary_level),
+                    "seconds": time.monotonic() - started,
                     "constants": baselines, "best_constant": best_constant["name"], "intent_policy": oracle,
                     "cycles": cycles, "targets": targets, "guard": guard})
     write_results(args.out, result)

@@ -80,3 +80,9 @@ def test_the_canary_level_is_refused_by_name_without_a_canary_or_outside_its_ran
         loop.main(argv)
     assert exit_info.value.code == 2
     assert "--canary-level" in capsys.readouterr().err
+
+
+def test_the_report_names_the_canary_level_the_looks_used() -> None:
+    assert loop._canary_level(0.0, None) is None
+    assert loop._canary_level(0.5, 0.95) == 0.95
+    assert loop._canary_level(0.5, None) == 0.99  # the trainer's default (trainer.canary.CanarySettings)
