@@ -347,8 +347,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     if not (1 <= args.cycles <= 20 and 500 <= args.sessions <= 200_000 and 500 <= args.eval_sessions <= 200_000):
         p.error("--cycles 1..20, --sessions and --eval-sessions 500..200,000")
-    if args.canary_level is not None and not (args.canary and 0.5 <= args.canary_level < 1):
-        p.error("--canary-level: 0.5 <= LEVEL < 1, and only with --canary")
+    if args.canary_level is not None:
+        if not args.canary:
+            p.error("--canary-level: only with --canary")
+        from trainer.canary import CanarySettings
+
+        try:  # the trainer's own rule for the level, in one place
+            CanarySettings(fraction=args.canary, level=args.canary_level)
+        except ValueError as exc:
+            p.error(f"--canary-level / --canary: {exc}")
     if args.first_session + args.cycles * args.sessions > TRUTH_FIRST:
         p.error("the logged sessions would reach the truth sessions")
     vw_ok = not args.no_vw
