@@ -32,6 +32,15 @@ import torch
 from policy.decoder import MajorityDecoder
 
 
+def distinct_rows(rows: np.ndarray, base: int) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(rows, axis=0, return_inverse=True)`` for small non-negative integer rows (each entry < ``base``),
+    up to the order of the keys: each row read as one integer in base ``base``, so the sort is of integers, not of
+    rows (``axis=0`` sorts a void view of the rows, about 10 times slower on a cycle's 100,000 rows)."""
+    codes = rows.astype(np.int64) @ (base ** np.arange(rows.shape[1], dtype=np.int64))
+    _, first, inverse = np.unique(codes, return_index=True, return_inverse=True)
+    return rows[first], inverse.reshape(-1)
+
+
 class TorchDecoder:
     """``MajorityDecoder.served_batch`` in torch, for a batch of rows."""
 
@@ -88,7 +97,7 @@ class TorchDecoder:
         with torch.no_grad():
             support_np = (safe_q > 0).cpu().numpy()
             order = torch.argsort(-safe_q, dim=1, stable=True).cpu().numpy()
-            keys, inverse = np.unique(support_np, axis=0, return_inverse=True)
+            keys, inverse = distinct_rows(support_np, 2)
         parts: list[torch.Tensor] = []
         index: list[torch.Tensor] = []
         for g, key in enumerate(keys):
@@ -110,7 +119,7 @@ class TorchDecoder:
         log_q = torch.log(torch.clamp(q, min=torch.finfo(self.dtype).tiny))
         mult = torch.exp(log_coef[None, :] + log_q @ counts.T)  # (n, C_support): every count lives on the support
         with torch.no_grad():
-            keys, inverse = np.unique(order, axis=0, return_inverse=True)
+            keys, inverse = distinct_rows(order, self.n)
             tables = torch.stack([self._winner_table(tuple(int(x) for x in k)) for k in keys])[:, cols]
             win = tables[torch.as_tensor(inverse.reshape(-1), device=q.device)]
         decided = torch.zeros(len(q), self.n, dtype=self.dtype, device=q.device)

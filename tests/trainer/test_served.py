@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from policy.decoder import MajorityDecoder
-from trainer.served import TorchDecoder
+from trainer.served import TorchDecoder, distinct_rows
 
 
 def _rows(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -59,3 +59,14 @@ def test_gradient_matches_finite_differences() -> None:
         with torch.no_grad():
             numeric = (objective(z + bump) - objective(z - bump)) / (2 * eps)
         assert abs(float(numeric) - float(z.grad[i, a])) < 1e-6
+
+
+def test_distinct_rows_groups_rows_as_numpys_unique_does() -> None:
+    rng = np.random.default_rng(3)
+    q = rng.random((2000, 5))
+    q[q < 0.3] = 0.0
+    for rows, base in ((q > 0, 2), (np.argsort(-q, axis=1, kind="stable"), 5), (np.zeros((0, 5), dtype=np.int64), 5)):
+        keys, inverse = distinct_rows(rows, base)
+        reference, _ = np.unique(rows, axis=0, return_inverse=True)
+        assert sorted(map(tuple, keys.tolist())) == sorted(map(tuple, reference.tolist()))  # the same distinct rows, once each
+        assert inverse.shape == (len(rows),) and (keys[inverse] == rows).all()  # and each row mapped to its own
