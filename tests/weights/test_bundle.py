@@ -96,13 +96,14 @@ def test_embedded_default_is_reproducible_from_the_build_script() -> None:
     pins do not hold across CPU models (scripts/build_default_bundle.py), so on another kind the check cannot hold and
     is skipped, naming what differs (``--built-here``)."""
     script = str(ROOT / "scripts" / "build_default_bundle.py")
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}  # the build's own, not the test worker's (conftest)
     here = subprocess.run([sys.executable, script, "--built-here"], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                          check=False)
+                          check=False, env=env)
     if here.returncode == 3:
         pytest.skip(f"the embedded default was {here.stdout.strip()}")
     assert here.returncode == 0, here.stdout + here.stderr
     result = subprocess.run([sys.executable, script, "--check"], cwd=ROOT, capture_output=True, text=True, timeout=420,
-                            check=False)
+                            check=False, env=env)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
