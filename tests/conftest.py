@@ -1,11 +1,25 @@
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import grpc
 import pytest
 
 from tests.harness import ServerThread, running_server
+
+MAX_WORKERS = 4  # each worker process holds its own models, servers and simulated logs
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto`` (pyproject's addopts): one test process per core, at most ``MAX_WORKERS``."""
+    return max(1, min(len(os.sched_getaffinity(0)), MAX_WORKERS))
+
+
+if os.environ.get("PYTEST_XDIST_WORKER"):  # one of several test processes sharing the cores (pytest-xdist)
+    # One OpenMP thread in each, and in the trainer processes the tests start (torch reads this when it is imported,
+    # after this file): two workers each spinning two threads on two cores made trainer tests up to 7 times slower.
+    os.environ["OMP_NUM_THREADS"] = "1"
 
 
 @pytest.fixture(scope="module")
