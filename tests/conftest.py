@@ -13,7 +13,8 @@ MAX_WORKERS = 4  # each worker process holds its own models, servers and simulat
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """``-n auto`` (pyproject's addopts): one test process per core, at most ``MAX_WORKERS``."""
-    return max(1, min(len(os.sched_getaffinity(0)), MAX_WORKERS))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1  # the cores this may use
+    return max(1, min(cores, MAX_WORKERS))
 
 
 if os.environ.get("PYTEST_XDIST_WORKER"):  # one of several test processes sharing the cores (pytest-xdist)

@@ -101,7 +101,7 @@ class TorchDecoder:
         parts: list[torch.Tensor] = []
         index: list[torch.Tensor] = []
         for g, key in enumerate(keys):
-            members = torch.as_tensor(np.flatnonzero(inverse.reshape(-1) == g), device=q.device)
+            members = torch.as_tensor(np.flatnonzero(inverse == g), device=q.device)
             cols = self._support_rows(tuple(bool(x) for x in key))
             parts.append(self._decided(safe_q[members], order[members.cpu().numpy()], cols, fallback[members]))
             index.append(members)
@@ -121,7 +121,7 @@ class TorchDecoder:
         with torch.no_grad():
             keys, inverse = distinct_rows(order, self.n)
             tables = torch.stack([self._winner_table(tuple(int(x) for x in k)) for k in keys])[:, cols]
-            win = tables[torch.as_tensor(inverse.reshape(-1), device=q.device)]
+            win = tables[torch.as_tensor(inverse, device=q.device)]
         decided = torch.zeros(len(q), self.n, dtype=self.dtype, device=q.device)
         decided = decided.scatter_add(1, win, torch.where(decisive[None, :], mult, 0.0))
         low = torch.where(decisive[None, :], 0.0, mult).sum(dim=1)
