@@ -63,6 +63,7 @@ from simulator.config import SERVABLE, SimConfig
 from simulator.drive import Trace, decision_id, reports_for, run_in_process, run_logged
 from simulator.reference import intent_policy
 from simulator.world import PageView, ShopperSession, World
+from trainer.canary import CanarySettings
 from weights.bundle import read_bundle
 from weights.canary import CanaryRoute, Routed, fraction_of
 from weights.initial import make_bundle
@@ -242,13 +243,14 @@ def run_cycle(logs: Path, weights: Path, config: Path | None, candidate: Path, c
     return trainer_json(argv + (["--config", str(config)] if config is not None else []))
 
 
-def _canary_level(canary: float, level: float | None) -> float | None:
-    """The level the cycles' canary looks used: the one given, else the trainer's default (None: no canary)."""
-    if not canary:
+def canary_settings(fraction: float, level: float | None) -> CanarySettings | None:
+    """What the cycles' canaries run with (``None``: no canary): the trainer's own settings, so its rules refuse a
+    bad fraction or level here (``ValueError``) and the report names the level the looks really used."""
+    if not fraction:
+        if level is not None:
+            raise ValueError("a canary level is only used with a canary fraction")
         return None
-    from trainer.canary import CanarySettings
-
-    return level if level is not None else CanarySettings().level
+    return CanarySettings(fraction=fraction) if level is None else CanarySettings(fraction=fraction, level=level)
 
 
 def serving(store: WeightsStore, active: ModelSet, options: LoadOptions) -> Routed:
@@ -347,15 +349,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     if not (1 <= args.cycles <= 20 and 500 <= args.sessions <= 200_000 and 500 <= args.eval_sessions <= 200_000):
         p.error("--cycles 1..20, --sessions and --eval-sessions 500..200,000")
-    if args.canary_level is not None:
-        if not args.canary:
-            p.error("--canary-level: only with --canary")
-        from trainer.canary import CanarySettings
-
-        try:  # the trainer's own rule for the level, in one place
-            CanarySettings(fraction=args.canary, level=args.canary_level)
-        except ValueError as exc:
-            p.error(f"--canary-level / --canary: {exc}")
+    try:
+        canary = canary_settings(args.canary, args.canary_level)
+    except ValueError as exc:
+        p.error(f"--canary / --canary-level: {exc}")
     if args.first_session + args.cycles * args.sessions > TRUTH_FIRST:
         p.error("the logged sessions would reach the truth sessions")
     vw_ok = not args.no_vw
@@ -467,7 +464,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     result = public({"world_seed": args.seed, "sessions_per_cycle": args.sessions, "truth_sessions": [truth.start, truth.stop],
                     "config": str(args.config) if args.config else "default", "canary": args.canary,
-                    "canary_level": _canary_level(args.canary, args.canary_level),
+                    "canary_level": canary.level if canary is not None else None,
                     "seconds": time.monotonic() - started,
                     "constants": baselines, "best_constant": best_constant["name"], "intent_policy": oracle,
                     "cycles": cycles, "targets": targets, "guard": guard})

@@ -73,7 +73,7 @@ def test_a_canary_look_is_held_against_the_truth_of_the_two_bundles_it_compared(
 
 
 @pytest.mark.parametrize("argv", [["--canary-level", "0.95"], ["--canary", "0.5", "--canary-level", "1"],
-                                  ["--canary", "0.5", "--canary-level", "0.2"]])
+                                  ["--canary", "0.5", "--canary-level", "0.2"], ["--canary", "0.7"]])
 def test_the_canary_level_is_refused_by_name_without_a_canary_or_outside_its_range(argv: list[str],
                                                                                   capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
@@ -83,6 +83,8 @@ def test_the_canary_level_is_refused_by_name_without_a_canary_or_outside_its_ran
 
 
 def test_the_report_names_the_canary_level_the_looks_used() -> None:
-    assert loop._canary_level(0.0, None) is None
-    assert loop._canary_level(0.5, 0.95) == 0.95
-    assert loop._canary_level(0.5, None) == 0.99  # the trainer's default (trainer.canary.CanarySettings)
+    assert loop.canary_settings(0.0, None) is None
+    chosen = loop.canary_settings(0.5, 0.95)
+    assert chosen is not None and (chosen.fraction, chosen.level) == (0.5, 0.95)
+    default = loop.canary_settings(0.5, None)
+    assert default is not None and default.level == 0.99  # the trainer's default (trainer.canary.CanarySettings)
