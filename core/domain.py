@@ -104,6 +104,13 @@ class Context:
     n_recent_behaviors: int
 
 
+# What the decision log can hold, and so what a request may carry (the server refuses more, naming the field): the
+# log stores embeddings as float16, whose largest finite value this is (beyond it a logged state would be inf, which
+# no trainer can rebuild), and counts (``cart_item_count``, ``visit_count``) as int32.
+LOGGED_EMBEDDING_MAX = 65504.0
+LOGGED_COUNT_MAX = 2**31 - 1
+
+
 @dataclass(slots=True)
 class DecisionRequest:
     """A validated request, ready to encode. ``item_embedding`` is float32 and finite."""

@@ -24,7 +24,7 @@ from core.product import (
     SkuCandidate,
 )
 from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
-from server.validation import InvalidRequest, Limits, embedding_of, parse_request, required_id
+from server.validation import InvalidRequest, Limits, count_of, embedding_of, parse_request, required_id
 
 MIN_PRICE, MAX_PRICE = 0.01, 1_000_000.0  # a cent to a million: the features take logs of prices and their ratios
 MIN_MULTIPLIER, MAX_MULTIPLIER = 0.01, 10.0
@@ -111,4 +111,5 @@ def parse_product(msg: pb.RecommendProductRequest, limits: Limits, now_s: float,
         shopper = parse_request(msg.shopper, limits, now_s, view.shopper if view is not None else None)
     except InvalidRequest as exc:
         raise InvalidRequest(f"shopper.{exc.field}", str(exc).split(": ", 1)[1]) from None
-    return ProductRequest(shopper, _categories(msg, view, limits, product), _bands(msg, limits, product), msg.visit_count)
+    return ProductRequest(shopper, _categories(msg, view, limits, product), _bands(msg, limits, product),
+                          count_of(msg.visit_count, "visit_count"))

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from core.domain import DecisionRequest, EngagementReport, Outcome, OutcomeReport, PageType
+from core.domain import LOGGED_COUNT_MAX, LOGGED_EMBEDDING_MAX, DecisionRequest, EngagementReport, Outcome, OutcomeReport, PageType
 from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
 from server.wire_view import float32_of
 
@@ -22,6 +22,7 @@ _PAGE_TYPES = {int(p) for p in PageType}
 _OUTCOMES = {int(o) for o in Outcome}
 _MAX_SECONDS = 253402300799  # 9999-12-31T23:59:59Z, protobuf Timestamp's upper bound
 _MIN_SECONDS = -62135596800  # 0001-01-01T00:00:00Z
+_SCREEN = np.float32(2.0**30)  # embedding_of's screen
 MAX_DWELL_S = 86_400.0  # one page view visible for a whole day is a broken timer, not a shopper
 
 
@@ -110,16 +111,34 @@ def parse_engagement(msg: pb.ReportEngagementRequest, limits: Limits, now_s: flo
 
 
 def embedding_of(container: Sequence[float], name: str, item_dim: int, raw: bytes = b"") -> npt.NDArray[np.float32]:
-    """A repeated float field as float32: exactly ``item_dim`` finite values. ``raw``: the field in the request's wire
-    view (``server.wire_view``), read instead of the container when it holds the whole field."""
+    """A repeated float field as float32: exactly ``item_dim`` finite values, none beyond what the decision log's float16
+    holds (``LOGGED_EMBEDDING_MAX``). ``raw``: the field in the request's wire view (``server.wire_view``), read instead
+    of the container when it holds the whole field."""
     if len(container) != item_dim:
         raise InvalidRequest(name, f"expected exactly {item_dim} values, got {len(container)}")
     embedding = float32_of(container, raw)
-    finite = np.isfinite(embedding)
-    if not finite.all():
-        bad = int(np.argmin(finite))
-        raise InvalidRequest(f"{name}[{bad}]", f"must be finite, got {embedding[bad]}")
+    # One dot product screens both checks: NaN or inf when a value is, and at most 2^30 only when every value is within
+    # ±32,768, half the bound (so rounding cannot let a value past it); a vector it stops is looked at value by value.
+    with np.errstate(over="ignore", invalid="ignore"):  # an overflow or a NaN is what the screen is for
+        screened = embedding @ embedding <= _SCREEN
+    if not screened:
+        finite = np.isfinite(embedding)
+        if not finite.all():
+            bad = int(np.argmin(finite))
+            raise InvalidRequest(f"{name}[{bad}]", f"must be finite, got {embedding[bad]}")
+        too_large = np.abs(embedding) > LOGGED_EMBEDDING_MAX
+        if too_large.any():
+            bad = int(np.argmax(too_large))
+            raise InvalidRequest(f"{name}[{bad}]", f"must be within ±{LOGGED_EMBEDDING_MAX:g} (the decision log stores "
+                                 f"float16), got {embedding[bad]}")
     return embedding
+
+
+def count_of(value: int, name: str) -> int:
+    """A ``uint32`` count the decision log stores as int32."""
+    if value > LOGGED_COUNT_MAX:
+        raise InvalidRequest(name, f"at most {LOGGED_COUNT_MAX}, got {value}")
+    return value
 
 
 def parse_request(msg: pb.RecommendActionRequest, limits: Limits, now_s: float, view: Any = None) -> DecisionRequest:
@@ -155,6 +174,6 @@ def parse_request(msg: pb.RecommendActionRequest, limits: Limits, now_s: float, 
         recent_behavior_ids=ids,
         page_type=PageType(msg.page_type),
         event_time_s=event_time_s,
-        cart_item_count=msg.cart_item_count,
+        cart_item_count=count_of(msg.cart_item_count, "cart_item_count"),
         request_id=msg.request_id,
     )

@@ -25,6 +25,11 @@ CASES = [
     pytest.param({"item_embedding": _with(12, float("nan"))}, "item_embedding[12]: must be finite", id="nan"),
     pytest.param({"item_embedding": _with(767, float("inf"))}, "item_embedding[767]: must be finite", id="inf"),
     pytest.param({"item_embedding": _with(0, float("-inf"))}, "item_embedding[0]: must be finite", id="minus-inf"),
+    # beyond float16's range the decision log would hold inf, which no trainer can rebuild a state from
+    pytest.param({"item_embedding": _with(5, 70000.0)},
+                 "item_embedding[5]: must be within ±65504 (the decision log stores float16), got 70000.0", id="past-float16"),
+    pytest.param({"item_embedding": _with(5, -3e38)}, "item_embedding[5]: must be within ±65504", id="near-float32-max"),
+    pytest.param({"cart_item_count": 2**31}, "cart_item_count: at most 2147483647, got 2147483648", id="count-past-int32"),
     pytest.param({"user_id": ""}, "user_id: required", id="empty-user"),
     pytest.param({"session_id": ""}, "session_id: required", id="empty-session"),
     pytest.param({"item_id": ""}, "item_id: required", id="empty-item"),
@@ -72,6 +77,13 @@ def test_unknown_method_is_unimplemented(channel: grpc.Channel) -> None:
     with pytest.raises(grpc.RpcError) as info:
         raw(b"", timeout=5)
     assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_the_largest_values_the_log_holds_are_decided_by_the_model(channel: grpc.Channel) -> None:
+    """±65504 in every place and the largest int32 cart: answered from the model's outputs (finite), neither refused
+    nor degraded to the rules by an inference error."""
+    reply = stub(channel).RecommendAction(request(item_embedding=[65504.0, -65504.0] * 384, cart_item_count=2**31 - 1), timeout=5)
+    assert reply.source not in (pb.DECISION_SOURCE_FALLBACK_DEGRADED, pb.DECISION_SOURCE_FALLBACK_NO_MODEL)
 
 
 def test_unspecified_page_type_is_accepted(channel: grpc.Channel) -> None:

@@ -70,20 +70,62 @@ def test_a_full_product_queue_degrades_to_the_rules_without_errors(heads_dir: Pa
     assert all(_sources(a) <= POLICY_SOURCES for a in answers if a not in degraded)
 
 
-def test_an_input_that_breaks_inference_degrades_only_its_own_request(live: ServerThread) -> None:
-    """A SKU embedding at float32's largest finite value drives the heads to NaN: its batch fails, the batch is rerun
-    one by one, and only that request is answered by the rules, among concurrent good ones."""
+POISON_ABOVE = 1_000.0  # no feature of an ordinary candidate comes near it; an accepted embedding value may
+
+
+def _poisoned_heads() -> bytes:
+    """HEADS with category and SKU heads that score NaN for a candidate with any feature above ``POISON_ABOVE`` (their
+    logits plus 0 * sqrt(1000 - max(state))): an input the server accepts (embedding values within ±65504) that the
+    graphs cannot score, as a bundle's bug would be. Golden and warm-up inputs stay below it, so the bundle loads."""
+    import io
+
+    import numpy as np
+    import onnx
+    from onnx import helper, numpy_helper
+
+    from weights.bundle import read_bundle, write_bundle
+
+    bundle = read_bundle(HEADS)
+    parts = dict(bundle.parts)
+    for head in ("product_category.onnx", "product_sku.onnx"):  # the category's features are its SKUs' mean
+        model = onnx.load_model_from_string(parts[head])
+        graph = model.graph
+        for node in graph.node:
+            node.output[:] = ["logits_clean" if o == "logits" else o for o in node.output]
+        graph.initializer.extend([numpy_helper.from_array(np.array([POISON_ABOVE], dtype=np.float32), "poison_limit"),
+                                  numpy_helper.from_array(np.array([0.0], dtype=np.float32), "poison_zero")])
+        graph.node.extend([
+            helper.make_node("ReduceMax", ["state"], ["top"], axes=[1], keepdims=1),
+            helper.make_node("Sub", ["poison_limit", "top"], ["room"]),
+            helper.make_node("Sqrt", ["room"], ["root"]),  # NaN where room < 0
+            helper.make_node("Mul", ["root", "poison_zero"], ["zeros"]),
+            helper.make_node("Add", ["logits_clean", "zeros"], ["logits"]),
+        ])
+        onnx.checker.check_model(model)
+        parts[head] = model.SerializeToString()
+    manifest = {k: v for k, v in bundle.manifest.items() if k not in ("format", "format_version", "parts")}
+    buf = io.BytesIO()
+    write_bundle(buf, {**manifest, "model_version": "heads-poisoned"}, parts)
+    return buf.getvalue()
+
+
+def test_an_input_that_breaks_inference_degrades_only_its_own_request(tmp_path: Path) -> None:
+    """A SKU the head scores as NaN: its batch fails, the batch is rerun one by one, and only that request is answered
+    by the rules, among concurrent good ones."""
+    publish(tmp_path, _poisoned_heads())
     poison = product(categories=[pb.ProductCategory(category_id="p", skus=[
-        pb.ProductSku(sku_id="x", embedding=[3e38] * 768, price=10.0, stock=3)]), *product().categories])
-    with grpc.insecure_channel(live.target) as ch, ThreadPoolExecutor(16) as pool:
+        pb.ProductSku(sku_id="x", embedding=[2 * POISON_ABOVE] * 768, price=10.0, stock=3)]), *product().categories])
+    with running_server(weights_dir=tmp_path) as live, grpc.insecure_channel(live.target) as ch, \
+            ThreadPoolExecutor(16) as pool:
         call = stub(ch).RecommendProduct
+        assert call(product(), timeout=5).model_version == "heads-poisoned"
         futures = [pool.submit(call, poison if i % 8 == 0 else product(), timeout=10) for i in range(200)]
         results = [(i % 8 == 0, f.result()) for i, f in enumerate(futures)]
-    for poisoned, answer in results:
-        if poisoned:
-            assert _sources(answer) == {pb.DECISION_SOURCE_FALLBACK_DEGRADED}
-            assert (answer.category.id, answer.sku.id, answer.price_band.id) == RULES  # bags: the most SKUs in stock
-        else:
-            assert _sources(answer) <= POLICY_SOURCES
-    # batches count the decisions they delivered (one-by-one reruns included): the 175 good ones, never the poison
-    assert live.registry.get_sample_value("shopping_agent_product_batch_size_sum") == 175
+        for poisoned, answer in results:
+            if poisoned:
+                assert _sources(answer) == {pb.DECISION_SOURCE_FALLBACK_DEGRADED}
+                assert (answer.category.id, answer.sku.id, answer.price_band.id) == RULES  # bags: the most SKUs in stock
+            else:
+                assert _sources(answer) <= POLICY_SOURCES
+        # batches count the decisions they delivered (one-by-one reruns included): the 176 good ones, never the poison
+        assert live.registry.get_sample_value("shopping_agent_product_batch_size_sum") == 176

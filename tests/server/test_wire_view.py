@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from google.protobuf import descriptor
 
+from core.domain import LOGGED_EMBEDDING_MAX
 from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
 from server.product_validation import parse_product
 from server.servicer import REQUEST_PARSERS, Malformed, Viewed
@@ -47,10 +48,11 @@ def submessage(field: int, payload: bytes) -> bytes:
 
 
 def _floats() -> list[float]:
-    """768 float32 values with the awkward ones in: -0.0, a subnormal, the largest and smallest normal magnitudes."""
+    """768 float32 values with the awkward ones in: -0.0, a subnormal, the largest magnitude a request may carry (what
+    the log's float16 holds) and the smallest normal one."""
     rng = np.random.default_rng(11)
     v = rng.standard_normal(768).astype(np.float32)
-    v[:4] = np.array([-0.0, 1e-45, np.finfo(np.float32).max, -np.finfo(np.float32).tiny], dtype=np.float32)
+    v[:4] = np.array([-0.0, 1e-45, LOGGED_EMBEDDING_MAX, -np.finfo(np.float32).tiny], dtype=np.float32)
     return [float(x) for x in v]
 
 
