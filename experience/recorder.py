@@ -110,6 +110,14 @@ def session_sampled(session_id: str, rate: float, salt: bytes) -> bool:
     return int.from_bytes(digest, "little") < rate * 2.0**64
 
 
+def _encodes(encode: Callable[[list[Any], bytes, float], pa.RecordBatch], item: Any, salt: bytes, rate: float) -> bool:
+    try:
+        encode([item], salt, rate)
+    except Exception:
+        return False
+    return True
+
+
 @dataclass(slots=True)
 class _Health:
     """One kind's writer: failed attempts in a row, when to try again, since when it fails."""
@@ -244,14 +252,23 @@ class ExperienceRecorder:
             self._recovered(kind, now)
 
     def _batch(self, kind: str, items: list[Any]) -> pa.RecordBatch | None:
-        """The records as a batch; ``None`` when they cannot be encoded (a bug: dropped, counted, logged)."""
+        """The records as a batch; ``None`` when none of them can be encoded. A record that cannot be (a bug, or a value
+        the request checks let through) is dropped, counted and logged alone: the others of its flush are kept."""
+        encode, salt, rate = _ENCODERS[kind], self._salt, self.options.sample_rate
         try:
-            encode = _ENCODERS[kind]
-            return encode(items, self._salt, self.options.sample_rate)
+            return encode(items, salt, rate)
         except Exception:
-            log.exception("could not encode log records; they are lost", extra={"fields": {"kind": kind, "records": len(items)}})
-            self._drop(kind, "write_error", len(items))
-            return None
+            good = [item for item in items if _encodes(encode, item, salt, rate)]
+            log.exception("could not encode log records; they are lost",
+                          extra={"fields": {"kind": kind, "records": len(items) - len(good), "of": len(items)}})
+        try:
+            batch = encode(good, salt, rate) if good else None  # each of them encodes alone: together they should too
+        except Exception:
+            log.exception("could not encode log records that each encode alone; they are lost",
+                          extra={"fields": {"kind": kind, "records": len(good)}})
+            batch, good = None, []
+        self._drop(kind, "write_error", len(items) - len(good))
+        return batch
 
     def _written(self, kind: str, n: int) -> None:
         if n:

@@ -210,6 +210,32 @@ def test_a_write_error_holds_the_records_and_the_writer_goes_on(tmp_path: Path) 
     assert value("shopping_agent_log_records_dropped_total", {"kind": "outcomes", "reason": "write_error"}) == 0
 
 
+def test_a_record_that_cannot_be_encoded_loses_only_itself(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """One record the log's columns cannot hold (here a cart count past int32, which the server's checks now refuse)
+    must not take the rest of its flush with it."""
+    from core.domain import Context, DecisionRequest, PageType, Source
+    from weights.embedded import default_bundle
+    from weights.model_set import NoModel
+
+    rules = NoModel(default_bundle().manifest)
+    metrics = Metrics(CollectorRegistry())
+    recorder = ExperienceRecorder(tmp_path, b"k" * 32, RecorderOptions(), metrics.experience)  # not started: flush by hand
+    for i, cart in enumerate((1, 2**31, 3)):
+        req = DecisionRequest("u", f"s{i}", "i", np.zeros(768, dtype=np.float32), (), PageType.DETAIL, 1.0e9, cart)
+        assert recorder.decision(req, 12, rules.fallback(Context(PageType.DETAIL, 1, 12, 0), Source.FALLBACK_NO_MODEL),
+                                 f"d{i}", FeatureSpec())
+    recorder.flush()
+    recorder.close()
+    decisions = tables(tmp_path)[0]
+    assert decisions.column("cart_item_count").to_pylist() == [1, 3]
+    assert decisions.column("decision_id").to_pylist() == ["d0", "d2"]
+    value = metrics.registry.get_sample_value
+    assert value("shopping_agent_log_records_dropped_total", {"kind": "decisions", "reason": "write_error"}) == 1
+    assert value("shopping_agent_log_records_written_total", {"kind": "decisions"}) == 2
+    lost = [r.fields for r in caplog.records if r.getMessage().startswith("could not encode")]  # type: ignore[attr-defined]
+    assert lost == [{"kind": "decisions", "records": 1, "of": 3}]
+
+
 def test_salt_file_is_created_once_and_shared(tmp_path: Path) -> None:
     first = resolve_salt(tmp_path, "")
     assert resolve_salt(tmp_path, "") == first and len(first) == 32
