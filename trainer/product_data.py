@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 from core.domain import Outcome
 from experience.objective import BusinessObjective
 from experience.sessions import dedupe_outcomes
-from trainer.replay import buckets_of, write_embeddings
+from trainer.replay import buckets_of, saturated, write_embeddings
 from weights.model_set import ModelSet
 
 F32 = npt.NDArray[np.float32]
@@ -111,13 +111,14 @@ def _padded(flat: npt.NDArray[Any], counts: npt.NDArray[np.int64], fill: object,
 
 
 def _features(column: pa.ChunkedArray, width: int, counts: npt.NDArray[np.int64], name: str) -> F32:
-    """A list<list<float16>> column as (N, max count, width) float32, zero-padded; another width is named."""
+    """A list<list<float16>> column as (N, max count, width) float32, zero-padded (±inf ``saturated``); another width
+    is named."""
     inner = pc.list_value_length(pc.list_flatten(column)).to_numpy(zero_copy_only=False)
     if len(inner) and (inner != width).any():
         raise ValueError(f"{name}: candidates of {sorted(set(inner.tolist()))[:3]} features where the bundle's "
                          f"head reads {width}: these logs were written for another feature spec")
     flat = pc.list_flatten(pc.list_flatten(column)).to_numpy(zero_copy_only=False).astype(np.float32).reshape(-1, width)
-    out: F32 = _padded(flat, counts, 0.0)
+    out: F32 = _padded(saturated(flat), counts, 0.0)
     return out
 
 

@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from core.domain import N_ACTIONS, Context, FloatArray, PageType
+from core.domain import LOGGED_EMBEDDING_MAX, N_ACTIONS, Context, FloatArray, PageType
 from policy.decision import DecisionInputs
 from policy.features import FeatureSpec
 from weights.model_set import ModelSet
@@ -50,10 +50,21 @@ class LoggedSteps:
         return np.asarray(self.behavior_probs.max(axis=1) >= 1.0 - 1e-12, dtype=np.bool_)
 
 
+def saturated(values: npt.NDArray[np.floating]) -> npt.NDArray[np.floating]:
+    """Logged float16 values with ±inf as ±65504, float16's largest, in place; NaN stays NaN.
+
+    A server older than the request bound (``core.domain.LOGGED_EMBEDDING_MAX``) logged a value past float16's range as
+    ±inf, from which no state can be rebuilt: one such request would stop every later run on those logs. The largest
+    finite float16 is what a saturating conversion would have written.
+    """
+    return np.clip(values, -LOGGED_EMBEDDING_MAX, LOGGED_EMBEDDING_MAX, out=values)
+
+
 def write_embeddings(out: npt.NDArray[np.floating], column: pa.ChunkedArray, item_dim: int,
                      order: npt.NDArray[np.int64] | None = None) -> None:
     """``out[i] = column[order[i]]`` (or ``column[i]``), chunk by chunk: each chunk's values are read in place, so
-    the column is never copied whole (``combine_chunks``) nor gathered into a second array before ``out``."""
+    the column is never copied whole (``combine_chunks``) nor gathered into a second array before ``out``. Values
+    logged as ±inf come out ``saturated``."""
     starts = np.cumsum([0, *(len(c) for c in column.chunks)])
     wanted = np.arange(starts[-1], dtype=np.int64) if order is None else np.asarray(order, dtype=np.int64)
     which = np.searchsorted(starts, wanted, side="right") - 1
@@ -69,6 +80,7 @@ def write_embeddings(out: npt.NDArray[np.floating], column: pa.ChunkedArray, ite
             raise ValueError(f"item_embedding: row {bad} has {lengths[bad - starts[k]]} values, the bundle expects {item_dim}")
         values = chunk.flatten().to_numpy(zero_copy_only=False).reshape(len(chunk), item_dim)
         out[targets] = values[wanted[targets] - starts[k]]
+    saturated(out)
 
 
 def buckets_of(decisions: pa.Table, spec: FeatureSpec) -> list[list[int]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
@@ -63,3 +64,24 @@ def test_logs_of_another_bucket_count_are_refused(sim_logs: Path, default_model:
                                  pa.array([4096] * 10, pa.int32()))
     with pytest.raises(ValueError, match="logged with 4096 behaviour buckets, the bundle's encoder has 2048"):
         logged_steps(other, default_model)
+
+
+def test_a_value_logged_past_float16_is_read_back_saturated(tmp_path: Path, default_model: ModelSet) -> None:
+    """A server before the request bound logged 70,000 as inf: the trainer reads it as float16's largest, 65504, so the
+    row's state and the bundle's outputs on it are finite (one such request used to stop every run on its logs)."""
+    embedding = np.zeros(768, dtype=np.float32)
+    embedding[:3] = (7e4, -7e4, 1.5)
+    request = DecisionRequest("u", "s", "i", embedding, (), PageType.DETAIL, 1.79e9, 1)
+    context = context_of(request, ZoneInfo("UTC"))
+    recorder = ExperienceRecorder(tmp_path, b"k" * 32, RecorderOptions())  # not started: flushed here
+    (decision,) = default_model.run([request], [context], ["0" * 32])
+    recorder.decision(request, context.hour, decision, "0" * 32, default_model.encoder.spec)
+    with warnings.catch_warnings():  # as a server writes it (the suite makes the cast's overflow warning an error)
+        warnings.simplefilter("ignore", RuntimeWarning)
+        recorder.flush()
+    recorder.close()
+    decisions = DirectorySource(tmp_path).table("decisions")
+    assert np.isinf(decisions.column("item_embedding").combine_chunks().flatten().to_numpy(zero_copy_only=False)[:2]).all()
+    steps = logged_steps(decisions, default_model)
+    assert steps.states[0, :3].tolist() == [65504.0, -65504.0, 1.5]
+    assert np.isfinite(replay(default_model, steps).served).all()
