@@ -36,11 +36,23 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str)
 
 
+def visible(text: str) -> str:
+    """``text`` with every unprintable character escaped (a newline as ``\\n``): a caller's id with a line break in it
+    cannot start a line of its own in a text log. Printable text is returned as it is."""
+    return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 class TextFormatter(logging.Formatter):
+    """One line a record (a traceback, the formatter's own, follows on its lines): the message and the fields with
+    their unprintable characters escaped, as JSON lines escape them."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 - logging's name
+        return visible(super().formatMessage(record))
+
     def format(self, record: logging.LogRecord) -> str:
         text = super().format(record)
         fields = {**(log_context.get() or {}), **(getattr(record, "fields", None) or {})}
-        return text + ("  " + " ".join(f"{k}={v}" for k, v in fields.items()) if fields else "")
+        return text + ("  " + " ".join(f"{k}={visible(str(v))}" for k, v in fields.items()) if fields else "")
 
 
 def configure(level: str, fmt: str) -> None:
