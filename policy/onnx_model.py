@@ -27,8 +27,8 @@ import numpy.typing as npt
 log = logging.getLogger(__name__)
 
 INSTALL_HINT = (
-    "onnxruntime is not installed: install the serving runtime with "
-    "pip install 'shopping-agent[cpu]' (or 'shopping-agent[gpu]' on CUDA nodes; never both)"
+    "onnxruntime is not installed: install the serving runtime with .venv/bin/pip install -e '.[cpu]' in a checkout, "
+    "or pip install 'shopping-agent[cpu]' from a package index ([gpu] instead on CUDA nodes; never both)"
 )
 
 

@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 # command → (module with register(subparsers) and run(args), help, log level while it runs)
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "weights": ("weights.cli", "create, verify, show, publish and roll back bundles", "INFO"),
-    "logs": ("experience.cli", "read decision and outcome logs", "INFO"),
+    "logs": ("experience.cli", "read the decision, outcome, engagement and product logs", "INFO"),
     "simulate": ("server.simulate", "run simulated shoppers and report the served policy's true value", "WARNING"),
     "train": ("trainer.cli", "train a new bundle from decision and outcome logs (needs the train extra)", "INFO"),
     "train-products": ("trainer.cli", "train a bundle's RecommendProduct heads on its logged product decisions", "INFO"),
@@ -88,6 +88,22 @@ def parser(command: str | None = None) -> argparse.ArgumentParser:
     return p
 
 
+# packages the commands import that only an extra installs (the serving runtime: policy.onnx_model's RuntimeMissing)
+EXTRAS = {"torch": "train", "onnx": "train"}
+
+
+def missing_package(exc: ModuleNotFoundError | RuntimeError) -> str | None:
+    """What to install for a command that stopped at a missing package; None when no extra provides it."""
+    if not isinstance(exc, ModuleNotFoundError):
+        return str(exc)  # RuntimeMissing: its message is the install command
+    package = (exc.name or "").split(".")[0]
+    extra = EXTRAS.get(package)
+    if extra is None:
+        return None
+    return (f"needs {package}, which the {extra} extra installs: .venv/bin/pip install -e '.[cpu,{extra}]' in a "
+            f"checkout (shopping-agent[cpu,{extra}] from a package index)")
+
+
 def _module(name: str) -> ModuleType:
     return importlib.import_module(name)
 
@@ -106,7 +122,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command in COMMANDS:
         module, _, level = COMMANDS[args.command]
         logs.configure(level, "text")
-        return int(_module(module).run(args))
+        from policy.onnx_model import RuntimeMissing
+
+        try:
+            return int(_module(module).run(args))
+        except (ModuleNotFoundError, RuntimeMissing) as exc:
+            hint = missing_package(exc)
+            if hint is None:
+                raise  # not a package an extra provides: a broken install, with its traceback
+            print(f"shopping-agent {args.command}: {hint}", file=sys.stderr)
+            return 2  # a set-up problem, as bad usage is: the CronJob does not retry it
     if args.command == "serve":
         try:
             config = build_config(args, os.environ)

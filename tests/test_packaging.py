@@ -80,6 +80,36 @@ def test_a_missing_onnxruntime_is_a_clear_error_at_start() -> None:
     assert "onnxruntime is not installed" in out.stderr and "shopping-agent[cpu]" in out.stderr
 
 
+_HIDING = """
+import sys
+class Hide:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == {package!r}:
+            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+sys.meta_path.insert(0, Hide())
+from server.cli import main
+sys.exit(main({argv!r}))
+"""
+
+
+def test_a_command_without_its_extra_names_what_to_install(tmp_path: Path) -> None:
+    """``simulate`` without the serving runtime and ``train`` without torch: one line naming the install, exit 2 (a
+    set-up problem, which the CronJob does not retry), no traceback."""
+    logs = tmp_path / "logs"
+    made = subprocess.run([sys.executable, "-m", "server", "simulate", "--sessions", "40", "--log-dir", str(logs)],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert made.returncode == 0, made.stderr
+    for package, argv, says in [
+        ("onnxruntime", ["simulate", "--sessions", "5"], "onnxruntime is not installed"),
+        ("torch", ["train", "--logs", str(logs), "--out", str(tmp_path / "new.bundle")],
+         "needs torch, which the train extra installs: .venv/bin/pip install -e '.[cpu,train]'"),
+    ]:
+        out = subprocess.run([sys.executable, "-c", _HIDING.format(package=package, argv=argv)], capture_output=True,
+                             text=True, timeout=120, cwd=ROOT)
+        assert out.returncode == 2, out.stderr
+        assert says in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
 def _locked(name: str) -> dict[str, str]:
     """package → version pinned in requirements/NAME.txt, each with at least one sha256."""
     text = (ROOT / "requirements" / f"{name}.txt").read_text()

@@ -35,6 +35,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from policy.onnx_model import RuntimeMissing
+
 if TYPE_CHECKING:
     from trainer.config import TrainConfig
 
@@ -143,6 +145,8 @@ def run(args: argparse.Namespace) -> int:
     except UsageError as exc:
         print(f"shopping-agent {args.command}: {exc}", file=sys.stderr)
         return 2
+    except (ModuleNotFoundError, RuntimeMissing):
+        raise  # a package not installed: the command line names what to install (server/cli.py; exit 2, not retried)
     except Exception as exc:  # bad data, a bad bundle, a full disk: the CronJob must tell these from bad usage
         log.exception("%s failed", args.command)
         print(f"shopping-agent {args.command}: failed: {exc}", file=sys.stderr)
