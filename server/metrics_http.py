@@ -77,7 +77,11 @@ class MetricsEndpoint:
         """Bind (port 0: a free one) and serve on a thread of its own; return once listening."""
         certificates = ReloadingCertificates(tls) if tls is not None else None
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        sock = socket.create_server((host, port), family=family, backlog=128)
+        try:
+            sock = socket.create_server((host, port), family=family, backlog=128)
+        except OSError as exc:
+            raise OSError(exc.errno, f"cannot bind the metrics endpoint {host}:{port}: {exc.strerror} (is another server "
+                                     "running on it? --metrics-port chooses another port, an empty one none)") from None
         sock.setblocking(False)
         endpoint = cls(make_wsgi_app(registry), sock, certificates, max_connections, timeout_s)
         endpoint._thread.start()

@@ -70,6 +70,15 @@ def closed_within(sock: socket.socket, seconds: float) -> bool:
     return False
 
 
+def test_a_taken_metrics_port_is_an_error_naming_the_flag() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(OSError, match=rf"cannot bind the metrics endpoint 127.0.0.1:{port}: .*--metrics-port"):
+            MetricsEndpoint.serve(CollectorRegistry(), "127.0.0.1", port)
+
+
 def test_serves_prometheus_text_openmetrics_gzip_and_head() -> None:
     with endpoint() as served:
         status, headers, body = get(served.port)
