@@ -24,8 +24,8 @@ from experience.segments import open_logs, redacted
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = subparsers.add_parser("logs", help="read decision and outcome logs",
-                                   description="Read the decision and outcome logs that `serve --log-dir` writes.")
+    parser = subparsers.add_parser("logs", help="read the decision, outcome, engagement and product logs",
+                                   description="Read the decision, outcome, engagement and product logs that `serve --log-dir` writes.")
     sub = parser.add_subparsers(dest="logs_command", required=True)
     p = sub.add_parser("cat", help="print log records as JSON lines")
     p.add_argument("dir", metavar="DIR_OR_URI", help="the --log-dir of the server(s), or a URI of where the logs were moved")

@@ -106,7 +106,8 @@ class Config:
                                         "bundle before the server does; 0: no child (validate in-process)")
     validate_timeout_seconds: float = _opt(30.0, "how long that child may take before the bundle is rejected")
     max_outcome_value: float = _opt(1_000_000.0, "largest ReportOutcome value or coupon_discount accepted (INVALID_ARGUMENT above)")
-    log_dir: Path | None = _opt(None, "write decision and outcome logs (Arrow IPC segments) under this directory; unset: no logs")
+    log_dir: Path | None = _opt(None, "write the decision, outcome, engagement and product logs (Arrow IPC segments) "
+                                      "under this directory; unset: no logs")
     log_sample_rate: float = _opt(1.0, "share of sessions whose decisions and outcomes are logged (a session is kept whole)")
     log_user_salt: str = _opt("", "secret key of every id hash and of session sampling in the logs; empty: a random salt kept "
                                   "in LOG_DIR/.user-salt (on the logs volume: development only, warned at each start)")

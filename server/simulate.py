@@ -52,7 +52,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     where.add_argument("--target", help="HOST:PORT of a running server of this version (RecommendAction, ReportOutcome and "
                        "ReportEngagement over gRPC)")
     where.add_argument("--bundle", type=Path, help="decide in-process with this bundle (default: the embedded default bundle)")
-    p.add_argument("--log-dir", type=Path, help="in-process: write decision and outcome logs here, as a server would")
+    p.add_argument("--log-dir", type=Path, help="in-process: write the decision, outcome and engagement logs here (product logs with "
+                   "--products), as a server would")
     p.add_argument("--sessions", type=int, default=1000, help="shopper sessions to run (default 1000)")
     p.add_argument("--seed", type=int, default=0, help="the world's seed: shoppers, items and their dice (default 0)")
     p.add_argument("--first-session", type=int, default=0, help="index of the first session (default 0)")
