@@ -206,9 +206,13 @@ def _shown(location: str) -> str:
 
 
 def _logs(location: str, bundle: Any) -> tuple[Any, Any]:
-    """Every decision and outcome (``evaluate``: judged on all it is given)."""
+    """Every decision and outcome (``evaluate``: judged on all it is given) but the sessions holding a row no server
+    writes (``trainer.log_checks``)."""
+    from trainer.log_checks import usable
+
     source = _source(location, bundle)
-    return source.table("decisions"), source.table("outcomes")
+    decisions, outcomes, _ = usable(source.table("decisions"), source.table("outcomes"))
+    return decisions, outcomes
 
 
 def _window(location: str, bundle: Any, config: TrainConfig, *, serving: Sequence[str] = (), gate: bool = False) -> Any:

@@ -44,6 +44,7 @@ from core.progress import progress
 from experience.schema import SCHEMAS
 from experience.segments import DirectorySource
 from experience.sessions import session_hashes
+from trainer.log_checks import usable
 from trainer.session_index import NARROW, SessionIndex
 from trainer.window import GateSessions, Window, digest_of, gate_sample, in_window, sample_of, settings_of, versions_by_first_time
 
@@ -82,6 +83,7 @@ def read_window(source: DirectorySource, config: Any, shard: tuple[int, int] | N
                                       schema=SCHEMAS["decisions"])
     outcomes = pa.Table.from_batches(list(rows_of(read_segments(source, "outcomes", "read.outcomes"), sessions)),
                                      schema=SCHEMAS["outcomes"])
+    decisions, outcomes, _ = usable(decisions, outcomes)  # sessions with rows no server writes: left out, logged
     engagements = SCHEMAS["engagements"].empty_table()  # none read unless the run weighs its rewards with them
     if config.engagement_weights is not None and source.has("engagements"):
         engagements = pa.Table.from_batches(list(rows_of(read_segments(source, "engagements", "read.engagements"), sessions)),
@@ -107,6 +109,7 @@ def read_gate(source: DirectorySource, gate: GateSessions) -> tuple[pa.Table, pa
                                       schema=SCHEMAS["decisions"])
     outcomes = pa.Table.from_batches(list(rows_of(read_segments(source, "outcomes", "read.gate-outcomes"), gate.ids)),
                                      schema=SCHEMAS["outcomes"])
+    decisions, outcomes, _ = usable(decisions, outcomes)
     return decisions, outcomes
 
 

@@ -1,0 +1,100 @@
+"""Sessions whose logged rows no server writes are left out of a run, counted and reported, not trained or judged on.
+
+A server logs, for every decision, the served distribution (``served_probs``: finite, in [0, 1], summing to 1) and
+the propensity of the action it served, which is that distribution's entry for the action (``policy.decision``); and
+for every outcome a finite value and coupon discount of at least 0 (``server.validation``). A row outside that comes
+from a broken or hostile writer of the logs volume, and one was enough to stop every later run (a NaN propensity), to
+make every update abort while the run still published (a zero or null one), to move the gate's estimate by its weight
+(a propensity that is not the served probability it claims) or by its reward (an infinite or negative value). Such a
+session is dropped whole, from the decisions and the outcomes alike, so no episode loses a step.
+
+What this cannot see: a writer that forges a consistent row (the served distribution and its propensity changed
+together) or a plausible outcome. Only the logs' provenance can rule that out: who may write the volume.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from core.domain import N_ACTIONS
+
+log = logging.getLogger(__name__)
+
+SUM_TOLERANCE = 1e-6  # a served distribution sums to 1 up to float64 rounding over five terms
+PROPENSITY_TOLERANCE = 1e-9  # the propensity is the served probability itself (the same float64)
+
+
+@dataclass(frozen=True, slots=True)
+class Dropped:
+    """What ``usable`` left out."""
+
+    sessions: int
+    decisions: int
+    outcomes: int
+    reasons: dict[str, int]
+    """Rows by what was wrong with them (a row may count under two)."""
+
+    def to_dict(self) -> dict[str, object]:
+        return {"sessions": self.sessions, "decisions": self.decisions, "outcomes": self.outcomes, "reasons": self.reasons}
+
+
+def bad_decisions(decisions: pa.Table) -> dict[str, npt.NDArray[np.bool_]]:
+    """Per reason, the decision rows no server writes."""
+    n = decisions.num_rows
+    propensity = np.asarray(decisions.column("propensity").to_numpy(zero_copy_only=False), dtype=np.float64)
+    served_column = decisions.column("served_probs").combine_chunks()
+    served = np.asarray(served_column.flatten().to_numpy(zero_copy_only=False), dtype=np.float64)
+    if len(served) != n * N_ACTIONS or served_column.null_count:
+        raise ValueError(f"served_probs: expected {N_ACTIONS} values in every row")
+    served = served.reshape(n, N_ACTIONS)
+    actions = np.asarray(decisions.column("action").to_numpy(zero_copy_only=False), dtype=np.int64) - 1
+    valid_action = (actions >= 0) & (actions < N_ACTIONS)
+    finite = np.isfinite(served).all(axis=1)
+    with np.errstate(invalid="ignore"):
+        distribution = finite & (served >= 0).all(axis=1) & (served <= 1).all(axis=1) & \
+            (np.abs(served.sum(axis=1) - 1.0) <= SUM_TOLERANCE)
+        in_range = np.isfinite(propensity) & (propensity > 0) & (propensity <= 1)
+        claimed = served[np.arange(n), np.where(valid_action, actions, 0)]
+        consistent = ~valid_action | (np.abs(propensity - claimed) <= PROPENSITY_TOLERANCE)
+    return {"served_probs not a distribution": ~distribution, "propensity outside (0, 1]": ~in_range,
+            "propensity not the served probability of the action": ~consistent}
+
+
+def bad_outcomes(outcomes: pa.Table) -> dict[str, npt.NDArray[np.bool_]]:
+    """Per reason, the outcome rows no server writes."""
+    out = {}
+    for column in ("value", "coupon_discount"):
+        values = np.asarray(outcomes.column(column).to_numpy(zero_copy_only=False), dtype=np.float64)
+        with np.errstate(invalid="ignore"):
+            out[f"{column} not a finite amount >= 0"] = ~(np.isfinite(values) & (values >= 0))
+    return out
+
+
+def usable(decisions: pa.Table, outcomes: pa.Table) -> tuple[pa.Table, pa.Table, Dropped]:
+    """``decisions`` and ``outcomes`` without the sessions that hold a row no server writes (module doc)."""
+    reasons: dict[str, int] = {}
+    bad_ids: list[pa.Array] = []
+    for table, found in ((decisions, bad_decisions(decisions)), (outcomes, bad_outcomes(outcomes))):
+        rows = np.zeros(table.num_rows, dtype=np.bool_)
+        for reason, mask in found.items():
+            if mask.any():
+                reasons[reason] = int(mask.sum())
+                rows |= mask
+        if rows.any():
+            bad_ids.append(pc.unique(table.column("session_id").filter(pa.array(rows))))
+    if not bad_ids:
+        return decisions, outcomes, Dropped(0, 0, 0, {})
+    ids = pc.unique(pa.concat_arrays(bad_ids))
+    keep_d = pc.invert(pc.is_in(decisions.column("session_id"), value_set=ids))
+    keep_o = pc.invert(pc.is_in(outcomes.column("session_id"), value_set=ids))
+    kept_d, kept_o = decisions.filter(keep_d), outcomes.filter(keep_o)
+    dropped = Dropped(len(ids), decisions.num_rows - kept_d.num_rows, outcomes.num_rows - kept_o.num_rows, reasons)
+    log.warning("sessions with log rows no server writes are left out of this run",
+                extra={"fields": dropped.to_dict()})
+    return kept_d, kept_o, dropped
