@@ -150,6 +150,8 @@ def _write_part(table: pa.Table, final: Path) -> None:
     """``table`` as an IPC file at ``final``, whole or not at all (a hidden temp file of its own, created exclusively
     with the segments' mode 0640, fsync, rename, fsync of the directory)."""
     final.parent.mkdir(mode=0o750, exist_ok=True)
+    if final.parent.is_symlink():  # not a directory a compaction made: a part written through it would land elsewhere
+        raise OSError(f"{final.parent}: a symbolic link where an hour directory belongs; nothing is written through it")
     tmp = final.with_name(f"{TMP_PREFIX}{secrets.token_hex(6)}-{final.name}")
     os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o640))
     try:

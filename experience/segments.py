@@ -114,10 +114,13 @@ class DirectorySource:
         return sorted(streams + [p for p in parts if stem_of(p) not in live], key=lambda p: (stem_of(p), p))  # by creation
 
     def _listing(self, kind: str) -> tuple[list[str], list[str]]:
-        """The stream segments and the columnar parts under ``kind``'s directory (one recursive listing)."""
+        """The stream segments and the columnar parts under ``kind``'s directory (one recursive listing; on a local
+        disk ``_local_listing``)."""
         from experience.columnar import HOUR_PREFIX, PART_SUFFIX
 
         top = self._dir(kind)
+        if self.local:
+            return _local_listing(top, HOUR_PREFIX, PART_SUFFIX)
         found = self.fs.get_file_info(pafs.FileSelector(top, allow_not_found=True, recursive=True))
         files = [i for i in found if i.type == pafs.FileType.File and not i.base_name.startswith(".")]
         streams = [i.path for i in files if i.base_name.endswith(SUFFIX) and i.path.rsplit("/", 1)[0] == top]
@@ -246,3 +249,25 @@ def redacted(location: str) -> str:
         return location
     parts = urllib.parse.urlsplit(location)
     return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}{parts.path}"
+
+
+def _local_listing(top: str, hour_prefix: str, part_suffix: str) -> tuple[list[str], list[str]]:
+    """``DirectorySource._listing`` on a local disk: the segments in ``top`` and the parts in its hour directories, two
+    levels and no deeper, and no symbolic link followed. The servers and the compactor write regular files in regular
+    directories; a link there is someone else's, and following one sent every reader walking the whole host filesystem
+    (a link to ``/``) and the compactor writing parts outside the logs volume (a linked hour directory)."""
+    def entries(path: str) -> list[os.DirEntry[str]]:
+        try:
+            with os.scandir(path) as found:
+                return [e for e in found if not e.name.startswith(".") and not e.is_symlink()]
+        except FileNotFoundError:
+            return []
+
+    streams, parts = [], []
+    for entry in entries(top):
+        if entry.is_file(follow_symlinks=False) and entry.name.endswith(SUFFIX):
+            streams.append(f"{top}/{entry.name}")
+        elif entry.is_dir(follow_symlinks=False) and entry.name.startswith(hour_prefix):
+            parts += [f"{top}/{entry.name}/{e.name}" for e in entries(entry.path)
+                      if e.is_file(follow_symlinks=False) and e.name.endswith(part_suffix)]
+    return sorted(streams), sorted(parts)

@@ -110,6 +110,25 @@ def test_a_full_disk_leaves_the_logs_as_they_were(small_disk: SmallDisk) -> None
     assert _rows(root, "decisions").equals(before) and not list((root / "decisions").glob(f"*{SUFFIX}"))
 
 
+def test_symbolic_links_in_the_logs_are_neither_followed_nor_written_through(logs: Path, tmp_path: Path) -> None:
+    """A link to / (readers walked the whole host filesystem) or to a segment elsewhere is not listed; an hour directory
+    that is a link is not compacted into (the part would land outside the logs volume) and its segment stays."""
+    root = _copy(logs, tmp_path)
+    before = _rows(root, "decisions")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    elsewhere = next((root / "decisions").glob(f"*{SUFFIX}"))
+    shutil.copy(elsewhere, outside / f"copy{SUFFIX}")
+    (root / "decisions" / f"{HOUR_PREFIX}1970-01-01T00").symlink_to("/")
+    (root / "decisions" / f"linked{SUFFIX}").symlink_to(outside / f"copy{SUFFIX}")
+    assert _rows(root, "decisions").equals(before)  # neither link read: no row twice, no walk of /
+    hour = hour_of(7_000.0)  # the first run's segments fall in this hour
+    (root / "decisions" / f"{HOUR_PREFIX}{hour}").symlink_to(outside, target_is_directory=True)
+    with pytest.raises(OSError, match="a symbolic link where an hour directory belongs"):
+        compact(DirectorySource(root), "decisions", before_s=float("inf"))
+    assert not list(outside.glob(f"*{PART_SUFFIX}")) and _rows(root, "decisions").equals(before)
+
+
 def test_the_compact_command(logs: Path, tmp_path: Path) -> None:
     root = _copy(logs, tmp_path)
 
