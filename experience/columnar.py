@@ -56,7 +56,6 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
 from experience.schema import ADDED_IN_V2, SCHEMA_VERSION, SCHEMAS
@@ -72,6 +71,7 @@ LOCK_NAME = ".compact.lock"
 ROW_GROUP = 65_536
 TIME_COLUMN = {"decisions": "time_s", "outcomes": "received_s", "engagements": "received_s", "products": "time_s"}
 _OPTIONS = pa.ipc.IpcWriteOptions(compression="zstd")
+_FIRST_S, _LAST_S = -62_135_596_800.0, 253_402_300_799.0  # 0001-01-01 and 9999-12-31T23:59:59 UTC: what hour_of can place
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +86,8 @@ class Compacted:
     """Finalised segments left as they are: a row at or after the cut-off."""
     unreadable: int = 0
     """Segments left as they are because they do not read cleanly to their end in the current schema (torn,
-    corrupt, empty, version 1, newer): only a segment read whole is ever removed."""
+    corrupt, empty, version 1, newer) or hold a time no clock wrote (NaN, outside years 1-9999): only a segment read
+    whole is ever removed."""
 
     def to_dict(self) -> dict[str, int]:
         return {"segments": self.segments, "parts": self.parts, "rows": self.rows, "kept": self.kept,
@@ -199,7 +200,13 @@ def compact(source: DirectorySource, kind: str, before_s: float) -> Compacted:
                 log.warning("a log segment that does not read whole is left as it is",
                             extra={"fields": {"segment": path}})
                 continue
-            if float(pc.max(table.column(TIME_COLUMN[kind])).as_py()) >= before_s:
+            times = np.asarray(table.column(TIME_COLUMN[kind]).to_numpy(), dtype=np.float64)
+            if not (np.isfinite(times).all() and (times >= _FIRST_S).all() and (times <= _LAST_S).all()):
+                unreadable += 1  # (no server's clock wrote it: it cannot be placed in an hour, nor left to stop every run)
+                log.warning("a log segment with times outside years 1-9999 is left as it is",
+                            extra={"fields": {"segment": path}})
+                continue
+            if float(times.max()) >= before_s:
                 kept += 1
                 continue
             parts += compact_segment(table, kind, Path(path))

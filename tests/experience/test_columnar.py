@@ -129,6 +129,24 @@ def test_symbolic_links_in_the_logs_are_neither_followed_nor_written_through(log
     assert not list(outside.glob(f"*{PART_SUFFIX}")) and _rows(root, "decisions").equals(before)
 
 
+@pytest.mark.parametrize("time_s", [float("nan"), -1e20, 1e20])
+def test_a_segment_with_a_time_no_clock_wrote_is_left_and_the_others_compacted(logs: Path, tmp_path: Path,
+                                                                               time_s: float) -> None:
+    """One such row used to stop every compaction of the directory (exit 2 for NaN, 1 for -1e20)."""
+    root = _copy(logs, tmp_path)
+    segments = sorted((root / "decisions").glob(f"*{SUFFIX}"))
+    with pa.OSFile(str(segments[0]), "rb") as f:
+        table = pa.ipc.open_stream(f).read_all()
+    times = table.column("time_s").to_pylist()
+    times[0] = time_s
+    table = table.set_column(table.schema.get_field_index("time_s"), table.schema.field("time_s"), pa.array(times, pa.float64()))
+    with pa.OSFile(str(segments[0]), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    done = compact(DirectorySource(root), "decisions", before_s=float("inf"))
+    assert done.unreadable == 1 and done.segments == len(segments) - 1
+    assert sorted((root / "decisions").glob(f"*{SUFFIX}")) == segments[:1]  # left as it is
+
+
 def test_the_compact_command(logs: Path, tmp_path: Path) -> None:
     root = _copy(logs, tmp_path)
 
