@@ -48,14 +48,13 @@ def bad_decisions(decisions: pa.Table) -> dict[str, npt.NDArray[np.bool_]]:
     """Per reason, the decision rows no server writes."""
     n = decisions.num_rows
     propensity = np.asarray(decisions.column("propensity").to_numpy(zero_copy_only=False), dtype=np.float64)
-    served_column = decisions.column("served_probs").combine_chunks()
-    served = np.asarray(served_column.flatten().to_numpy(zero_copy_only=False), dtype=np.float64)
-    if len(served) != n * N_ACTIONS or served_column.null_count:
-        raise ValueError(f"served_probs: expected {N_ACTIONS} values in every row")
-    served = served.reshape(n, N_ACTIONS)
+    served_column = decisions.column("served_probs").combine_chunks()  # fixed-size lists of N_ACTIONS (the schema)
+    slots = served_column.values.slice(served_column.offset * N_ACTIONS, n * N_ACTIONS)  # a null row's slots included
+    served = np.asarray(slots.to_numpy(zero_copy_only=False), dtype=np.float64).reshape(n, N_ACTIONS)
+    present = ~np.asarray(served_column.is_null().to_numpy(zero_copy_only=False), dtype=np.bool_)
     actions = np.asarray(decisions.column("action").to_numpy(zero_copy_only=False), dtype=np.int64) - 1
     valid_action = (actions >= 0) & (actions < N_ACTIONS)
-    finite = np.isfinite(served).all(axis=1)
+    finite = present & np.isfinite(served).all(axis=1)
     with np.errstate(invalid="ignore"):
         distribution = finite & (served >= 0).all(axis=1) & (served <= 1).all(axis=1) & \
             (np.abs(served.sum(axis=1) - 1.0) <= SUM_TOLERANCE)

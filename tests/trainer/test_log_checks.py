@@ -59,8 +59,9 @@ def test_the_sessions_of_rows_no_server_writes_are_dropped_whole(sim_logs: Path)
         assert kept_d.column(column).to_pylist() == expected.column(column).to_pylist()
 
 
-@pytest.mark.parametrize("served", [[0.5, 0.5, 0.5, 0.0, 0.0], [float("nan")] * 5, [1.2, -0.2, 0.0, 0.0, 0.0]])
-def test_a_served_distribution_that_is_none_is_a_bad_row(sim_logs: Path, served: list[float]) -> None:
+@pytest.mark.parametrize("served", [[0.5, 0.5, 0.5, 0.0, 0.0], [float("nan")] * 5, [1.2, -0.2, 0.0, 0.0, 0.0], None,
+                                    [0.2, None, 0.3, 0.5, 0.0]])
+def test_a_served_distribution_that_is_none_is_a_bad_row(sim_logs: Path, served: list[float | None] | None) -> None:
     decisions = DirectorySource(sim_logs).table("decisions").slice(0, 50)
     decisions = _set(decisions, "served_probs", 7, served)
     _, _, dropped = usable(decisions, SCHEMAS["outcomes"].empty_table())
