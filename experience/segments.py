@@ -67,8 +67,10 @@ def read_segment(path: Path | str, filesystem: pafs.FileSystem | None = None) ->
     with source as f:
         try:
             reader = pa.ipc.open_stream(f)
-        except pa.ArrowInvalid:  # killed before the schema was written
-            log.warning("skipping an empty or torn log segment", extra={"fields": {"segment": str(path)}})
+        except (pa.ArrowInvalid, OSError):  # killed before the schema was written, or not a segment at all: pyarrow
+            # reports some malformed streams as OSError (off the local disk the bytes were fetched whole above, so a
+            # failed fetch has raised already; on it, a disk error here skips the file with this warning)
+            log.warning("skipping an empty, torn or malformed log segment", extra={"fields": {"segment": str(path)}})
             return
         while True:
             try:

@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -133,6 +134,12 @@ def test_empty_or_garbage_segment_is_skipped(tmp_path: Path) -> None:
     directory.mkdir()
     (directory / "outcomes-garbage.arrows").write_bytes(b"not arrow")
     (directory / "outcomes-empty.arrows").write_bytes(b"")
+    # an IPC continuation marker and then a negative length: pyarrow says OSError, not ArrowInvalid (it stopped every
+    # run that read the directory)
+    (directory / "outcomes-negative.arrows").write_bytes(b"\xff\xff\xff\xff\x00\x00\x00\x80" + bytes(4088))
+    random = np.random.default_rng(0)
+    for i in range(20):  # and noise of any kind
+        (directory / f"outcomes-noise{i}.arrows").write_bytes(random.bytes(4096))
     assert ids(tmp_path) == []
 
 
