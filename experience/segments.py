@@ -67,18 +67,20 @@ def read_segment(path: Path | str, filesystem: pafs.FileSystem | None = None) ->
     with source as f:
         try:
             reader = pa.ipc.open_stream(f)
-        except (pa.ArrowInvalid, OSError):  # killed before the schema was written, or not a segment at all: pyarrow
-            # reports some malformed streams as OSError (off the local disk the bytes were fetched whole above, so a
-            # failed fetch has raised already; on it, a disk error here skips the file with this warning)
+        except (pa.ArrowException, OSError):  # killed before the schema was written, or not a segment at all: pyarrow
+            # names malformed bytes with any of its errors, OSError among them (off the local disk the bytes were
+            # fetched whole above, so a failed fetch has raised already; on it, a disk error skips the file with this)
             log.warning("skipping an empty, torn or malformed log segment", extra={"fields": {"segment": str(path)}})
             return
         while True:
             try:
                 batch = reader.read_next_batch()
+                batch.validate(full=True)  # offsets in range, strings UTF-8: a damaged byte would fail later, anywhere
             except StopIteration:
                 return
-            except (pa.ArrowInvalid, OSError):
-                log.warning("a log segment ends in a torn batch; read up to it", extra={"fields": {"segment": str(path)}})
+            except (pa.ArrowException, OSError):
+                log.warning("a log segment ends in a torn or malformed batch; read up to it",
+                            extra={"fields": {"segment": str(path)}})
                 return
             yield batch
 
@@ -172,7 +174,11 @@ class DirectorySource:
     def _stream_batches(self, path: str, kind: str) -> Iterator[pa.RecordBatch]:
         schema = SCHEMAS[kind]
         for batch in read_segment(path, self.fs):
-            version = segment_version(batch)
+            try:
+                version = segment_version(batch)
+            except ValueError:  # a schema_version that is not a number: damaged metadata, not a newer server
+                log.warning("a log segment with an unreadable schema version is skipped", extra={"fields": {"segment": path}})
+                return
             if version == 1:
                 if kind not in V1_SCHEMAS:  # engagement reports began with version 2
                     raise ValueError(f"{path}: a {kind} segment of schema version 1, which had no {kind}")
@@ -180,7 +186,13 @@ class DirectorySource:
                 batch = upgrade_v1(batch, kind, self.v1)
             elif version > SCHEMA_VERSION:
                 raise ValueError(f"{path}: log schema version {version}; this reader knows up to {SCHEMA_VERSION}")
-            yield _conform(batch, schema)
+            try:
+                conformed = _conform(batch, schema)
+            except (pa.ArrowException, ValueError) as exc:  # columns of another type or layout: damaged, or no server's
+                log.warning("a log segment's batch does not fit the log schema; read up to it",
+                            extra={"fields": {"segment": path, "error": str(exc)[:300]}})
+                return
+            yield conformed
 
     def table(self, kind: str) -> pa.Table:
         return pa.Table.from_batches(list(self.batches(kind)), schema=SCHEMAS[kind])
