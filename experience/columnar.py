@@ -58,6 +58,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from core.domain import TIMESTAMP_MAX_S, TIMESTAMP_MIN_S
 from experience.schema import ADDED_IN_V2, SCHEMA_VERSION, SCHEMAS
 from experience.segment_writer import SUFFIX, fsync_path
 from experience.segments import DirectorySource
@@ -71,7 +72,6 @@ LOCK_NAME = ".compact.lock"
 ROW_GROUP = 65_536
 TIME_COLUMN = {"decisions": "time_s", "outcomes": "received_s", "engagements": "received_s", "products": "time_s"}
 _OPTIONS = pa.ipc.IpcWriteOptions(compression="zstd")
-_FIRST_S, _LAST_S = -62_135_596_800.0, 253_402_300_799.0  # 0001-01-01 and 9999-12-31T23:59:59 UTC: what hour_of can place
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,7 +139,7 @@ def _read_whole(path: str, kind: str) -> pa.Table | None:
             reader = pa.ipc.open_stream(f)
             table = reader.read_all()
             whole = f.tell() == f.size()  # nothing after the last message: not a read that stopped early
-    except (pa.ArrowInvalid, OSError):
+    except (pa.ArrowException, OSError, ValueError):  # malformed bytes, whichever error pyarrow names them with
         return None
     metadata = table.schema.metadata or {}
     if not whole or metadata.get(b"schema_version") != str(SCHEMA_VERSION).encode() or table.num_rows == 0:
@@ -201,7 +201,7 @@ def compact(source: DirectorySource, kind: str, before_s: float) -> Compacted:
                             extra={"fields": {"segment": path}})
                 continue
             times = np.asarray(table.column(TIME_COLUMN[kind]).to_numpy(), dtype=np.float64)
-            if not (np.isfinite(times).all() and (times >= _FIRST_S).all() and (times <= _LAST_S).all()):
+            if not (np.isfinite(times).all() and (times >= TIMESTAMP_MIN_S).all() and (times <= TIMESTAMP_MAX_S).all()):
                 unreadable += 1  # (no server's clock wrote it: it cannot be placed in an hour, nor left to stop every run)
                 log.warning("a log segment with times outside years 1-9999 is left as it is",
                             extra={"fields": {"segment": path}})
@@ -233,6 +233,12 @@ def _locked(root: Path) -> Iterator[None]:
 
 
 def _sweep(kind_dir: Path) -> None:
-    """Remove temp files a killed compaction left (under the lock, none is being written)."""
-    for leftover in kind_dir.glob(f"{HOUR_PREFIX}*/{TMP_PREFIX}*"):
-        leftover.unlink(missing_ok=True)
+    """Remove temp files a killed compaction left (under the lock, none is being written), in the hour directories the
+    compaction made: never through a symbolic link (``glob`` follows them)."""
+    if not kind_dir.is_dir() or kind_dir.is_symlink():
+        return
+    for hour in os.scandir(kind_dir):
+        if hour.name.startswith(HOUR_PREFIX) and hour.is_dir(follow_symlinks=False):
+            for leftover in os.scandir(hour.path):
+                if leftover.name.startswith(TMP_PREFIX):  # (a link so named is removed itself, not what it names)
+                    Path(leftover.path).unlink(missing_ok=True)

@@ -14,14 +14,22 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from core.domain import LOGGED_COUNT_MAX, LOGGED_EMBEDDING_MAX, DecisionRequest, EngagementReport, Outcome, OutcomeReport, PageType
+from core.domain import (
+    LOGGED_COUNT_MAX,
+    LOGGED_EMBEDDING_MAX,
+    TIMESTAMP_MAX_S,
+    TIMESTAMP_MIN_S,
+    DecisionRequest,
+    EngagementReport,
+    Outcome,
+    OutcomeReport,
+    PageType,
+)
 from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
 from server.wire_view import float32_of
 
 _PAGE_TYPES = {int(p) for p in PageType}
 _OUTCOMES = {int(o) for o in Outcome}
-_MAX_SECONDS = 253402300799  # 9999-12-31T23:59:59Z, protobuf Timestamp's upper bound
-_MIN_SECONDS = -62135596800  # 0001-01-01T00:00:00Z
 _SCREEN = np.float32(2.0**30)  # embedding_of's screen
 MAX_DWELL_S = 86_400.0  # one page view visible for a whole day is a broken timer, not a shopper
 
@@ -54,7 +62,7 @@ def _event_time(msg: pb.RecommendActionRequest | pb.ReportOutcomeRequest | pb.Re
     if not msg.HasField("event_time"):
         return now_s
     ts = msg.event_time
-    if not _MIN_SECONDS <= ts.seconds <= _MAX_SECONDS or not 0 <= ts.nanos < 1_000_000_000:
+    if not TIMESTAMP_MIN_S <= ts.seconds <= TIMESTAMP_MAX_S or not 0 <= ts.nanos < 1_000_000_000:
         raise InvalidRequest("event_time", "outside the range of a protobuf Timestamp")
     return ts.seconds + ts.nanos * 1e-9
 

@@ -12,7 +12,17 @@ from zoneinfo import ZoneInfo
 import pyarrow as pa
 import pytest
 
-from experience.columnar import HOUR_PREFIX, LOCK_NAME, PART_SUFFIX, TIME_COLUMN, CompactionBusy, compact, hour_of, read_part
+from experience.columnar import (
+    HOUR_PREFIX,
+    LOCK_NAME,
+    PART_SUFFIX,
+    TIME_COLUMN,
+    TMP_PREFIX,
+    CompactionBusy,
+    compact,
+    hour_of,
+    read_part,
+)
 from experience.segment_writer import SUFFIX
 from experience.segments import DirectorySource
 from simulator.config import SimConfig
@@ -122,11 +132,13 @@ def test_symbolic_links_in_the_logs_are_neither_followed_nor_written_through(log
     (root / "decisions" / f"{HOUR_PREFIX}1970-01-01T00").symlink_to("/")
     (root / "decisions" / f"linked{SUFFIX}").symlink_to(outside / f"copy{SUFFIX}")
     assert _rows(root, "decisions").equals(before)  # neither link read: no row twice, no walk of /
+    (outside / f"{TMP_PREFIX}not-ours").write_bytes(b"someone else's")  # what a killed compaction's leftover is named
     hour = hour_of(7_000.0)  # the first run's segments fall in this hour
     (root / "decisions" / f"{HOUR_PREFIX}{hour}").symlink_to(outside, target_is_directory=True)
     with pytest.raises(OSError, match="a symbolic link where an hour directory belongs"):
         compact(DirectorySource(root), "decisions", before_s=float("inf"))
     assert not list(outside.glob(f"*{PART_SUFFIX}")) and _rows(root, "decisions").equals(before)
+    assert (outside / f"{TMP_PREFIX}not-ours").exists()  # the sweep of leftovers did not reach through the link either
 
 
 @pytest.mark.parametrize("time_s", [float("nan"), -1e20, 1e20])
