@@ -52,6 +52,7 @@ from experience.schema import SCHEMAS
 from experience.segments import DirectorySource
 from experience.sessions import session_hashes
 from trainer import reading
+from trainer.log_checks import sessions_with_bad_outcomes
 from trainer.session_index import NARROW, SessionIndex
 
 if TYPE_CHECKING:
@@ -151,6 +152,12 @@ def read_sides(source: DirectorySource, canary_version: str, current_version: st
     wanted = pa.chunked_array(canary.chunks + control.chunks, pa.string())
     outcomes = pa.Table.from_batches(list(reading.rows_of(reading.read_segments(source, "outcomes", "read.canary-outcomes"), wanted)),
                                      schema=SCHEMAS["outcomes"])
+    bad = sessions_with_bad_outcomes(outcomes)  # an amount no server writes (NaN, inf, negative): that session is left out
+    if len(bad):
+        log.warning("sessions with outcome rows no server writes are left out of the canary's look",
+                    extra={"fields": {"sessions": len(bad)}})
+        canary, control = (ids.filter(pc.invert(pc.is_in(ids, value_set=bad))) for ids in (canary, control))
+        outcomes = outcomes.filter(pc.invert(pc.is_in(outcomes.column("session_id"), value_set=bad)))
     return Sides(canary, control, outcomes)
 
 

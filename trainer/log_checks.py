@@ -1,6 +1,6 @@
 """Sessions whose logged rows no server writes are left out of a run, counted and reported, not trained or judged on.
 
-A server logs, for every decision, the served distribution (``served_probs``: finite, in [0, 1], summing to 1) and
+A server logs, for every decision, an action in 1..5, the served distribution (``served_probs``: finite, in [0, 1], summing to 1) and
 the propensity of the action it served, which is that distribution's entry for the action (``policy.decision``); and
 for every outcome a finite value and coupon discount of at least 0 (``server.validation``). A row outside that comes
 from a broken or hostile writer of the logs volume, and one was enough to stop every later run (a NaN propensity), to
@@ -52,7 +52,7 @@ def bad_decisions(decisions: pa.Table) -> dict[str, npt.NDArray[np.bool_]]:
     slots = served_column.values.slice(served_column.offset * N_ACTIONS, n * N_ACTIONS)  # a null row's slots included
     served = np.asarray(slots.to_numpy(zero_copy_only=False), dtype=np.float64).reshape(n, N_ACTIONS)
     present = ~np.asarray(served_column.is_null().to_numpy(zero_copy_only=False), dtype=np.bool_)
-    actions = np.asarray(decisions.column("action").to_numpy(zero_copy_only=False), dtype=np.int64) - 1
+    actions = np.asarray(pc.fill_null(decisions.column("action"), 0).to_numpy(zero_copy_only=False), dtype=np.int64) - 1
     valid_action = (actions >= 0) & (actions < N_ACTIONS)
     finite = present & np.isfinite(served).all(axis=1)
     with np.errstate(invalid="ignore"):
@@ -61,8 +61,8 @@ def bad_decisions(decisions: pa.Table) -> dict[str, npt.NDArray[np.bool_]]:
         in_range = np.isfinite(propensity) & (propensity > 0) & (propensity <= 1)
         claimed = served[np.arange(n), np.where(valid_action, actions, 0)]
         consistent = ~valid_action | (np.abs(propensity - claimed) <= PROPENSITY_TOLERANCE)
-    return {"served_probs not a distribution": ~distribution, "propensity outside (0, 1]": ~in_range,
-            "propensity not the served probability of the action": ~consistent}
+    return {"action outside 1..5": ~valid_action, "served_probs not a distribution": ~distribution,
+            "propensity outside (0, 1]": ~in_range, "propensity not the served probability of the action": ~consistent}
 
 
 def bad_outcomes(outcomes: pa.Table) -> dict[str, npt.NDArray[np.bool_]]:
@@ -73,6 +73,14 @@ def bad_outcomes(outcomes: pa.Table) -> dict[str, npt.NDArray[np.bool_]]:
         with np.errstate(invalid="ignore"):
             out[f"{column} not a finite amount >= 0"] = ~(np.isfinite(values) & (values >= 0))
     return out
+
+
+def sessions_with_bad_outcomes(outcomes: pa.Table) -> pa.Array:
+    """The session ids of ``outcomes`` that hold a row no server writes (the canary's look, which reads no decisions)."""
+    rows = np.zeros(outcomes.num_rows, dtype=np.bool_)
+    for mask in bad_outcomes(outcomes).values():
+        rows |= mask
+    return pc.unique(outcomes.column("session_id").filter(pa.array(rows))) if rows.any() else pa.array([], pa.string())
 
 
 def usable(decisions: pa.Table, outcomes: pa.Table) -> tuple[pa.Table, pa.Table, Dropped]:

@@ -4,11 +4,13 @@ promotes and drops canaries."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from experience.segments import DirectorySource
@@ -188,3 +190,25 @@ def test_a_candidate_that_serves_what_the_active_bundle_serves_is_not_canaried(t
     moving.write_text(json.dumps({**json.loads(still.read_text()), "max_behavior_kl": None}))
     code, report = _cycle(tmp_path / "logs", weights, moving, "--canary", "0.5")
     assert code == 3 and report["canary_started"] == report["model_version"] and "same_as_active" not in report, report
+
+
+def test_an_outcome_no_server_writes_leaves_its_session_out_of_the_look(served: dict[str, DirectorySource],
+                                                                         tmp_path: Path) -> None:
+    """One order of NaN (or inf) on a canary session made the look's estimate NaN, undecided until dropped."""
+    import shutil
+
+    root = Path(shutil.copytree(served["better"].root, tmp_path / "logs"))
+    sides = read_sides(DirectorySource(root), "canary-better", CURRENT, None)
+    victim = sides.canary.to_pylist()[0]
+    poison = sides.outcomes.filter(pc.equal(sides.outcomes.column("session_id"), victim)).slice(0, 1)
+    poison = poison.set_column(poison.schema.get_field_index("value"), poison.schema.field("value"),
+                               pa.array([float("nan")], pa.float64()))
+    with pa.OSFile(str(root / "outcomes" / "outcomes-poison.arrows"), "wb") as sink, \
+            pa.ipc.new_stream(sink, poison.schema) as writer:
+        writer.write_table(poison)
+    looked = read_sides(DirectorySource(root), "canary-better", CURRENT, None)
+    assert victim not in looked.canary.to_pylist() and len(looked.canary) == len(sides.canary) - 1
+    assert looked.control.to_pylist() == sides.control.to_pylist()
+    assert victim not in looked.outcomes.column("session_id").to_pylist()
+    verdict = judge(looked, CanarySettings(0.5, 0.99, 3, 200), 0)
+    assert verdict.action == "promote" and math.isfinite(verdict.estimate)

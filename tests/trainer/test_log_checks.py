@@ -91,6 +91,15 @@ def test_the_trainers_window_and_gate_reads_leave_them_out(sim_logs: Path, tmp_p
         assert table.num_rows and not bad & set(table.column("session_id").to_pylist())
 
 
+@pytest.mark.parametrize("action", [0, 6, -1, None])
+def test_an_action_outside_the_five_is_a_bad_row(sim_logs: Path, action: int | None) -> None:
+    """It used to pass the check and stop evaluate (actions: action indices must be in 0..4)."""
+    decisions = DirectorySource(sim_logs).table("decisions").slice(0, 50)
+    decisions = _set(decisions, "action", 3, action)
+    _, _, dropped = usable(decisions, SCHEMAS["outcomes"].empty_table())
+    assert dropped.sessions == 1 and dropped.reasons["action outside 1..5"] == 1
+
+
 def test_evaluate_on_poisoned_logs_leaves_the_sessions_out_and_says_so(sim_logs: Path, tmp_path: Path) -> None:
     """Before: the NaN propensity stopped evaluate (and cycle, on every later run) with exit 1."""
     _poisoned_dir(sim_logs, tmp_path)
