@@ -21,7 +21,12 @@ _HEADING = re.compile(r"^#{1,6}\s+(.*?)\s*#*\s*$")
 
 
 def markdown_files() -> list[Path]:
-    out = subprocess.run(["git", "ls-files", "*.md"], cwd=ROOT, capture_output=True, text=True, check=True, timeout=30)
+    """The repository's Markdown: git's list, or outside a work tree (an exported tarball) every .md but the venvs'."""
+    try:
+        out = subprocess.run(["git", "ls-files", "*.md"], cwd=ROOT, capture_output=True, text=True, check=True, timeout=30)
+    except (OSError, subprocess.CalledProcessError):
+        return sorted(p for p in ROOT.rglob("*.md") if not any(part.startswith(".") or part.endswith(".egg-info")
+                                                                 for part in p.relative_to(ROOT).parts))
     return [ROOT / name for name in out.stdout.split()]
 
 

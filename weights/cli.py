@@ -28,7 +28,8 @@ from weights.validate import verify
 EXIT_OK = 0
 EXIT_INVALID = 1
 EXIT_ERROR = 2
-ONNX_HINT = "weights init needs the onnx package: pip install 'shopping-agent[train]'"
+ONNX_HINT = ("weights init needs onnx, which the train extra installs: .venv/bin/pip install -e '.[cpu,train]' in a checkout "
+             "(shopping-agent[cpu,train] from a package index)")  # as server/cli.py words it for the other commands
 _IO_REASONS = {"io", "index"}
 
 Handler = Callable[[argparse.Namespace], int]
