@@ -110,12 +110,13 @@ def session_sampled(session_id: str, rate: float, salt: bytes) -> bool:
     return int.from_bytes(digest, "little") < rate * 2.0**64
 
 
-def _encodes(encode: Callable[[list[Any], bytes, float], pa.RecordBatch], item: Any, salt: bytes, rate: float) -> bool:
+def _encoded(encode: Callable[[list[Any], bytes, float], pa.RecordBatch], item: Any, salt: bytes,
+             rate: float) -> pa.RecordBatch | None:
+    """One record as a batch of one; ``None`` when it cannot be encoded."""
     try:
-        encode([item], salt, rate)
+        return encode([item], salt, rate)
     except Exception:
-        return False
-    return True
+        return None
 
 
 @dataclass(slots=True)
@@ -258,17 +259,11 @@ class ExperienceRecorder:
         try:
             return encode(items, salt, rate)
         except Exception:
-            good = [item for item in items if _encodes(encode, item, salt, rate)]
+            alone = [batch for batch in (_encoded(encode, item, salt, rate) for item in items) if batch is not None]
             log.exception("could not encode log records; they are lost",
-                          extra={"fields": {"kind": kind, "records": len(items) - len(good), "of": len(items)}})
-        try:
-            batch = encode(good, salt, rate) if good else None  # each of them encodes alone: together they should too
-        except Exception:
-            log.exception("could not encode log records that each encode alone; they are lost",
-                          extra={"fields": {"kind": kind, "records": len(good)}})
-            batch, good = None, []
-        self._drop(kind, "write_error", len(items) - len(good))
-        return batch
+                          extra={"fields": {"kind": kind, "records": len(items) - len(alone), "of": len(items)}})
+        self._drop(kind, "write_error", len(items) - len(alone))
+        return pa.concat_batches(alone) if alone else None
 
     def _written(self, kind: str, n: int) -> None:
         if n:

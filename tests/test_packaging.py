@@ -93,14 +93,16 @@ sys.exit(main({argv!r}))
 
 
 def test_a_command_without_its_extra_names_what_to_install(tmp_path: Path) -> None:
-    """``simulate`` without the serving runtime and ``train`` without torch: one line naming the install, exit 2 (a
-    set-up problem, which the CronJob does not retry), no traceback."""
+    """``simulate`` and ``weights verify`` without the serving runtime, ``train`` without torch: one line naming the
+    install, exit 2 (a set-up problem, which the CronJob does not retry), no traceback."""
     logs = tmp_path / "logs"
     made = subprocess.run([sys.executable, "-m", "server", "simulate", "--sessions", "40", "--log-dir", str(logs)],
                           capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert made.returncode == 0, made.stderr
     for package, argv, says in [
         ("onnxruntime", ["simulate", "--sessions", "5"], "onnxruntime is not installed"),
+        ("onnxruntime", ["weights", "verify", "--validate-memory-mb", "0", str(ROOT / "weights" / "data" / "default.bundle")],
+         "onnxruntime is not installed"),
         ("torch", ["train", "--logs", str(logs), "--out", str(tmp_path / "new.bundle")],
          "needs torch, which the train extra installs: .venv/bin/pip install -e '.[cpu,train]'"),
     ]:

@@ -52,7 +52,7 @@ from experience.schema import SCHEMAS
 from experience.segments import DirectorySource
 from experience.sessions import session_hashes
 from trainer import reading
-from trainer.log_checks import sessions_with_bad_outcomes
+from trainer.log_checks import outside, sessions_with_bad_outcomes
 from trainer.session_index import NARROW, SessionIndex
 
 if TYPE_CHECKING:
@@ -156,8 +156,8 @@ def read_sides(source: DirectorySource, canary_version: str, current_version: st
     if len(bad):
         log.warning("sessions with outcome rows no server writes are left out of the canary's look",
                     extra={"fields": {"sessions": len(bad)}})
-        canary, control = (ids.filter(pc.invert(pc.is_in(ids, value_set=bad))) for ids in (canary, control))
-        outcomes = outcomes.filter(pc.invert(pc.is_in(outcomes.column("session_id"), value_set=bad)))
+        canary, control = canary.filter(outside(canary, bad)), control.filter(outside(control, bad))
+        outcomes = outcomes.filter(outside(outcomes.column("session_id"), bad))
     return Sides(canary, control, outcomes)
 
 

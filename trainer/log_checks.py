@@ -75,32 +75,35 @@ def bad_outcomes(outcomes: pa.Table) -> dict[str, npt.NDArray[np.bool_]]:
     return out
 
 
+def _sessions_of(table: pa.Table, found: dict[str, npt.NDArray[np.bool_]], reasons: dict[str, int]) -> pa.Array:
+    """The distinct session ids of ``table``'s rows that ``found`` marks; each reason's row count added to ``reasons``."""
+    rows = np.zeros(table.num_rows, dtype=np.bool_)
+    for reason, mask in found.items():
+        if mask.any():
+            reasons[reason] = reasons.get(reason, 0) + int(mask.sum())
+            rows |= mask
+    return pc.unique(table.column("session_id").filter(pa.array(rows)))
+
+
+def outside(values: pa.ChunkedArray | pa.Array, ids: pa.Array) -> pa.ChunkedArray | pa.Array:
+    """Per value, whether it is none of ``ids`` (a filter that leaves those sessions out)."""
+    return pc.invert(pc.is_in(values, value_set=ids))
+
+
 def sessions_with_bad_outcomes(outcomes: pa.Table) -> pa.Array:
     """The session ids of ``outcomes`` that hold a row no server writes (the canary's look, which reads no decisions)."""
-    rows = np.zeros(outcomes.num_rows, dtype=np.bool_)
-    for mask in bad_outcomes(outcomes).values():
-        rows |= mask
-    return pc.unique(outcomes.column("session_id").filter(pa.array(rows))) if rows.any() else pa.array([], pa.string())
+    return _sessions_of(outcomes, bad_outcomes(outcomes), {})
 
 
 def usable(decisions: pa.Table, outcomes: pa.Table) -> tuple[pa.Table, pa.Table, Dropped]:
     """``decisions`` and ``outcomes`` without the sessions that hold a row no server writes (module doc)."""
     reasons: dict[str, int] = {}
-    bad_ids: list[pa.Array] = []
-    for table, found in ((decisions, bad_decisions(decisions)), (outcomes, bad_outcomes(outcomes))):
-        rows = np.zeros(table.num_rows, dtype=np.bool_)
-        for reason, mask in found.items():
-            if mask.any():
-                reasons[reason] = int(mask.sum())
-                rows |= mask
-        if rows.any():
-            bad_ids.append(pc.unique(table.column("session_id").filter(pa.array(rows))))
-    if not bad_ids:
+    ids = pc.unique(pa.concat_arrays([_sessions_of(decisions, bad_decisions(decisions), reasons),
+                                      _sessions_of(outcomes, bad_outcomes(outcomes), reasons)]))
+    if not len(ids):
         return decisions, outcomes, Dropped(0, 0, 0, {})
-    ids = pc.unique(pa.concat_arrays(bad_ids))
-    keep_d = pc.invert(pc.is_in(decisions.column("session_id"), value_set=ids))
-    keep_o = pc.invert(pc.is_in(outcomes.column("session_id"), value_set=ids))
-    kept_d, kept_o = decisions.filter(keep_d), outcomes.filter(keep_o)
+    kept_d = decisions.filter(outside(decisions.column("session_id"), ids))
+    kept_o = outcomes.filter(outside(outcomes.column("session_id"), ids))
     dropped = Dropped(len(ids), decisions.num_rows - kept_d.num_rows, outcomes.num_rows - kept_o.num_rows, reasons)
     log.warning("sessions with log rows no server writes are left out of this run",
                 extra={"fields": dropped.to_dict()})

@@ -17,7 +17,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from policy.onnx_model import RuntimeMissing
 from weights.bundle import BundleError, read_bundle, read_file, sha256
 from weights.canary import fraction_of
 from weights.sandbox import SandboxLimits
@@ -28,8 +27,6 @@ from weights.validate import verify
 EXIT_OK = 0
 EXIT_INVALID = 1
 EXIT_ERROR = 2
-ONNX_HINT = ("weights init needs onnx, which the train extra installs: .venv/bin/pip install -e '.[cpu,train]' in a checkout "
-             "(shopping-agent[cpu,train] from a package index)")  # as server/cli.py words it for the other commands
 _IO_REASONS = {"io", "index"}
 
 Handler = Callable[[argparse.Namespace], int]
@@ -113,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
         return _fail(EXIT_ERROR if exc.reason in _IO_REASONS else EXIT_INVALID, verdict, exc.reason, exc)
     except StoreError as exc:
         return _fail(EXIT_ERROR if exc.reason in _IO_REASONS else EXIT_INVALID, "refused", exc.reason, exc)
-    except (RuntimeMissing, KeyFileError) as exc:
+    except KeyFileError as exc:  # (a missing onnxruntime or onnx: the command line names the install, server/cli.py)
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_ERROR
     except OSError as exc:
@@ -137,15 +134,11 @@ def _positive(text: str) -> int:
 
 
 def _init(args: argparse.Namespace) -> int:
-    try:
-        import onnx  # noqa: F401  (make_bundle imports it only when it builds the graphs)
+    # before any work: without onnx (the train extra) the command line names what to install (server/cli.py, exit 2)
+    import onnx  # noqa: F401  (make_bundle imports it only when it builds the graphs)
 
-        from weights.initial import make_bundle
-    except ModuleNotFoundError as exc:
-        if exc.name is not None and exc.name.split(".")[0] == "onnx":
-            print(f"error: {ONNX_HINT}", file=sys.stderr)
-            return EXIT_ERROR
-        raise
+    from weights.initial import make_bundle
+
     version = args.model_version or f"init-{args.seed}"
     try:
         check_version_name(version)

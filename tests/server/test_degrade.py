@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -15,7 +14,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
 from server.models import ACTIVE_NAME
 from tests.harness import request, running_server, stub
-from weights.bundle import PARTS, write_bundle
+from tests.poisoned import poisoned_graph, rebundled
+from weights.bundle import write_bundle
 from weights.embedded import DEFAULT_MODEL_VERSION, default_bundle
 
 
@@ -93,42 +93,24 @@ def _poisoned_bundle(path: Path, nan: bool = False) -> None:
     state (golden inputs, warm-up zeros, small embeddings), out of range for a poison value,
     so onnxruntime itself raises — a real inference error, nothing mocked.
     """
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import TensorProto, helper
 
     bundle = default_bundle()
-    model = onnx.load_model_from_string(bundle.parts["policy.onnx"])
-    graph = model.graph
-    graph.output[0].name = "logits"
-    for node in graph.node:
-        node.output[:] = ["logits_clean" if o == "logits" else o for o in node.output]
-    graph.initializer.extend([
-        numpy_helper.from_array(np.zeros(2, dtype=np.float32), "poison_table"),
-        numpy_helper.from_array(np.array([0], dtype=np.int64), "col0"),
-        numpy_helper.from_array(np.array([1], dtype=np.int64), "one"),
-        numpy_helper.from_array(np.array([1], dtype=np.int64), "axis1"),
-    ])
+    constants = {"poison_table": np.zeros(2, dtype=np.float32), "col0": np.array([0], dtype=np.int64),
+                 "one": np.array([1], dtype=np.int64), "axis1": np.array([1], dtype=np.int64),
+                 "one_f": np.array([1.0], dtype=np.float32), "zero_f": np.array([0.0], dtype=np.float32)}
     poison = [  # nan=True: logits + 0 * sqrt(1 - state[:, 0]), NaN (not an error) when state[0] > 1
         helper.make_node("Slice", ["state", "col0", "one", "axis1"], ["first"]),
         helper.make_node("Sub", ["one_f", "first"], ["rest"]),
         helper.make_node("Sqrt", ["rest"], ["root"]),
         helper.make_node("Mul", ["root", "zero_f"], ["zeros"]),
-        helper.make_node("Add", ["logits_clean", "zeros"], ["logits"]),
     ] if nan else [
         helper.make_node("Slice", ["state", "col0", "one", "axis1"], ["first"]),
         helper.make_node("Cast", ["first"], ["first_i"], to=TensorProto.INT64),
         helper.make_node("Gather", ["poison_table", "first_i"], ["zeros"]),
-        helper.make_node("Add", ["logits_clean", "zeros"], ["logits"]),
     ]
-    graph.initializer.extend([numpy_helper.from_array(np.array([1.0], dtype=np.float32), "one_f"),
-                              numpy_helper.from_array(np.array([0.0], dtype=np.float32), "zero_f")])
-    graph.node.extend(poison)
-    onnx.checker.check_model(model)
-    parts = {**bundle.parts, "policy.onnx": model.SerializeToString()}
-    manifest = {k: v for k, v in bundle.manifest.items() if k not in ("format", "format_version", "parts")}
-    buf = io.BytesIO()
-    write_bundle(buf, {**manifest, "model_version": "poisoned"}, {p: parts[p] for p in PARTS})
-    path.write_bytes(buf.getvalue())
+    path.write_bytes(rebundled(bundle, {"policy.onnx": poisoned_graph(bundle.parts["policy.onnx"], constants, poison)},
+                              "poisoned"))
 
 
 @pytest.mark.parametrize("nan", [False, True], ids=["onnxruntime-error", "nan-output"])

@@ -14,6 +14,7 @@ import pytest
 
 from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
 from tests.harness import ServerThread, running_server, stub
+from tests.poisoned import poisoned_graph, rebundled
 from tests.server.test_hot_swap import publish
 from tests.server.test_recommend_product import product
 from tests.server.test_recommend_product_heads import HEADS, POLICY_SOURCES
@@ -77,36 +78,21 @@ def _poisoned_heads() -> bytes:
     """HEADS with category and SKU heads that score NaN for a candidate with any feature above ``POISON_ABOVE`` (their
     logits plus 0 * sqrt(1000 - max(state))): an input the server accepts (embedding values within ±65504) that the
     graphs cannot score, as a bundle's bug would be. Golden and warm-up inputs stay below it, so the bundle loads."""
-    import io
-
     import numpy as np
-    import onnx
-    from onnx import helper, numpy_helper
+    from onnx import helper
 
-    from weights.bundle import read_bundle, write_bundle
+    from weights.bundle import read_bundle
 
     bundle = read_bundle(HEADS)
-    parts = dict(bundle.parts)
-    for head in ("product_category.onnx", "product_sku.onnx"):  # the category's features are its SKUs' mean
-        model = onnx.load_model_from_string(parts[head])
-        graph = model.graph
-        for node in graph.node:
-            node.output[:] = ["logits_clean" if o == "logits" else o for o in node.output]
-        graph.initializer.extend([numpy_helper.from_array(np.array([POISON_ABOVE], dtype=np.float32), "poison_limit"),
-                                  numpy_helper.from_array(np.array([0.0], dtype=np.float32), "poison_zero")])
-        graph.node.extend([
-            helper.make_node("ReduceMax", ["state"], ["top"], axes=[1], keepdims=1),
-            helper.make_node("Sub", ["poison_limit", "top"], ["room"]),
-            helper.make_node("Sqrt", ["room"], ["root"]),  # NaN where room < 0
-            helper.make_node("Mul", ["root", "poison_zero"], ["zeros"]),
-            helper.make_node("Add", ["logits_clean", "zeros"], ["logits"]),
-        ])
-        onnx.checker.check_model(model)
-        parts[head] = model.SerializeToString()
-    manifest = {k: v for k, v in bundle.manifest.items() if k not in ("format", "format_version", "parts")}
-    buf = io.BytesIO()
-    write_bundle(buf, {**manifest, "model_version": "heads-poisoned"}, parts)
-    return buf.getvalue()
+    constants = {"poison_limit": np.array([POISON_ABOVE], dtype=np.float32), "poison_zero": np.array([0.0], dtype=np.float32)}
+    nodes = [
+        helper.make_node("ReduceMax", ["state"], ["top"], axes=[1], keepdims=1),
+        helper.make_node("Sub", ["poison_limit", "top"], ["room"]),
+        helper.make_node("Sqrt", ["room"], ["root"]),  # NaN where room < 0
+        helper.make_node("Mul", ["root", "poison_zero"], ["zeros"]),
+    ]
+    heads = ("product_category.onnx", "product_sku.onnx")  # the category's features are its SKUs' mean
+    return rebundled(bundle, {head: poisoned_graph(bundle.parts[head], constants, nodes) for head in heads}, "heads-poisoned")
 
 
 def test_an_input_that_breaks_inference_degrades_only_its_own_request(tmp_path: Path) -> None:

@@ -79,7 +79,8 @@ def test_init_without_onnx_says_what_to_install(tmp_path: Path) -> None:
     (fake / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'onnx'\", name='onnx')\n")
     out = cli("init", "--out", tmp_path / "b.bundle", env={"PYTHONPATH": f"{fake.parent}{os.pathsep}{ROOT}"})
     assert out.returncode == 2
-    assert "weights init needs onnx, which the train extra installs: .venv/bin/pip install -e '.[cpu,train]'" in out.stderr
+    assert "shopping-agent weights: needs onnx, which the train extra installs: .venv/bin/pip install -e '.[cpu,train]'" \
+        in out.stderr and "Traceback" not in out.stderr
     assert not (tmp_path / "b.bundle").exists()
 
 
