@@ -61,7 +61,7 @@ import pyarrow.fs as pafs
 from core.domain import TIMESTAMP_MAX_S, TIMESTAMP_MIN_S
 from experience.schema import ADDED_IN_V2, SCHEMA_VERSION, SCHEMAS
 from experience.segment_writer import SUFFIX, fsync_path
-from experience.segments import DirectorySource
+from experience.segments import DirectorySource, unwritten_by_servers
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +144,9 @@ def _read_whole(path: str, kind: str) -> pa.Table | None:
     metadata = table.schema.metadata or {}
     if not whole or metadata.get(b"schema_version") != str(SCHEMA_VERSION).encode() or table.num_rows == 0:
         return None  # version 1 (upgraded on read, with the reader's spec) and newer versions stay as they are
-    return table if table.schema.equals(SCHEMAS[kind], check_metadata=False) else None  # another layout: left as it is
+    if not table.schema.equals(SCHEMAS[kind], check_metadata=False):
+        return None  # another layout: left as it is
+    return None if unwritten_by_servers(table, kind, complete=True) is not None else table  # (a part may hold no such row)
 
 
 def _write_part(table: pa.Table, final: Path) -> None:

@@ -36,7 +36,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from experience.salt import read_salt
-from experience.schema import SCHEMA_VERSION, SCHEMAS
+from experience.schema import ADDED_IN_V2, SCHEMA_VERSION, SCHEMAS
 from experience.segment_writer import SUFFIX, segment_dir
 from experience.upgrade import V1_SCHEMAS, V1Reading, segment_version, upgrade_v1
 from policy.features import FeatureSpec
@@ -148,6 +148,9 @@ class DirectorySource:
         if path.endswith(PART_SUFFIX):  # written in the current schema by ``compact``
             wanted = schema if columns is None else pa.schema([schema.field(c) for c in columns])
             for batch in read_part(path, self.fs, kind, columns):
+                unwritten = unwritten_by_servers(batch, kind, complete=False)  # (read_part refuses a missing column)
+                if unwritten is not None:
+                    raise ValueError(f"{path}: not a log part that compact writes: {unwritten}")
                 yield _conform(batch, wanted)
             return
         batches = self._stream_batches(path, kind)
@@ -179,13 +182,21 @@ class DirectorySource:
             except ValueError:  # a schema_version that is not a number: damaged metadata, not a newer server
                 log.warning("a log segment with an unreadable schema version is skipped", extra={"fields": {"segment": path}})
                 return
+            if version > SCHEMA_VERSION:
+                raise ValueError(f"{path}: log schema version {version}; this reader knows up to {SCHEMA_VERSION}")
+            try:  # (before the upgrade of a version-1 batch, which would hash a null id)
+                unwritten = unwritten_by_servers(batch, kind, complete=version == SCHEMA_VERSION)
+            except ValueError as exc:  # a column name that is not UTF-8: damaged
+                unwritten = str(exc)[:300]
+            if unwritten is not None:
+                log.warning("a log segment's batch holds what no server writes; read up to it",
+                            extra={"fields": {"segment": path, "error": unwritten}})
+                return
             if version == 1:
                 if kind not in V1_SCHEMAS:  # engagement reports began with version 2
                     raise ValueError(f"{path}: a {kind} segment of schema version 1, which had no {kind}")
                 self._warn_v1(path)
                 batch = upgrade_v1(batch, kind, self.v1)
-            elif version > SCHEMA_VERSION:
-                raise ValueError(f"{path}: log schema version {version}; this reader knows up to {SCHEMA_VERSION}")
             try:
                 conformed = _conform(batch, schema)
             except (pa.ArrowException, ValueError) as exc:  # columns of another type or layout: damaged, or no server's
@@ -204,6 +215,22 @@ class DirectorySource:
         log.warning("reading version-1 log segments (raw ids) without the servers' salt: their ids are hashed without a "
                     "key, so a session that spans version-1 and version-2 segments counts as two",
                     extra={"fields": {"segment": str(path)}})
+
+
+def unwritten_by_servers(batch: pa.RecordBatch | pa.Table, kind: str, complete: bool) -> str | None:
+    """Why no server wrote this ``kind`` batch as it was read, or None: a column the schema requires holds a null, or,
+    when the batch should be ``complete`` (a stream batch of the current version), it lacks a column the version has had
+    from the start (all but ``ADDED_IN_V2``'s). Read on, such a batch would fill the gap with nulls that a session id, a time or a model version
+    cannot be: one stopped every run of ``train`` (a null session id), another (a batch of outcomes in the decisions'
+    directory) became the newest model version's window and left it no decisions."""
+    schema, names = SCHEMAS[kind], batch.schema.names
+    for field in schema:
+        if field.name in names:
+            if not field.nullable and batch.column(field.name).null_count:
+                return f"{field.name}: {batch.column(field.name).null_count} null value(s) in a column that has none"
+        elif complete and field.name not in ADDED_IN_V2.get(kind, frozenset()):
+            return f"{field.name}: the column is missing"
+    return None
 
 
 def _conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:

@@ -23,6 +23,7 @@ from experience.columnar import (
     hour_of,
     read_part,
 )
+from experience.schema import DECISIONS
 from experience.segment_writer import SUFFIX
 from experience.segments import DirectorySource
 from simulator.config import SimConfig
@@ -56,6 +57,19 @@ def _rows(root: Path, kind: str) -> pa.Table:
 
 def _copy(logs: Path, tmp_path: Path) -> Path:
     return Path(shutil.copytree(logs, tmp_path / "logs"))
+
+
+def _set_first_row(segment: Path, column: str, value: object) -> pa.Table:
+    """Rewrite ``segment`` with its first row's ``column`` set to ``value``, in the segment's own schema; the table."""
+    with pa.OSFile(str(segment), "rb") as f:
+        table = pa.ipc.open_stream(f).read_all()
+    values = table.column(column).to_pylist()
+    values[0] = value
+    field = table.schema.field(column)
+    table = table.set_column(table.schema.get_field_index(column), field, pa.array(values, field.type))
+    with pa.OSFile(str(segment), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return table
 
 
 def test_compacted_logs_read_as_the_same_rows_and_a_part_reads_only_its_columns(logs: Path, tmp_path: Path) -> None:
@@ -147,16 +161,27 @@ def test_a_segment_with_a_time_no_clock_wrote_is_left_and_the_others_compacted(l
     """One such row used to stop every compaction of the directory (exit 2 for NaN, 1 for -1e20)."""
     root = _copy(logs, tmp_path)
     segments = sorted((root / "decisions").glob(f"*{SUFFIX}"))
-    with pa.OSFile(str(segments[0]), "rb") as f:
-        table = pa.ipc.open_stream(f).read_all()
-    times = table.column("time_s").to_pylist()
-    times[0] = time_s
-    table = table.set_column(table.schema.get_field_index("time_s"), table.schema.field("time_s"), pa.array(times, pa.float64()))
-    with pa.OSFile(str(segments[0]), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
+    _set_first_row(segments[0], "time_s", time_s)
     done = compact(DirectorySource(root), "decisions", before_s=float("inf"))
     assert done.unreadable == 1 and done.segments == len(segments) - 1
     assert sorted((root / "decisions").glob(f"*{SUFFIX}")) == segments[:1]  # left as it is
+
+
+def test_a_segment_with_a_null_session_id_is_left_and_a_part_with_one_refused_by_name(logs: Path, tmp_path: Path) -> None:
+    """The reader stops at such a batch (``experience.segments.unwritten_by_servers``); compacting it would have made a
+    part the reader could not tell from the compactor's own."""
+    root = _copy(logs, tmp_path)
+    segments = sorted((root / "decisions").glob(f"*{SUFFIX}"))
+    table = _set_first_row(segments[0], "session_id", None)
+    assert table.schema.equals(DECISIONS, check_metadata=False)  # the schema says "not null"; the data has one
+    done = compact(DirectorySource(root), "decisions", before_s=float("inf"))
+    assert done.unreadable == 1 and sorted((root / "decisions").glob(f"*{SUFFIX}")) == segments[:1]
+    segments[0].unlink()
+    part = next((root / "decisions").glob(f"{HOUR_PREFIX}*/*{PART_SUFFIX}"))
+    with pa.OSFile(str(part), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    with pytest.raises(ValueError, match=r"not a log part that compact writes: session_id: 1 null value"):
+        _rows(root, "decisions")
 
 
 def test_the_compact_command(logs: Path, tmp_path: Path) -> None:

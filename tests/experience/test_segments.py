@@ -129,6 +129,39 @@ def test_torn_last_batch_reads_up_to_it(tmp_path: Path) -> None:
     assert [b.num_rows for b in batches] == [5]
 
 
+def _with(batch: pa.RecordBatch, column: str, values: list[object]) -> pa.RecordBatch:
+    index = batch.schema.get_field_index(column)
+    return batch.set_column(index, batch.schema.field(index), pa.array(values, batch.schema.field(index).type))
+
+
+@pytest.mark.parametrize("column", ["session_id", "decision_id", "value", "received_s"])
+def test_a_batch_with_a_null_where_no_server_writes_one_ends_the_read(tmp_path: Path, column: str,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """A null session id stopped every run of ``train`` (an IndexError deep in the session index): the batch that holds
+    one is where the segment's readable rows end, as at a torn batch, with a warning naming the column."""
+    writer = SegmentWriter(tmp_path, "outcomes", max_bytes=10**9, max_seconds=3600)
+    writer.write(outcome_batch(0, 5))
+    writer.write(_with(outcome_batch(5, 5), column, [None, "s", "s", "s", "s"] if column.endswith("_id") else
+                       [None, 1.0, 1.0, 1.0, 1.0]))
+    writer.write(outcome_batch(10, 5))
+    writer.close()
+    with caplog.at_level("WARNING", logger="experience.segments"):
+        assert ids(tmp_path) == [f"o{i}" for i in range(5)]
+    assert any("no server writes" in r.getMessage() and column in r.fields["error"]  # type: ignore[attr-defined]
+               for r in caplog.records)
+
+
+def test_a_batch_of_another_kind_is_not_read_as_this_one(tmp_path: Path) -> None:
+    """Outcome rows in the engagement reports' directory: the columns an engagement report has always had are missing,
+    and filled with nulls they would make reports of no one (a batch of outcomes among the decisions became the
+    newest model version's whole window)."""
+    directory = tmp_path / "engagements"
+    directory.mkdir()
+    with pa.OSFile(str(directory / "engagements-x.arrows"), "wb") as sink, pa.ipc.new_stream(sink, OUTCOMES) as writer:
+        writer.write_batch(outcome_batch(0, 5))
+    assert DirectorySource(tmp_path).table("engagements").num_rows == 0
+
+
 def test_empty_or_garbage_segment_is_skipped(tmp_path: Path) -> None:
     directory = tmp_path / "outcomes"
     directory.mkdir()
