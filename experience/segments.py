@@ -220,9 +220,9 @@ class DirectorySource:
 def unwritten_by_servers(batch: pa.RecordBatch | pa.Table, kind: str, complete: bool) -> str | None:
     """Why no server wrote this ``kind`` batch as it was read, or None: a column the schema requires holds a null, or,
     when the batch should be ``complete`` (a stream batch of the current version), it lacks a column the version has had
-    from the start (all but ``ADDED_IN_V2``'s). Read on, such a batch would fill the gap with nulls that a session id, a time or a model version
-    cannot be: one stopped every run of ``train`` (a null session id), another (a batch of outcomes in the decisions'
-    directory) became the newest model version's window and left it no decisions."""
+    from the start (all but ``ADDED_IN_V2``'s). Read on, such a batch would hold nulls where a session id, a time or a
+    model version cannot be one: a null session id stopped every run of ``train``, and a batch of outcomes in the
+    decisions' directory became the newest model version's window and left it no decisions."""
     schema, names = SCHEMAS[kind], batch.schema.names
     for field in schema:
         if field.name in names:
