@@ -76,14 +76,15 @@ class ShoppingAgentServer:
         files = grpc_files(config)
         self.certificates = ReloadingCertificates(files) if files is not None else None  # TlsError: before anything starts
         servers = transport.service_servers(config)  # --grpc-servers on one port: why, in server/transport.py
-        self._batcher = MicroBatcher(config.max_batch, config.max_queue, self.metrics.batch if self.metrics else None,
+        metrics = self.metrics
+        self._batcher = MicroBatcher(config.max_batch, config.max_queue, metrics.batch if metrics else None,
                                      duty=config.batch_duty, max_delay_s=config.max_batch_delay_ms / 1000.0,
-                                     gap_s=config.batch_gap_ms / 1000.0)
+                                     gap_s=config.batch_gap_ms / 1000.0, on_idle=metrics.queue_empty if metrics else None)
         self._batcher.start()
-        self._product_batcher = MicroBatcher(config.max_batch, config.max_queue,
-                                             self.metrics.product_batch if self.metrics else None,
+        self._product_batcher = MicroBatcher(config.max_batch, config.max_queue, metrics.product_batch if metrics else None,
                                              duty=config.batch_duty, max_delay_s=config.max_batch_delay_ms / 1000.0,
-                                             gap_s=config.batch_gap_ms / 1000.0)
+                                             gap_s=config.batch_gap_ms / 1000.0,
+                                             on_idle=metrics.product_queue_empty if metrics else None)
         self._product_batcher.start()
         if self.recorder is not None:
             self.recorder.start()

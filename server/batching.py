@@ -105,16 +105,19 @@ class MicroBatcher(Generic[Req, Out]):
     """``on_batch(decisions, seconds, queue_depth)`` hears of every model run with the decisions
     actually delivered (metrics count them once per run, not once per call), the one-by-one
     reruns after a failed batch included; ``queue_depth`` is how many callers waited when the
-    batch was taken, its own included (nothing can arrive while a batch runs on the loop)."""
+    batch was taken, its own included (nothing can arrive while a batch runs on the loop). ``on_idle()`` hears that the
+    queue has emptied, so a depth reported under load is not left standing on an idle server."""
 
     def __init__(self, max_batch: int, max_queue: int,
                  on_batch: Callable[[list[Out], float, int], None] | None = None,
-                 duty: float = 1.0, max_delay_s: float = 0.0, gap_s: float = 0.001) -> None:
+                 duty: float = 1.0, max_delay_s: float = 0.0, gap_s: float = 0.001,
+                 on_idle: Callable[[], None] | None = None) -> None:
         if not 0.0 < duty <= 1.0:
             raise ValueError(f"duty: expected 0 < duty <= 1, got {duty}")
         if not (max_delay_s >= 0.0 and gap_s > 0.0):
             raise ValueError(f"max_delay_s must be >= 0 and gap_s > 0, got {max_delay_s} and {gap_s}")
         self._on_batch = on_batch
+        self._on_idle = on_idle
         self.max_batch = max_batch
         self.max_queue = max_queue
         self._pause_per_run_s = 1.0 / duty - 1.0  # seconds of pause per second of inference
@@ -212,6 +215,8 @@ class MicroBatcher(Generic[Req, Out]):
             if not self._pending:
                 if self._closed:
                     return
+                if self._on_idle is not None:
+                    self._tell(self._on_idle)
                 self._wake.clear()
                 await self._wake.wait()
                 continue
@@ -307,16 +312,18 @@ class MicroBatcher(Generic[Req, Out]):
         self._report(delivered, time.perf_counter() - started, depth)
 
     def _report(self, delivered: list[Out], seconds: float, depth: int) -> None:
-        if self._on_batch is None:
-            return
+        if self._on_batch is not None:
+            self._tell(self._on_batch, delivered, seconds, depth)
+
+    def _tell(self, callback: Callable[..., None], *args: object) -> None:
         try:
-            self._on_batch(delivered, seconds, depth)
+            callback(*args)
         except Exception:  # metrics must never stop decisions; log now and then, not every batch
             self._callback_failures += 1
             now = time.monotonic()
             if now >= self._callback_log_after:
                 self._callback_log_after = now + _CALLBACK_LOG_INTERVAL_S
-                log.exception("on_batch failed; the decisions were served",
+                log.exception("a batch callback failed; the decisions were served",
                               extra={"fields": {"failures": self._callback_failures}})
 
     def _worker_ended(self, task: asyncio.Task[None]) -> None:

@@ -77,7 +77,8 @@ class Metrics:
         self.batch_size = Histogram("shopping_agent_batch_size", "Requests per micro-batch.",
                                     buckets=BATCH_BUCKETS, registry=r)
         self.queue_depth = Gauge("shopping_agent_inference_queue_depth",
-                                 "Requests waiting for inference when the last batch was taken, its own included.",
+                                 "Requests waiting for inference when the last batch was taken, its own included; "
+                                 "0 once none waits.",
                                  registry=r, multiprocess_mode="livesum")
         # --- the model ---------------------------------------------------------------------
         self.model_info = Gauge("shopping_agent_model_info", "The model set being served (value 1).",
@@ -123,7 +124,7 @@ class Metrics:
                                             buckets=BATCH_BUCKETS, registry=r)
         self.product_queue_depth = Gauge("shopping_agent_product_inference_queue_depth",
                                          "RecommendProduct requests waiting for inference when the last batch was taken, "
-                                         "its own included.", registry=r, multiprocess_mode="livesum")
+                                         "its own included; 0 once none waits.", registry=r, multiprocess_mode="livesum")
         self.product_layers = Counter("shopping_agent_product_layer_decisions",
                                       "RecommendProduct layer choices served, by layer and source.", ["layer", "source"], registry=r)
         self._product_layers = {(layer, src): self.product_layers.labels(layer=layer.value, source=src.name.lower())
@@ -187,6 +188,13 @@ class Metrics:
         self.batch_size.observe(len(decisions))
         self.inference.observe(seconds)
         self.queue_depth.set(queue_depth)
+
+    def queue_empty(self) -> None:
+        """The RecommendAction batcher's queue has emptied."""
+        self.queue_depth.set(0)
+
+    def product_queue_empty(self) -> None:
+        self.product_queue_depth.set(0)
 
     def product_batch(self, decisions: list[ProductDecision], seconds: float, queue_depth: int) -> None:
         """A RecommendProduct micro-batch finished (the servicer counts its layers' choices)."""

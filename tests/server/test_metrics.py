@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import time
 import urllib.request
 from datetime import UTC, datetime
 from pathlib import Path
@@ -61,6 +62,18 @@ def test_decision_metrics_follow_what_was_served() -> None:
         assert _value(live, "shopping_agent_batch_size_sum") == 40
         assert _value(live, "shopping_agent_inference_seconds_count") == _value(live, "shopping_agent_batch_size_count") > 0
         assert _value(live, "shopping_agent_inflight_requests") == 0
+
+
+def test_the_queue_depth_falls_to_zero_once_none_waits() -> None:
+    """Set when a batch is taken (its own requests included), the gauge used to stay at the last batch's depth on an
+    idle server: 1 after a lone request, whatever came since."""
+    with running_server() as live, grpc.insecure_channel(live.target) as ch:
+        stub(ch).RecommendAction(request(), timeout=5)
+        deadline = time.monotonic() + 5.0
+        while _value(live, "shopping_agent_inference_queue_depth") != 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert _value(live, "shopping_agent_batch_size_count") == 1
+        assert _value(live, "shopping_agent_inference_queue_depth") == 0
 
 
 def test_guard_vetoes_are_counted_per_action() -> None:
