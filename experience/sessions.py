@@ -21,7 +21,12 @@ The join, for a session whose first decision is at ``t0`` (its horizon ends at `
   with all rewards 0. Then the terminal adjustment: ``open_terminal_reward`` is added to the
   last step's reward of every open episode (default 0).
 
-Both horizon edges are inclusive. Duplicate decision rows are not removed.
+- **Decisions** are de-duplicated by session and ``decision_id``: a server logs each decision once, under a fresh
+  random id, so a second row of one (a segment copied under another name, a restored backup) is a copy; the first in
+  episode order is kept (``n_duplicate_decisions``). A copied segment used to give each of its sessions every step
+  twice, in training and in the gate's estimate.
+
+Both horizon edges are inclusive.
 """
 
 from __future__ import annotations
@@ -100,6 +105,8 @@ class JoinReport:
     """Distinct outcomes before their session's first decision or after its horizon end."""
     n_truncated_steps: int
     """Decisions dropped after their session's horizon end."""
+    n_duplicate_decisions: int = 0
+    """Decision rows dropped as copies of an earlier row (in episode order) with the same session and ``decision_id``."""
 
     def to_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -176,6 +183,17 @@ def episode_order(decisions: pa.Table) -> IntArray:
     return np.asarray(pc.sort_indices(decisions.select(list(DECISION_COLUMNS[:3])), sort_keys=keys), dtype=np.int64)
 
 
+def first_copies(decisions: pa.Table, order: IntArray) -> IntArray:
+    """``order`` (row indices) without the rows whose session and ``decision_id`` a row before them in ``order`` has."""
+    ids = decisions["decision_id"]
+    if pc.count_distinct(ids).as_py() == decisions.num_rows:  # every id once: the logs as servers write them
+        return order
+    keys = pc.binary_join_element_wise(decisions["session_id"], ids, "\x00").take(pa.array(order, pa.int64()))
+    codes = np.asarray(pc.index_in(keys, value_set=pc.unique(keys)).to_numpy(zero_copy_only=False), dtype=np.int64)
+    _, first = np.unique(codes, return_index=True)
+    return order[np.sort(first)]
+
+
 def first_received(table: pa.Table, id_column: str, tie_columns: Sequence[str]) -> IntArray:
     """Row indices of the distinct reports of ``table``: per session and ``id_column`` the copy with the smallest
     ``received_s``, ties broken by ``tie_columns`` in turn, so the choice does not depend on row order. An id is
@@ -218,11 +236,14 @@ class _Steps:
     t0: FloatArray
     """Per session: the first decision's event time."""
     n_dropped: int
+    n_copies: int
 
 
 def _steps(decisions: pa.Table, horizon_s: float) -> _Steps:
-    """Sort the decisions into episodes; drop those after their session's horizon end."""
+    """Sort the decisions into episodes; drop the copies of a decision and those after their session's horizon end."""
     order = episode_order(decisions)
+    every = len(order)
+    order = first_copies(decisions, order)
     sessions = decisions["session_id"].take(order)
     session_starts = starts_of_runs(sessions) if len(order) else np.zeros(0, dtype=np.int64)
     n_sessions = len(session_starts)
@@ -245,6 +266,7 @@ def _steps(decisions: pa.Table, horizon_s: float) -> _Steps:
         session_ids=sessions.take(pa.array(session_starts, pa.int64())).combine_chunks(),
         t0=t0,
         n_dropped=int((~keep).sum()),
+        n_copies=every - len(order),
     )
 
 
@@ -286,6 +308,7 @@ def build_episodes(decisions: pa.Table, outcomes: pa.Table, config: EpisodeConfi
         n_orphan_outcomes=int(orphan.sum()),
         n_outcomes_outside_horizon=int((~orphan & ~inside).sum()),
         n_truncated_steps=steps.n_dropped,
+        n_duplicate_decisions=steps.n_copies,
     )
     return Episodes(
         rows=steps.rows,

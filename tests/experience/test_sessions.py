@@ -127,6 +127,20 @@ def test_an_outcome_id_is_unique_within_its_session_only() -> None:
     assert e.report.n_duplicate_outcomes == 1
 
 
+def test_a_copy_of_a_decision_is_one_step() -> None:
+    """A segment copied under another name logged each of its decisions twice: every step counted twice, in training
+    and in the gate. A copy (same session, same id, wherever it lies in the rows) is dropped and counted; the same id in
+    another session is another decision."""
+    rows = [("a1", "s-a", T0, CART), ("a2", "s-a", T0 + 5, VIEW), ("b1", "s-b", T0, CART), ("a1", "s-b", T0 + 3, VIEW)]
+    o = outcomes(("o", "s-a", ORDER, T0 + 7, 100.0))
+    once = build_episodes(decisions(*rows), o)
+    copied = decisions(*rows, *rows[:2], rows[0])  # the first session's rows again, its first row twice more
+    twice = build_episodes(copied, o)
+    assert step_ids(twice, copied) == step_ids(once, decisions(*rows)) == [["a1", "a2"], ["b1", "a1"]]
+    assert twice.rewards.tolist() == once.rewards.tolist()
+    assert twice.report.n_duplicate_decisions == 3 and once.report.n_duplicate_decisions == 0
+
+
 def test_orphan_outcomes_are_counted_and_ignored() -> None:
     d = decisions(("a", "s", T0, CART))
     o = outcomes(("o1", "ghost", ORDER, T0 + 1, 100.0), ("o2", "ghost", EXIT, T0 + 2, 0.0), ("o3", "s", ORDER, T0 + 3, 10.0))
