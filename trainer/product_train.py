@@ -21,6 +21,7 @@ import pyarrow as pa
 import torch
 
 from experience.sessions import session_codes, session_hashes, split_by_session
+from trainer.log_checks import usable_products
 from trainer.product_data import LAYERS, product_rows
 from trainer.product_gate import judge
 from trainer.product_guard import GuardConfig, PreviousGuard, train_guards
@@ -114,6 +115,11 @@ def train_products(products: pa.Table, outcomes: pa.Table, bundle: Bundle, model
         raise ValueError(f"gate_share: expected in (0, 1), got {config.gate_share}")
     if products.num_rows == 0:
         raise ValueError("the logs hold no product decisions (products/): nothing to train the heads on")
+    logged = products.num_rows
+    products, outcomes, dropped = usable_products(products, outcomes)  # sessions with rows no server writes: left out
+    if products.num_rows == 0:
+        raise ValueError(f"every one of the {logged} product decisions is in a session with rows no server writes "
+                         f"({dropped.reasons})")
     torch.manual_seed(config.seed)
     model = ModelSet.load(bundle, LoadOptions(device="cpu", warmup_batch=1))
     gate_rows = split_by_session(products.column("session_id").to_numpy(zero_copy_only=False), config.gate_share, config.seed,
@@ -127,7 +133,8 @@ def train_products(products: pa.Table, outcomes: pa.Table, bundle: Bundle, model
     params: dict[str, mlp.Params] = {name: mlp.policy_params_from_onnx(bundle.parts[part]) for name, part in PART.items()}
     new, steps = update_heads(params, rows, config.deltas, config.layers, config.encoder_delta,
                               encoder_layers=config.encoder_layers)
-    metrics: dict[str, Any] = {"product_rows": len(rows), "product_rows_logged": products.num_rows, "gate_rows": len(held),
+    metrics: dict[str, Any] = {"product_rows": len(rows), "product_rows_logged": logged, "gate_rows": len(held),
+                               "left_out": dropped.to_dict(),
                                "mean_reward": float(rows.rewards.mean()),
                "taken": float(rows.taken.mean()), "complaints": float(rows.complaints.mean()),
                "layers": {s.layer: s.to_dict() for s in steps}, "behaviour_versions": list(rows.model_versions),

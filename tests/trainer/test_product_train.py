@@ -23,6 +23,7 @@ from simulator.config import SimConfig
 from simulator.drive import by_model, run_logged
 from simulator.world import World
 from tests.harness import ROOT, trainer_in_process
+from trainer.log_checks import usable_products
 from trainer.product_data import HEAD_OF, LAYERS, layer_rows, product_rows
 from trainer.product_gate import judge, served_probability
 from trainer.product_train import ProductTrainConfig, sample_rows, train_products
@@ -326,3 +327,42 @@ def test_the_command_trains_and_names_what_is_wrong(tmp_path: Path, product_logs
                           (["--logs", str(product_logs), "--guard-max-complaint", "0.2", "--no-guard"], "--guard-max-complaint")):
         code, _, err = trainer_in_process("train-products", *args, "--init", str(init), "--out", str(tmp_path / "x.bundle"))
         assert code == 2 and message in err, err
+
+
+def _set_row(table: pa.Table, column: str, row: int, value: object) -> pa.Table:
+    values = table.column(column).to_pylist()
+    values[row] = value
+    field = table.schema.field(column)
+    return table.set_column(table.schema.get_field_index(column), field, pa.array(values, field.type))
+
+
+POISONS = {  # a product row no server writes, as the review found them, and the reason it is left out for
+    "sku_index": (999, "sku_index outside its candidates"),
+    "category_propensity": (float("nan"), "category_propensity outside (0, 1]"),
+    "price_band_propensity": (1e-12, "price_band_propensity not the served probability of the choice"),
+    "sku_served_probs": ([0.5] * 3, "sku_served_probs not a distribution over its candidates"),
+}
+
+
+@pytest.mark.parametrize("column", sorted(POISONS))
+def test_the_sessions_of_product_rows_no_server_writes_are_left_out(product_logs: Path, column: str) -> None:
+    """A choice outside its candidates stopped ``train-products``; a NaN propensity moved the product gate."""
+    source = DirectorySource(product_logs)
+    products, outcomes = source.table("products"), source.table("outcomes")
+    assert usable_products(products, outcomes)[2].sessions == 0  # real logs pass untouched
+    value, reason = POISONS[column]
+    row = 5
+    session = products.column("session_id")[row].as_py()
+    kept_p, kept_o, dropped = usable_products(_set_row(products, column, row, value), outcomes)
+    assert dropped.sessions == 1 and reason in dropped.reasons
+    assert session not in set(kept_p.column("session_id").to_pylist()) | set(kept_o.column("session_id").to_pylist())
+    assert kept_p.num_rows == products.num_rows - dropped.decisions and kept_o.num_rows == outcomes.num_rows - dropped.outcomes
+
+
+def test_train_products_trains_on_the_rest_and_says_what_it_left_out(product_logs: Path, start: Bundle) -> None:
+    source = DirectorySource(product_logs)
+    products = _set_row(source.table("products"), "sku_index", 5, 999)
+    result = train_products(products, source.table("outcomes"), start, "products-5", "2026-12-03T00:00:00Z")
+    left_out = result.metrics["left_out"]
+    assert left_out["sessions"] == 1 and left_out["reasons"] == {"sku_index outside its candidates": 1}
+    assert result.metrics["product_rows"] + result.metrics["gate_rows"] == products.num_rows - left_out["decisions"]
