@@ -146,7 +146,7 @@ def _read_whole(path: str, kind: str) -> pa.Table | None:
         return None  # version 1 (upgraded on read, with the reader's spec) and newer versions stay as they are
     if not table.schema.equals(SCHEMAS[kind], check_metadata=False):
         return None  # another layout: left as it is
-    return None if unwritten_by_servers(table, kind, complete=True) is not None else table  # (a part may hold no such row)
+    return None if unwritten_by_servers(table, kind, SCHEMA_VERSION) is not None else table  # (a part may hold no such row)
 
 
 def _write_part(table: pa.Table, final: Path) -> None:

@@ -148,7 +148,7 @@ class DirectorySource:
         if path.endswith(PART_SUFFIX):  # written in the current schema by ``compact``
             wanted = schema if columns is None else pa.schema([schema.field(c) for c in columns])
             for batch in read_part(path, self.fs, kind, columns):
-                unwritten = unwritten_by_servers(batch, kind, complete=False)  # (read_part refuses a missing column)
+                unwritten = unwritten_by_servers(batch, kind, None)
                 if unwritten is not None:
                     raise ValueError(f"{path}: not a log part that compact writes: {unwritten}")
                 yield _conform(batch, wanted)
@@ -185,7 +185,7 @@ class DirectorySource:
             if version > SCHEMA_VERSION:
                 raise ValueError(f"{path}: log schema version {version}; this reader knows up to {SCHEMA_VERSION}")
             try:  # (before the upgrade of a version-1 batch, which would hash a null id)
-                unwritten = unwritten_by_servers(batch, kind, complete=version == SCHEMA_VERSION)
+                unwritten = unwritten_by_servers(batch, kind, version)
             except ValueError as exc:  # a column name that is not UTF-8: damaged
                 unwritten = str(exc)[:300]
             if unwritten is not None:
@@ -193,13 +193,11 @@ class DirectorySource:
                             extra={"fields": {"segment": path, "error": unwritten}})
                 return
             if version == 1:
-                if kind not in V1_SCHEMAS:  # engagement reports began with version 2
-                    raise ValueError(f"{path}: a {kind} segment of schema version 1, which had no {kind}")
                 self._warn_v1(path)
-                batch = upgrade_v1(batch, kind, self.v1)
             try:
-                conformed = _conform(batch, schema)
-            except (pa.ArrowException, ValueError) as exc:  # columns of another type or layout: damaged, or no server's
+                conformed = _conform(upgrade_v1(batch, kind, self.v1) if version == 1 else batch, schema)
+            except (pa.ArrowException, ValueError, TypeError) as exc:  # columns of another type or layout: damaged, or
+                # no server's (a version-1 id that is not a string fails its hash)
                 log.warning("a log segment's batch does not fit the log schema; read up to it",
                             extra={"fields": {"segment": path, "error": str(exc)[:300]}})
                 return
@@ -217,20 +215,39 @@ class DirectorySource:
                     extra={"fields": {"segment": str(path)}})
 
 
-def unwritten_by_servers(batch: pa.RecordBatch | pa.Table, kind: str, complete: bool) -> str | None:
-    """Why no server wrote this ``kind`` batch as it was read, or None: a column the schema requires holds a null, or,
-    when the batch should be ``complete`` (a stream batch of the current version), it lacks a column the version has had
-    from the start (all but ``ADDED_IN_V2``'s). Read on, such a batch would hold nulls where a session id, a time or a
-    model version cannot be one: a null session id stopped every run of ``train``, and a batch of outcomes in the
-    decisions' directory became the newest model version's window and left it no decisions."""
-    schema, names = SCHEMAS[kind], batch.schema.names
+def unwritten_by_servers(batch: pa.RecordBatch | pa.Table, kind: str, version: int | None) -> str | None:
+    """Why no server wrote this ``kind`` batch of schema ``version`` as it was read, or None: a column the version's
+    schema requires (``V1_SCHEMAS`` for 1, else ``SCHEMAS``) holds a null, at any depth of its lists; a version no
+    server wrote (below 1); or, for a stream batch (``version`` given), a column that version has had from the start
+    missing (all but ``ADDED_IN_V2``'s). ``version`` None: a columnar part, whose columns ``read_part`` checks.
+
+    Read on, such a batch would hold nulls where a session id, a time or a model version cannot be one: a null session
+    id stopped every run of ``train``, and a batch of outcomes in the decisions' directory became the newest model
+    version's window and left it no decisions."""
+    if version is not None and version < 1:
+        return f"schema_version {version}: no server writes it"
+    schema = V1_SCHEMAS.get(kind) if version == 1 else SCHEMAS[kind]
+    if schema is None:
+        return f"schema version 1, which had no {kind}"
+    names, later = batch.schema.names, ADDED_IN_V2.get(kind, frozenset())
     for field in schema:
         if field.name in names:
-            if not field.nullable and batch.column(field.name).null_count:
-                return f"{field.name}: {batch.column(field.name).null_count} null value(s) in a column that has none"
-        elif complete and field.name not in ADDED_IN_V2.get(kind, frozenset()):
+            if not field.nullable and _nulls(batch.column(field.name)):
+                return f"{field.name}: null values in a column that has none"
+        elif version is not None and field.name not in later:
             return f"{field.name}: the column is missing"
     return None
+
+
+def _nulls(column: pa.Array | pa.ChunkedArray) -> bool:
+    """Whether ``column`` holds a null: a value, or an element of one of its lists at any depth."""
+    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+    for chunk in chunks:
+        if chunk.null_count:
+            return True
+        if isinstance(chunk, pa.ListArray | pa.FixedSizeListArray) and _nulls(chunk.flatten()):
+            return True
+    return False
 
 
 def _conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:

@@ -180,8 +180,19 @@ def test_a_segment_with_a_null_session_id_is_left_and_a_part_with_one_refused_by
     part = next((root / "decisions").glob(f"{HOUR_PREFIX}*/*{PART_SUFFIX}"))
     with pa.OSFile(str(part), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
         writer.write_table(table)
-    with pytest.raises(ValueError, match=r"not a log part that compact writes: session_id: 1 null value"):
+    with pytest.raises(ValueError, match=r"not a log part that compact writes: session_id: null values"):
         _rows(root, "decisions")
+
+
+@pytest.mark.parametrize("column", ["item_embedding", "behavior_bucket_indices"])
+def test_a_null_inside_a_list_ends_the_segments_read_too(logs: Path, tmp_path: Path, column: str) -> None:
+    """A null element of an embedding stopped `evaluate` (NaN from the model), of the behaviour buckets `train`."""
+    root = _copy(logs, tmp_path)
+    segment = sorted((root / "decisions").glob(f"*{SUFFIX}"))[0]
+    whole = _rows(root, "decisions").num_rows
+    in_segment = pa.ipc.open_stream(pa.memory_map(str(segment))).read_all().num_rows
+    _set_first_row(segment, column, [None])  # a list whose one element is null
+    assert _rows(root, "decisions").num_rows == whole - in_segment  # the segment is one batch: none of it is read
 
 
 def test_the_compact_command(logs: Path, tmp_path: Path) -> None:

@@ -162,6 +162,24 @@ def test_a_batch_of_another_kind_is_not_read_as_this_one(tmp_path: Path) -> None
     assert DirectorySource(tmp_path).table("engagements").num_rows == 0
 
 
+@pytest.mark.parametrize("version", [0, -1, None])
+def test_a_batch_of_a_version_no_server_writes_is_not_read(tmp_path: Path, version: int | None) -> None:
+    """Version 0 or −1 skipped the check of the columns, and a batch without a version is taken for version 1, whose
+    upgrade raised on a missing column: both end the read now, in any kind (engagement reports had no version 1)."""
+    batch = outcome_batch(0, 5).drop_columns(["session_id"])
+    metadata = {k: v for k, v in (batch.schema.metadata or {}).items() if k != b"schema_version"}
+    if version is None:  # (the version is the schema's metadata, else the column)
+        batch = batch.drop_columns(["schema_version"]).replace_schema_metadata(metadata)
+    else:
+        batch = batch.replace_schema_metadata({**metadata, b"schema_version": str(version).encode()})
+    for kind in ("outcomes", "engagements"):
+        (tmp_path / kind).mkdir()
+        with pa.OSFile(str(tmp_path / kind / f"{kind}-x.arrows"), "wb") as sink, \
+                pa.ipc.new_stream(sink, batch.schema) as writer:
+            writer.write_batch(batch)
+        assert DirectorySource(tmp_path).table(kind).num_rows == 0
+
+
 def test_empty_or_garbage_segment_is_skipped(tmp_path: Path) -> None:
     directory = tmp_path / "outcomes"
     directory.mkdir()

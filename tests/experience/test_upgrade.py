@@ -186,12 +186,19 @@ def test_a_version_1_batch_with_a_null_id_ends_the_read_before_its_upgrade(logge
     capture = logged[2]
     good = v1_decisions(capture.decisions[:10], SALT)
     bad = v1_decisions(capture.decisions[10:20], SALT)
-    index = bad.schema.get_field_index("session_id")
-    bad = bad.set_column(index, bad.schema.field(index), pa.array([None] * 10, pa.string()))
-    (tmp_path / "decisions").mkdir()
-    with pa.OSFile(str(tmp_path / "decisions" / "decisions-old.arrows"), "w") as f, \
-            pa.ipc.new_stream(f, good.schema) as writer:
-        writer.write_batch(good)
-        writer.write_batch(bad)
-    read = DirectorySource(tmp_path, V1Reading(SALT, FeatureSpec())).table("decisions")
-    assert read.num_rows == 10
+    for name, values in (("session_id", [None] * 10), ("recent_behavior_ids", [["view:1", None]] * 10)):
+        index = bad.schema.get_field_index(name)
+        damaged = bad.set_column(index, bad.schema.field(index), pa.array(values, bad.schema.field(index).type))
+        (tmp_path / "decisions").mkdir(exist_ok=True)
+        with pa.OSFile(str(tmp_path / "decisions" / "decisions-old.arrows"), "w") as f, \
+                pa.ipc.new_stream(f, good.schema) as writer:
+            writer.write_batch(good)
+            writer.write_batch(damaged)
+        assert DirectorySource(tmp_path, V1Reading(SALT, FeatureSpec())).table("decisions").num_rows == 10
+
+
+def test_a_version_1_batch_missing_a_column_of_its_version_is_not_read(logged: tuple[Path, Path, Capture],
+                                                                        tmp_path: Path) -> None:
+    """Its upgrade raised a KeyError out of the reader (no item_id to hash)."""
+    write_v1_segment(tmp_path, "decisions", v1_decisions(logged[2].decisions[:10], SALT).drop_columns(["item_id"]))
+    assert DirectorySource(tmp_path, V1Reading(SALT, FeatureSpec())).table("decisions").num_rows == 0
