@@ -186,12 +186,12 @@ def episode_order(decisions: pa.Table) -> IntArray:
 def first_copies(decisions: pa.Table, order: IntArray) -> IntArray:
     """``order`` (row indices) without the rows whose session and ``decision_id`` a row before them in ``order`` has."""
     ids = decisions["decision_id"]
-    if pc.count_distinct(ids).as_py() == decisions.num_rows:  # every id once: the logs as servers write them
+    if len(pc.unique(ids)) == decisions.num_rows:  # every id once, the logs as servers write them (count_distinct: slower)
         return order
-    keys = pc.binary_join_element_wise(decisions["session_id"], ids, "\x00").take(pa.array(order, pa.int64()))
-    codes = np.asarray(pc.index_in(keys, value_set=pc.unique(keys)).to_numpy(zero_copy_only=False), dtype=np.int64)
-    _, first = np.unique(codes, return_index=True)
-    return order[np.sort(first)]
+    placed = decisions.select(["session_id", "decision_id"]).take(pa.array(order, pa.int64()))
+    placed = placed.append_column("at", pa.array(np.arange(len(order), dtype=np.int64)))
+    first = placed.group_by(["session_id", "decision_id"]).aggregate([("at", "min")]).column("at_min")
+    return order[np.sort(np.asarray(first.to_numpy(), dtype=np.int64))]
 
 
 def first_received(table: pa.Table, id_column: str, tie_columns: Sequence[str]) -> IntArray:
