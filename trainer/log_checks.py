@@ -23,7 +23,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from core.domain import N_ACTIONS
-from experience.schema import PRODUCT_LAYERS
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +62,14 @@ def bad_decisions(decisions: pa.Table) -> dict[str, npt.NDArray[np.bool_]]:
         claimed = served[np.arange(n), np.where(valid_action, actions, 0)]
         consistent = ~valid_action | (np.abs(propensity - claimed) <= PROPENSITY_TOLERANCE)
     return {"action outside 1..5": ~valid_action, "served_probs not a distribution": ~distribution,
-            "propensity outside (0, 1]": ~in_range, "propensity not the served probability of the action": ~consistent}
+            "propensity outside (0, 1]": ~in_range, "propensity not the served probability of the action": ~consistent,
+            "hour outside 0..23": ~hours_of_a_day(decisions)}
+
+
+def hours_of_a_day(table: pa.Table) -> npt.NDArray[np.bool_]:
+    """Per row, whether its ``hour`` is one of a day's (99 stopped ``evaluate``; −5 was read as 19)."""
+    hours = np.asarray(table.column("hour").to_numpy(zero_copy_only=False), dtype=np.int64)
+    return (hours >= 0) & (hours <= 23)  # type: ignore[no-any-return]
 
 
 def bad_outcomes(outcomes: pa.Table) -> dict[str, npt.NDArray[np.bool_]]:
@@ -96,50 +102,15 @@ def sessions_with_bad_outcomes(outcomes: pa.Table) -> pa.Array:
     return _sessions_of(outcomes, bad_outcomes(outcomes), {})
 
 
-def bad_products(products: pa.Table) -> dict[str, npt.NDArray[np.bool_]]:
-    """Per reason, the ``RecommendProduct`` rows no server writes: per layer, a choice outside its candidates, a served
-    distribution that is not one over them, a propensity outside (0, 1] or other than the served probability of the
-    choice (``policy.product_decision``). One such row stopped ``train-products`` (a choice outside its candidates) or
-    moved the product gate's estimate (a NaN propensity)."""
-    n, out = products.num_rows, {}
-    rows = np.arange(n)
-    for layer in PRODUCT_LAYERS:
-        counts = np.asarray(pc.list_value_length(products.column(f"{layer}_ids")).to_numpy(zero_copy_only=False), dtype=np.int64)
-        index = np.asarray(products.column(f"{layer}_index").to_numpy(zero_copy_only=False), dtype=np.int64)
-        chosen = (index >= 0) & (index < counts)
-        served = products.column(f"{layer}_served_probs")
-        lengths = np.asarray(pc.list_value_length(served).to_numpy(zero_copy_only=False), dtype=np.int64)
-        flat = np.asarray(pc.list_flatten(served).to_numpy(zero_copy_only=False), dtype=np.float64)
-        owner = np.repeat(rows, lengths)
-        with np.errstate(invalid="ignore"):
-            in_range = np.isfinite(flat) & (flat >= 0) & (flat <= 1)
-            sums = np.bincount(owner, weights=np.where(in_range, flat, 0.0), minlength=n)
-            distribution = (lengths == counts) & (np.bincount(owner, weights=~in_range, minlength=n) == 0) & \
-                (np.abs(sums - 1.0) <= SUM_TOLERANCE)
-            propensity = np.asarray(products.column(f"{layer}_propensity").to_numpy(zero_copy_only=False), dtype=np.float64)
-            claimed = flat[np.minimum(np.cumsum(lengths) - lengths + np.where(chosen & distribution, index, 0),
-                                      max(len(flat) - 1, 0))] if len(flat) else np.zeros(n)
-            consistent = ~(chosen & distribution) | (np.abs(propensity - claimed) <= PROPENSITY_TOLERANCE)
-            in_unit = np.isfinite(propensity) & (propensity > 0) & (propensity <= 1)
-        out[f"{layer}_index outside its candidates"] = ~chosen
-        out[f"{layer}_served_probs not a distribution over its candidates"] = ~distribution
-        out[f"{layer}_propensity outside (0, 1]"] = ~in_unit
-        out[f"{layer}_propensity not the served probability of the choice"] = ~consistent
-    return out
-
-
 def usable(decisions: pa.Table, outcomes: pa.Table) -> tuple[pa.Table, pa.Table, Dropped]:
     """``decisions`` and ``outcomes`` without the sessions that hold a row no server writes (module doc)."""
-    return _without_bad_sessions(decisions, bad_decisions(decisions), outcomes)
+    return without_bad_sessions(decisions, bad_decisions(decisions), outcomes)
 
 
-def usable_products(products: pa.Table, outcomes: pa.Table) -> tuple[pa.Table, pa.Table, Dropped]:
-    """``usable`` for ``RecommendProduct``'s records (``bad_products``): ``Dropped.decisions`` counts product rows."""
-    return _without_bad_sessions(products, bad_products(products), outcomes)
-
-
-def _without_bad_sessions(decisions: pa.Table, found: dict[str, npt.NDArray[np.bool_]], outcomes: pa.Table
-                          ) -> tuple[pa.Table, pa.Table, Dropped]:
+def without_bad_sessions(decisions: pa.Table, found: dict[str, npt.NDArray[np.bool_]], outcomes: pa.Table
+                         ) -> tuple[pa.Table, pa.Table, Dropped]:
+    """``decisions`` and ``outcomes`` without the sessions of the rows ``found`` marks (per reason) and of the outcome
+    rows no server writes; ``Dropped.decisions`` counts the rows of ``decisions`` left out, whatever kind they are."""
     reasons: dict[str, int] = {}
     ids = pc.unique(pa.concat_arrays([_sessions_of(decisions, found, reasons),
                                       _sessions_of(outcomes, bad_outcomes(outcomes), reasons)]))

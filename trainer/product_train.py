@@ -20,8 +20,8 @@ import numpy.typing as npt
 import pyarrow as pa
 import torch
 
-from experience.sessions import session_codes, session_hashes, split_by_session
-from trainer.log_checks import usable_products
+from experience.sessions import first_copies, session_codes, session_hashes, split_by_session
+from trainer.product_checks import usable_products
 from trainer.product_data import LAYERS, product_rows
 from trainer.product_gate import judge
 from trainer.product_guard import GuardConfig, PreviousGuard, train_guards
@@ -116,6 +116,9 @@ def train_products(products: pa.Table, outcomes: pa.Table, bundle: Bundle, model
     if products.num_rows == 0:
         raise ValueError("the logs hold no product decisions (products/): nothing to train the heads on")
     logged = products.num_rows
+    distinct = first_copies(products, np.arange(logged, dtype=np.int64))  # a copied segment's rows once (the oldest copy)
+    if len(distinct) < logged:
+        products = products.take(pa.array(distinct))
     products, outcomes, dropped = usable_products(products, outcomes)  # sessions with rows no server writes: left out
     if products.num_rows == 0:
         raise ValueError(f"every one of the {logged} product decisions is in a session with rows no server writes "
@@ -134,7 +137,7 @@ def train_products(products: pa.Table, outcomes: pa.Table, bundle: Bundle, model
     new, steps = update_heads(params, rows, config.deltas, config.layers, config.encoder_delta,
                               encoder_layers=config.encoder_layers)
     metrics: dict[str, Any] = {"product_rows": len(rows), "product_rows_logged": logged, "gate_rows": len(held),
-                               "left_out": dropped.to_dict(),
+                               "duplicate_rows": logged - len(distinct), "left_out": dropped.to_dict(),
                                "mean_reward": float(rows.rewards.mean()),
                "taken": float(rows.taken.mean()), "complaints": float(rows.complaints.mean()),
                "layers": {s.layer: s.to_dict() for s in steps}, "behaviour_versions": list(rows.model_versions),

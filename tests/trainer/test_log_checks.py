@@ -100,6 +100,15 @@ def test_an_action_outside_the_five_is_a_bad_row(sim_logs: Path, action: int | N
     assert dropped.sessions == 1 and dropped.reasons["action outside 1..5"] == 1
 
 
+@pytest.mark.parametrize("hour", [24, 99, -5])
+def test_an_hour_no_day_has_is_a_bad_row(sim_logs: Path, hour: int) -> None:
+    """99 stopped evaluate (the hour's one-hot); −5 was read as 19."""
+    decisions = DirectorySource(sim_logs).table("decisions").slice(0, 50)
+    decisions = _set(decisions, "hour", 3, hour)
+    _, _, dropped = usable(decisions, SCHEMAS["outcomes"].empty_table())
+    assert dropped.sessions == 1 and dropped.reasons == {"hour outside 0..23": 1}
+
+
 def test_evaluate_on_poisoned_logs_leaves_the_sessions_out_and_says_so(sim_logs: Path, tmp_path: Path) -> None:
     """Before: the NaN propensity stopped evaluate (and cycle, on every later run) with exit 1."""
     _poisoned_dir(sim_logs, tmp_path)

@@ -23,7 +23,7 @@ from simulator.config import SimConfig
 from simulator.drive import by_model, run_logged
 from simulator.world import World
 from tests.harness import ROOT, trainer_in_process
-from trainer.log_checks import usable_products
+from trainer.product_checks import usable_products
 from trainer.product_data import HEAD_OF, LAYERS, layer_rows, product_rows
 from trainer.product_gate import judge, served_probability
 from trainer.product_train import ProductTrainConfig, sample_rows, train_products
@@ -336,33 +336,45 @@ def _set_row(table: pa.Table, column: str, row: int, value: object) -> pa.Table:
     return table.set_column(table.schema.get_field_index(column), field, pa.array(values, field.type))
 
 
-POISONS = {  # a product row no server writes, as the review found them, and the reason it is left out for
-    "sku_index": (999, "sku_index outside its candidates"),
-    "category_propensity": (float("nan"), "category_propensity outside (0, 1]"),
-    "price_band_propensity": (1e-12, "price_band_propensity not the served probability of the choice"),
-    "sku_served_probs": ([0.5] * 3, "sku_served_probs not a distribution over its candidates"),
+POISONS = {  # a product row no server writes, as the reviews found them (its value from the row's own), and the reason
+    "sku_index": (lambda v: 999, "sku_index outside its candidates, or not permitted"),
+    "category_propensity": (lambda v: float("nan"), "category_propensity outside (0, 1]"),
+    "price_band_propensity": (lambda v: 1e-12, "price_band_propensity not the served probability of the choice"),
+    "sku_served_probs": (lambda v: [0.5] * 3, "sku_served_probs not a distribution over its permitted candidates"),
+    "sku_permitted": (lambda v: [False] * len(v), "sku_index outside its candidates, or not permitted"),
+    "category_permitted": (lambda v: [*v, True], "category: a per-candidate list of another length than its candidates"),
+    "category_fallback": (lambda v: -1, "category_fallback outside its candidates"),
+    "hour": (lambda v: 99, "hour outside 0..23"),
+    "sku_features": (lambda v: [[float("nan")] * len(x) for x in v], "sku_features NaN"),
+    "price_band_rule_rank": (lambda v: [0] * len(v), "price_band_rule_rank not each candidate once"),
+    "sku_guardrail": (lambda v: [False] * len(v), "sku_permitted where sku_guardrail bans"),
 }
 
 
 @pytest.mark.parametrize("column", sorted(POISONS))
 def test_the_sessions_of_product_rows_no_server_writes_are_left_out(product_logs: Path, column: str) -> None:
-    """A choice outside its candidates stopped ``train-products``; a NaN propensity moved the product gate."""
+    """Each stopped ``train-products`` (a choice outside its candidates, an hour of 99, lists of another length) or moved
+    the product gate's estimate (a NaN propensity or feature, a choice that was not permitted)."""
     source = DirectorySource(product_logs)
     products, outcomes = source.table("products"), source.table("outcomes")
     assert usable_products(products, outcomes)[2].sessions == 0  # real logs pass untouched
-    value, reason = POISONS[column]
+    poison, reason = POISONS[column]
     row = 5
     session = products.column("session_id")[row].as_py()
+    value = poison(products.column(column)[row].as_py())
     kept_p, kept_o, dropped = usable_products(_set_row(products, column, row, value), outcomes)
     assert dropped.sessions == 1 and reason in dropped.reasons
     assert session not in set(kept_p.column("session_id").to_pylist()) | set(kept_o.column("session_id").to_pylist())
     assert kept_p.num_rows == products.num_rows - dropped.decisions and kept_o.num_rows == outcomes.num_rows - dropped.outcomes
 
 
-def test_train_products_trains_on_the_rest_and_says_what_it_left_out(product_logs: Path, start: Bundle) -> None:
+def test_train_products_trains_on_the_rest_once_and_says_what_it_left_out(product_logs: Path, start: Bundle) -> None:
+    """A copied products segment logged every decision twice, and only the later copy got its outcomes."""
     source = DirectorySource(product_logs)
     products = _set_row(source.table("products"), "sku_index", 5, 999)
-    result = train_products(products, source.table("outcomes"), start, "products-5", "2026-12-03T00:00:00Z")
+    copied = pa.concat_tables([products, products.slice(100, 50)])
+    result = train_products(copied, source.table("outcomes"), start, "products-5", "2026-12-03T00:00:00Z")
     left_out = result.metrics["left_out"]
-    assert left_out["sessions"] == 1 and left_out["reasons"] == {"sku_index outside its candidates": 1}
+    assert left_out["sessions"] == 1 and left_out["reasons"] == {"sku_index outside its candidates, or not permitted": 1}
+    assert result.metrics["duplicate_rows"] == 50
     assert result.metrics["product_rows"] + result.metrics["gate_rows"] == products.num_rows - left_out["decisions"]

@@ -1,0 +1,142 @@
+"""``RecommendProduct``'s logged rows that no server writes, layer by layer: their sessions are left out of a run whole.
+
+The counterpart of ``trainer.log_checks`` for the product records (``policy.product_policy`` writes them). Per layer a
+server logs one entry per candidate in every per-candidate list (features, permitted, served probabilities, and the
+guardrail mask and rule ranks when the row has them), a choice and a rule's choice among the candidates, the choice
+permitted, a served distribution over the candidates that puts no mass on a candidate it does not permit, the
+propensity of the choice under it, features that are numbers, and a rule order that places every candidate once. A review found
+single rows outside that which stopped ``train-products`` (a choice outside its candidates, an hour of 99, lists of
+another length) or moved the product gate's estimate (a NaN propensity, a candidate served that was not permitted, NaN
+features).
+
+What stays a named error: rows written for another feature spec (a feature width, an embedding length or a bucket count
+other than the bundle's), which no session-by-session choice can mend.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from experience.schema import PRODUCT_LAYERS
+from trainer.log_checks import PROPENSITY_TOLERANCE, SUM_TOLERANCE, Dropped, hours_of_a_day, without_bad_sessions
+
+BoolArray = npt.NDArray[np.bool_]
+IntArray = npt.NDArray[np.int64]
+
+
+def usable_products(products: pa.Table, outcomes: pa.Table) -> tuple[pa.Table, pa.Table, Dropped]:
+    """``products`` and ``outcomes`` without the sessions holding a product row no server writes (module doc), or an
+    outcome row no server writes; ``Dropped.decisions`` counts product rows."""
+    return without_bad_sessions(products, bad_products(products), outcomes)
+
+
+def bad_products(products: pa.Table) -> dict[str, BoolArray]:
+    """Per reason, the product rows no server writes (module doc)."""
+    out = {"hour outside 0..23": ~hours_of_a_day(products)}
+    for layer in PRODUCT_LAYERS:
+        out.update(_bad_layer(products, layer))
+    return out
+
+
+class _Lists:
+    """A per-candidate list column, flat: its values, each row's length, where each row starts, and whose each value is."""
+
+    def __init__(self, column: pa.ChunkedArray, dtype: type) -> None:
+        self.lengths: IntArray = _ints(pc.list_value_length(column).fill_null(0))
+        self.starts: IntArray = np.cumsum(self.lengths) - self.lengths
+        self.values: npt.NDArray[Any] = np.asarray(pc.list_flatten(column).to_numpy(zero_copy_only=False), dtype=dtype)
+        self.owner: IntArray = np.repeat(np.arange(len(self.lengths)), self.lengths)
+
+    def any(self, flags: BoolArray) -> BoolArray:
+        """Per row, whether any of its values is flagged."""
+        return np.bincount(self.owner, weights=flags, minlength=len(self.lengths)) > 0
+
+    def beside(self, other: _Lists, rows: BoolArray) -> npt.NDArray[Any]:
+        """Per value of ``self``, ``other``'s value at the same row and place, in ``rows`` (whose lists in both are one a
+        candidate); zero (False) elsewhere."""
+        mine = rows[self.owner] if len(self.values) else np.zeros(0, dtype=np.bool_)
+        at = np.arange(len(self.values)) - self.starts[self.owner] + other.starts[self.owner] if len(self.values) else \
+            np.zeros(0, dtype=np.int64)
+        mine &= (at >= 0) & (at < len(other.values))
+        found = np.zeros(len(self.values), dtype=other.values.dtype)
+        found[mine] = other.values[at[mine]]
+        return found
+
+    def at(self, index: IntArray, rows: BoolArray) -> npt.NDArray[Any]:
+        """Per row, its value at ``index`` where ``rows`` (which must have it), else the first value anywhere."""
+        if not len(self.values):
+            return np.zeros(len(index), dtype=self.values.dtype)
+        return self.values[np.where(rows, self.starts + index, 0)]
+
+
+def _ints(values: pa.ChunkedArray | pa.Array) -> IntArray:
+    return np.asarray(values.to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
+def _bad_layer(products: pa.Table, layer: str) -> dict[str, BoolArray]:
+    counts = _ints(pc.list_value_length(products.column(f"{layer}_ids")))
+    index, fallback = _ints(products.column(f"{layer}_index")), _ints(products.column(f"{layer}_fallback"))
+    chosen = (index >= 0) & (index < counts)
+    served = _Lists(products.column(f"{layer}_served_probs"), np.float64)
+    permitted = _Lists(products.column(f"{layer}_permitted"), np.bool_)
+    features = products.column(f"{layer}_features")
+    lists = (served.lengths == counts) & (permitted.lengths == counts) & \
+        (_ints(pc.list_value_length(features)) == counts)
+    for optional in (f"{layer}_guardrail", f"{layer}_rule_rank"):  # null in rows written before the column was
+        column = products.column(optional)
+        lists &= ~np.asarray(column.is_valid().to_numpy(zero_copy_only=False), dtype=np.bool_) | \
+            (_ints(pc.list_value_length(column).fill_null(0)) == counts)
+    with np.errstate(invalid="ignore"):
+        in_range = np.isfinite(served.values) & (served.values >= 0) & (served.values <= 1)
+        sums = np.bincount(served.owner, weights=np.where(in_range, served.values, 0.0), minlength=len(counts))
+        aligned = lists & ~served.any(~in_range)
+        off_permitted = served.any((served.values > 0) & ~served.beside(permitted, aligned).astype(np.bool_))
+        distribution = aligned & (np.abs(sums - 1.0) <= SUM_TOLERANCE) & ~off_permitted
+        propensity = np.asarray(products.column(f"{layer}_propensity").to_numpy(zero_copy_only=False), dtype=np.float64)
+        judged = chosen & distribution
+        consistent = ~judged | (np.abs(propensity - served.at(index, judged)) <= PROPENSITY_TOLERANCE)
+        in_unit = np.isfinite(propensity) & (propensity > 0) & (propensity <= 1)
+    return {
+        f"{layer}: a per-candidate list of another length than its candidates": ~lists,
+        f"{layer}_index outside its candidates, or not permitted": ~(chosen & lists & permitted.at(index, chosen & lists)),
+        f"{layer}_fallback outside its candidates": ~((fallback >= 0) & (fallback < counts)),
+        f"{layer}_served_probs not a distribution over its permitted candidates": ~distribution,
+        f"{layer}_propensity outside (0, 1]": ~in_unit,
+        f"{layer}_propensity not the served probability of the choice": ~consistent,
+        f"{layer}_features NaN": _nan_features(features, len(counts)),
+        **_bad_order(products, layer, lists, permitted),
+    }
+
+
+def _nan_features(features: pa.ChunkedArray, rows: int) -> BoolArray:
+    """Per row, whether a feature of its candidates is NaN: every exponent bit of the float16 set and a mantissa (±inf
+    is an older server's saturated value, read as ±65504). On the bits: converting the float16 costs far more."""
+    inner = pc.list_flatten(features)
+    per_row = np.bincount(np.repeat(np.arange(rows), _ints(pc.list_value_length(features))),
+                          weights=_ints(pc.list_value_length(inner)), minlength=rows).astype(np.int64)
+    bits = np.concatenate([np.zeros(0, np.uint16), *(chunk.view(pa.uint16()).to_numpy(zero_copy_only=False)
+                                                     for chunk in pc.list_flatten(inner).chunks)])
+    found = np.zeros(rows, dtype=np.bool_)
+    found[np.searchsorted(np.cumsum(per_row), np.flatnonzero((bits & 0x7FFF) > 0x7C00), side="right")] = True
+    return found
+
+
+def _bad_order(products: pa.Table, layer: str, lists: BoolArray, permitted: _Lists) -> dict[str, BoolArray]:
+    """Rows with a guardrail mask and rule ranks whose ranks do not place each candidate once, or whose permitted
+    candidates the guardrails ban."""
+    guardrail = _Lists(products.column(f"{layer}_guardrail"), np.bool_)
+    rank = _Lists(products.column(f"{layer}_rule_rank"), np.int64)
+    logged = lists & np.asarray(products.column(f"{layer}_guardrail").is_valid().to_numpy(zero_copy_only=False), bool) & \
+        np.asarray(products.column(f"{layer}_rule_rank").is_valid().to_numpy(zero_copy_only=False), bool)
+    order = np.lexsort((rank.values, rank.owner))  # each row's ranks in order: 0 .. its count − 1 once each
+    misplaced_values = np.zeros(len(order), dtype=np.bool_)
+    misplaced_values[order] = rank.values[order] != np.arange(len(order)) - rank.starts[rank.owner[order]]
+    misplaced = logged & rank.any(misplaced_values)
+    banned = logged & permitted.any(permitted.values & ~permitted.beside(guardrail, logged).astype(np.bool_))
+    return {f"{layer}_rule_rank not each candidate once": misplaced,
+            f"{layer}_permitted where {layer}_guardrail bans": banned}
