@@ -148,10 +148,11 @@ class DirectorySource:
         if path.endswith(PART_SUFFIX):  # written in the current schema by ``compact``
             wanted = schema if columns is None else pa.schema([schema.field(c) for c in columns])
             for batch in read_part(path, self.fs, kind, columns):
-                unwritten = unwritten_by_servers(batch, kind, None)
+                conformed = _conform(batch, wanted)
+                unwritten = null_column(conformed, wanted, batch.schema.names)  # (read_part refuses a missing column)
                 if unwritten is not None:
                     raise ValueError(f"{path}: not a log part that compact writes: {unwritten}")
-                yield _conform(batch, wanted)
+                yield conformed
             return
         batches = self._stream_batches(path, kind)
         try:
@@ -195,11 +196,17 @@ class DirectorySource:
             if version == 1:
                 self._warn_v1(path)
             try:
-                conformed = _conform(upgrade_v1(batch, kind, self.v1) if version == 1 else batch, schema)
+                batch = upgrade_v1(batch, kind, self.v1) if version == 1 else batch
+                conformed = _conform(batch, schema)
             except (pa.ArrowException, ValueError, TypeError) as exc:  # columns of another type or layout: damaged, or
                 # no server's (a version-1 id that is not a string fails its hash)
                 log.warning("a log segment's batch does not fit the log schema; read up to it",
                             extra={"fields": {"segment": path, "error": str(exc)[:300]}})
+                return
+            unwritten = null_column(conformed, schema, batch.schema.names)
+            if unwritten is not None:
+                log.warning("a log segment's batch holds what no server writes; read up to it",
+                            extra={"fields": {"segment": path, "error": unwritten}})
                 return
             yield conformed
 
@@ -215,27 +222,35 @@ class DirectorySource:
                     extra={"fields": {"segment": str(path)}})
 
 
-def unwritten_by_servers(batch: pa.RecordBatch | pa.Table, kind: str, version: int | None) -> str | None:
-    """Why no server wrote this ``kind`` batch of schema ``version`` as it was read, or None: a column the version's
-    schema requires (``V1_SCHEMAS`` for 1, else ``SCHEMAS``) holds a null, at any depth of its lists; a version no
-    server wrote (below 1); or, for a stream batch (``version`` given), a column that version has had from the start
-    missing (all but ``ADDED_IN_V2``'s). ``version`` None: a columnar part, whose columns ``read_part`` checks.
+def unwritten_by_servers(batch: pa.RecordBatch | pa.Table, kind: str, version: int) -> str | None:
+    """Why no server wrote this ``kind`` stream batch of schema ``version`` as it was read, or None: a version no server
+    wrote (below 1), a column that version has had from the start missing (all but ``ADDED_IN_V2``'s), or a column its
+    schema requires (``V1_SCHEMAS`` for 1, else ``SCHEMAS``) holding a null (``null_column``).
 
     Read on, such a batch would hold nulls where a session id, a time or a model version cannot be one: a null session
     id stopped every run of ``train``, and a batch of outcomes in the decisions' directory became the newest model
     version's window and left it no decisions."""
-    if version is not None and version < 1:
+    if version < 1:
         return f"schema_version {version}: no server writes it"
     schema = V1_SCHEMAS.get(kind) if version == 1 else SCHEMAS[kind]
     if schema is None:
         return f"schema version 1, which had no {kind}"
     names, later = batch.schema.names, ADDED_IN_V2.get(kind, frozenset())
+    missing = [f.name for f in schema if f.name not in names and f.name not in later]
+    if missing:
+        return f"{missing[0]}: the column is missing"
+    return null_column(batch, schema, names)
+
+
+def null_column(batch: pa.RecordBatch | pa.Table, schema: pa.Schema, names: Sequence[str]) -> str | None:
+    """Which of ``names`` (the columns the batch came with: not those ``_conform`` filled) that ``schema`` requires holds
+    a null, at any depth of its lists, as the message saying so; None when none does. Checked again on the conformed
+    batch: a column of another type that casts to the schema's (a dictionary whose values hold a null, a large list)
+    shows its nulls only then."""
+    present = set(names)
     for field in schema:
-        if field.name in names:
-            if not field.nullable and _nulls(batch.column(field.name)):
-                return f"{field.name}: null values in a column that has none"
-        elif version is not None and field.name not in later:
-            return f"{field.name}: the column is missing"
+        if field.name in present and not field.nullable and _nulls(batch.column(field.name)):
+            return f"{field.name}: null values in a column that has none"
     return None
 
 
@@ -245,7 +260,7 @@ def _nulls(column: pa.Array | pa.ChunkedArray) -> bool:
     for chunk in chunks:
         if chunk.null_count:
             return True
-        if isinstance(chunk, pa.ListArray | pa.FixedSizeListArray) and _nulls(chunk.flatten()):
+        if isinstance(chunk, pa.ListArray | pa.LargeListArray | pa.FixedSizeListArray) and _nulls(chunk.flatten()):
             return True
     return False
 

@@ -115,14 +115,17 @@ def _bad_layer(products: pa.Table, layer: str) -> dict[str, BoolArray]:
 
 def _nan_features(features: pa.ChunkedArray, rows: int) -> BoolArray:
     """Per row, whether a feature of its candidates is NaN: every exponent bit of the float16 set and a mantissa (±inf
-    is an older server's saturated value, read as ±65504). On the bits: converting the float16 costs far more."""
-    inner = pc.list_flatten(features)
-    per_row = np.bincount(np.repeat(np.arange(rows), _ints(pc.list_value_length(features))),
-                          weights=_ints(pc.list_value_length(inner)), minlength=rows).astype(np.int64)
-    bits = np.concatenate([np.zeros(0, np.uint16), *(chunk.view(pa.uint16()).to_numpy(zero_copy_only=False)
-                                                     for chunk in pc.list_flatten(inner).chunks)])
+    is an older server's saturated value, read as ±65504). On the bits, chunk by chunk: converting the float16 would
+    cost far more, and a window's features are the bulk of its bytes."""
     found = np.zeros(rows, dtype=np.bool_)
-    found[np.searchsorted(np.cumsum(per_row), np.flatnonzero((bits & 0x7FFF) > 0x7C00), side="right")] = True
+    first = 0
+    for chunk in features.chunks:
+        inner = chunk.flatten()  # (the chunk's own slice of its candidates)
+        per_row = np.bincount(np.repeat(np.arange(len(chunk)), _ints(chunk.value_lengths().fill_null(0))),
+                              weights=_ints(inner.value_lengths().fill_null(0)), minlength=len(chunk)).astype(np.int64)
+        bits = inner.flatten().view(pa.uint16()).to_numpy(zero_copy_only=False)
+        found[first + np.searchsorted(np.cumsum(per_row), np.flatnonzero((bits & 0x7FFF) > 0x7C00), side="right")] = True
+        first += len(chunk)
     return found
 
 

@@ -151,6 +151,22 @@ def test_a_batch_with_a_null_where_no_server_writes_one_ends_the_read(tmp_path: 
                for r in caplog.records)
 
 
+def test_a_null_hidden_in_another_type_of_column_is_found_after_the_cast(tmp_path: Path) -> None:
+    """A dictionary whose values hold a null has no null index (``null_count`` 0): cast to the schema's string, it is a
+    null session id."""
+    batch = outcome_batch(0, 5)
+    hidden = pa.DictionaryArray.from_arrays(pa.array([0, 1, 0, 0, 0], pa.int32()), pa.array(["s", None]))
+    assert hidden.null_count == 0
+    index = batch.schema.get_field_index("session_id")
+    batch = batch.set_column(index, pa.field("session_id", hidden.type, nullable=False), hidden)
+    (tmp_path / "outcomes").mkdir()
+    with pa.OSFile(str(tmp_path / "outcomes" / "outcomes-x.arrows"), "wb") as sink, \
+            pa.ipc.new_stream(sink, batch.schema) as writer:
+        writer.write_batch(outcome_batch(10, 5).cast(batch.schema))
+        writer.write_batch(batch)
+    assert ids(tmp_path) == [f"o{i}" for i in range(10, 15)]
+
+
 def test_a_batch_of_another_kind_is_not_read_as_this_one(tmp_path: Path) -> None:
     """Outcome rows in the engagement reports' directory: the columns an engagement report has always had are missing,
     and filled with nulls they would make reports of no one (a batch of outcomes among the decisions became the
