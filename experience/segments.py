@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Protocol
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
 from experience.salt import read_salt
@@ -249,8 +250,13 @@ def null_column(batch: pa.RecordBatch | pa.Table, schema: pa.Schema, names: Sequ
     shows its nulls only then."""
     present = set(names)
     for field in schema:
-        if field.name in present and not field.nullable and _nulls(batch.column(field.name)):
+        if field.name not in present:
+            continue
+        column = batch.column(field.name)
+        if not field.nullable and _nulls(column):
             return f"{field.name}: null values in a column that has none"
+        if field.nullable and pa.types.is_list(field.type) and _nulls(pc.list_flatten(column)):
+            return f"{field.name}: a list holding a null (the list may be null, its elements not)"
     return None
 
 

@@ -63,13 +63,43 @@ def bad_decisions(decisions: pa.Table) -> dict[str, npt.NDArray[np.bool_]]:
         consistent = ~valid_action | (np.abs(propensity - claimed) <= PROPENSITY_TOLERANCE)
     return {"action outside 1..5": ~valid_action, "served_probs not a distribution": ~distribution,
             "propensity outside (0, 1]": ~in_range, "propensity not the served probability of the action": ~consistent,
-            "hour outside 0..23": ~hours_of_a_day(decisions)}
+            **shopper_rows(decisions)}
 
 
-def hours_of_a_day(table: pa.Table) -> npt.NDArray[np.bool_]:
-    """Per row, whether its ``hour`` is one of a day's (99 stopped ``evaluate``; −5 was read as 19)."""
+def shopper_rows(table: pa.Table) -> dict[str, npt.NDArray[np.bool_]]:
+    """Per reason, the rows of ``table`` (decisions or product records: both log the shopper) whose shopper no server
+    logs: an hour outside 0..23 (99 stopped ``evaluate``; −5 was read as 19), a NaN in the item embedding (a server
+    refuses a request with one; a row with one moved the product gate's estimate, and stopped ``evaluate``), a
+    behaviour bucket outside the bucket count the row was logged with."""
     hours = np.asarray(table.column("hour").to_numpy(zero_copy_only=False), dtype=np.int64)
-    return (hours >= 0) & (hours <= 23)  # type: ignore[no-any-return]
+    count = np.asarray(table.column("behavior_bucket_count").to_numpy(zero_copy_only=False), dtype=np.int64)
+    buckets = table.column("behavior_bucket_indices")
+    indices = np.asarray(pc.list_flatten(buckets).to_numpy(zero_copy_only=False), dtype=np.int64)
+    owner = np.repeat(np.arange(table.num_rows), np.asarray(pc.list_value_length(buckets).to_numpy(zero_copy_only=False),
+                                                             dtype=np.int64))
+    outside = np.bincount(owner, weights=(indices < 0) | (indices >= count[owner]), minlength=table.num_rows) > 0
+    return {"hour outside 0..23": (hours < 0) | (hours > 23), "item_embedding NaN": rows_with_nan(table.column("item_embedding")),
+            "behavior_bucket_indices outside the logged bucket count": outside}
+
+
+def rows_with_nan(column: pa.ChunkedArray) -> npt.NDArray[np.bool_]:
+    """Per row of a column of float16 lists (at any depth), whether one of its values is NaN: every exponent bit set and
+    a mantissa (±inf is an older server's saturated value, read as ±65504). On the bits, a chunk at a time: converting
+    the float16 costs far more, and these columns are most of a log's bytes."""
+    found = np.zeros(len(column), dtype=np.bool_)
+    first = 0
+    for chunk in column.chunks:
+        ends, values = [], chunk  # each list level's row ends, relative to its flattened values
+        while isinstance(values, pa.ListArray | pa.LargeListArray):
+            offsets = values.offsets.to_numpy(zero_copy_only=False)
+            ends.append(offsets[1:] - offsets[0])
+            values = values.flatten()
+        at = np.flatnonzero((values.view(pa.uint16()).to_numpy(zero_copy_only=False) & 0x7FFF) > 0x7C00)
+        for level in reversed(ends):
+            at = np.searchsorted(level, at, side="right")
+        found[first + at] = True
+        first += len(chunk)
+    return found
 
 
 def bad_outcomes(outcomes: pa.Table) -> dict[str, npt.NDArray[np.bool_]]:

@@ -22,11 +22,14 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from core.product import MAX_CATEGORIES, MAX_PRICE_BANDS, MAX_SKUS_PER_CATEGORY
 from experience.schema import PRODUCT_LAYERS
-from trainer.log_checks import PROPENSITY_TOLERANCE, SUM_TOLERANCE, Dropped, hours_of_a_day, without_bad_sessions
+from trainer.log_checks import PROPENSITY_TOLERANCE, SUM_TOLERANCE, Dropped, rows_with_nan, shopper_rows, without_bad_sessions
 
 BoolArray = npt.NDArray[np.bool_]
 IntArray = npt.NDArray[np.int64]
+
+MOST_CANDIDATES = {"category": MAX_CATEGORIES, "sku": MAX_SKUS_PER_CATEGORY, "price_band": MAX_PRICE_BANDS}
 
 
 def usable_products(products: pa.Table, outcomes: pa.Table) -> tuple[pa.Table, pa.Table, Dropped]:
@@ -37,7 +40,7 @@ def usable_products(products: pa.Table, outcomes: pa.Table) -> tuple[pa.Table, p
 
 def bad_products(products: pa.Table) -> dict[str, BoolArray]:
     """Per reason, the product rows no server writes (module doc)."""
-    out = {"hour outside 0..23": ~hours_of_a_day(products)}
+    out = shopper_rows(products)
     for layer in PRODUCT_LAYERS:
         out.update(_bad_layer(products, layer))
     return out
@@ -80,8 +83,9 @@ def _ints(values: pa.ChunkedArray | pa.Array) -> IntArray:
 
 def _bad_layer(products: pa.Table, layer: str) -> dict[str, BoolArray]:
     counts = _ints(pc.list_value_length(products.column(f"{layer}_ids")))
+    offered = counts <= MOST_CANDIDATES[layer]  # a request's limit: one row of 300 SKUs took train-products to 7.6 GB
     index, fallback = _ints(products.column(f"{layer}_index")), _ints(products.column(f"{layer}_fallback"))
-    chosen = (index >= 0) & (index < counts)
+    chosen, ruled = (index >= 0) & (index < counts), (fallback >= 0) & (fallback < counts)
     served = _Lists(products.column(f"{layer}_served_probs"), np.float64)
     permitted = _Lists(products.column(f"{layer}_permitted"), np.bool_)
     features = products.column(f"{layer}_features")
@@ -104,29 +108,15 @@ def _bad_layer(products: pa.Table, layer: str) -> dict[str, BoolArray]:
     return {
         f"{layer}: a per-candidate list of another length than its candidates": ~lists,
         f"{layer}_index outside its candidates, or not permitted": ~(chosen & lists & permitted.at(index, chosen & lists)),
-        f"{layer}_fallback outside its candidates": ~((fallback >= 0) & (fallback < counts)),
+        f"{layer}: more candidates than a request may offer": ~offered,
+        f"{layer}_fallback outside its candidates, or not permitted":
+            ~(ruled & lists & permitted.at(fallback, ruled & lists)),
         f"{layer}_served_probs not a distribution over its permitted candidates": ~distribution,
         f"{layer}_propensity outside (0, 1]": ~in_unit,
         f"{layer}_propensity not the served probability of the choice": ~consistent,
-        f"{layer}_features NaN": _nan_features(features, len(counts)),
+        f"{layer}_features NaN": rows_with_nan(features),
         **_bad_order(products, layer, lists, permitted),
     }
-
-
-def _nan_features(features: pa.ChunkedArray, rows: int) -> BoolArray:
-    """Per row, whether a feature of its candidates is NaN: every exponent bit of the float16 set and a mantissa (±inf
-    is an older server's saturated value, read as ±65504). On the bits, chunk by chunk: converting the float16 would
-    cost far more, and a window's features are the bulk of its bytes."""
-    found = np.zeros(rows, dtype=np.bool_)
-    first = 0
-    for chunk in features.chunks:
-        inner = chunk.flatten()  # (the chunk's own slice of its candidates)
-        per_row = np.bincount(np.repeat(np.arange(len(chunk)), _ints(chunk.value_lengths().fill_null(0))),
-                              weights=_ints(inner.value_lengths().fill_null(0)), minlength=len(chunk)).astype(np.int64)
-        bits = inner.flatten().view(pa.uint16()).to_numpy(zero_copy_only=False)
-        found[first + np.searchsorted(np.cumsum(per_row), np.flatnonzero((bits & 0x7FFF) > 0x7C00), side="right")] = True
-        first += len(chunk)
-    return found
 
 
 def _bad_order(products: pa.Table, layer: str, lists: BoolArray, permitted: _Lists) -> dict[str, BoolArray]:

@@ -109,6 +109,18 @@ def test_an_hour_no_day_has_is_a_bad_row(sim_logs: Path, hour: int) -> None:
     assert dropped.sessions == 1 and dropped.reasons == {"hour outside 0..23": 1}
 
 
+@pytest.mark.parametrize(("column", "value", "reason"), [
+    ("item_embedding", [float("nan")] * 768, "item_embedding NaN"),
+    ("behavior_bucket_indices", [-1], "behavior_bucket_indices outside the logged bucket count"),
+    ("behavior_bucket_indices", [2048], "behavior_bucket_indices outside the logged bucket count"),
+])
+def test_a_shopper_no_request_describes_is_a_bad_row(sim_logs: Path, column: str, value: object, reason: str) -> None:
+    """A NaN embedding stopped evaluate (the model's output NaN); a bucket past the logged count stopped the encoder."""
+    decisions = DirectorySource(sim_logs).table("decisions").slice(0, 50)
+    _, _, dropped = usable(_set(decisions, column, 3, value), SCHEMAS["outcomes"].empty_table())
+    assert dropped.sessions == 1 and dropped.reasons == {reason: 1}
+
+
 def test_evaluate_on_poisoned_logs_leaves_the_sessions_out_and_says_so(sim_logs: Path, tmp_path: Path) -> None:
     """Before: the NaN propensity stopped evaluate (and cycle, on every later run) with exit 1."""
     _poisoned_dir(sim_logs, tmp_path)

@@ -13,9 +13,11 @@ from zoneinfo import ZoneInfo
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 import torch
 
+from experience.schema import OUTCOMES as SCHEMAS_OUTCOMES
 from experience.segments import DirectorySource
 from policy.features import FeatureSpec
 from policy.plurality import PluralityDecoder
@@ -343,11 +345,14 @@ POISONS = {  # a product row no server writes, as the reviews found them (its va
     "sku_served_probs": (lambda v: [0.5] * 3, "sku_served_probs not a distribution over its permitted candidates"),
     "sku_permitted": (lambda v: [False] * len(v), "sku_index outside its candidates, or not permitted"),
     "category_permitted": (lambda v: [*v, True], "category: a per-candidate list of another length than its candidates"),
-    "category_fallback": (lambda v: -1, "category_fallback outside its candidates"),
+    "category_fallback": (lambda v: -1, "category_fallback outside its candidates, or not permitted"),
     "hour": (lambda v: 99, "hour outside 0..23"),
     "sku_features": (lambda v: [[float("nan")] * len(x) for x in v], "sku_features NaN"),
     "price_band_rule_rank": (lambda v: [0] * len(v), "price_band_rule_rank not each candidate once"),
     "sku_guardrail": (lambda v: [False] * len(v), "sku_permitted where sku_guardrail bans"),
+    "sku_ids": (lambda v: [*v, *(f"extra-{i}" for i in range(65 - len(v)))], "sku: more candidates than a request may offer"),
+    "item_embedding": (lambda v: [float("nan"), *v[1:]], "item_embedding NaN"),
+    "behavior_bucket_indices": (lambda v: [5000], "behavior_bucket_indices outside the logged bucket count"),
 }
 
 
@@ -378,3 +383,28 @@ def test_train_products_trains_on_the_rest_once_and_says_what_it_left_out(produc
     assert left_out["sessions"] == 1 and left_out["reasons"] == {"sku_index outside its candidates, or not permitted": 1}
     assert result.metrics["duplicate_rows"] == 50
     assert result.metrics["product_rows"] + result.metrics["gate_rows"] == products.num_rows - left_out["decisions"]
+
+
+def test_a_rules_choice_the_row_does_not_permit_is_a_bad_row(product_logs: Path) -> None:
+    """The gate replays a row without rule ranks with its logged ``fallback``: a server logs one it permits."""
+    products = DirectorySource(product_logs).table("products")
+    row = next(i for i, n in enumerate(pc.list_value_length(products.column("category_ids")).to_pylist()) if n > 1)
+    index = products.column("category_index")[row].as_py()
+    other = next(k for k in range(products.column("category_ids")[row].as_py().__len__()) if k != index)
+    products = _set_row(products, "category_fallback", row, other)
+    permitted = products.column("category_permitted")[row].as_py()
+    permitted[other] = False
+    _, _, dropped = usable_products(_set_row(products, "category_permitted", row, permitted), SCHEMAS_OUTCOMES.empty_table())
+    assert dropped.sessions == 1 and "category_fallback outside its candidates, or not permitted" in dropped.reasons
+
+
+def test_a_null_inside_a_guardrail_mask_ends_the_segments_read(product_logs: Path, tmp_path: Path) -> None:
+    """The mask may be null (rows written before the column was), its elements not: one was read as False."""
+    segment = sorted((product_logs / "products").glob("*.arrows"))[0]
+    table = pa.ipc.open_stream(pa.memory_map(str(segment))).read_all()
+    mask = table.column("sku_guardrail")[0].as_py()
+    table = _set_row(table, "sku_guardrail", 0, [None, *mask[1:]])
+    (tmp_path / "products").mkdir()
+    with pa.OSFile(str(tmp_path / "products" / segment.name), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    assert DirectorySource(tmp_path).table("products").num_rows == 0  # (one batch: the whole segment)
