@@ -61,7 +61,7 @@ import pyarrow.fs as pafs
 from core.domain import TIMESTAMP_MAX_S, TIMESTAMP_MIN_S
 from experience.schema import ADDED_IN_V2, SCHEMA_VERSION, SCHEMAS
 from experience.segment_writer import SUFFIX, fsync_path
-from experience.segments import DirectorySource, unwritten_by_servers
+from experience.segments import DirectorySource, null_column
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +146,9 @@ def _read_whole(path: str, kind: str) -> pa.Table | None:
         return None  # version 1 (upgraded on read, with the reader's spec) and newer versions stay as they are
     if not table.schema.equals(SCHEMAS[kind], check_metadata=False):
         return None  # another layout: left as it is
-    return None if unwritten_by_servers(table, kind, SCHEMA_VERSION) is not None else table  # (a part may hold no such row)
+    if null_column(table, SCHEMAS[kind], table.schema.names) is not None:
+        return None  # a null where no server writes one: a part may hold no such row
+    return table
 
 
 def _write_part(table: pa.Table, final: Path) -> None:

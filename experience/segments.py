@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Protocol
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
 from experience.salt import read_salt
@@ -226,7 +225,8 @@ class DirectorySource:
 def unwritten_by_servers(batch: pa.RecordBatch | pa.Table, kind: str, version: int) -> str | None:
     """Why no server wrote this ``kind`` stream batch of schema ``version`` as it was read, or None: a version no server
     wrote (below 1), a column that version has had from the start missing (all but ``ADDED_IN_V2``'s), or a column its
-    schema requires (``V1_SCHEMAS`` for 1, else ``SCHEMAS``) holding a null (``null_column``).
+    schema requires holding a null, in a version-1 batch, before its upgrade hashes the ids (``null_column``; any
+    other version's batch is checked once conformed).
 
     Read on, such a batch would hold nulls where a session id, a time or a model version cannot be one: a null session
     id stopped every run of ``train``, and a batch of outcomes in the decisions' directory became the newest model
@@ -240,7 +240,7 @@ def unwritten_by_servers(batch: pa.RecordBatch | pa.Table, kind: str, version: i
     missing = [f.name for f in schema if f.name not in names and f.name not in later]
     if missing:
         return f"{missing[0]}: the column is missing"
-    return null_column(batch, schema, names)
+    return null_column(batch, schema, names) if version == 1 else None  # (a later version's: once conformed)
 
 
 def null_column(batch: pa.RecordBatch | pa.Table, schema: pa.Schema, names: Sequence[str]) -> str | None:
@@ -255,20 +255,23 @@ def null_column(batch: pa.RecordBatch | pa.Table, schema: pa.Schema, names: Sequ
         column = batch.column(field.name)
         if not field.nullable and _nulls(column):
             return f"{field.name}: null values in a column that has none"
-        if field.nullable and pa.types.is_list(field.type) and _nulls(pc.list_flatten(column)):
+        if field.nullable and pa.types.is_list(field.type) and any(_nulls(c.values) for c in _chunks(column)):
             return f"{field.name}: a list holding a null (the list may be null, its elements not)"
     return None
 
 
 def _nulls(column: pa.Array | pa.ChunkedArray) -> bool:
     """Whether ``column`` holds a null: a value, or an element of one of its lists at any depth."""
-    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
-    for chunk in chunks:
+    for chunk in _chunks(column):
         if chunk.null_count:
             return True
-        if isinstance(chunk, pa.ListArray | pa.LargeListArray | pa.FixedSizeListArray) and _nulls(chunk.flatten()):
-            return True
+        if isinstance(chunk, pa.ListArray | pa.LargeListArray | pa.FixedSizeListArray) and _nulls(chunk.values):
+            return True  # (``values``: the whole child array, no compute call; a batch as read owns all of it)
     return False
+
+
+def _chunks(column: pa.Array | pa.ChunkedArray) -> list[pa.Array]:
+    return column.chunks if isinstance(column, pa.ChunkedArray) else [column]  # type: ignore[no-any-return]
 
 
 def _conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
