@@ -244,10 +244,10 @@ def unwritten_by_servers(batch: pa.RecordBatch | pa.Table, kind: str, version: i
 
 
 def null_column(batch: pa.RecordBatch | pa.Table, schema: pa.Schema, names: Sequence[str]) -> str | None:
-    """Which of ``names`` (the columns the batch came with: not those ``_conform`` filled) that ``schema`` requires holds
-    a null, at any depth of its lists, as the message saying so; None when none does. Checked again on the conformed
-    batch: a column of another type that casts to the schema's (a dictionary whose values hold a null, a large list)
-    shows its nulls only then."""
+    """Which of ``names`` (the columns the batch came with: not those ``_conform`` filled) holds a null where ``schema``
+    has none (a value, or an element of its lists at any depth; in a nullable list column, an element), as the message
+    saying so; None when none does. The reader asks it of a batch once conformed: a column of another type that casts
+    to the schema's (a dictionary whose values hold a null, a large list) shows its nulls only then."""
     present = set(names)
     for field in schema:
         if field.name not in present:

@@ -1,8 +1,9 @@
 """Sessions whose logged rows no server writes are left out of a run, counted and reported, not trained or judged on.
 
 A server logs, for every decision, an action in 1..5, the served distribution (``served_probs``: finite, in [0, 1], summing to 1) and
-the propensity of the action it served, which is that distribution's entry for the action (``policy.decision``); and
-for every outcome a finite value and coupon discount of at least 0 (``server.validation``). A row outside that comes
+the propensity of the action it served, which is that distribution's entry for the action (``policy.decision``), with
+the shopper's hour of the day, an embedding of numbers and behaviour buckets within the count it logs (``shopper_rows``);
+and for every outcome a finite value and coupon discount of at least 0 (``server.validation``). A row outside that comes
 from a broken or hostile writer of the logs volume, and one was enough to stop every later run (a NaN propensity), to
 make every update abort while the run still published (a zero or null one), to move the gate's estimate by its weight
 (a propensity that is not the served probability it claims) or by its reward (an infinite or negative value). Such a

@@ -1,13 +1,14 @@
 """``RecommendProduct``'s logged rows that no server writes, layer by layer: their sessions are left out of a run whole.
 
-The counterpart of ``trainer.log_checks`` for the product records (``policy.product_policy`` writes them). Per layer a
-server logs one entry per candidate in every per-candidate list (features, permitted, served probabilities, and the
-guardrail mask and rule ranks when the row has them), a choice and a rule's choice among the candidates, the choice
-permitted, a served distribution over the candidates that puts no mass on a candidate it does not permit, the
-propensity of the choice under it, features that are numbers, and a rule order that places every candidate once. A review found
+The counterpart of ``trainer.log_checks`` for the product records (``policy.product_policy`` writes them). A server
+logs the shopper as for a decision (``log_checks.shopper_rows``) and, per layer, no more candidates than a request may
+offer (``core.product``), one entry per candidate in every per-candidate list (features, permitted, served
+probabilities, and the guardrail mask and rule ranks when the row has them), a choice and a rule's choice among the
+candidates, both permitted, a served distribution that puts no mass on a candidate it does not permit, the propensity
+of the choice under it, features that are numbers, and a rule order that places every candidate once. Two reviews found
 single rows outside that which stopped ``train-products`` (a choice outside its candidates, an hour of 99, lists of
-another length) or moved the product gate's estimate (a NaN propensity, a candidate served that was not permitted, NaN
-features).
+another length), took it to 7.6 GB (300 SKU candidates), or moved the product gate's estimate (a NaN propensity, a
+candidate served that was not permitted, NaN features or embedding).
 
 What stays a named error: rows written for another feature spec (a feature width, an embedding length or a bucket count
 other than the bundle's), which no session-by-session choice can mend.
