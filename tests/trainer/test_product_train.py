@@ -390,7 +390,7 @@ def test_a_rules_choice_the_row_does_not_permit_is_a_bad_row(product_logs: Path)
     products = DirectorySource(product_logs).table("products")
     row = next(i for i, n in enumerate(pc.list_value_length(products.column("category_ids")).to_pylist()) if n > 1)
     index = products.column("category_index")[row].as_py()
-    other = next(k for k in range(products.column("category_ids")[row].as_py().__len__()) if k != index)
+    other = next(k for k in range(len(products.column("category_ids")[row].as_py())) if k != index)
     products = _set_row(products, "category_fallback", row, other)
     permitted = products.column("category_permitted")[row].as_py()
     permitted[other] = False
