@@ -91,13 +91,17 @@ class DirectorySource:
     ``root`` is a local directory, or, with ``filesystem``, a directory of any ``pyarrow.fs``
     filesystem: S3, GCS, HDFS, Azure, or an fsspec one wrapped in ``PyFileSystem``
     (``open_logs`` makes either from a URI). Segments are listed and read through it, so the
-    trainer reads logs where a shop keeps them with the same code as from the PV.
+    trainer reads logs where a shop keeps them with the same code as from the PV. ``spec``: the feature spec of the
+    bundle the logs are read for, when there is one (the trainer's): rows it cannot rebuild a state from are then left
+    out of a run like rows no server writes (``trainer.log_checks.spec_rows``).
     """
 
-    def __init__(self, root: Path | str, v1: V1Reading | None = None, filesystem: pafs.FileSystem | None = None) -> None:
+    def __init__(self, root: Path | str, v1: V1Reading | None = None, filesystem: pafs.FileSystem | None = None,
+                 spec: FeatureSpec | None = None) -> None:
         self.fs = filesystem or pafs.LocalFileSystem()
         self.root = str(Path(root).resolve()) if self.local else str(root).rstrip("/")
         self.v1 = v1 or V1Reading()
+        self.spec = spec
         self._warned = False
 
     @property
@@ -296,7 +300,7 @@ def open_logs(location: str | os.PathLike[str], spec: FeatureSpec | None = None)
     name the location without the user info and query a URI may carry (``redacted``)."""
     filesystem, root = _filesystem_of(os.fspath(location))
     salt = read_salt(Path(root)) if isinstance(filesystem, pafs.LocalFileSystem) else None
-    return DirectorySource(root, V1Reading(salt or b"", spec or FeatureSpec()), filesystem)
+    return DirectorySource(root, V1Reading(salt or b"", spec or FeatureSpec()), filesystem, spec)
 
 
 def _filesystem_of(text: str) -> tuple[pafs.FileSystem, str]:

@@ -211,7 +211,7 @@ def _logs(location: str, bundle: Any) -> tuple[Any, Any]:
     from trainer.log_checks import usable
 
     source = _source(location, bundle)
-    decisions, outcomes, _ = usable(source.table("decisions"), source.table("outcomes"))
+    decisions, outcomes, _ = usable(source.table("decisions"), source.table("outcomes"), source.spec)
     return decisions, outcomes
 
 

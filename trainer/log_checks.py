@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from core.domain import N_ACTIONS
+from policy.features import FeatureSpec
 
 log = logging.getLogger(__name__)
 
@@ -133,9 +134,26 @@ def sessions_with_bad_outcomes(outcomes: pa.Table) -> pa.Array:
     return _sessions_of(outcomes, bad_outcomes(outcomes), {})
 
 
-def usable(decisions: pa.Table, outcomes: pa.Table) -> tuple[pa.Table, pa.Table, Dropped]:
-    """``decisions`` and ``outcomes`` without the sessions that hold a row no server writes (module doc)."""
-    return without_bad_sessions(decisions, bad_decisions(decisions), outcomes)
+def usable(decisions: pa.Table, outcomes: pa.Table, spec: FeatureSpec | None = None) -> tuple[pa.Table, pa.Table, Dropped]:
+    """``decisions`` and ``outcomes`` without the sessions that hold a row no server writes (module doc), or, with the
+    ``spec`` of the bundle they are read for, a row it cannot rebuild a state from (``spec_rows``)."""
+    return without_bad_sessions(decisions, {**bad_decisions(decisions), **(spec_rows(decisions, spec) if spec else {})},
+                                outcomes)
+
+
+def spec_rows(table: pa.Table, spec: FeatureSpec) -> dict[str, npt.NDArray[np.bool_]]:
+    """Per reason, the rows of ``table`` (decisions or product records) that a bundle of ``spec`` cannot rebuild a state
+    from: an item embedding of another length, another bucket count, fewer behaviour buckets than its window reads.
+    Logged by a server of another spec (the embedding model changed) or by no server: one such row stopped every run
+    whose window held it, however many rows of the bundle's own spec were there."""
+    lengths = np.asarray(pc.list_value_length(table.column("item_embedding")).to_numpy(zero_copy_only=False), dtype=np.int64)
+    count = np.asarray(table.column("behavior_bucket_count").to_numpy(zero_copy_only=False), dtype=np.int64)
+    held = np.asarray(pc.list_value_length(table.column("behavior_bucket_indices")).to_numpy(zero_copy_only=False),
+                      dtype=np.int64)
+    recent = np.asarray(table.column("n_recent_behaviors").to_numpy(zero_copy_only=False), dtype=np.int64)
+    return {f"item_embedding not the bundle's {spec.item_dim} values": lengths != spec.item_dim,
+            f"behavior_bucket_count not the bundle's {spec.behavior_buckets}": count != spec.behavior_buckets,
+            "behavior_bucket_indices fewer than the bundle's window reads": held < np.minimum(recent, spec.behavior_window)}
 
 
 def without_bad_sessions(decisions: pa.Table, found: dict[str, npt.NDArray[np.bool_]], outcomes: pa.Table

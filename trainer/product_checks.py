@@ -10,12 +10,13 @@ single rows outside that which stopped ``train-products`` (a choice outside its 
 another length), took it to 7.6 GB (300 SKU candidates), or moved the product gate's estimate (a NaN propensity, a
 candidate served that was not permitted, NaN features or embedding).
 
-What stays a named error: rows written for another feature spec (a feature width, an embedding length or a bucket count
-other than the bundle's), which no session-by-session choice can mend.
+Given the bundle they are read for, a row it cannot rebuild (written for another feature spec, or by no server) is left
+out the same way: ``usable_products``' ``spec`` and ``widths``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -25,7 +26,16 @@ import pyarrow.compute as pc
 
 from core.product import MAX_CATEGORIES, MAX_PRICE_BANDS, MAX_SKUS_PER_CATEGORY
 from experience.schema import PRODUCT_LAYERS
-from trainer.log_checks import PROPENSITY_TOLERANCE, SUM_TOLERANCE, Dropped, rows_with_nan, shopper_rows, without_bad_sessions
+from policy.features import FeatureSpec
+from trainer.log_checks import (
+    PROPENSITY_TOLERANCE,
+    SUM_TOLERANCE,
+    Dropped,
+    rows_with_nan,
+    shopper_rows,
+    spec_rows,
+    without_bad_sessions,
+)
 
 BoolArray = npt.NDArray[np.bool_]
 IntArray = npt.NDArray[np.int64]
@@ -33,10 +43,21 @@ IntArray = npt.NDArray[np.int64]
 MOST_CANDIDATES = {"category": MAX_CATEGORIES, "sku": MAX_SKUS_PER_CATEGORY, "price_band": MAX_PRICE_BANDS}
 
 
-def usable_products(products: pa.Table, outcomes: pa.Table) -> tuple[pa.Table, pa.Table, Dropped]:
-    """``products`` and ``outcomes`` without the sessions holding a product row no server writes (module doc), or an
-    outcome row no server writes; ``Dropped.decisions`` counts product rows."""
-    return without_bad_sessions(products, bad_products(products), outcomes)
+def usable_products(products: pa.Table, outcomes: pa.Table, spec: FeatureSpec | None = None,
+                    widths: Mapping[str, int] | None = None) -> tuple[pa.Table, pa.Table, Dropped]:
+    """``products`` and ``outcomes`` without the sessions holding a product row no server writes (module doc) or an
+    outcome row no server writes, and, given the bundle's feature ``spec`` and its heads' feature ``widths`` (by layer),
+    a row it cannot rebuild (``log_checks.spec_rows``, a feature width of another); ``Dropped.decisions`` counts product
+    rows."""
+    found = bad_products(products)
+    if spec is not None:
+        found.update(spec_rows(products, spec))
+    for layer, width in (widths or {}).items():
+        inner = pc.list_value_length(pc.list_flatten(products.column(f"{layer}_features")))
+        owner = np.repeat(np.arange(products.num_rows), _ints(pc.list_value_length(products.column(f"{layer}_features"))))
+        found[f"{layer}_features of another width than the bundle's {width}"] = \
+            np.bincount(owner, weights=_ints(inner) != width, minlength=products.num_rows) > 0
+    return without_bad_sessions(products, found, outcomes)
 
 
 def bad_products(products: pa.Table) -> dict[str, BoolArray]:

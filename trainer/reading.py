@@ -83,7 +83,7 @@ def read_window(source: DirectorySource, config: Any, shard: tuple[int, int] | N
                                       schema=SCHEMAS["decisions"])
     outcomes = pa.Table.from_batches(list(rows_of(read_segments(source, "outcomes", "read.outcomes"), sessions)),
                                      schema=SCHEMAS["outcomes"])
-    decisions, outcomes, _ = usable(decisions, outcomes)  # sessions with rows no server writes: left out, logged
+    decisions, outcomes, _ = usable(decisions, outcomes, source.spec)  # sessions with rows no server writes: left out
     engagements = SCHEMAS["engagements"].empty_table()  # none read unless the run weighs its rewards with them
     if config.engagement_weights is not None and source.has("engagements"):
         engagements = pa.Table.from_batches(list(rows_of(read_segments(source, "engagements", "read.engagements"), sessions)),
@@ -109,7 +109,7 @@ def read_gate(source: DirectorySource, gate: GateSessions) -> tuple[pa.Table, pa
                                       schema=SCHEMAS["decisions"])
     outcomes = pa.Table.from_batches(list(rows_of(read_segments(source, "outcomes", "read.gate-outcomes"), gate.ids)),
                                      schema=SCHEMAS["outcomes"])
-    decisions, outcomes, _ = usable(decisions, outcomes)
+    decisions, outcomes, _ = usable(decisions, outcomes, source.spec)
     return decisions, outcomes
 
 

@@ -14,6 +14,7 @@ import pytest
 
 from experience.schema import SCHEMAS
 from experience.segments import DirectorySource
+from policy.features import FeatureSpec
 from tests.harness import ROOT
 from trainer.log_checks import usable
 
@@ -130,3 +131,25 @@ def test_evaluate_on_poisoned_logs_leaves_the_sessions_out_and_says_so(sim_logs:
     assert "sessions with log rows no server writes are left out of this run" in out.stderr
     assert '"sessions": 3' in out.stderr or "sessions=3" in out.stderr
     assert np.isfinite(json.loads(out.stdout.strip().splitlines()[-1])["dr"]["value"])
+
+
+def test_rows_the_bundle_cannot_rebuild_are_left_out_when_its_spec_is_known(sim_logs: Path, tmp_path: Path) -> None:
+    """One row of another embedding length (a server of another spec, or none) stopped every run whose window held it
+    with "item_embedding: row … has 512 values, the bundle expects 768"; read for a bundle, it is left out with its
+    session. Without a spec (logs compact, a bare reader) nothing is judged by one."""
+    source = DirectorySource(sim_logs)
+    decisions, outcomes = source.table("decisions"), source.table("outcomes")
+    spec = FeatureSpec()
+    decisions = _set(decisions, "item_embedding", 7, [0.0] * 512)
+    assert usable(decisions, outcomes)[2].sessions == 0
+    decisions = _set(decisions, "behavior_bucket_count", 11, 4096)
+    _, _, dropped = usable(decisions, outcomes, spec)
+    assert dropped.reasons == {"item_embedding not the bundle's 768 values": 1, "behavior_bucket_count not the bundle's 2048": 1}
+    (tmp_path / "decisions").mkdir()
+    (tmp_path / "outcomes").mkdir()
+    for kind, table in (("decisions", decisions), ("outcomes", outcomes)):
+        with pa.OSFile(str(tmp_path / kind / "mixed.arrows"), "wb") as sink, pa.ipc.new_stream(sink, SCHEMAS[kind]) as writer:
+            writer.write_table(table.cast(SCHEMAS[kind]))
+    out = subprocess.run([sys.executable, "-m", "server", "evaluate", "default", "--logs", str(tmp_path), "--bootstrap", "20",
+                          "--json"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert out.returncode == 0 and "item_embedding not the bundle's 768 values" in out.stderr, out.stderr[-2000:]

@@ -408,3 +408,15 @@ def test_a_null_inside_a_guardrail_mask_ends_the_segments_read(product_logs: Pat
     with pa.OSFile(str(tmp_path / "products" / segment.name), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)
     assert DirectorySource(tmp_path).table("products").num_rows == 0  # (one batch: the whole segment)
+
+
+def test_rows_the_bundle_cannot_rebuild_are_left_out_of_train_products(product_logs: Path, start: Bundle) -> None:
+    """One row of another embedding length, or one candidate of another feature width, stopped the run (exit 2)."""
+    source = DirectorySource(product_logs)
+    products = _set_row(source.table("products"), "item_embedding", 5, [0.5] * 3)
+    features = products.column("sku_features")[9].as_py()
+    products = _set_row(products, "sku_features", 9, [features[0][:-1], *features[1:]])
+    result = train_products(products, source.table("outcomes"), start, "products-6", "2026-12-03T00:00:00Z")
+    width = ModelSet.load(start, OPTIONS).product.heads.widths["sku"]  # type: ignore[union-attr]
+    assert result.metrics["left_out"]["reasons"] == {"item_embedding not the bundle's 768 values": 1,
+                                                     f"sku_features of another width than the bundle's {width}": 1}
