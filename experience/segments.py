@@ -180,7 +180,6 @@ class DirectorySource:
         return sorted(p for p in self._listing(kind)[1] if p.rsplit("/", 1)[-1] == stem + PART_SUFFIX)
 
     def _stream_batches(self, path: str, kind: str) -> Iterator[pa.RecordBatch]:
-        schema = SCHEMAS[kind]
         for batch in read_segment(path, self.fs):
             try:
                 version = segment_version(batch)
@@ -189,30 +188,28 @@ class DirectorySource:
                 return
             if version > SCHEMA_VERSION:
                 raise ValueError(f"{path}: log schema version {version}; this reader knows up to {SCHEMA_VERSION}")
-            try:  # (before the upgrade of a version-1 batch, which would hash a null id)
-                unwritten = unwritten_by_servers(batch, kind, version)
-            except ValueError as exc:  # a column name that is not UTF-8: damaged
-                unwritten = str(exc)[:300]
-            if unwritten is not None:
-                log.warning("a log segment's batch holds what no server writes; read up to it",
-                            extra={"fields": {"segment": path, "error": unwritten}})
-                return
             if version == 1:
                 self._warn_v1(path)
-            try:
-                batch = upgrade_v1(batch, kind, self.v1) if version == 1 else batch
-                conformed = _conform(batch, schema)
-            except (pa.ArrowException, ValueError, TypeError) as exc:  # columns of another type or layout: damaged, or
-                # no server's (a version-1 id that is not a string fails its hash)
-                log.warning("a log segment's batch does not fit the log schema; read up to it",
-                            extra={"fields": {"segment": path, "error": str(exc)[:300]}})
-                return
-            unwritten = null_column(conformed, schema, batch.schema.names)
-            if unwritten is not None:
-                log.warning("a log segment's batch holds what no server writes; read up to it",
-                            extra={"fields": {"segment": path, "error": unwritten}})
+            conformed = self._conformed(batch, kind, version)
+            if isinstance(conformed, str):
+                log.warning("a log segment's batch does not fit the log schema or holds what no server writes; read up to "
+                            "it", extra={"fields": {"segment": path, "error": conformed[:300]}})
                 return
             yield conformed
+
+    def _conformed(self, batch: pa.RecordBatch, kind: str, version: int) -> pa.RecordBatch | str:
+        """A stream batch of ``version`` in the current schema, or why no server wrote it (``unwritten_by_servers``, and
+        ``null_column`` once conformed): damaged, or of columns of another type or layout."""
+        schema = SCHEMAS[kind]
+        try:
+            unwritten = unwritten_by_servers(batch, kind, version)  # (before a version-1 upgrade hashes a null id)
+            if unwritten is not None:
+                return unwritten
+            batch = upgrade_v1(batch, kind, self.v1) if version == 1 else batch
+            conformed = _conform(batch, schema)
+        except (pa.ArrowException, ValueError, TypeError) as exc:  # (a column name that is not UTF-8; a version-1 id
+            return str(exc)  # that is not a string fails its hash)
+        return null_column(conformed, schema, batch.schema.names) or conformed
 
     def table(self, kind: str) -> pa.Table:
         return pa.Table.from_batches(list(self.batches(kind)), schema=SCHEMAS[kind])

@@ -35,3 +35,11 @@ def outcome_table(rows: Iterable[Mapping[str, Any]]) -> pa.Table:
         row.setdefault("received_s", row["event_time_s"] + 1.0)
         row["outcome"] = int(row["outcome"])
     return pa.table({name: pa.array([row[name] for row in full], typ) for name, typ in _OUTCOME_COLUMNS.items()})
+
+
+def with_value(table: pa.Table, column: str, row: int, value: Any) -> pa.Table:
+    """``table`` with one cell replaced, in the column's own field (its type and nullability)."""
+    values = table.column(column).to_pylist()
+    values[row] = value
+    field = table.schema.field(column)
+    return table.set_column(table.schema.get_field_index(column), field, pa.array(values, field.type))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -46,6 +47,45 @@ class Dropped:
         return {"sessions": self.sessions, "decisions": self.decisions, "outcomes": self.outcomes, "reasons": self.reasons}
 
 
+def ints(values: pa.ChunkedArray | pa.Array) -> npt.NDArray[np.int64]:
+    return np.asarray(values.to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
+def any_per_row(lengths: npt.NDArray[np.int64], flags: npt.NDArray[np.bool_]) -> npt.NDArray[np.bool_]:
+    """Per row of a list column whose rows hold ``lengths`` values, whether any of its values is flagged (``flags``: one
+    per value, in row order)."""
+    return np.bincount(np.repeat(np.arange(len(lengths)), lengths), weights=flags, minlength=len(lengths)) > 0
+
+
+class Lists:
+    """A list column, flat: its values, each row's length, where each row starts, and whose each value is."""
+
+    def __init__(self, column: pa.ChunkedArray, dtype: type) -> None:
+        self.lengths = ints(pc.list_value_length(column).fill_null(0))
+        self.starts = np.cumsum(self.lengths) - self.lengths
+        self.values: npt.NDArray[Any] = np.asarray(pc.list_flatten(column).to_numpy(zero_copy_only=False), dtype=dtype)
+        self.owner = np.repeat(np.arange(len(self.lengths)), self.lengths)
+
+    def any(self, flags: npt.NDArray[np.bool_]) -> npt.NDArray[np.bool_]:
+        """Per row, whether any of its values is flagged."""
+        return np.bincount(self.owner, weights=flags, minlength=len(self.lengths)) > 0
+
+    def beside(self, other: Lists, rows: npt.NDArray[np.bool_]) -> npt.NDArray[Any]:
+        """Per value of ``self``, ``other``'s value at the same row and place, in ``rows`` (whose lists in both are as
+        long); zero (False) elsewhere."""
+        at = np.arange(len(self.values)) - self.starts[self.owner] + other.starts[self.owner]
+        mine = rows[self.owner] & (at >= 0) & (at < len(other.values))
+        found = np.zeros(len(self.values), dtype=other.values.dtype)
+        found[mine] = other.values[at[mine]]
+        return found
+
+    def at(self, index: npt.NDArray[np.int64], rows: npt.NDArray[np.bool_]) -> npt.NDArray[Any]:
+        """Per row, its value at ``index`` where ``rows`` (which must have it), else the first value anywhere."""
+        if not len(self.values):
+            return np.zeros(len(index), dtype=self.values.dtype)
+        return self.values[np.where(rows, self.starts + index, 0)]
+
+
 def bad_decisions(decisions: pa.Table) -> dict[str, npt.NDArray[np.bool_]]:
     """Per reason, the decision rows no server writes."""
     n = decisions.num_rows
@@ -54,7 +94,7 @@ def bad_decisions(decisions: pa.Table) -> dict[str, npt.NDArray[np.bool_]]:
     slots = served_column.values.slice(served_column.offset * N_ACTIONS, n * N_ACTIONS)  # a null row's slots included
     served = np.asarray(slots.to_numpy(zero_copy_only=False), dtype=np.float64).reshape(n, N_ACTIONS)
     present = ~np.asarray(served_column.is_null().to_numpy(zero_copy_only=False), dtype=np.bool_)
-    actions = np.asarray(pc.fill_null(decisions.column("action"), 0).to_numpy(zero_copy_only=False), dtype=np.int64) - 1
+    actions = ints(pc.fill_null(decisions.column("action"), 0)) - 1
     valid_action = (actions >= 0) & (actions < N_ACTIONS)
     finite = present & np.isfinite(served).all(axis=1)
     with np.errstate(invalid="ignore"):
@@ -73,13 +113,9 @@ def shopper_rows(table: pa.Table) -> dict[str, npt.NDArray[np.bool_]]:
     logs: an hour outside 0..23 (99 stopped ``evaluate``; −5 was read as 19), a NaN in the item embedding (a server
     refuses a request with one; a row with one moved the product gate's estimate, and stopped ``evaluate``), a
     behaviour bucket outside the bucket count the row was logged with."""
-    hours = np.asarray(table.column("hour").to_numpy(zero_copy_only=False), dtype=np.int64)
-    count = np.asarray(table.column("behavior_bucket_count").to_numpy(zero_copy_only=False), dtype=np.int64)
-    buckets = table.column("behavior_bucket_indices")
-    indices = np.asarray(pc.list_flatten(buckets).to_numpy(zero_copy_only=False), dtype=np.int64)
-    owner = np.repeat(np.arange(table.num_rows), np.asarray(pc.list_value_length(buckets).to_numpy(zero_copy_only=False),
-                                                             dtype=np.int64))
-    outside = np.bincount(owner, weights=(indices < 0) | (indices >= count[owner]), minlength=table.num_rows) > 0
+    hours, count = ints(table.column("hour")), ints(table.column("behavior_bucket_count"))
+    buckets = Lists(table.column("behavior_bucket_indices"), np.int64)
+    outside = buckets.any((buckets.values < 0) | (buckets.values >= count[buckets.owner]))
     return {"hour outside 0..23": (hours < 0) | (hours > 23), "item_embedding NaN": rows_with_nan(table.column("item_embedding")),
             "behavior_bucket_indices outside the logged bucket count": outside}
 
@@ -146,11 +182,8 @@ def spec_rows(table: pa.Table, spec: FeatureSpec) -> dict[str, npt.NDArray[np.bo
     from: an item embedding of another length, another bucket count, fewer behaviour buckets than its window reads.
     Logged by a server of another spec (the embedding model changed) or by no server: one such row stopped every run
     whose window held it, however many rows of the bundle's own spec were there."""
-    lengths = np.asarray(pc.list_value_length(table.column("item_embedding")).to_numpy(zero_copy_only=False), dtype=np.int64)
-    count = np.asarray(table.column("behavior_bucket_count").to_numpy(zero_copy_only=False), dtype=np.int64)
-    held = np.asarray(pc.list_value_length(table.column("behavior_bucket_indices")).to_numpy(zero_copy_only=False),
-                      dtype=np.int64)
-    recent = np.asarray(table.column("n_recent_behaviors").to_numpy(zero_copy_only=False), dtype=np.int64)
+    lengths, count = ints(pc.list_value_length(table.column("item_embedding"))), ints(table.column("behavior_bucket_count"))
+    held, recent = ints(pc.list_value_length(table.column("behavior_bucket_indices"))), ints(table.column("n_recent_behaviors"))
     return {f"item_embedding not the bundle's {spec.item_dim} values": lengths != spec.item_dim,
             f"behavior_bucket_count not the bundle's {spec.behavior_buckets}": count != spec.behavior_buckets,
             "behavior_bucket_indices fewer than the bundle's window reads": held < np.minimum(recent, spec.behavior_window)}

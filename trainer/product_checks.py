@@ -17,7 +17,6 @@ out the same way: ``usable_products``' ``spec`` and ``widths``.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -31,6 +30,9 @@ from trainer.log_checks import (
     PROPENSITY_TOLERANCE,
     SUM_TOLERANCE,
     Dropped,
+    Lists,
+    any_per_row,
+    ints,
     rows_with_nan,
     shopper_rows,
     spec_rows,
@@ -38,7 +40,6 @@ from trainer.log_checks import (
 )
 
 BoolArray = npt.NDArray[np.bool_]
-IntArray = npt.NDArray[np.int64]
 
 MOST_CANDIDATES = {"category": MAX_CATEGORIES, "sku": MAX_SKUS_PER_CATEGORY, "price_band": MAX_PRICE_BANDS}
 
@@ -53,10 +54,9 @@ def usable_products(products: pa.Table, outcomes: pa.Table, spec: FeatureSpec | 
     if spec is not None:
         found.update(spec_rows(products, spec))
     for layer, width in (widths or {}).items():
-        inner = pc.list_value_length(pc.list_flatten(products.column(f"{layer}_features")))
-        owner = np.repeat(np.arange(products.num_rows), _ints(pc.list_value_length(products.column(f"{layer}_features"))))
-        found[f"{layer}_features of another width than the bundle's {width}"] = \
-            np.bincount(owner, weights=_ints(inner) != width, minlength=products.num_rows) > 0
+        features = products.column(f"{layer}_features")
+        found[f"{layer}_features of another width than the bundle's {width}"] = any_per_row(
+            ints(pc.list_value_length(features)), ints(pc.list_value_length(pc.list_flatten(features))) != width)
     return without_bad_sessions(products, found, outcomes)
 
 
@@ -68,55 +68,19 @@ def bad_products(products: pa.Table) -> dict[str, BoolArray]:
     return out
 
 
-class _Lists:
-    """A per-candidate list column, flat: its values, each row's length, where each row starts, and whose each value is."""
-
-    def __init__(self, column: pa.ChunkedArray, dtype: type) -> None:
-        self.lengths: IntArray = _ints(pc.list_value_length(column).fill_null(0))
-        self.starts: IntArray = np.cumsum(self.lengths) - self.lengths
-        self.values: npt.NDArray[Any] = np.asarray(pc.list_flatten(column).to_numpy(zero_copy_only=False), dtype=dtype)
-        self.owner: IntArray = np.repeat(np.arange(len(self.lengths)), self.lengths)
-
-    def any(self, flags: BoolArray) -> BoolArray:
-        """Per row, whether any of its values is flagged."""
-        return np.bincount(self.owner, weights=flags, minlength=len(self.lengths)) > 0
-
-    def beside(self, other: _Lists, rows: BoolArray) -> npt.NDArray[Any]:
-        """Per value of ``self``, ``other``'s value at the same row and place, in ``rows`` (whose lists in both are one a
-        candidate); zero (False) elsewhere."""
-        mine = rows[self.owner] if len(self.values) else np.zeros(0, dtype=np.bool_)
-        at = np.arange(len(self.values)) - self.starts[self.owner] + other.starts[self.owner] if len(self.values) else \
-            np.zeros(0, dtype=np.int64)
-        mine &= (at >= 0) & (at < len(other.values))
-        found = np.zeros(len(self.values), dtype=other.values.dtype)
-        found[mine] = other.values[at[mine]]
-        return found
-
-    def at(self, index: IntArray, rows: BoolArray) -> npt.NDArray[Any]:
-        """Per row, its value at ``index`` where ``rows`` (which must have it), else the first value anywhere."""
-        if not len(self.values):
-            return np.zeros(len(index), dtype=self.values.dtype)
-        return self.values[np.where(rows, self.starts + index, 0)]
-
-
-def _ints(values: pa.ChunkedArray | pa.Array) -> IntArray:
-    return np.asarray(values.to_numpy(zero_copy_only=False), dtype=np.int64)
-
-
 def _bad_layer(products: pa.Table, layer: str) -> dict[str, BoolArray]:
-    counts = _ints(pc.list_value_length(products.column(f"{layer}_ids")))
+    counts = ints(pc.list_value_length(products.column(f"{layer}_ids")))
     offered = counts <= MOST_CANDIDATES[layer]  # a request's limit: one row of 300 SKUs took train-products to 7.6 GB
-    index, fallback = _ints(products.column(f"{layer}_index")), _ints(products.column(f"{layer}_fallback"))
+    index, fallback = ints(products.column(f"{layer}_index")), ints(products.column(f"{layer}_fallback"))
     chosen, ruled = (index >= 0) & (index < counts), (fallback >= 0) & (fallback < counts)
-    served = _Lists(products.column(f"{layer}_served_probs"), np.float64)
-    permitted = _Lists(products.column(f"{layer}_permitted"), np.bool_)
+    served = Lists(products.column(f"{layer}_served_probs"), np.float64)
+    permitted = Lists(products.column(f"{layer}_permitted"), np.bool_)
     features = products.column(f"{layer}_features")
     lists = (served.lengths == counts) & (permitted.lengths == counts) & \
-        (_ints(pc.list_value_length(features)) == counts)
+        (ints(pc.list_value_length(features)) == counts)
     for optional in (f"{layer}_guardrail", f"{layer}_rule_rank"):  # null in rows written before the column was
         column = products.column(optional)
-        lists &= ~np.asarray(column.is_valid().to_numpy(zero_copy_only=False), dtype=np.bool_) | \
-            (_ints(pc.list_value_length(column).fill_null(0)) == counts)
+        lists &= ~_present(column) | (ints(pc.list_value_length(column).fill_null(0)) == counts)
     with np.errstate(invalid="ignore"):
         in_range = np.isfinite(served.values) & (served.values >= 0) & (served.values <= 1)
         sums = np.bincount(served.owner, weights=np.where(in_range, served.values, 0.0), minlength=len(counts))
@@ -141,13 +105,12 @@ def _bad_layer(products: pa.Table, layer: str) -> dict[str, BoolArray]:
     }
 
 
-def _bad_order(products: pa.Table, layer: str, lists: BoolArray, permitted: _Lists) -> dict[str, BoolArray]:
+def _bad_order(products: pa.Table, layer: str, lists: BoolArray, permitted: Lists) -> dict[str, BoolArray]:
     """Rows with a guardrail mask and rule ranks whose ranks do not place each candidate once, or whose permitted
     candidates the guardrails ban."""
-    guardrail = _Lists(products.column(f"{layer}_guardrail"), np.bool_)
-    rank = _Lists(products.column(f"{layer}_rule_rank"), np.int64)
-    logged = lists & np.asarray(products.column(f"{layer}_guardrail").is_valid().to_numpy(zero_copy_only=False), bool) & \
-        np.asarray(products.column(f"{layer}_rule_rank").is_valid().to_numpy(zero_copy_only=False), bool)
+    guardrail = Lists(products.column(f"{layer}_guardrail"), np.bool_)
+    rank = Lists(products.column(f"{layer}_rule_rank"), np.int64)
+    logged = lists & _present(products.column(f"{layer}_guardrail")) & _present(products.column(f"{layer}_rule_rank"))
     order = np.lexsort((rank.values, rank.owner))  # each row's ranks in order: 0 .. its count − 1 once each
     misplaced_values = np.zeros(len(order), dtype=np.bool_)
     misplaced_values[order] = rank.values[order] != np.arange(len(order)) - rank.starts[rank.owner[order]]
@@ -155,3 +118,8 @@ def _bad_order(products: pa.Table, layer: str, lists: BoolArray, permitted: _Lis
     banned = logged & permitted.any(permitted.values & ~permitted.beside(guardrail, logged).astype(np.bool_))
     return {f"{layer}_rule_rank not each candidate once": misplaced,
             f"{layer}_permitted where {layer}_guardrail bans": banned}
+
+
+def _present(column: pa.ChunkedArray) -> BoolArray:
+    """Per row, whether the (nullable) column holds a value."""
+    return np.asarray(column.is_valid().to_numpy(zero_copy_only=False), dtype=np.bool_)

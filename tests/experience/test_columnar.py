@@ -30,6 +30,7 @@ from simulator.config import SimConfig
 from simulator.drive import run_logged
 from simulator.world import World
 from tests.harness import ROOT, fresh_bundle
+from tests.log_tables import with_value
 from tests.small_disk import SmallDisk
 from weights.model_set import LoadOptions, ModelSet
 
@@ -62,11 +63,7 @@ def _copy(logs: Path, tmp_path: Path) -> Path:
 def _set_first_row(segment: Path, column: str, value: object) -> pa.Table:
     """Rewrite ``segment`` with its first row's ``column`` set to ``value``, in the segment's own schema; the table."""
     with pa.OSFile(str(segment), "rb") as f:
-        table = pa.ipc.open_stream(f).read_all()
-    values = table.column(column).to_pylist()
-    values[0] = value
-    field = table.schema.field(column)
-    table = table.set_column(table.schema.get_field_index(column), field, pa.array(values, field.type))
+        table = with_value(pa.ipc.open_stream(f).read_all(), column, 0, value)
     with pa.OSFile(str(segment), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)
     return table

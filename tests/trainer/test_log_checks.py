@@ -16,13 +16,8 @@ from experience.schema import SCHEMAS
 from experience.segments import DirectorySource
 from policy.features import FeatureSpec
 from tests.harness import ROOT
+from tests.log_tables import with_value
 from trainer.log_checks import usable
-
-
-def _set(table: pa.Table, column: str, row: int, value: object) -> pa.Table:
-    values = table.column(column).to_pylist()
-    values[row] = value
-    return table.set_column(table.schema.get_field_index(column), column, pa.array(values, table.schema.field(column).type))
 
 
 def _poisoned(decisions: pa.Table, outcomes: pa.Table) -> tuple[pa.Table, pa.Table, set[str]]:
@@ -30,12 +25,12 @@ def _poisoned(decisions: pa.Table, outcomes: pa.Table) -> tuple[pa.Table, pa.Tab
     probability it claims (the gate-flip attack), a negative outcome value."""
     sessions = decisions.column("session_id").to_pylist()
     rows = [sessions.index(s) for s in sorted(set(sessions))[:2]]
-    decisions = _set(decisions, "propensity", rows[0], float("nan"))
+    decisions = with_value(decisions, "propensity", rows[0], float("nan"))
     served = decisions.column("served_probs").to_pylist()[rows[1]]
     action = decisions.column("action").to_pylist()[rows[1]] - 1
-    decisions = _set(decisions, "propensity", rows[1], min(1.0, served[action] * 3 + 0.01))
+    decisions = with_value(decisions, "propensity", rows[1], min(1.0, served[action] * 3 + 0.01))
     third = next(s for s in outcomes.column("session_id").to_pylist() if s not in {sessions[r] for r in rows})
-    outcomes = _set(outcomes, "value", outcomes.column("session_id").to_pylist().index(third), -1e9)
+    outcomes = with_value(outcomes, "value", outcomes.column("session_id").to_pylist().index(third), -1e9)
     return decisions, outcomes, {sessions[rows[0]], sessions[rows[1]], third}
 
 
@@ -64,7 +59,7 @@ def test_the_sessions_of_rows_no_server_writes_are_dropped_whole(sim_logs: Path)
                                     [0.2, None, 0.3, 0.5, 0.0]])
 def test_a_served_distribution_that_is_none_is_a_bad_row(sim_logs: Path, served: list[float | None] | None) -> None:
     decisions = DirectorySource(sim_logs).table("decisions").slice(0, 50)
-    decisions = _set(decisions, "served_probs", 7, served)
+    decisions = with_value(decisions, "served_probs", 7, served)
     _, _, dropped = usable(decisions, SCHEMAS["outcomes"].empty_table())
     assert dropped.sessions == 1 and "served_probs not a distribution" in dropped.reasons
 
@@ -96,7 +91,7 @@ def test_the_trainers_window_and_gate_reads_leave_them_out(sim_logs: Path, tmp_p
 def test_an_action_outside_the_five_is_a_bad_row(sim_logs: Path, action: int | None) -> None:
     """It used to pass the check and stop evaluate (actions: action indices must be in 0..4)."""
     decisions = DirectorySource(sim_logs).table("decisions").slice(0, 50)
-    decisions = _set(decisions, "action", 3, action)
+    decisions = with_value(decisions, "action", 3, action)
     _, _, dropped = usable(decisions, SCHEMAS["outcomes"].empty_table())
     assert dropped.sessions == 1 and dropped.reasons["action outside 1..5"] == 1
 
@@ -105,7 +100,7 @@ def test_an_action_outside_the_five_is_a_bad_row(sim_logs: Path, action: int | N
 def test_an_hour_no_day_has_is_a_bad_row(sim_logs: Path, hour: int) -> None:
     """99 stopped evaluate (the hour's one-hot); −5 was read as 19."""
     decisions = DirectorySource(sim_logs).table("decisions").slice(0, 50)
-    decisions = _set(decisions, "hour", 3, hour)
+    decisions = with_value(decisions, "hour", 3, hour)
     _, _, dropped = usable(decisions, SCHEMAS["outcomes"].empty_table())
     assert dropped.sessions == 1 and dropped.reasons == {"hour outside 0..23": 1}
 
@@ -118,7 +113,7 @@ def test_an_hour_no_day_has_is_a_bad_row(sim_logs: Path, hour: int) -> None:
 def test_a_shopper_no_request_describes_is_a_bad_row(sim_logs: Path, column: str, value: object, reason: str) -> None:
     """A NaN embedding stopped evaluate (the model's output NaN); a bucket past the logged count stopped the encoder."""
     decisions = DirectorySource(sim_logs).table("decisions").slice(0, 50)
-    _, _, dropped = usable(_set(decisions, column, 3, value), SCHEMAS["outcomes"].empty_table())
+    _, _, dropped = usable(with_value(decisions, column, 3, value), SCHEMAS["outcomes"].empty_table())
     assert dropped.sessions == 1 and dropped.reasons == {reason: 1}
 
 
@@ -140,9 +135,9 @@ def test_rows_the_bundle_cannot_rebuild_are_left_out_when_its_spec_is_known(sim_
     source = DirectorySource(sim_logs)
     decisions, outcomes = source.table("decisions"), source.table("outcomes")
     spec = FeatureSpec()
-    decisions = _set(decisions, "item_embedding", 7, [0.0] * 512)
+    decisions = with_value(decisions, "item_embedding", 7, [0.0] * 512)
     assert usable(decisions, outcomes)[2].sessions == 0
-    decisions = _set(decisions, "behavior_bucket_count", 11, 4096)
+    decisions = with_value(decisions, "behavior_bucket_count", 11, 4096)
     _, _, dropped = usable(decisions, outcomes, spec)
     assert dropped.reasons == {"item_embedding not the bundle's 768 values": 1, "behavior_bucket_count not the bundle's 2048": 1}
     (tmp_path / "decisions").mkdir()

@@ -25,6 +25,7 @@ from simulator.config import SimConfig
 from simulator.drive import by_model, run_logged
 from simulator.world import World
 from tests.harness import ROOT, trainer_in_process
+from tests.log_tables import with_value
 from trainer.product_checks import usable_products
 from trainer.product_data import HEAD_OF, LAYERS, layer_rows, product_rows
 from trainer.product_gate import judge, served_probability
@@ -331,13 +332,6 @@ def test_the_command_trains_and_names_what_is_wrong(tmp_path: Path, product_logs
         assert code == 2 and message in err, err
 
 
-def _set_row(table: pa.Table, column: str, row: int, value: object) -> pa.Table:
-    values = table.column(column).to_pylist()
-    values[row] = value
-    field = table.schema.field(column)
-    return table.set_column(table.schema.get_field_index(column), field, pa.array(values, field.type))
-
-
 POISONS = {  # a product row no server writes, as the reviews found them (its value from the row's own), and the reason
     "sku_index": (lambda v: 999, "sku_index outside its candidates, or not permitted"),
     "category_propensity": (lambda v: float("nan"), "category_propensity outside (0, 1]"),
@@ -367,7 +361,7 @@ def test_the_sessions_of_product_rows_no_server_writes_are_left_out(product_logs
     row = 5
     session = products.column("session_id")[row].as_py()
     value = poison(products.column(column)[row].as_py())
-    kept_p, kept_o, dropped = usable_products(_set_row(products, column, row, value), outcomes)
+    kept_p, kept_o, dropped = usable_products(with_value(products, column, row, value), outcomes)
     assert dropped.sessions == 1 and reason in dropped.reasons
     assert session not in set(kept_p.column("session_id").to_pylist()) | set(kept_o.column("session_id").to_pylist())
     assert kept_p.num_rows == products.num_rows - dropped.decisions and kept_o.num_rows == outcomes.num_rows - dropped.outcomes
@@ -376,7 +370,7 @@ def test_the_sessions_of_product_rows_no_server_writes_are_left_out(product_logs
 def test_train_products_trains_on_the_rest_once_and_says_what_it_left_out(product_logs: Path, start: Bundle) -> None:
     """A copied products segment logged every decision twice, and only the later copy got its outcomes."""
     source = DirectorySource(product_logs)
-    products = _set_row(source.table("products"), "sku_index", 5, 999)
+    products = with_value(source.table("products"), "sku_index", 5, 999)
     copied = pa.concat_tables([products, products.slice(100, 50)])
     result = train_products(copied, source.table("outcomes"), start, "products-5", "2026-12-03T00:00:00Z")
     left_out = result.metrics["left_out"]
@@ -391,10 +385,10 @@ def test_a_rules_choice_the_row_does_not_permit_is_a_bad_row(product_logs: Path)
     row = next(i for i, n in enumerate(pc.list_value_length(products.column("category_ids")).to_pylist()) if n > 1)
     index = products.column("category_index")[row].as_py()
     other = next(k for k in range(len(products.column("category_ids")[row].as_py())) if k != index)
-    products = _set_row(products, "category_fallback", row, other)
+    products = with_value(products, "category_fallback", row, other)
     permitted = products.column("category_permitted")[row].as_py()
     permitted[other] = False
-    _, _, dropped = usable_products(_set_row(products, "category_permitted", row, permitted), SCHEMAS_OUTCOMES.empty_table())
+    _, _, dropped = usable_products(with_value(products, "category_permitted", row, permitted), SCHEMAS_OUTCOMES.empty_table())
     assert dropped.sessions == 1 and "category_fallback outside its candidates, or not permitted" in dropped.reasons
 
 
@@ -403,7 +397,7 @@ def test_a_null_inside_a_guardrail_mask_ends_the_segments_read(product_logs: Pat
     segment = sorted((product_logs / "products").glob("*.arrows"))[0]
     table = pa.ipc.open_stream(pa.memory_map(str(segment))).read_all()
     mask = table.column("sku_guardrail")[0].as_py()
-    table = _set_row(table, "sku_guardrail", 0, [None, *mask[1:]])
+    table = with_value(table, "sku_guardrail", 0, [None, *mask[1:]])
     (tmp_path / "products").mkdir()
     with pa.OSFile(str(tmp_path / "products" / segment.name), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)
@@ -413,9 +407,9 @@ def test_a_null_inside_a_guardrail_mask_ends_the_segments_read(product_logs: Pat
 def test_rows_the_bundle_cannot_rebuild_are_left_out_of_train_products(product_logs: Path, start: Bundle) -> None:
     """One row of another embedding length, or one candidate of another feature width, stopped the run (exit 2)."""
     source = DirectorySource(product_logs)
-    products = _set_row(source.table("products"), "item_embedding", 5, [0.5] * 3)
+    products = with_value(source.table("products"), "item_embedding", 5, [0.5] * 3)
     features = products.column("sku_features")[9].as_py()
-    products = _set_row(products, "sku_features", 9, [features[0][:-1], *features[1:]])
+    products = with_value(products, "sku_features", 9, [features[0][:-1], *features[1:]])
     result = train_products(products, source.table("outcomes"), start, "products-6", "2026-12-03T00:00:00Z")
     width = ModelSet.load(start, OPTIONS).product.heads.widths["sku"]  # type: ignore[union-attr]
     assert result.metrics["left_out"]["reasons"] == {"item_embedding not the bundle's 768 values": 1,
