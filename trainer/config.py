@@ -197,6 +197,10 @@ class TrainConfig:
     whole-trajectory weights below this fraction of them is shrunk (halving) and the run stops. The gate
     refuses below 0.05 of the held-out sessions (``trainer.evaluation.MIN_ESS_FRACTION``); 0.15 leaves room
     for the held-out sample's own noise. None: no limit."""
+    logit_damping: float = 0.1
+    """κ of the served trust region (``trust_region = "served"``): a step also pays κ/2 per unit of the squared change of
+    the logits (on the allowed actions, less their mean), so the logits of actions the served distribution hardly sees
+    cannot run away (``trainer.fisher``). 0: the served KL alone."""
     trust_region: str = "served"
     """What δ constrains: ``served``, the distribution the bundle serves (the decoder's sampled majority,
     fallback and exploration; its Fisher through the decoder's Jacobian), or ``policy``, the masked
@@ -287,6 +291,8 @@ class TrainConfig:
             problems.append(f"gate_max_pareto_k: expected > 0, got {self.gate_max_pareto_k}")
         if self.damping < 0 or self.tolerance < 0:
             problems.append("damping and tolerance must be >= 0")
+        if not (self.logit_damping >= 0 and math.isfinite(self.logit_damping)):
+            problems.append(f"logit_damping: expected >= 0, got {self.logit_damping}")
         if problems:
             raise ValueError("; ".join(problems))
 

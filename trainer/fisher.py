@@ -29,6 +29,19 @@ function of the logits. Its Fisher in logit space is ``M_i = D_iᵀ diag(1/P_i) 
 ``GaussNewtonFisher(..., metric=M)`` uses ``M_i u`` in place of ``H_i u``: the trust region is
 then on the distribution the shoppers see (``TrainConfig.trust_region = "served"``).
 
+``M_i`` is nearly singular in the logits of the actions the decoder seldom serves: once one
+action wins the vote, pushing the others' logits further down changes what is served only
+through the exploration floor ε·q_T, and with a flat q_T (a large temperature) hardly at all.
+A step sized to δ by ``M`` alone then runs those logits away (gaps of 3 to 575 in three steps of
+δ = 0.5 in ``tests/trainer/test_update.py``, 2.2 to 386 in one cycle on the simulator), until a
+probability underflows and ``sᵀ F s`` is NaN: no later run can step. So the served metric
+carries ``κ C_i`` as well (``centering``; ``TrainConfig.logit_damping``): the divergence the
+trust region bounds is ``KL(P_old ‖ P) + κ/2 ‖Δz_i − mean Δz_i‖²`` over the allowed actions,
+whose Hessian is ``M_i + κ C_i``. Damping in the output space, as Martens and Sutskever's
+structural damping is in a network's hidden states: each step moves the logits by at most
+about ``sqrt(2δ/κ)`` where the served distribution does not see them, and by what ``M`` allows
+where it does (``κ`` is small next to ``M`` along the directions that change what is served).
+
 ``fvp_double_backward`` is the textbook reference (Spinning Up, SB3-contrib): the gradient of
 ``∇KL · v``; ``fvp_gauss_newton`` is the same product as ``GaussNewtonFisher`` without reuse.
 Both are for tests and the bench.
@@ -219,6 +232,21 @@ def served_metric(served: Callable[[Tensor], Tensor], logits: Tensor) -> Tensor:
     return torch.einsum("iak,ia,ial->ikl", d, inv, d)
 
 
+def centering(allowed: Tensor) -> Tensor:
+    """Per row ``C_i = diag(a_i) − a_i a_iᵀ / |a_i|`` (N, A, A) for the allowed actions ``a_i`` (a bool (N, A)): the
+    Euclidean metric of the logits on the allowed actions, less their mean (a shift of every logit changes nothing).
+    ``uᵀ C_i u`` is ``centred_norm2``."""
+    a = allowed.double()
+    return torch.diag_embed(a) - a[:, :, None] * a[:, None, :] / a.sum(dim=1).clamp(min=1.0)[:, None, None]
+
+
+def centred_norm2(u: Tensor, allowed: Tensor) -> Tensor:
+    """Per row ``‖u_i − mean(u_i)‖²`` over the allowed actions (N,): ``uᵀ C_i u`` without the matrices."""
+    a = allowed.double()
+    mean = torch.where(allowed, u, 0.0).sum(dim=1) / a.sum(dim=1).clamp(min=1.0)
+    return (torch.where(allowed, u - mean[:, None], 0.0) ** 2).sum(dim=1)
+
+
 def _rows_of(served: Callable[[Tensor, Tensor], Tensor], rows: Tensor, logits: Tensor) -> Tensor:
     return served(logits, rows)
 
@@ -266,13 +294,15 @@ class GaussNewtonFisher:
         reducer: Reducer | None = None,
         served: Callable[[Tensor, Tensor], Tensor] | None = None,
         rows: Tensor | None = None,
+        logit_damping: float = 0.0,
     ) -> GaussNewtonFisher:
         """The operator at the module's current parameters, on all states or a random ``subsample`` fraction of them.
 
         ``generator`` draws the subset (default: seeded 0, so every call draws the same one); ``rows`` gives it
         instead (indices into ``states``: a keyed sample, the same rows on any sharding, ``trainer.minibatches``).
         ``served`` maps (logits, row indices into ``states``) to the served probabilities of
-        those rows: given, the operator is the served distribution's Fisher (``served_metric``).
+        those rows: given, the operator is the served distribution's Fisher (``served_metric``), plus
+        ``logit_damping · C_i`` (``centering``): the metric of KL(P_old ‖ P) + κ/2 ‖Δz − mean Δz‖² (module doc).
         """
         idx = torch.arange(states.shape[0], device=states.device)
         if rows is not None:
@@ -289,6 +319,8 @@ class GaussNewtonFisher:
             parts = [served_metric(functools.partial(_rows_of, decode, idx[i : i + METRIC_CHUNK]), lin.logits[i : i + METRIC_CHUNK])
                      for i in range(0, len(idx), METRIC_CHUNK)]
             metric = torch.cat(parts) if parts else None
+            if metric is not None and logit_damping > 0:
+                metric = metric + logit_damping * centering(torch.isfinite(log_guard))
         return cls(lin, log_guard, damping=damping, reducer=reducer, metric=metric)
 
     def _apply_metric(self, u: Tensor) -> Tensor:

@@ -43,7 +43,7 @@ from torch import Tensor
 
 from trainer.config import TrainConfig
 from trainer.distributed import Reducer
-from trainer.fisher import GaussNewtonFisher, flat_params, masked_log_probs, mean_kl, set_flat_params
+from trainer.fisher import GaussNewtonFisher, centred_norm2, flat_params, masked_log_probs, mean_kl, set_flat_params
 from trainer.networks import PolicyNet
 from trainer.served import TorchDecoder
 from trainer.trust_region import ConstraintTracker, Evaluation, backtracking_line_search, natural_gradient_step
@@ -119,9 +119,18 @@ def served_prob(policy: PolicyNet, decoder: TorchDecoder, b: Batch) -> Tensor:
 
 def served_probs(policy: PolicyNet, decoder: TorchDecoder, b: Batch) -> Tensor:
     """P_θ(· | s_i) for every row of the batch, (N, A), without gradient, in chunks."""
+    return served_and_logits(policy, decoder, b)[0]
+
+
+def served_and_logits(policy: PolicyNet, decoder: TorchDecoder, b: Batch) -> tuple[Tensor, Tensor]:
+    """P_θ(· | s_i) and the logits z_i for every row of the batch, (N, A) each, without gradient, in chunks."""
+    served, logits = [], []
     with torch.no_grad():
-        return torch.cat([decoder.served(decoder.masked_q(policy(r.states), r.log_weights, r.allowed), r.fallback, r.allowed.any(dim=1))
-                          for r in (b.rows(slice(i, i + CHUNK)) for i in range(0, len(b.states), CHUNK))])
+        for r in (b.rows(slice(i, i + CHUNK)) for i in range(0, len(b.states), CHUNK)):
+            z = policy(r.states)
+            served.append(decoder.served(decoder.masked_q(z, r.log_weights, r.allowed), r.fallback, r.allowed.any(dim=1)))
+            logits.append(z)
+    return torch.cat(served), torch.cat(logits)
 
 
 def served_kl(p_old: Tensor, p_new: Tensor) -> Tensor:
@@ -211,8 +220,8 @@ def natural_step(policy: PolicyNet, decoder: TorchDecoder, b: Batch, config: Tra
         raise ValueError("natural_step: every row needs an allowed action (rule-answered rows carry no gradient)")
     log_guard = torch.where(b.allowed, b.log_weights, -torch.inf).to(b.states.dtype)
     served = config.trust_region == "served"
-    with torch.no_grad():  # the reference of the measured KL: what is served, or the masked policy
-        p_old = served_probs(policy, decoder, b) if served else None
+    with torch.no_grad():  # the reference of the measured KL: what is served (and the logits), or the masked policy
+        p_old, z_old = served_and_logits(policy, decoder, b) if served else (None, None)
         log_q_old = None if served else masked_log_probs(policy(b.states), log_guard)
     before = surrogate_value(policy, decoder, b, config.max_ratio, reducer)
     grad = surrogate_gradient(policy, decoder, b, config.max_ratio, reducer)
@@ -220,24 +229,36 @@ def natural_step(policy: PolicyNet, decoder: TorchDecoder, b: Batch, config: Tra
     def decode(z: Tensor, idx: Tensor) -> Tensor:  # the served distribution of rows ``idx`` of the batch, from their logits
         return decoder.served_of(z, b.log_weights[idx], b.allowed[idx], b.fallback[idx], b.allowed[idx].any(dim=1))
 
+    damping = config.logit_damping if served else 0.0
     fisher = GaussNewtonFisher.from_module(policy, b.states, log_guard, damping=config.damping, subsample=config.fisher_fraction,
                                            generator=generator, reducer=reducer, served=decode if served else None,
-                                           rows=fisher_rows)
-    whole = GaussNewtonFisher.from_module(policy, b.states, log_guard, damping=0.0, reducer=reducer, served=decode if served else None)
+                                           rows=fisher_rows, logit_damping=damping)
+    whole = GaussNewtonFisher.from_module(policy, b.states, log_guard, damping=0.0, reducer=reducer, served=decode if served else None,
+                                          logit_damping=damping)
     step = natural_gradient_step(fisher, whole.curvature, grad, delta=config.kl_delta, cg_iterations=config.cg_iters,
                                  cg_rtol=config.cg_residual_tol)
     if not step.scaled.ok or step.scaled.step is None:
         stats.tracker.record(step.scaled, None, config.kl_delta)
         return StepOutcome(False, math.nan, 0.0, math.nan, step.cg.iterations, step.scaled.aborted)
 
+    applied: list[float] = [math.nan]  # the KL part of the last evaluation (what a step reports as its KL)
+
     def measured_kl() -> float:
+        """The divergence the trust region bounds: KL(P_old ‖ P) + κ/2 ‖Δz − mean Δz‖² (``trainer.fisher``), or the
+        masked policy's KL; its KL part is kept in ``applied``."""
+        logit_term = torch.zeros((), dtype=torch.float64)
         with torch.no_grad():
-            if p_old is not None:
-                local = served_kl(p_old, served_probs(policy, decoder, b)).mean()
+            if p_old is not None and z_old is not None:
+                p_new, z_new = served_and_logits(policy, decoder, b)
+                local = served_kl(p_old, p_new).mean()
+                if damping > 0:
+                    logit_term = 0.5 * damping * centred_norm2((z_new - z_old).double(), b.allowed).mean()
             else:
                 assert log_q_old is not None
                 local = mean_kl(log_q_old, policy(b.states), log_guard)
-        return float(reducer.weighted_mean(local.double(), len(b.states)))
+        kl, logit_part = (float(v) for v in reducer.weighted_mean(torch.stack([local.double(), logit_term]), len(b.states)))
+        applied[0] = kl
+        return kl + logit_part
 
     def evaluate() -> Evaluation:
         return Evaluation(measured_kl(), surrogate_value(policy, decoder, b, config.max_ratio, reducer))
@@ -247,7 +268,7 @@ def natural_step(policy: PolicyNet, decoder: TorchDecoder, b: Batch, config: Tra
                                       delta=config.kl_delta, expected_improvement=step.scaled.expected_improvement,
                                       max_tries=config.line_search_steps, kl_fits=2)  # resize to the measured KL: lands near δ
     stats.tracker.record(step.scaled, search, config.kl_delta)
-    kl, improvement = search.kl, search.improvement
+    kl, improvement = applied[0], search.improvement  # (the search's last evaluation is the step it kept)
     limited = False
     if search.accepted and config.max_behavior_kl is not None:
         limited = _within_support(policy, decoder, b, theta0, config.max_behavior_kl, reducer)
@@ -255,8 +276,8 @@ def natural_step(policy: PolicyNet, decoder: TorchDecoder, b: Batch, config: Tra
         limited |= shrink(theta0)
     stats.support_limited |= limited
     if limited and bool(torch.any(flat_params(policy) != theta0)):  # what was applied is the shrunk step: measure it again
-        kl, improvement = evaluate()
-        improvement -= before
+        _, improvement = evaluate()
+        kl, improvement = applied[0], improvement - before
     accepted = search.accepted and bool(torch.any(flat_params(policy) != theta0))
     if accepted:
         stats.kls.append(kl)

@@ -10,6 +10,8 @@ from trainer.fisher import (
     GaussNewtonFisher,
     Linearization,
     categorical_fisher_product,
+    centering,
+    centred_norm2,
     check_guard,
     flat_params,
     fvp_double_backward,
@@ -98,6 +100,41 @@ def test_damping_adds_lambda_v_and_not_to_the_curvature(problem) -> None:  # typ
     assert float(op.curvature(v)) == pytest.approx(float(v @ fisher @ v), rel=1e-10)
     with pytest.raises(ValueError, match="damping"):
         GaussNewtonFisher.from_module(net, states, log_guard, damping=-1.0)
+
+
+def test_logit_damping_adds_kappa_jt_c_j_to_the_served_fisher(problem) -> None:  # type: ignore[no-untyped-def]
+    """With the masked softmax as the "served" distribution, M_i is the categorical H_i, so the operator with
+    ``logit_damping`` κ is the explicit (1/N) Σ Jᵀ (H_i + κ C_i) J; κ reaches the curvature too (it is part of the
+    divergence the step is sized to), unlike the CG damping λ."""
+    net, states, log_guard, fisher = problem
+    allowed = torch.isfinite(log_guard)
+
+    def softmax(z: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        return masked_log_probs(z, log_guard[rows]).exp()
+
+    jac = jacobian(logits_fn(net, states), flat_params(net))  # type: ignore[no-untyped-call]
+    damped = fisher + 0.3 * torch.einsum("nap,nab,nbq->pq", jac, centering(allowed), jac) / N_STATES
+    v = torch.randn(fisher.shape[0], generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+    plain = GaussNewtonFisher.from_module(net, states, log_guard, served=softmax)
+    op = GaussNewtonFisher.from_module(net, states, log_guard, served=softmax, logit_damping=0.3)
+    torch.testing.assert_close(plain(v), fisher @ v, rtol=1e-8, atol=1e-11)
+    torch.testing.assert_close(op(v), damped @ v, rtol=1e-8, atol=1e-11)
+    assert float(op.curvature(v)) == pytest.approx(float(v @ damped @ v), rel=1e-8)
+
+
+def test_centering_is_the_euclidean_metric_of_the_allowed_logits_less_their_mean() -> None:
+    gen = torch.Generator().manual_seed(7)
+    allowed = torch.rand(9, 5, generator=gen) < 0.7
+    allowed[:, 0] = True
+    allowed[4] = torch.tensor([True, False, False, False, False])  # one allowed action: nothing to move
+    c = centering(allowed)
+    u = torch.randn(9, 5, generator=gen, dtype=torch.float64)
+    torch.testing.assert_close(c, c.transpose(1, 2))
+    torch.testing.assert_close(c @ c, c, rtol=1e-12, atol=1e-14)  # a projection
+    assert float((c @ allowed.double()[:, :, None]).abs().max()) < 1e-14  # a shift of the allowed logits costs nothing
+    assert torch.equal(c[~allowed], torch.zeros_like(c[~allowed]))  # nor does a banned action's logit
+    torch.testing.assert_close(centred_norm2(u, allowed), torch.einsum("na,nab,nb->n", u, c, u), rtol=1e-12, atol=1e-14)
+    assert float(centred_norm2(u, allowed)[4]) == 0.0
 
 
 def test_subsampled_fvp_is_the_explicit_fisher_of_that_subset(problem) -> None:  # type: ignore[no-untyped-def]

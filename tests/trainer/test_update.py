@@ -8,6 +8,7 @@ every importance ratio starts at exactly 1 and the closed forms below hold.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 import pytest
@@ -199,3 +200,53 @@ def test_the_expected_surrogate_moves_towards_an_action_the_logs_never_served(se
     with torch.no_grad():
         after = float(update.served_prob(policy, decoder, coupon).mean())
     assert after > before + 0.01
+
+
+# --- the logits of actions the served distribution hardly sees -------------------------------------------------
+
+def _steps_on_a_flat_floor(setup: tuple, logit_damping: float, steps: int) -> tuple[list[update.StepOutcome], list[float]]:
+    """``steps`` updates of δ 0.5 under a decoder whose exploration floor is nearly uniform (ε 0.2, T 100): once
+    add_to_cart wins the vote, the other actions' logits change what is served only through that flat floor.
+    Returns the outcomes and the largest logit gap between two actions over the batch after each."""
+    policy, _, b = setup
+    decoder = TorchDecoder(MajorityDecoder(epsilon=0.2, temperature=100.0))
+    served = update.served_probs(policy, decoder, b)  # the logs of this decoder: every ratio starts at 1
+    b = dataclasses.replace(b, propensity=served.gather(1, b.actions[:, None])[:, 0], behavior=served)
+    config = dataclasses.replace(CONFIG, kl_delta=0.5, logit_damping=logit_damping)
+    outcomes, gaps = [], []
+    for k in range(steps):
+        outcomes.append(update.natural_step(policy, decoder, b, config, update.Stats(), LocalReducer(),
+                                            torch.Generator().manual_seed(2 + k)))
+        with torch.no_grad():
+            z = policy(b.states)
+        gaps.append(float((z.max(dim=1).values - z.min(dim=1).values).max()))
+    return outcomes, gaps
+
+
+def test_without_logit_damping_the_served_trust_region_lets_the_logits_run_away(setup: tuple) -> None:
+    """The defect the damping fixes, kept as a test: each step is within δ of what is served, yet the logits move apart
+    by hundreds, until every trial of a step is over the limit (a probability underflows: the served KL is +inf)."""
+    outcomes, gaps = _steps_on_a_flat_floor(setup, 0.0, 7)
+    assert gaps[0] < 10 and gaps[2] > 300, gaps
+    assert not any(o.accepted for o in outcomes[-2:]), outcomes
+
+
+def test_logit_damping_keeps_the_logits_in_bounds_and_every_step_possible(setup: tuple) -> None:
+    policy, _, b = setup
+    with torch.no_grad():
+        z0 = policy(b.states).double()
+    outcomes, gaps = _steps_on_a_flat_floor(setup, 0.1, 7)
+    assert all(o.accepted for o in outcomes), outcomes
+    assert gaps[-1] < 60, gaps  # a few a step, where the served distribution does not see the logits
+    with torch.no_grad():
+        moved = update.centred_norm2(policy(b.states).double() - z0, b.allowed).mean()
+    per_step = math.sqrt(2 * 0.5 * 1.5 / 0.1)  # the most a step's logits may move, root mean square: κ/2 ‖Δz‖² ≤ δ (1 + tol)
+    assert math.sqrt(float(moved)) <= 7 * per_step
+    assert all(0 <= o.kl <= 0.75 for o in outcomes)  # the reported KL: the served part of the bounded divergence
+
+
+def test_the_config_names_a_bad_logit_damping() -> None:
+    assert TrainConfig().logit_damping == 0.1 and TrainConfig(logit_damping=0.0).to_dict()["logit_damping"] == 0.0
+    for bad in (-0.1, math.inf, math.nan):
+        with pytest.raises(ValueError, match="logit_damping: expected >= 0"):
+            TrainConfig(logit_damping=bad)
