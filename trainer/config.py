@@ -199,8 +199,8 @@ class TrainConfig:
     for the held-out sample's own noise. None: no limit."""
     logit_damping: float = 0.1
     """κ of the served trust region (``trust_region = "served"``): a step also pays κ/2 per unit of the squared change of
-    the logits (on the allowed actions, less their mean), so the logits of actions the served distribution hardly sees
-    cannot run away (``trainer.fisher``). 0: the served KL alone."""
+    the logits (on the allowed actions, less their mean), so a step cannot push the logits of actions the served
+    distribution hardly sees hundreds apart (``trainer.fisher``). 0: the served KL alone."""
     trust_region: str = "served"
     """What δ constrains: ``served``, the distribution the bundle serves (the decoder's sampled majority,
     fallback and exploration; its Fisher through the decoder's Jacobian), or ``policy``, the masked

@@ -189,7 +189,8 @@ class Evaluation(NamedTuple):
     """The line search's view of the policy at trial parameters (means over all states, reduced across ranks)."""
 
     kl: float
-    """``mean_i KL(q_i^old ‖ q_i^θ)``."""
+    """The divergence the trust region bounds: ``mean_i KL(q_i^old ‖ q_i^θ)`` (with the served trust region, of what
+    is served, plus the logits' damping term: ``trainer.fisher``)."""
     surrogate: float
     """``L(θ)``, the objective being maximised."""
 

@@ -22,7 +22,8 @@ rarely served actions: R_ψ's outputs start at the mean return and an action's o
 only from the rows that served it. Its gradient g is taken in chunks (the decoder's count-vector tensors are
 large); the trust region is on the served distribution P_θ itself (``trust_region = "served"``,
 the default: its Fisher through the decoder's Jacobian, ``fisher.served_metric``, and the
-measured KL(P_old ‖ P_θ) in the line search), or on the masked policy q = softmax(z + g_guard)
+measured KL(P_old ‖ P_θ) in the line search, each with the logits' damping term of ``trainer.fisher``
+added), or on the masked policy q = softmax(z + g_guard)
 over the allowed actions (``"policy"``). Both Fishers have the Gauss-Newton form
 (``fisher.GaussNewtonFisher``). A δ on q is not a δ on what is served: the sampled majority
 sharpens q, so one step of 0.05 on q moved the served distribution by 0.3 to 1. CG solves
@@ -246,7 +247,7 @@ def natural_step(policy: PolicyNet, decoder: TorchDecoder, b: Batch, config: Tra
     def measured_kl() -> float:
         """The divergence the trust region bounds: KL(P_old ‖ P) + κ/2 ‖Δz − mean Δz‖² (``trainer.fisher``), or the
         masked policy's KL; its KL part is kept in ``applied``."""
-        logit_term = torch.zeros((), dtype=torch.float64)
+        logit_term = torch.zeros((), dtype=torch.float64, device=b.states.device)
         with torch.no_grad():
             if p_old is not None and z_old is not None:
                 p_new, z_new = served_and_logits(policy, decoder, b)

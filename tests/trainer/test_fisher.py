@@ -120,6 +120,8 @@ def test_logit_damping_adds_kappa_jt_c_j_to_the_served_fisher(problem) -> None: 
     torch.testing.assert_close(plain(v), fisher @ v, rtol=1e-8, atol=1e-11)
     torch.testing.assert_close(op(v), damped @ v, rtol=1e-8, atol=1e-11)
     assert float(op.curvature(v)) == pytest.approx(float(v @ damped @ v), rel=1e-8)
+    with pytest.raises(ValueError, match="logit_damping"):
+        GaussNewtonFisher.from_module(net, states, log_guard, served=softmax, logit_damping=-0.1)
 
 
 def test_centering_is_the_euclidean_metric_of_the_allowed_logits_less_their_mean() -> None:

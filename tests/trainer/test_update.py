@@ -228,7 +228,9 @@ def test_without_logit_damping_the_served_trust_region_lets_the_logits_run_away(
     by hundreds, until every trial of a step is over the limit (a probability underflows: the served KL is +inf)."""
     outcomes, gaps = _steps_on_a_flat_floor(setup, 0.0, 7)
     assert gaps[0] < 10 and gaps[2] > 300, gaps
-    assert not any(o.accepted for o in outcomes[-2:]), outcomes
+    failed = next(k for k, o in enumerate(outcomes) if not o.accepted)  # (StopIteration: no step ever failed)
+    assert all(not o.accepted for o in outcomes[failed:]), outcomes  # and none steps again from there
+    assert all("over the KL limit" in (o.reason or "") or "not finite" in (o.reason or "") for o in outcomes[failed:])
 
 
 def test_logit_damping_keeps_the_logits_in_bounds_and_every_step_possible(setup: tuple) -> None:
@@ -243,6 +245,21 @@ def test_logit_damping_keeps_the_logits_in_bounds_and_every_step_possible(setup:
     per_step = math.sqrt(2 * 0.5 * 1.5 / 0.1)  # the most a step's logits may move, root mean square: κ/2 ‖Δz‖² ≤ δ (1 + tol)
     assert math.sqrt(float(moved)) <= 7 * per_step
     assert all(0 <= o.kl <= 0.75 for o in outcomes)  # the reported KL: the served part of the bounded divergence
+
+
+def test_the_policy_trust_region_does_not_use_the_logit_damping(setup: tuple) -> None:
+    """With δ on the masked policy q the Fisher is q's own, which is not singular in the logits of unlikely actions:
+    κ is not used there (the same step to the bit)."""
+    policy = setup[0]
+    state = {k: v.clone() for k, v in policy.state_dict().items()}
+    after = []
+    for kappa in (0.0, 0.1):
+        policy.load_state_dict(state)
+        config = dataclasses.replace(CONFIG, trust_region="policy", logit_damping=kappa)
+        outcome = update.natural_step(policy, setup[1], setup[2], config, update.Stats(), LocalReducer(), torch.Generator().manual_seed(2))
+        assert outcome.accepted, outcome
+        after.append(flat_params(policy))
+    assert torch.equal(after[0], after[1])
 
 
 def test_the_config_names_a_bad_logit_damping() -> None:
