@@ -22,7 +22,9 @@ optionally on a fixed random subset of the states (the TRPO paper's subsampled F
 damping, and averaged across data-parallel ranks through a ``Reducer``.
 **The served distribution.** What the bundle serves is not ``q`` but ``P_i = D_i(z_i)``: the
 sampled-majority decoder with its fallback and exploration (``trainer.served``), a smooth
-function of the logits. Its Fisher in logit space is ``M_i = D_iᵀ diag(1/P_i) D_i`` with
+function of the logits wherever their order is fixed (the vote's tie rule follows the order of q,
+so P jumps where two logits cross: a step that crosses one lands off the quadratic model, and the
+line search sees it). Its Fisher in logit space is ``M_i = D_iᵀ diag(1/P_i) D_i`` with
 ``D_i = ∂P_i/∂z_i`` (A × A; terms with ``P_ia = 0`` dropped), the Hessian of
 ``KL(P_i^old ‖ P_i^θ)`` at ``θ_old`` for the same reason as above (``Σ_a ∂P_ia/∂z = 0``).
 ``served_metric`` computes ``M_i`` with one backward pass per action through the decoder, and
@@ -35,8 +37,7 @@ through the exploration floor ε·q_T, and with a flat q_T (a large temperature)
 A step sized to δ by ``M`` alone then runs those logits away (gaps of 3 to 575 in three steps of
 δ = 0.5 in ``tests/trainer/test_update.py``, 2.2 to 386 in one cycle on the simulator), until a
 probability underflows: every trial is then over the limit (a KL of +inf), or ``sᵀ F s`` is NaN,
-and no later run can step. So the served metric
-carries ``κ C_i`` as well (``centering``; ``TrainConfig.logit_damping``): the divergence the
+and no later run can step. So the served metric carries ``κ C_i`` as well (``centring``; ``TrainConfig.logit_damping``): the divergence the
 trust region bounds is ``KL(P_old ‖ P) + κ/2 ‖Δz_i − mean Δz_i‖²`` over the allowed actions,
 whose Hessian is ``M_i + κ C_i``. Damping in the output space, as Martens and Sutskever's
 structural damping is in a network's hidden states: where the served distribution does not see
@@ -238,7 +239,7 @@ def served_metric(served: Callable[[Tensor], Tensor], logits: Tensor) -> Tensor:
     return torch.einsum("iak,ia,ial->ikl", d, inv, d)
 
 
-def centering(allowed: Tensor) -> Tensor:
+def centring(allowed: Tensor) -> Tensor:
     """Per row ``C_i = diag(a_i) − a_i a_iᵀ / |a_i|`` (N, A, A) for the allowed actions ``a_i`` (a bool (N, A)): the
     Euclidean metric of the logits on the allowed actions, less their mean (a shift of every logit changes nothing).
     ``uᵀ C_i u`` is ``centred_norm2``."""
@@ -308,7 +309,7 @@ class GaussNewtonFisher:
         instead (indices into ``states``: a keyed sample, the same rows on any sharding, ``trainer.minibatches``).
         ``served`` maps (logits, row indices into ``states``) to the served probabilities of
         those rows: given, the operator is the served distribution's Fisher (``served_metric``), plus
-        ``logit_damping · C_i`` (``centering``): the metric of KL(P_old ‖ P) + κ/2 ‖Δz − mean Δz‖² (module doc;
+        ``logit_damping · C_i`` (``centring``): the metric of KL(P_old ‖ P) + κ/2 ‖Δz − mean Δz‖² (module doc;
         without ``served`` the categorical Fisher is never singular that way, and ``logit_damping`` is not used).
         """
         if not (logit_damping >= 0 and math.isfinite(logit_damping)):
@@ -329,7 +330,7 @@ class GaussNewtonFisher:
                      for i in range(0, len(idx), METRIC_CHUNK)]
             metric = torch.cat(parts) if parts else None
             if metric is not None and logit_damping > 0:
-                metric = metric + logit_damping * centering(torch.isfinite(log_guard))
+                metric = metric + logit_damping * centring(torch.isfinite(log_guard))
         return cls(lin, log_guard, damping=damping, reducer=reducer, metric=metric)
 
     def _apply_metric(self, u: Tensor) -> Tensor:

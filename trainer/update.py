@@ -230,12 +230,12 @@ def natural_step(policy: PolicyNet, decoder: TorchDecoder, b: Batch, config: Tra
     def decode(z: Tensor, idx: Tensor) -> Tensor:  # the served distribution of rows ``idx`` of the batch, from their logits
         return decoder.served_of(z, b.log_weights[idx], b.allowed[idx], b.fallback[idx], b.allowed[idx].any(dim=1))
 
-    damping = config.logit_damping if served else 0.0
+    kappa = config.logit_damping if served else 0.0  # (not config.damping: that is CG's λ)
     fisher = GaussNewtonFisher.from_module(policy, b.states, log_guard, damping=config.damping, subsample=config.fisher_fraction,
                                            generator=generator, reducer=reducer, served=decode if served else None,
-                                           rows=fisher_rows, logit_damping=damping)
+                                           rows=fisher_rows, logit_damping=kappa)
     whole = GaussNewtonFisher.from_module(policy, b.states, log_guard, damping=0.0, reducer=reducer, served=decode if served else None,
-                                          logit_damping=damping)
+                                          logit_damping=kappa)
     step = natural_gradient_step(fisher, whole.curvature, grad, delta=config.kl_delta, cg_iterations=config.cg_iters,
                                  cg_rtol=config.cg_residual_tol)
     if not step.scaled.ok or step.scaled.step is None:
@@ -252,8 +252,8 @@ def natural_step(policy: PolicyNet, decoder: TorchDecoder, b: Batch, config: Tra
             if p_old is not None and z_old is not None:
                 p_new, z_new = served_and_logits(policy, decoder, b)
                 local = served_kl(p_old, p_new).mean()
-                if damping > 0:
-                    logit_term = 0.5 * damping * centred_norm2((z_new - z_old).double(), b.allowed).mean()
+                if kappa > 0:
+                    logit_term = 0.5 * kappa * centred_norm2((z_new - z_old).double(), b.allowed).mean()
             else:
                 assert log_q_old is not None
                 local = mean_kl(log_q_old, policy(b.states), log_guard)

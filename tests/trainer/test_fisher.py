@@ -10,8 +10,8 @@ from trainer.fisher import (
     GaussNewtonFisher,
     Linearization,
     categorical_fisher_product,
-    centering,
     centred_norm2,
+    centring,
     check_guard,
     flat_params,
     fvp_double_backward,
@@ -113,7 +113,7 @@ def test_logit_damping_adds_kappa_jt_c_j_to_the_served_fisher(problem) -> None: 
         return masked_log_probs(z, log_guard[rows]).exp()
 
     jac = jacobian(logits_fn(net, states), flat_params(net))  # type: ignore[no-untyped-call]
-    damped = fisher + 0.3 * torch.einsum("nap,nab,nbq->pq", jac, centering(allowed), jac) / N_STATES
+    damped = fisher + 0.3 * torch.einsum("nap,nab,nbq->pq", jac, centring(allowed), jac) / N_STATES
     v = torch.randn(fisher.shape[0], generator=torch.Generator().manual_seed(6), dtype=torch.float64)
     plain = GaussNewtonFisher.from_module(net, states, log_guard, served=softmax)
     op = GaussNewtonFisher.from_module(net, states, log_guard, served=softmax, logit_damping=0.3)
@@ -124,12 +124,12 @@ def test_logit_damping_adds_kappa_jt_c_j_to_the_served_fisher(problem) -> None: 
         GaussNewtonFisher.from_module(net, states, log_guard, served=softmax, logit_damping=-0.1)
 
 
-def test_centering_is_the_euclidean_metric_of_the_allowed_logits_less_their_mean() -> None:
+def test_centring_is_the_euclidean_metric_of_the_allowed_logits_less_their_mean() -> None:
     gen = torch.Generator().manual_seed(7)
     allowed = torch.rand(9, 5, generator=gen) < 0.7
     allowed[:, 0] = True
     allowed[4] = torch.tensor([True, False, False, False, False])  # one allowed action: nothing to move
-    c = centering(allowed)
+    c = centring(allowed)
     u = torch.randn(9, 5, generator=gen, dtype=torch.float64)
     torch.testing.assert_close(c, c.transpose(1, 2))
     torch.testing.assert_close(c @ c, c, rtol=1e-12, atol=1e-14)  # a projection
