@@ -164,15 +164,17 @@ def layer_rows(table: pa.Table, layer: str, width: int) -> LayerRows:
 def rewards(products: pa.Table, outcomes: pa.Table, paid: npt.NDArray[np.float64], complaint_cost: float
             ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.bool_], npt.NDArray[np.int64]]:
     """Per product decision: the reward (module doc), whether it was taken, its complaints. A retried report counts
-    once (``experience.sessions.dedupe_outcomes``, as the objective counts it)."""
+    once (``experience.sessions.dedupe_outcomes``, as the objective counts it). A report counts for the decision of its
+    id in its own session only: a row copied into another session under the same id takes nothing from the real one."""
     outcomes = outcomes.take(pa.array(dedupe_outcomes(outcomes)))
-    ids = products.column("decision_id").to_pylist()
-    row_of = {d: i for i, d in enumerate(ids)}
-    taken = np.zeros(len(ids), dtype=np.bool_)
-    complaints = np.zeros(len(ids), dtype=np.int64)
+    keys = zip(products.column("session_id").to_pylist(), products.column("decision_id").to_pylist(), strict=True)
+    row_of = {key: i for i, key in enumerate(keys)}
+    taken = np.zeros(products.num_rows, dtype=np.bool_)
+    complaints = np.zeros(products.num_rows, dtype=np.int64)
     kinds = np.asarray(outcomes.column("outcome").to_numpy(), dtype=np.int64)
-    for d, kind in zip(outcomes.column("decision_id").to_pylist(), kinds.tolist(), strict=True):
-        i = row_of.get(d)
+    reported = zip(outcomes.column("session_id").to_pylist(), outcomes.column("decision_id").to_pylist(), strict=True)
+    for key, kind in zip(reported, kinds.tolist(), strict=True):
+        i = row_of.get(key)
         if i is None:
             continue
         if kind == Outcome.ADD_TO_CART:

@@ -26,6 +26,7 @@ from simulator.drive import by_model, run_logged
 from simulator.world import World
 from tests.harness import ROOT, trainer_in_process
 from tests.log_tables import with_value
+from trainer import product_data
 from trainer.product_checks import usable_products
 from trainer.product_data import HEAD_OF, LAYERS, layer_rows, product_rows
 from trainer.product_gate import judge, served_probability
@@ -287,6 +288,21 @@ def test_retried_reports_count_once_and_foreign_features_are_named(product_logs:
     np.testing.assert_array_equal(twice.rewards, rows.rewards)
     with pytest.raises(ValueError, match=r"sku_features: candidates of .* features where the bundle's head reads 5"):
         layer_rows(products, "sku", 5)
+
+
+def test_a_copy_of_a_decision_in_another_session_takes_none_of_its_outcomes(product_logs: Path, rows) -> None:  # type: ignore[no-untyped-def]
+    """Outcomes match a product decision by its session and its id: a row copied into another session under the same
+    decision id gets nothing (its session reported nothing), and the real row keeps what it earned. (Matched by the id
+    alone, the copy, later in the table, took the real row's outcomes.)"""
+    source = DirectorySource(product_logs)
+    products, outcomes = source.table("products"), source.table("outcomes")
+    i = int(np.flatnonzero(rows.taken & (rows.rewards > 0))[0])  # rows are in the table's order
+    copy = with_value(products.slice(i, 1), "session_id", 0, "f" * 32)
+    paid = np.full(products.num_rows + 1, 5.0)
+    reward, taken, complaints = product_data.rewards(pa.concat_tables([products, copy]), outcomes, paid, 10.0)
+    np.testing.assert_array_equal(taken[:-1], rows.taken)
+    np.testing.assert_array_equal(complaints[:-1], rows.complaints)
+    assert taken[i] and reward[i] == 5.0 and not taken[-1] and reward[-1] == 0.0 and complaints[-1] == 0
 
 
 def test_a_bundle_without_heads_or_logs_without_products_are_refused(product_logs: Path) -> None:
