@@ -51,10 +51,15 @@ def ints(values: pa.ChunkedArray | pa.Array) -> npt.NDArray[np.int64]:
     return np.asarray(values.to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
-def any_per_row(lengths: npt.NDArray[np.int64], flags: npt.NDArray[np.bool_]) -> npt.NDArray[np.bool_]:
-    """Per row of a list column whose rows hold ``lengths`` values, whether any of its values is flagged (``flags``: one
-    per value, in row order)."""
-    return np.bincount(np.repeat(np.arange(len(lengths)), lengths), weights=flags, minlength=len(lengths)) > 0
+def owners(lengths: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """Per value of a list column whose rows hold ``lengths`` values (flattened, in row order), the row it is in."""
+    return np.repeat(np.arange(len(lengths)), lengths)
+
+
+def any_per_row(owner: npt.NDArray[np.int64], rows: int, flags: npt.NDArray[np.bool_]) -> npt.NDArray[np.bool_]:
+    """Per row of ``rows``, whether any of its values is flagged (``flags`` and ``owner``, from ``owners``: one per
+    value)."""
+    return np.bincount(owner, weights=flags, minlength=rows) > 0
 
 
 class Lists:
@@ -64,11 +69,11 @@ class Lists:
         self.lengths = ints(pc.list_value_length(column).fill_null(0))
         self.starts = np.cumsum(self.lengths) - self.lengths
         self.values: npt.NDArray[Any] = np.asarray(pc.list_flatten(column).to_numpy(zero_copy_only=False), dtype=dtype)
-        self.owner = np.repeat(np.arange(len(self.lengths)), self.lengths)
+        self.owner = owners(self.lengths)
 
     def any(self, flags: npt.NDArray[np.bool_]) -> npt.NDArray[np.bool_]:
         """Per row, whether any of its values is flagged."""
-        return np.bincount(self.owner, weights=flags, minlength=len(self.lengths)) > 0
+        return any_per_row(self.owner, len(self.lengths), flags)
 
     def beside(self, other: Lists, rows: npt.NDArray[np.bool_]) -> npt.NDArray[Any]:
         """Per value of ``self``, ``other``'s value at the same row and place, in ``rows`` (whose lists in both are as

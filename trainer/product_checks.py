@@ -33,6 +33,7 @@ from trainer.log_checks import (
     Lists,
     any_per_row,
     ints,
+    owners,
     rows_with_nan,
     shopper_rows,
     spec_rows,
@@ -55,8 +56,9 @@ def usable_products(products: pa.Table, outcomes: pa.Table, spec: FeatureSpec | 
         found.update(spec_rows(products, spec))
     for layer, width in (widths or {}).items():
         features = products.column(f"{layer}_features")
+        candidates = ints(pc.list_value_length(features))
         found[f"{layer}_features of another width than the bundle's {width}"] = any_per_row(
-            ints(pc.list_value_length(features)), ints(pc.list_value_length(pc.list_flatten(features))) != width)
+            owners(candidates), len(candidates), ints(pc.list_value_length(pc.list_flatten(features))) != width)
     return without_bad_sessions(products, found, outcomes)
 
 

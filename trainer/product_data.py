@@ -192,14 +192,20 @@ def rewards(products: pa.Table, outcomes: pa.Table, paid: npt.NDArray[np.float64
     return np.where(taken & ordered, paid, 0.0) - complaint_cost * complaints, taken, complaints
 
 
-def product_rows(products: pa.Table, outcomes: pa.Table, model: ModelSet, objective: BusinessObjective | None = None) -> ProductRows:
-    """The training rows of ``products`` records (states rebuilt by ``model``'s encoder), rewarded from ``outcomes``."""
+def layer_widths(model: ModelSet) -> dict[str, int]:
+    """Per layer, the width of a candidate's features as the bundle's heads read them; ``ValueError`` for a bundle
+    without product heads."""
     if model.product is None:
         raise ValueError("the bundle has no product heads to train (weights init --product-heads)")
-    spec, widths = model.encoder.spec, model.product.heads.widths
+    return {layer: model.product.heads.widths[HEAD_OF[layer]] for layer in LAYERS}
+
+
+def product_rows(products: pa.Table, outcomes: pa.Table, model: ModelSet, objective: BusinessObjective | None = None) -> ProductRows:
+    """The training rows of ``products`` records (states rebuilt by ``model``'s encoder), rewarded from ``outcomes``."""
+    spec, widths = model.encoder.spec, layer_widths(model)
     states = model.encoder.encode_columns(buckets_of(products, spec), np.asarray(products.column("hour").to_numpy(), dtype=np.int64))
     write_embeddings(states[:, : spec.item_dim], products.column("item_embedding"), spec.item_dim)
-    layers = {layer: layer_rows(products, layer, widths[HEAD_OF[layer]]) for layer in LAYERS}
+    layers = {layer: layer_rows(products, layer, widths[layer]) for layer in LAYERS}
     band = layers["price_band"]
     paid = np.exp(band.features[np.arange(len(band.index)), band.index, PAID].astype(np.float64))
     reward, taken, complaints = rewards(products, outcomes, paid, (objective or BusinessObjective()).complaint_cost)

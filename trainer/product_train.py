@@ -22,7 +22,7 @@ import torch
 
 from experience.sessions import first_copies, session_codes, session_hashes, split_by_session
 from trainer.product_checks import usable_products
-from trainer.product_data import HEAD_OF, LAYERS, product_rows
+from trainer.product_data import LAYERS, layer_widths, product_rows
 from trainer.product_gate import judge
 from trainer.product_guard import GuardConfig, PreviousGuard, train_guards
 from trainer.product_update import DELTAS, ENCODER_DELTA, update_heads
@@ -121,10 +121,7 @@ def train_products(products: pa.Table, outcomes: pa.Table, bundle: Bundle, model
         products = products.take(pa.array(distinct))
     torch.manual_seed(config.seed)
     model = ModelSet.load(bundle, LoadOptions(device="cpu", warmup_batch=1))
-    if model.product is None:
-        raise ValueError("the bundle has no product heads to train (weights init --product-heads)")
-    widths = {layer: model.product.heads.widths[HEAD_OF[layer]] for layer in LAYERS}
-    products, outcomes, dropped = usable_products(products, outcomes, model.encoder.spec, widths)  # rows no server
+    products, outcomes, dropped = usable_products(products, outcomes, model.encoder.spec, layer_widths(model))  # rows no server
     if products.num_rows == 0:  # writes, or that this bundle cannot rebuild: their sessions left out
         raise ValueError(f"every one of the {logged} product decisions is in a session with rows no server writes or this "
                          f"bundle cannot rebuild ({dropped.reasons})")
