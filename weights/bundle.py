@@ -46,6 +46,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from core.conditions import MAX_NAME
+
 FORMAT = "shopping-agent-bundle"
 FORMAT_VERSION = 3
 """The newest format this code writes and reads; it reads every version in ``VERSION_PARTS``."""
@@ -64,6 +66,7 @@ SIGNATURE = "signature.ed25519"
 MAX_BUNDLE_BYTES = 128 * 1024 * 1024  # the default bundle is 1.9 MB; two MLPs of this kind stay far below
 MAX_PART_BYTES = 64 * 1024 * 1024
 MAX_MANIFEST_BYTES = 1024 * 1024
+MAX_TRAINING_METRICS = 512  # a trained bundle has about 60 (a metric series each on every server)
 MODEL_VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:+@=-]{0,199}")  # also a history file's name (weights.store)
 MODEL_VERSION_RULE = "1-200 letters, digits and . _ : + @ = -, starting with a letter or digit"
 _ZIP_TIME = (1980, 1, 1, 0, 0, 0)
@@ -254,6 +257,7 @@ def _read_bundle(data: bytes) -> Bundle:
     created_at = manifest.get("created_at")
     if created_at is not None and parse_time(created_at) is None:
         raise BundleError("schema", f"manifest.json: created_at must be an ISO 8601 time with a zone, got {str(created_at)[:40]!r}")
+    _check_training_metrics(manifest.get("training_metrics"))
     listed = manifest.get("parts")
     if not isinstance(listed, dict):
         raise BundleError("schema", "manifest.json: parts must be an object")
@@ -263,6 +267,22 @@ def _read_bundle(data: bytes) -> Bundle:
             raise BundleError("checksum", f"{name}: sha256 or size does not match the manifest")
     return Bundle(manifest=manifest, parts={name: raw[name] for name in part_names}, manifest_bytes=raw[MANIFEST],
                   signature=raw.get(SIGNATURE))
+
+
+def _check_training_metrics(metrics: Any) -> None:
+    """Each of a manifest's ``training_metrics`` becomes a series of ``shopping_agent_model_training_metric`` named by a
+    label (``server.metrics``): a name that could not be encoded (a lone surrogate) would fail every scrape, and ten
+    thousand names would make each scrape ten times the size. So: at most ``MAX_TRAINING_METRICS`` names, each of 1-100
+    printable characters, as rule names are (their values may be anything: only finite numbers are exported)."""
+    if metrics is None:
+        return
+    if not isinstance(metrics, dict) or len(metrics) > MAX_TRAINING_METRICS:
+        raise BundleError("schema", f"manifest.json: training_metrics must be an object of at most {MAX_TRAINING_METRICS} "
+                                    f"entries, got {type(metrics).__name__} of {len(metrics) if isinstance(metrics, dict) else '-'}")
+    for name in metrics:
+        if not (0 < len(name) <= MAX_NAME and name.isprintable()):
+            raise BundleError("schema", f"manifest.json: training_metrics names must be 1-{MAX_NAME} printable characters, got "
+                                        f"{ascii(name)[:60]}")
 
 
 def parse_time(value: Any) -> datetime | None:

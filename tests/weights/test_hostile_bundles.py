@@ -259,3 +259,14 @@ def test_the_fork_server_leaves_nothing_in_the_temp_dir(tmp_path: Path, monkeypa
     finally:
         validator.close()
     assert list(tmp_path.glob("shopping-agent-onnx-*")) == []
+
+
+def test_training_metric_names_that_would_break_or_bloat_every_scrape_are_refused() -> None:
+    """Each name is a label of a series on every server's ``/metrics``: a lone surrogate cannot be encoded (every scrape
+    failed with a 500 while the bundle served), and 30,000 names made a scrape 18 times its size (a review, 2026-12-05)."""
+    for bad in ({"loss\ud800": 1.0}, {"a\nb": 1.0}, {"": 1.0}, {"x" * 101: 1.0}, [1.0], "loss",
+                {f"m{i}": 1.0 for i in range(513)}):
+        error = refused(hostile.rebuilt(training_metrics=bad))
+        assert error.reason == "schema" and "training_metrics" in str(error)
+    ModelSet.load(read_bundle(hostile.rebuilt(training_metrics={**{f"m{i}": 1.0 for i in range(511)}, "x" * 100: "text"})),
+                  OPTIONS)
