@@ -109,6 +109,7 @@ class Context:
 # no trainer can rebuild), and counts (``cart_item_count``, ``visit_count``) as int32.
 LOGGED_EMBEDDING_MAX = 65504.0
 LOGGED_COUNT_MAX = 2**31 - 1
+MAX_OUTCOME_VALUE = 1_000_000.0  # the servers' default cap on a ReportOutcome's value and coupon_discount
 # A protobuf Timestamp's range, 0001-01-01T00:00:00Z to 9999-12-31T23:59:59Z: the event times a request may carry, and
 # the times the compactor can place in an hour.
 TIMESTAMP_MIN_S = -62_135_596_800

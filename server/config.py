@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from core.domain import MAX_OUTCOME_VALUE
+
 ENV_PREFIX = "SHOPPING_AGENT_"
 
 
@@ -105,7 +107,7 @@ class Config:
     validate_memory_mb: int = _opt(512, "address-space limit (MiB) of the child process that loads and self-tests each new "
                                         "bundle before the server does; 0: no child (validate in-process)")
     validate_timeout_seconds: float = _opt(30.0, "how long that child may take before the bundle is rejected")
-    max_outcome_value: float = _opt(1_000_000.0, "largest ReportOutcome value or coupon_discount accepted (INVALID_ARGUMENT above)")
+    max_outcome_value: float = _opt(MAX_OUTCOME_VALUE, "largest ReportOutcome value or coupon_discount accepted (INVALID_ARGUMENT above)")
     log_dir: Path | None = _opt(None, "write the decision, outcome, engagement and product logs (Arrow IPC segments) "
                                       "under this directory; unset: no logs")
     log_sample_rate: float = _opt(1.0, "share of sessions whose decisions and outcomes are logged (a session is kept whole)")

@@ -17,6 +17,7 @@ import numpy.typing as npt
 from core.domain import (
     LOGGED_COUNT_MAX,
     LOGGED_EMBEDDING_MAX,
+    MAX_OUTCOME_VALUE,
     TIMESTAMP_MAX_S,
     TIMESTAMP_MIN_S,
     DecisionRequest,
@@ -47,7 +48,7 @@ class Limits:
     item_dim: int
     max_recent_behavior_ids: int
     max_id_length: int
-    max_outcome_value: float = 1_000_000.0  # an order's value and a coupon's discount: what training may be told
+    max_outcome_value: float = MAX_OUTCOME_VALUE  # an order's value and a coupon's discount: what training may be told
 
 
 def required_id(value: str, name: str, limits: Limits) -> str:
@@ -82,13 +83,17 @@ def parse_outcome(msg: pb.ReportOutcomeRequest, limits: Limits, now_s: float) ->
     outcome_id = required_id(msg.outcome_id, "outcome_id", limits)
     if msg.outcome not in _OUTCOMES:
         raise InvalidRequest("outcome", f"unknown value {msg.outcome}" if msg.outcome else "required (OUTCOME_UNSPECIFIED)")
+    value = _amount(msg.value, "value", limits.max_outcome_value)
+    discount = _amount(msg.coupon_discount, "coupon_discount", limits.max_outcome_value)
+    if msg.outcome == pb.OUTCOME_ORDER and discount > value:  # the objective counts an order as value − discount
+        raise InvalidRequest("coupon_discount", f"an order's discount must be at most its value ({value:g}), got {discount:g}")
     return OutcomeReport(
         decision_id=decision_id,
         session_id=session_id,
         outcome_id=outcome_id,
         outcome=Outcome(msg.outcome),
-        value=_amount(msg.value, "value", limits.max_outcome_value),
-        coupon_discount=_amount(msg.coupon_discount, "coupon_discount", limits.max_outcome_value),
+        value=value,
+        coupon_discount=discount,
         event_time_s=_event_time(msg, now_s),
     )
 

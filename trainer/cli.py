@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from core.domain import MAX_OUTCOME_VALUE
 from policy.onnx_model import RuntimeMissing
 
 if TYPE_CHECKING:
@@ -84,6 +85,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    help="the logs: a directory (serve --log-dir) or a URI pyarrow.fs opens (s3://, gs://, hdfs://, file://)")
     p.add_argument("--bootstrap", type=int, default=200, help="bootstrap resamples (default 200)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-session-order-value", type=_positive, default=MAX_OUTCOME_VALUE, metavar="AMOUNT",
+                   help="leave out a session whose orders total more (default %(default)g: as TrainConfig's "
+                        "max_session_order_value; set it to the servers' --max-outcome-value)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=_evaluate)
 
@@ -205,13 +209,13 @@ def _shown(location: str) -> str:
     return redacted(location)
 
 
-def _logs(location: str, bundle: Any) -> tuple[Any, Any]:
+def _logs(location: str, bundle: Any, max_session_value: float) -> tuple[Any, Any]:
     """Every decision and outcome (``evaluate``: judged on all it is given) but the sessions holding a row no server
-    writes (``trainer.log_checks``)."""
+    writes or orders totalling more than ``max_session_value`` (``trainer.log_checks``)."""
     from trainer.log_checks import usable
 
     source = _source(location, bundle)
-    decisions, outcomes, _ = usable(source.table("decisions"), source.table("outcomes"), source.spec)
+    decisions, outcomes, _ = usable(source.table("decisions"), source.table("outcomes"), source.spec, max_session_value)
     return decisions, outcomes
 
 
@@ -317,7 +321,7 @@ def _evaluate(args: argparse.Namespace) -> int:
 
     bundle = _bundle(args.bundle)
     model = ModelSet.load(bundle, LoadOptions(device="cpu", warmup_batch=1))
-    decisions, outcomes = _logs(args.logs, bundle)
+    decisions, outcomes = _logs(args.logs, bundle, args.max_session_order_value)
     result = {"bundle": str(args.bundle), "model_version": model.version, "value": "business objective per session",
               **evaluate_bundle(model, decisions, outcomes, n_boot=args.bootstrap, seed=args.seed).to_dict()}
     if args.json:
@@ -341,6 +345,13 @@ def _model_version(text: str) -> str:
     if not MODEL_VERSION.fullmatch(text):
         raise argparse.ArgumentTypeError(f"{text!r}: use {MODEL_VERSION_RULE}")
     return text
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a finite number > 0")
+    return value
 
 
 def _sessions_or_all(text: str) -> int | None:

@@ -9,6 +9,7 @@ from typing import Any, TypedDict
 
 from core.domain import Action, Outcome
 from experience.engagement import EngagementWeights
+from trainer.log_checks import MAX_SESSION_ORDER_VALUE
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +133,10 @@ class TrainConfig:
     read after training, in a third pass, and judged a chunk of states at a time (``trainer.evaluation``): each costs
     its Arrow rows (about 1.6 KB a decision) and a few numbers a decision. None: every held-out session of the window.
     When the window fits in the sample, this is the sample's held-out side, as without it."""
+    max_session_order_value: float = MAX_SESSION_ORDER_VALUE
+    """A session whose orders total more than this is left out of the run (training, the gate and the canary's look),
+    counted (``trainer.log_checks``). Set it to the servers' ``--max-outcome-value``: each report is capped there, and
+    many reports of one session must not add up to more than one may carry."""
     gamma: float = 0.85
     """Discount of the Monte Carlo returns (the same γ as mean_return)."""
     horizon_hours: float = 72.0
@@ -245,6 +250,8 @@ class TrainConfig:
         problems = []
         if not 0 < self.heldout_fraction < 1:
             problems.append(f"heldout_fraction: expected in (0, 1), got {self.heldout_fraction}")
+        if not 0 < self.max_session_order_value < math.inf:
+            problems.append(f"max_session_order_value: expected a finite number > 0, got {self.max_session_order_value}")
         if not 0 <= self.gamma <= 1:
             problems.append(f"gamma: expected in [0, 1], got {self.gamma}")
         if self.window_versions is not None and self.window_versions < 1:

@@ -71,7 +71,8 @@ def run_cycle(args: argparse.Namespace) -> int:
     current = ModelSet.load(current_bundle, options)
     settings = settings_from(args)
     judging = _operator_left_it(args)
-    canaried = look(store, config.tolerance, current, lambda: _source(args.logs, init), options, settings) if judging else None
+    canaried = look(store, config.tolerance, current, lambda: _source(args.logs, init), options, settings,
+                    config.max_session_order_value) if judging else None
     if canaried is not None and canaried["action"] == "wait":  # still serving: a new active bundle would change its control
         print(json.dumps({"canary": canaried}, default=float) if args.json else f"canary {canaried['action']}: {canaried['reason']}")
         return 0
@@ -91,7 +92,7 @@ def run_cycle(args: argparse.Namespace) -> int:
     shutdown()  # every rank together, training done: rank 0 gates alone, with no rank left waiting in a collective
     if args.rank != 0:
         return 0  # rank 0 evaluates, gates and publishes
-    held_d, held_o = read_gate(_source(args.logs, init), gate_sessions)
+    held_d, held_o = read_gate(_source(args.logs, init), gate_sessions, config.max_session_order_value)
     new = ModelSet.load(read_bundle(result.bundle), options)
     verdict = gate(judged(config, new, held_d, held_o), judged(config, current, held_d, held_o), config.tolerance,
                    **config.gate_limits())

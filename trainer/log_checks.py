@@ -3,11 +3,13 @@
 A server logs, for every decision, an action in 1..5, the served distribution (``served_probs``: finite, in [0, 1], summing to 1) and
 the propensity of the action it served, which is that distribution's entry for the action (``policy.decision``), with
 the shopper's hour of the day, an embedding of numbers and behaviour buckets within the count it logs (``shopper_rows``);
-and for every outcome a finite value and coupon discount of at least 0 (``server.validation``). A row outside that comes
+and for every outcome a finite value and coupon discount of at least 0, an order's discount at most its value
+(``server.validation``). A row outside that comes
 from a broken or hostile writer of the logs volume, and one was enough to stop every later run (a NaN propensity), to
 make every update abort while the run still published (a zero or null one), to move the gate's estimate by its weight
 (a propensity that is not the served probability it claims) or by its reward (an infinite or negative value). Such a
-session is dropped whole, from the decisions and the outcomes alike, so no episode loses a step.
+session is dropped whole, from the decisions and the outcomes alike, so no episode loses a step. So is a session whose
+orders total more than ``MAX_SESSION_ORDER_VALUE``: rows a server writes, from reports a caller of the port may send.
 
 What this cannot see: a writer that forges a consistent row (the served distribution and its propensity changed
 together) or a plausible outcome. Only the logs' provenance can rule that out: who may write the volume.
@@ -24,11 +26,17 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from core.domain import N_ACTIONS
+from core.domain import MAX_OUTCOME_VALUE, N_ACTIONS, Outcome
+from experience.sessions import dedupe_outcomes
 from policy.features import FeatureSpec
 
 log = logging.getLogger(__name__)
 
+MAX_SESSION_ORDER_VALUE = MAX_OUTCOME_VALUE
+"""What a session's orders may total before the session is left out (``TrainConfig.max_session_order_value``): the
+servers' default ``--max-outcome-value``, the most one report may carry. Each ``ReportOutcome`` is capped, but a caller
+who reaches the port could send three hundred orders of that cap for one session (each with its own ``outcome_id``), and
+the objective sums them: 3·10⁸ on one session (a review, 2026-12-05). Set it with the servers' cap."""
 SUM_TOLERANCE = 1e-6  # a served distribution sums to 1 up to float64 rounding over five terms
 PROPENSITY_TOLERANCE = 1e-9  # the propensity is the served probability itself (the same float64)
 
@@ -145,13 +153,25 @@ def rows_with_nan(column: pa.ChunkedArray) -> npt.NDArray[np.bool_]:
     return found
 
 
-def bad_outcomes(outcomes: pa.Table) -> dict[str, npt.NDArray[np.bool_]]:
-    """Per reason, the outcome rows no server writes."""
+def bad_outcomes(outcomes: pa.Table, max_session_value: float = MAX_SESSION_ORDER_VALUE) -> dict[str, npt.NDArray[np.bool_]]:
+    """Per reason, the outcome rows no server writes, and the orders of a session that total more than
+    ``max_session_value`` (each report within the servers' cap, but many of them: ``MAX_SESSION_ORDER_VALUE``)."""
     out = {}
+    amounts = {}
     for column in ("value", "coupon_discount"):
-        values = np.asarray(outcomes.column(column).to_numpy(zero_copy_only=False), dtype=np.float64)
+        values = amounts[column] = np.asarray(outcomes.column(column).to_numpy(zero_copy_only=False), dtype=np.float64)
         with np.errstate(invalid="ignore"):
             out[f"{column} not a finite amount >= 0"] = ~(np.isfinite(values) & (values >= 0))
+    order = ints(outcomes.column("outcome")) == int(Outcome.ORDER)
+    value = amounts["value"]
+    with np.errstate(invalid="ignore"):
+        out["coupon_discount above its order's value"] = order & (amounts["coupon_discount"] > value)
+    counted = np.zeros(outcomes.num_rows, dtype=np.bool_)
+    counted[dedupe_outcomes(outcomes)] = True  # (a resent order counts once, as in the objective)
+    counted &= order & np.isfinite(value) & (value >= 0)
+    _, session = np.unique(outcomes.column("session_id").to_numpy(zero_copy_only=False), return_inverse=True)
+    totals = np.bincount(session[counted], weights=value[counted], minlength=int(session.max(initial=-1)) + 1)
+    out[f"orders of a session totalling more than {max_session_value:g}"] = order & (totals[session] > max_session_value)
     return out
 
 
@@ -170,16 +190,19 @@ def outside(values: pa.ChunkedArray | pa.Array, ids: pa.Array) -> pa.ChunkedArra
     return pc.invert(pc.is_in(values, value_set=ids))
 
 
-def sessions_with_bad_outcomes(outcomes: pa.Table) -> pa.Array:
-    """The session ids of ``outcomes`` that hold a row no server writes (the canary's look, which reads no decisions)."""
-    return _sessions_of(outcomes, bad_outcomes(outcomes), {})
+def sessions_with_bad_outcomes(outcomes: pa.Table, max_session_value: float = MAX_SESSION_ORDER_VALUE) -> pa.Array:
+    """The session ids of ``outcomes`` that hold a row no server writes, or orders totalling more than
+    ``max_session_value`` (the canary's look, which reads no decisions)."""
+    return _sessions_of(outcomes, bad_outcomes(outcomes, max_session_value), {})
 
 
-def usable(decisions: pa.Table, outcomes: pa.Table, spec: FeatureSpec | None = None) -> tuple[pa.Table, pa.Table, Dropped]:
-    """``decisions`` and ``outcomes`` without the sessions that hold a row no server writes (module doc), or, with the
-    ``spec`` of the bundle they are read for, a row it cannot rebuild a state from (``spec_rows``)."""
+def usable(decisions: pa.Table, outcomes: pa.Table, spec: FeatureSpec | None = None,
+           max_session_value: float = MAX_SESSION_ORDER_VALUE) -> tuple[pa.Table, pa.Table, Dropped]:
+    """``decisions`` and ``outcomes`` without the sessions that hold a row no server writes (module doc) or orders
+    totalling more than ``max_session_value``, or, with the ``spec`` of the bundle they are read for, a row it cannot
+    rebuild a state from (``spec_rows``)."""
     return without_bad_sessions(decisions, {**bad_decisions(decisions), **(spec_rows(decisions, spec) if spec else {})},
-                                outcomes)
+                                outcomes, max_session_value)
 
 
 def spec_rows(table: pa.Table, spec: FeatureSpec) -> dict[str, npt.NDArray[np.bool_]]:
@@ -194,13 +217,13 @@ def spec_rows(table: pa.Table, spec: FeatureSpec) -> dict[str, npt.NDArray[np.bo
             "behavior_bucket_indices fewer than the bundle's window reads": held < np.minimum(recent, spec.behavior_window)}
 
 
-def without_bad_sessions(decisions: pa.Table, found: dict[str, npt.NDArray[np.bool_]], outcomes: pa.Table
-                         ) -> tuple[pa.Table, pa.Table, Dropped]:
+def without_bad_sessions(decisions: pa.Table, found: dict[str, npt.NDArray[np.bool_]], outcomes: pa.Table,
+                         max_session_value: float = MAX_SESSION_ORDER_VALUE) -> tuple[pa.Table, pa.Table, Dropped]:
     """``decisions`` and ``outcomes`` without the sessions of the rows ``found`` marks (per reason) and of the outcome
-    rows no server writes; ``Dropped.decisions`` counts the rows of ``decisions`` left out, whatever kind they are."""
+    rows ``bad_outcomes`` marks; ``Dropped.decisions`` counts the rows of ``decisions`` left out, whatever kind they are."""
     reasons: dict[str, int] = {}
     ids = pc.unique(pa.concat_arrays([_sessions_of(decisions, found, reasons),
-                                      _sessions_of(outcomes, bad_outcomes(outcomes), reasons)]))
+                                      _sessions_of(outcomes, bad_outcomes(outcomes, max_session_value), reasons)]))
     if not len(ids):
         return decisions, outcomes, Dropped(0, 0, 0, {})
     kept_d = decisions.filter(outside(decisions.column("session_id"), ids))

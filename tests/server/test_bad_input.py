@@ -95,6 +95,8 @@ def test_unspecified_page_type_is_accepted(channel: grpc.Channel) -> None:
     ({"value": 1_000_000.5}, "value: must be at most 1e+06"),
     ({"coupon_discount": 2e6}, "coupon_discount: must be at most 1e+06"),
     ({"value": float("nan")}, "value: must be a finite amount >= 0"),
+    ({"value": 10.0, "coupon_discount": 10.5}, "coupon_discount: an order's discount must be at most its value (10), got 10.5"),
+    ({"coupon_discount": 1e6}, "coupon_discount: an order's discount must be at most its value (0), got 1e+06"),
 ])
 def test_outcome_amounts_are_bounded(channel: grpc.Channel, fields: dict[str, object], message: str) -> None:
     """An order worth 1e308 would have gone into training as a reward: refused, naming the field."""
@@ -106,3 +108,6 @@ def test_outcome_amounts_are_bounded(channel: grpc.Channel, fields: dict[str, ob
     ok = stub(channel).ReportOutcome(pb.ReportOutcomeRequest(decision_id="d-1", session_id="s-1", outcome_id="o-ok",
                                                              outcome=pb.OUTCOME_ORDER, value=1_000_000.0), timeout=10)
     assert ok.outcome_id == "o-ok"
+    for outcome in (pb.OUTCOME_COUPON_USED, pb.OUTCOME_COMPLAINT):  # a discount beside no order: the objective ignores it
+        assert stub(channel).ReportOutcome(pb.ReportOutcomeRequest(decision_id="d-1", session_id="s-1", outcome_id="o-c",
+                                                                   outcome=outcome, coupon_discount=5.0), timeout=10)

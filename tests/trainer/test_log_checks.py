@@ -12,6 +12,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from core.domain import Outcome
+from experience.objective import BusinessObjective
 from experience.schema import SCHEMAS
 from experience.segments import DirectorySource
 from policy.features import FeatureSpec
@@ -148,3 +150,69 @@ def test_rows_the_bundle_cannot_rebuild_are_left_out_when_its_spec_is_known(sim_
     out = subprocess.run([sys.executable, "-m", "server", "evaluate", "default", "--logs", str(tmp_path), "--bootstrap", "20",
                           "--json"], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert out.returncode == 0 and "item_embedding not the bundle's 768 values" in out.stderr, out.stderr[-2000:]
+
+
+def _orders(outcomes: pa.Table, session: str, values: list[float], ids: list[str]) -> pa.Table:
+    """ORDER rows of ``session``, each a copy of the first outcome row with its own value and ``outcome_id``."""
+    rows = pa.concat_tables([outcomes.slice(0, 1)] * len(values))
+    for column, data in {"session_id": [session] * len(values), "outcome": [int(Outcome.ORDER)] * len(values),
+                         "value": values, "coupon_discount": [0.0] * len(values), "outcome_id": ids}.items():
+        field = rows.schema.field(column)
+        rows = rows.set_column(rows.schema.get_field_index(column), field, pa.array(data, field.type))
+    return rows
+
+
+def test_a_session_whose_capped_orders_add_up_past_the_cap_is_left_out(sim_logs: Path) -> None:
+    """Each ReportOutcome is capped (the servers' --max-outcome-value), but a caller of the port sent 300 orders of the cap
+    for one session, each with its own outcome_id, and the objective summed them: 3·10⁸ on one session (a review,
+    2026-12-05). A session's orders may now total no more than one report may carry; an order sent twice counts once."""
+    source = DirectorySource(sim_logs)
+    decisions, outcomes = source.table("decisions"), source.table("outcomes")
+    attacker, resent, honest = sorted(set(decisions.column("session_id").to_pylist()))[:3]
+    extra = pa.concat_tables([_orders(outcomes, attacker, [1e6] * 300, [f"a{i}" for i in range(300)]),
+                              _orders(outcomes, resent, [6e5, 6e5], ["r", "r"]),
+                              _orders(outcomes, honest, [4e5, 5e5], ["h1", "h2"])])
+    kept_d, kept_o, dropped = usable(decisions, pa.concat_tables([outcomes, extra]))
+    assert dropped.sessions == 1 and set(dropped.reasons) == {"orders of a session totalling more than 1e+06"}
+    assert attacker not in set(kept_d.column("session_id").to_pylist()) | set(kept_o.column("session_id").to_pylist())
+    assert {resent, honest} <= set(kept_o.column("session_id").to_pylist())
+
+
+def test_the_cap_is_the_objectives_own_sum_of_orders(sim_logs: Path) -> None:
+    """At a cap of 100 the sessions left out are exactly those whose gross order value (``BusinessObjective``: each
+    outcome once, orders only) is above it."""
+    source = DirectorySource(sim_logs)
+    decisions, outcomes = source.table("decisions"), source.table("outcomes")
+    sessions = sorted(set(decisions.column("session_id").to_pylist()))
+    gmv = BusinessObjective().per_session(sessions, outcomes).gmv
+    over = {s for s, v in zip(sessions, gmv, strict=True) if v > 100}
+    assert 0 < len(over) < len(sessions)
+    kept_d, _, dropped = usable(decisions, outcomes, max_session_value=100.0)
+    assert dropped.sessions == len(over) and set(kept_d.column("session_id").to_pylist()) == set(sessions) - over
+
+
+def test_an_order_discounted_past_its_value_is_a_bad_row(sim_logs: Path) -> None:
+    """Servers refuse one now (INVALID_ARGUMENT naming coupon_discount); one in the logs would be an order worth less
+    than nothing."""
+    source = DirectorySource(sim_logs)
+    outcomes = source.table("outcomes")
+    order = outcomes.column("outcome").to_pylist().index(int(Outcome.ORDER))
+    outcomes = with_value(outcomes, "coupon_discount", order, outcomes.column("value").to_pylist()[order] + 1.0)
+    _, _, dropped = usable(source.table("decisions"), outcomes)
+    assert dropped.sessions == 1 and dropped.reasons == {"coupon_discount above its order's value": 1}
+
+
+def test_the_trainers_reads_leave_out_sessions_past_the_runs_cap(sim_logs: Path) -> None:
+    from trainer.config import TrainConfig
+    from trainer.reading import read_gate, read_window
+
+    source = DirectorySource(sim_logs)
+    config = TrainConfig(max_session_order_value=100.0, gate_sessions=10_000)
+    window = read_window(source, config, gate=True)
+    assert window.gate is not None
+    held_d, held_o = read_gate(source, window.gate, config.max_session_order_value)
+    for d, o in ((window.decisions, window.outcomes), (held_d, held_o)):
+        sessions = sorted(set(d.column("session_id").to_pylist()))
+        assert sessions and max(BusinessObjective().per_session(sessions, o).gmv) <= 100.0
+    with pytest.raises(ValueError, match="max_session_order_value"):
+        TrainConfig(max_session_order_value=float("inf"))
