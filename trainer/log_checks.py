@@ -229,6 +229,6 @@ def without_bad_sessions(decisions: pa.Table, found: dict[str, npt.NDArray[np.bo
     kept_d = decisions.filter(outside(decisions.column("session_id"), ids))
     kept_o = outcomes.filter(outside(outcomes.column("session_id"), ids))
     dropped = Dropped(len(ids), decisions.num_rows - kept_d.num_rows, outcomes.num_rows - kept_o.num_rows, reasons)
-    log.warning("sessions with log rows no server writes are left out of this run",
+    log.warning("sessions with log rows no server writes, or orders past the cap, are left out of this run",
                 extra={"fields": dropped.to_dict()})
     return kept_d, kept_o, dropped

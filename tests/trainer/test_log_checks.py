@@ -125,9 +125,12 @@ def test_evaluate_on_poisoned_logs_leaves_the_sessions_out_and_says_so(sim_logs:
     out = subprocess.run([sys.executable, "-m", "server", "evaluate", "default", "--logs", str(tmp_path), "--bootstrap", "20",
                           "--json"], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "sessions with log rows no server writes are left out of this run" in out.stderr
+    assert "sessions with log rows no server writes, or orders past the cap, are left out of this run" in out.stderr
     assert '"sessions": 3' in out.stderr or "sessions=3" in out.stderr
     assert np.isfinite(json.loads(out.stdout.strip().splitlines()[-1])["dr"]["value"])
+    capped = subprocess.run([sys.executable, "-m", "server", "evaluate", "default", "--logs", str(tmp_path), "--bootstrap", "20",
+                             "--max-session-order-value", "100"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert capped.returncode == 0 and "orders of a session totalling more than 100" in capped.stderr
 
 
 def test_rows_the_bundle_cannot_rebuild_are_left_out_when_its_spec_is_known(sim_logs: Path, tmp_path: Path) -> None:
