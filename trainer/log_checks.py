@@ -26,7 +26,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from core.domain import MAX_OUTCOME_VALUE, N_ACTIONS, Outcome
+from core.domain import MAX_OUTCOME_VALUE, N_ACTIONS, TIMESTAMP_MAX_S, TIMESTAMP_MIN_S, Outcome
 from experience.sessions import dedupe_outcomes
 from policy.features import FeatureSpec
 
@@ -125,12 +125,24 @@ def shopper_rows(table: pa.Table) -> dict[str, npt.NDArray[np.bool_]]:
     """Per reason, the rows of ``table`` (decisions or product records: both log the shopper) whose shopper no server
     logs: an hour outside 0..23 (99 stopped ``evaluate``; −5 was read as 19), a NaN in the item embedding (a server
     refuses a request with one; a row with one moved the product gate's estimate, and stopped ``evaluate``), a
-    behaviour bucket outside the bucket count the row was logged with."""
+    behaviour bucket outside the bucket count the row was logged with, an event time outside the years a request's
+    Timestamp may carry (a server refuses others; one infinite time stopped ``train`` and ``evaluate`` on every run)."""
     hours, count = ints(table.column("hour")), ints(table.column("behavior_bucket_count"))
     buckets = Lists(table.column("behavior_bucket_indices"), np.int64)
     outside = buckets.any((buckets.values < 0) | (buckets.values >= count[buckets.owner]))
     return {"hour outside 0..23": (hours < 0) | (hours > 23), "item_embedding NaN": rows_with_nan(table.column("item_embedding")),
-            "behavior_bucket_indices outside the logged bucket count": outside}
+            "behavior_bucket_indices outside the logged bucket count": outside,
+            EVENT_TIME_OUTSIDE: not_a_time(table.column("event_time_s"))}
+
+
+EVENT_TIME_OUTSIDE = "event_time_s not a time of years 1-9999"
+
+
+def not_a_time(column: pa.ChunkedArray) -> npt.NDArray[np.bool_]:
+    """Per value, whether it is NaN, infinite or outside the range of a protobuf Timestamp (``server.validation``)."""
+    values = np.asarray(column.to_numpy(zero_copy_only=False), dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        return ~((values >= TIMESTAMP_MIN_S) & (values <= TIMESTAMP_MAX_S))
 
 
 def rows_with_nan(column: pa.ChunkedArray) -> npt.NDArray[np.bool_]:
@@ -162,6 +174,7 @@ def bad_outcomes(outcomes: pa.Table, max_session_value: float = MAX_SESSION_ORDE
         values = amounts[column] = np.asarray(outcomes.column(column).to_numpy(zero_copy_only=False), dtype=np.float64)
         with np.errstate(invalid="ignore"):
             out[f"{column} not a finite amount >= 0"] = ~(np.isfinite(values) & (values >= 0))
+    out[EVENT_TIME_OUTSIDE] = not_a_time(outcomes.column("event_time_s"))
     order = ints(outcomes.column("outcome")) == int(Outcome.ORDER)
     value = amounts["value"]
     with np.errstate(invalid="ignore"):

@@ -219,3 +219,15 @@ def test_the_trainers_reads_leave_out_sessions_past_the_runs_cap(sim_logs: Path)
         assert sessions and max(BusinessObjective().per_session(sessions, o).gmv) <= 100.0
     with pytest.raises(ValueError, match="max_session_order_value"):
         TrainConfig(max_session_order_value=float("inf"))
+
+
+@pytest.mark.parametrize("time", [float("inf"), float("nan"), 1e308, -1e308, 253_402_300_800.0])
+@pytest.mark.parametrize("kind", ["decisions", "outcomes"])
+def test_an_event_time_no_timestamp_holds_is_a_bad_row(sim_logs: Path, time: float, kind: str) -> None:
+    """A server refuses an event_time outside years 1-9999. One infinite time in the logs stopped train and evaluate
+    with a traceback on every run (a review, 2026-12-05); −1e308 silently cut its session's other steps."""
+    source = DirectorySource(sim_logs)
+    tables = {"decisions": source.table("decisions"), "outcomes": source.table("outcomes")}
+    tables[kind] = with_value(tables[kind], "event_time_s", 4, time)
+    _, _, dropped = usable(tables["decisions"], tables["outcomes"])
+    assert dropped.sessions == 1 and dropped.reasons == {"event_time_s not a time of years 1-9999": 1}
