@@ -20,10 +20,13 @@ logged and never leaves this process.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import ssl
+import stat
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,6 +50,9 @@ class CertificateFiles:
     client_ca: Path | None = None
     flag: str = "--tls-cert"
     """The flag the messages name."""
+    grpc: bool = True
+    """Served by grpc's TLS, which takes fewer key types than Python's ssl (``_check_key_type``); /metrics is served by
+    Python's ssl."""
 
     @property
     def paths(self) -> tuple[Path, ...]:
@@ -66,7 +72,8 @@ def grpc_files(config: Config) -> CertificateFiles | None:
 def metrics_files(config: Config) -> CertificateFiles | None:
     if config.metrics_tls_cert is None or config.metrics_tls_key is None:
         return None
-    return CertificateFiles(config.metrics_tls_cert, config.metrics_tls_key, config.metrics_tls_client_ca, "--metrics-tls-cert")
+    return CertificateFiles(config.metrics_tls_cert, config.metrics_tls_key, config.metrics_tls_client_ca, "--metrics-tls-cert",
+                            grpc=False)
 
 
 def check_files(config: Config) -> None:
@@ -92,14 +99,44 @@ class Certificates:
     context: ssl.SSLContext
 
 
+MAX_FILE_BYTES = 1 << 20
+"""The largest certificate, key or CA file read (a Kubernetes Secret holds at most 1 MiB in all): a 256 MB file was
+read, held (+265 MB) and parsed on every handshake after it (a review, 2026-12-05)."""
+
+
+def read_file(path: Path, flag: str) -> bytes:
+    """A regular file's bytes, opened without blocking: a FIFO (or a device) put where a certificate belongs blocked the
+    read with no writer, inside grpc's handshake and under the reload lock, so no new connection got through even after
+    the file was put back, and nothing was logged (a review, 2026-12-05). Now it is refused like any unusable file."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise TlsError(f"{flag}: cannot read {exc.filename}: {exc.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise TlsError(f"{flag}: {path} is not a regular file")
+        if st.st_size > MAX_FILE_BYTES:
+            raise TlsError(f"{flag}: {path} is larger than {MAX_FILE_BYTES} bytes")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(MAX_FILE_BYTES + 1)
+    except OSError as exc:
+        raise TlsError(f"{flag}: cannot read {path}: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+    if len(data) > MAX_FILE_BYTES:
+        raise TlsError(f"{flag}: {path} grew past {MAX_FILE_BYTES} bytes while it was read")
+    return data
+
+
 def load(files: CertificateFiles) -> Certificates:
     try:
         before = signature(files)
-        cert, key = files.cert.read_bytes(), files.key.read_bytes()
-        client_ca = files.client_ca.read_bytes() if files.client_ca is not None else None
     except OSError as exc:
         raise TlsError(f"{files.flag}: cannot read {exc.filename}: {exc.strerror}") from None
-    context = server_context(files)
+    cert, key = read_file(files.cert, files.flag), read_file(files.key, files.flag)
+    client_ca = read_file(files.client_ca, files.flag) if files.client_ca is not None else None
+    context = server_context(files, cert, key, client_ca)
     try:
         after = signature(files)
     except OSError as exc:
@@ -109,25 +146,70 @@ def load(files: CertificateFiles) -> Certificates:
     return Certificates(cert, key, client_ca, before, context)
 
 
-def server_context(files: CertificateFiles) -> ssl.SSLContext:
-    """TLS 1.2 or later; with a client CA, a client certificate it signed is required."""
+def server_context(files: CertificateFiles, cert: bytes, key: bytes, client_ca: bytes | None) -> ssl.SSLContext:
+    """TLS 1.2 or later, from the bytes read (``read_file``), so the context and grpc's configuration are one read;
+    with a client CA, a client certificate it signed is required."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     try:
-        # An empty password: an encrypted key fails here instead of OpenSSL prompting on a terminal.
-        context.load_cert_chain(files.cert, files.key, password=b"")
+        # ssl loads a chain from paths only: these are the bytes read, in memory files no one else can open. An empty
+        # password: an encrypted key fails here instead of OpenSSL prompting on a terminal.
+        with _in_memory(cert) as cert_path, _in_memory(key) as key_path:
+            context.load_cert_chain(cert_path, key_path, password=b"")
     except (ssl.SSLError, OSError, ValueError) as exc:
         raise TlsError(f"{files.flag}: {files.cert} and {files.key} are not a PEM certificate chain and its "
                        f"unencrypted private key ({_reason(exc)})") from None
-    if files.client_ca is not None:
+    if files.grpc:
+        _check_key_type(files, key)
+    if client_ca is not None:
         try:
-            context.load_verify_locations(cafile=files.client_ca)
+            context.load_verify_locations(cadata=client_ca.decode("ascii"))
         except (ssl.SSLError, OSError, ValueError) as exc:
             raise TlsError(f"{files.flag}: {files.client_ca} holds no usable PEM CA certificate ({_reason(exc)})") from None
         if not context.get_ca_certs():
             raise TlsError(f"{files.flag}: {files.client_ca} holds no CA certificate")
         context.verify_mode = ssl.CERT_REQUIRED
     return context
+
+
+@contextlib.contextmanager
+def _in_memory(data: bytes) -> Iterator[str]:
+    """A path to ``data`` in an anonymous memory file (``memfd_create``): never on a disk, gone when closed."""
+    fd = os.memfd_create("tls", os.MFD_CLOEXEC)
+    try:
+        os.write(fd, data)
+        yield f"/proc/self/fd/{fd}"
+    finally:
+        os.close(fd)
+
+
+def _check_key_type(files: CertificateFiles, key: bytes) -> None:
+    """The keys grpc's TLS serves with to grpc's own clients: RSA (of 2048 bits or more: fewer are weak) and ECDSA on
+    P-256 or P-384. Python's ssl (OpenSSL) also takes secp256k1 or Ed448 keys, which grpc cannot load: it went on
+    serving the old certificate while "certificates reloaded" was logged, and a server started with one exited with a
+    traceback (a review, 2026-12-05). With P-521 or Ed25519 keys grpc's handshakes fail (no common signature
+    algorithm: measured, ``tests/server/test_tls.py``)."""
+    from cryptography.exceptions import UnsupportedAlgorithm
+    from cryptography.hazmat.primitives.asymmetric import ec, rsa
+    from cryptography.hazmat.primitives.serialization import load_pem_private_key
+
+    try:
+        private = load_pem_private_key(key, password=None)
+    except (ValueError, TypeError, UnsupportedAlgorithm) as exc:
+        raise TlsError(f"{files.flag}: {files.key}: the key cannot be read ({_reason(exc)})") from None
+    if isinstance(private, rsa.RSAPrivateKey) and private.key_size >= 2048:
+        return
+    if isinstance(private, ec.EllipticCurvePrivateKey) and isinstance(private.curve, (ec.SECP256R1, ec.SECP384R1)):
+        return
+    if isinstance(private, rsa.RSAPrivateKey):
+        kind = f"{private.key_size}-bit RSA"
+    elif isinstance(private, ec.EllipticCurvePrivateKey):
+        kind = f"EC ({private.curve.name})"
+    else:
+        kind = type(private).__name__.removesuffix("PrivateKey")
+    article = "an" if kind[0] in "AEIOU8" else "a"
+    raise TlsError(f"{files.flag}: {files.key} holds {article} {kind} key; grpc serves with RSA of 2048 bits or more, or ECDSA "
+                   "on P-256 or P-384")
 
 
 def _reason(exc: BaseException) -> str:

@@ -12,8 +12,11 @@ from pathlib import Path
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, rsa
+from cryptography.hazmat.primitives.asymmetric.types import CertificatePublicKeyTypes
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+PrivateKey = ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey | ed25519.Ed25519PrivateKey | ed448.Ed448PrivateKey
 
 
 @dataclass(frozen=True)
@@ -40,8 +43,9 @@ class CA:
                 .sign(key, hashes.SHA256()))
         return cls(name, cert.public_bytes(serialization.Encoding.PEM), key)
 
-    def issue(self, common_name: str, *, server: bool) -> Issued:
-        key = ec.generate_private_key(ec.SECP256R1())
+    def issue(self, common_name: str, *, server: bool, key: PrivateKey | None = None) -> Issued:
+        """A certificate this CA signs, for ``key`` (default: a new EC P-256 key)."""
+        key = key if key is not None else ec.generate_private_key(ec.SECP256R1())
         issuer = x509.load_pem_x509_certificate(self.cert).subject
         builder = _builder(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]), issuer, key.public_key())
         if server:
@@ -54,7 +58,7 @@ class CA:
                                         serialization.NoEncryption()))
 
 
-def _builder(subject: x509.Name, issuer: x509.Name, public_key: ec.EllipticCurvePublicKey) -> x509.CertificateBuilder:
+def _builder(subject: x509.Name, issuer: x509.Name, public_key: CertificatePublicKeyTypes) -> x509.CertificateBuilder:
     now = datetime.datetime.now(datetime.UTC)
     return (x509.CertificateBuilder().subject_name(subject).issuer_name(issuer).public_key(public_key)
             .serial_number(x509.random_serial_number())

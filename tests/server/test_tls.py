@@ -19,6 +19,7 @@ from typing import Any
 
 import grpc
 import pytest
+from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, rsa
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from server.cli import parser
@@ -123,6 +124,62 @@ def test_unusable_new_files_keep_the_current_certificates(tmp_path: Path, ca: CA
         files.install(ca)  # a good pair again: taken up
         assert status_of_a_call(live.target, credentials(ca)) == grpc.StatusCode.OK
         assert live.server.certificates.reloads == 1
+
+
+def test_a_fifo_or_an_oversized_file_is_refused_without_blocking_a_handshake(tmp_path: Path, ca: CA) -> None:
+    """A FIFO renamed over the certificate blocked the read with no writer, inside grpc's handshake and under the
+    reload lock: no new connection got through even after the file was put back, and nothing was logged (a review,
+    2026-12-05). A 256 MB certificate was read and held. Both are refused now, the certificates in use stay, and good
+    files are taken up after them."""
+    files = ServerFiles.write(tmp_path, ca)
+    with running_server(**files.flags()) as live:
+        assert live.server is not None and live.server.certificates is not None
+        fifo = tmp_path / "fifo"
+        os.mkfifo(fifo)
+        os.replace(fifo, files.cert)
+        started = time.monotonic()
+        assert status_of_a_call(live.target, credentials(ca)) == grpc.StatusCode.OK
+        assert time.monotonic() - started < 3
+        good = ca.issue("shopping-agent", server=True)
+        replace(files.key, good.key)
+        replace(files.cert, good.cert + b"# padding\n" * 120_000)  # 1.2 MB: past the 1 MiB a Secret holds
+        assert status_of_a_call(live.target, credentials(ca)) == grpc.StatusCode.OK
+        assert live.server.certificates.refusals == 2 and live.server.certificates.reloads == 0
+        replace(files.cert, good.cert)
+        assert status_of_a_call(live.target, credentials(ca)) == grpc.StatusCode.OK
+        assert live.server.certificates.reloads == 1
+
+
+def test_keys_grpc_cannot_serve_with_are_refused_and_those_it_can_are_served(tmp_path: Path, ca: CA) -> None:
+    """Python's ssl takes a secp256k1 or an Ed448 key; grpc's TLS cannot serve with either: a rotation to one was
+    logged as reloaded while the old certificate went on being served, and a start with one exited with a traceback
+    (a review, 2026-12-05); with P-521 or Ed25519 keys grpc's own clients find no common signature algorithm. They are
+    refused like any unusable file (so is RSA under 2048 bits); RSA and P-384 are served (P-256: every other test)."""
+    files = ServerFiles.write(tmp_path / "served", ca)
+    with running_server(**files.flags()) as live:
+        assert live.server is not None and live.server.certificates is not None
+        for key in (ec.generate_private_key(ec.SECP256K1()), ed448.Ed448PrivateKey.generate(), ed25519.Ed25519PrivateKey.generate(),
+                    ec.generate_private_key(ec.SECP521R1()), rsa.generate_private_key(public_exponent=65537, key_size=1024)):
+            issued = ca.issue("shopping-agent", server=True, key=key)
+            replace(files.key, issued.key)
+            replace(files.cert, issued.cert)
+            assert status_of_a_call(live.target, credentials(ca)) == grpc.StatusCode.OK
+        assert live.server.certificates.refusals == 5 and live.server.certificates.reloads == 0
+        for key in (rsa.generate_private_key(public_exponent=65537, key_size=2048), ec.generate_private_key(ec.SECP384R1())):
+            issued = ca.issue(f"served-{type(key).__name__}", server=True, key=key)
+            replace(files.key, issued.key)
+            replace(files.cert, issued.cert)
+            assert status_of_a_call(live.target, credentials(ca)) == grpc.StatusCode.OK
+        assert live.server.certificates.reloads == 2
+
+    start = ServerFiles.write(tmp_path / "start", ca)
+    issued = ca.issue("shopping-agent", server=True, key=ec.generate_private_key(ec.SECP256K1()))
+    replace(start.key, issued.key)
+    replace(start.cert, issued.cert)
+    out = subprocess.run([sys.executable, "-m", "server", "serve", "--port", "0", "--metrics-port", "", "--tls-cert",
+                          str(start.cert), "--tls-key", str(start.key)], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert out.returncode == 2 and "--tls-cert" in out.stderr and "grpc serves with" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
 
 
 def test_the_health_port_answers_plaintext_probes_and_nothing_else(tmp_path: Path, ca: CA) -> None:
