@@ -88,6 +88,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--max-session-order-value", type=_positive, default=MAX_OUTCOME_VALUE, metavar="AMOUNT",
                    help="leave out a session whose orders total more (default %(default)g: as TrainConfig's "
                         "max_session_order_value; set it to the servers' --max-outcome-value)")
+    p.add_argument("--max-session-decisions", type=int, default=1_000, metavar="N",
+                   help="leave out a session of more decisions (default %(default)s: as TrainConfig's max_session_decisions)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=_evaluate)
 
@@ -209,13 +211,16 @@ def _shown(location: str) -> str:
     return redacted(location)
 
 
-def _logs(location: str, bundle: Any, max_session_value: float) -> tuple[Any, Any]:
+def _logs(location: str, bundle: Any, max_order_value: float, max_decisions: int) -> tuple[Any, Any]:
     """Every decision and outcome (``evaluate``: judged on all it is given) but the sessions holding a row no server
-    writes or orders totalling more than ``max_session_value`` (``trainer.log_checks``)."""
-    from trainer.log_checks import usable
+    writes or more than those limits allow (``trainer.log_checks``)."""
+    from trainer.log_checks import SessionLimits, usable
 
+    if max_decisions < 1:
+        raise UsageError(f"--max-session-decisions: expected >= 1, got {max_decisions}")
     source = _source(location, bundle)
-    decisions, outcomes, _ = usable(source.table("decisions"), source.table("outcomes"), source.spec, max_session_value)
+    decisions, outcomes, _ = usable(source.table("decisions"), source.table("outcomes"), source.spec,
+                                    SessionLimits(max_order_value, max_decisions))
     return decisions, outcomes
 
 
@@ -321,7 +326,7 @@ def _evaluate(args: argparse.Namespace) -> int:
 
     bundle = _bundle(args.bundle)
     model = ModelSet.load(bundle, LoadOptions(device="cpu", warmup_batch=1))
-    decisions, outcomes = _logs(args.logs, bundle, args.max_session_order_value)
+    decisions, outcomes = _logs(args.logs, bundle, args.max_session_order_value, args.max_session_decisions)
     result = {"bundle": str(args.bundle), "model_version": model.version, "value": "business objective per session",
               **evaluate_bundle(model, decisions, outcomes, n_boot=args.bootstrap, seed=args.seed).to_dict()}
     if args.json:

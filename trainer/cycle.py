@@ -92,7 +92,7 @@ def run_cycle(args: argparse.Namespace) -> int:
     shutdown()  # every rank together, training done: rank 0 gates alone, with no rank left waiting in a collective
     if args.rank != 0:
         return 0  # rank 0 evaluates, gates and publishes
-    held_d, held_o = read_gate(_source(args.logs, init), gate_sessions, config.max_session_order_value)
+    held_d, held_o = read_gate(_source(args.logs, init), gate_sessions, config.session_limits())
     new = ModelSet.load(read_bundle(result.bundle), options)
     verdict = gate(judged(config, new, held_d, held_o), judged(config, current, held_d, held_o), config.tolerance,
                    **config.gate_limits())

@@ -44,7 +44,7 @@ from core.progress import progress
 from experience.schema import SCHEMAS
 from experience.segments import DirectorySource
 from experience.sessions import session_hashes
-from trainer.log_checks import MAX_SESSION_ORDER_VALUE, usable
+from trainer.log_checks import DEFAULT_LIMITS, SessionLimits, usable
 from trainer.session_index import NARROW, SessionIndex
 from trainer.window import GateSessions, Window, digest_of, gate_sample, in_window, sample_of, settings_of, versions_by_first_time
 
@@ -83,8 +83,8 @@ def read_window(source: DirectorySource, config: Any, shard: tuple[int, int] | N
                                       schema=SCHEMAS["decisions"])
     outcomes = pa.Table.from_batches(list(rows_of(read_segments(source, "outcomes", "read.outcomes"), sessions)),
                                      schema=SCHEMAS["outcomes"])
-    decisions, outcomes, _ = usable(decisions, outcomes, source.spec, config.max_session_order_value)  # sessions with rows
-    # no server writes, or orders beyond the cap: left out
+    decisions, outcomes, _ = usable(decisions, outcomes, source.spec, config.session_limits())  # sessions with rows no
+    # server writes, or past the config's limits: left out
     engagements = SCHEMAS["engagements"].empty_table()  # none read unless the run weighs its rewards with them
     if config.engagement_weights is not None and source.has("engagements"):
         engagements = pa.Table.from_batches(list(rows_of(read_segments(source, "engagements", "read.engagements"), sessions)),
@@ -103,16 +103,16 @@ def _gate_sessions(index: SessionIndex, window: pa.ChunkedArray, newest: dict[st
     return GateSessions(ids, older_than(newest, earliest_start(index, ids)))
 
 
-def read_gate(source: DirectorySource, gate: GateSessions, max_session_value: float = MAX_SESSION_ORDER_VALUE
+def read_gate(source: DirectorySource, gate: GateSessions, limits: SessionLimits = DEFAULT_LIMITS
               ) -> tuple[pa.Table, pa.Table]:
     """The decisions and outcomes of the gate's sessions (a third pass, after training: so training's peak memory does
-    not hold them), without the sessions ``trainer.log_checks.usable`` leaves out (``max_session_value``: the run's
-    ``TrainConfig.max_session_order_value``)."""
+    not hold them), without the sessions ``trainer.log_checks.usable`` leaves out (``limits``: the run's
+    ``TrainConfig.session_limits()``)."""
     decisions = pa.Table.from_batches(list(rows_of(read_segments(source, "decisions", "read.gate", skip=gate.skip), gate.ids)),
                                       schema=SCHEMAS["decisions"])
     outcomes = pa.Table.from_batches(list(rows_of(read_segments(source, "outcomes", "read.gate-outcomes"), gate.ids)),
                                      schema=SCHEMAS["outcomes"])
-    decisions, outcomes, _ = usable(decisions, outcomes, source.spec, max_session_value)
+    decisions, outcomes, _ = usable(decisions, outcomes, source.spec, limits)
     return decisions, outcomes
 
 

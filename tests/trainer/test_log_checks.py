@@ -19,7 +19,8 @@ from experience.segments import DirectorySource
 from policy.features import FeatureSpec
 from tests.harness import ROOT
 from tests.log_tables import with_value
-from trainer.log_checks import usable
+from trainer.config import TrainConfig
+from trainer.log_checks import SessionLimits, usable
 
 
 def _poisoned(decisions: pa.Table, outcomes: pa.Table) -> tuple[pa.Table, pa.Table, set[str]]:
@@ -125,7 +126,7 @@ def test_evaluate_on_poisoned_logs_leaves_the_sessions_out_and_says_so(sim_logs:
     out = subprocess.run([sys.executable, "-m", "server", "evaluate", "default", "--logs", str(tmp_path), "--bootstrap", "20",
                           "--json"], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "sessions with log rows no server writes, or orders past the cap, are left out of this run" in out.stderr
+    assert "sessions with log rows no server writes, or past the session limits, are left out of this run" in out.stderr
     assert '"sessions": 3' in out.stderr or "sessions=3" in out.stderr
     assert np.isfinite(json.loads(out.stdout.strip().splitlines()[-1])["dr"]["value"])
     capped = subprocess.run([sys.executable, "-m", "server", "evaluate", "default", "--logs", str(tmp_path), "--bootstrap", "20",
@@ -190,7 +191,7 @@ def test_the_cap_is_the_objectives_own_sum_of_orders(sim_logs: Path) -> None:
     gmv = BusinessObjective().per_session(sessions, outcomes).gmv
     over = {s for s, v in zip(sessions, gmv, strict=True) if v > 100}
     assert 0 < len(over) < len(sessions)
-    kept_d, _, dropped = usable(decisions, outcomes, max_session_value=100.0)
+    kept_d, _, dropped = usable(decisions, outcomes, limits=SessionLimits(max_order_value=100.0))
     assert dropped.sessions == len(over) and set(kept_d.column("session_id").to_pylist()) == set(sessions) - over
 
 
@@ -213,7 +214,7 @@ def test_the_trainers_reads_leave_out_sessions_past_the_runs_cap(sim_logs: Path)
     config = TrainConfig(max_session_order_value=100.0, gate_sessions=10_000)
     window = read_window(source, config, gate=True)
     assert window.gate is not None
-    held_d, held_o = read_gate(source, window.gate, config.max_session_order_value)
+    held_d, held_o = read_gate(source, window.gate, config.session_limits())
     for d, o in ((window.decisions, window.outcomes), (held_d, held_o)):
         sessions = sorted(set(d.column("session_id").to_pylist()))
         assert sessions and max(BusinessObjective().per_session(sessions, o).gmv) <= 100.0
@@ -231,3 +232,22 @@ def test_an_event_time_no_timestamp_holds_is_a_bad_row(sim_logs: Path, time: flo
     tables[kind] = with_value(tables[kind], "event_time_s", 4, time)
     _, _, dropped = usable(tables["decisions"], tables["outcomes"])
     assert dropped.sessions == 1 and dropped.reasons == {"event_time_s not a time of years 1-9999": 1}
+
+
+def test_a_session_longer_than_the_limit_is_left_out(sim_logs: Path) -> None:
+    """A caller of the port can make one session as long as it likes: 10,000 copies of an honest session's decisions
+    (fresh ids, 1 ms apart) took the gate's DR estimate from 23 to 721, IPS unmoved (a review, 2026-12-05)."""
+    source = DirectorySource(sim_logs)
+    decisions, outcomes = source.table("decisions"), source.table("outcomes")
+    first = decisions.column("session_id")[0].as_py()
+    one = decisions.filter(pc.equal(decisions.column("session_id"), first))
+    copies = pa.concat_tables([one] * (1_001 // one.num_rows + 1)).slice(0, 1_001 - one.num_rows)
+    ids = pa.array([f"{i:032x}" for i in range(copies.num_rows)], pa.string())
+    copies = copies.set_column(copies.schema.get_field_index("decision_id"), copies.schema.field("decision_id"), ids)
+    long = pa.concat_tables([decisions, copies])
+    kept_d, kept_o, dropped = usable(long, outcomes)
+    assert dropped.sessions == 1 and dropped.reasons == {"decisions of a session past 1000": 1_001}
+    assert first not in set(kept_d.column("session_id").to_pylist()) | set(kept_o.column("session_id").to_pylist())
+    assert usable(long.slice(1), outcomes)[2].sessions == 0  # 1,000: at the limit, kept
+    with pytest.raises(ValueError, match="max_session_decisions"):
+        TrainConfig(max_session_decisions=0)
