@@ -163,7 +163,8 @@ def server_context(files: CertificateFiles, cert: bytes, key: bytes, client_ca: 
         _check_key_type(files, key)
     if client_ca is not None:
         try:
-            context.load_verify_locations(cadata=client_ca.decode("ascii"))
+            with _in_memory(client_ca) as ca_path:
+                context.load_verify_locations(cafile=ca_path)
         except (ssl.SSLError, OSError, ValueError) as exc:
             raise TlsError(f"{files.flag}: {files.client_ca} holds no usable PEM CA certificate ({_reason(exc)})") from None
         if not context.get_ca_certs():
@@ -174,7 +175,7 @@ def server_context(files: CertificateFiles, cert: bytes, key: bytes, client_ca: 
 
 @contextlib.contextmanager
 def _in_memory(data: bytes) -> Iterator[str]:
-    """A path to ``data`` in an anonymous memory file (``memfd_create``): never on a disk, gone when closed."""
+    """A path to ``data`` in an anonymous memory file (``memfd_create``, Linux): never on a disk, gone when closed."""
     fd = os.memfd_create("tls", os.MFD_CLOEXEC)
     try:
         os.write(fd, data)
