@@ -35,7 +35,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from core.domain import MAX_OUTCOME_VALUE
 from policy.onnx_model import RuntimeMissing
 
 if TYPE_CHECKING:
@@ -85,11 +84,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    help="the logs: a directory (serve --log-dir) or a URI pyarrow.fs opens (s3://, gs://, hdfs://, file://)")
     p.add_argument("--bootstrap", type=int, default=200, help="bootstrap resamples (default 200)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-session-order-value", type=_positive, default=MAX_OUTCOME_VALUE, metavar="AMOUNT",
-                   help="leave out a session whose orders total more (default %(default)g: as TrainConfig's "
-                        "max_session_order_value; set it to the servers' --max-outcome-value)")
-    p.add_argument("--max-session-decisions", type=int, default=1_000, metavar="N",
-                   help="leave out a session of more decisions (default %(default)s: as TrainConfig's max_session_decisions)")
+    p.add_argument("--max-session-order-value", type=_positive, metavar="AMOUNT",
+                   help="leave out a session whose orders total more (default: TrainConfig's max_session_order_value, "
+                        "1,000,000; set it to the servers' --max-outcome-value)")
+    p.add_argument("--max-session-decisions", type=_at_least_one, metavar="N",
+                   help="leave out a session of more decisions (default: TrainConfig's max_session_decisions, 1,000)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=_evaluate)
 
@@ -211,16 +210,15 @@ def _shown(location: str) -> str:
     return redacted(location)
 
 
-def _logs(location: str, bundle: Any, max_order_value: float, max_decisions: int) -> tuple[Any, Any]:
+def _logs(location: str, bundle: Any, max_order_value: float | None, max_decisions: int | None) -> tuple[Any, Any]:
     """Every decision and outcome (``evaluate``: judged on all it is given) but the sessions holding a row no server
-    writes or more than those limits allow (``trainer.log_checks``)."""
-    from trainer.log_checks import SessionLimits, usable
+    writes or more than the session limits allow (``trainer.log_checks``; None: the default limit)."""
+    from trainer.log_checks import DEFAULT_LIMITS, SessionLimits, usable
 
-    if max_decisions < 1:
-        raise UsageError(f"--max-session-decisions: expected >= 1, got {max_decisions}")
+    limits = SessionLimits(DEFAULT_LIMITS.max_order_value if max_order_value is None else max_order_value,
+                           DEFAULT_LIMITS.max_decisions if max_decisions is None else max_decisions)
     source = _source(location, bundle)
-    decisions, outcomes, _ = usable(source.table("decisions"), source.table("outcomes"), source.spec,
-                                    SessionLimits(max_order_value, max_decisions))
+    decisions, outcomes, _ = usable(source.table("decisions"), source.table("outcomes"), source.spec, limits)
     return decisions, outcomes
 
 
@@ -350,6 +348,13 @@ def _model_version(text: str) -> str:
     if not MODEL_VERSION.fullmatch(text):
         raise argparse.ArgumentTypeError(f"{text!r}: use {MODEL_VERSION_RULE}")
     return text
+
+
+def _at_least_one(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected an integer >= 1")
+    return value
 
 
 def _positive(text: str) -> float:
