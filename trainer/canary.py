@@ -52,7 +52,7 @@ from experience.schema import SCHEMAS
 from experience.segments import DirectorySource
 from experience.sessions import session_hashes
 from trainer import reading
-from trainer.log_checks import MAX_SESSION_ORDER_VALUE, outside, sessions_with_bad_outcomes
+from trainer.log_checks import DEFAULT_LIMITS, SessionLimits, outside, sessions_with_bad_outcomes
 from trainer.session_index import NARROW, SessionIndex
 
 if TYPE_CHECKING:
@@ -144,18 +144,18 @@ def _sample(ids: pa.ChunkedArray, k: int | None) -> pa.ChunkedArray:
 
 
 def read_sides(source: DirectorySource, canary_version: str, current_version: str, max_sessions: int | None,
-               max_session_value: float = MAX_SESSION_ORDER_VALUE) -> Sides:
+               limits: SessionLimits = DEFAULT_LIMITS) -> Sides:
     """The two sides from the logs themselves, not from the training window and its sample (which may hold few of the
     canary's sessions): the narrow columns of every decision, then the chosen sessions' outcomes. No embeddings. A
-    session with an outcome row no server writes, or orders totalling more than ``max_session_value``, is left out."""
+    session with an outcome row no server writes, or orders or complaints past ``limits``, is left out."""
     index = SessionIndex.of(reading.read_segments(source, "decisions", "read.canary", NARROW))
     canary, control = sides_of(index, canary_version, current_version, max_sessions)
     del index
     wanted = pa.chunked_array(canary.chunks + control.chunks, pa.string())
     outcomes = pa.Table.from_batches(list(reading.rows_of(reading.read_segments(source, "outcomes", "read.canary-outcomes"), wanted)),
                                      schema=SCHEMAS["outcomes"])
-    bad = sessions_with_bad_outcomes(outcomes, max_session_value)  # an amount no server writes (NaN, inf, negative), or
-    # orders beyond the cap: that session is left out
+    bad = sessions_with_bad_outcomes(outcomes, limits)  # an amount no server writes (NaN, inf, negative), or orders or
+    # complaints past the limits: that session is left out
     if len(bad):
         log.warning("sessions with outcome rows no server writes, or orders past the cap, are left out of the canary's look",
                     extra={"fields": {"sessions": len(bad)}})
@@ -205,8 +205,7 @@ def settings_from(args: argparse.Namespace) -> CanarySettings:
 
 
 def look(store: WeightsStore, tolerance: float, current: ModelSet, source: Callable[[], DirectorySource],
-         options: LoadOptions, settings: CanarySettings, max_session_value: float = MAX_SESSION_ORDER_VALUE
-         ) -> dict[str, Any] | None:
+         options: LoadOptions, settings: CanarySettings, limits: SessionLimits = DEFAULT_LIMITS) -> dict[str, Any] | None:
     """Judge the canary, if one is serving, on its sessions and the control's in the logs ``source()`` opens
     (``read_sides``, ``judge``): promote it, drop it, or let it serve on. None without a canary.
 
@@ -224,7 +223,7 @@ def look(store: WeightsStore, tolerance: float, current: ModelSet, source: Calla
         if version == current.version:
             store.drop_canary()
             return {**head, "action": "drop", "reason": "the canary is the active bundle already"}
-        sides = read_sides(source(), version, current.version, settings.max_sessions, max_session_value)
+        sides = read_sides(source(), version, current.version, settings.max_sessions, limits)
         verdict = judge(sides, settings, store.canary_looks(version), tolerance)
         store.count_canary_look(version)
         report = {**head, **verdict.to_dict()}

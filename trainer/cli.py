@@ -31,7 +31,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -87,8 +87,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--max-session-order-value", type=_positive, metavar="AMOUNT",
                    help="leave out a session whose orders total more (default: TrainConfig's max_session_order_value, "
                         "1,000,000; set it to the servers' --max-outcome-value)")
-    p.add_argument("--max-session-decisions", type=_at_least_one, metavar="N",
+    p.add_argument("--max-session-decisions", type=_at_least(1), metavar="N",
                    help="leave out a session of more decisions (default: TrainConfig's max_session_decisions, 1,000)")
+    p.add_argument("--max-session-complaints", type=_at_least(0), metavar="N",
+                   help="leave out a session with more complaints (default: TrainConfig's max_session_complaints, 10)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=_evaluate)
 
@@ -210,13 +212,15 @@ def _shown(location: str) -> str:
     return redacted(location)
 
 
-def _logs(location: str, bundle: Any, max_order_value: float | None, max_decisions: int | None) -> tuple[Any, Any]:
+def _logs(location: str, bundle: Any, max_order_value: float | None, max_decisions: int | None,
+          max_complaints: int | None) -> tuple[Any, Any]:
     """Every decision and outcome (``evaluate``: judged on all it is given) but the sessions holding a row no server
     writes or more than the session limits allow (``trainer.log_checks``; None: the default limit)."""
     from trainer.log_checks import DEFAULT_LIMITS, SessionLimits, usable
 
     limits = SessionLimits(DEFAULT_LIMITS.max_order_value if max_order_value is None else max_order_value,
-                           DEFAULT_LIMITS.max_decisions if max_decisions is None else max_decisions)
+                           DEFAULT_LIMITS.max_decisions if max_decisions is None else max_decisions,
+                           DEFAULT_LIMITS.max_complaints if max_complaints is None else max_complaints)
     source = _source(location, bundle)
     decisions, outcomes, _ = usable(source.table("decisions"), source.table("outcomes"), source.spec, limits)
     return decisions, outcomes
@@ -324,7 +328,8 @@ def _evaluate(args: argparse.Namespace) -> int:
 
     bundle = _bundle(args.bundle)
     model = ModelSet.load(bundle, LoadOptions(device="cpu", warmup_batch=1))
-    decisions, outcomes = _logs(args.logs, bundle, args.max_session_order_value, args.max_session_decisions)
+    decisions, outcomes = _logs(args.logs, bundle, args.max_session_order_value, args.max_session_decisions,
+                                args.max_session_complaints)
     result = {"bundle": str(args.bundle), "model_version": model.version, "value": "business objective per session",
               **evaluate_bundle(model, decisions, outcomes, n_boot=args.bootstrap, seed=args.seed).to_dict()}
     if args.json:
@@ -350,11 +355,14 @@ def _model_version(text: str) -> str:
     return text
 
 
-def _at_least_one(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected an integer >= 1")
-    return value
+def _at_least(least: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < least:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected an integer >= {least}")
+        return value
+
+    return parse
 
 
 def _positive(text: str) -> float:

@@ -9,7 +9,7 @@ from typing import Any, TypedDict
 
 from core.domain import Action, Outcome
 from experience.engagement import EngagementWeights
-from trainer.log_checks import MAX_SESSION_DECISIONS, MAX_SESSION_ORDER_VALUE, SessionLimits
+from trainer.log_checks import MAX_SESSION_COMPLAINTS, MAX_SESSION_DECISIONS, MAX_SESSION_ORDER_VALUE, SessionLimits
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +140,9 @@ class TrainConfig:
     max_session_decisions: int = MAX_SESSION_DECISIONS
     """A session of more decisions is left out of the run (training and the gate), counted: a caller of the port can
     make one session as long as it likes, and each step adds a term to the gate's DR estimate (``trainer.log_checks``)."""
+    max_session_complaints: int = MAX_SESSION_COMPLAINTS
+    """A session with more complaints is left out of the run (training, the gate and the canary's look), counted: each
+    costs the objective ``complaint_cost``, and a caller can report as many as it likes (``trainer.log_checks``)."""
     gamma: float = 0.85
     """Discount of the Monte Carlo returns (the same γ as mean_return)."""
     horizon_hours: float = 72.0
@@ -255,9 +258,10 @@ class TrainConfig:
             problems.append(f"heldout_fraction: expected in (0, 1), got {self.heldout_fraction}")
         if not 0 < self.max_session_order_value < math.inf:
             problems.append(f"max_session_order_value: expected a finite number > 0, got {self.max_session_order_value}")
-        decisions = self.max_session_decisions
-        if isinstance(decisions, bool) or not isinstance(decisions, int) or decisions < 1:
-            problems.append(f"max_session_decisions: expected an integer >= 1, got {self.max_session_decisions!r}")
+        for name, least in (("max_session_decisions", 1), ("max_session_complaints", 0)):
+            count = getattr(self, name)
+            if isinstance(count, bool) or not isinstance(count, int) or count < least:
+                problems.append(f"{name}: expected an integer >= {least}, got {count!r}")
         if not 0 <= self.gamma <= 1:
             problems.append(f"gamma: expected in [0, 1], got {self.gamma}")
         if self.window_versions is not None and self.window_versions < 1:
@@ -317,7 +321,7 @@ class TrainConfig:
 
     def session_limits(self) -> SessionLimits:
         """What one session may hold before the run leaves it out (``trainer.log_checks.usable``)."""
-        return SessionLimits(self.max_session_order_value, self.max_session_decisions)
+        return SessionLimits(self.max_session_order_value, self.max_session_decisions, self.max_session_complaints)
 
     def gate_limits(self) -> GateLimits:
         """The keyword arguments of ``trainer.evaluation.gate`` that this config sets."""

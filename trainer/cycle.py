@@ -72,7 +72,7 @@ def run_cycle(args: argparse.Namespace) -> int:
     settings = settings_from(args)
     judging = _operator_left_it(args)
     canaried = look(store, config.tolerance, current, lambda: _source(args.logs, init), options, settings,
-                    config.max_session_order_value) if judging else None
+                    config.session_limits()) if judging else None
     if canaried is not None and canaried["action"] == "wait":  # still serving: a new active bundle would change its control
         print(json.dumps({"canary": canaried}, default=float) if args.json else f"canary {canaried['action']}: {canaried['reason']}")
         return 0

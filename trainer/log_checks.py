@@ -44,12 +44,20 @@ gate's DR estimate went from 23 to 721 and with 100,000 to 7,479 while IPS staye
 own control-variate term (a review, 2026-12-05). The simulator's sessions hold at most 20."""
 
 
+MAX_SESSION_COMPLAINTS = 10
+"""The complaints one session may hold before it is left out (``TrainConfig.max_session_complaints``). Each costs the
+objective ``complaint_cost``; a caller sent 1,000 complaints on each of 62 sessions that had been served one action,
+in 28 s of calls, and ``cycle`` published the bundle that avoids it where the gate had refused it on the honest logs
+(a review, 2026-12-05); 20,000 on one session put −200,000 on it. The simulator's sessions hold at most 3."""
+
+
 @dataclass(frozen=True, slots=True)
 class SessionLimits:
     """What one session may hold before a run leaves it out: rows a server does write, from calls a client may make."""
 
     max_order_value: float = MAX_SESSION_ORDER_VALUE
     max_decisions: int = MAX_SESSION_DECISIONS
+    max_complaints: int = MAX_SESSION_COMPLAINTS
 
 
 DEFAULT_LIMITS = SessionLimits()
@@ -144,13 +152,15 @@ def shopper_rows(table: pa.Table) -> dict[str, npt.NDArray[np.bool_]]:
     logs: an hour outside 0..23 (99 stopped ``evaluate``; −5 was read as 19), a NaN in the item embedding (a server
     refuses a request with one; a row with one moved the product gate's estimate, and stopped ``evaluate``), a
     behaviour bucket outside the bucket count the row was logged with, an event time outside the years a request's
-    Timestamp may carry (a server refuses others; one infinite time stopped ``train`` and ``evaluate`` on every run)."""
+    Timestamp may carry (a server refuses others; one infinite time stopped ``train`` and ``evaluate`` on every run),
+    or a server time outside them (no clock writes one; year 11476 stopped ``train`` and ``cycle``)."""
     hours, count = ints(table.column("hour")), ints(table.column("behavior_bucket_count"))
     buckets = Lists(table.column("behavior_bucket_indices"), np.int64)
     outside = buckets.any((buckets.values < 0) | (buckets.values >= count[buckets.owner]))
     return {"hour outside 0..23": (hours < 0) | (hours > 23), "item_embedding NaN": rows_with_nan(table.column("item_embedding")),
             "behavior_bucket_indices outside the logged bucket count": outside,
-            EVENT_TIME_OUTSIDE: not_a_time(table.column("event_time_s"))}
+            EVENT_TIME_OUTSIDE: not_a_time(table.column("event_time_s")),
+            "time_s not a time of years 1-9999": not_a_time(table.column("time_s"))}
 
 
 EVENT_TIME_OUTSIDE = "event_time_s not a time of years 1-9999"
@@ -183,9 +193,9 @@ def rows_with_nan(column: pa.ChunkedArray) -> npt.NDArray[np.bool_]:
     return found
 
 
-def bad_outcomes(outcomes: pa.Table, max_session_value: float = MAX_SESSION_ORDER_VALUE) -> dict[str, npt.NDArray[np.bool_]]:
-    """Per reason, the outcome rows no server writes, and the orders of a session that total more than
-    ``max_session_value`` (each report within the servers' cap, but many of them: ``MAX_SESSION_ORDER_VALUE``)."""
+def bad_outcomes(outcomes: pa.Table, limits: SessionLimits = DEFAULT_LIMITS) -> dict[str, npt.NDArray[np.bool_]]:
+    """Per reason, the outcome rows no server writes, and the orders or complaints of a session past ``limits`` (each
+    report within the servers' checks, but many of them: ``MAX_SESSION_ORDER_VALUE``, ``MAX_SESSION_COMPLAINTS``)."""
     out = {}
     amounts = {}
     for column in ("value", "coupon_discount"):
@@ -197,12 +207,16 @@ def bad_outcomes(outcomes: pa.Table, max_session_value: float = MAX_SESSION_ORDE
     value = amounts["value"]
     with np.errstate(invalid="ignore"):
         out["coupon_discount above its order's value"] = order & (amounts["coupon_discount"] > value)
-    counted = np.zeros(outcomes.num_rows, dtype=np.bool_)
-    counted[dedupe_outcomes(outcomes)] = True  # (a resent order counts once, as in the objective)
-    counted &= order & np.isfinite(value) & (value >= 0)
+    distinct = np.zeros(outcomes.num_rows, dtype=np.bool_)
+    distinct[dedupe_outcomes(outcomes)] = True  # (a resent report counts once, as in the objective)
+    counted = distinct & order & np.isfinite(value) & (value >= 0)
     _, session = np.unique(outcomes.column("session_id").to_numpy(zero_copy_only=False), return_inverse=True)
-    totals = np.bincount(session[counted], weights=value[counted], minlength=int(session.max(initial=-1)) + 1)
-    out[f"orders of a session totalling more than {max_session_value:g}"] = order & (totals[session] > max_session_value)
+    sessions = int(session.max(initial=-1)) + 1
+    totals = np.bincount(session[counted], weights=value[counted], minlength=sessions)
+    out[f"orders of a session totalling more than {limits.max_order_value:g}"] = order & (totals[session] > limits.max_order_value)
+    complaint = ints(outcomes.column("outcome")) == int(Outcome.COMPLAINT)
+    complaints = np.bincount(session[distinct & complaint], minlength=sessions)
+    out[f"complaints of a session past {limits.max_complaints}"] = complaint & (complaints[session] > limits.max_complaints)
     return out
 
 
@@ -221,10 +235,10 @@ def outside(values: pa.ChunkedArray | pa.Array, ids: pa.Array) -> pa.ChunkedArra
     return pc.invert(pc.is_in(values, value_set=ids))
 
 
-def sessions_with_bad_outcomes(outcomes: pa.Table, max_session_value: float = MAX_SESSION_ORDER_VALUE) -> pa.Array:
-    """The session ids of ``outcomes`` that hold a row no server writes, or orders totalling more than
-    ``max_session_value`` (the canary's look, which reads no decisions)."""
-    return _sessions_of(outcomes, bad_outcomes(outcomes, max_session_value), {})
+def sessions_with_bad_outcomes(outcomes: pa.Table, limits: SessionLimits = DEFAULT_LIMITS) -> pa.Array:
+    """The session ids of ``outcomes`` that hold a row no server writes, or orders or complaints past ``limits`` (the
+    canary's look, which reads no decisions)."""
+    return _sessions_of(outcomes, bad_outcomes(outcomes, limits), {})
 
 
 def usable(decisions: pa.Table, outcomes: pa.Table, spec: FeatureSpec | None = None,
@@ -234,7 +248,7 @@ def usable(decisions: pa.Table, outcomes: pa.Table, spec: FeatureSpec | None = N
     (``spec_rows``)."""
     found = {**bad_decisions(decisions), **(spec_rows(decisions, spec) if spec else {}),
              f"decisions of a session past {limits.max_decisions}": long_sessions(decisions, limits.max_decisions)}
-    return without_bad_sessions(decisions, found, outcomes, limits.max_order_value)
+    return without_bad_sessions(decisions, found, outcomes, limits)
 
 
 def long_sessions(decisions: pa.Table, max_decisions: int) -> npt.NDArray[np.bool_]:
@@ -257,12 +271,12 @@ def spec_rows(table: pa.Table, spec: FeatureSpec) -> dict[str, npt.NDArray[np.bo
 
 
 def without_bad_sessions(decisions: pa.Table, found: dict[str, npt.NDArray[np.bool_]], outcomes: pa.Table,
-                         max_session_value: float = MAX_SESSION_ORDER_VALUE) -> tuple[pa.Table, pa.Table, Dropped]:
+                         limits: SessionLimits = DEFAULT_LIMITS) -> tuple[pa.Table, pa.Table, Dropped]:
     """``decisions`` and ``outcomes`` without the sessions of the rows ``found`` marks (per reason) and of the outcome
     rows ``bad_outcomes`` marks; ``Dropped.decisions`` counts the rows of ``decisions`` left out, whatever kind they are."""
     reasons: dict[str, int] = {}
     ids = pc.unique(pa.concat_arrays([_sessions_of(decisions, found, reasons),
-                                      _sessions_of(outcomes, bad_outcomes(outcomes, max_session_value), reasons)]))
+                                      _sessions_of(outcomes, bad_outcomes(outcomes, limits), reasons)]))
     if not len(ids):
         return decisions, outcomes, Dropped(0, 0, 0, {})
     kept_d = decisions.filter(outside(decisions.column("session_id"), ids))

@@ -251,3 +251,54 @@ def test_a_session_longer_than_the_limit_is_left_out(sim_logs: Path) -> None:
     assert usable(long.slice(1), outcomes)[2].sessions == 0  # 1,000: at the limit, kept
     with pytest.raises(ValueError, match="max_session_decisions"):
         TrainConfig(max_session_decisions=0)
+
+
+def _complaints(outcomes: pa.Table, session: str, ids: list[str]) -> pa.Table:
+    rows = _orders(outcomes, session, [0.0] * len(ids), ids)
+    field = rows.schema.field("outcome")
+    return rows.set_column(rows.schema.get_field_index("outcome"), field, pa.array([int(Outcome.COMPLAINT)] * len(ids), field.type))
+
+
+def test_a_session_with_more_complaints_than_the_limit_is_left_out(sim_logs: Path) -> None:
+    """Each complaint costs the objective 10, and a caller may report as many as it likes: 1,000 on each of 62 sessions
+    served one action flipped cycle's gate from refusal to publication (a review, 2026-12-05)."""
+    source = DirectorySource(sim_logs)
+    decisions, outcomes = source.table("decisions"), source.table("outcomes")
+    loud, resent, at_limit = sorted(set(decisions.column("session_id").to_pylist()))[:3]
+    def held(session: str) -> int:
+        return sum(1 for s, o in zip(outcomes.column("session_id").to_pylist(), outcomes.column("outcome").to_pylist(),
+                                     strict=True) if s == session and o == int(Outcome.COMPLAINT))
+    extra = pa.concat_tables([_complaints(outcomes, loud, [f"l{i}" for i in range(11 - held(loud))]),
+                              _complaints(outcomes, resent, ["r"] * 20),  # one complaint sent 20 times: counts once
+                              _complaints(outcomes, at_limit, [f"a{i}" for i in range(10 - held(at_limit))])])
+    kept_d, _, dropped = usable(decisions, pa.concat_tables([outcomes, extra]))
+    assert dropped.sessions == 1 and dropped.reasons == {"complaints of a session past 10": 11}
+    assert set(decisions.column("session_id").to_pylist()) - set(kept_d.column("session_id").to_pylist()) == {loud}
+    _, _, none = usable(decisions, pa.concat_tables([outcomes, extra]), limits=SessionLimits(max_complaints=0))
+    assert none.sessions >= 3  # at 0, every session with a complaint
+    with pytest.raises(ValueError, match="max_session_complaints"):
+        TrainConfig(max_session_complaints=-1)
+
+
+def test_a_server_time_no_clock_writes_is_a_bad_row_and_no_sessions_first(sim_logs: Path, tmp_path: Path) -> None:
+    """One decision with a time_s in year 11476 (a broken writer's) stopped train and cycle on every run: the manifest's
+    creation time could not be written (a review, 2026-12-05). Its session is left out; the narrow index, which picks
+    windows and the newest time, does not see it."""
+    from trainer.reading import read_window
+    from trainer.session_index import NARROW, SessionIndex
+
+    source = DirectorySource(sim_logs)
+    decisions = source.table("decisions")
+    newest = SessionIndex.of([decisions.select(list(NARROW))]).newest_s
+    for time_s in (3e11, float("nan"), -1e15):
+        _, _, dropped = usable(with_value(decisions, "time_s", 2, time_s), source.table("outcomes"))
+        assert dropped.sessions == 1 and dropped.reasons == {"time_s not a time of years 1-9999": 1}
+    forged = with_value(decisions, "time_s", 2, 3e11)
+    assert SessionIndex.of([forged.select(list(NARROW))]).newest_s == newest
+    (tmp_path / "decisions").mkdir()
+    (tmp_path / "outcomes").mkdir()
+    for kind, table in (("decisions", forged), ("outcomes", source.table("outcomes"))):
+        with pa.OSFile(str(tmp_path / kind / "a.arrows"), "wb") as sink, pa.ipc.new_stream(sink, SCHEMAS[kind]) as writer:
+            writer.write_table(table.cast(SCHEMAS[kind]))
+    window = read_window(DirectorySource(tmp_path), TrainConfig())
+    assert window.decisions.num_rows and max(window.decisions.column("time_s").to_pylist()) <= newest
