@@ -8,8 +8,10 @@ and for every outcome a finite value and coupon discount of at least 0, an order
 from a broken or hostile writer of the logs volume, and one was enough to stop every later run (a NaN propensity), to
 make every update abort while the run still published (a zero or null one), to move the gate's estimate by its weight
 (a propensity that is not the served probability it claims) or by its reward (an infinite or negative value). Such a
-session is dropped whole, from the decisions and the outcomes alike, so no episode loses a step. So is a session whose
-orders total more than ``MAX_SESSION_ORDER_VALUE``: rows a server writes, from reports a caller of the port may send.
+session is dropped whole, from the decisions and the outcomes alike, so no episode loses a step. So is a session past
+the ``SessionLimits`` (orders totalling more than ``MAX_SESSION_ORDER_VALUE``, more than ``MAX_SESSION_DECISIONS``
+decisions or ``MAX_SESSION_COMPLAINTS`` complaints): rows a server does write, from calls a caller of the port may make,
+each within the servers' checks but many of them in one session.
 
 What this cannot see: a writer that forges a consistent row (the served distribution and its propensity changed
 together) or a plausible outcome. Only the logs' provenance can rule that out: who may write the volume.
@@ -203,7 +205,8 @@ def bad_outcomes(outcomes: pa.Table, limits: SessionLimits = DEFAULT_LIMITS) -> 
         with np.errstate(invalid="ignore"):
             out[f"{column} not a finite amount >= 0"] = ~(np.isfinite(values) & (values >= 0))
     out[EVENT_TIME_OUTSIDE] = not_a_time(outcomes.column("event_time_s"))
-    order = ints(outcomes.column("outcome")) == int(Outcome.ORDER)
+    kinds = ints(outcomes.column("outcome"))
+    order, complaint = kinds == int(Outcome.ORDER), kinds == int(Outcome.COMPLAINT)
     value = amounts["value"]
     with np.errstate(invalid="ignore"):
         out["coupon_discount above its order's value"] = order & (amounts["coupon_discount"] > value)
@@ -214,7 +217,6 @@ def bad_outcomes(outcomes: pa.Table, limits: SessionLimits = DEFAULT_LIMITS) -> 
     sessions = int(session.max(initial=-1)) + 1
     totals = np.bincount(session[counted], weights=value[counted], minlength=sessions)
     out[f"orders of a session totalling more than {limits.max_order_value:g}"] = order & (totals[session] > limits.max_order_value)
-    complaint = ints(outcomes.column("outcome")) == int(Outcome.COMPLAINT)
     complaints = np.bincount(session[distinct & complaint], minlength=sessions)
     out[f"complaints of a session past {limits.max_complaints}"] = complaint & (complaints[session] > limits.max_complaints)
     return out
