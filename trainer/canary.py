@@ -157,7 +157,7 @@ def read_sides(source: DirectorySource, canary_version: str, current_version: st
     bad = sessions_with_bad_outcomes(outcomes, limits)  # an amount no server writes (NaN, inf, negative), or orders or
     # complaints past the limits: that session is left out
     if len(bad):
-        log.warning("sessions with outcome rows no server writes, or orders past the cap, are left out of the canary's look",
+        log.warning("sessions with outcome rows no server writes, or past the session limits, are left out of the canary's look",
                     extra={"fields": {"sessions": len(bad)}})
         canary, control = canary.filter(outside(canary, bad)), control.filter(outside(control, bad))
         outcomes = outcomes.filter(outside(outcomes.column("session_id"), bad))
