@@ -17,8 +17,6 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from core.domain import TIMESTAMP_MAX_S, TIMESTAMP_MIN_S
-
 NARROW = ("session_id", "time_s", "model_version")
 MERGE_ROWS = 1 << 18  # rows gathered before they are reduced (and partial results merged), at least as many as reduced
 
@@ -55,9 +53,7 @@ class SessionIndex:
     def _merged(self, pending: list[pa.Table]) -> SessionIndex:
         """This index with ``pending``'s rows reduced into it."""
         rows = pa.concat_tables([_empty(), *pending], promote_options="permissive")
-        clock = rows.column("time_s")  # a time no clock writes (a broken writer's) is no session's first or the newest:
-        rows = rows.filter(pc.and_(pc.greater_equal(clock, TIMESTAMP_MIN_S), pc.less_equal(clock, TIMESTAMP_MAX_S)))
-        if rows.num_rows == 0:  # its session is left out of the run anyway (trainer.log_checks)
+        if rows.num_rows == 0:
             return self
         sessions = _firsts(pa.concat_tables([self.sessions, rows]), "session_id", ("time_s", "model_version"))
         versions = _firsts(pa.concat_tables([self.versions, rows.select(["model_version", "time_s"])]), "model_version",
