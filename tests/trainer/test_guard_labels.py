@@ -16,10 +16,12 @@ from trainer.guard_labels import harmful_labels
 ATC, VD, EXIT = int(Action.ADD_TO_CART), int(Action.VIEW_DETAIL), int(Action.EXIT)
 
 
-def outcomes(*rows: tuple[str, str, Outcome, float, float]) -> pa.Table:
-    """Rows of (outcome_id, decision_id, outcome, event_time_s, received_s); the other columns are filler."""
+def outcomes(*rows: tuple[str, str, Outcome, float, float], session: str | None = None) -> pa.Table:
+    """Rows of (outcome_id, decision_id, outcome, event_time_s, received_s), each in the session of the decision it names
+    (``session``: in that one instead); the other columns are filler."""
     keys = ("outcome_id", "decision_id", "outcome", "event_time_s", "received_s")
-    return outcome_table(dict(zip(keys, r, strict=True)) for r in rows)
+    return outcome_table({**dict(zip(keys, r, strict=True)), "session_id": session or _SESSION_OF.get(r[1], "s9")}
+                         for r in rows)
 
 # --- labels --------------------------------------------------------------------------------------
 
@@ -34,6 +36,7 @@ DECISIONS = decisions(
     ("skewed_exit", "s4", 800.0, VD),  # EXIT reported 5 s *before* the decision: clock skew, within
     ("quiet", "s5", 900.0, ATC),
 )
+_SESSION_OF = dict(zip(DECISIONS["decision_id"].to_pylist(), DECISIONS["session_id"].to_pylist(), strict=True))
 OUTCOMES = outcomes(
     ("o1", "complained", Outcome.COMPLAINT, 105.0, 1.0),
     ("o2", "exit_at_edge", Outcome.EXIT, 230.0, 1.0),
@@ -90,3 +93,12 @@ def test_labels_of_empty_tables_and_missing_columns() -> None:
         harmful_labels(DECISIONS, OUTCOMES.drop_columns(["received_s"]))
 
 
+
+
+def test_an_outcome_counts_for_the_decision_of_its_id_in_its_own_session_only() -> None:
+    """A complaint or an exit reported in another session under a decision's id labels nothing: a report counts where it
+    was made (a review, 2026-12-05), as product rewards do."""
+    elsewhere = outcomes(("x1", "quiet", Outcome.COMPLAINT, 905.0, 1.0), ("x2", "ordered", Outcome.EXIT, 505.0, 1.0),
+                         session="s1")
+    assert not harmful_labels(DECISIONS, elsewhere).any()
+    assert _harmful_ids(DECISIONS, harmful_labels(DECISIONS, pa.concat_tables([OUTCOMES, elsewhere]))) == EXPECTED
