@@ -27,12 +27,15 @@ from core.product import MAX_CATEGORIES, MAX_PRICE_BANDS, MAX_SKUS_PER_CATEGORY
 from experience.schema import PRODUCT_LAYERS
 from policy.features import FeatureSpec
 from trainer.log_checks import (
+    DEFAULT_LIMITS,
     PROPENSITY_TOLERANCE,
     SUM_TOLERANCE,
     Dropped,
     Lists,
+    SessionLimits,
     any_per_row,
     ints,
+    long_sessions,
     owners,
     rows_with_nan,
     shopper_rows,
@@ -46,12 +49,15 @@ MOST_CANDIDATES = {"category": MAX_CATEGORIES, "sku": MAX_SKUS_PER_CATEGORY, "pr
 
 
 def usable_products(products: pa.Table, outcomes: pa.Table, spec: FeatureSpec | None = None,
-                    widths: Mapping[str, int] | None = None) -> tuple[pa.Table, pa.Table, Dropped]:
+                    widths: Mapping[str, int] | None = None, limits: SessionLimits = DEFAULT_LIMITS
+                    ) -> tuple[pa.Table, pa.Table, Dropped]:
     """``products`` and ``outcomes`` without the sessions holding a product row no server writes (module doc) or an
-    outcome row no server writes, and, given the bundle's feature ``spec`` and its heads' feature ``widths`` (by layer),
+    outcome row no server writes, or more than the session ``limits`` allow (``log_checks.SessionLimits``: its decision
+    count counts product rows), and, given the bundle's feature ``spec`` and its heads' feature ``widths`` (by layer),
     a row it cannot rebuild (``log_checks.spec_rows``, a feature width of another); ``Dropped.decisions`` counts product
     rows."""
     found = bad_products(products)
+    found[f"product decisions of a session past {limits.max_decisions}"] = long_sessions(products, limits.max_decisions)
     if spec is not None:
         found.update(spec_rows(products, spec))
     for layer, width in (widths or {}).items():
@@ -59,7 +65,7 @@ def usable_products(products: pa.Table, outcomes: pa.Table, spec: FeatureSpec | 
         candidates = ints(pc.list_value_length(features))
         found[f"{layer}_features of another width than the bundle's {width}"] = any_per_row(
             owners(candidates), len(candidates), ints(pc.list_value_length(pc.list_flatten(features))) != width)
-    return without_bad_sessions(products, found, outcomes)
+    return without_bad_sessions(products, found, outcomes, limits)
 
 
 def bad_products(products: pa.Table) -> dict[str, BoolArray]:
