@@ -12,10 +12,9 @@ after it, minus the business objective's complaint cost per ``COMPLAINT`` agains
 in all at most what it ordered (``ORDER_SLACK`` above it, for the float16 prices; honest sessions stay within 0.2 %): a
 caller sent 377 ``ADD_TO_CART`` reports a session against offers of 900 and one order of 1.00, which credited every one
 of them, and 20 such sessions moved the product gate's estimate from 28.7 to 6,120 a session (a review, 2026-12-05).
-It is the per-offer part
-of the business objective (a taken product's value reaches the objective only through the order that carries it), so
-each layer is a contextual bandit over its candidates; what an offer does to the rest of the session (a complaint makes
-the shopper likelier to leave) is left to the complaint cost.
+It is the per-offer part of the business objective (a taken product's value reaches the objective only through the
+order that carries it), so each layer is a contextual bandit over its candidates; what an offer does to the rest of the
+session (a complaint makes the shopper likelier to leave) is left to the complaint cost.
 """
 
 from __future__ import annotations
@@ -203,7 +202,8 @@ ORDER_SLACK = 1.01
 
 def within_orders(earned: npt.NDArray[np.float64], sessions: list[Any], outcomes: pa.Table) -> npt.NDArray[np.float64]:
     """``earned`` (per product row of ``sessions``) scaled down, session by session, to at most ``ORDER_SLACK`` times the
-    value of the session's orders in ``outcomes`` (de-duplicated): a taken product reaches the shop only in an order."""
+    value of the session's orders in ``outcomes`` (de-duplicated already, as ``rewards`` passes them): a taken product
+    reaches the shop only in an order."""
     kinds = np.asarray(outcomes.column("outcome").to_numpy(), dtype=np.int64)
     values = np.asarray(outcomes.column("value").to_numpy(), dtype=np.float64)
     ordered_value: dict[Any, float] = {}
