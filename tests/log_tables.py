@@ -41,5 +41,17 @@ def with_value(table: pa.Table, column: str, row: int, value: Any) -> pa.Table:
     """``table`` with one cell replaced, in the column's own field (its type and nullability)."""
     values = table.column(column).to_pylist()
     values[row] = value
+    return with_column(table, column, values)
+
+
+def with_column(table: pa.Table, column: str, values: Any) -> pa.Table:
+    """``table`` with one column's values replaced, in the column's own field (its type and nullability)."""
     field = table.schema.field(column)
     return table.set_column(table.schema.get_field_index(column), field, pa.array(values, field.type))
+
+
+def copies(rows: pa.Table, n: int, session: str) -> pa.Table:
+    """``n`` rows cycling through ``rows``, all in ``session``, each with its own ``decision_id`` (what one caller's
+    session of repeated requests logs)."""
+    out = pa.concat_tables([rows] * (n // rows.num_rows + 1)).slice(0, n)
+    return with_column(with_column(out, "session_id", [session] * n), "decision_id", [f"{k:032x}" for k in range(n)])

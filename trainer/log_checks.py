@@ -161,18 +161,18 @@ def shopper_rows(table: pa.Table) -> dict[str, npt.NDArray[np.bool_]]:
     outside = buckets.any((buckets.values < 0) | (buckets.values >= count[buckets.owner]))
     return {"hour outside 0..23": (hours < 0) | (hours > 23), "item_embedding NaN": rows_with_nan(table.column("item_embedding")),
             "behavior_bucket_indices outside the logged bucket count": outside,
-            EVENT_TIME_OUTSIDE: not_a_time(table.column("event_time_s")),
-            "time_s not a time of years 1-9999": not_a_time(table.column("time_s"))}
+            **not_times(table, "event_time_s", "time_s")}
 
 
-EVENT_TIME_OUTSIDE = "event_time_s not a time of years 1-9999"
-
-
-def not_a_time(column: pa.ChunkedArray) -> npt.NDArray[np.bool_]:
-    """Per value, whether it is NaN, infinite or outside the range of a protobuf Timestamp (``server.validation``)."""
-    values = np.asarray(column.to_numpy(zero_copy_only=False), dtype=np.float64)
-    with np.errstate(invalid="ignore"):
-        return ~((values >= TIMESTAMP_MIN_S) & (values <= TIMESTAMP_MAX_S))
+def not_times(table: pa.Table, *columns: str) -> dict[str, npt.NDArray[np.bool_]]:
+    """Per time column, the rows whose value is NaN, infinite or outside the range of a protobuf Timestamp (years
+    1-9999, ``server.validation``)."""
+    out = {}
+    for column in columns:
+        values = np.asarray(table.column(column).to_numpy(zero_copy_only=False), dtype=np.float64)
+        with np.errstate(invalid="ignore"):
+            out[f"{column} not a time of years 1-9999"] = ~((values >= TIMESTAMP_MIN_S) & (values <= TIMESTAMP_MAX_S))
+    return out
 
 
 def rows_with_nan(column: pa.ChunkedArray) -> npt.NDArray[np.bool_]:
@@ -204,7 +204,7 @@ def bad_outcomes(outcomes: pa.Table, limits: SessionLimits = DEFAULT_LIMITS) -> 
         values = amounts[column] = np.asarray(outcomes.column(column).to_numpy(zero_copy_only=False), dtype=np.float64)
         with np.errstate(invalid="ignore"):
             out[f"{column} not a finite amount >= 0"] = ~(np.isfinite(values) & (values >= 0))
-    out[EVENT_TIME_OUTSIDE] = not_a_time(outcomes.column("event_time_s"))
+    out.update(not_times(outcomes, "event_time_s"))
     kinds = ints(outcomes.column("outcome"))
     order, complaint = kinds == int(Outcome.ORDER), kinds == int(Outcome.COMPLAINT)
     value = amounts["value"]
@@ -248,9 +248,8 @@ def usable(decisions: pa.Table, outcomes: pa.Table, spec: FeatureSpec | None = N
     """``decisions`` and ``outcomes`` without the sessions that hold a row no server writes (module doc) or more than
     ``limits`` allow, or, with the ``spec`` of the bundle they are read for, a row it cannot rebuild a state from
     (``spec_rows``)."""
-    found = {**bad_decisions(decisions), **(spec_rows(decisions, spec) if spec else {}),
-             f"decisions of a session past {limits.max_decisions}": long_sessions(decisions, limits.max_decisions)}
-    return without_bad_sessions(decisions, found, outcomes, limits)
+    return without_bad_sessions(decisions, {**bad_decisions(decisions), **(spec_rows(decisions, spec) if spec else {})},
+                                outcomes, limits)
 
 
 def long_sessions(decisions: pa.Table, max_decisions: int) -> npt.NDArray[np.bool_]:
@@ -274,8 +273,10 @@ def spec_rows(table: pa.Table, spec: FeatureSpec) -> dict[str, npt.NDArray[np.bo
 
 def without_bad_sessions(decisions: pa.Table, found: dict[str, npt.NDArray[np.bool_]], outcomes: pa.Table,
                          limits: SessionLimits = DEFAULT_LIMITS) -> tuple[pa.Table, pa.Table, Dropped]:
-    """``decisions`` and ``outcomes`` without the sessions of the rows ``found`` marks (per reason) and of the outcome
-    rows ``bad_outcomes`` marks; ``Dropped.decisions`` counts the rows of ``decisions`` left out, whatever kind they are."""
+    """``decisions`` and ``outcomes`` without the sessions of the rows ``found`` marks (per reason), of the outcome rows
+    ``bad_outcomes`` marks, and of more decisions than ``limits`` allow (``long_sessions``; product rows count as
+    decisions); ``Dropped.decisions`` counts the rows of ``decisions`` left out, whatever kind they are."""
+    found = {**found, f"decisions of a session past {limits.max_decisions}": long_sessions(decisions, limits.max_decisions)}
     reasons: dict[str, int] = {}
     ids = pc.unique(pa.concat_arrays([_sessions_of(decisions, found, reasons),
                                       _sessions_of(outcomes, bad_outcomes(outcomes, limits), reasons)]))

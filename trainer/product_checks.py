@@ -35,7 +35,6 @@ from trainer.log_checks import (
     SessionLimits,
     any_per_row,
     ints,
-    long_sessions,
     owners,
     rows_with_nan,
     shopper_rows,
@@ -57,7 +56,6 @@ def usable_products(products: pa.Table, outcomes: pa.Table, spec: FeatureSpec | 
     a row it cannot rebuild (``log_checks.spec_rows``, a feature width of another); ``Dropped.decisions`` counts product
     rows."""
     found = bad_products(products)
-    found[f"product decisions of a session past {limits.max_decisions}"] = long_sessions(products, limits.max_decisions)
     if spec is not None:
         found.update(spec_rows(products, spec))
     for layer, width in (widths or {}).items():

@@ -164,11 +164,16 @@ def layer_rows(table: pa.Table, layer: str, width: int) -> LayerRows:
                      np.where(logged[:, None], guardrail & valid, permitted), np.where(logged[:, None], rank, 0), logged)
 
 
-def rewards(products: pa.Table, outcomes: pa.Table, paid: npt.NDArray[np.float64], complaint_cost: float
-            ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.bool_], npt.NDArray[np.int64]]:
+ORDER_SLACK = 1.01
+"""How far a session's credited offers may exceed its orders' value before they are scaled down to it (``rewards``)."""
+
+
+def rewards(products: pa.Table, outcomes: pa.Table, paid: npt.NDArray[np.float64], complaint_cost: float,
+            slack: float = ORDER_SLACK) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.bool_], npt.NDArray[np.int64]]:
     """Per product decision: the reward (module doc), whether it was taken, its complaints. A retried report counts
     once (``experience.sessions.dedupe_outcomes``, as the objective counts it). A report counts for the decision of its
-    id in its own session only: a row copied into another session under the same id takes nothing from the real one."""
+    id in its own session only: a row copied into another session under the same id takes nothing from the real one.
+    A session's credited offers are scaled down to at most ``slack`` times the value of its orders (``ORDER_SLACK``)."""
     outcomes = outcomes.take(pa.array(dedupe_outcomes(outcomes)))
     keys = zip(products.column("session_id").to_pylist(), products.column("decision_id").to_pylist(), strict=True)
     row_of = {key: i for i, key in enumerate(keys)}
@@ -186,35 +191,22 @@ def rewards(products: pa.Table, outcomes: pa.Table, paid: npt.NDArray[np.float64
             complaints[i] += 1
     orders = kinds == Outcome.ORDER
     last_order: dict[str, float] = {}
-    for s, t in zip(np.asarray(outcomes.column("session_id").to_pylist(), dtype=object)[orders].tolist(),
-                    np.asarray(outcomes.column("event_time_s").to_numpy())[orders].tolist(), strict=True):
+    order_value: dict[str, float] = {}
+    for s, t, v in zip(np.asarray(outcomes.column("session_id").to_pylist(), dtype=object)[orders].tolist(),
+                       np.asarray(outcomes.column("event_time_s").to_numpy())[orders].tolist(),
+                       np.asarray(outcomes.column("value").to_numpy(), dtype=np.float64)[orders].tolist(), strict=True):
         last_order[s] = max(t, last_order.get(s, -np.inf))
+        order_value[s] = order_value.get(s, 0.0) + v
     times = np.asarray(products.column("event_time_s").to_numpy(), dtype=np.float64)
     sessions = products.column("session_id").to_pylist()
     ordered = np.array([last_order.get(s, -np.inf) >= t for s, t in zip(sessions, times.tolist(), strict=True)], dtype=np.bool_)
     earned = np.where(taken & ordered, paid, 0.0)
-    return within_orders(earned, sessions, outcomes) - complaint_cost * complaints, taken, complaints
-
-
-ORDER_SLACK = 1.01
-"""How far a session's credited offers may exceed its orders' value before they are scaled down to it (``rewards``)."""
-
-
-def within_orders(earned: npt.NDArray[np.float64], sessions: list[Any], outcomes: pa.Table) -> npt.NDArray[np.float64]:
-    """``earned`` (per product row of ``sessions``) scaled down, session by session, to at most ``ORDER_SLACK`` times the
-    value of the session's orders in ``outcomes`` (de-duplicated already, as ``rewards`` passes them): a taken product
-    reaches the shop only in an order."""
-    kinds = np.asarray(outcomes.column("outcome").to_numpy(), dtype=np.int64)
-    values = np.asarray(outcomes.column("value").to_numpy(), dtype=np.float64)
-    ordered_value: dict[Any, float] = {}
-    for s, kind, value in zip(outcomes.column("session_id").to_pylist(), kinds.tolist(), values.tolist(), strict=True):
-        if kind == Outcome.ORDER:
-            ordered_value[s] = ordered_value.get(s, 0.0) + value
-    credited: dict[Any, float] = {}
+    credited: dict[str, float] = {}
     for s, e in zip(sessions, earned.tolist(), strict=True):
         credited[s] = credited.get(s, 0.0) + e
-    scale = {s: min(1.0, ORDER_SLACK * ordered_value.get(s, 0.0) / c) for s, c in credited.items() if c > 0}
-    return earned * np.array([scale.get(s, 1.0) for s in sessions], dtype=np.float64)
+    scale = {s: min(1.0, slack * order_value.get(s, 0.0) / c) for s, c in credited.items() if c > 0}
+    earned *= np.array([scale.get(s, 1.0) for s in sessions], dtype=np.float64)  # a taken product reaches the shop only in an order
+    return earned - complaint_cost * complaints, taken, complaints
 
 
 def layer_widths(model: ModelSet) -> dict[str, int]:
@@ -225,15 +217,17 @@ def layer_widths(model: ModelSet) -> dict[str, int]:
     return {layer: model.product.heads.widths[HEAD_OF[layer]] for layer in LAYERS}
 
 
-def product_rows(products: pa.Table, outcomes: pa.Table, model: ModelSet, objective: BusinessObjective | None = None) -> ProductRows:
-    """The training rows of ``products`` records (states rebuilt by ``model``'s encoder), rewarded from ``outcomes``."""
+def product_rows(products: pa.Table, outcomes: pa.Table, model: ModelSet, objective: BusinessObjective | None = None,
+                 slack: float = ORDER_SLACK) -> ProductRows:
+    """The training rows of ``products`` records (states rebuilt by ``model``'s encoder), rewarded from ``outcomes``
+    (``rewards``, with its ``slack``)."""
     spec, widths = model.encoder.spec, layer_widths(model)
     states = model.encoder.encode_columns(buckets_of(products, spec), np.asarray(products.column("hour").to_numpy(), dtype=np.int64))
     write_embeddings(states[:, : spec.item_dim], products.column("item_embedding"), spec.item_dim)
     layers = {layer: layer_rows(products, layer, widths[layer]) for layer in LAYERS}
     band = layers["price_band"]
     paid = np.exp(band.features[np.arange(len(band.index)), band.index, PAID].astype(np.float64))
-    reward, taken, complaints = rewards(products, outcomes, paid, (objective or BusinessObjective()).complaint_cost)
+    reward, taken, complaints = rewards(products, outcomes, paid, (objective or BusinessObjective()).complaint_cost, slack)
     return ProductRows(states.astype(np.float32), layers, reward, taken, complaints,
                        np.asarray(products.column("session_id").to_pylist(), dtype=object),
                        tuple(sorted(set(products.column("model_version").to_pylist()))),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,7 @@ from experience.schema import SCHEMAS
 from experience.segments import DirectorySource
 from policy.features import FeatureSpec
 from tests.harness import ROOT
-from tests.log_tables import with_value
+from tests.log_tables import copies, with_column, with_value
 from trainer.config import TrainConfig
 from trainer.log_checks import SessionLimits, usable
 
@@ -67,14 +68,19 @@ def test_a_served_distribution_that_is_none_is_a_bad_row(sim_logs: Path, served:
     assert dropped.sessions == 1 and "served_probs not a distribution" in dropped.reasons
 
 
-def _poisoned_dir(sim_logs: Path, root: Path) -> set[str]:
-    source = DirectorySource(sim_logs)
-    decisions, outcomes, bad = _poisoned(source.table("decisions"), source.table("outcomes"))
+def _write_logs(root: Path, decisions: pa.Table, outcomes: pa.Table) -> None:
+    """One segment of each kind under ``root``, as a writer of the logs volume could put there."""
     for kind, table in (("decisions", decisions), ("outcomes", outcomes)):
         (root / kind).mkdir()
         with pa.OSFile(str(root / kind / "poisoned.arrows"), "wb") as sink, \
                 pa.ipc.new_stream(sink, SCHEMAS[kind]) as writer:
             writer.write_table(table.cast(SCHEMAS[kind]))
+
+
+def _poisoned_dir(sim_logs: Path, root: Path) -> set[str]:
+    source = DirectorySource(sim_logs)
+    decisions, outcomes, bad = _poisoned(source.table("decisions"), source.table("outcomes"))
+    _write_logs(root, decisions, outcomes)
     return bad
 
 
@@ -156,14 +162,17 @@ def test_rows_the_bundle_cannot_rebuild_are_left_out_when_its_spec_is_known(sim_
     assert out.returncode == 0 and "item_embedding not the bundle's 768 values" in out.stderr, out.stderr[-2000:]
 
 
-def _orders(outcomes: pa.Table, session: str, values: list[float], ids: list[str]) -> pa.Table:
-    """ORDER rows of ``session``, each a copy of the first outcome row with its own value and ``outcome_id``."""
-    rows = pa.concat_tables([outcomes.slice(0, 1)] * len(values))
-    for column, data in {"session_id": [session] * len(values), "outcome": [int(Outcome.ORDER)] * len(values),
-                         "value": values, "coupon_discount": [0.0] * len(values), "outcome_id": ids}.items():
-        field = rows.schema.field(column)
-        rows = rows.set_column(rows.schema.get_field_index(column), field, pa.array(data, field.type))
+def _reports(outcomes: pa.Table, session: str, kind: Outcome, ids: list[str], values: list[float] | None = None) -> pa.Table:
+    """``kind`` reports in ``session``, each a copy of the first outcome row with its own ``outcome_id`` and value."""
+    rows = pa.concat_tables([outcomes.slice(0, 1)] * len(ids))
+    for column, data in {"session_id": [session] * len(ids), "outcome": [int(kind)] * len(ids), "outcome_id": ids,
+                         "value": values or [0.0] * len(ids), "coupon_discount": [0.0] * len(ids)}.items():
+        rows = with_column(rows, column, data)
     return rows
+
+
+def _orders(outcomes: pa.Table, session: str, values: list[float], ids: list[str]) -> pa.Table:
+    return _reports(outcomes, session, Outcome.ORDER, ids, values)
 
 
 def test_a_session_whose_capped_orders_add_up_past_the_cap_is_left_out(sim_logs: Path) -> None:
@@ -207,7 +216,6 @@ def test_an_order_discounted_past_its_value_is_a_bad_row(sim_logs: Path) -> None
 
 
 def test_the_trainers_reads_leave_out_sessions_past_the_runs_cap(sim_logs: Path) -> None:
-    from trainer.config import TrainConfig
     from trainer.reading import read_gate, read_window
 
     source = DirectorySource(sim_logs)
@@ -241,10 +249,7 @@ def test_a_session_longer_than_the_limit_is_left_out(sim_logs: Path) -> None:
     decisions, outcomes = source.table("decisions"), source.table("outcomes")
     first = decisions.column("session_id")[0].as_py()
     one = decisions.filter(pc.equal(decisions.column("session_id"), first))
-    copies = pa.concat_tables([one] * (1_001 // one.num_rows + 1)).slice(0, 1_001 - one.num_rows)
-    ids = pa.array([f"{i:032x}" for i in range(copies.num_rows)], pa.string())
-    copies = copies.set_column(copies.schema.get_field_index("decision_id"), copies.schema.field("decision_id"), ids)
-    long = pa.concat_tables([decisions, copies])
+    long = pa.concat_tables([decisions, copies(one, 1_001 - one.num_rows, first)])
     kept_d, kept_o, dropped = usable(long, outcomes)
     assert dropped.sessions == 1 and dropped.reasons == {"decisions of a session past 1000": 1_001}
     assert first not in set(kept_d.column("session_id").to_pylist()) | set(kept_o.column("session_id").to_pylist())
@@ -253,24 +258,17 @@ def test_a_session_longer_than_the_limit_is_left_out(sim_logs: Path) -> None:
         TrainConfig(max_session_decisions=0)
 
 
-def _complaints(outcomes: pa.Table, session: str, ids: list[str]) -> pa.Table:
-    rows = _orders(outcomes, session, [0.0] * len(ids), ids)
-    field = rows.schema.field("outcome")
-    return rows.set_column(rows.schema.get_field_index("outcome"), field, pa.array([int(Outcome.COMPLAINT)] * len(ids), field.type))
-
-
 def test_a_session_with_more_complaints_than_the_limit_is_left_out(sim_logs: Path) -> None:
     """Each complaint costs the objective 10, and a caller may report as many as it likes: 1,000 on each of 62 sessions
     served one action flipped cycle's gate from refusal to publication (a review, 2026-12-05)."""
     source = DirectorySource(sim_logs)
     decisions, outcomes = source.table("decisions"), source.table("outcomes")
     loud, resent, at_limit = sorted(set(decisions.column("session_id").to_pylist()))[:3]
-    def held(session: str) -> int:
-        return sum(1 for s, o in zip(outcomes.column("session_id").to_pylist(), outcomes.column("outcome").to_pylist(),
-                                     strict=True) if s == session and o == int(Outcome.COMPLAINT))
-    extra = pa.concat_tables([_complaints(outcomes, loud, [f"l{i}" for i in range(11 - held(loud))]),
-                              _complaints(outcomes, resent, ["r"] * 20),  # one complaint sent 20 times: counts once
-                              _complaints(outcomes, at_limit, [f"a{i}" for i in range(10 - held(at_limit))])])
+    held = Counter(s for s, o in zip(outcomes.column("session_id").to_pylist(), outcomes.column("outcome").to_pylist(),
+                                     strict=True) if o == int(Outcome.COMPLAINT))
+    extra = pa.concat_tables([_reports(outcomes, loud, Outcome.COMPLAINT, [f"l{i}" for i in range(11 - held[loud])]),
+                              _reports(outcomes, resent, Outcome.COMPLAINT, ["r"] * 20),  # one sent 20 times: counts once
+                              _reports(outcomes, at_limit, Outcome.COMPLAINT, [f"a{i}" for i in range(10 - held[at_limit])])])
     kept_d, _, dropped = usable(decisions, pa.concat_tables([outcomes, extra]))
     assert dropped.sessions == 1 and dropped.reasons == {"complaints of a session past 10": 11}
     assert set(decisions.column("session_id").to_pylist()) - set(kept_d.column("session_id").to_pylist()) == {loud}
@@ -291,11 +289,6 @@ def test_a_server_time_no_clock_writes_is_a_bad_row(sim_logs: Path, tmp_path: Pa
     for time_s in (3e11, float("nan"), -1e15):
         _, _, dropped = usable(with_value(decisions, "time_s", 2, time_s), source.table("outcomes"))
         assert dropped.sessions == 1 and dropped.reasons == {"time_s not a time of years 1-9999": 1}
-    forged = with_value(decisions, "time_s", 2, 3e11)
-    (tmp_path / "decisions").mkdir()
-    (tmp_path / "outcomes").mkdir()
-    for kind, table in (("decisions", forged), ("outcomes", source.table("outcomes"))):
-        with pa.OSFile(str(tmp_path / kind / "a.arrows"), "wb") as sink, pa.ipc.new_stream(sink, SCHEMAS[kind]) as writer:
-            writer.write_table(table.cast(SCHEMAS[kind]))
+    _write_logs(tmp_path, with_value(decisions, "time_s", 2, 3e11), source.table("outcomes"))
     window = read_window(DirectorySource(tmp_path), TrainConfig())
     assert window.decisions.num_rows and max(window.decisions.column("time_s").to_pylist()) <= newest

@@ -5,6 +5,7 @@ product decision through the real recorder."""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from collections import Counter
@@ -17,6 +18,7 @@ import pyarrow.compute as pc
 import pytest
 import torch
 
+from core.domain import Outcome
 from experience.schema import OUTCOMES as SCHEMAS_OUTCOMES
 from experience.segments import DirectorySource
 from policy.features import FeatureSpec
@@ -25,7 +27,7 @@ from simulator.config import SimConfig
 from simulator.drive import by_model, run_logged
 from simulator.world import World
 from tests.harness import ROOT, trainer_in_process
-from tests.log_tables import with_value
+from tests.log_tables import copies, with_column, with_value
 from trainer import product_data
 from trainer.product_checks import usable_products
 from trainer.product_data import HEAD_OF, LAYERS, layer_rows, product_rows
@@ -305,55 +307,41 @@ def test_a_copy_of_a_decision_in_another_session_takes_none_of_its_outcomes(prod
     assert taken[i] and reward[i] == 5.0 and not taken[-1] and reward[-1] == 0.0 and complaints[-1] == 0
 
 
-def test_a_sessions_offers_earn_in_all_at_most_what_it_ordered(product_logs: Path, rows) -> None:  # type: ignore[no-untyped-def]
+def test_a_sessions_offers_earn_in_all_at_most_what_it_ordered(product_logs: Path, rows, start: Bundle) -> None:  # type: ignore[no-untyped-def]
     """A caller sent 377 ADD_TO_CARTs a session against offers of 900 and one order of 1.00: each offer earned its
     price, and 20 such sessions moved the product gate's estimate from 28.7 to 6,120 (a review, 2026-12-05). Now a
     session's credited offers are scaled down to its orders' value (1 % of slack for the float16 prices); the logged
-    sessions, whose offers stay within 0.2 % of their orders, earn exactly what they did."""
+    sessions, whose offers stay within 0.2 % of their orders, earn exactly what they earn unscaled."""
     source = DirectorySource(product_logs)
     products, outcomes = source.table("products"), source.table("outcomes")
     i = int(np.flatnonzero(rows.taken & (rows.rewards > 0))[0])
     n, session = 300, "a" * 32
-    copies = pa.concat_tables([with_value(products.slice(i, 1), "session_id", 0, session)] * n)
-    ids = pa.array([f"{k:032x}" for k in range(n)], pa.string())
-    copies = copies.set_column(copies.schema.get_field_index("decision_id"), copies.schema.field("decision_id"), ids)
+    offers = copies(products.slice(i, 1), n, session)
     time = products.column("event_time_s")[i].as_py()
-    reports = pa.concat_tables([with_value(with_value(with_value(outcomes.slice(0, 1), "session_id", 0, session),
-                                                      "decision_id", 0, f"{k:032x}"), "outcome_id", 0, f"atc{k}")
-                                for k in range(n)])
-    reports = reports.set_column(reports.schema.get_field_index("outcome"), reports.schema.field("outcome"),
-                                 pa.array([1] * n, reports.schema.field("outcome").type))
-    reports = reports.set_column(reports.schema.get_field_index("event_time_s"), reports.schema.field("event_time_s"),
-                                 pa.array([time] * n, pa.float64()))
-    order = with_value(with_value(with_value(with_value(reports.slice(0, 1), "outcome", 0, 2), "value", 0, 1.0),
-                                  "outcome_id", 0, "order"), "event_time_s", 0, time + 1.0)
+    carts = copies(outcomes.slice(0, 1), n, session)  # each names one of the offers: the same ids, in order
+    for column, values in {"outcome_id": [f"atc{k}" for k in range(n)], "outcome": [int(Outcome.ADD_TO_CART)] * n,
+                           "event_time_s": [time] * n}.items():
+        carts = with_column(carts, column, values)
+    order = with_column(with_column(with_column(with_column(carts.slice(0, 1), "outcome", [int(Outcome.ORDER)]), "value", [1.0]),
+                                    "outcome_id", ["order"]), "event_time_s", [time + 1.0])
     paid = np.full(products.num_rows + n, 900.0)
-    paid[: products.num_rows] = np.exp(np.zeros(products.num_rows))  # (any price: the logged sessions' part is checked below)
-    reward, taken, _ = product_data.rewards(pa.concat_tables([products, copies]), pa.concat_tables([outcomes, reports, order]),
+    reward, taken, _ = product_data.rewards(pa.concat_tables([products, offers]), pa.concat_tables([outcomes, carts, order]),
                                             paid, 10.0)
-    assert taken[-n:].all() and 0 < reward[-n:].sum() <= 1.01 * 1.0 + 1e-9
-    earned: Counter[str] = Counter()  # the logged sessions: within the slack, so scaled by exactly 1
-    for s, r, c in zip(np.asarray(rows.sessions).tolist(), rows.rewards.tolist(), rows.complaints.tolist(), strict=True):
-        earned[s] += r + 10.0 * c
-    ordered: Counter[str] = Counter()
-    for s, k, v in zip(outcomes.column("session_id").to_pylist(), outcomes.column("outcome").to_pylist(),
-                       outcomes.column("value").to_pylist(), strict=True):
-        ordered[s] += v if k == 2 else 0.0
-    credited = [s for s, e in earned.items() if e > 0]
-    assert credited and all(earned[s] <= product_data.ORDER_SLACK * ordered[s] for s in credited)
+    assert taken[-n:].all() and 0 < reward[-n:].sum() <= product_data.ORDER_SLACK * 1.0 + 1e-9
+    unscaled = product_rows(products, outcomes, ModelSet.load(start, OPTIONS), slack=math.inf)
+    assert (unscaled.rewards > 0).any()
+    np.testing.assert_array_equal(unscaled.rewards, rows.rewards)
 
 
 def test_a_session_of_more_product_decisions_than_the_limit_is_left_out(product_logs: Path) -> None:
     """The decision limit of the flat logs (1,000 a session) holds for product rows too: it did not reach this path."""
     source = DirectorySource(product_logs)
     products, outcomes = source.table("products"), source.table("outcomes")
-    copies = pa.concat_tables([with_value(products.slice(0, 1), "session_id", 0, "b" * 32)] * 1_001)
-    ids = pa.array([f"{k:032x}" for k in range(1_001)], pa.string())
-    copies = copies.set_column(copies.schema.get_field_index("decision_id"), copies.schema.field("decision_id"), ids)
-    kept, _, dropped = usable_products(pa.concat_tables([products, copies]), outcomes)
-    assert dropped.sessions == 1 and dropped.reasons == {"product decisions of a session past 1000": 1_001}
+    many = copies(products.slice(0, 1), 1_001, "b" * 32)
+    kept, _, dropped = usable_products(pa.concat_tables([products, many]), outcomes)
+    assert dropped.sessions == 1 and dropped.reasons == {"decisions of a session past 1000": 1_001}
     assert kept.num_rows == products.num_rows
-    assert usable_products(pa.concat_tables([products, copies.slice(1)]), outcomes)[2].sessions == 0
+    assert usable_products(pa.concat_tables([products, many.slice(1)]), outcomes)[2].sessions == 0
 
 
 def test_a_bundle_without_heads_or_logs_without_products_are_refused(product_logs: Path) -> None:
