@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.loop import SALT, TRUTH_FIRST, UTC, constant, intents, interval, per_session, play
-from bench.offline_learners import exploration_of, untrained_logs
+from bench.offline_learners import exploration_of, explored_logs
 from bench.report import add_json_flag, header, write_results
 from core.domain import Action
 from experience.records import SESSION, hash_id
@@ -145,7 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     world = World(SimConfig(), args.seed)
     truth = range(TRUTH_FIRST, TRUTH_FIRST + args.eval_sessions)
     with tempfile.TemporaryDirectory(prefix="bench-continuation-") as tmp:
-        init = untrained_logs(world, *explore, args.log_sessions, Path(tmp))
+        init = explored_logs(world, None, *explore, args.log_sessions, Path(tmp))
         logged = logged_first_returns(Path(tmp) / "logs", init, world, range(args.log_sessions))
         behaviour = ModelSet.load(read_bundle(init), LoadOptions(device="cpu", warmup_batch=8))
     tables = {"logged (the behaviour's continuation)": by_intent(**logged)}

@@ -2,7 +2,8 @@
 
     .venv/bin/python -m bench.offline_learners --logs DIR --init B.bundle --config A.json --config B.json [--seed 7]
         [--eval-sessions 6000] [--json]
-    .venv/bin/python -m bench.offline_learners --untrained-logs 0.5,100 [--log-sessions 20000] --config A.json ...
+    .venv/bin/python -m bench.offline_learners --untrained-logs 0.5,100 [--behaviour B.bundle] [--log-sessions 20000]
+        --config A.json ...
 
 Where ``bench.loop`` asks what the CronJob cycle reaches, this asks what one ``train`` extracts from
 a fixed set of logs (for example a ``bench.loop --workdir`` run's directory, logged in world
@@ -16,7 +17,9 @@ constant action and to ``--init``; the intent policy is the reference. Writes
 (from session 0, disjoint from the truth sessions) served by ``bench.loop``'s untrained bundle with its decoder's
 exploration set to these (``exploration_epsilon``, ``exploration_temperature``: say 0.5,100 for half the pages
 drawn uniformly from the allowed actions), which is then ``--init``: what one run extracts from logs as broad as
-the behaviour can make them, against the untrained bundle's own (0.05,1.2).
+the behaviour can make them, against the untrained bundle's own (0.05,1.2). ``--behaviour B.bundle`` serves them with
+that bundle's policy instead (say a trained one that serves add_to_cart: logs whose follow-up after an explored prompt is
+the trained policy's), under the same exploration, and starts every run from it.
 """
 
 from __future__ import annotations
@@ -59,10 +62,11 @@ def exploration_of(text: str) -> tuple[float, float]:
     return epsilon, temperature
 
 
-def untrained_logs(world: World, epsilon: float, temperature: float, sessions: int, out: Path) -> Path:
-    """``bench.loop``'s untrained bundle with this exploration, written to ``out/init.bundle``, after it served
-    ``sessions`` sessions (from 0) into ``out/logs``; returns the bundle's path."""
-    bundle = read_bundle(make_bundle(*UNTRAINED))
+def explored_logs(world: World, behaviour: Path | None, epsilon: float, temperature: float, sessions: int,
+                  out: Path) -> Path:
+    """``behaviour`` (``bench.loop``'s untrained bundle when None) with this exploration, written to
+    ``out/init.bundle``, after it served ``sessions`` sessions (from 0) into ``out/logs``; returns the bundle's path."""
+    bundle = read_bundle(behaviour if behaviour is not None else make_bundle(*UNTRAINED))
     manifest = {k: v for k, v in bundle.manifest.items() if k != "parts"}  # write_bundle fills the checksums in again
     manifest["decoder"] = {**manifest["decoder"], "exploration_epsilon": epsilon, "exploration_temperature": temperature}
     out.mkdir(parents=True, exist_ok=True)
@@ -86,6 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     source.add_argument("--untrained-logs", metavar="EPSILON,TEMPERATURE",
                         help="write the logs first: the untrained bundle with this exploration serves --log-sessions sessions")
     p.add_argument("--init", type=Path, help="the starting bundle of every run (with --logs)")
+    p.add_argument("--behaviour", type=Path, help="with --untrained-logs: this bundle serves the logs (and starts every run)")
     p.add_argument("--log-sessions", type=int, default=20_000, help="sessions logged with --untrained-logs (default 20,000)")
     p.add_argument("--config", type=Path, action="append", required=True, help="a TrainConfig JSON (repeat)")
     p.add_argument("--seed", type=int, default=7, help="the world the logs were written in")
@@ -96,6 +101,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error("--eval-sessions: 500..200,000")
     if (args.logs is None) != (args.init is None):
         p.error("--init goes with --logs (--untrained-logs makes its own)")
+    if args.behaviour is not None and args.untrained_logs is None:
+        p.error("--behaviour goes with --untrained-logs")
     if not 500 <= args.log_sessions < TRUTH_FIRST:
         p.error(f"--log-sessions: 500..{TRUTH_FIRST - 1:,}")
     try:
@@ -113,7 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         tmp = Path(tmp_dir)
         logs, init = args.logs, args.init
         if explore is not None:
-            init = untrained_logs(world, *explore, args.log_sessions, tmp / "untrained")
+            init = explored_logs(world, args.behaviour, *explore, args.log_sessions, tmp / "untrained")
             logs = tmp / "untrained" / "logs"
             print(f"logged sessions [0, {args.log_sessions:,}) with exploration ε {explore[0]}, T {explore[1]}", flush=True)
         start = scored("init", run_in_process(world, ModelSet.load(read_bundle(init), options), truth, UTC), world, truth)
@@ -138,7 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         write_results(args.json, {**header("bench.offline_learners", started, argv), "world_seed": args.seed,
                                   "logs": str(args.logs) if args.logs else {"untrained_exploration": explore,
                                                                             "sessions": args.log_sessions},
-                                  "init": str(args.init) if args.init else "untrained", "truth_sessions": [truth.start, truth.stop],
+                                  "init": str(args.init or args.behaviour or "untrained"), "truth_sessions": [truth.start, truth.stop],
                                   **public({"best_constant": best, "intent_policy": oracle, "init_result": start, "runs": runs})})
     return 0
 

@@ -8,7 +8,7 @@ import pytest
 
 from bench.continuation import bundle_chooser, by_intent, first_then, logged_first_returns, main, played
 from bench.loop import UTC, constant, per_session, play
-from bench.offline_learners import untrained_logs
+from bench.offline_learners import explored_logs
 from core.domain import Action
 from simulator.config import SimConfig
 from simulator.drive import run_in_process
@@ -20,7 +20,7 @@ from weights.model_set import LoadOptions, ModelSet
 def test_the_logged_returns_are_the_sessions_objectives_by_first_action(tmp_path: Path) -> None:
     world = World(SimConfig(), 7)
     sessions = range(200)
-    init = untrained_logs(world, 1.0, 1e6, len(sessions), tmp_path)  # uniform exploration: every first action logged
+    init = explored_logs(world, None, 1.0, 1e6, len(sessions), tmp_path)  # uniform exploration: every first action logged
     logged = logged_first_returns(tmp_path / "logs", init, world, sessions)
     assert len(logged["value"]) == len(sessions)  # one entry per session, each session's first step
     # replayed in process with the same bundle and decision ids, each session's objective is the logged return
@@ -50,7 +50,7 @@ def test_a_first_action_then_a_continuation_is_played_as_asked() -> None:
 
 def test_the_bundle_continuation_serves_what_run_in_process_serves(tmp_path: Path) -> None:
     world = World(SimConfig(), 7)
-    init = untrained_logs(world, 0.5, 100.0, 100, tmp_path)
+    init = explored_logs(world, None, 0.5, 100.0, 100, tmp_path)
     model = ModelSet.load(read_bundle(init), LoadOptions(device="cpu", warmup_batch=8))
     sessions = range(100, 160)
     by_bundle = per_session(run_in_process(world, model, sessions, UTC), world, sessions)["objective"]
