@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import hashlib
 import json
 import logging
 import os
@@ -40,7 +39,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from weights.bundle import MODEL_VERSION, MODEL_VERSION_RULE, Bundle, BundleError, read_bundle, read_file, sha256
+from weights.bundle import MAX_BUNDLE_BYTES, MODEL_VERSION, MODEL_VERSION_RULE, Bundle, BundleError, read_bundle, read_file, sha256
 from weights.canary import requested_fraction
 
 log = logging.getLogger(__name__)
@@ -56,6 +55,8 @@ INDEX_NAME = "index.json"
 LOCK_NAME = ".lock"
 TMP_PREFIX = ".tmp-"
 BUNDLE_SUFFIX = ".bundle"
+MAX_INDEX_BYTES = 1024 * 1024
+"""The history index and the canary's look count are small JSON files: larger is not one the store wrote."""
 STALE_TMP_S = 3600.0
 """A ``.tmp-*`` file older than this, seen under the lock, was left by a killed writer: removed."""
 
@@ -124,13 +125,23 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def file_sha256(path: Path) -> str | None:
-    """The sha256 of a file, or None when it does not exist."""
-    try:
-        with open(path, "rb") as f:
-            return hashlib.file_digest(f, "sha256").hexdigest()
-    except FileNotFoundError:
+def read_store_file(path: Path, limit: int = MAX_BUNDLE_BYTES) -> bytes | None:
+    """A store file's bytes, None when it does not exist. Read as a bundle file is (``read_file``: a regular file
+    within ``limit`` bytes, opened non-blocking), so a FIFO, a device or a directory left on the volume is refused
+    (``BundleError``) instead of hanging or filling memory a publisher that holds the lock."""
+    if not os.path.lexists(path):
         return None
+    return read_file(path, limit)
+
+
+def file_sha256(path: Path) -> str | None:
+    """The sha256 of a bundle file; None when it does not exist or is no bundle the store could have written (not a
+    regular file, or past the bundle size limit): a publish then replaces it, as it replaces any other bytes."""
+    try:
+        data = read_store_file(path)
+    except BundleError:
+        return None
+    return None if data is None else sha256(data)
 
 
 def check_version_name(version: str) -> None:
@@ -187,11 +198,8 @@ class WeightsStore:
 
     def active(self) -> dict[str, Any] | None:
         """The active bundle's manifest; None when there is none. Raises ``BundleError`` if unreadable."""
-        try:
-            data = self.active_path.read_bytes()
-        except FileNotFoundError:
-            return None
-        return read_bundle(data).manifest
+        data = read_store_file(self.active_path)
+        return None if data is None else read_bundle(data).manifest
 
     def active_sha256(self) -> str | None:
         return file_sha256(self.active_path)
@@ -199,9 +207,12 @@ class WeightsStore:
     def history(self) -> list[HistoryEntry]:
         """Published versions still kept, oldest first."""
         try:
-            raw = json.loads(self.index_path.read_bytes())
-        except FileNotFoundError:
-            return []
+            data = read_store_file(self.index_path, MAX_INDEX_BYTES)
+            if data is None:
+                return []
+            raw = json.loads(data)
+        except BundleError as exc:
+            raise StoreError("index", f"{self.index_path}: {exc}") from None
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise StoreError("index", f"{self.index_path}: not valid JSON ({exc})") from None
         fields = ("model_version", "sha256", "published_at")
@@ -275,9 +286,7 @@ class WeightsStore:
         Read as a bundle file is (``read_file``: a regular file within the size limit, a FIFO never
         waited on), so anything else there raises ``BundleError``.
         """
-        if not os.path.lexists(self.pending_path):
-            return None
-        return read_file(self.pending_path)
+        return read_store_file(self.pending_path)
 
     def drop_pending(self) -> None:
         with self.lock():
@@ -307,15 +316,13 @@ class WeightsStore:
 
     def canary(self) -> bytes | None:
         """The canary's bytes, None when there is none (read as ``pending`` is; validate them before use)."""
-        if not os.path.lexists(self.canary_path):
-            return None
-        return read_file(self.canary_path)
+        return read_store_file(self.canary_path)
 
     def canary_looks(self, version: str) -> int:
         """How often the trainer has judged the canary ``version`` (0 when unrecorded, or recorded for another)."""
         try:
-            raw = json.loads(self.looks_path.read_bytes())
-        except (FileNotFoundError, UnicodeDecodeError, json.JSONDecodeError):
+            raw = json.loads(read_store_file(self.looks_path, MAX_INDEX_BYTES) or b"null")
+        except (BundleError, UnicodeDecodeError, json.JSONDecodeError):
             return 0
         looks = raw.get("looks") if isinstance(raw, dict) and raw.get("model_version") == version else None
         return looks if isinstance(looks, int) and not isinstance(looks, bool) and looks >= 0 else 0
@@ -382,7 +389,7 @@ class WeightsStore:
                 target = entries[position - 1]
             if target.sha256 == active_digest:
                 return PublishResult("unchanged", target.model_version, target.sha256, current)
-            data = (self.history_dir / target.file_name).read_bytes()
+            data = read_file(self.history_dir / target.file_name)
             if sha256(data) != target.sha256:
                 raise BundleError("checksum", f"{HISTORY_DIR}/{target.file_name}: sha256 does not match the history index")
             self.validate(data)

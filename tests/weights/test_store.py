@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.harness import variant_bytes
 from weights.bundle import Bundle, BundleError, npy_bytes, read_bundle
 from weights.initial import make_bundle
 from weights.store import ACTIVE_NAME, HISTORY_DIR, INDEX_NAME, STALE_TMP_S, StoreError, WeightsStore, check_version_name
@@ -310,6 +311,95 @@ def test_a_damaged_index_is_reported(store: WeightsStore, bundles: dict[str, byt
     with pytest.raises(StoreError) as info:
         store.history()
     assert info.value.reason == "index"
+
+
+def odd_file(path: Path, kind: str) -> None:
+    """Leave at ``path`` what a crashed writer or a hostile one might: a FIFO (no writer: an open for reading would
+    wait for one), a symlink to an endless device, or a directory."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "endless":
+        path.symlink_to("/dev/zero")
+    else:
+        path.mkdir()
+
+
+def promptly(call: Callable[[], Any], within_s: float = 10.0) -> Any:
+    """``call()`` in a thread; its result or exception, failing the test if it is still running after ``within_s``."""
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = call()
+        except Exception as exc:
+            outcome["error"] = exc
+
+    worker = threading.Thread(target=run, daemon=True)  # a hung read would keep it: daemon, so the suite still ends
+    worker.start()
+    worker.join(within_s)
+    assert not worker.is_alive(), f"{call} still running after {within_s} s"
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome.get("value")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "endless", "directory"])
+def test_an_odd_active_file_is_reported_and_a_publish_replaces_it(store: WeightsStore, bundles: dict[str, bytes],
+                                                                   put: Callable[[bytes], Path], kind: str) -> None:
+    odd_file(store.active_path, kind)
+    with pytest.raises(BundleError) as info:
+        promptly(store.active)
+    assert info.value.reason == "io"
+    assert promptly(store.active_sha256) is None  # no bundle the store could have written
+    if kind == "directory":  # a rename cannot replace a directory with a file: the publish fails, and says where
+        with pytest.raises(OSError):
+            promptly(lambda: store.publish(put(bundles["v1"])))
+        return
+    result = promptly(lambda: store.publish(put(bundles["v1"])))
+    assert result.status == "published" and store.active_path.read_bytes() == bundles["v1"]
+    assert promptly(store.active)["model_version"] == "v1"
+
+
+@pytest.mark.parametrize("kind", ["fifo", "endless", "directory"])
+def test_an_odd_history_index_is_a_damaged_index(store: WeightsStore, bundles: dict[str, bytes],
+                                                  put: Callable[[bytes], Path], kind: str) -> None:
+    store.publish(put(bundles["v1"]))
+    odd_file(store.index_path, kind)
+    for call in (store.history, lambda: store.publish(put(bundles["v2"])), store.rollback):
+        with pytest.raises(StoreError) as info:
+            promptly(call)
+        assert info.value.reason == "index"
+    assert store.active_path.read_bytes() == bundles["v1"]  # nothing changed on the volume
+
+
+@pytest.mark.parametrize("kind", ["fifo", "endless", "directory"])
+def test_odd_canary_and_pending_files_are_refused_without_waiting(store: WeightsStore, bundles: dict[str, bytes],
+                                                                  put: Callable[[bytes], Path], kind: str) -> None:
+    store.publish(put(bundles["v1"]))
+    version = store.start_canary(variant_bytes("canary-1", canary=0.1))
+    odd_file(store.looks_path, kind)
+    assert promptly(lambda: store.canary_looks(version)) == 0  # an unreadable count is no count, as a damaged one is
+    if kind != "directory":
+        assert promptly(lambda: store.count_canary_look(version)) == 1  # and the next look writes a good one over it
+    for path, read in ((store.canary_path, store.canary), (store.pending_path, store.pending)):
+        odd_file(path, kind)
+        with pytest.raises(BundleError) as info:
+            promptly(read)
+        assert info.value.reason == "io"
+
+
+@pytest.mark.parametrize("kind", ["fifo", "endless"])
+def test_rollback_to_an_odd_kept_file_is_refused_without_waiting(store: WeightsStore, bundles: dict[str, bytes],
+                                                                 put: Callable[[bytes], Path], kind: str) -> None:
+    store.publish(put(bundles["v1"]))
+    store.publish(put(bundles["v2"]))
+    odd_file(store.history_dir / "v1.bundle", kind)
+    with pytest.raises(BundleError) as info:
+        promptly(store.rollback)
+    assert info.value.reason == "io"
+    assert store.active_path.read_bytes() == bundles["v2"]
 
 
 # --- concurrency -------------------------------------------------------------------------------
