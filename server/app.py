@@ -154,6 +154,7 @@ class ShoppingAgentServer:
                 debounce_s=self.config.weights_debounce_ms / 1000.0,
                 use_inotify=self.config.weights_inotify,
                 seen=seen,
+                rejected=rejected,
             )
             self._watcher.start()
         self._watch_canary(loop)

@@ -1,6 +1,6 @@
 """The weights watcher: sees the active bundle change on the volume and loads it off the hot path.
 
-A ``stat`` poll (inode, size, mtime) is the source of truth, so a volume where inotify never
+A ``stat`` poll (inode, size, mtime, ctime) is the source of truth, so a volume where inotify never
 fires (NFS, a file written from another node) still works; a watchdog observer on the
 directory only wakes the poll sooner. ``os.stat`` follows symlinks, so the Kubernetes
 ConfigMap pattern (a ``..data`` symlink swapped under a stable name) is seen as a change too.
@@ -8,9 +8,12 @@ ConfigMap pattern (a ``..data`` symlink swapped under a stable name) is seen as 
 On a change the watcher waits until the file has been still for the debounce time (a
 burst of publishes loads only the last), then reads, validates and warms up a new
 ``ModelSet`` on its own thread and hands it to ``on_loaded``; the server swaps one
-reference. A rejected file is reported once and not retried until it changes again; a
-deleted file leaves the current model serving, or, with ``on_missing`` (the canary's
-watcher), is reported to it.
+reference. A rejected file is reported and not retried until it changes again (a ``chmod``
+changes its ctime), except when the reason may pass by itself (``RETRIED``: a read error such
+as an NFS hiccup, or the validating process's time or memory on a busy node): then it is tried
+again after ``RETRY_FIRST_S``, twice as long after each failure, up to ``RETRY_MAX_S``. A
+deleted file leaves the current model serving, or, with ``on_missing`` (the canary's watcher),
+is reported to it.
 """
 
 from __future__ import annotations
@@ -27,23 +30,31 @@ from weights.bundle import BundleError
 
 log = logging.getLogger(__name__)
 
-Signature = tuple[int, int, int]
+Signature = tuple[int, int, int, int]
+RETRIED = frozenset({"io", "limits"})
+"""Rejection reasons that can pass without the file changing: tried again after a back-off."""
+RETRY_FIRST_S = 5.0
+RETRY_MAX_S = 300.0
 
 
 def signature(path: Path) -> Signature | None:
-    """(inode, size, mtime_ns) of what ``path`` resolves to, or None when it is absent."""
+    """(inode, size, mtime_ns, ctime_ns) of what ``path`` resolves to, or None when it is absent. The ctime moves
+    on a ``chmod`` or ``chown`` too, so a file refused as unreadable is read again once its mode is mended."""
     try:
         st = os.stat(path)
     except (FileNotFoundError, NotADirectoryError):
         return None
-    return (st.st_ino, st.st_size, st.st_mtime_ns)
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 class WeightsWatcher:
     def __init__(self, path: Path, load: Callable[[Path], Any], on_loaded: Callable[[Any, float], None],
                  on_rejected: Callable[[BundleError, float], None], poll_interval_s: float = 1.0,
                  debounce_s: float = 0.05, use_inotify: bool = True, seen: Signature | None = None,
-                 on_missing: Callable[[], None] | None = None) -> None:
+                 on_missing: Callable[[], None] | None = None, rejected: BundleError | None = None,
+                 retry_first_s: float = RETRY_FIRST_S) -> None:
+        """``seen``: the signature of the file already loaded (or refused) at start; ``rejected``: why it was refused,
+        so that a refusal that may pass is retried as one seen here is."""
         self.path = path
         self._on_missing = on_missing
         self._load = load
@@ -57,6 +68,10 @@ class WeightsWatcher:
         self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"weights-watcher-{path.name}", daemon=True)
         self._observer: Any = None
+        self._retry_at: float | None = None
+        self._retry_first_s = self._retry_s = retry_first_s
+        if rejected is not None:
+            self._schedule_retry(rejected)
 
     def start(self) -> None:
         self._thread.start()
@@ -73,11 +88,14 @@ class WeightsWatcher:
                 if self._use_inotify and self._observer is None:
                     self._start_observer()
                 current = signature(self.path)
-                if current != self._seen:
+                if current != self._seen or (self._retry_at is not None and time.monotonic() >= self._retry_at):
                     self._changed(current)
             except Exception:  # ESTALE on NFS, a permission error, a bug: keep polling, never die silently
                 log.exception("weights watcher error; polling on", extra={"fields": {"path": str(self.path)}})
-            self._wake.wait(self._poll_interval_s)
+            wait = self._poll_interval_s
+            if self._retry_at is not None:
+                wait = max(0.0, min(wait, self._retry_at - time.monotonic()))
+            self._wake.wait(wait)
             self._wake.clear()
 
     def _changed(self, current: Signature | None) -> None:
@@ -88,7 +106,9 @@ class WeightsWatcher:
             if settled == current:
                 break
             current = settled
-        self._seen = current
+        if current != self._seen:  # a new file starts a new back-off
+            self._retry_s = self._retry_first_s
+        self._seen, self._retry_at = current, None
         if current is None:
             if self._on_missing is not None:
                 self._on_missing()
@@ -102,8 +122,16 @@ class WeightsWatcher:
             log.error("bundle rejected; the current model keeps serving",
                       extra={"fields": {"path": str(self.path), "reason": exc.reason, "error": str(exc)}})
             self._on_rejected(exc, time.perf_counter() - started)
+            self._schedule_retry(exc)
             return
+        self._retry_s = self._retry_first_s
         self._on_loaded(model, time.perf_counter() - started)
+
+    def _schedule_retry(self, exc: BundleError) -> None:
+        if exc.reason in RETRIED:
+            self._retry_at = time.monotonic() + self._retry_s
+            log.info("the bundle will be read again", extra={"fields": {"path": str(self.path), "in_s": self._retry_s}})
+            self._retry_s = min(2 * self._retry_s, RETRY_MAX_S)
 
     def _start_observer(self) -> None:
         if not self.path.parent.is_dir():
