@@ -12,6 +12,7 @@ When several worker processes serve one port, prometheus_client's multiprocess m
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Mapping
@@ -29,10 +30,14 @@ VOTE_BUCKETS = tuple(float(v) for v in range(0, 17))  # K is at most 16
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 DEGRADED_REASONS = ("overload", "deadline", "shutdown", "error")
 _VOTED = (Source.POLICY, Source.FALLBACK_LOW_CONSENSUS)
+log = logging.getLogger(__name__)
 LOG_DROP_REASONS = ("queue_full", "write_error", "closed")
 ENGAGEMENT_KINDS = ("bounced", "stayed", "unknown")  # by the report's bounce signal: true, false, not measured
 DWELL_BUCKETS = (1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0, 640.0)
 SCROLL_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+MAX_TRAINING_NAMES = 1024
+"""Training-metric names a process exports over its life (twice a bundle's 512): multiprocess mode cannot drop a
+series, so each bundle's new names would stay on every scrape; a trained bundle's names are the same each time."""
 SWAP_REJECT_REASONS = ("io", "format", "format_version", "checksum", "schema", "shape", "nonfinite", "onnx", "golden")
 
 
@@ -93,6 +98,7 @@ class Metrics:
         self.training = Gauge("shopping_agent_model_training_metric",
                               "Training metrics carried in the served bundle's manifest.", ["metric"], registry=r,
                               multiprocess_mode="liveall")
+        self._training_names: set[str] = set()
         self.canary = Gauge("shopping_agent_canary_fraction",
                             "The share of sessions the canary bundle serves (no series: no canary).", ["model_version"],
                             registry=r, multiprocess_mode="liveall")
@@ -224,9 +230,17 @@ class Metrics:
         self.model_created.set(self._created_s)
         metrics = manifest.get("training_metrics")
         if isinstance(metrics, Mapping):
+            left_out = 0
             for name, value in metrics.items():
                 if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                    if name not in self._training_names and len(self._training_names) >= MAX_TRAINING_NAMES:
+                        left_out += 1
+                        continue
+                    self._training_names.add(str(name))
                     self.training.labels(metric=str(name)).set(float(value))
+            if left_out:
+                log.warning("training metrics not exported: this process has exported its limit of names",
+                            extra={"fields": {"model_version": version, "left_out": left_out, "limit": MAX_TRAINING_NAMES}})
 
 
     def canary_served(self, version: str | None, fraction: float) -> None:

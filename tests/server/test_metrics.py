@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import io
+import os
+import subprocess
+import sys
 import time
 import urllib.request
 from datetime import UTC, datetime
@@ -11,9 +14,11 @@ from pathlib import Path
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
+from server.metrics import MAX_TRAINING_NAMES, Metrics
 from server.models import ACTIVE_NAME
 from tests.harness import ServerThread, request, running_server, stub
 from weights.bundle import write_bundle
@@ -136,3 +141,46 @@ def test_no_metrics_collects_nothing() -> None:
         assert stub(ch).RecommendAction(request(), timeout=5).decision_id
         assert live.server is not None and live.server.metrics is None and live.server.metrics_endpoint is None
         assert list(live.registry.collect()) == []
+
+
+def _names_manifest(version: str, names: list[str]) -> dict[str, object]:
+    return {"model_version": version, "format_version": 1, "created_at": "2026-11-29T12:00:00Z",
+            "training_metrics": dict.fromkeys(names, 1.0)}
+
+
+def test_a_process_exports_a_bounded_number_of_training_metric_names() -> None:
+    """A bundle may carry 512 names; a series of bundles with new names each would pile series up where they cannot be
+    dropped (multiprocess mode), so a process exports at most MAX_TRAINING_NAMES names over its life."""
+    metrics = Metrics(CollectorRegistry())
+    bundles = (["kl_to_behavior"] + [f"m0_{j}" for j in range(511)], [f"m1_{j}" for j in range(512)],
+               ["kl_to_behavior"] + [f"m2_{j}" for j in range(511)])  # 512 names each; the first two fill the limit
+    for i, names in enumerate(bundles):
+        metrics.model_served(f"v{i}", _names_manifest(f"v{i}", names), time.time())
+    exported = {s.labels["metric"] for f in metrics.registry.collect() for s in f.samples
+                if s.name == "shopping_agent_model_training_metric"}
+    assert "kl_to_behavior" in exported  # a name seen before is still exported
+    assert not any(name.startswith("m2_") for name in exported)  # the third bundle's new names are past the limit
+    assert len(metrics._training_names) == MAX_TRAINING_NAMES
+
+
+def test_with_workers_the_training_metric_series_stay_bounded(tmp_path: Path) -> None:
+    """Multiprocess mode (``--workers``) cannot remove a series: 40 bundles of 512 new names each, as a review sent,
+    leave at most MAX_TRAINING_NAMES series, not 40 x 512. In a child: the mode is chosen when prometheus_client is
+    imported."""
+    script = f"""
+import time
+from prometheus_client import CollectorRegistry
+from prometheus_client.multiprocess import MultiProcessCollector
+from server.metrics import Metrics, multiprocess_mode
+from tests.server.test_metrics import _names_manifest
+assert multiprocess_mode()
+metrics = Metrics(CollectorRegistry())
+for i in range(40):
+    metrics.model_served(f"v{{i}}", _names_manifest(f"v{{i}}", [f"m{{i}}_{{j}}" for j in range(512)]), time.time())
+scrape = CollectorRegistry()
+MultiProcessCollector(scrape, {str(tmp_path)!r})
+print(sum(1 for f in scrape.collect() for s in f.samples if s.name == "shopping_agent_model_training_metric"))
+"""
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120, check=True)
+    assert int(out.stdout.split()[-1]) == MAX_TRAINING_NAMES
