@@ -161,8 +161,8 @@ def write_members(path: Path | io.BytesIO, members: dict[str, bytes]) -> None:
             zf.writestr(info, members[name])
 
 
-def read_file(path: Path | str, limit: int = MAX_BUNDLE_BYTES) -> bytes:
-    """The bytes of a regular file of at most ``limit`` bytes; raises ``BundleError("io" | "size")``.
+def read_file(path: Path | str, limit: int = MAX_BUNDLE_BYTES, what: str = "bundle") -> bytes:
+    """The bytes of a regular file of at most ``limit`` bytes; raises ``BundleError("io" | "size")``, naming ``what`` it is.
 
     Opened non-blocking (a FIFO does not wait for a writer) and checked with ``fstat`` on the
     open descriptor, so a file swapped in between the check and the read cannot slip past.
@@ -170,17 +170,17 @@ def read_file(path: Path | str, limit: int = MAX_BUNDLE_BYTES) -> bytes:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
-        raise BundleError("io", f"cannot read bundle {path}: {exc.strerror or exc}") from None
+        raise BundleError("io", f"cannot read {what} {path}: {exc.strerror or exc}") from None
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise BundleError("io", f"cannot read bundle {path}: not a regular file (a bundle is one plain file)")
+            raise BundleError("io", f"cannot read {what} {path}: not a regular file (a {what} is one plain file)")
         if info.st_size > limit:
             raise BundleError("size", f"the file is {info.st_size} bytes, more than the {limit}-byte limit")
         with os.fdopen(os.dup(fd), "rb") as f:
             data = f.read(limit + 1)
     except OSError as exc:
-        raise BundleError("io", f"cannot read bundle {path}: {exc.strerror or exc}") from None
+        raise BundleError("io", f"cannot read {what} {path}: {exc.strerror or exc}") from None
     finally:
         os.close(fd)
     if len(data) > limit:

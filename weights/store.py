@@ -125,13 +125,13 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def read_store_file(path: Path, limit: int = MAX_BUNDLE_BYTES) -> bytes | None:
+def read_store_file(path: Path, limit: int = MAX_BUNDLE_BYTES, what: str = "bundle") -> bytes | None:
     """A store file's bytes, None when it does not exist. Read as a bundle file is (``read_file``: a regular file
     within ``limit`` bytes, opened non-blocking), so a FIFO, a device or a directory left on the volume is refused
     (``BundleError``) instead of hanging or filling memory a publisher that holds the lock."""
     if not os.path.lexists(path):
         return None
-    return read_file(path, limit)
+    return read_file(path, limit, what)
 
 
 def file_sha256(path: Path) -> str | None:
@@ -207,12 +207,12 @@ class WeightsStore:
     def history(self) -> list[HistoryEntry]:
         """Published versions still kept, oldest first."""
         try:
-            data = read_store_file(self.index_path, MAX_INDEX_BYTES)
+            data = read_store_file(self.index_path, MAX_INDEX_BYTES, "history index")
             if data is None:
                 return []
             raw = json.loads(data)
         except BundleError as exc:
-            raise StoreError("index", f"{self.index_path}: {exc}") from None
+            raise StoreError("index", str(exc)) from None
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise StoreError("index", f"{self.index_path}: not valid JSON ({exc})") from None
         fields = ("model_version", "sha256", "published_at")
@@ -321,7 +321,7 @@ class WeightsStore:
     def canary_looks(self, version: str) -> int:
         """How often the trainer has judged the canary ``version`` (0 when unrecorded, or recorded for another)."""
         try:
-            raw = json.loads(read_store_file(self.looks_path, MAX_INDEX_BYTES) or b"null")
+            raw = json.loads(read_store_file(self.looks_path, MAX_INDEX_BYTES, "look count") or b"null")
         except (BundleError, UnicodeDecodeError, json.JSONDecodeError):
             return 0
         looks = raw.get("looks") if isinstance(raw, dict) and raw.get("model_version") == version else None
