@@ -176,7 +176,7 @@ def read_file(path: Path | str, limit: int = MAX_BUNDLE_BYTES, what: str = "bund
         if not stat.S_ISREG(info.st_mode):
             raise BundleError("io", f"cannot read {what} {path}: not a regular file (a {what} is one plain file)")
         if info.st_size > limit:
-            raise BundleError("size", f"the file is {info.st_size} bytes, more than the {limit}-byte limit")
+            raise BundleError("size", f"{what} {path}: the file is {info.st_size} bytes, more than the {limit}-byte limit")
         with os.fdopen(os.dup(fd), "rb") as f:
             data = f.read(limit + 1)
     except OSError as exc:
@@ -184,7 +184,7 @@ def read_file(path: Path | str, limit: int = MAX_BUNDLE_BYTES, what: str = "bund
     finally:
         os.close(fd)
     if len(data) > limit:
-        raise BundleError("size", f"the file grew past the {limit}-byte limit while being read")
+        raise BundleError("size", f"{what} {path}: the file grew past the {limit}-byte limit while being read")
     return data
 
 

@@ -31,6 +31,7 @@ import fcntl
 import json
 import logging
 import os
+import stat
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -56,7 +57,9 @@ LOCK_NAME = ".lock"
 TMP_PREFIX = ".tmp-"
 BUNDLE_SUFFIX = ".bundle"
 MAX_INDEX_BYTES = 1024 * 1024
-"""The history index and the canary's look count are small JSON files: larger is not one the store wrote."""
+"""The canary's look count and the history index are small JSON files: larger is not one the store wrote (the index's
+limit grows by ``INDEX_ENTRY_BYTES`` a kept version, so that any ``keep`` fits)."""
+INDEX_ENTRY_BYTES = 512  # one entry: a version of at most 200 characters, a sha256, a time, the JSON around them
 STALE_TMP_S = 3600.0
 """A ``.tmp-*`` file older than this, seen under the lock, was left by a killed writer: removed."""
 
@@ -126,21 +129,29 @@ def fsync_dir(directory: Path) -> None:
 
 
 def read_store_file(path: Path, limit: int = MAX_BUNDLE_BYTES, what: str = "bundle") -> bytes | None:
-    """A store file's bytes, None when it does not exist. Read as a bundle file is (``read_file``: a regular file
-    within ``limit`` bytes, opened non-blocking), so a FIFO, a device or a directory left on the volume is refused
-    (``BundleError``) instead of hanging or filling memory a publisher that holds the lock."""
-    if not os.path.lexists(path):
-        return None
-    return read_file(path, limit, what)
+    """A store file's bytes, None when it does not exist (a dangling link included). Read as a bundle file is
+    (``read_file``: a regular file within ``limit`` bytes, opened non-blocking), so a FIFO, a device or a directory left
+    on the volume is refused (``BundleError``) instead of hanging a publisher that holds the lock, or filling its
+    memory."""
+    try:
+        return read_file(path, limit, what)
+    except BundleError:
+        if not os.path.exists(path):  # absent, or gone between: as before, no file
+            return None
+        raise
 
 
 def file_sha256(path: Path) -> str | None:
     """The sha256 of a bundle file; None when it does not exist or is no bundle the store could have written (not a
-    regular file, or past the bundle size limit): a publish then replaces it, as it replaces any other bytes."""
+    regular file, or past the bundle size limit): a publish then replaces it, as it replaces any other bytes. A read
+    error of a regular file (EIO, a permission) raises ``BundleError``, so that no caller takes it for "no file"."""
     try:
         data = read_store_file(path)
-    except BundleError:
-        return None
+    except BundleError as exc:
+        with contextlib.suppress(OSError):  # stat never opens: a FIFO does not block it
+            if exc.reason == "size" or not stat.S_ISREG(os.stat(path).st_mode):
+                return None
+        raise
     return None if data is None else sha256(data)
 
 
@@ -207,7 +218,7 @@ class WeightsStore:
     def history(self) -> list[HistoryEntry]:
         """Published versions still kept, oldest first."""
         try:
-            data = read_store_file(self.index_path, MAX_INDEX_BYTES, "history index")
+            data = read_store_file(self.index_path, MAX_INDEX_BYTES + INDEX_ENTRY_BYTES * (self.keep + 1), "history index")
             if data is None:
                 return []
             raw = json.loads(data)

@@ -390,6 +390,18 @@ def test_odd_canary_and_pending_files_are_refused_without_waiting(store: Weights
         assert info.value.reason == "io"
 
 
+def test_a_dangling_link_is_no_file_and_an_oversized_index_is_named(store: WeightsStore, bundles: dict[str, bytes],
+                                                                      put: Callable[[bytes], Path]) -> None:
+    store.directory.mkdir(parents=True)
+    store.active_path.symlink_to("gone.bundle")  # a link whose target was removed: as no active file, as before
+    assert store.active() is None and store.active_sha256() is None and store.pending() is None
+    store.publish(put(bundles["v1"]))
+    store.index_path.write_bytes(b" " * (2 * 1024 * 1024))  # JSON whitespace, past the index's limit
+    with pytest.raises(StoreError) as info:
+        store.history()
+    assert info.value.reason == "index" and "history index" in str(info.value) and str(store.index_path) in str(info.value)
+
+
 @pytest.mark.parametrize("kind", ["fifo", "endless"])
 def test_rollback_to_an_odd_kept_file_is_refused_without_waiting(store: WeightsStore, bundles: dict[str, bytes],
                                                                  put: Callable[[bytes], Path], kind: str) -> None:
