@@ -9,17 +9,19 @@ On a change the watcher waits until the file has been still for the debounce tim
 burst of publishes loads only the last), then reads, validates and warms up a new
 ``ModelSet`` on its own thread and hands it to ``on_loaded``; the server swaps one
 reference. A rejected file is reported and not retried until it changes again (a ``chmod``
-changes its ctime), except when the reason may pass by itself (``RETRIED``: a read error such
-as an NFS hiccup, or the validating process's time or memory on a busy node): then it is tried
-again after ``RETRY_FIRST_S``, twice as long after each failure, up to ``RETRY_MAX_S``. A
-deleted file leaves the current model serving, or, with ``on_missing`` (the canary's watcher),
-is reported to it.
+changes its ctime), except when the reason may pass by itself (``RETRIED``: a read error of a
+regular file, such as an NFS hiccup, or the validating process's time or memory on a busy node):
+then it is tried again after ``RETRY_FIRST_S``, twice as long after each failure, ``RETRY_TRIES``
+times (about five minutes in all; a bundle too heavy for the limits is not validated forever). A
+deleted file leaves the current model serving, or, with ``on_missing`` (the canary's watcher), is
+reported to it.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import stat
 import threading
 import time
 from collections.abc import Callable
@@ -34,7 +36,7 @@ Signature = tuple[int, int, int, int]
 RETRIED = frozenset({"io", "limits"})
 """Rejection reasons that can pass without the file changing: tried again after a back-off."""
 RETRY_FIRST_S = 5.0
-RETRY_MAX_S = 300.0
+RETRY_TRIES = 6  # after 5, 10, 20, 40, 80 and 160 s
 
 
 def signature(path: Path) -> Signature | None:
@@ -52,7 +54,7 @@ class WeightsWatcher:
                  on_rejected: Callable[[BundleError, float], None], poll_interval_s: float = 1.0,
                  debounce_s: float = 0.05, use_inotify: bool = True, seen: Signature | None = None,
                  on_missing: Callable[[], None] | None = None, rejected: BundleError | None = None,
-                 retry_first_s: float = RETRY_FIRST_S) -> None:
+                 retry_first_s: float = RETRY_FIRST_S, retry_tries: int = RETRY_TRIES) -> None:
         """``seen``: the signature of the file already loaded (or refused) at start; ``rejected``: why it was refused,
         so that a refusal that may pass is retried as one seen here is."""
         self.path = path
@@ -69,7 +71,8 @@ class WeightsWatcher:
         self._thread = threading.Thread(target=self._run, name=f"weights-watcher-{path.name}", daemon=True)
         self._observer: Any = None
         self._retry_at: float | None = None
-        self._retry_first_s = self._retry_s = retry_first_s
+        self._retry_first_s, self._retry_tries = retry_first_s, retry_tries
+        self._retry_s, self._retries_left = retry_first_s, retry_tries
         if rejected is not None:
             self._schedule_retry(rejected)
 
@@ -84,17 +87,17 @@ class WeightsWatcher:
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            wait = self._poll_interval_s
             try:
                 if self._use_inotify and self._observer is None:
                     self._start_observer()
                 current = signature(self.path)
                 if current != self._seen or (self._retry_at is not None and time.monotonic() >= self._retry_at):
                     self._changed(current)
-            except Exception:  # ESTALE on NFS, a permission error, a bug: keep polling, never die silently
+                if self._retry_at is not None:
+                    wait = max(0.0, min(wait, self._retry_at - time.monotonic()))
+            except Exception:  # ESTALE on NFS, a permission error, a bug: keep polling (a poll apart), never die silently
                 log.exception("weights watcher error; polling on", extra={"fields": {"path": str(self.path)}})
-            wait = self._poll_interval_s
-            if self._retry_at is not None:
-                wait = max(0.0, min(wait, self._retry_at - time.monotonic()))
             self._wake.wait(wait)
             self._wake.clear()
 
@@ -107,7 +110,7 @@ class WeightsWatcher:
                 break
             current = settled
         if current != self._seen:  # a new file starts a new back-off
-            self._retry_s = self._retry_first_s
+            self._reset_retries()
         self._seen, self._retry_at = current, None
         if current is None:
             if self._on_missing is not None:
@@ -124,14 +127,26 @@ class WeightsWatcher:
             self._on_rejected(exc, time.perf_counter() - started)
             self._schedule_retry(exc)
             return
-        self._retry_s = self._retry_first_s
+        self._reset_retries()
         self._on_loaded(model, time.perf_counter() - started)
 
+    def _reset_retries(self) -> None:
+        self._retry_s, self._retries_left = self._retry_first_s, self._retry_tries
+
     def _schedule_retry(self, exc: BundleError) -> None:
-        if exc.reason in RETRIED:
-            self._retry_at = time.monotonic() + self._retry_s
-            log.info("the bundle will be read again", extra={"fields": {"path": str(self.path), "in_s": self._retry_s}})
-            self._retry_s = min(2 * self._retry_s, RETRY_MAX_S)
+        if exc.reason not in RETRIED or self._retries_left == 0 or not self._regular():
+            return
+        self._retry_at = time.monotonic() + self._retry_s
+        log.info("the bundle will be read again", extra={"fields": {"path": str(self.path), "in_s": self._retry_s}})
+        self._retry_s, self._retries_left = 2 * self._retry_s, self._retries_left - 1
+
+    def _regular(self) -> bool:
+        """Whether the path is a regular file (a FIFO, a device or a directory stays what it is: not worth a retry);
+        True when even ``stat`` fails, which is the kind of error that passes."""
+        try:
+            return stat.S_ISREG(os.stat(self.path).st_mode)
+        except OSError:
+            return True
 
     def _start_observer(self) -> None:
         if not self.path.parent.is_dir():

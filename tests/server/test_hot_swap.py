@@ -285,3 +285,17 @@ def test_the_cli_publishes_and_rolls_back_under_load_poll_only(tmp_path: Path) -
         assert status == health_pb2.HealthCheckResponse.SERVING  # health stays SERVING through swaps
     assert load.errors == []
     assert set(load.versions) == {"p1", "p2"}
+
+
+def test_an_active_file_refused_at_start_for_a_passing_cause_is_read_again(weights_dir: Path) -> None:
+    """The validating child given no time at all: the start's read is refused with ``limits`` (a cause that can pass
+    on a busy node), and the watcher tries the unchanged file again after its first back-off (5 s), counting it."""
+    with running_server(weights_dir=weights_dir, weights_poll_seconds=0.2, validate_timeout_seconds=0.001) as live:
+        deadline = time.monotonic() + 5
+        while _swaps(live, "rejected", "limits") < 1:
+            assert time.monotonic() < deadline, "the start's read was not refused"
+            time.sleep(0.05)
+        deadline = time.monotonic() + 15
+        while _swaps(live, "rejected", "limits") < 2:
+            assert time.monotonic() < deadline, "the file refused at start was not read again"
+            time.sleep(0.1)

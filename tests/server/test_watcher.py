@@ -8,6 +8,8 @@ such an error gives: that failure is the one simulated part.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import threading
 import time
@@ -47,6 +49,7 @@ def active(tmp_path: Path) -> Path:
     return path
 
 
+@contextlib.contextmanager
 def watching(path: Path, loader: Loader, **kwargs: Any) -> Iterator[WeightsWatcher]:
     watcher = WeightsWatcher(path, load=loader, on_loaded=lambda model, s: loader.loaded.set(),
                              on_rejected=lambda exc, s: loader.rejected.append(exc.reason), poll_interval_s=0.05,
@@ -67,8 +70,11 @@ def wait_until(done: Callable[[], bool], within_s: float = 10.0) -> None:
 
 def test_a_chmod_changes_the_signature(active: Path) -> None:
     before = signature(active)
-    time.sleep(0.01)  # a ctime tick apart, on file systems with coarse clocks
-    os.chmod(active, 0o600)
+    for mode in (0o600, 0o640):  # a second chmod a second later, for file systems whose ctime ticks in seconds
+        os.chmod(active, mode)
+        if signature(active) != before:
+            break
+        time.sleep(1.1)
     assert signature(active) != before
 
 
@@ -76,7 +82,7 @@ def test_a_chmod_changes_the_signature(active: Path) -> None:
 def test_a_refusal_that_may_pass_is_read_again_without_a_change(active: Path, reason: str) -> None:
     loader = Loader(failures=2, reason=reason)
     seen = signature(active)
-    for _ in watching(active, loader):
+    with watching(active, loader):
         assert loader.loaded.wait(10), "the file was never read again"
     assert signature(active) == seen  # nothing changed on disk
     assert loader.rejected == [reason, reason] and len(loader.calls) == 3
@@ -86,7 +92,7 @@ def test_a_refusal_that_may_pass_is_read_again_without_a_change(active: Path, re
 
 def test_a_refusal_for_the_bundle_itself_is_not_read_again(active: Path) -> None:
     loader = Loader(failures=1, reason="schema")
-    for _ in watching(active, loader):
+    with watching(active, loader):
         wait_until(lambda: loader.rejected == ["schema"])
         time.sleep(4 * FIRST_S)  # past several back-offs: still one read
         assert len(loader.calls) == 1 and not loader.loaded.is_set()
@@ -96,13 +102,42 @@ def test_a_refusal_for_the_bundle_itself_is_not_read_again(active: Path) -> None
 
 def test_a_refusal_at_start_that_may_pass_is_read_again(active: Path) -> None:
     loader = Loader(failures=0, reason="io")  # the server's own start read it and was refused
-    for _ in watching(active, loader, seen=signature(active), rejected=BundleError("io", "at start: simulated")):
+    with watching(active, loader, seen=signature(active), rejected=BundleError("io", "at start: simulated")):
         assert loader.loaded.wait(10), "the file refused at start was never read again"
     assert len(loader.calls) == 1
 
 
 def test_without_a_refusal_at_start_the_file_seen_is_not_read_again(active: Path) -> None:
     loader = Loader(failures=0, reason="io")
-    for _ in watching(active, loader, seen=signature(active)):
+    with watching(active, loader, seen=signature(active)):
         time.sleep(4 * FIRST_S)
     assert loader.calls == []
+
+
+def test_retries_stop_after_their_count(active: Path) -> None:
+    loader = Loader(failures=100, reason="limits")  # a bundle too heavy for the limits fails every time
+    with watching(active, loader, retry_tries=2):
+        wait_until(lambda: len(loader.calls) == 3)  # the read, then two retries after 0.2 and 0.4 s
+        time.sleep(8 * FIRST_S)  # past where a third retry would have come
+        assert len(loader.calls) == 3
+
+
+def test_a_fifo_refused_as_unreadable_is_not_read_again(tmp_path: Path) -> None:
+    path = tmp_path / "weights_active.bundle"
+    os.mkfifo(path)
+    loader = Loader(failures=0, reason="io")  # read_bundle itself refuses it: not a regular file
+    with watching(path, loader):
+        wait_until(lambda: loader.calls != [])
+        time.sleep(4 * FIRST_S)
+    assert len(loader.calls) == 1 and loader.rejected == ["io"]  # read_bundle's own refusal, not retried
+
+
+def test_a_stat_that_fails_while_a_retry_is_due_does_not_spin(active: Path, caplog: pytest.LogCaptureFixture) -> None:
+    loader = Loader(failures=1, reason="io")
+    with caplog.at_level(logging.ERROR, logger="server.watcher"), watching(active, loader):
+        wait_until(lambda: loader.rejected == ["io"])  # a retry is scheduled FIRST_S on
+        active.unlink()
+        active.symlink_to(active.name)  # a link to itself: stat raises ELOOP, as it raises ESTALE or EIO on a bad volume
+        time.sleep(1.0)  # the retry falls due in here
+    errors = [r for r in caplog.records if r.getMessage().startswith("weights watcher error")]
+    assert 0 < len(errors) <= 40  # one a poll (0.05 s) at most, not a loop without a wait
