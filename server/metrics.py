@@ -25,19 +25,21 @@ from core.domain import ACTIONS, Action, Decision, EngagementReport, Outcome, So
 from core.product import LAYERS, ProductDecision
 from experience.kinds import KINDS
 
+log = logging.getLogger(__name__)
+
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 VOTE_BUCKETS = tuple(float(v) for v in range(0, 17))  # K is at most 16
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 DEGRADED_REASONS = ("overload", "deadline", "shutdown", "error")
 _VOTED = (Source.POLICY, Source.FALLBACK_LOW_CONSENSUS)
-log = logging.getLogger(__name__)
 LOG_DROP_REASONS = ("queue_full", "write_error", "closed")
 ENGAGEMENT_KINDS = ("bounced", "stayed", "unknown")  # by the report's bounce signal: true, false, not measured
 DWELL_BUCKETS = (1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0, 640.0)
 SCROLL_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 MAX_TRAINING_NAMES = 1024
-"""Training-metric names a process exports over its life (twice a bundle's 512): multiprocess mode cannot drop a
-series, so each bundle's new names would stay on every scrape; a trained bundle's names are the same each time."""
+"""With ``--workers`` (multiprocess mode), training-metric names a process exports over its life (twice a bundle's
+512): that mode cannot drop a series, so each bundle's new names would stay on every scrape; a trained bundle's names
+are the same each time. One process drops the old bundle's series and needs no limit."""
 SWAP_REJECT_REASONS = ("io", "format", "format_version", "checksum", "schema", "shape", "nonfinite", "onnx", "golden")
 
 
@@ -219,6 +221,8 @@ class Metrics:
         """The served model changed: info, timestamps and training metrics follow it."""
         self._forget(self.model_info)
         self._forget(self.training)
+        if not multiprocess_mode():  # the series were dropped: only the new bundle's names are exported
+            self._training_names.clear()
         if manifest is None:
             self.model_loaded.set(0)
             self._created_s = math.nan
