@@ -41,6 +41,7 @@ import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from statistics import NormalDist
+from types import EllipsisType
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -205,14 +206,18 @@ def settings_from(args: argparse.Namespace) -> CanarySettings:
 
 
 def look(store: WeightsStore, tolerance: float, current: ModelSet, source: Callable[[], DirectorySource],
-         options: LoadOptions, settings: CanarySettings, limits: SessionLimits = DEFAULT_LIMITS) -> dict[str, Any] | None:
+         options: LoadOptions, settings: CanarySettings, limits: SessionLimits = DEFAULT_LIMITS,
+         replacing: str | EllipsisType | None = ...) -> dict[str, Any] | None:
     """Judge the canary, if one is serving, on its sessions and the control's in the logs ``source()`` opens
-    (``read_sides``, ``judge``): promote it, drop it, or let it serve on. None without a canary.
+    (``read_sides``, ``judge``): promote it, drop it, or let it serve on. None without a canary. A promotion replaces
+    ``current`` only (``replacing``: its file's sha256, as ``WeightsStore.publish`` takes it); if another bundle became
+    active meanwhile, the canary serves on and the next run judges it against that one.
 
     A canary that cannot be judged (unreadable, refused by the store's check, a failure on the way) is dropped, so it
     cannot block every later run; so is one already active (a promotion interrupted before its drop).
     """
     from weights.model_set import ModelSet
+    from weights.store import StoreError
 
     try:
         data = store.canary()
@@ -229,7 +234,12 @@ def look(store: WeightsStore, tolerance: float, current: ModelSet, source: Calla
         report = {**head, **verdict.to_dict()}
         log.info("canary %s: %s: %s", version, verdict.action, verdict.reason)
         if verdict.action == "promote":
-            report["published"] = str(store.promote_canary().status)
+            try:
+                report["published"] = str(store.promote_canary(replacing).status)
+            except StoreError as exc:
+                if exc.reason != "moved":
+                    raise
+                report |= {"action": "wait", "reason": str(exc)}
         elif verdict.action == "drop":
             store.drop_canary()
         return report

@@ -56,13 +56,13 @@ def run_cycle(args: argparse.Namespace) -> int:
     from weights.bundle import read_bundle
     from weights.model_set import LoadOptions, ModelSet
     from weights.signing import load_public_key, public_key_bytes
-    from weights.store import WeightsStore, atomic_write
+    from weights.store import StoreError, WeightsStore, atomic_write
     from weights.validate import verify
 
     config = _config(args)
     key = None if args.public_key is None else public_key_bytes(load_public_key(args.public_key))
     store = WeightsStore(args.weights_dir, lambda data: verify(data, key))
-    current_bundle = read_bundle(store.active_path) if store.active_path.exists() else _bundle(None)
+    current_bundle, judged_against = _active(store)  # every publish below replaces exactly this bundle, or none
     init = _bundle(args.init) if args.init else current_bundle
     # The logs the run reads, in two passes; under torchrun this rank's shard. The gate's held-out sessions (of the whole
     # window, every shard) are named now and read by rank 0 after training (the other ranks do not wait for it).
@@ -72,16 +72,17 @@ def run_cycle(args: argparse.Namespace) -> int:
     settings = settings_from(args)
     judging = _operator_left_it(args)
     canaried = look(store, config.tolerance, current, lambda: _source(args.logs, init), options, settings,
-                    config.session_limits()) if judging else None
+                    config.session_limits(), judged_against) if judging else None
     if canaried is not None and canaried["action"] == "wait":  # still serving: a new active bundle would change its control
         print(json.dumps({"canary": canaried}, default=float) if args.json else f"canary {canaried['action']}: {canaried['reason']}")
         return 0
     promoted = canaried is not None and canaried.get("published") is not None
     if promoted:  # the run goes on from the bundle now active, on the same window (its logged propensities are exact)
-        current_bundle = init = read_bundle(store.active_path)
+        current_bundle, judged_against = _active(store)
+        init = current_bundle
         current = ModelSet.load(current_bundle, options)
     looks = _looks_apply(args, config)
-    looked = second_look(args, store, config, current, window, options) if looks else None
+    looked = second_look(args, store, config, current, window, options, judged_against) if looks else None
     if looked is not None and looked.get("published"):
         print(json.dumps(looked, default=float) if args.json else f"published the kept candidate: {looked['reason']}")
         return 0
@@ -120,8 +121,14 @@ def run_cycle(args: argparse.Namespace) -> int:
     if args.candidate_out is not None:
         atomic_write(args.candidate_out, signed)  # the very bytes published or kept
         report["candidate"] = str(args.candidate_out)
+    moved = None
     if published:
-        report["published"] = _publish(args, store, signed)
+        try:
+            report["published"] = _publish(args, store, signed, judged_against)
+        except StoreError as exc:
+            if exc.reason != "moved":
+                raise
+            moved, report["not_published"] = str(exc), str(exc)
     elif alike:
         report["same_as_active"] = ("the candidate serves what the active bundle serves on every held-out page: nothing for a "
                                "canary or a second look to judge")
@@ -133,10 +140,14 @@ def run_cycle(args: argparse.Namespace) -> int:
     if not published and products is not None and products.passed and args.init is None:
         # the flat candidate refused (kept, canaried or dropped): the active bundle's flat decision with the new heads
         assert products.trained is not None
-        report["products"]["published"] = _keep(lambda data: _publish(args, store, data), _signed(args, products.trained.bundle),
+        report["products"]["published"] = _keep(lambda data: _publish(args, store, data, judged_against),
+                                                _signed(args, products.trained.bundle),
                                                 report["products"], "not_published", "published: the new product heads")
     print(json.dumps(report, default=float) if args.json else f"{'published' if published else 'refused'}: {verdict.reason}"
           + (" (new product heads published)" if report.get("products", {}).get("published") else ""))
+    if moved is not None:
+        log.warning("nothing published: %s", moved)
+        return EXIT_REFUSED
     if promoted and not published:
         log.warning("the canary was promoted; its successor was not published: %s", verdict.reason)
         return 0
@@ -225,9 +236,21 @@ def _signed(args: argparse.Namespace, data: bytes) -> bytes:
     return data if args.sign_key is None else sign(data, load_private_key(args.sign_key))
 
 
-def _publish(args: argparse.Namespace, store: WeightsStore, data: bytes) -> str:
+def _publish(args: argparse.Namespace, store: WeightsStore, data: bytes, replacing: str | None) -> str:
+    """Publish ``data`` in place of the active bundle whose sha256 is ``replacing`` (None: none is active), the one
+    this run judged against; ``StoreError("moved")`` if another became active meanwhile."""
     args.weights_dir.mkdir(parents=True, exist_ok=True)
-    return str(store.publish(data).status)
+    return str(store.publish(data, replacing).status)
+
+
+def _active(store: WeightsStore) -> tuple[Any, str | None]:
+    """The bundle the servers serve (the embedded default when the store has none) and the sha256 of its file (None)."""
+    from trainer.cli import _bundle
+    from weights.bundle import read_bundle, sha256
+    from weights.store import read_store_file
+
+    data = read_store_file(store.active_path)
+    return (_bundle(None), None) if data is None else (read_bundle(data), sha256(data))
 
 
 def _keep(write: Callable[[bytes], str], data: bytes, report: dict[str, Any], failure: str, what: str) -> str | None:
@@ -246,8 +269,9 @@ def _keep(write: Callable[[bytes], str], data: bytes, report: dict[str, Any], fa
 
 
 def second_look(args: argparse.Namespace, store: WeightsStore, config: TrainConfig, current: ModelSet, window: Window,
-                options: LoadOptions) -> dict[str, Any] | None:
-    """Judge the kept candidate, if any, on the window's sessions it never saw; publish it if the gate passes.
+                options: LoadOptions, replacing: str | None) -> dict[str, Any] | None:
+    """Judge the kept candidate, if any, on the window's sessions it never saw; publish it if the gate passes (in place
+    of ``current``, whose file's sha256 is ``replacing``: ``_publish``).
 
     Returns the look's report (None without a kept candidate). The candidate is dropped once
     looked at, or when it cannot be (stale, unreadable, a failure on the way); it stays only
@@ -257,7 +281,7 @@ def second_look(args: argparse.Namespace, store: WeightsStore, config: TrainConf
         data = store.pending()
         if data is None:
             return None
-        report = _look(args, store, config, current, window, options, data)
+        report = _look(args, store, config, current, window, options, data, replacing)
     except Exception as exc:  # the look is optional: a kept file that always fails must not block every later run
         log.exception("no second look; the kept candidate is dropped")
         report = {"publish": False, "reason": f"no second look: {type(exc).__name__}: {exc}"}
@@ -270,7 +294,7 @@ def second_look(args: argparse.Namespace, store: WeightsStore, config: TrainConf
 
 
 def _look(args: argparse.Namespace, store: WeightsStore, config: TrainConfig, current: ModelSet, window: Window,
-          options: LoadOptions, data: bytes) -> dict[str, Any]:
+          options: LoadOptions, data: bytes, replacing: str | None) -> dict[str, Any]:
     from trainer.cycle_products import same_flat_as
     from trainer.evaluation import gate
     from trainer.second_look import candidate_record, unseen_sessions
@@ -298,7 +322,8 @@ def _look(args: argparse.Namespace, store: WeightsStore, config: TrainConfig, cu
     report = {**head, "second_look": True, "level": level, "bootstrap": n_boot, "sessions": unseen.describe(), **verdict.to_dict()}
     log.info("second look at %s on %d unseen sessions: %s", candidate.version, unseen.n_fresh + unseen.n_heldout, verdict.reason)
     if verdict.publish:  # with the estimates of this look in its manifest, signed with today's key
-        report["published"] = _publish(args, store, _signed(args, _with_metrics(data, offline_metrics(verdict) | {"second_look": 1.0})))
+        report["published"] = _publish(args, store, _signed(args, _with_metrics(data, offline_metrics(verdict) | {"second_look": 1.0})),
+                                       replacing)
     return report
 
 

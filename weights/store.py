@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from types import EllipsisType
 from typing import Any, Literal
 
 from weights.bundle import MAX_BUNDLE_BYTES, MODEL_VERSION, MODEL_VERSION_RULE, Bundle, BundleError, read_bundle, read_file, sha256
@@ -69,7 +70,8 @@ class StoreError(Exception):
 
     Reasons: ``immutable`` (the version exists with other bytes), ``version`` (the version
     cannot name a file), ``nothing_to_roll_back``, ``unknown_version``, ``index`` (the
-    history index is unreadable), ``canary`` (a bundle that cannot be a canary), ``no_canary``.
+    history index is unreadable), ``canary`` (a bundle that cannot be a canary), ``no_canary``,
+    ``moved`` (another bundle became active since the caller judged against the one it expected).
     """
 
     def __init__(self, reason: str, message: str) -> None:
@@ -153,6 +155,10 @@ def file_sha256(path: Path) -> str | None:
                 return None
         raise
     return None if data is None else sha256(data)
+
+
+def _short(digest: str | None) -> str:
+    return "(none)" if digest is None else digest[:12] + "…"
 
 
 def check_version_name(version: str) -> None:
@@ -246,10 +252,13 @@ class WeightsStore:
         finally:
             os.close(fd)  # releases the lock
 
-    def publish(self, source: Path | str | bytes) -> PublishResult:
+    def publish(self, source: Path | str | bytes, replacing: str | EllipsisType | None = ...) -> PublishResult:
         """Validate the bundle at ``source`` (a path, or the bytes), keep it in the history and make it the active one.
 
         Idempotent: the bundle already active gives ``unchanged`` and touches nothing.
+        ``replacing``: the sha256 of the active bundle the caller judged this one against (None: there was none); if
+        another is active by now (an operator's publish or rollback while a trainer ran), the publish is refused
+        (``StoreError("moved")``) rather than undo it with a bundle never compared with it. ``...``: whatever is active.
         Raises ``BundleError`` for a bundle that must not be served and ``StoreError`` for a
         refusal; in both cases the active file and the history are untouched.
         """
@@ -258,6 +267,10 @@ class WeightsStore:
         digest = sha256(data)
         with self.lock():
             active_digest = self.active_sha256()
+            if replacing is not ... and active_digest != replacing and digest != active_digest:
+                raise StoreError("moved", f"the active bundle changed while {version} was judged (judged against sha256 "
+                                          f"{_short(replacing)}, now {_short(active_digest)}): not published; the next run "
+                                          "judges against the bundle now active")
             entries = self.history()
             previous = next((e.model_version for e in entries if e.sha256 == active_digest), None)
             if digest == active_digest:
@@ -356,8 +369,8 @@ class WeightsStore:
             if removed:
                 fsync_dir(self.canary_path.parent)
 
-    def promote_canary(self) -> PublishResult:
-        """Publish the canary's very bytes as the active bundle, then drop it.
+    def promote_canary(self, replacing: str | EllipsisType | None = ...) -> PublishResult:
+        """Publish the canary's very bytes as the active bundle (``replacing``: as for ``publish``), then drop it.
 
         In that order: a crash between the two leaves a canary equal to the active bundle,
         which servers never route to and the next trainer run drops.
@@ -365,7 +378,7 @@ class WeightsStore:
         data = self.canary()
         if data is None:
             raise StoreError("no_canary", f"no canary to promote: {self.canary_path} does not exist")
-        result = self.publish(data)
+        result = self.publish(data, replacing)
         self.drop_canary()
         return result
 

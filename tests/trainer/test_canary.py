@@ -18,7 +18,7 @@ from simulator.config import SimConfig
 from simulator.drive import run_logged
 from simulator.world import World
 from tests.harness import fresh_bundle_bytes, trainer_in_process, variant_bytes
-from trainer.canary import CanarySettings, Sides, judge, read_sides, sides_of
+from trainer.canary import CanarySettings, Sides, judge, look, read_sides, sides_of
 from trainer.session_index import SessionIndex
 from weights.bundle import read_bundle
 from weights.canary import CanaryRoute, Routed, fraction_of
@@ -212,3 +212,24 @@ def test_an_outcome_no_server_writes_leaves_its_session_out_of_the_look(served: 
     assert victim not in looked.outcomes.column("session_id").to_pylist()
     verdict = judge(looked, CanarySettings(0.5, 0.99, 3, 200), 0)
     assert verdict.action == "promote" and math.isfinite(verdict.estimate)
+
+
+def test_a_canary_due_for_promotion_waits_when_the_active_bundle_changed_meanwhile(tmp_path: Path) -> None:
+    """The look judged the canary against the bundle active when the run began; an operator has published another since
+    (a review: promotions and publishes replaced it unseen). Promoting would undo that publish: the canary serves on."""
+    weights = tmp_path / "weights"
+    store = WeightsStore(weights, lambda data: verify(data, None))
+    store.publish(fresh_bundle_bytes())
+    judged = store.active_sha256()
+    better = variant_bytes("canary-better", canary=0.5, only="add_to_cart")
+    store.start_canary(better)
+    _logs(tmp_path / "logs", fresh_bundle_bytes(), better, range(1600))
+    operator = variant_bytes("operator-1")
+    store.publish(operator)  # after the run read the active bundle, before its look promotes
+    current = _model(fresh_bundle_bytes())
+    report = look(store, 0.0, current, lambda: DirectorySource(tmp_path / "logs"), LoadOptions(warmup_batch=1),
+                  CanarySettings(0.5), replacing=judged)
+    assert report is not None and report["action"] == "wait" and "changed" in report["reason"] and "published" not in report
+    assert store.active_path.read_bytes() == operator and store.canary() == better
+    assert look(store, 0.0, current, lambda: DirectorySource(tmp_path / "logs"), LoadOptions(warmup_batch=1),
+                CanarySettings(0.5), replacing=store.active_sha256())["action"] == "promote"  # judged against it: promoted

@@ -6,6 +6,7 @@ import dataclasses
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
@@ -20,13 +21,15 @@ from experience.sessions import build_episodes
 from simulator.config import SimConfig
 from simulator.drive import run_in_process, run_logged
 from simulator.world import World
-from tests.harness import ROOT, fresh_bundle, fresh_bundle_bytes
+from tests.harness import ROOT, fresh_bundle, fresh_bundle_bytes, variant_bytes
 from trainer.config import GuardConfig, TrainConfig
 from trainer.data import split
 from trainer.evaluation import evaluate_bundle, gate
 from trainer.train import TrainResult, train
 from weights.bundle import read_bundle
 from weights.model_set import LoadOptions, ModelSet
+from weights.store import WeightsStore
+from weights.validate import verify
 
 FAST = TrainConfig(updates=2, batch=8192, value_epochs=2, guard=GuardConfig(epochs=2), bootstrap=100)
 SESSIONS = 2500
@@ -231,3 +234,30 @@ def test_exit_codes_tell_bad_usage_from_failure(logs: Path, tmp_path: Path) -> N
     failed = subprocess.run([*base, "--init", str(broken)], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert failed.returncode == 1 and "failed" in failed.stderr
     assert not (tmp_path / "x.bundle").exists()
+
+
+def test_cycle_does_not_undo_a_publish_made_while_it_ran(logs: Path, tmp_path: Path) -> None:
+    """An operator publishes (or rolls back) while a CronJob run trains: the run must not replace that bundle with a
+    candidate it never compared with it (a review found it did). Real processes, the store's real lock."""
+    weights = tmp_path / "weights"
+    store = WeightsStore(weights, lambda data: verify(data, None))
+    store.publish(fresh_bundle_bytes())
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"updates": 2, "batch": 8192, "value_epochs": 2, "guard": {"epochs": 2}, "bootstrap": 100}))
+    cmd = [sys.executable, "-m", "server", "cycle", "--logs", str(logs), "--weights-dir", str(weights), "--config", str(config),
+           "--device", "cpu", "--json", "--force"]  # forced: it would publish whatever the gate says
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT) as run:
+        assert run.stderr is not None
+        deadline = time.monotonic() + 300
+        for line in run.stderr:  # the active bundle is read before the logs: once training reports, it has been judged
+            assert time.monotonic() < deadline, "the cycle never started training"
+            if line.startswith('{"progress": "train.'):
+                break
+        operator = variant_bytes("operator-1")
+        assert store.publish(operator).status == "published"
+        out, err = run.communicate(timeout=600)
+    assert run.returncode == 3, err[-2000:]
+    report = json.loads(out)
+    assert "published" not in report and "changed" in report["not_published"]
+    assert store.active_path.read_bytes() == operator  # the operator's bundle still serves
+    assert [e.model_version for e in store.history()][-1] == "operator-1"

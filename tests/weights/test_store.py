@@ -181,6 +181,26 @@ def test_republishing_a_kept_version_activates_it_and_moves_it_last(store: Weigh
     assert versions(store) == ["v2", "v1"]
 
 
+def test_a_publish_judged_against_another_active_bundle_is_refused(store: WeightsStore, bundles: dict[str, bytes],
+                                                                    put: Callable[[bytes], Path]) -> None:
+    """``replacing`` names the active bundle the caller judged against (a trainer run); once another is active (an
+    operator's publish or rollback meanwhile), publishing would undo it unseen: refused, nothing touched."""
+    with pytest.raises(StoreError) as info:  # judged against an active bundle that is gone
+        store.publish(put(bundles["v1"]), replacing="0" * 64)
+    assert info.value.reason == "moved" and not store.active_path.exists()
+    assert store.publish(put(bundles["v1"]), replacing=None).status == "published"  # judged against none: none it is
+    judged = store.active_sha256()
+    store.publish(put(bundles["v2"]))  # the operator's, without replacing: whatever is active
+    before = snapshot(store)
+    for data in (bundles["v3"], bundles["v1"]):
+        with pytest.raises(StoreError) as info:
+            store.publish(put(data), replacing=judged)
+        assert info.value.reason == "moved" and "changed" in str(info.value)
+    assert snapshot(store) == before
+    assert store.publish(put(bundles["v2"]), replacing=judged).status == "unchanged"  # what is active already: nothing to undo
+    assert store.publish(put(bundles["v3"]), replacing=store.active_sha256()).status == "published"
+
+
 def test_a_version_that_cannot_name_a_file_is_refused(store: WeightsStore, put: Callable[[bytes], Path]) -> None:
     with pytest.raises(BundleError) as info:  # the bundle itself is refused: no server would load it either
         store.publish(put(make_bundle(1, "../escape", CREATED)))
