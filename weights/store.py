@@ -111,9 +111,11 @@ def atomic_write(path: Path, data: bytes) -> None:
             os.fchmod(f.fileno(), 0o644)  # mkstemp makes 0600; servers may run as another user
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        if isinstance(exc, OSError) and exc.filename is None:  # a write or fsync error names no file: say which one
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc
         raise
     fsync_dir(directory)
 
@@ -461,7 +463,7 @@ class WeightsStore:
     def _sweep_stale_tmp(self) -> None:
         """Remove temp files that a killed writer left behind (a live writer's is seconds old)."""
         cutoff = time.time() - STALE_TMP_S
-        for directory in (self.directory, self.history_dir):
+        for directory in (self.directory, self.history_dir, self.pending_path.parent, self.canary_path.parent):
             for path in directory.glob(TMP_PREFIX + "*") if directory.is_dir() else ():
                 with contextlib.suppress(OSError):
                     if path.stat().st_mtime < cutoff:

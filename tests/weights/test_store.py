@@ -242,8 +242,9 @@ def test_a_failed_write_leaves_no_temp_file_and_the_old_active_file(
         real_replace(src, dst)
 
     monkeypatch.setattr(os, "replace", failing_replace)
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises(OSError, match="No space left") as info:
         store.publish(put(bundles["v2"]))
+    assert info.value.errno == 28 and info.value.filename == str(store.active_path)  # the message says which file
     monkeypatch.undo()
     assert store.active_path.read_bytes() == bundles["v1"]
     assert temp_files(store) == []
@@ -254,12 +255,14 @@ def test_a_failed_write_leaves_no_temp_file_and_the_old_active_file(
 
 def test_stale_temp_files_of_a_killed_writer_are_swept(store: WeightsStore, bundles: dict[str, bytes],
                                                        put: Callable[[bytes], Path]) -> None:
-    store.directory.mkdir(parents=True)
-    stale, fresh = store.directory / ".tmp-killed", store.directory / ".tmp-writing"
-    for path in (stale, fresh):
+    fresh = store.directory / ".tmp-writing"
+    stale = [d / ".tmp-killed" for d in (store.directory, store.history_dir, store.pending_path.parent, store.canary_path.parent)]
+    for path in (fresh, *stale):  # every directory a store writes in: a kill can leave one in each
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(b"half a bundle")
     old = time.time() - STALE_TMP_S - 60
-    os.utime(stale, (old, old))
+    for path in stale:
+        os.utime(path, (old, old))
     store.publish(put(bundles["v1"]))
     assert temp_files(store) == [fresh]
 
