@@ -51,12 +51,13 @@ class SmallDisk:
         return stat.f_bavail == 0
 
 
-def mounted(tmp_path: Path) -> Iterator[SmallDisk]:
-    """A 1 MiB tmpfs under ``tmp_path`` for the length of a test (the body of a fixture)."""
-    mount_point = tmp_path / "small-disk"
-    mount_point.mkdir()
+def mounted(tmp_path: Path, size: str = "1m", mount_point: Path | None = None) -> Iterator[SmallDisk]:
+    """A tmpfs of ``size`` (1 MiB) at ``mount_point`` (``tmp_path/small-disk``, made if missing) for the length of a
+    test (the body of a fixture)."""
+    mount_point = mount_point or tmp_path / "small-disk"
+    mount_point.mkdir(parents=True, exist_ok=True)
     try:
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", str(mount_point)],
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(mount_point)],
                               capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired) as exc:
         pytest.skip(f"cannot mount a tmpfs here: {exc}")

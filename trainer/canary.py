@@ -36,6 +36,7 @@ is on both), so the interval is unpaired; randomisation by the hash makes it unb
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import math
 from collections.abc import Callable
@@ -214,7 +215,8 @@ def look(store: WeightsStore, tolerance: float, current: ModelSet, source: Calla
     active meanwhile, the canary serves on and the next run judges it against that one.
 
     A canary that cannot be judged (unreadable, refused by the store's check, a failure on the way) is dropped, so it
-    cannot block every later run; so is one already active (a promotion interrupted before its drop).
+    cannot block every later run; so is one already active (a promotion interrupted before its drop). A full volume is
+    not the canary's fault and passes: the canary serves on (``wait``), its looks uncounted.
     """
     from weights.model_set import ModelSet
     from weights.store import StoreError
@@ -244,6 +246,9 @@ def look(store: WeightsStore, tolerance: float, current: ModelSet, source: Calla
             store.drop_canary()
         return report
     except Exception as exc:
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):  # passes: keep the canary's evidence
+            log.warning("no canary look, the volume is full; the canary serves on: %s", exc)
+            return {"action": "wait", "reason": f"no canary look: {exc}"}
         log.exception("no canary look; the canary is dropped")
         try:
             store.drop_canary()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -18,6 +19,7 @@ from simulator.config import SimConfig
 from simulator.drive import run_logged
 from simulator.world import World
 from tests.harness import fresh_bundle_bytes, trainer_in_process, variant_bytes
+from tests.small_disk import SmallDisk, mounted
 from trainer.canary import CanarySettings, Sides, judge, look, read_sides, sides_of
 from trainer.session_index import SessionIndex
 from weights.bundle import read_bundle
@@ -233,3 +235,33 @@ def test_a_canary_due_for_promotion_waits_when_the_active_bundle_changed_meanwhi
     assert store.active_path.read_bytes() == operator and store.canary() == better
     assert look(store, 0.0, current, lambda: DirectorySource(tmp_path / "logs"), LoadOptions(warmup_batch=1),
                 CanarySettings(0.5), replacing=store.active_sha256())["action"] == "promote"  # judged against it: promoted
+
+
+@pytest.fixture
+def full_canary_dir(tmp_path: Path) -> Iterator[SmallDisk]:
+    """A 4 MiB tmpfs mounted where the store keeps its canary (room for one bundle), to be filled by the test."""
+    yield from mounted(tmp_path, "4m", tmp_path / "weights" / "canary")
+
+
+def test_a_full_volume_leaves_the_canary_serving_and_its_evidence_whole(tmp_path: Path, full_canary_dir: SmallDisk) -> None:
+    """Counting a look writes to the volume; on a full one that failed and the canary was dropped with all its sessions'
+    evidence (a review). A full disk passes: the canary serves on, its look uncounted, and is judged again once there is
+    room. The kernel's own ENOSPC (tests/small_disk.py)."""
+    store = WeightsStore(tmp_path / "weights", lambda data: verify(data, None))
+    store.publish(fresh_bundle_bytes())
+    better = variant_bytes("canary-better", canary=0.5, only="add_to_cart")
+    store.start_canary(better)
+    _logs(tmp_path / "logs", fresh_bundle_bytes(), better, range(1600))
+    current = _model(fresh_bundle_bytes())
+
+    def looked() -> dict[str, Any] | None:
+        return look(store, 0.0, current, lambda: DirectorySource(tmp_path / "logs"), LoadOptions(warmup_batch=1),
+                    CanarySettings(0.5))
+
+    full_canary_dir.fill()
+    report = looked()
+    assert report is not None and report["action"] == "wait" and "No space left" in report["reason"]
+    assert store.canary() == better and store.canary_looks("canary-better") == 0
+    full_canary_dir.free()
+    report = looked()
+    assert report is not None and report["action"] == "promote" and store.active_path.read_bytes() == better
