@@ -285,12 +285,19 @@ class WeightsStore:
                     f"this file {digest[:12]}…); model versions are immutable: publish it under a new version",
                 )
             self._sweep_stale_tmp()
-            self._store_in_history(version, data, digest)
-            entries = [e for e in entries if e.model_version != version]
+            before, entries = entries, [e for e in entries if e.model_version != version]
             entries.append(HistoryEntry(version, digest, datetime.now(UTC).isoformat(timespec="seconds")))
             entries = self._pruned(entries, active_digest)
-            self._write_index(entries)
-            atomic_write(self.active_path, data)
+            try:
+                self._store_in_history(version, data, digest)
+                self._write_index(entries)
+                atomic_write(self.active_path, data)
+            except OSError:  # a full disk, most likely: put the history back as it was, so it names no version not served
+                with contextlib.suppress(OSError):
+                    self._remove_unlisted(before)  # first: it frees the space the index needs
+                with contextlib.suppress(OSError):
+                    self._write_index(before)
+                raise
             self._remove_unlisted(entries)
         log.debug("published %s (sha256 %s) in %s", version, digest, self.directory)
         return PublishResult("published", version, digest, previous)

@@ -248,6 +248,7 @@ def test_a_failed_write_leaves_no_temp_file_and_the_old_active_file(
     monkeypatch.undo()
     assert store.active_path.read_bytes() == bundles["v1"]
     assert temp_files(store) == []
+    assert versions(store) == ["v1"] and not (store.history_dir / "v2.bundle").exists()  # the history as it was
     assert store.publish(put(bundles["v2"])).status == "published"  # the retry of the CronJob succeeds
     assert store.active_path.read_bytes() == bundles["v2"]
     assert versions(store) == ["v1", "v2"]
