@@ -281,22 +281,21 @@ class WeightsStore:
             if clash is not None:
                 raise StoreError(
                     "immutable",
-                    f"model version {version} was already published with other bytes (sha256 {clash.sha256[:12]}…, "
-                    f"this file {digest[:12]}…); model versions are immutable: publish it under a new version",
+                    f"model version {version} was already published with other bytes (sha256 {_short(clash.sha256)}, "
+                    f"this file {_short(digest)}); model versions are immutable: publish it under a new version",
                 )
             self._sweep_stale_tmp()
             before, entries = entries, [e for e in entries if e.model_version != version]
             entries.append(HistoryEntry(version, digest, datetime.now(UTC).isoformat(timespec="seconds")))
             entries = self._pruned(entries, active_digest)
+            index_written = False
             try:
                 self._store_in_history(version, data, digest)
                 self._write_index(entries)
+                index_written = True
                 atomic_write(self.active_path, data)
             except OSError:  # a full disk, most likely: put the history back as it was, so it names no version not served
-                with contextlib.suppress(OSError):
-                    self._remove_unlisted(before)  # first: it frees the space the index needs
-                with contextlib.suppress(OSError):
-                    self._write_index(before)
+                self._restore(before, index_written, digest)
                 raise
             self._remove_unlisted(entries)
         log.debug("published %s (sha256 %s) in %s", version, digest, self.directory)
@@ -431,6 +430,17 @@ class WeightsStore:
         return PublishResult("rolled_back", target.model_version, target.sha256, current)
 
     # --- helpers (called with the lock held) -----------------------------------------------
+
+    def _restore(self, before: list[HistoryEntry], index_written: bool, digest: str) -> None:
+        """After a publish failed part way: the index and the history files as ``before`` (best effort), unless the new
+        bundle is active after all (the rename landed, and what failed came after it): then they already name it."""
+        with contextlib.suppress(OSError, BundleError):
+            if file_sha256(self.active_path) == digest:
+                return
+        with contextlib.suppress(OSError):
+            if index_written:  # the index on disk names the new version: put the old one back before removing its file
+                self._write_index(before)
+            self._remove_unlisted(before)
 
     def _store_in_history(self, version: str, data: bytes, digest: str) -> None:
         if not self.history_dir.is_dir():

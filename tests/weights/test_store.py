@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from tests.harness import variant_bytes
+from weights import store as store_module
 from weights.bundle import Bundle, BundleError, npy_bytes, read_bundle
 from weights.initial import make_bundle
 from weights.store import ACTIVE_NAME, HISTORY_DIR, INDEX_NAME, STALE_TMP_S, StoreError, WeightsStore, check_version_name
@@ -252,6 +253,26 @@ def test_a_failed_write_leaves_no_temp_file_and_the_old_active_file(
     assert store.publish(put(bundles["v2"])).status == "published"  # the retry of the CronJob succeeds
     assert store.active_path.read_bytes() == bundles["v2"]
     assert versions(store) == ["v1", "v2"]
+
+
+def test_a_failure_after_the_rename_landed_keeps_the_history_that_names_it(
+        store: WeightsStore, bundles: dict[str, bytes], put: Callable[[bytes], Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The active file was replaced and the directory's fsync failed (EIO): the new bundle serves, so the history that
+    names it stays (putting the old one back would leave the served version in neither)."""
+    store.publish(put(bundles["v1"]))
+    real_fsync_dir = store_module.fsync_dir
+
+    def failing(directory: Path) -> None:
+        if Path(directory) == store.directory:
+            raise OSError(5, "Input/output error")
+        real_fsync_dir(directory)
+
+    monkeypatch.setattr(store_module, "fsync_dir", failing)
+    with pytest.raises(OSError, match="Input/output"):
+        store.publish(put(bundles["v2"]))
+    monkeypatch.undo()
+    assert store.active_path.read_bytes() == bundles["v2"]
+    assert versions(store) == ["v1", "v2"] and (store.history_dir / "v2.bundle").read_bytes() == bundles["v2"]
 
 
 def test_stale_temp_files_of_a_killed_writer_are_swept(store: WeightsStore, bundles: dict[str, bytes],
