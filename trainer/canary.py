@@ -104,7 +104,8 @@ class Verdict:
     ci_high: float = math.nan
     level: float = math.nan
     look: int = 0
-    """Which look this was (every run that judges the canary counts one)."""
+    """Which look this was: one more than the looks before it that ended in ``wait`` (only those are counted; after a
+    promotion or a drop there is no canary to count for)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -215,8 +216,9 @@ def look(store: WeightsStore, tolerance: float, current: ModelSet, source: Calla
     active meanwhile, the canary serves on and the next run judges it against that one.
 
     A canary that cannot be judged (unreadable, refused by the store's check, a failure on the way) is dropped, so it
-    cannot block every later run; so is one already active (a promotion interrupted before its drop). A full volume is
-    not the canary's fault and passes: the canary serves on (``wait``), its looks uncounted.
+    cannot block every later run; so is one already active (a promotion interrupted before its drop). A full volume
+    (ENOSPC, EDQUOT) is not the canary's fault: the error is raised (the run fails, visibly) and the canary serves on.
+    Only a look that ends in ``wait`` is counted; a promotion refused because the active bundle moved is not.
     """
     from weights.model_set import ModelSet
     from weights.store import StoreError
@@ -232,7 +234,6 @@ def look(store: WeightsStore, tolerance: float, current: ModelSet, source: Calla
             return {**head, "action": "drop", "reason": "the canary is the active bundle already"}
         sides = read_sides(source(), version, current.version, settings.max_sessions, limits)
         verdict = judge(sides, settings, store.canary_looks(version), tolerance)
-        store.count_canary_look(version)
         report = {**head, **verdict.to_dict()}
         log.info("canary %s: %s: %s", version, verdict.action, verdict.reason)
         if verdict.action == "promote":
@@ -241,14 +242,15 @@ def look(store: WeightsStore, tolerance: float, current: ModelSet, source: Calla
             except StoreError as exc:
                 if exc.reason != "moved":
                     raise
-                report |= {"action": "wait", "reason": str(exc)}
+                report |= {"action": "wait", "reason": str(exc)}  # judged against a bundle gone: not counted
         elif verdict.action == "drop":
             store.drop_canary()
+        else:
+            store.count_canary_look(version)
         return report
     except Exception as exc:
-        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):  # passes: keep the canary's evidence
-            log.warning("no canary look, the volume is full; the canary serves on: %s", exc)
-            return {"action": "wait", "reason": f"no canary look: {exc}"}
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise  # a full volume passes: keep the canary and its sessions' evidence, and fail the run so it is seen
         log.exception("no canary look; the canary is dropped")
         try:
             store.drop_canary()

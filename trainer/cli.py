@@ -14,8 +14,8 @@ segments are listed and read through ``pyarrow.fs`` (``experience.segments.open_
   gets a second look in the next run (``trainer.cycle``, ``trainer.second_look``), or with
   ``--canary FRACTION`` is served on that share of the sessions and judged on-policy by the
   next runs (``trainer.canary``).
-  What the CronJob runs. Exit 0 published (or unchanged), 3 refused by the gate, 1 failed,
-  2 bad usage.
+  What the CronJob runs. Exit 0 published (or unchanged), 3 refused by the gate (or the active
+  bundle changed during the run: nothing published), 1 failed, 2 bad usage.
 
 Config: ``--config FILE.json`` (any ``TrainConfig`` field, ``guard`` as an object), then the
 flags below, over the defaults.

@@ -14,9 +14,14 @@
    their own (``trainer.cycle_products``): passed heads go into the candidate; when it is not published they are
    also published alone, on the active bundle's flat decision.
 
+Every publish (and a canary's promotion) replaces only the active bundle the run read at its start (after a promotion,
+that one): if an operator published or rolled back meanwhile, the run publishes nothing (``not_published``) and a
+canary due for promotion serves on.
+
 Exit codes (``trainer.cli``): 0 published or unchanged (a canary promoted counts), or a canary still serving;
 3 refused (a canary started is a refusal: no flat candidate was published; new product heads may have been,
-``products.published`` says); 1 failed; 2 bad usage.
+``products.published`` says), or not published because the active bundle changed during the run; 1 failed (a full
+weights volume during a canary's look included: the canary serves on); 2 bad usage.
 Keeping or looking at a candidate never turns a refusal into a failure: what goes wrong there
 (an unreadable kept file, a full disk) is logged and reported, and the candidate dropped.
 """
@@ -86,6 +91,13 @@ def run_cycle(args: argparse.Namespace) -> int:
     if looked is not None and looked.get("published"):
         print(json.dumps(looked, default=float) if args.json else f"published the kept candidate: {looked['reason']}")
         return 0
+    moved = _moved(store, judged_against)
+    if moved is not None:  # training now would end in a publish the store refuses
+        stopped: dict[str, Any] = {"current_version": current.version, "not_published": moved,
+                                   **({"second_look": looked} if looked else {})}
+        print(json.dumps(stopped, default=float) if args.json else f"not published: {moved}")
+        log.warning("nothing trained: %s", moved)
+        return EXIT_REFUSED
 
     result = _trained(args, init, window, config)
     gate_sessions, versions, since = window.gate, list(window.versions), window_start(window)
@@ -143,7 +155,9 @@ def run_cycle(args: argparse.Namespace) -> int:
         report["products"]["published"] = _keep(lambda data: _publish(args, store, data, judged_against),
                                                 _signed(args, products.trained.bundle),
                                                 report["products"], "not_published", "published: the new product heads")
-    print(json.dumps(report, default=float) if args.json else f"{'published' if published else 'refused'}: {verdict.reason}"
+    outcome = f"not published: {moved}" if moved is not None else \
+        f"{'published' if published else 'refused'}: {verdict.reason}"
+    print(json.dumps(report, default=float) if args.json else outcome
           + (" (new product heads published)" if report.get("products", {}).get("published") else ""))
     if moved is not None:
         log.warning("nothing published: %s", moved)
@@ -243,6 +257,14 @@ def _publish(args: argparse.Namespace, store: WeightsStore, data: bytes, replaci
     return str(store.publish(data, replacing).status)
 
 
+def _moved(store: WeightsStore, judged_against: str | None) -> str | None:
+    """Why a publish in place of ``judged_against`` would be refused now (another bundle is active), or None."""
+    now = store.active_sha256()
+    if now == judged_against:
+        return None
+    return f"the active bundle changed during the run (sha256 {str(judged_against)[:12]} when it began, now {str(now)[:12]})"
+
+
 def _active(store: WeightsStore) -> tuple[Any, str | None]:
     """The bundle the servers serve (the embedded default when the store has none) and the sha256 of its file (None)."""
     from trainer.cli import _bundle
@@ -283,7 +305,10 @@ def second_look(args: argparse.Namespace, store: WeightsStore, config: TrainConf
             return None
         report = _look(args, store, config, current, window, options, data, replacing)
     except Exception as exc:  # the look is optional: a kept file that always fails must not block every later run
-        log.exception("no second look; the kept candidate is dropped")
+        if getattr(exc, "reason", None) == "moved":  # judged against a bundle no longer active: stale, as it will be
+            log.warning("the kept candidate is dropped: %s", exc)
+        else:
+            log.exception("no second look; the kept candidate is dropped")
         report = {"publish": False, "reason": f"no second look: {type(exc).__name__}: {exc}"}
     if not report.get("waiting"):
         try:

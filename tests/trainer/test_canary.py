@@ -3,6 +3,7 @@ promotes and drops canaries."""
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 from collections.abc import Iterator
@@ -238,15 +239,16 @@ def test_a_canary_due_for_promotion_waits_when_the_active_bundle_changed_meanwhi
 
 
 @pytest.fixture
-def full_canary_dir(tmp_path: Path) -> Iterator[SmallDisk]:
-    """A 4 MiB tmpfs mounted where the store keeps its canary (room for one bundle), to be filled by the test."""
-    yield from mounted(tmp_path, "4m", tmp_path / "weights" / "canary")
+def full_weights_dir(tmp_path: Path) -> Iterator[SmallDisk]:
+    """A 12 MiB tmpfs as the weights volume (room for the active bundle, its history copy, a canary and its
+    promotion), to be filled by the test."""
+    yield from mounted(tmp_path, "12m", tmp_path / "weights")
 
 
-def test_a_full_volume_leaves_the_canary_serving_and_its_evidence_whole(tmp_path: Path, full_canary_dir: SmallDisk) -> None:
-    """Counting a look writes to the volume; on a full one that failed and the canary was dropped with all its sessions'
-    evidence (a review). A full disk passes: the canary serves on, its look uncounted, and is judged again once there is
-    room. The kernel's own ENOSPC (tests/small_disk.py)."""
+def test_a_full_volume_leaves_the_canary_serving_and_its_evidence_whole(tmp_path: Path, full_weights_dir: SmallDisk) -> None:
+    """Promoting (or counting a look) writes to the volume; on a full one that failed and the canary was dropped with all
+    its sessions' evidence (a review). A full disk passes: the run fails, visibly, the canary serves on, its look
+    uncounted, and it is judged again once there is room. The kernel's own ENOSPC (tests/small_disk.py)."""
     store = WeightsStore(tmp_path / "weights", lambda data: verify(data, None))
     store.publish(fresh_bundle_bytes())
     better = variant_bytes("canary-better", canary=0.5, only="add_to_cart")
@@ -258,10 +260,11 @@ def test_a_full_volume_leaves_the_canary_serving_and_its_evidence_whole(tmp_path
         return look(store, 0.0, current, lambda: DirectorySource(tmp_path / "logs"), LoadOptions(warmup_batch=1),
                     CanarySettings(0.5))
 
-    full_canary_dir.fill()
-    report = looked()
-    assert report is not None and report["action"] == "wait" and "No space left" in report["reason"]
+    full_weights_dir.fill()
+    with pytest.raises(OSError) as info:
+        looked()
+    assert info.value.errno == errno.ENOSPC
     assert store.canary() == better and store.canary_looks("canary-better") == 0
-    full_canary_dir.free()
+    full_weights_dir.free()
     report = looked()
     assert report is not None and report["action"] == "promote" and store.active_path.read_bytes() == better

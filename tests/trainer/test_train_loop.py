@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import queue
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from zoneinfo import ZoneInfo
@@ -246,16 +249,29 @@ def test_cycle_does_not_undo_a_publish_made_while_it_ran(logs: Path, tmp_path: P
     config.write_text(json.dumps({"updates": 2, "batch": 8192, "value_epochs": 2, "guard": {"epochs": 2}, "bootstrap": 100}))
     cmd = [sys.executable, "-m", "server", "cycle", "--logs", str(logs), "--weights-dir", str(weights), "--config", str(config),
            "--device", "cpu", "--json", "--force"]  # forced: it would publish whatever the gate says
+    lines: queue.Queue[str] = queue.Queue()
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT) as run:
-        assert run.stderr is not None
-        deadline = time.monotonic() + 300
-        for line in run.stderr:  # the active bundle is read before the logs: once training reports, it has been judged
-            assert time.monotonic() < deadline, "the cycle never started training"
-            if line.startswith('{"progress": "train.'):
-                break
+        assert run.stderr is not None and run.stdout is not None
+        stderr = run.stderr
+
+        def read() -> None:
+            for line in stderr:
+                lines.put(line)
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        deadline, seen = time.monotonic() + 300, list[str]()
+        while not any(line.startswith('{"progress": "train.') for line in seen):  # the active bundle is read before the
+            remaining = deadline - time.monotonic()  # logs: once training reports, the run has read what it judges against
+            assert remaining > 0 and run.poll() is None, "the cycle never started training: " + "".join(seen)[-2000:]
+            with contextlib.suppress(queue.Empty):
+                seen.append(lines.get(timeout=min(remaining, 1.0)))
         operator = variant_bytes("operator-1")
         assert store.publish(operator).status == "published"
-        out, err = run.communicate(timeout=600)
+        out = run.stdout.read()
+        run.wait(timeout=600)
+        reader.join(10)
+    err = "".join(seen) + "".join(lines.queue)
     assert run.returncode == 3, err[-2000:]
     report = json.loads(out)
     assert "published" not in report and "changed" in report["not_published"]
