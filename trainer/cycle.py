@@ -91,7 +91,7 @@ def run_cycle(args: argparse.Namespace) -> int:
     if looked is not None and looked.get("published"):
         print(json.dumps(looked, default=float) if args.json else f"published the kept candidate: {looked['reason']}")
         return 0
-    moved = _moved(store, judged_against)
+    moved = _moved(store, judged_against) if _one_rank() else None  # (ranks must not part ways before training's collectives)
     if moved is not None:  # training now would end in a publish the store refuses
         stopped: dict[str, Any] = {"current_version": current.version, "not_published": moved,
                                    **({"second_look": looked} if looked else {})}
@@ -215,9 +215,14 @@ def _serving(store: WeightsStore, active: Any) -> list[str]:
 def _operator_left_it(args: argparse.Namespace) -> bool:
     """Whether this run may look at kept candidates and canaries: not with ``--init`` or ``--force`` (the operator chose),
     not under torchrun (every rank would have to agree on the look before any trains)."""
+    return args.init is None and not args.force and _one_rank()
+
+
+def _one_rank() -> bool:
+    """Whether this run is one process (not a rank under torchrun)."""
     from trainer.distributed import DistEnv
 
-    return args.init is None and not args.force and DistEnv.parse(os.environ).world_size == 1
+    return DistEnv.parse(os.environ).world_size == 1
 
 
 def _looks_apply(args: argparse.Namespace, config: TrainConfig) -> bool:
