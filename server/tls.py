@@ -24,7 +24,6 @@ import contextlib
 import logging
 import os
 import ssl
-import stat
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ from pathlib import Path
 
 import grpc
 
+from core.files import UnreadableFile, read_bounded
 from server.config import Config
 
 log = logging.getLogger(__name__)
@@ -105,28 +105,14 @@ read, held (+265 MB) and parsed on every handshake after it (a review, 2026-12-0
 
 
 def read_file(path: Path, flag: str) -> bytes:
-    """A regular file's bytes, opened without blocking: a FIFO (or a device) put where a certificate belongs blocked the
-    read with no writer, inside grpc's handshake and under the reload lock, so no new connection got through even after
-    the file was put back, and nothing was logged (a review, 2026-12-05). Now it is refused like any unusable file."""
+    """A regular file's bytes, opened without blocking (``core.files.read_bounded``): a FIFO (or a device) put where a
+    certificate belongs blocked the read with no writer, inside grpc's handshake and under the reload lock, so no new
+    connection got through even after the file was put back, and nothing was logged (a review, 2026-12-05). Now it is
+    refused like any unusable file."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        raise TlsError(f"{flag}: cannot read {exc.filename}: {exc.strerror}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise TlsError(f"{flag}: {path} is not a regular file")
-        if st.st_size > MAX_FILE_BYTES:
-            raise TlsError(f"{flag}: {path} is larger than {MAX_FILE_BYTES} bytes")
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            data = f.read(MAX_FILE_BYTES + 1)
-    except OSError as exc:
-        raise TlsError(f"{flag}: cannot read {path}: {exc.strerror}") from None
-    finally:
-        os.close(fd)
-    if len(data) > MAX_FILE_BYTES:
-        raise TlsError(f"{flag}: {path} grew past {MAX_FILE_BYTES} bytes while it was read")
-    return data
+        return read_bounded(path, MAX_FILE_BYTES)
+    except UnreadableFile as exc:
+        raise TlsError(f"{flag}: cannot read {path}: {exc}") from None
 
 
 def load(files: CertificateFiles) -> Certificates:

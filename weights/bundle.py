@@ -33,9 +33,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
 import re
-import stat
 import zipfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -47,6 +45,7 @@ import numpy as np
 import numpy.typing as npt
 
 from core.conditions import MAX_NAME
+from core.files import UnreadableFile, read_bounded
 
 FORMAT = "shopping-agent-bundle"
 FORMAT_VERSION = 3
@@ -162,30 +161,12 @@ def write_members(path: Path | io.BytesIO, members: dict[str, bytes]) -> None:
 
 
 def read_file(path: Path | str, limit: int = MAX_BUNDLE_BYTES, what: str = "bundle") -> bytes:
-    """The bytes of a regular file of at most ``limit`` bytes; raises ``BundleError("io" | "size")``, naming ``what`` it is.
-
-    Opened non-blocking (a FIFO does not wait for a writer) and checked with ``fstat`` on the
-    open descriptor, so a file swapped in between the check and the read cannot slip past.
-    """
+    """The bytes of a regular file of at most ``limit`` bytes (``core.files.read_bounded``); raises
+    ``BundleError("io" | "size")``, naming ``what`` it is."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        raise BundleError("io", f"cannot read {what} {path}: {exc.strerror or exc}") from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise BundleError("io", f"cannot read {what} {path}: not a regular file (a {what} is one plain file)")
-        if info.st_size > limit:
-            raise BundleError("size", f"{what} {path}: the file is {info.st_size} bytes, more than the {limit}-byte limit")
-        with os.fdopen(os.dup(fd), "rb") as f:
-            data = f.read(limit + 1)
-    except OSError as exc:
-        raise BundleError("io", f"cannot read {what} {path}: {exc.strerror or exc}") from None
-    finally:
-        os.close(fd)
-    if len(data) > limit:
-        raise BundleError("size", f"{what} {path}: the file grew past the {limit}-byte limit while being read")
-    return data
+        return read_bounded(path, limit)
+    except UnreadableFile as exc:
+        raise BundleError(exc.reason, f"cannot read {what} {path}: {exc}") from None
 
 
 def read_bundle(source: Path | str | bytes) -> Bundle:
