@@ -221,7 +221,7 @@ def look(store: WeightsStore, tolerance: float, current: ModelSet, source: Calla
     Only a look that ends in ``wait`` is counted; a promotion refused because the active bundle moved is not.
     """
     from weights.model_set import ModelSet
-    from weights.store import StoreError
+    from weights.store import ActiveMoved
 
     try:
         data = store.canary()
@@ -239,9 +239,7 @@ def look(store: WeightsStore, tolerance: float, current: ModelSet, source: Calla
         if verdict.action == "promote":
             try:
                 report["published"] = str(store.promote_canary(replacing).status)
-            except StoreError as exc:
-                if exc.reason != "moved":
-                    raise
+            except ActiveMoved as exc:
                 report |= {"action": "wait", "reason": str(exc)}  # judged against a bundle gone: not counted
         elif verdict.action == "drop":
             store.drop_canary()

@@ -61,7 +61,7 @@ def run_cycle(args: argparse.Namespace) -> int:
     from weights.bundle import read_bundle
     from weights.model_set import LoadOptions, ModelSet
     from weights.signing import load_public_key, public_key_bytes
-    from weights.store import StoreError, WeightsStore, atomic_write
+    from weights.store import ActiveMoved, WeightsStore, atomic_write
     from weights.validate import verify
 
     config = _config(args)
@@ -91,12 +91,14 @@ def run_cycle(args: argparse.Namespace) -> int:
     if looked is not None and looked.get("published"):
         print(json.dumps(looked, default=float) if args.json else f"published the kept candidate: {looked['reason']}")
         return 0
-    moved = _moved(store, judged_against) if _one_rank() else None  # (ranks must not part ways before training's collectives)
-    if moved is not None:  # training now would end in a publish the store refuses
-        stopped: dict[str, Any] = {"current_version": current.version, "not_published": moved,
+    try:
+        if _one_rank():  # (ranks must not part ways before training's collectives; the publish checks again anyway)
+            store.expect_active(judged_against)
+    except ActiveMoved as exc:  # training now would end in a publish the store refuses
+        stopped: dict[str, Any] = {"current_version": current.version, "not_published": str(exc),
                                    **({"second_look": looked} if looked else {})}
-        print(json.dumps(stopped, default=float) if args.json else f"not published: {moved}")
-        log.warning("nothing trained: %s", moved)
+        print(json.dumps(stopped, default=float) if args.json else f"not published: {exc}")
+        log.warning("nothing trained: %s", exc)
         return EXIT_REFUSED
 
     result = _trained(args, init, window, config)
@@ -137,10 +139,8 @@ def run_cycle(args: argparse.Namespace) -> int:
     if published:
         try:
             report["published"] = _publish(args, store, signed, judged_against)
-        except StoreError as exc:
-            if exc.reason != "moved":
-                raise
-            moved, report["not_published"] = str(exc), str(exc)
+        except ActiveMoved as exc:
+            moved = report["not_published"] = str(exc)
     elif alike:
         report["same_as_active"] = ("the candidate serves what the active bundle serves on every held-out page: nothing for a "
                                "canary or a second look to judge")
@@ -257,26 +257,17 @@ def _signed(args: argparse.Namespace, data: bytes) -> bytes:
 
 def _publish(args: argparse.Namespace, store: WeightsStore, data: bytes, replacing: str | None) -> str:
     """Publish ``data`` in place of the active bundle whose sha256 is ``replacing`` (None: none is active), the one
-    this run judged against; ``StoreError("moved")`` if another became active meanwhile."""
+    this run judged against; ``ActiveMoved`` if another became active meanwhile."""
     args.weights_dir.mkdir(parents=True, exist_ok=True)
     return str(store.publish(data, replacing).status)
-
-
-def _moved(store: WeightsStore, judged_against: str | None) -> str | None:
-    """Why a publish in place of ``judged_against`` would be refused now (another bundle is active), or None."""
-    now = store.active_sha256()
-    if now == judged_against:
-        return None
-    return f"the active bundle changed during the run (sha256 {str(judged_against)[:12]} when it began, now {str(now)[:12]})"
 
 
 def _active(store: WeightsStore) -> tuple[Any, str | None]:
     """The bundle the servers serve (the embedded default when the store has none) and the sha256 of its file (None)."""
     from trainer.cli import _bundle
     from weights.bundle import read_bundle, sha256
-    from weights.store import read_store_file
 
-    data = read_store_file(store.active_path)
+    data = store.active_bytes()
     return (_bundle(None), None) if data is None else (read_bundle(data), sha256(data))
 
 
@@ -304,13 +295,15 @@ def second_look(args: argparse.Namespace, store: WeightsStore, config: TrainConf
     looked at, or when it cannot be (stale, unreadable, a failure on the way); it stays only
     while too few sessions have been logged since it was trained (``waiting``).
     """
+    from weights.store import ActiveMoved
+
     try:
         data = store.pending()
         if data is None:
             return None
         report = _look(args, store, config, current, window, options, data, replacing)
     except Exception as exc:  # the look is optional: a kept file that always fails must not block every later run
-        if getattr(exc, "reason", None) == "moved":  # judged against a bundle no longer active: stale, as it will be
+        if isinstance(exc, ActiveMoved):  # judged against a bundle no longer active: stale, as it will be
             log.warning("the kept candidate is dropped: %s", exc)
         else:
             log.exception("no second look; the kept candidate is dropped")

@@ -79,6 +79,14 @@ class StoreError(Exception):
         self.reason = reason
 
 
+class ActiveMoved(StoreError):
+    """Another bundle is active than the one the caller judged against (``replacing``): reason ``moved``."""
+
+    def __init__(self, replacing: str | None, now: str | None) -> None:
+        super().__init__("moved", f"the active bundle changed after it was judged against (sha256 {_short(replacing)}, "
+                                  f"now {_short(now)}): nothing published; the next run judges against the one now active")
+
+
 @dataclass(frozen=True)
 class HistoryEntry:
     model_version: str
@@ -217,8 +225,18 @@ class WeightsStore:
 
     def active(self) -> dict[str, Any] | None:
         """The active bundle's manifest; None when there is none. Raises ``BundleError`` if unreadable."""
-        data = read_store_file(self.active_path)
+        data = self.active_bytes()
         return None if data is None else read_bundle(data).manifest
+
+    def active_bytes(self) -> bytes | None:
+        """The active file's bytes (``read_store_file``); None when there is none."""
+        return read_store_file(self.active_path)
+
+    def expect_active(self, replacing: str | None) -> None:
+        """``ActiveMoved`` unless the active bundle's sha256 is ``replacing`` (None: none is active)."""
+        now = self.active_sha256()
+        if now != replacing:
+            raise ActiveMoved(replacing, now)
 
     def active_sha256(self) -> str | None:
         return file_sha256(self.active_path)
@@ -260,7 +278,7 @@ class WeightsStore:
         Idempotent: the bundle already active gives ``unchanged`` and touches nothing.
         ``replacing``: the sha256 of the active bundle the caller judged this one against (None: there was none); if
         another is active by now (an operator's publish or rollback while a trainer ran), the publish is refused
-        (``StoreError("moved")``) rather than undo it with a bundle never compared with it. ``...``: whatever is active.
+        (``ActiveMoved``) rather than undo it with a bundle never compared with it. ``...``: whatever is active.
         Raises ``BundleError`` for a bundle that must not be served and ``StoreError`` for a
         refusal; in both cases the active file and the history are untouched.
         """
@@ -270,9 +288,7 @@ class WeightsStore:
         with self.lock():
             active_digest = self.active_sha256()
             if replacing is not ... and active_digest != replacing and digest != active_digest:
-                raise StoreError("moved", f"the active bundle changed while {version} was judged (judged against sha256 "
-                                          f"{_short(replacing)}, now {_short(active_digest)}): not published; the next run "
-                                          "judges against the bundle now active")
+                raise ActiveMoved(replacing, active_digest)
             entries = self.history()
             previous = next((e.model_version for e in entries if e.sha256 == active_digest), None)
             if digest == active_digest:
