@@ -36,7 +36,7 @@ from server.config import Config
 
 log = logging.getLogger(__name__)
 
-Signature = tuple[tuple[int, int, int, int], ...]
+Signature = tuple[tuple[int, int, int, int, int], ...]
 
 
 class TlsError(ValueError):
@@ -84,8 +84,10 @@ def check_files(config: Config) -> None:
 
 
 def signature(files: CertificateFiles) -> Signature:
+    """What the files are now; the ctime moves on a ``chmod`` too, so a file refused as unreadable is read again once
+    its mode is mended (as the weights watcher does)."""
     stats = [os.stat(path) for path in files.paths]
-    return tuple((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) for st in stats)
+    return tuple((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns) for st in stats)
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from server.cli import parser
 from server.config import Config, build_config, to_args
-from server.tls import CertificateFiles, ReloadingCertificates
+from server.tls import CertificateFiles, ReloadingCertificates, signature
 from tests.harness import ROOT, Spawned, make_config, request, running_server, spawn_server, stub
 from tests.tls_certs import CA, Issued, ServerFiles, replace
 
@@ -275,3 +275,21 @@ def test_a_secret_volume_update_is_taken_up(tmp_path: Path, ca: CA) -> None:
     taken = source.refresh()
     assert taken is not None and taken.client_ca == renewed.cert and source.current is taken
     assert source.refresh() is None and source.reloads == 1
+
+
+def test_a_chmod_of_a_certificate_file_is_a_change(tmp_path: Path, ca: CA) -> None:
+    """A file refused as unreadable and then mended with ``chmod`` is read again (its ctime moves; content and mtime
+    do not)."""
+    files = CertificateFiles(tmp_path / "tls.crt", tmp_path / "tls.key")
+    issued = ca.issue("localhost", server=True)
+    files.cert.write_bytes(issued.cert)
+    files.key.write_bytes(issued.key)
+    source = ReloadingCertificates(files)
+    before = signature(files)
+    for mode in (0o600, 0o640):  # a second chmod a second later, for file systems whose ctime ticks in seconds
+        os.chmod(files.key, mode)
+        if signature(files) != before:
+            break
+        time.sleep(1.1)
+    assert signature(files) != before
+    assert source.refresh() is not None and source.reloads == 1  # examined and taken again
