@@ -34,6 +34,9 @@ class Config:
     port: int = _opt(50051, "gRPC port; 0 picks a free port (logged at start)")
     workers: int = _opt(1, "server processes sharing the port (SO_REUSEPORT); metrics report as one target")
     reuse_port: bool = _opt(False, "bind with SO_REUSEPORT (set for each worker when --workers > 1)")
+    supervisor_pid: int | None = _opt(None, "set for each worker when --workers > 1: the worker drains and exits once this "
+                                            "process is no longer its parent (the supervisor was killed without forwarding a "
+                                            "signal, so no worker is left holding the port)")
     grpc_servers: int = _opt(8, "grpc.aio servers in each process, all on the one port (SO_REUSEPORT between them): one "
                                 "admits new calls one at a time through the event loop, several admit several connections' "
                                 "calls at once (a connection's calls stay on one server); --max-concurrent-rpcs is shared "
@@ -128,6 +131,8 @@ class Config:
         problems = []
         if not 0 <= self.port <= 65535:
             problems.append(f"port: expected 0..65535, got {self.port}")
+        if self.supervisor_pid is not None and self.supervisor_pid < 1:
+            problems.append(f"supervisor_pid: expected a process id >= 1, got {self.supervisor_pid}")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             problems.append(f"metrics_port: expected 0..65535, got {self.metrics_port}")
         if not 1 <= self.grpc_servers <= MAX_GRPC_SERVERS:

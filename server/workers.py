@@ -9,7 +9,9 @@ SIGTERM/SIGINT are forwarded to every worker, which drains as usual; the parent 
 when all of them did. A worker still running ``grace_seconds + drain_delay_seconds`` plus a
 margin after the signal is killed and the parent exits non-zero. A worker that exits on its
 own, whatever its exit code, takes the pod down (non-zero exit) so Kubernetes restarts it
-whole rather than serving with less capacity than it advertises.
+whole rather than serving with less capacity than it advertises. A parent killed outright
+forwards nothing; each worker then notices it has lost its parent and drains on its own
+(``server.supervised``), so none is left holding the port.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
 import queue
 import re
 import shutil
@@ -237,7 +240,7 @@ def run_workers(config: Config, environ: Mapping[str, str]) -> int:
             log.info("metrics endpoint", extra={"fields": {"host": config.metrics_host, "port": endpoint.port}})
         # Every other option (TLS files, limits, keepalive) reaches each worker as the same flag.
         child_args = to_args(config, workers=1, port=port, health_port=health_port, reuse_port=True, metrics_port=None,
-                             metrics_multiproc_dir=None)
+                             metrics_multiproc_dir=None, supervisor_pid=os.getpid())
         # The salt travels in the environment, not on a command line that `ps` shows.
         env = {**environ, "PROMETHEUS_MULTIPROC_DIR": str(mp_dir.path), SALT_ENV: config.log_user_salt}
         sup.spawn([sys.executable, "-m", "server", "serve", *child_args], env)

@@ -19,7 +19,7 @@ from prometheus_client.mmap_dict import MmapedDict, mmap_key
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 
-from server import workers
+from server import supervised, transport, workers
 from tests.harness import Spawned, make_config, request, spawn_server, stub
 
 
@@ -122,6 +122,37 @@ def test_a_worker_stuck_in_drain_is_killed_after_the_grace() -> None:
     stopped = _logged(spawned, "workers stopped")[0]
     assert stopped["exit_codes"] == {str(stuck): -signal.SIGKILL, str(other): 0}
     assert not _alive(stuck)
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie: an orphan that exited waits as one until its new parent (init, a subreaper) reaps it."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+def test_workers_left_by_a_killed_supervisor_drain_and_free_the_port() -> None:
+    # SIGKILL forwards nothing: before server.supervised the workers kept serving on the port, and a new supervisor
+    # found it held and refused to start
+    with spawn_server("--workers", "2", "--metrics-port", "", "--grace-seconds", "1", "--drain-delay-seconds", "0") as spawned:
+        pids = _wait_serving(spawned)
+        try:
+            spawned.proc.kill()
+            spawned.proc.wait(timeout=10)
+            deadline = time.monotonic() + supervised.POLL_SECONDS + 15
+            while any(map(_running, pids)) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert not any(map(_running, pids)), "".join(spawned.lines)
+            transport.check_port_free("127.0.0.1", spawned.port)  # raises while anything listens there
+        finally:
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        gone = _logged(spawned, "the supervisor is gone; stopping this worker")
+    assert len(gone) == 2 and {e["supervisor_pid"] for e in gone} == {spawned.proc.pid}
+    assert len(_logged(spawned, "stopped")) == 2  # each drained as on a signal
 
 
 def _stale_counter(path: Path, value: float) -> None:
