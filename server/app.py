@@ -26,8 +26,9 @@ from core.product import ProductDecision, ProductRequest
 from server import transport
 from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
 from server.batching import MicroBatcher
+from server.call_bounds import CallBounds
 from server.config import Config
-from server.grpc_metrics import InstrumentedRegistrar
+from server.grpc_metrics import InstrumentedRegistrar, OnlyMethods
 from server.metrics import Metrics
 from server.metrics_http import MetricsEndpoint
 from server.models import ModelHolder, active_path, canary_path, load_canary, load_file, load_initial, load_options, make_validator
@@ -69,6 +70,9 @@ class ShoppingAgentServer:
         self.recorder = make_recorder(config, self.metrics)
         self.validator = make_validator(config)  # validates bundles from the volume in limited children
         self.stopped = asyncio.Event()
+        metrics = self.metrics
+        cut = (lambda reason: metrics.calls_cut.labels(reason=reason).inc()) if metrics is not None else None
+        self.bounds = CallBounds(config.request_receive_timeout_seconds, config.max_streaming_calls, cut)
 
     async def start(self) -> int:
         """Bind, start serving (health NOT_SERVING), load the model in the background; return the port."""
@@ -95,8 +99,9 @@ class ShoppingAgentServer:
         port = config.port
         if len(servers) > 1 and not config.reuse_port and port != 0:  # --workers' children share the port on purpose
             transport.check_port_free(config.host, port)
+        self.bounds.start()
         for server in servers:  # the first binds (port 0 picks one), the others join it
-            registrar = InstrumentedRegistrar(server, self.metrics)
+            registrar = InstrumentedRegistrar(server, self.metrics, self.bounds.bound)
             add_to_server(servicer, registrar)
             health_pb2_grpc.add_HealthServicer_to_server(self.health, registrar)
             reflection_pb2_grpc.add_ServerReflectionServicer_to_server(reflection.aio.ReflectionServicer(names), registrar)
@@ -122,11 +127,13 @@ class ShoppingAgentServer:
         return port
 
     def _health_only_server(self) -> aio.Server:
-        """A plaintext server with grpc.health.v1 only, bound to ``health_port``: what the kubelet's gRPC
-        probes (which cannot do TLS) call when the service port serves TLS."""
+        """A plaintext server with grpc.health.v1's Check only, bound to ``health_port``: what the kubelet's gRPC
+        probes (which cannot do TLS, and call Check only) call when the service port serves TLS. Watch streams never
+        end, and 64 of them from one client took every slot of this port (an attack review, 2026-12-05)."""
         assert self.config.health_port is not None
         server = transport.new_server(self.config, transport.HEALTH_MAX_CONCURRENT_RPCS)
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, InstrumentedRegistrar(server, self.metrics))
+        registrar = InstrumentedRegistrar(server, self.metrics, self.bounds.bound)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, OnlyMethods(registrar, health.SERVICE_NAME, ["Check"]))
         self.health_port = transport.add_port(server, self.config.host, self.config.health_port, None)
         return server
 
@@ -257,6 +264,7 @@ class ShoppingAgentServer:
                 self.metrics_endpoint = None
             if self.validator is not None:
                 self.validator.close()
+            await self.bounds.stop()
             return
         log.info("draining", extra={"fields": {"grace_s": grace, "drain_delay_s": drain_delay}})
         await self.health.enter_graceful_shutdown()
@@ -277,6 +285,7 @@ class ShoppingAgentServer:
             await self._health_server.stop(0)
         if self.metrics_endpoint is not None:
             self.metrics_endpoint.stop()
+        await self.bounds.stop()
         self._servers = []
         log.info("stopped")
         self.stopped.set()

@@ -92,6 +92,16 @@ class Config:
                                                  "it new calls fail at once with RESOURCE_EXHAUSTED; empty: no limit")
     max_concurrent_streams: int = _opt(256, "calls in progress at once on one connection (HTTP/2 MAX_CONCURRENT_STREAMS); "
                                             "the server refuses the streams past it")
+    request_receive_timeout_seconds: float = _opt(
+        2.0, "a call whose request message has not arrived this long after it started is ended (DEADLINE_EXCEEDED): grpc "
+             "counts a call against --max-concurrent-rpcs from its headers, so calls that never send their request would "
+             "hold those slots for as long as their connection lasts")
+    max_streaming_calls: int = _opt(256, "streaming calls (Health/Watch, reflection) in progress at once in a process; past "
+                                         "it new ones get RESOURCE_EXHAUSTED, so streams that never end cannot take the "
+                                         "slots of RecommendAction's calls")
+    max_connections: int | None = _opt(4096, "client connections open at once in a process (each idle one holds about 16 "
+                                             "KB), shared out evenly between the --grpc-servers; past it the server closes "
+                                             "new connections; empty: no limit")
     max_connection_idle_seconds: float | None = _opt(300.0, "close a connection (GOAWAY) that had no call in progress for "
                                                             "this long; empty: never")
     keepalive_seconds: float = _opt(60.0, "ping each client connection this often, to find dead peers and free their calls")
@@ -140,8 +150,14 @@ class Config:
         elif self.max_concurrent_rpcs is not None and 1 <= self.max_concurrent_rpcs < self.grpc_servers:
             problems.append(f"max_concurrent_rpcs: {self.max_concurrent_rpcs} cannot be shared out between "
                             f"{self.grpc_servers} --grpc-servers (at least one call each)")
-        for name in ("workers", "intra_op_threads", "max_batch", "max_queue", "max_recent_behavior_ids", "max_id_length",
-                     "max_message_bytes", "log_queue", "log_flush_rows"):
+        if not 0 < self.request_receive_timeout_seconds <= 3600:
+            problems.append(f"request_receive_timeout_seconds: expected 0 < seconds <= 3600, got "
+                            f"{self.request_receive_timeout_seconds}")
+        if self.max_connections is not None and self.max_connections < self.grpc_servers:
+            problems.append(f"max_connections: {self.max_connections} cannot be shared out between {self.grpc_servers} "
+                            "--grpc-servers (at least one connection each)")
+        for name in ("workers", "intra_op_threads", "max_streaming_calls", "max_batch", "max_queue", "max_recent_behavior_ids",
+                     "max_id_length", "max_message_bytes", "log_queue", "log_flush_rows"):
             if getattr(self, name) < 1:
                 problems.append(f"{name}: expected >= 1, got {getattr(self, name)}")
         if self.device not in ("auto", "cpu", "cuda"):

@@ -93,10 +93,13 @@ def instrument_handler(handler: grpc.RpcMethodHandler, path: str, metrics: Metri
     return handler
 
 
-class _InstrumentedGeneric(grpc.GenericRpcHandler):  # type: ignore[misc]
-    def __init__(self, inner: grpc.GenericRpcHandler, metrics: Metrics) -> None:
+Wrap = Callable[[grpc.RpcMethodHandler], grpc.RpcMethodHandler]
+
+
+class _WrappedGeneric(grpc.GenericRpcHandler):  # type: ignore[misc]
+    def __init__(self, inner: grpc.GenericRpcHandler, wrap: Callable[[str, grpc.RpcMethodHandler], grpc.RpcMethodHandler]) -> None:
         self._inner = inner
-        self._metrics = metrics
+        self._wrap = wrap
         self._cache: dict[str, grpc.RpcMethodHandler] = {}
 
     def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
@@ -106,7 +109,7 @@ class _InstrumentedGeneric(grpc.GenericRpcHandler):  # type: ignore[misc]
             handler = self._inner.service(handler_call_details)
             if handler is None:  # not ours: cache nothing, or any client could grow the cache without bound
                 return None
-            wrapped = self._cache[path] = instrument_handler(handler, path, self._metrics)
+            wrapped = self._cache[path] = self._wrap(path, handler)
         return wrapped
 
 
@@ -114,12 +117,14 @@ class InstrumentedRegistrar:
     """Looks like a server to generated ``add_*_to_server`` code; registers instrumented handlers.
 
     ``counted=True`` registers handlers that record these metrics themselves (the hot
-    RecommendAction path, which saves the wrapper's extra coroutine per call).
+    RecommendAction path, which saves the wrapper's extra coroutine per call). ``outer`` wraps
+    every handler last, counted or not (``server.call_bounds``).
     """
 
-    def __init__(self, server: aio.Server, metrics: Metrics | None) -> None:
+    def __init__(self, server: aio.Server, metrics: Metrics | None, outer: Wrap | None = None) -> None:
         self._server = server
         self._metrics = metrics
+        self._outer = outer
 
     def instrument(self, service: str, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         """``handler`` counted by the wrapper, for a service that registers some methods ``counted``."""
@@ -127,13 +132,46 @@ class InstrumentedRegistrar:
             return handler
         return instrument_handler(handler, f"/{service}/{method}", self._metrics)
 
-    def add_generic_rpc_handlers(self, handlers: Sequence[grpc.GenericRpcHandler], counted: bool = False) -> None:
+    def _wrap(self, path: str, handler: grpc.RpcMethodHandler, counted: bool) -> grpc.RpcMethodHandler:
         if self._metrics is not None and not counted:
-            handlers = [_InstrumentedGeneric(h, self._metrics) for h in handlers]
+            handler = instrument_handler(handler, path, self._metrics)
+        return handler if self._outer is None else self._outer(handler)
+
+    def add_generic_rpc_handlers(self, handlers: Sequence[grpc.GenericRpcHandler], counted: bool = False) -> None:
+        if self._outer is not None or (self._metrics is not None and not counted):
+            handlers = [_WrappedGeneric(h, lambda path, handler: self._wrap(path, handler, counted)) for h in handlers]
         self._server.add_generic_rpc_handlers(handlers)
 
     def add_registered_method_handlers(self, service: str, handlers: Mapping[str, grpc.RpcMethodHandler],
                                        counted: bool = False) -> None:
-        if self._metrics is not None and not counted:
-            handlers = {name: instrument_handler(h, f"/{service}/{name}", self._metrics) for name, h in handlers.items()}
+        handlers = {name: self._wrap(f"/{service}/{name}", h, counted) for name, h in handlers.items()}
         self._server.add_registered_method_handlers(service, handlers)
+
+
+class _Only(grpc.GenericRpcHandler):  # type: ignore[misc]
+    def __init__(self, inner: grpc.GenericRpcHandler, paths: frozenset[str]) -> None:
+        self._inner = inner
+        self._paths = paths
+
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        if handler_call_details.method not in self._paths:  # type: ignore[attr-defined]
+            return None  # UNIMPLEMENTED
+        return self._inner.service(handler_call_details)
+
+
+class OnlyMethods:
+    """Stands in for a registrar while generated ``add_*_to_server`` code runs, passing on only ``methods``."""
+
+    def __init__(self, registrar: InstrumentedRegistrar, service: str, methods: Sequence[str]) -> None:
+        self._registrar = registrar
+        self._service = service
+        self._methods = frozenset(methods)
+
+    def add_generic_rpc_handlers(self, handlers: Sequence[grpc.GenericRpcHandler]) -> None:
+        paths = frozenset(f"/{self._service}/{m}" for m in self._methods)
+        self._registrar.add_generic_rpc_handlers([_Only(h, paths) for h in handlers])
+
+    def add_registered_method_handlers(self, service: str, handlers: Mapping[str, grpc.RpcMethodHandler]) -> None:
+        kept = {name: h for name, h in handlers.items() if service == self._service and name in self._methods}
+        if kept:
+            self._registrar.add_registered_method_handlers(service, kept)

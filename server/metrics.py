@@ -43,6 +43,9 @@ are the same each time. One process drops the old bundle's series and needs no l
 SWAP_REJECT_REASONS = ("io", "format", "format_version", "checksum", "schema", "shape", "nonfinite", "onnx", "golden")
 
 
+CUT_REASONS = ("receive_timeout", "streams")
+
+
 class Metrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
@@ -57,6 +60,11 @@ class Metrics:
                                        "Histogram of response latency (seconds) of gRPC that had been application-level "
                                        "handled by the server.", ["grpc_type", "grpc_service", "grpc_method"],
                                        buckets=LATENCY_BUCKETS, registry=r)
+        self.calls_cut = Counter("shopping_agent_calls_cut",
+                                 "Calls the server ended itself: receive_timeout (no request message in time), streams "
+                                 "(past the streaming-call budget).", ["reason"], registry=r)
+        for reason in CUT_REASONS:
+            self.calls_cut.labels(reason=reason)
         # --- decisions ---------------------------------------------------------------------
         self.decisions = Counter("shopping_agent_decisions", "Decisions served, by action and source.",
                                  ["action", "source"], registry=r)

@@ -26,6 +26,12 @@ connections the kernel hands them, so the calls of several connections are admit
   acts on ``grpc.http2.ping_timeout_ms`` for that, so it is set with the keepalive timeout); a
   client that pings more often than allowed collects strikes and is sent GOAWAY
   (ENHANCE_YOUR_CALM);
+- ``grpc.max_allowed_incoming_connections``: connections open at once (``--max-connections``,
+  shared out as the calls are); past it grpc-core closes a new connection as it arrives. Idle
+  connections cost about 16 KB each and nothing else bounded them: an attack review
+  (2026-12-05) held 12,000 for 287 MB;
+- a call's request must arrive within ``--request-receive-timeout-seconds`` of its start, and
+  streaming calls are held to a budget (``server.call_bounds``): grpc has no option for either;
 - ``grpc.max_connection_idle_ms`` closes connections with no call in progress,
   ``grpc.max_connection_age_ms`` (plus 30 s of grace) every connection, stuck calls
   included; ``grpc.server_handshake_timeout_ms`` bounds the TLS handshake and the wait for
@@ -81,14 +87,20 @@ def concurrency_share(limit: int | None, servers: int, index: int) -> int | None
     return limit // servers + (1 if index < limit % servers else 0)
 
 
-def new_server(config: Config, maximum_concurrent_rpcs: int | None, reuse_port: bool | None = None) -> aio.Server:
-    return aio.server(options=server_options(config, reuse_port), maximum_concurrent_rpcs=maximum_concurrent_rpcs)
+def new_server(config: Config, maximum_concurrent_rpcs: int | None, reuse_port: bool | None = None,
+               max_connections: int | None = None) -> aio.Server:
+    options = server_options(config, reuse_port)
+    if max_connections is not None:
+        options.append(("grpc.max_allowed_incoming_connections", max_connections))
+    return aio.server(options=options, maximum_concurrent_rpcs=maximum_concurrent_rpcs)
 
 
 def service_servers(config: Config) -> list[aio.Server]:
-    """The service port's ``--grpc-servers`` servers, each with its share of ``--max-concurrent-rpcs`` (module doc)."""
+    """The service port's ``--grpc-servers`` servers, each with its share of ``--max-concurrent-rpcs`` and of
+    ``--max-connections`` (module doc)."""
     n = config.grpc_servers
-    return [new_server(config, concurrency_share(config.max_concurrent_rpcs, n, i), reuse_port=config.reuse_port or n > 1)
+    return [new_server(config, concurrency_share(config.max_concurrent_rpcs, n, i), reuse_port=config.reuse_port or n > 1,
+                       max_connections=concurrency_share(config.max_connections, n, i))
             for i in range(n)]
 
 

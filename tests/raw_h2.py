@@ -78,11 +78,15 @@ class RawH2:
         self._lock = threading.Lock()
         self._next_stream = 1
         self._settings_acked = threading.Event()
-        self.send(PREFACE + frame(SETTINGS, 0, 0))  # first: the reader thread answers the server's SETTINGS
         self._reader = threading.Thread(target=self._read, name="raw-h2", daemon=True)
-        self._reader.start()
-        if not self._settings_acked.wait(timeout):
-            raise TimeoutError("no SETTINGS from the server")
+        try:
+            self.send(PREFACE + frame(SETTINGS, 0, 0))  # first: the reader thread answers the server's SETTINGS
+            self._reader.start()
+            if not self._settings_acked.wait(timeout):
+                raise TimeoutError("no SETTINGS from the server")
+        except BaseException:
+            self.close()  # a server that closes at once (a connection cap) leaves no open socket behind
+            raise
 
     def send(self, data: bytes) -> None:
         with self._lock:
@@ -106,6 +110,10 @@ class RawH2:
             self.send(bytes(batch))
         return ids
 
+    def send_request(self, stream_id: int, message: bytes) -> None:
+        """The call's one request message (gRPC's 5-byte prefix, uncompressed), ending its stream."""
+        self.send(frame(DATA, END_STREAM, stream_id, b"\x00" + struct.pack(">I", len(message)) + message))
+
     def ping(self, n: int = 1) -> None:
         self.send(b"".join(frame(PING, 0, 0, struct.pack(">Q", i)) for i in range(n)))
 
@@ -123,7 +131,8 @@ class RawH2:
         except OSError:
             pass
         self.sock.close()
-        self._reader.join(5)
+        if self._reader.ident is not None:  # started
+            self._reader.join(5)
 
     def __enter__(self) -> RawH2:
         return self

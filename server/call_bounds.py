@@ -1,0 +1,166 @@
+"""What one call may hold of the port: its request within a time limit, and streams within a budget.
+
+grpc counts a call against ``--max-concurrent-rpcs`` from its HEADERS, before any message, and
+a unary handler runs only once the whole request has arrived. A client that opens calls and
+never sends their request therefore held those slots for as long as its connections lasted:
+an attack review (2026-12-05) filled all 4,096 with 24 connections of 256 such calls (about
+4 KB of frames each), and every other caller's call failed with RESOURCE_EXHAUSTED. Open
+``Health/Watch`` streams, which never end by design, did nearly as much from a stock client.
+
+So every method with a single request is served as a streaming-request handler that reads its
+one message itself (the same bytes on the wire; grpc's own unary handler does the same read),
+and a call whose request has not arrived ``seconds`` after its handler started is ended with
+DEADLINE_EXCEEDED. One sweeper task a process ends them (a timer a call cost about 18 µs of the
+event loop's time a call; a dict entry costs well under one). Calls that stream requests or
+answers (``Health/Watch``, reflection) are also held to ``max_streams`` at once a process; past
+it a new one is refused with RESOURCE_EXHAUSTED and the unary methods keep their slots.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+from grpc import aio
+
+TICKS_PER_TIMEOUT = 4
+"""Sweeps a receive timeout: a call is ended between ``seconds`` and ``seconds * (1 + 1/TICKS)`` after it started."""
+
+
+class RequestLate(Exception):
+    """The request message did not arrive in time."""
+
+
+class CallBounds:
+    """The receive timeout and the streaming budget of one process's servers (one event loop)."""
+
+    def __init__(self, seconds: float, max_streams: int, on_cut: Callable[[str], None] | None = None) -> None:
+        self.seconds = seconds
+        self.max_streams = max_streams
+        self._on_cut = on_cut  # a counter of the calls ended here, by reason
+        self._waiting: dict[asyncio.Task[Any], float] = {}  # handler task → when it started waiting (insertion order)
+        self._late: set[asyncio.Task[Any]] = set()
+        self._streams = 0
+        self._sweeper: asyncio.Task[None] | None = None
+
+    @property
+    def waiting(self) -> int:
+        """Calls whose handler has started and whose request has not arrived yet."""
+        return len(self._waiting)
+
+    def start(self) -> None:
+        if self._sweeper is None:
+            self._sweeper = asyncio.get_running_loop().create_task(self._sweep(), name="receive-timeouts")
+
+    async def stop(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+            self._sweeper = None
+
+    async def _sweep(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(self.seconds / TICKS_PER_TIMEOUT)
+            cutoff = loop.time() - self.seconds
+            for task, since in list(self._waiting.items()):
+                if since > cutoff:
+                    break  # the rest started later: insertion order is time order
+                del self._waiting[task]
+                self._late.add(task)
+                task.cancel()
+
+    async def request(self, context: aio.ServicerContext[Any, Any]) -> Any:
+        """The call's one request message, or ``RequestLate`` (the client ended its stream early: ``EOF``)."""
+        task = asyncio.current_task()
+        assert task is not None
+        self._waiting[task] = asyncio.get_running_loop().time()
+        try:
+            return await context.read()
+        except asyncio.CancelledError:
+            if task not in self._late:
+                raise  # the client cancelled, or the server is stopping
+            self._late.discard(task)
+            task.uncancel()
+            raise RequestLate from None
+        finally:
+            self._waiting.pop(task, None)
+
+    async def _end(self, context: aio.ServicerContext[Any, Any], code: grpc.StatusCode, reason: str, details: str) -> None:
+        if self._on_cut is not None:
+            self._on_cut(reason)
+        await context.abort(code, details)
+
+    async def _first(self, context: aio.ServicerContext[Any, Any]) -> Any:
+        try:
+            request = await self.request(context)
+        except RequestLate:
+            await self._end(context, grpc.StatusCode.DEADLINE_EXCEEDED, "receive_timeout",
+                            f"the request message did not arrive within {self.seconds:g} s of the call's start")
+        if request is aio.EOF:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the call ended without a request message")
+        return request
+
+    @contextlib.asynccontextmanager
+    async def _stream(self, context: aio.ServicerContext[Any, Any]) -> AsyncIterator[None]:
+        """A streaming call, counted against ``max_streams`` while it runs."""
+        if self._streams >= self.max_streams:
+            await self._end(context, grpc.StatusCode.RESOURCE_EXHAUSTED, "streams",
+                            f"at most {self.max_streams} streaming calls at once")
+        self._streams += 1
+        try:
+            yield
+        finally:
+            self._streams -= 1
+
+    def bound(self, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        """``handler`` with its one request read under the timeout, or (streaming) held to the budget."""
+        serializers = {"request_deserializer": handler.request_deserializer,
+                       "response_serializer": handler.response_serializer}
+        if not handler.request_streaming and not handler.response_streaming:
+            unary = handler.unary_unary
+
+            async def answer(_requests: Any, context: aio.ServicerContext[Any, Any]) -> Any:
+                return await unary(await self._first(context), context)
+
+            return grpc.stream_unary_rpc_method_handler(answer, **serializers)
+        if not handler.response_streaming:
+            many_to_one = handler.stream_unary
+
+            async def answer_streamed(requests: Any, context: aio.ServicerContext[Any, Any]) -> Any:
+                async with self._stream(context):
+                    return await many_to_one(requests, context)
+
+            return grpc.stream_unary_rpc_method_handler(answer_streamed, **serializers)
+        if handler.request_streaming:
+            many_to_many = handler.stream_stream
+
+            async def answer_all(requests: Any, context: aio.ServicerContext[Any, Any]) -> None:
+                async with self._stream(context):
+                    await _write_all(many_to_many(requests, context), context)
+
+            return grpc.stream_stream_rpc_method_handler(answer_all, **serializers)
+        one_to_many = handler.unary_stream
+
+        async def answer_one(_requests: Any, context: aio.ServicerContext[Any, Any]) -> None:
+            async with self._stream(context):
+                await _write_all(one_to_many(await self._first(context), context), context)
+
+        return grpc.stream_stream_rpc_method_handler(answer_one, **serializers)
+
+
+async def _write_all(result: Any, context: aio.ServicerContext[Any, Any]) -> None:
+    """A streaming behaviour's answers: an async generator's items written, or a coroutine (that writes) awaited."""
+    if inspect.isasyncgen(result):
+        async for item in result:
+            await context.write(item)
+    elif inspect.isawaitable(result):
+        await result
+    else:  # a plain iterator of answers
+        for item in result:
+            await context.write(item)

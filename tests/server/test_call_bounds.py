@@ -1,0 +1,121 @@
+"""What one call may hold of the port (server/call_bounds.py): its request within a time limit, streams within a budget,
+and connections within a cap. The attacker is tests/raw_h2.py, or a stock grpc client holding Health/Watch streams."""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from tests.harness import request, running_server, stub
+from tests.raw_h2 import RawH2
+from tests.server.test_limits import METHOD, UNARY, port_of, timed_call
+
+CUT = "shopping_agent_calls_cut_total"
+
+
+def _refused(target: str) -> grpc.StatusCode | None:
+    """A normal call on a connection of its own: None when it succeeds, else its code."""
+    with grpc.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)]) as ch:
+        try:
+            stub(ch).RecommendAction(request(), timeout=5)
+        except grpc.RpcError as exc:
+            return exc.code()  # type: ignore[no-any-return]
+    return None
+
+
+def test_calls_that_never_send_their_request_give_their_slots_back_while_the_connection_stays() -> None:
+    # Before: the 64 hung calls held every slot until the client closed its connection, however long that was.
+    with running_server(max_concurrent_rpcs=64, grpc_servers=1, request_receive_timeout_seconds=1.5) as live, \
+            RawH2("127.0.0.1", port_of(live)) as raw:
+        started = time.monotonic()
+        hung = raw.open_calls(METHOD, 64)
+        assert live.server is not None
+        deadline = time.monotonic() + 5
+        while live.server.bounds.waiting < 64:  # admitted one at a time by the event loop
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert _refused(live.target) == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert raw.wait_for(lambda seen: len(seen.ended_streams) == 64, timeout=10), raw.seen
+        assert 1.5 <= time.monotonic() - started < 8
+        assert set(hung) == raw.seen.ended_streams and not raw.seen.closed  # each call ended, the connection kept
+        assert _refused(live.target) is None
+        assert live.registry.get_sample_value(CUT, {"reason": "receive_timeout"}) == 64
+        assert live.registry.get_sample_value("grpc_server_started_total", UNARY) == 1  # only the normal call reached it
+
+
+def test_a_request_that_arrives_within_the_limit_is_answered_and_a_later_one_is_not() -> None:
+    with running_server(request_receive_timeout_seconds=1.0) as live, RawH2("127.0.0.1", port_of(live)) as raw:
+        timed_call(live.target)  # the model loaded: the answer is the model's
+        on_time, late = raw.open_calls(METHOD, 2)
+        time.sleep(0.4)
+        raw.send_request(on_time, request().SerializeToString())
+        assert raw.wait_for(lambda seen: on_time in seen.ended_streams, timeout=5)
+        assert raw.seen.frames[0x0] >= 1  # DATA: an answer came back
+        assert live.registry.get_sample_value("grpc_server_handled_total", {**UNARY, "grpc_code": "OK"}) == 2
+        assert raw.wait_for(lambda seen: late in seen.ended_streams, timeout=5)
+        raw.send_request(late, request().SerializeToString())  # too late: the call has ended
+        time.sleep(0.2)
+        assert live.registry.get_sample_value(CUT, {"reason": "receive_timeout"}) == 1
+        assert live.registry.get_sample_value("grpc_server_handled_total", {**UNARY, "grpc_code": "OK"}) == 2
+
+
+def test_streams_that_never_end_are_held_to_a_budget_and_unary_calls_keep_their_slots() -> None:
+    # Before: 3,584 Health/Watch streams from a stock client took RecommendAction's success rate to 7.5 %.
+    with running_server(max_concurrent_rpcs=16, grpc_servers=1, max_streaming_calls=4) as live, \
+            grpc.insecure_channel(live.target) as ch:
+        health_stub = health_pb2_grpc.HealthStub(ch)
+        watches = [health_stub.Watch(health_pb2.HealthCheckRequest(), timeout=30) for _ in range(4)]
+        try:
+            for watch in watches:
+                next(watch)  # each stream is open and has answered once
+            extra = health_stub.Watch(health_pb2.HealthCheckRequest(), timeout=30)
+            with pytest.raises(grpc.RpcError) as info:
+                next(extra)
+            assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "streaming calls" in (info.value.details() or "")
+            assert all(_refused(live.target) is None for _ in range(5))
+            watches.pop().cancel()
+            time.sleep(0.2)
+            again = health_stub.Watch(health_pb2.HealthCheckRequest(), timeout=30)
+            next(again)  # the budget came back
+            again.cancel()
+        finally:
+            for watch in watches:
+                watch.cancel()
+        assert live.registry.get_sample_value(CUT, {"reason": "streams"}) == 1
+
+
+def test_the_health_port_answers_check_only() -> None:
+    # Before: 64 Watch streams took every slot of the port the kubelet's probes call.
+    with running_server(health_port=0) as live:
+        assert live.server is not None and live.server.health_port is not None
+        with grpc.insecure_channel(f"127.0.0.1:{live.server.health_port}") as ch:
+            health_stub = health_pb2_grpc.HealthStub(ch)
+            assert health_stub.Check(health_pb2.HealthCheckRequest(), timeout=5).status in (
+                health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING)
+            with pytest.raises(grpc.RpcError) as info:
+                next(health_stub.Watch(health_pb2.HealthCheckRequest(), timeout=5))
+            assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_connections_past_the_cap_are_closed_and_the_held_ones_keep_working() -> None:
+    # Before: nothing bounded idle connections (12,000 held 287 MB in one review).
+    with running_server(max_connections=4, grpc_servers=1) as live:
+        held = [RawH2("127.0.0.1", port_of(live)) for _ in range(4)]
+        try:
+            extra = []
+            for _ in range(4):
+                try:
+                    extra.append(RawH2("127.0.0.1", port_of(live), timeout=3))
+                except (OSError, TimeoutError):  # closed before its SETTINGS
+                    extra.append(None)
+            time.sleep(0.5)
+            assert all(e is None or e.seen.closed for e in extra)
+            assert not any(h.seen.closed for h in held)
+        finally:
+            for conn in held + [e for e in extra if e is not None]:
+                conn.close()
+        assert _refused(live.target) is None  # the cap frees as connections close
