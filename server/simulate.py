@@ -10,7 +10,7 @@ logs can be checked against them.
 
 ``--bundle FILE`` (or neither flag: the embedded default bundle) runs the same decision code
 in-process, much faster, optionally writing the same logs to ``--log-dir``; the same seed and
-bundle give the same numbers.
+bundle give the same numbers. A ``--bundle`` that cannot be read or loaded is named in one line, exit 2 (bad usage).
 
 ``mean_return`` and its 95 % interval are over the sessions that finished: the expected
 discounted return per session under the attribution rules (``experience.returns``).
@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import grpc
@@ -39,6 +39,9 @@ from server._gen.shopping_agent.v1 import shopping_agent_pb2_grpc as pb_grpc
 from simulator.config import SimConfig
 from simulator.drive import Trace, by_model, engagement_report_for, reports_for, run_in_process, run_logged
 from simulator.world import PageView, ShopperSession, World
+
+if TYPE_CHECKING:
+    from weights.model_set import ModelSet
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +83,14 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     if args.target:
         result = _over_grpc(world, sessions, args)
     else:
-        result = _in_process(world, sessions, args)
+        from weights.bundle import BundleError
+
+        try:
+            model = _model(args.bundle, args.batch)
+        except BundleError as exc:  # a file the user named: bad usage, as `weights verify` reports it
+            print(f"shopping-agent simulate: --bundle: {exc}", file=sys.stderr)
+            return 2
+        result = _in_process(world, sessions, model, args)
     result = {"seed": args.seed, **result, "elapsed_s": round(time.monotonic() - started, 3)}
     if args.json:
         out.write(json.dumps(result, allow_nan=False) + "\n")
@@ -117,13 +127,16 @@ def _summary(trace: Trace) -> dict[str, Any]:
 
 
 # --- in-process ------------------------------------------------------------------------------
-def _in_process(world: World, sessions: range, args: argparse.Namespace) -> dict[str, Any]:
-    from weights.bundle import read_bundle
+def _model(path: Path | None, batch: int) -> ModelSet:
+    """The model of the bundle at ``path`` (None: the embedded default); ``BundleError`` when it cannot be read or loaded."""
     from weights.embedded import default_bundle
-    from weights.model_set import LoadOptions, ModelSet
+    from weights.model_set import LoadOptions, ModelSet, load_file
 
-    bundle = read_bundle(args.bundle) if args.bundle else default_bundle()
-    model = ModelSet.load(bundle, LoadOptions(warmup_batch=args.batch))
+    options = LoadOptions(warmup_batch=batch)
+    return load_file(path, options)[1] if path else ModelSet.load(default_bundle(), options)
+
+
+def _in_process(world: World, sessions: range, model: ModelSet, args: argparse.Namespace) -> dict[str, Any]:
     tz = ZoneInfo(args.timezone)
     written = None
     products = by_model(model) if args.products else None

@@ -15,7 +15,8 @@ segments are listed and read through ``pyarrow.fs`` (``experience.segments.open_
   ``--canary FRACTION`` is served on that share of the sessions and judged on-policy by the
   next runs (``trainer.canary``).
   What the CronJob runs. Exit 0 published (or unchanged), 3 refused by the gate (or the active
-  bundle changed during the run: nothing published), 1 failed, 2 bad usage.
+  bundle changed during the run: nothing published), 1 failed, 2 bad usage (a bundle file that cannot be read or loaded,
+  a ``--weights-dir`` that cannot be written) or no logs yet.
 
 Config: ``--config FILE.json`` (any ``TrainConfig`` field, ``guard`` as an object), then the
 flags below, over the defaults.
@@ -147,10 +148,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    from trainer.window import NoDecisions
+
     try:
         return int(args.handler(args))
     except UsageError as exc:
         print(f"shopping-agent {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except NoDecisions as exc:  # no logs yet (a new deployment's first runs): retrying gives the same answer
+        print(f"shopping-agent {args.command}: --logs {_shown(args.logs)}: no logs yet: {exc}", file=sys.stderr)
         return 2
     except (ModuleNotFoundError, RuntimeMissing):
         raise  # a package not installed: the command line names what to install (server/cli.py; exit 2, not retried)
@@ -238,10 +244,25 @@ def _window(location: str, bundle: Any, config: TrainConfig, *, serving: Sequenc
 
 
 def _bundle(path: Path | None) -> Any:
-    from weights.bundle import read_bundle
-    from weights.embedded import default_bundle
+    """The ``--init`` bundle (None or 'default': the embedded default), loaded as a server loads it (``_loaded``)."""
+    return _loaded(path, "--init: ")[0]
 
-    return default_bundle() if path is None or str(path) == "default" else read_bundle(path)
+
+def _loaded(path: Path | None, flag: str = "") -> tuple[Any, Any]:
+    """The bundle at ``path`` (None or 'default': the embedded default) and its ``ModelSet``. A file that cannot be
+    read or loaded is bad usage, after ``flag``, before any log is read: exit 2, not retried."""
+    from weights.bundle import BundleError
+    from weights.embedded import default_bundle
+    from weights.model_set import LoadOptions, ModelSet, load_file
+
+    options = LoadOptions(device="cpu", warmup_batch=1)
+    if path is None or str(path) == "default":
+        bundle = default_bundle()
+        return bundle, ModelSet.load(bundle, options)
+    try:
+        return load_file(path, options)
+    except BundleError as exc:  # its message names the file
+        raise UsageError(f"{flag}{exc}") from None
 
 
 def _trained(args: argparse.Namespace, init: Any, window: Any, config: Any) -> Any:
@@ -324,10 +345,8 @@ def _train_products(args: argparse.Namespace) -> int:
 def _evaluate(args: argparse.Namespace) -> int:
     """The gate's view of one bundle: its business objective per session on the logs (``trainer.evaluation``)."""
     from trainer.evaluation import evaluate_bundle
-    from weights.model_set import LoadOptions, ModelSet
 
-    bundle = _bundle(args.bundle)
-    model = ModelSet.load(bundle, LoadOptions(device="cpu", warmup_batch=1))
+    bundle, model = _loaded(args.bundle)
     decisions, outcomes = _logs(args.logs, bundle, args.max_session_order_value, args.max_session_decisions,
                                 args.max_session_complaints)
     result = {"bundle": str(args.bundle), "model_version": model.version, "value": "business objective per session",

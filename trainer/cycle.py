@@ -21,7 +21,8 @@ canary due for promotion serves on.
 Exit codes (``trainer.cli``): 0 published or unchanged (a canary promoted counts), or a canary still serving;
 3 refused (a canary started is a refusal: no flat candidate was published; new product heads may have been,
 ``products.published`` says), or not published because the active bundle changed during the run; 1 failed (a full
-weights volume during a canary's look included: the canary serves on); 2 bad usage.
+weights volume during a canary's look included: the canary serves on); 2 bad usage (a ``--weights-dir`` that cannot be
+created or written included: refused before the logs are read), or no logs yet.
 Keeping or looking at a candidate never turns a refusal into a failure: what goes wrong there
 (an unreadable kept file, a full disk) is logged and reported, and the candidate dropped.
 """
@@ -29,6 +30,7 @@ Keeping or looking at a candidate never turns a refusal into a failure: what goe
 from __future__ import annotations
 
 import argparse
+import errno
 import io
 import json
 import logging
@@ -67,6 +69,7 @@ def run_cycle(args: argparse.Namespace) -> int:
     config = _config(args)
     key = None if args.public_key is None else public_key_bytes(load_public_key(args.public_key))
     store = WeightsStore(args.weights_dir, lambda data: verify(data, key))
+    _usable(store)  # before any log is read: not a refusal after an hour's training
     current_bundle, judged_against = _active(store)  # every publish below replaces exactly this bundle, or none
     init = _bundle(args.init) if args.init else current_bundle
     # The logs the run reads, in two passes; under torchrun this rank's shard. The gate's held-out sessions (of the whole
@@ -155,10 +158,7 @@ def run_cycle(args: argparse.Namespace) -> int:
         report["products"]["published"] = _keep(lambda data: _publish(args, store, data, judged_against),
                                                 _signed(args, products.trained.bundle),
                                                 report["products"], "not_published", "published: the new product heads")
-    outcome = f"not published: {moved}" if moved is not None else \
-        f"{'published' if published else 'refused'}: {verdict.reason}"
-    print(json.dumps(report, default=float) if args.json else outcome
-          + (" (new product heads published)" if report.get("products", {}).get("published") else ""))
+    print(json.dumps(report, default=float) if args.json else _outcome(report, verdict, published, moved, settings.fraction, store))
     if moved is not None:
         log.warning("nothing published: %s", moved)
         return EXIT_REFUSED
@@ -169,6 +169,25 @@ def run_cycle(args: argparse.Namespace) -> int:
         log.warning("nothing published: %s", verdict.reason)
         return EXIT_REFUSED
     return 0
+
+
+def _outcome(report: dict[str, Any], verdict: GateResult, published: bool, moved: str | None, fraction: float,
+             store: WeightsStore) -> str:
+    """What the run did, for a person (``--json``: the report): the verdict, forced past or not, and a canary started."""
+    if moved is not None:
+        line = f"not published: {moved}"
+    elif published and not verdict.publish:
+        line = f"published (forced past the gate: {verdict.reason})"
+    else:
+        line = f"{'published' if published else 'refused'}: {verdict.reason}"
+    if report.get("products", {}).get("published"):
+        line += " (new product heads published)"
+    if report.get("canary_started"):
+        line += (f"\ncanary started: {report['canary_started']} now serves {fraction * 100:g} % of the sessions from "
+                 f"{store.canary_path}; the next runs judge it")
+    elif "canary_not_started" in report:
+        line += f"\ncanary not started: {report['canary_not_started']}"
+    return line
 
 
 def window_start(window: Window) -> float | None:
@@ -262,13 +281,31 @@ def _publish(args: argparse.Namespace, store: WeightsStore, data: bytes, replaci
     return str(store.publish(data, replacing).status)
 
 
+SETUP_ERRNOS = frozenset({errno.ENOENT, errno.ENOTDIR, errno.EEXIST, errno.EACCES, errno.EPERM, errno.EROFS, errno.ELOOP,
+                          errno.ENAMETOOLONG})
+"""What makes a ``--weights-dir`` one no run can write (bad usage, exit 2); another ``OSError`` (I/O, a full volume) is
+a failure, retried."""
+
+
+def _usable(store: WeightsStore) -> None:
+    """Make the weights directory and its lock file: a directory that cannot be written is a ``UsageError``."""
+    from trainer.cli import UsageError
+
+    try:
+        store.ensure_writable()
+    except OSError as exc:
+        if exc.errno not in SETUP_ERRNOS:
+            raise
+        raise UsageError(f"--weights-dir {store.directory}: cannot be created or written: {exc}") from None
+
+
 def _active(store: WeightsStore) -> tuple[Any, str | None]:
     """The bundle the servers serve (the embedded default when the store has none) and the sha256 of its file (None)."""
-    from trainer.cli import _bundle
     from weights.bundle import read_bundle, sha256
+    from weights.embedded import default_bundle
 
     data = store.active_bytes()
-    return (_bundle(None), None) if data is None else (read_bundle(data), sha256(data))
+    return (default_bundle(), None) if data is None else (read_bundle(data), sha256(data))
 
 
 def _keep(write: Callable[[bytes], str], data: bytes, report: dict[str, Any], failure: str, what: str) -> str | None:

@@ -53,7 +53,7 @@ from trainer.offline import MAX_WEIGHT
 from trainer.replay import decoder_arrays
 from trainer.served import TorchDecoder
 from trainer.sharded import any_rank, describe_window, newest_time
-from trainer.window import Window
+from trainer.window import NoDecisions, Window
 from trainer.window import for_config as window_for
 from weights import mlp
 from weights.bundle import Bundle
@@ -195,7 +195,7 @@ def train(decisions: pa.Table, outcomes: pa.Table, init: Bundle, config: TrainCo
                         "window built without them): every step weighs 1")
     n = len(exp.steps)
     if any_rank(n == 0, reducer):
-        raise ValueError("no logged decisions on the training side" + (f" of some rank's shard ({world} ranks)" if world > 1 else ""))
+        raise NoDecisions("no logged decisions on the training side" + (f" of some rank's shard ({world} ranks)" if world > 1 else ""))
     states_np = exp.steps.states
     states = torch.from_numpy(states_np).to(dev)
     actions = torch.from_numpy(exp.steps.actions).to(dev)

@@ -44,6 +44,10 @@ SAMPLE_SALT = b"session-sample"  # independent of the gate's and the guard's spl
 CHOSEN_SALT = b"chosen-digest"
 
 
+class NoDecisions(ValueError):
+    """A window with no logged decision to train on: no logs yet (``train`` and ``cycle`` exit 2, not retried)."""
+
+
 @dataclass(frozen=True, slots=True)
 class GateSessions:
     """The gate's held-out sessions of a window (``gate_sample``), and the segments none of them can be in."""

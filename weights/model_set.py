@@ -13,6 +13,7 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -31,7 +32,7 @@ from policy.onnx_model import OnnxModel, RuntimeMissing
 from policy.plurality import PluralityDecoder
 from policy.product_decision import by_rules as product_by_rules
 from policy.product_policy import decide_batch as decide_products
-from weights.bundle import PRODUCT_GUARD_PARTS, PRODUCT_PARTS, Bundle, BundleError
+from weights.bundle import PRODUCT_GUARD_PARTS, PRODUCT_PARTS, Bundle, BundleError, read_bundle, read_file
 from weights.golden import golden_error
 from weights.onnx_check import check_model
 from weights.product_guard import ProductGuard
@@ -228,6 +229,17 @@ class ModelSet:
     def product_batches(self) -> ProductBatches:
         """What the server's product micro-batcher runs on: one object per model set, so a batch never mixes two."""
         return ProductBatches(self)
+
+
+def load_file(path: Path | str, options: LoadOptions | None = None) -> tuple[Bundle, ModelSet]:
+    """The bundle file a person named (a command's argument) and its model set; a ``BundleError`` naming the file when it
+    cannot be read or loaded."""
+    data = read_file(path)  # its message names the file
+    try:
+        bundle = read_bundle(data)
+        return bundle, ModelSet.load(bundle, options)
+    except BundleError as exc:
+        raise BundleError(exc.reason, f"invalid bundle {path} ({exc.reason}): {exc}") from None
 
 
 class ProductBatches:

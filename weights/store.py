@@ -261,6 +261,14 @@ class WeightsStore:
 
     # --- writing ---------------------------------------------------------------------------
 
+    def ensure_writable(self) -> None:
+        """Create the directory and its lock file without waiting for the lock; ``OSError`` when this process cannot
+        write the volume (a run can fail before its work instead of at its publish)."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        os.close(os.open(self.directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644))
+        if not os.access(self.directory, os.W_OK | os.X_OK):  # new files (a publish's temporary one) need both
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(self.directory))
+
     @contextlib.contextmanager
     def lock(self) -> Iterator[None]:
         """Exclusive across processes and threads (each call opens its own file description)."""

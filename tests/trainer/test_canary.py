@@ -188,11 +188,16 @@ def test_a_candidate_that_serves_what_the_active_bundle_serves_is_not_canaried(t
     assert "nothing for a canary" in report["same_as_active"]
     assert report["dr_difference"] == {"value": 0.0, "ci_low": 0.0, "ci_high": 0.0}  # the gate saw exactly no difference
     assert store.canary() is None and read_bundle(store.active_path).model_version == read_bundle(fresh_bundle_bytes()).model_version
-    # a candidate that does serve differently (the same run without the limit) is still started as a canary
+    # a candidate that does serve differently (the same run without the limit) is still started as a canary, and the
+    # person reading the run's output is told so, not only that the gate refused it
     moving = tmp_path / "moving.json"
     moving.write_text(json.dumps({**json.loads(still.read_text()), "max_behavior_kl": None}))
-    code, report = _cycle(tmp_path / "logs", weights, moving, "--canary", "0.5")
-    assert code == 3 and report["canary_started"] == report["model_version"] and "same_as_active" not in report, report
+    code, out, err = trainer_in_process("cycle", "--logs", str(tmp_path / "logs"), "--weights-dir", str(weights), "--config",
+                                        str(moving), "--device", "cpu", "--canary", "0.5")
+    started = read_bundle(store.canary() or b"")
+    assert code == 3 and out.splitlines() == [out.splitlines()[0], f"canary started: {started.model_version} now serves 50 % of "
+                                              f"the sessions from {store.canary_path}; the next runs judge it"], out + err[-2000:]
+    assert out.startswith("refused: ") and fraction_of(started.manifest) == 0.5
 
 
 def test_an_outcome_no_server_writes_leaves_its_session_out_of_the_look(served: dict[str, DirectorySource],

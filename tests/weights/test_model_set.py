@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import io
 import math
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -15,7 +16,7 @@ from weights import mlp
 from weights.bundle import Bundle, BundleError, npy_bytes, read_bundle
 from weights.embedded import DEFAULT_MODEL_VERSION
 from weights.golden import golden_error
-from weights.model_set import LoadOptions, ModelSet, NoModel
+from weights.model_set import LoadOptions, ModelSet, NoModel, load_file
 
 A, V, C, S, X = ACTIONS
 STATIC = np.array([1.0, 1.0, 0.8, 0.5, 0.0])
@@ -107,6 +108,22 @@ def test_golden_outputs_within_the_tolerance_still_load(rebuild: Any, default_bu
     golden[0, 0] += 5e-5
     assert ModelSet.load(read_bundle(rebuild(**{"golden_outputs.npy": npy_bytes(golden)})),
                          LoadOptions(device="cpu", warmup_batch=1)).version == DEFAULT_MODEL_VERSION
+
+
+def test_a_named_file_is_named_whether_it_cannot_be_read_or_cannot_be_loaded(rebuild: Any, default_bytes: bytes,
+                                                                            default_bundle: Bundle, tmp_path: Path) -> None:
+    """What `evaluate`, `simulate --bundle` and `train --init` report in one line (exit 2), not a traceback."""
+    good, golden = tmp_path / "good.bundle", default_bundle.array("golden_outputs.npy").copy()
+    good.write_bytes(default_bytes)
+    assert load_file(good, LoadOptions(device="cpu", warmup_batch=1))[1].version == DEFAULT_MODEL_VERSION
+    with pytest.raises(BundleError, match=f"^cannot read bundle {tmp_path / 'nosuch.bundle'}: No such file"):
+        load_file(tmp_path / "nosuch.bundle")
+    golden[3, 7] += 2e-4
+    off = tmp_path / "off.bundle"
+    off.write_bytes(rebuild(**{"golden_outputs.npy": npy_bytes(golden)}))  # a sound container, contents a server refuses
+    with pytest.raises(BundleError, match=f"^invalid bundle {off} \\(golden\\): golden self-test failed") as info:
+        load_file(off)
+    assert info.value.reason == "golden"
 
 
 def test_a_confident_policy_is_judged_relative_to_its_logits(rebuild: Any, default_bundle: Bundle) -> None:
