@@ -5,8 +5,9 @@ columnar parts partitioned by hour (``experience.columnar``), one JSON line of w
 For people debugging and for any tool that wants the records without our reader: one JSON
 object per record, oldest segment first, with a ``kind`` key added, in the current schema
 (version-1 segments upgraded on read, see ``experience.upgrade``). The logs are a directory or a
-URI (``s3://bucket/logs``, as the trainer's ``--logs``: ``experience.segments.open_logs``). Exit 0;
-2 when the location is not a log directory or no filesystem takes it; 1 when it cannot be reached.
+URI (``s3://bucket/logs``, as the trainer's ``--logs``: ``experience.segments.open_logs``). ``--fields``: those
+columns of each printed kind that has any of them. Exit 0; 2 when the location is not a log directory or no filesystem
+takes it, or a field is a column of no printed kind; 1 when it cannot be reached.
 """
 
 from __future__ import annotations
@@ -72,12 +73,17 @@ def _cat(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
 
 
 def _print(source: Any, only: str | None, fields: list[str] | None, out: TextIO) -> int:
-    for kind in (only,) if only else KINDS:
-        if fields is not None:
-            unknown = [f for f in fields if f not in SCHEMAS[kind].names]
-            if unknown and only:
-                print(f"shopping-agent logs: --fields: no column {unknown[0]!r} in {kind}", file=sys.stderr)
-                return 2
+    kinds = (only,) if only else tuple(kind for kind in KINDS if source.has(kind))
+    if fields is not None:
+        # a field some printed kind has is printed for that kind; one that none of them has is a typo
+        columns = list(dict.fromkeys(name for kind in kinds for name in SCHEMAS[kind].names))
+        unknown = [f for f in fields if f not in columns]
+        if unknown:
+            print(f"shopping-agent logs: --fields: no column {unknown[0]!r} in {', '.join(kinds)}; "
+                  f"{'its' if len(kinds) == 1 else 'their'} columns: {', '.join(columns)}", file=sys.stderr)
+            return 2
+        kinds = tuple(kind for kind in kinds if set(fields) & set(SCHEMAS[kind].names))  # not a bare {"kind": …} a record
+    for kind in kinds:
         paths = source.segments(kind)
         with progress(f"logs.{kind}", total=len(paths), unit="segment") as bar:
             for path in paths:

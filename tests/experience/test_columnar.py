@@ -223,6 +223,22 @@ def test_the_compact_command(logs: Path, tmp_path: Path) -> None:
     assert broken.returncode == 1 and "not a readable log part" in broken.stderr and "Traceback" not in broken.stderr
 
 
+def test_logs_cat_fields_a_typo_is_named_and_a_field_of_one_kind_prints_that_kind_alone(logs: Path) -> None:
+    def cat(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "server", "logs", "cat", str(logs), *args], capture_output=True, text=True,
+                              cwd=ROOT, timeout=60)
+
+    typo = cat("--fields", "decision_id,nosuchfield")  # once printed a bare {"kind": …} per record, exit 0
+    assert typo.returncode == 2 and typo.stdout == "", typo.stderr
+    assert "no column 'nosuchfield' in decisions, outcomes" in typo.stderr and "columns: " in typo.stderr
+    assert "outcome_id" in typo.stderr.split("columns: ")[1]  # the valid ones, of every kind printed
+    one_kind = cat("--fields", "outcome_id")  # a column outcomes have: their records, not a bare line per decision
+    assert one_kind.returncode == 0, one_kind.stderr
+    lines = [json.loads(line) for line in one_kind.stdout.splitlines()]
+    assert lines and {line["kind"] for line in lines} == {"outcomes"} and all(set(line) == {"kind", "outcome_id"} for line in lines)
+    assert cat("--kind", "outcomes", "--fields", "action").returncode == 2  # a decision's column, but only outcomes print
+
+
 def test_a_reader_that_listed_a_segment_before_it_was_compacted_reads_its_parts(logs: Path, tmp_path: Path) -> None:
     root = _copy(logs, tmp_path)
     source = DirectorySource(root)
