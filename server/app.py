@@ -72,7 +72,8 @@ class ShoppingAgentServer:
         self.stopped = asyncio.Event()
         metrics = self.metrics
         cut = (lambda reason: metrics.calls_cut.labels(reason=reason).inc()) if metrics is not None else None
-        self.bounds = CallBounds(config.request_receive_timeout_seconds, config.max_streaming_calls, cut)
+        self.bounds = CallBounds(config.request_receive_timeout_seconds, config.max_streaming_calls,
+                                 config.max_waiting_calls_per_peer, cut)
 
     async def start(self) -> int:
         """Bind, start serving (health NOT_SERVING), load the model in the background; return the port."""

@@ -69,6 +69,8 @@ async def serve(config: Config) -> int:
         await server.start()
     except OSError as exc:  # the port is taken (transport.check_port_free) or cannot be bound: say so, release what started
         print(f"shopping-agent: {exc}", file=sys.stderr)
+        if orphan_watch is not None:
+            orphan_watch.cancel()
         await server.stop(0, 0)
         return 2
     await requested.wait()

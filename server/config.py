@@ -96,12 +96,17 @@ class Config:
         2.0, "a call whose request message has not arrived this long after it started is ended (DEADLINE_EXCEEDED): grpc "
              "counts a call against --max-concurrent-rpcs from its headers, so calls that never send their request would "
              "hold those slots for as long as their connection lasts")
+    max_waiting_calls_per_peer: int = _opt(64, "calls from one address (the peer's IP) that may wait for their request "
+                                               "at once in a process; past it a new call from there gets RESOURCE_EXHAUSTED, "
+                                               "so one client reopening calls it never completes cannot hold the others' slots")
     max_streaming_calls: int = _opt(256, "streaming calls (Health/Watch, reflection) in progress at once in a process; past "
                                          "it new ones get RESOURCE_EXHAUSTED, so streams that never end cannot take the "
                                          "slots of RecommendAction's calls")
-    max_connections: int | None = _opt(4096, "client connections open at once in a process (each idle one holds about 16 "
-                                             "KB), shared out evenly between the --grpc-servers; past it the server closes "
-                                             "new connections; empty: no limit")
+    max_connections: int | None = _opt(16384, "client connections open at once in a process, shared out evenly between "
+                                              "the --grpc-servers; past it the server closes new connections. A memory "
+                                              "backstop (an idle connection holds about 16 KB: 16,384 of them fit the pod's "
+                                              "512Mi beside the server), not a per-client limit: one client can reach it, "
+                                              "and new connections are then refused; empty: no limit")
     max_connection_idle_seconds: float | None = _opt(300.0, "close a connection (GOAWAY) that had no call in progress for "
                                                             "this long; empty: never")
     keepalive_seconds: float = _opt(60.0, "ping each client connection this often, to find dead peers and free their calls")
@@ -156,8 +161,9 @@ class Config:
         if self.max_connections is not None and self.max_connections < self.grpc_servers:
             problems.append(f"max_connections: {self.max_connections} cannot be shared out between {self.grpc_servers} "
                             "--grpc-servers (at least one connection each)")
-        for name in ("workers", "intra_op_threads", "max_streaming_calls", "max_batch", "max_queue", "max_recent_behavior_ids",
-                     "max_id_length", "max_message_bytes", "log_queue", "log_flush_rows"):
+        for name in ("workers", "intra_op_threads", "max_streaming_calls", "max_waiting_calls_per_peer", "max_batch",
+                     "max_queue", "max_recent_behavior_ids", "max_id_length", "max_message_bytes", "log_queue",
+                     "log_flush_rows"):
             if getattr(self, name) < 1:
                 problems.append(f"{name}: expected >= 1, got {getattr(self, name)}")
         if self.device not in ("auto", "cpu", "cuda"):

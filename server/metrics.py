@@ -43,7 +43,7 @@ are the same each time. One process drops the old bundle's series and needs no l
 SWAP_REJECT_REASONS = ("io", "format", "format_version", "checksum", "schema", "shape", "nonfinite", "onnx", "golden")
 
 
-CUT_REASONS = ("receive_timeout", "streams")
+CUT_REASONS = ("receive_timeout", "peer_waiting", "no_request", "streams")
 
 
 class Metrics:
@@ -61,8 +61,9 @@ class Metrics:
                                        "handled by the server.", ["grpc_type", "grpc_service", "grpc_method"],
                                        buckets=LATENCY_BUCKETS, registry=r)
         self.calls_cut = Counter("shopping_agent_calls_cut",
-                                 "Calls the server ended itself: receive_timeout (no request message in time), streams "
-                                 "(past the streaming-call budget).", ["reason"], registry=r)
+                                 "Calls the server ended itself: receive_timeout (no request message in time), "
+                                 "peer_waiting (too many of the address's calls waiting for theirs), no_request (the "
+                                 "call ended without one), streams (past the streaming-call budget).", ["reason"], registry=r)
         for reason in CUT_REASONS:
             self.calls_cut.labels(reason=reason)
         # --- decisions ---------------------------------------------------------------------

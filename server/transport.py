@@ -29,9 +29,11 @@ connections the kernel hands them, so the calls of several connections are admit
 - ``grpc.max_allowed_incoming_connections``: connections open at once (``--max-connections``,
   shared out as the calls are); past it grpc-core closes a new connection as it arrives. Idle
   connections cost about 16 KB each and nothing else bounded them: an attack review
-  (2026-12-05) held 12,000 for 287 MB;
-- a call's request must arrive within ``--request-receive-timeout-seconds`` of its start, and
-  streaming calls are held to a budget (``server.call_bounds``): grpc has no option for either;
+  (2026-12-05) held 12,000 for 287 MB. A memory backstop sized to the pod, not a per-client
+  limit (grpc has no hook at accept): one client can fill it, and new clients are then refused;
+- a call's request must arrive within ``--request-receive-timeout-seconds`` of its start, one
+  address may have ``--max-waiting-calls-per-peer`` calls waiting for theirs, and streaming calls
+  are held to a budget (``server.call_bounds``): grpc has no option for any of them;
 - ``grpc.max_connection_idle_ms`` closes connections with no call in progress,
   ``grpc.max_connection_age_ms`` (plus 30 s of grace) every connection, stuck calls
   included; ``grpc.server_handshake_timeout_ms`` bounds the TLS handshake and the wait for

@@ -68,9 +68,10 @@ class RawH2:
     """One HTTP/2 connection, plaintext or TLS (ALPN h2); a thread reads the server's frames."""
 
     def __init__(self, host: str, port: int, tls: ssl.SSLContext | None = None, timeout: float = 10,
-                 answer_pings: bool = True) -> None:
+                 answer_pings: bool = True, source: str | None = None) -> None:
         self.answer_pings = answer_pings  # False: a peer that has gone away without closing (keepalive finds it)
-        sock = socket.create_connection((host, port), timeout=timeout)
+        # source: the address to connect from (127.0.0.2: another client than the tests' grpc channels on 127.0.0.1)
+        sock = socket.create_connection((host, port), timeout=timeout, source_address=(source, 0) if source else None)
         if tls is not None:
             sock = tls.wrap_socket(sock, server_hostname=host)
         self.sock, self.host, self.port = sock, host, port
@@ -109,6 +110,10 @@ class RawH2:
         if batch:
             self.send(bytes(batch))
         return ids
+
+    def end_without_request(self, stream_id: int) -> None:
+        """Half-close the call with no message at all."""
+        self.send(frame(DATA, END_STREAM, stream_id))
 
     def send_request(self, stream_id: int, message: bytes) -> None:
         """The call's one request message (gRPC's 5-byte prefix, uncompressed), ending its stream."""

@@ -46,6 +46,27 @@ def test_calls_that_never_send_their_request_give_their_slots_back_while_the_con
         assert live.registry.get_sample_value("grpc_server_started_total", UNARY) == 1  # only the normal call reached it
 
 
+def test_one_address_cannot_hold_more_than_its_share_of_waiting_calls() -> None:
+    # Before: a client that reopened its hung calls as fast as the timeout ended them kept every slot full.
+    with running_server(max_concurrent_rpcs=64, grpc_servers=1, request_receive_timeout_seconds=30,
+                        max_waiting_calls_per_peer=8) as live, RawH2("127.0.0.1", port_of(live), source="127.0.0.2") as raw:
+        assert live.server is not None
+        hung = raw.open_calls(METHOD, 64)
+        assert raw.wait_for(lambda seen: len(seen.ended_streams) == 56, timeout=10), raw.seen  # refused before waiting
+        assert live.server.bounds.waiting == 8 and set(hung[8:]) == raw.seen.ended_streams
+        assert _refused(live.target) is None  # another address (127.0.0.1) keeps its calls
+        assert live.registry.get_sample_value(CUT, {"reason": "peer_waiting"}) == 56
+        assert live.registry.get_sample_value(CUT, {"reason": "receive_timeout"}) == 0
+
+
+def test_a_call_that_ends_without_a_request_is_invalid_and_counted() -> None:
+    with running_server() as live, RawH2("127.0.0.1", port_of(live)) as raw:
+        (call,) = raw.open_calls(METHOD, 1)
+        raw.end_without_request(call)
+        assert raw.wait_for(lambda seen: call in seen.ended_streams, timeout=5)
+        assert live.registry.get_sample_value(CUT, {"reason": "no_request"}) == 1
+
+
 def test_a_request_that_arrives_within_the_limit_is_answered_and_a_later_one_is_not() -> None:
     with running_server(request_receive_timeout_seconds=1.0) as live, RawH2("127.0.0.1", port_of(live)) as raw:
         timed_call(live.target)  # the model loaded: the answer is the model's
