@@ -74,6 +74,8 @@ class ShoppingAgentServer:
         cut = (lambda reason: metrics.calls_cut.labels(reason=reason).inc()) if metrics is not None else None
         self.bounds = CallBounds(config.request_receive_timeout_seconds, config.max_streaming_calls,
                                  config.max_waiting_calls_per_peer, cut)
+        # the health port's own: its 64 slots would be one address's share of the service port's bounds
+        self.health_bounds = CallBounds(config.request_receive_timeout_seconds, 0, transport.HEALTH_WAITING_PER_PEER, cut)
 
     async def start(self) -> int:
         """Bind, start serving (health NOT_SERVING), load the model in the background; return the port."""
@@ -133,7 +135,8 @@ class ShoppingAgentServer:
         end, and 64 of them from one client took every slot of this port (an attack review, 2026-12-05)."""
         assert self.config.health_port is not None
         server = transport.new_server(self.config, transport.HEALTH_MAX_CONCURRENT_RPCS)
-        registrar = InstrumentedRegistrar(server, self.metrics, self.bounds.bound)
+        self.health_bounds.start()
+        registrar = InstrumentedRegistrar(server, self.metrics, self.health_bounds.bound)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, OnlyMethods(registrar, health.SERVICE_NAME, ["Check"]))
         self.health_port = transport.add_port(server, self.config.host, self.config.health_port, None)
         return server
@@ -266,6 +269,7 @@ class ShoppingAgentServer:
             if self.validator is not None:
                 self.validator.close()
             await self.bounds.stop()
+            await self.health_bounds.stop()
             return
         log.info("draining", extra={"fields": {"grace_s": grace, "drain_delay_s": drain_delay}})
         await self.health.enter_graceful_shutdown()
@@ -287,6 +291,7 @@ class ShoppingAgentServer:
         if self.metrics_endpoint is not None:
             self.metrics_endpoint.stop()
         await self.bounds.stop()
+        await self.health_bounds.stop()
         self._servers = []
         log.info("stopped")
         self.stopped.set()

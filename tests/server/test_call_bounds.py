@@ -9,6 +9,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from server import transport
 from tests.harness import request, running_server, stub
 from tests.raw_h2 import RawH2
 from tests.server.test_limits import METHOD, UNARY, port_of, timed_call
@@ -109,12 +110,18 @@ def test_streams_that_never_end_are_held_to_a_budget_and_unary_calls_keep_their_
         assert live.registry.get_sample_value(CUT, {"reason": "streams"}) == 1
 
 
-def test_the_health_port_answers_check_only() -> None:
-    # Before: 64 Watch streams took every slot of the port the kubelet's probes call.
+def test_the_health_port_answers_check_only_and_one_address_cannot_fill_it() -> None:
+    # Before: 64 Watch streams, or 64 Checks that never sent their request, took every slot of the port the kubelet's
+    # probes call.
     with running_server(health_port=0) as live:
         assert live.server is not None and live.server.health_port is not None
-        with grpc.insecure_channel(f"127.0.0.1:{live.server.health_port}") as ch:
+        port = live.server.health_port
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch, RawH2("127.0.0.1", port, source="127.0.0.2") as raw:
             health_stub = health_pb2_grpc.HealthStub(ch)
+            raw.open_calls("/grpc.health.v1.Health/Check", transport.HEALTH_MAX_CONCURRENT_RPCS)
+            past = transport.HEALTH_MAX_CONCURRENT_RPCS - transport.HEALTH_WAITING_PER_PEER
+            assert raw.wait_for(lambda seen: len(seen.ended_streams) == past, timeout=10), raw.seen
+            assert live.server.health_bounds.waiting == transport.HEALTH_WAITING_PER_PEER
             assert health_stub.Check(health_pb2.HealthCheckRequest(), timeout=5).status in (
                 health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING)
             with pytest.raises(grpc.RpcError) as info:
