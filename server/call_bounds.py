@@ -19,6 +19,11 @@ at once; past it a new call from there is refused with RESOURCE_EXHAUSTED before
 calls carry their request with their headers and hardly ever wait. Calls that stream requests or
 answers (``Health/Watch``, reflection) are also held to ``max_streams`` at once a process; past
 it a new one is refused with RESOURCE_EXHAUSTED and the unary methods keep their slots.
+
+What it costs (a one-off probe: a grpc.aio echo server and client in one process, 64 calls in
+flight, 3 kB messages, eight rounds, medians): 251 µs a call served as unary, 260–271 as a
+streaming-request read, 262–279 with these bounds; ``bench.ab_trees`` on the real server at 64 in
+flight, three runs: b/a 0.965, 1.061 and 0.962, server CPU a request 0.99, 0.95 and 1.04.
 """
 
 from __future__ import annotations
@@ -27,21 +32,13 @@ import asyncio
 import contextlib
 import inspect
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 from grpc import aio
 
 TICKS_PER_TIMEOUT = 4
 """Sweeps a receive timeout: a call is ended between ``seconds`` and ``seconds * (1 + 1/TICKS)`` after it started."""
-
-
-class RequestLate(Exception):
-    """The request message did not arrive in time."""
-
-
-class PeerBusy(Exception):
-    """Too many of this peer's calls are already waiting for their request."""
 
 
 def peer_host(peer: str) -> str:
@@ -66,6 +63,7 @@ class CallBounds:
         self._per_peer: dict[str, int] = {}  # calls waiting for their request, by the peer's address (no port)
         self._streams = 0
         self._sweeper: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
     def waiting(self) -> int:
@@ -73,8 +71,10 @@ class CallBounds:
         return len(self._waiting)
 
     def start(self) -> None:
+        """On the servers' event loop, before they serve."""
         if self._sweeper is None:
-            self._sweeper = asyncio.get_running_loop().create_task(self._sweep(), name="receive-timeouts")
+            self._loop = asyncio.get_running_loop()
+            self._sweeper = self._loop.create_task(self._sweep(), name="receive-timeouts")
 
     async def stop(self) -> None:
         if self._sweeper is not None:
@@ -96,51 +96,46 @@ class CallBounds:
                 task.cancel()
 
     async def request(self, context: aio.ServicerContext[Any, Any]) -> Any:
-        """The call's one request message (``EOF``: the client ended its stream without one); ``RequestLate`` past the
-        timeout, ``PeerBusy`` when ``max_waiting_per_peer`` of the peer's calls are already waiting."""
+        """The call's one request message; the call is ended (``abort``) when it does not arrive within the timeout,
+        when ``max_waiting_per_peer`` of the peer's calls are already waiting, or when the client ends its stream
+        without one. (One coroutine on RecommendAction's path: each frame is time of the event loop's.)"""
         host = peer_host(context.peer())
         held = self._per_peer.get(host, 0)
         if held >= self.max_waiting_per_peer:
-            raise PeerBusy
+            await self._end(context, grpc.StatusCode.RESOURCE_EXHAUSTED, "peer_waiting",
+                            f"{self.max_waiting_per_peer} calls from this address are already waiting for their request")
         self._per_peer[host] = held + 1
         task = asyncio.current_task()
         assert task is not None
-        self._waiting[task] = asyncio.get_running_loop().time()
+        self._waiting[task] = (self._loop or asyncio.get_running_loop()).time()
+        late = False
         try:
-            return await context.read()
+            request = await context.read()
         except asyncio.CancelledError:
-            if task not in self._late:
-                raise  # the client cancelled, or the server is stopping
-            self._late.discard(task)
-            if context.cancelled():  # the client went away in the same moment: its cancel, not our cut
-                raise
+            if task not in self._late or context.cancelled():
+                raise  # the client cancelled (also in the sweep's moment: its cancel, not our cut), or the server stops
             task.uncancel()
-            raise RequestLate from None
+            late = True
         finally:
             self._waiting.pop(task, None)
+            self._late.discard(task)
             left = self._per_peer[host] - 1
             if left:
                 self._per_peer[host] = left
             else:
                 del self._per_peer[host]  # no entry per peer that ever called: the map holds waiting peers only
-
-    async def _end(self, context: aio.ServicerContext[Any, Any], code: grpc.StatusCode, reason: str, details: str) -> None:
-        if self._on_cut is not None:
-            self._on_cut(reason)
-        await context.abort(code, details)
-
-    async def _first(self, context: aio.ServicerContext[Any, Any]) -> Any:
-        try:
-            request = await self.request(context)
-        except RequestLate:
+        if late:
             await self._end(context, grpc.StatusCode.DEADLINE_EXCEEDED, "receive_timeout",
                             f"the request message did not arrive within {self.seconds:g} s of the call's start")
-        except PeerBusy:
-            await self._end(context, grpc.StatusCode.RESOURCE_EXHAUSTED, "peer_waiting",
-                            f"{self.max_waiting_per_peer} calls from this address are already waiting for their request")
         if request is aio.EOF:
             await self._end(context, grpc.StatusCode.INVALID_ARGUMENT, "no_request", "the call ended without a request message")
         return request
+
+    async def _end(self, context: aio.ServicerContext[Any, Any], code: grpc.StatusCode, reason: str, details: str) -> NoReturn:
+        if self._on_cut is not None:
+            self._on_cut(reason)
+        await context.abort(code, details)
+        raise AssertionError("abort returns by raising")  # (for the type checker: abort is typed to return)
 
     @contextlib.asynccontextmanager
     async def _stream(self, context: aio.ServicerContext[Any, Any]) -> AsyncIterator[None]:
@@ -162,7 +157,7 @@ class CallBounds:
             unary = handler.unary_unary
 
             async def answer(_requests: Any, context: aio.ServicerContext[Any, Any]) -> Any:
-                return await unary(await self._first(context), context)
+                return await unary(await self.request(context), context)
 
             return grpc.stream_unary_rpc_method_handler(answer, **serializers)
         if not handler.response_streaming:
@@ -185,7 +180,7 @@ class CallBounds:
 
         async def answer_one(_requests: Any, context: aio.ServicerContext[Any, Any]) -> None:
             async with self._stream(context):
-                await _write_all(one_to_many(await self._first(context), context), context)
+                await _write_all(one_to_many(await self.request(context), context), context)
 
         return grpc.stream_stream_rpc_method_handler(answer_one, **serializers)
 
