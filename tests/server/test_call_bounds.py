@@ -147,3 +147,24 @@ def test_connections_past_the_cap_are_closed_and_the_held_ones_keep_working() ->
             for conn in held + [e for e in extra if e is not None]:
                 conn.close()
         assert _refused(live.target) is None  # the cap frees as connections close
+
+
+def test_off_the_methods_stay_unary_and_the_streaming_budget_stays() -> None:
+    # For a port behind a proxy that bounds what a client holds: grpc's own unary path, about 4 % more throughput.
+    with running_server(max_concurrent_rpcs=16, grpc_servers=1, request_receive_timeout_seconds=0,
+                        max_streaming_calls=1) as live, RawH2("127.0.0.1", port_of(live)) as raw:
+        assert live.server is not None
+        raw.open_calls(METHOD, 4)
+        time.sleep(0.5)
+        assert live.server.bounds.waiting == 0 and not raw.seen.ended_streams  # grpc holds them before any handler
+        assert _refused(live.target) is None
+        with grpc.insecure_channel(live.target) as ch:
+            health_stub = health_pb2_grpc.HealthStub(ch)
+            watch = health_stub.Watch(health_pb2.HealthCheckRequest(), timeout=30)
+            try:
+                next(watch)
+                with pytest.raises(grpc.RpcError) as info:
+                    next(health_stub.Watch(health_pb2.HealthCheckRequest(), timeout=30))
+                assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            finally:
+                watch.cancel()
