@@ -96,7 +96,7 @@ class Config:
         2.0, "a call whose request message has not arrived this long after it started is ended (DEADLINE_EXCEEDED): grpc "
              "counts a call against --max-concurrent-rpcs from its headers, so calls that never send their request would "
              "hold those slots for as long as their connection lasts; 0: off, with --max-waiting-calls-per-peer (for a port "
-             "behind a proxy that bounds what a client holds: about 4 per cent more throughput)")
+             "behind a proxy that bounds what a client holds: the read costs about 4 per cent of the throughput)")
     max_waiting_calls_per_peer: int = _opt(64, "calls from one address (the peer's IP) that may wait for their request "
                                                "at once in a process; past it a new call from there gets RESOURCE_EXHAUSTED, "
                                                "so one client reopening calls it never completes cannot hold the others' slots")
