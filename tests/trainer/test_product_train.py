@@ -135,23 +135,27 @@ def test_changing_only_the_categorys_advantages_reaches_the_sku_layer_only_throu
     assert any(not np.array_equal(a["encoder"][k], params["encoder"][k]) for k in params["encoder"])
     assert a_steps[-1].accepted and a_steps[-1].kl <= 0.02 * (1 + 1e-5) and a_steps[-1].taught == untaught
 
-    def layer_kl(layer: str, head: mlp.Params) -> float:  # the layer's KL as the encoder moved, under ``head``, from the arrays
+    def layer_kl(layer: str, head: mlp.Params, head_before: mlp.Params | None = None) -> float:
+        """The layer's KL from the arrays as the encoder moved, under ``head`` (from ``head_before``, default the same)."""
         data = rows.layers[layer]
         n, c = data.features.shape[:2]
         permitted = torch.from_numpy(data.permitted)
 
-        def log_q(encoder: mlp.Params) -> torch.Tensor:
+        def log_q(encoder: mlp.Params, under: mlp.Params) -> torch.Tensor:
             h = mlp.policy_forward(encoder, rows.states).astype(np.float32)
             x = torch.from_numpy(np.concatenate([np.broadcast_to(h[:, None, :], (n, c, h.shape[1])), data.features], axis=2))
             with torch.no_grad():
-                return _log_q(Head(head), x, permitted)
-        return float(_kl(log_q(params["encoder"]), log_q(a["encoder"]), permitted))
+                return _log_q(Head(under), x, permitted)
+        return float(_kl(log_q(params["encoder"], head if head_before is None else head_before), log_q(a["encoder"], head),
+                         permitted))
 
     # The region holds all three layers' KL, the untaught category's under its starting head.
     region = layer_kl("category", params["category"]) + layer_kl("sku", a["sku"]) + layer_kl("price_band", a["band"])
     assert region == pytest.approx(a_steps[-1].kl, rel=1e-3, abs=1e-6) and layer_kl("category", params["category"]) > 0
-    assert a_steps[0].kl_from_start is not None  # the category reads the moved h too: its whole move is measured
-    assert a_steps[0].kl_from_start != pytest.approx(a_steps[0].kl, rel=1e-3)
+    # The category reads the moved h too: its whole move (its new head on the moved encoder, from its start) is what is
+    # reported, not its head's step alone. (How far the two differ depends on the machine's float order: 2.6e-4 apart,
+    # relative, on an Intel Xeon with AMX, so only the whole move's own figure is pinned.)
+    assert a_steps[0].kl_from_start == pytest.approx(layer_kl("category", a["category"], params["category"]), rel=1e-4)
     for layers, taught in ((("sku",), ("category",)), (LAYERS, ())):
         with pytest.raises(ValueError, match="encoder_layers"):
             update_heads(params, rows, layers=layers, encoder_delta=0.02, encoder_layers=taught)
