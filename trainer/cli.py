@@ -244,7 +244,12 @@ def _window(location: str, bundle: Any, config: TrainConfig, *, serving: Sequenc
 
 
 def _bundle(path: Path | None) -> Any:
-    """The ``--init`` bundle (None or 'default': the embedded default), loaded as a server loads it (``_loaded``)."""
+    """The ``--init`` bundle (None or 'default': the embedded default, which needs no check); a named file is loaded
+    as a server loads it (``_loaded``), so a bad one is refused before any log is read."""
+    if path is None or str(path) == "default":
+        from weights.embedded import default_bundle
+
+        return default_bundle()
     return _loaded(path, "--init: ")[0]
 
 
