@@ -42,6 +42,8 @@ from grpc import aio
 
 TICKS_PER_TIMEOUT = 4
 """Sweeps a receive timeout: a call is ended between ``seconds`` and ``seconds * (1 + 1/TICKS)`` after it started."""
+MIN_SWEEP_SECONDS = 0.05
+"""The sweeps' shortest interval, whatever the timeout (a sleep of 0 would spin the event loop)."""
 
 
 def peer_host(peer: str) -> str:
@@ -74,8 +76,8 @@ class CallBounds:
         return len(self._waiting)
 
     def start(self) -> None:
-        """On the servers' event loop, before they serve."""
-        if self._sweeper is None:
+        """On the servers' event loop, before they serve (with ``seconds`` 0 there is nothing to sweep)."""
+        if self._sweeper is None and self.seconds:
             self._loop = asyncio.get_running_loop()
             self._sweeper = self._loop.create_task(self._sweep(), name="receive-timeouts")
 
@@ -89,7 +91,7 @@ class CallBounds:
     async def _sweep(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            await asyncio.sleep(self.seconds / TICKS_PER_TIMEOUT)
+            await asyncio.sleep(max(self.seconds / TICKS_PER_TIMEOUT, MIN_SWEEP_SECONDS))
             cutoff = loop.time() - self.seconds
             for task, since in list(self._waiting.items()):
                 if since > cutoff:

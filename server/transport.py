@@ -52,6 +52,9 @@ from server.config import Config
 CONNECTION_AGE_GRACE_MS = 30_000
 HEALTH_MAX_CONCURRENT_RPCS = 64
 """The health port serves probes: a few calls at a time."""
+HEALTH_RECEIVE_TIMEOUT_SECONDS = 2.0
+"""The health port's receive timeout, whatever the service port's (``--request-receive-timeout-seconds`` 0 is for a
+port behind a proxy, and no proxy stands before the kubelet's probes)."""
 HEALTH_WAITING_PER_PEER = 8
 """Of them, how many one address may have waiting for their request (``server.call_bounds``): the kubelet's probes send
 theirs with their headers, so another address cannot take the port's slots alone."""

@@ -354,6 +354,10 @@ def _evaluate(args: argparse.Namespace) -> int:
     bundle, model = _loaded(args.bundle)
     decisions, outcomes = _logs(args.logs, bundle, args.max_session_order_value, args.max_session_decisions,
                                 args.max_session_complaints)
+    if decisions.num_rows == 0:
+        from trainer.window import NoDecisions
+
+        raise NoDecisions("no logged decisions to evaluate on")  # as train and cycle: exit 2, one line
     result = {"bundle": str(args.bundle), "model_version": model.version, "value": "business objective per session",
               **evaluate_bundle(model, decisions, outcomes, n_boot=args.bootstrap, seed=args.seed).to_dict()}
     if args.json:

@@ -296,7 +296,18 @@ def _usable(store: WeightsStore) -> None:
     except OSError as exc:
         if exc.errno not in SETUP_ERRNOS:
             raise
-        raise UsageError(f"--weights-dir {store.directory}: cannot be created or written: {exc}") from None
+        raise UsageError(f"--weights-dir {store.directory}: cannot be created or written: {exc}{_owner(exc)}") from None
+
+
+def _owner(exc: OSError) -> str:
+    """For a file this process may not write (a lock file an operator's publish left, say): whose it is."""
+    if exc.errno not in (errno.EACCES, errno.EPERM) or not exc.filename:
+        return ""
+    try:
+        owner = os.stat(exc.filename).st_uid
+    except OSError:
+        return ""
+    return f" (owned by uid {owner}; this run is uid {os.getuid()}: give it to the publishers' user, or remove it)"
 
 
 def _active(store: WeightsStore) -> tuple[Any, str | None]:

@@ -149,11 +149,18 @@ def test_connections_past_the_cap_are_closed_and_the_held_ones_keep_working() ->
         assert _refused(live.target) is None  # the cap frees as connections close
 
 
-def test_off_the_methods_stay_unary_and_the_streaming_budget_stays() -> None:
+def test_off_the_methods_stay_unary_and_the_streaming_budget_and_the_health_port_stay() -> None:
     # For a port behind a proxy that bounds what a client holds: grpc's own unary path, about 4 % more throughput.
     with running_server(max_concurrent_rpcs=16, grpc_servers=1, request_receive_timeout_seconds=0,
-                        max_streaming_calls=1) as live, RawH2("127.0.0.1", port_of(live)) as raw:
-        assert live.server is not None
+                        max_streaming_calls=1, health_port=0) as live, RawH2("127.0.0.1", port_of(live)) as raw:
+        assert live.server is not None and live.server.health_port is not None
+        idle = time.process_time()
+        time.sleep(1.0)  # the server's threads only: its sweepers once slept 0 s in a loop, a whole core
+        assert time.process_time() - idle < 0.3
+        with RawH2("127.0.0.1", live.server.health_port, source="127.0.0.2") as health_raw:  # no proxy before the probes
+            health_raw.open_calls("/grpc.health.v1.Health/Check", transport.HEALTH_MAX_CONCURRENT_RPCS)
+            past = transport.HEALTH_MAX_CONCURRENT_RPCS - transport.HEALTH_WAITING_PER_PEER
+            assert health_raw.wait_for(lambda seen: len(seen.ended_streams) == past, timeout=10), health_raw.seen
         raw.open_calls(METHOD, 4)
         time.sleep(0.5)
         assert live.server.bounds.waiting == 0 and not raw.seen.ended_streams  # grpc holds them before any handler

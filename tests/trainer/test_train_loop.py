@@ -249,6 +249,8 @@ def test_exit_codes_tell_bad_usage_from_failure(logs: Path, tmp_path: Path) -> N
     for command in (["train", "--out", str(tmp_path / "x.bundle")], ["cycle", "--weights-dir", str(tmp_path / "w")]):
         code, _, err = trainer_in_process(*command, "--logs", str(empty), "--device", "cpu")
         assert code == 2 and err.strip().endswith(f"--logs {empty}: no logs yet: no logged decisions on the training side"), err
+    code, _, err = trainer_in_process("evaluate", "default", "--logs", str(empty))
+    assert code == 2 and err.strip().endswith(f"--logs {empty}: no logs yet: no logged decisions to evaluate on"), err
     # A weights directory no run can write: refused before the logs are read, naming the flag and the OS's error
     code, _, err = trainer_in_process("cycle", "--logs", str(logs), "--weights-dir", str(broken / "store"), "--device", "cpu")
     assert code == 2 and err.strip() == f"shopping-agent cycle: --weights-dir {broken / 'store'}: cannot be created or written: " \
