@@ -106,8 +106,9 @@ class Config:
     max_connections: int | None = _opt(16384, "client connections open at once in a process, shared out evenly between "
                                               "the --grpc-servers; past it the server closes new connections. A memory "
                                               "backstop (an idle connection holds about 16 KB: 16,384 of them fit the pod's "
-                                              "512Mi beside the server), not a per-client limit: one client can reach it, "
-                                              "and new connections are then refused; empty: no limit")
+                                              "512Mi beside one server process; lower it with --workers), not a "
+                                              "per-client limit: one client can reach it, and new connections are then "
+                                              "refused; empty: no limit")
     max_connection_idle_seconds: float | None = _opt(300.0, "close a connection (GOAWAY) that had no call in progress for "
                                                             "this long; empty: never")
     keepalive_seconds: float = _opt(60.0, "ping each client connection this often, to find dead peers and free their calls")
