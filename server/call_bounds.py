@@ -168,14 +168,8 @@ class CallBounds:
                 return await unary(await self.request(context), context)
 
             return grpc.stream_unary_rpc_method_handler(answer, **serializers)
-        if not handler.response_streaming:
-            many_to_one = handler.stream_unary
-
-            async def answer_streamed(requests: Any, context: aio.ServicerContext[Any, Any]) -> Any:
-                async with self._stream(context):
-                    return await many_to_one(requests, context)
-
-            return grpc.stream_unary_rpc_method_handler(answer_streamed, **serializers)
+        if not handler.response_streaming:  # none is served: fail at start rather than serve one outside the budget
+            raise ValueError("a client-streaming method: CallBounds.bound does not budget those yet")
         if handler.request_streaming:
             many_to_many = handler.stream_stream
 
@@ -200,12 +194,10 @@ class CallBounds:
 
 
 async def _write_all(result: Any, context: aio.ServicerContext[Any, Any]) -> None:
-    """A streaming behaviour's answers: an async generator's items written, or a coroutine (that writes) awaited."""
+    """A streaming behaviour's answers: an async generator's items written (reflection), or a coroutine that writes
+    them itself awaited (``Health/Watch``)."""
     if inspect.isasyncgen(result):
         async for item in result:
             await context.write(item)
-    elif inspect.isawaitable(result):
+    else:
         await result
-    else:  # a plain iterator of answers
-        for item in result:
-            await context.write(item)

@@ -246,11 +246,12 @@ class Metrics:
             left_out = 0
             for name, value in metrics.items():
                 if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-                    if name not in self._training_names and len(self._training_names) >= MAX_TRAINING_NAMES:
+                    key = str(name)
+                    if key not in self._training_names and len(self._training_names) >= MAX_TRAINING_NAMES:
                         left_out += 1
                         continue
-                    self._training_names.add(str(name))
-                    self.training.labels(metric=str(name)).set(float(value))
+                    self._training_names.add(key)
+                    self.training.labels(metric=key).set(float(value))
             if left_out:
                 log.warning("training metrics not exported: this process has exported its limit of names",
                             extra={"fields": {"model_version": version, "left_out": left_out, "limit": MAX_TRAINING_NAMES}})

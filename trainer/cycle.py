@@ -141,7 +141,7 @@ def run_cycle(args: argparse.Namespace) -> int:
     moved = None
     if published:
         try:
-            report["published"] = _publish(args, store, signed, judged_against)
+            report["published"] = _publish(store, signed, judged_against)
         except ActiveMoved as exc:
             moved = report["not_published"] = str(exc)
     elif alike:
@@ -155,7 +155,7 @@ def run_cycle(args: argparse.Namespace) -> int:
     if not published and products is not None and products.passed and args.init is None:
         # the flat candidate refused (kept, canaried or dropped): the active bundle's flat decision with the new heads
         assert products.trained is not None
-        report["products"]["published"] = _keep(lambda data: _publish(args, store, data, judged_against),
+        report["products"]["published"] = _keep(lambda data: _publish(store, data, judged_against),
                                                 _signed(args, products.trained.bundle),
                                                 report["products"], "not_published", "published: the new product heads")
     print(json.dumps(report, default=float) if args.json else _outcome(report, verdict, published, moved, settings.fraction, store))
@@ -274,10 +274,9 @@ def _signed(args: argparse.Namespace, data: bytes) -> bytes:
     return data if args.sign_key is None else sign(data, load_private_key(args.sign_key))
 
 
-def _publish(args: argparse.Namespace, store: WeightsStore, data: bytes, replacing: str | None) -> str:
+def _publish(store: WeightsStore, data: bytes, replacing: str | None) -> str:
     """Publish ``data`` in place of the active bundle whose sha256 is ``replacing`` (None: none is active), the one
-    this run judged against; ``ActiveMoved`` if another became active meanwhile."""
-    args.weights_dir.mkdir(parents=True, exist_ok=True)
+    this run judged against; ``ActiveMoved`` if another became active meanwhile. (The store makes its directory.)"""
     return str(store.publish(data, replacing).status)
 
 
@@ -393,7 +392,7 @@ def _look(args: argparse.Namespace, store: WeightsStore, config: TrainConfig, cu
     report = {**head, "second_look": True, "level": level, "bootstrap": n_boot, "sessions": unseen.describe(), **verdict.to_dict()}
     log.info("second look at %s on %d unseen sessions: %s", candidate.version, unseen.n_fresh + unseen.n_heldout, verdict.reason)
     if verdict.publish:  # with the estimates of this look in its manifest, signed with today's key
-        report["published"] = _publish(args, store, _signed(args, _with_metrics(data, offline_metrics(verdict) | {"second_look": 1.0})),
+        report["published"] = _publish(store, _signed(args, _with_metrics(data, offline_metrics(verdict) | {"second_look": 1.0})),
                                        replacing)
     return report
 

@@ -261,19 +261,22 @@ class WeightsStore:
 
     # --- writing ---------------------------------------------------------------------------
 
-    def ensure_writable(self) -> None:
-        """Create the directory and its lock file without waiting for the lock; ``OSError`` when this process cannot
-        write the volume (a run can fail before its work instead of at its publish)."""
+    def _open_lock_file(self) -> int:
+        """The directory made if need be, and a new file description of its lock file."""
         self.directory.mkdir(parents=True, exist_ok=True)
-        os.close(os.open(self.directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644))
+        return os.open(self.directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+
+    def ensure_writable(self) -> None:
+        """What ``lock`` opens, without waiting for the lock; ``OSError`` when this process cannot write the volume (a
+        run can fail before its work instead of at its publish)."""
+        os.close(self._open_lock_file())
         if not os.access(self.directory, os.W_OK | os.X_OK):  # new files (a publish's temporary one) need both
             raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(self.directory))
 
     @contextlib.contextmanager
     def lock(self) -> Iterator[None]:
         """Exclusive across processes and threads (each call opens its own file description)."""
-        self.directory.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = self._open_lock_file()
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield

@@ -10,8 +10,9 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from server import transport
+from server.call_bounds import CallBounds
 from tests.harness import request, running_server, stub
-from tests.raw_h2 import RawH2
+from tests.raw_h2 import DATA, RawH2
 from tests.server.test_limits import METHOD, UNARY, port_of, timed_call
 
 CUT = "shopping_agent_calls_cut_total"
@@ -75,7 +76,7 @@ def test_a_request_that_arrives_within_the_limit_is_answered_and_a_later_one_is_
         time.sleep(0.4)
         raw.send_request(on_time, request().SerializeToString())
         assert raw.wait_for(lambda seen: on_time in seen.ended_streams, timeout=5)
-        assert raw.seen.frames[0x0] >= 1  # DATA: an answer came back
+        assert raw.seen.frames[DATA] >= 1  # an answer came back
         assert live.registry.get_sample_value("grpc_server_handled_total", {**UNARY, "grpc_code": "OK"}) == 2
         assert raw.wait_for(lambda seen: late in seen.ended_streams, timeout=5)
         raw.send_request(late, request().SerializeToString())  # too late: the call has ended
@@ -175,3 +176,11 @@ def test_off_the_methods_stay_unary_and_the_streaming_budget_and_the_health_port
                 assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
             finally:
                 watch.cancel()
+
+
+def test_a_client_streaming_method_is_refused_at_registration_not_served_outside_the_budget() -> None:
+    async def many_to_one(requests: object, context: object) -> bytes:
+        return b""
+
+    with pytest.raises(ValueError, match="client-streaming"):
+        CallBounds(2.0, 1, 1).bound(grpc.stream_unary_rpc_method_handler(many_to_one))
