@@ -1,14 +1,19 @@
 """The experience recorder: decisions, outcomes and engagement reports to log segments, off the request path.
 
-The request path calls ``decision()`` / ``outcome()`` / ``engagement()`` / ``product()``: a sampling check and one append to a
-bounded in-memory queue, never I/O, never a wait. A full queue drops the record, counts it
-(``observer.dropped``) and the writer thread logs the running count; nothing is lost
-silently. The writer thread wakes every ``flush_seconds``, or as soon as one kind's queue
-reaches ``flush_rows`` (so what a process holds between flushes does not grow with its
-throughput: at 5,500 decisions a second, 0.25 s of them held about 8 MB of requests), turns
-what is queued into one Arrow record batch per kind and appends it to the open segment (``SegmentWriter``), which
-rotates by size and age. ``close()`` drains the queues and finalises the segments; the
+The request path calls ``decision()`` / ``outcome()`` / ``engagement()`` / ``product()``: a sampling check and one
+append to a bounded in-memory queue, never I/O, never a wait. A full queue drops the record, counts it
+(``observer.dropped``, ``queue_full``) and the writer thread logs the running count; nothing is lost silently. The
+writer thread wakes every ``flush_seconds``, or as soon as one kind's queue reaches ``flush_rows`` (so what a process
+holds between flushes does not grow with its throughput: at 5,500 decisions a second, 0.25 s of them held about 8 MB of
+requests), turns what is queued into one Arrow record batch per kind and appends it to the open segment
+(``SegmentWriter``), which rotates by size and age. ``close()`` drains the queues and finalises the segments; the
 server calls it after in-flight calls have finished, so every answered decision is on disk.
+
+Each kind's queue is bounded in records (``max_queue``) and in the bytes its records keep alive (``max_queue_bytes``,
+``experience.records.retained_bytes``). A ``RecommendProduct`` request of 256 SKUs keeps about 0.9 MB until the
+writer encodes it, and the writer encodes such records more slowly than one client can send them: with a count alone,
+one client took a server to 1.7 GB (a review, 2026-12-05). A record is always taken into an empty queue, so one larger
+than the byte bound is still logged.
 
 When the disk fails (full, I/O errors) the writer keeps the records it could not write
 (``SegmentWriter`` holds them, in the same segment file) and tries again with exponential
@@ -50,6 +55,7 @@ from experience.records import (
     engagements_batch,
     outcomes_batch,
     products_batch,
+    retained_bytes,
 )
 from experience.salt import SALT_FILE as SALT_FILE
 from experience.salt import SaltError as SaltError
@@ -84,6 +90,7 @@ class RecorderObserver(Protocol):
 class RecorderOptions:
     sample_rate: float = 1.0
     max_queue: int = 8192
+    max_queue_bytes: int = 32 * 1024 * 1024
     segment_bytes: int = 64 * 1024 * 1024
     segment_seconds: float = 300.0
     flush_seconds: float = 0.25
@@ -94,8 +101,10 @@ class RecorderOptions:
     def __post_init__(self) -> None:
         if not 0.0 <= self.sample_rate <= 1.0:
             raise ValueError(f"sample_rate: expected 0..1, got {self.sample_rate}")
-        if self.max_queue < 1 or self.segment_bytes < 1 or self.flush_rows < 1 or self.segment_seconds <= 0 or self.flush_seconds <= 0:
-            raise ValueError("max_queue, segment_bytes and flush_rows must be >= 1, segment_seconds and flush_seconds > 0")
+        if min(self.max_queue, self.max_queue_bytes, self.segment_bytes, self.flush_rows) < 1 or self.segment_seconds <= 0 \
+                or self.flush_seconds <= 0:
+            raise ValueError("max_queue, max_queue_bytes, segment_bytes and flush_rows must be >= 1, segment_seconds and "
+                             "flush_seconds > 0")
         if not 0 < self.retry_min_seconds <= self.retry_max_seconds:
             raise ValueError("retry_min_seconds must be > 0 and <= retry_max_seconds")
 
@@ -137,9 +146,13 @@ class ExperienceRecorder:
         self._observer = observer
         self._clock = clock
         self._spec = FeatureSpec()  # the last served bundle's, for decisions made without one (no model loaded)
-        self._queues: dict[str, collections.deque[Any]] = {kind: collections.deque() for kind in KINDS}
+        self._queues: dict[str, collections.deque[tuple[Any, int]]] = {kind: collections.deque() for kind in KINDS}  # (record, bytes)
         self._writers = {kind: SegmentWriter(self.root, kind, options.segment_bytes, options.segment_seconds) for kind in KINDS}
         self._held = dict.fromkeys(KINDS, 0)  # records the writers hold after a failed write (they count against max_queue)
+        self._held_bytes = dict.fromkeys(KINDS, 0)  # and their encoded bytes (against max_queue_bytes)
+        # The queues' bytes, as two running sums each written by one thread (queued = in - out): no lock on the request path.
+        self._bytes_in = dict.fromkeys(KINDS, 0)  # the request path's
+        self._bytes_out = dict.fromkeys(KINDS, 0)  # the writer's
         self._health = {kind: _Health() for kind in KINDS}
         self._dropped = dict.fromkeys(KINDS, 0)  # since start, for the log line
         self._dropped_logged = dict.fromkeys(KINDS, 0)
@@ -190,19 +203,33 @@ class ExperienceRecorder:
         return self._put(PRODUCTS_KIND, LoggedProduct(request, hour, decision, decision_id, self._clock(), spec or self._spec))
 
     def _put(self, kind: str, item: Any) -> bool:
-        queue = self._queues[kind]
-        if self._closed or len(queue) + self._held[kind] >= self.options.max_queue:
+        queue, options = self._queues[kind], self.options
+        size = retained_bytes(item)
+        queued = self._bytes_in[kind] - self._bytes_out[kind] + self._held_bytes[kind]
+        if self._closed or len(queue) + self._held[kind] >= options.max_queue or (queue and queued + size > options.max_queue_bytes):
             self._dropped[kind] += 1
             if self._observer is not None:
                 self._observer.dropped(kind, "closed" if self._closed else "queue_full", 1)
             return False
-        queue.append(item)  # deque.append and popleft are atomic: no lock with the writer thread
-        if len(queue) == self.options.flush_rows:  # once as it crosses: one Event.set per flush_rows records
+        self._bytes_in[kind] += size
+        queue.append((item, size))  # deque.append and popleft are atomic: no lock with the writer thread
+        if len(queue) == options.flush_rows:  # once as it crosses: one Event.set per flush_rows records
             self._wake.set()
         return True
 
     def depth(self, kind: str) -> int:
         return len(self._queues[kind])
+
+    def queued_bytes(self, kind: str) -> int:
+        """What ``kind``'s queued records keep alive (``retained_bytes``), and the encoded records its writer holds."""
+        return self._bytes_in[kind] - self._bytes_out[kind] + self._held_bytes[kind]
+
+    def _take(self, kind: str, n: int) -> list[Any]:
+        """The writer's side: the first ``n`` queued records, their bytes counted out."""
+        queue = self._queues[kind]
+        pairs = [queue.popleft() for _ in range(n)]
+        self._bytes_out[kind] += sum(size for _, size in pairs)
+        return [item for item, _ in pairs]
 
     def degraded(self, kind: str) -> bool:
         """Whether the last attempt to write ``kind`` failed (it is retried with back-off)."""
@@ -236,7 +263,7 @@ class ExperienceRecorder:
             self._written(kind, writer.retry())  # what an earlier failure left held goes first
             n = len(queue)
             if n:
-                batch = self._batch(kind, [queue.popleft() for _ in range(n)])
+                batch = self._batch(kind, self._take(kind, n))
                 if batch is not None:
                     self._written(kind, writer.write(batch))
         except OSError as exc:
@@ -246,7 +273,7 @@ class ExperienceRecorder:
                 writer.rotate()
             except OSError as exc:
                 error = error or exc
-        self._held[kind] = writer.held_rows
+        self._held[kind], self._held_bytes[kind] = writer.held_rows, writer.held_bytes
         if error is not None:
             self._failed(kind, error, now)
         elif health.failures:
@@ -310,9 +337,8 @@ class ExperienceRecorder:
             queue, writer = self._queues[kind], self._writers[kind]
             lost = writer.close()
             if self._health[kind].failures:  # the last try failed too: the queue was never taken
-                lost += len(queue)
-                queue.clear()
-            self._held[kind] = 0
+                lost += len(self._take(kind, len(queue)))
+            self._held[kind] = self._held_bytes[kind] = 0
             if lost:
                 log.error("log records could not be written before shutdown; they are lost",
                           extra={"fields": {"kind": kind, "records": lost}})
@@ -340,6 +366,6 @@ class ExperienceRecorder:
             self._drain()
         for kind, queue in self._queues.items():  # a record that raced the close, or a writer that hung
             if queue:
-                log.error("log records left unwritten at close", extra={"fields": {"kind": kind, "records": len(queue)}})
-                self._drop(kind, "closed", len(queue))
-                queue.clear()
+                left = len(self._take(kind, len(queue)))
+                log.error("log records left unwritten at close", extra={"fields": {"kind": kind, "records": left}})
+                self._drop(kind, "closed", left)

@@ -30,6 +30,13 @@ CATEGORY, SKU, BAND = b"sa.category", b"sa.sku", b"sa.band"
 _ISSUED_ID = re.compile(r"[0-9a-f]{32}")  # the form of a decision id the server hands out
 
 
+RECORD_BYTES = 1024
+"""What a queued record holds besides its embeddings, about: the request's and the answer's Python objects, ids and
+per-action arrays (``retained_bytes``; a decision whose request is a 3 KB message keeps about 4 KB alive)."""
+SKU_BYTES = 256
+"""The same for each SKU of a product request (its candidate object, id, price and stock)."""
+
+
 @dataclass(slots=True)
 class LoggedDecision:
     """What the request path hands the recorder: references only, nothing copied or formatted."""
@@ -64,6 +71,19 @@ class LoggedOutcome:
 class LoggedEngagement:
     report: EngagementReport
     received_s: float
+
+
+def retained_bytes(item: LoggedDecision | LoggedProduct | LoggedOutcome | LoggedEngagement) -> int:
+    """About what a queued record keeps alive until the writer encodes it: its embeddings' bytes (views of the request's
+    wire bytes, so about the message's size) and a fixed amount a record and a SKU. Computed on the request path, so it
+    reads sizes only: one attribute a SKU for a product request."""
+    if isinstance(item, LoggedDecision):
+        return RECORD_BYTES + item.request.item_embedding.nbytes
+    if isinstance(item, LoggedProduct):
+        request = item.request
+        return RECORD_BYTES + request.shopper.item_embedding.nbytes + sum(
+            SKU_BYTES + s.embedding.nbytes for c in request.categories for s in c.skus)
+    return RECORD_BYTES
 
 
 def hash_user(user_id: str, salt: bytes) -> str:

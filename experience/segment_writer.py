@@ -104,6 +104,7 @@ class SegmentWriter:
         self._opened_at = 0.0
         self._held: list[pa.Buffer] = []  # messages not yet in the file
         self.held_rows = 0
+        self.held_bytes = 0  # their size, encoded (what the recorder's byte budget counts of them)
         self.finalised: list[Path] = []
 
     @property
@@ -116,8 +117,10 @@ class SegmentWriter:
         On ``OSError`` nothing is half-written: the batch is held with the others, for the next call.
         """
         if batch.num_rows:
-            self._held.append(self._encoder.message(batch))
+            message = self._encoder.message(batch)
+            self._held.append(message)
             self.held_rows += batch.num_rows
+            self.held_bytes += message.size
         return self.retry()
 
     def retry(self) -> int:
@@ -140,7 +143,7 @@ class SegmentWriter:
             self._cut()
             raise
         self._size = end
-        rows, self._held, self.held_rows = self.held_rows, [], 0
+        rows, self._held, self.held_rows, self.held_bytes = self.held_rows, [], 0, 0
         return rows
 
     def due(self) -> bool:
@@ -177,7 +180,7 @@ class SegmentWriter:
         except OSError as exc:
             log.error("could not finalise a log segment; it is left for recovery at the next start",
                       extra={"fields": {"segment": str(self._path), "error": str(exc)}})
-        dropped, self._held, self.held_rows = self.held_rows, [], 0
+        dropped, self._held, self.held_rows, self.held_bytes = self.held_rows, [], 0, 0
         if self._fd >= 0:
             if self._size == 0:
                 self._discard()

@@ -306,6 +306,7 @@ def make_recorder(config: Config, metrics: Metrics | None) -> ExperienceRecorder
     options = RecorderOptions(
         sample_rate=config.log_sample_rate,
         max_queue=config.log_queue,
+        max_queue_bytes=int(config.log_queue_mb * 1024 * 1024),
         segment_bytes=int(config.log_segment_mb * 1024 * 1024),
         segment_seconds=config.log_segment_seconds,
         flush_seconds=config.log_flush_seconds,

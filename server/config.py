@@ -134,6 +134,8 @@ class Config:
     log_user_salt: str = _opt("", "secret key of every id hash and of session sampling in the logs; empty: a random salt kept "
                                   "in LOG_DIR/.user-salt (on the logs volume: development only, warned at each start)")
     log_queue: int = _opt(8192, "log records waiting for the writer thread before new ones are dropped (and counted)")
+    log_queue_mb: float = _opt(32.0, "MB those records of one kind may keep alive (a RecommendProduct request of 256 SKUs "
+                                     "keeps about 0.9 MB) before new ones are dropped (and counted)")
     log_segment_mb: float = _opt(64.0, "finalise a log segment once it holds this many MB")
     log_segment_seconds: float = _opt(300.0, "finalise a log segment once it is this old")
     log_flush_seconds: float = _opt(0.25, "how often the writer thread writes what is queued")
@@ -207,6 +209,8 @@ class Config:
             problems.append(f"log_sample_rate: expected 0..1, got {self.log_sample_rate}")
         if self.log_segment_mb <= 0 or self.log_segment_seconds <= 0 or self.log_flush_seconds <= 0:
             problems.append("log_segment_mb, log_segment_seconds and log_flush_seconds must be > 0")
+        if not 1 <= self.log_queue_mb * 1024 * 1024 < float("inf"):
+            problems.append(f"log_queue_mb: expected a finite number > 0 (at least one byte), got {self.log_queue_mb}")
         problems += self._transport_problems()
         try:
             ZoneInfo(self.timezone)

@@ -11,6 +11,8 @@ import grpc
 import numpy as np
 import pytest
 
+from experience.records import RECORD_BYTES, SKU_BYTES
+from experience.segments import DirectorySource
 from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
 from tests.harness import ServerThread, request, running_server, stub
 
@@ -270,3 +272,20 @@ def test_product_records_compact_like_the_other_kinds(tmp_path: Path) -> None:
     source = DirectorySource(tmp_path)
     batch = next(source.segment_batches(source.segments("products")[0], "products", ["session_id", "sku_rule_rank"]))
     assert batch.schema.names == ["session_id", "sku_rule_rank"] and batch.column(1).null_count == batch.num_rows > 0
+
+
+def test_queued_product_records_are_bounded_in_bytes_not_only_in_count(tmp_path: Path) -> None:
+    """A product record keeps its request's embeddings alive until the writer encodes it (about 0.9 MB for 256 SKUs): a
+    count alone let one client hold gigabytes. With the writer asleep, the third of three 128-SKU requests (430 kB each)
+    passes a 1 MiB bound and is dropped and counted; the two queued are written at shutdown."""
+    shelf = [pb.ProductCategory(category_id=f"c{c}", skus=[sku(f"c{c}-{k}", 10.0 + k, seed=16 * c + k) for k in range(16)])
+             for c in range(8)]
+    size = RECORD_BYTES + 768 * 4 + 128 * (SKU_BYTES + 768 * 4)  # experience.records.retained_bytes: the embeddings and
+    assert 2 * size <= 2**20 < 3 * size  # a fixed amount a record and a SKU
+    with running_server(max_message_bytes=ONE_MIB, log_dir=tmp_path, log_queue_mb=1.0, log_flush_seconds=60,
+                        log_flush_rows=10_000) as live, grpc.insecure_channel(live.target) as ch:
+        answers = [stub(ch).RecommendProduct(product(categories=shelf), timeout=10) for _ in range(3)]
+        dropped = live.registry.get_sample_value("shopping_agent_log_records_dropped_total", {"kind": "products", "reason": "queue_full"})
+    assert dropped == 1
+    logged = DirectorySource(tmp_path).table("products").column("decision_id").to_pylist()
+    assert logged == [a.decision_id for a in answers[:2]]
