@@ -178,3 +178,6 @@ def test_prometheus_scrapes_the_decisions_the_server_made(prometheus: Prometheus
 
     rules = _eventually(rules_evaluated, 10, "the alert rules to be evaluated", prometheus)
     assert {r["name"]: r["health"] for r in rules} == {name: "ok" for name in _alert_names()}
+    # The target up (under the job name the ServiceMonitor gives it): the alerts for a dead service stay inactive.
+    state = {r["name"]: r["state"] for r in rules}
+    assert (state["ShoppingAgentDown"], state["ShoppingAgentTargetDown"]) == ("inactive", "inactive")
