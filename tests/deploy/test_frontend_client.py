@@ -1,0 +1,90 @@
+"""docs/deploy.md's Python client, run as written against two real servers on 127.0.0.1.
+
+Its calls succeed with the deadline on each call (a service-config timeout under about 2 s expired every call at once
+in grpcio: grpc/grpc#34547), and with client-side health checking it sends a draining server nothing: a pod on
+SIGTERM reports NOT_SERVING first, and calls that reach it as it stops end CANCELLED, which no retry policy retries.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import grpc
+
+from server.app import SERVICE_NAME
+from tests.deploy.test_deploy_docs import code_blocks
+from tests.harness import ServerThread, make_config, request, stub
+
+HEADLESS = "dns:///shopping-agent-headless.shopping-agent.svc.cluster.local:50051"
+
+
+def documented_channel(target: str) -> grpc.Channel:
+    """The Python block of docs/deploy.md, executed with its target replaced by ``target``: its ``channel``."""
+    [block] = code_blocks("python")
+    assert HEADLESS in block
+    namespace: dict[str, Any] = {}
+    exec(block.replace(HEADLESS, target), namespace)  # our own documentation, run as a frontend would run it
+    channel: grpc.Channel = namespace["channel"]
+    return channel
+
+
+def decisions(live: ServerThread) -> float:
+    return sum(sample.value for metric in live.registry.collect() if metric.name == "shopping_agent_decisions"
+               for sample in metric.samples if sample.name == "shopping_agent_decisions_total")
+
+
+def test_the_documented_client_calls_with_a_deadline_and_leaves_a_draining_server() -> None:
+    draining, staying = ServerThread(make_config(drain_delay_seconds=3.0)), ServerThread(make_config())
+    draining.start()
+    staying.start()
+    try:
+        channel = documented_channel(f"ipv4:{draining.target},{staying.target}")
+        call = stub(channel).RecommendAction
+        for seed in range(20):
+            assert call(request(seed=seed), timeout=0.1).decision_id  # the deadline on the call, as the docs say
+        assert decisions(draining) > 0 and decisions(staying) > 0  # round_robin: both served
+        before = decisions(draining)
+        stopping = threading.Thread(target=draining.stop, kwargs={"grace": 1.0})
+        stopping.start()  # SIGTERM's path: NOT_SERVING, then 3 s of serving on, then stop
+        time.sleep(0.5)  # the client's Watch hears NOT_SERVING
+        for seed in range(40):
+            assert call(request(seed=seed), timeout=0.5).decision_id
+        assert decisions(draining) == before, "a call went to the draining server"
+        stopping.join(15)
+        assert not stopping.is_alive()
+        channel.close()
+    finally:
+        for live in (draining, staying):
+            if live.server is not None:
+                live.stop()
+    assert SERVICE_NAME in code_blocks("python")[0]
+
+
+def test_past_the_streaming_budget_the_client_skips_that_server_until_a_watch_fits() -> None:
+    """docs/deploy.md: each client channel holds one Health/Watch stream per pod, within --max-streaming-calls; a
+    client whose Watch is refused sends that pod nothing (its other pods serve it), and comes back once one fits."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    full, other = ServerThread(make_config(max_streaming_calls=1)), ServerThread(make_config())
+    full.start()
+    other.start()
+    try:
+        with grpc.insecure_channel(full.target) as holder:
+            watch = health_pb2_grpc.HealthStub(holder).Watch(health_pb2.HealthCheckRequest(service=""))
+            assert next(watch).status == health_pb2.HealthCheckResponse.SERVING  # the budget's one stream
+            channel = documented_channel(f"ipv4:{full.target},{other.target}")
+            for seed in range(20):
+                assert stub(channel).RecommendAction(request(seed=seed), timeout=1).decision_id
+            assert (decisions(full), decisions(other)) == (0, 20)
+            watch.cancel()
+        deadline = time.monotonic() + 20  # the client retries its Watch with back-off
+        while decisions(full) == 0:
+            assert time.monotonic() < deadline, "the client never came back to the server"
+            stub(channel).RecommendAction(request(), timeout=1)
+            time.sleep(0.05)
+        channel.close()
+    finally:
+        full.stop()
+        other.stop()
