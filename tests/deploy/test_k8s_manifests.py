@@ -166,6 +166,7 @@ def test_base_holds_every_kind_the_deploy_needs(rendered: dict[str, list[Doc]]) 
         ("PersistentVolumeClaim", "shopping-agent-weights"), ("PersistentVolumeClaim", "shopping-agent-logs"),
         ("CronJob", TRAINER), ("HorizontalPodAutoscaler", SERVER), ("PodDisruptionBudget", SERVER),
         ("NetworkPolicy", SERVER), ("NetworkPolicy", TRAINER), ("NetworkPolicy", COMPACTOR), ("CronJob", COMPACTOR),
+        ("NetworkPolicy", "shopping-agent-weights-rollback"),
         ("ServiceMonitor", SERVER), ("PrometheusRule", SERVER),
     ])
 
@@ -483,6 +484,18 @@ def test_network_policy_lets_only_the_frontend_call_and_only_prometheus_scrape(r
     assert not selects(compactor["podSelector"], pod_labels(deployment))
     assert not selects(compactor["podSelector"], pod_labels(one(docs, "CronJob", TRAINER)))
     assert compactor["ingress"] == [] and compactor["egress"] == [] and compactor["policyTypes"] == ["Ingress", "Egress"]
+
+
+def test_every_pod_the_manifests_make_is_under_one_network_policy(rendered: dict[str, list[Doc]]) -> None:
+    """The one-off Jobs too: the rollback Job's pod matched no policy (an SRE review), so it could reach anything."""
+    policies = [d for d in rendered["base"] if d["kind"] == "NetworkPolicy"]
+    workloads = [d for variant in ("base", "jobs") for d in rendered[variant] if pod_spec(d) is not None]
+    assert len(workloads) >= 4
+    for workload in workloads:
+        covering = [p["metadata"]["name"] for p in policies if selects(p["spec"]["podSelector"], pod_labels(workload))]
+        assert len(covering) == 1, (workload["kind"], workload["metadata"]["name"], covering)
+    rollback = one(policies, "NetworkPolicy", "shopping-agent-weights-rollback")["spec"]  # it only renames files
+    assert rollback["ingress"] == [] and rollback["egress"] == [] and rollback["policyTypes"] == ["Ingress", "Egress"]
 
 
 def test_server_pods_may_send_only_dns_queries_to_the_cluster_dns(rendered: dict[str, list[Doc]]) -> None:

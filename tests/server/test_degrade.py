@@ -16,7 +16,7 @@ from server.models import ACTIVE_NAME
 from tests.harness import request, running_server, stub
 from tests.poisoned import poisoned_graph, rebundled
 from weights.bundle import write_bundle
-from weights.embedded import DEFAULT_MODEL_VERSION, default_bundle
+from weights.embedded import DEFAULT_MODEL_VERSION, default_bundle, default_bundle_bytes
 
 
 def _health(channel: grpc.Channel) -> int:
@@ -39,6 +39,24 @@ def test_no_model_answers_from_the_rules_and_is_not_serving(tmp_path: Path) -> N
             assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert live.registry.get_sample_value(
             "shopping_agent_decisions_total", {"action": "apply_coupon", "source": "fallback_no_model"}) == 1.0
+
+
+def test_a_server_without_a_model_loads_the_first_good_bundle_published_and_serves(tmp_path: Path) -> None:
+    """ShoppingAgentNoModelLoaded's runbook: publishing a good bundle is enough, no restart."""
+    weights = tmp_path / "weights"
+    weights.mkdir()
+    with running_server(weights_dir=weights, use_embedded_default=False, weights_poll_seconds=0.1,
+                        weights_debounce_ms=20) as live, grpc.insecure_channel(live.target) as ch:
+        assert _health(ch) == health_pb2.HealthCheckResponse.NOT_SERVING
+        staged = tmp_path / "staged.bundle"
+        staged.write_bytes(default_bundle_bytes())
+        staged.rename(weights / ACTIVE_NAME)  # as the publisher does: an atomic rename onto the active name
+        deadline = time.monotonic() + 20
+        while _health(ch) != health_pb2.HealthCheckResponse.SERVING:
+            assert time.monotonic() < deadline, "the published bundle was never loaded"
+            time.sleep(0.05)
+        resp = stub(ch).RecommendAction(request(), timeout=5)
+        assert resp.model_version == DEFAULT_MODEL_VERSION and resp.source != pb.DECISION_SOURCE_FALLBACK_NO_MODEL
 
 
 def test_a_corrupt_active_bundle_falls_back_to_the_embedded_default(tmp_path: Path) -> None:
