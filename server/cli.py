@@ -60,23 +60,30 @@ async def serve(config: Config) -> int:
     # "listening" is a shutdown like any other, not the default action (killed, logs unflushed).
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, on_signal, signum)
-    orphan_watch = None
+    orphan_watch = beat = None
     if config.supervisor_pid is not None:  # a --workers worker: stop as if signalled once the supervisor is gone
         from server.supervised import stop_when_orphaned
 
         orphan_watch = asyncio.create_task(stop_when_orphaned(config.supervisor_pid, requested.set), name="orphan-watch")
+    if config.heartbeat_fd is not None:  # and show the supervisor that this event loop runs, until the drain is over
+        from server.supervised import heartbeat
+
+        beat = asyncio.create_task(heartbeat(config.heartbeat_fd), name="heartbeat")
     try:
         await server.start()
     except OSError as exc:  # the port is taken (transport.check_port_free) or cannot be bound: say so, release what started
         print(f"shopping-agent: {exc}", file=sys.stderr)
-        if orphan_watch is not None:
-            orphan_watch.cancel()
+        for task in (orphan_watch, beat):
+            if task is not None:
+                task.cancel()
         await server.stop(0, 0)
         return 2
     await requested.wait()
     if orphan_watch is not None:
         orphan_watch.cancel()
     await server.stop()
+    if beat is not None:
+        beat.cancel()
     return 0
 
 

@@ -9,9 +9,11 @@ SIGTERM/SIGINT are forwarded to every worker, which drains as usual; the parent 
 when all of them did. A worker still running ``grace_seconds + drain_delay_seconds`` plus a
 margin after the signal is killed and the parent exits non-zero. A worker that exits on its
 own, whatever its exit code, takes the pod down (non-zero exit) so Kubernetes restarts it
-whole rather than serving with less capacity than it advertises. A parent killed outright
-forwards nothing; each worker then notices it has lost its parent and drains on its own
-(``server.supervised``), so none is left holding the port.
+whole rather than serving with less capacity than it advertises; so does one whose event loop
+stops writing its heartbeat for ``--worker-stall-seconds`` (hung or stopped: the parent kills
+it, ``server.supervised``). A parent killed outright forwards nothing; each worker then notices
+it has lost its parent and drains on its own (``server.supervised``), so none is left holding
+the port.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from types import FrameType
 from typing import Any
 
 from server.config import SALT_ENV, Config, to_args
+from server.supervised import Heartbeats
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +140,12 @@ class _Supervisor:
     codes: dict[int, int] = field(default_factory=dict)
     on_their_own: list[int] = field(default_factory=list)
     killed: list[int] = field(default_factory=list)
+    stalled: list[int] = field(default_factory=list)  # killed for a silent heartbeat
     deadline: float | None = None  # set once stopping: by a signal or by a worker exiting on its own
+    heartbeats: Heartbeats = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.heartbeats = Heartbeats(self.config.worker_stall_seconds)
 
     def on_signal(self, signum: int, _frame: FrameType | None) -> None:
         self.requested.append(signum)
@@ -147,7 +155,15 @@ class _Supervisor:
         for _ in range(self.config.workers):
             if self.requested:  # asked to stop while starting: start no more, stop the ones started
                 break
-            child = subprocess.Popen(args, env=env)
+            read, write = self.heartbeats.pipe()
+            try:
+                child = subprocess.Popen([*args, "--heartbeat-fd", str(write)], env=env, pass_fds=(write,))
+            except BaseException:
+                os.close(read)
+                raise
+            finally:
+                os.close(write)  # the child holds its own copy
+            self.heartbeats.watch(child.pid, read)
             self.children.append(child)
             threading.Thread(target=self._wait, args=(child,), name=f"wait-worker-{child.pid}", daemon=True).start()
 
@@ -158,6 +174,8 @@ class _Supervisor:
         from prometheus_client import multiprocess
 
         while len(self.codes) < len(self.children):
+            if self.deadline is None:
+                self._kill_silent()
             try:
                 event = self.events.get(timeout=self._timeout())
             except queue.Empty:
@@ -175,6 +193,19 @@ class _Supervisor:
                 log.error("a worker exited on its own; stopping the others",
                           extra={"fields": {"pid": event.pid, "code": event.code}})
                 self._stop(signal.SIGTERM)
+
+    def _kill_silent(self) -> None:
+        """Kill a worker whose event loop has not written its heartbeat for ``worker_stall_seconds``; its exit then
+        stops the others, as a worker exiting on its own does."""
+        for pid, silent in self.heartbeats.silent(c.pid for c in self._running() if c.pid not in self.stalled):
+            log.error("a worker's event loop has not run for too long (hung or stopped); killing it",
+                      extra={"fields": {"pid": pid, "silent_s": round(silent, 1),
+                                        "worker_stall_seconds": self.config.worker_stall_seconds}})
+            self.stalled.append(pid)
+            for child in self.children:
+                if child.pid == pid:
+                    with contextlib.suppress(ProcessLookupError):
+                        child.kill()
 
     def _timeout(self) -> float:
         if self.deadline is None or self.killed:
@@ -251,6 +282,7 @@ def run_workers(config: Config, environ: Mapping[str, str]) -> int:
         sup.abandon()
         raise
     finally:
+        sup.heartbeats.close()
         if endpoint is not None:
             endpoint.stop()
         mp_dir.cleanup()

@@ -124,6 +124,28 @@ def test_a_worker_stuck_in_drain_is_killed_after_the_grace() -> None:
     assert not _alive(stuck)
 
 
+def test_a_worker_whose_event_loop_stops_is_killed_and_takes_the_pod_down() -> None:
+    """The probes reach one worker of several at random, so a hung one passed liveness (an SRE review): its heartbeat
+    stops, and the supervisor kills it after --worker-stall-seconds. Beating workers outlive that time untouched."""
+    with spawn_server("--workers", "2", "--metrics-port", "", "--worker-stall-seconds", "1.5") as spawned:
+        hung, other = _wait_serving(spawned)
+        time.sleep(2.5)  # longer than the stall time: beating workers are left alone
+        assert spawned.proc.poll() is None and _alive(hung) and _alive(other)
+        os.kill(hung, signal.SIGSTOP)  # what a hung event loop looks like from outside: no beat, no answer
+        try:
+            started = time.monotonic()
+            assert spawned.proc.wait(timeout=20) == 1
+            assert 0.5 <= time.monotonic() - started < 10  # the last beat came up to a second before the stop
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(hung, signal.SIGKILL)
+    (killing,) = _logged(spawned, "a worker's event loop has not run for too long (hung or stopped); killing it")
+    assert killing["pid"] == hung and killing["silent_s"] >= 1.5
+    stopped = _logged(spawned, "workers stopped")[0]
+    assert stopped["exit_codes"] == {str(hung): -signal.SIGKILL, str(other): 0}  # the other one drained
+    assert not _alive(hung) and not _alive(other)
+
+
 def _running(pid: int) -> bool:
     """Alive and not a zombie: an orphan that exited waits as one until its new parent (init, a subreaper) reaps it."""
     try:
@@ -194,10 +216,10 @@ def test_a_signal_while_workers_start_stops_the_ones_started(monkeypatch: pytest
     real_popen = subprocess.Popen
     started: list[subprocess.Popen[bytes]] = []
 
-    def popen(args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    def popen(args: list[str], env: dict[str, str], pass_fds: tuple[int, ...] = ()) -> subprocess.Popen[bytes]:
         # Were the handler not installed yet, the SIGTERM below would kill this test run.
         assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, signal.SIG_IGN, None)
-        child = real_popen([sys.executable, "-c", "import time; time.sleep(30)"], env=env)
+        child = real_popen([sys.executable, "-c", "import time; time.sleep(30)"], env=env, pass_fds=pass_fds)
         started.append(child)
         signal.raise_signal(signal.SIGTERM)  # the pod is stopped while its workers start
         return child
