@@ -440,6 +440,15 @@ def test_rollout_never_drops_below_the_disruption_budget(rendered: dict[str, lis
     assert resolve(rolling["maxSurge"], True) >= 1, "with maxUnavailable 0 the rollout needs a surge to move"
 
 
+def test_the_servers_spread_over_zones_and_nodes_without_blocking_a_rollout(rendered: dict[str, list[Doc]]) -> None:
+    deployment = one(rendered["base"], "Deployment", SERVER)
+    spread = pod_spec(deployment)["topologySpreadConstraints"]  # type: ignore[index]
+    assert [c["topologyKey"] for c in spread] == ["topology.kubernetes.io/zone", "kubernetes.io/hostname"]
+    for constraint in spread:
+        assert constraint["whenUnsatisfiable"] == "ScheduleAnyway" and constraint["maxSkew"] == 1
+        assert selects(constraint["labelSelector"], pod_labels(deployment))
+
+
 def test_the_autoscaler_targets_the_deployment_on_cpu(rendered: dict[str, list[Doc]]) -> None:
     docs = rendered["base"]
     hpa, deployment = one(docs, "HorizontalPodAutoscaler", SERVER), one(docs, "Deployment", SERVER)
