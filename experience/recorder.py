@@ -225,9 +225,14 @@ class ExperienceRecorder:
         return self._bytes_in[kind] - self._bytes_out[kind] + self._held_bytes[kind]
 
     def _take(self, kind: str, n: int) -> list[Any]:
-        """The writer's side: the first ``n`` queued records, their bytes counted out."""
-        queue = self._queues[kind]
-        pairs = [queue.popleft() for _ in range(n)]
+        """The writer's side: the first ``n`` queued records (fewer if another thread took some: ``close()`` after a
+        writer that outlived its join), their bytes counted out."""
+        queue, pairs = self._queues[kind], []
+        for _ in range(n):
+            try:
+                pairs.append(queue.popleft())
+            except IndexError:
+                break
         self._bytes_out[kind] += sum(size for _, size in pairs)
         return [item for item, _ in pairs]
 

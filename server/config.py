@@ -40,7 +40,7 @@ class Config:
     heartbeat_fd: int | None = _opt(None, "set for each worker when --workers > 1: a pipe to the supervisor, written once a "
                                           "second from the worker's event loop")
     worker_stall_seconds: float = _opt(30.0, "with --workers > 1: a worker whose event loop has not written its heartbeat for "
-                                             "this long (hung, stopped) is killed, and the pod with it; 0: never")
+                                             "this long (hung, stopped; at least 3) is killed, and the pod with it; 0: never")
     grpc_servers: int = _opt(8, "grpc.aio servers in each process, all on the one port (SO_REUSEPORT between them): one "
                                 "admits new calls one at a time through the event loop, several admit several connections' "
                                 "calls at once (a connection's calls stay on one server); --max-concurrent-rpcs is shared "
@@ -158,8 +158,9 @@ class Config:
             problems.append(f"supervisor_pid: expected a process id >= 1, got {self.supervisor_pid}")
         if self.heartbeat_fd is not None and self.heartbeat_fd < 3:
             problems.append(f"heartbeat_fd: expected a file descriptor >= 3, got {self.heartbeat_fd}")
-        if not 0 <= self.worker_stall_seconds < float("inf"):
-            problems.append(f"worker_stall_seconds: expected a finite number >= 0, got {self.worker_stall_seconds}")
+        if not (self.worker_stall_seconds == 0 or 3 <= self.worker_stall_seconds < float("inf")):
+            problems.append(f"worker_stall_seconds: expected 0 (never) or a finite number >= 3 (three heartbeats), "
+                            f"got {self.worker_stall_seconds}")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             problems.append(f"metrics_port: expected 0..65535, got {self.metrics_port}")
         if not 1 <= self.grpc_servers <= MAX_GRPC_SERVERS:

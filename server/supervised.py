@@ -72,6 +72,7 @@ class Heartbeats:
         self.stall_seconds = stall_seconds
         self._clock = clock
         self._pipes: dict[int, tuple[int, float]] = {}  # worker pid -> (read end, when it last wrote or started)
+        self._checked: float | None = None  # when ``silent`` last ran
 
     def pipe(self) -> tuple[int, int]:
         """A new pipe: (read end, kept here once ``watch`` names its worker; write end, for the worker)."""
@@ -83,12 +84,21 @@ class Heartbeats:
         self._pipes[pid] = (read, self._clock())
 
     def silent(self, running: Iterable[int]) -> list[tuple[int, float]]:
-        """Drain every running worker's pipe; the workers (pid, seconds silent) past ``stall_seconds`` (none when 0)."""
+        """Drain every running worker's pipe; the workers (pid, seconds silent) past ``stall_seconds`` (none when 0).
+
+        Silence counts from the supervisor's own last look: after a gap of more than half ``stall_seconds`` between
+        two looks the supervisor itself did not run (the pod paused or frozen with its workers, a debugger), and
+        every worker starts afresh rather than being judged for the pause they shared (a review: a 4 s pause of the
+        whole process group killed both workers)."""
         now, late = self._clock(), []
+        paused = self._checked is not None and now - self._checked > self.stall_seconds / 2
+        self._checked = now
         for pid in running:
             if pid not in self._pipes:
                 continue
             read, last = self._pipes[pid]
+            if paused:
+                last = now
             try:
                 while os.read(read, 4096):
                     last = now
