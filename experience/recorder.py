@@ -205,8 +205,8 @@ class ExperienceRecorder:
     def _put(self, kind: str, item: Any) -> bool:
         queue, options = self._queues[kind], self.options
         size = retained_bytes(item)
-        queued = self._bytes_in[kind] - self._bytes_out[kind] + self._held_bytes[kind]
-        if self._closed or len(queue) + self._held[kind] >= options.max_queue or (queue and queued + size > options.max_queue_bytes):
+        if self._closed or len(queue) + self._held[kind] >= options.max_queue or (
+                queue and self.queued_bytes(kind) + size > options.max_queue_bytes):
             self._dropped[kind] += 1
             if self._observer is not None:
                 self._observer.dropped(kind, "closed" if self._closed else "queue_full", 1)

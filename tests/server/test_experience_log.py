@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry
 
 from core.domain import Outcome, OutcomeReport
 from experience.recorder import SALT_FILE, ExperienceRecorder, RecorderOptions, resolve_salt, session_sampled
-from experience.records import DECISION, ENGAGEMENT, ITEM, OUTCOME, REQUEST, SESSION, hash_id, hash_user
+from experience.records import DECISION, ENGAGEMENT, ITEM, OUTCOME, RECORD_BYTES, REQUEST, SESSION, hash_id, hash_user
 from experience.segments import DirectorySource, read_segment
 from policy.features import FeatureSpec, behavior_buckets
 from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
@@ -184,6 +184,33 @@ def test_a_queue_at_flush_rows_is_written_without_waiting_for_the_timer(tmp_path
         recorder.close()
     with pytest.raises(ValueError, match="flush_rows must be >= 1"):
         RecorderOptions(flush_rows=0)
+
+
+def test_the_byte_bound_counts_queued_records_then_the_encoded_ones_a_failed_write_holds(tmp_path: Path) -> None:
+    """``max_queue_bytes`` against what records keep alive while queued (``retained_bytes``: ``RECORD_BYTES`` an outcome)
+    and, after a failed write, against the encoded batch the writer holds; all of it is given back once written."""
+    metrics = Metrics(CollectorRegistry())
+    options = RecorderOptions(max_queue_bytes=3 * RECORD_BYTES, retry_min_seconds=0.01, retry_max_seconds=0.01)
+    recorder = ExperienceRecorder(tmp_path, b"k" * 32, options, metrics.experience)  # not started: flush by hand
+    assert [recorder.outcome(_report(i)) for i in range(4)] == [True, True, True, False]
+    assert recorder.queued_bytes("outcomes") == 3 * RECORD_BYTES
+    shutil.rmtree(tmp_path / "outcomes")
+    (tmp_path / "outcomes").write_bytes(b"")  # no segment can be created: the writer holds the encoded batch
+    recorder.flush()
+    held = recorder.queued_bytes("outcomes")
+    assert recorder.depth("outcomes") == 0 and 0 < held < 3 * RECORD_BYTES  # encoded and compressed: smaller
+    accepted = 0
+    while recorder.outcome(_report(10 + accepted)):  # the held bytes count: fewer than three fit beside them
+        accepted += 1
+    assert accepted == max(1, (3 * RECORD_BYTES - held) // RECORD_BYTES)  # (an empty queue takes one whatever the bytes)
+    (tmp_path / "outcomes").unlink()
+    time.sleep(0.02)  # the back-off
+    recorder.flush()
+    assert recorder.queued_bytes("outcomes") == 0
+    recorder.close()
+    value = metrics.registry.get_sample_value
+    assert value("shopping_agent_log_records_written_total", {"kind": "outcomes"}) == 3 + accepted
+    assert value("shopping_agent_log_records_dropped_total", {"kind": "outcomes", "reason": "queue_full"}) == 2
 
 
 def test_a_write_error_holds_the_records_and_the_writer_goes_on(tmp_path: Path) -> None:
