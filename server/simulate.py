@@ -84,9 +84,10 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
         result = _over_grpc(world, sessions, args)
     else:
         from weights.bundle import BundleError
+        from weights.model_set import LoadOptions, load_file
 
         try:
-            model = _model(args.bundle, args.batch)
+            model = load_file(args.bundle, LoadOptions(warmup_batch=args.batch))[1]  # None: the embedded default
         except BundleError as exc:  # a file the user named: bad usage, as `weights verify` reports it
             print(f"shopping-agent simulate: --bundle: {exc}", file=sys.stderr)
             return 2
@@ -127,15 +128,6 @@ def _summary(trace: Trace) -> dict[str, Any]:
 
 
 # --- in-process ------------------------------------------------------------------------------
-def _model(path: Path | None, batch: int) -> ModelSet:
-    """The model of the bundle at ``path`` (None: the embedded default); ``BundleError`` when it cannot be read or loaded."""
-    from weights.embedded import default_bundle
-    from weights.model_set import LoadOptions, ModelSet, load_file
-
-    options = LoadOptions(warmup_batch=batch)
-    return load_file(path, options)[1] if path else ModelSet.load(default_bundle(), options)
-
-
 def _in_process(world: World, sessions: range, model: ModelSet, args: argparse.Namespace) -> dict[str, Any]:
     tz = ZoneInfo(args.timezone)
     written = None

@@ -246,26 +246,26 @@ def _window(location: str, bundle: Any, config: TrainConfig, *, serving: Sequenc
 def _bundle(path: Path | None) -> Any:
     """The ``--init`` bundle (None or 'default': the embedded default, which needs no check); a named file is loaded
     as a server loads it (``_loaded``), so a bad one is refused before any log is read."""
-    if path is None or str(path) == "default":
+    if _default(path):
         from weights.embedded import default_bundle
 
         return default_bundle()
     return _loaded(path, "--init: ")[0]
 
 
+def _default(path: Path | None) -> bool:
+    """Whether a bundle argument means the embedded default (absent, or the word ``default``)."""
+    return path is None or str(path) == "default"
+
+
 def _loaded(path: Path | None, flag: str = "") -> tuple[Any, Any]:
     """The bundle at ``path`` (None or 'default': the embedded default) and its ``ModelSet``. A file that cannot be
     read or loaded is bad usage, after ``flag``, before any log is read: exit 2, not retried."""
     from weights.bundle import BundleError
-    from weights.embedded import default_bundle
-    from weights.model_set import LoadOptions, ModelSet, load_file
+    from weights.model_set import LoadOptions, load_file
 
-    options = LoadOptions(device="cpu", warmup_batch=1)
-    if path is None or str(path) == "default":
-        bundle = default_bundle()
-        return bundle, ModelSet.load(bundle, options)
     try:
-        return load_file(path, options)
+        return load_file(None if _default(path) else path, LoadOptions(device="cpu", warmup_batch=1))
     except BundleError as exc:  # its message names the file
         raise UsageError(f"{flag}{exc}") from None
 

@@ -231,9 +231,14 @@ class ModelSet:
         return ProductBatches(self)
 
 
-def load_file(path: Path | str, options: LoadOptions | None = None) -> tuple[Bundle, ModelSet]:
-    """The bundle file a person named (a command's argument) and its model set; a ``BundleError`` naming the file when it
-    cannot be read or loaded."""
+def load_file(path: Path | str | None, options: LoadOptions | None = None) -> tuple[Bundle, ModelSet]:
+    """The bundle file a person named (a command's argument; None: the embedded default) and its model set; a
+    ``BundleError`` naming the file when it cannot be read or loaded."""
+    if path is None:
+        from weights.embedded import default_bundle
+
+        bundle = default_bundle()
+        return bundle, ModelSet.load(bundle, options)
     data = read_file(path)  # its message names the file
     try:
         bundle = read_bundle(data)
