@@ -21,6 +21,18 @@ bound while requests kept coming, ``max_batch``, a deadline) forgets it: a strea
 population, and a learnt count must not keep its batches small. Quiet means a whole gap since
 the latest request, not a window that the bound cut short.
 
+A lone request looks ahead before it runs alone when the event loop has been busy since the last
+batch: gRPC admits a connection's calls one at a time through the same loop (``server/transport.py``),
+so a stream of calls on one connection can reach the batcher one by one while the rest wait in
+grpc-core, unseen. Each would then run alone, each batch of one would hold up the next admission,
+and the server settled at about 1,250 calls a second while 2,400 arrived: p99 33-72 ms at half its
+capacity on one connection, for a hundred milliseconds at a time until two requests happened to
+meet (docs/performance.md). So when the loop's thread spent at least ``BUSY_SHARE`` of the time
+since the last batch on the CPU (it never waited for the network: something else is in progress),
+the worker gives the loop up to ``LOOKAHEAD_TURNS`` turns, and at most one gap, to bring a second
+request; one that comes makes a batch of two, which turns pausing on. A lone client leaves the loop
+waiting for its next call, so its requests run at once as before.
+
 Why not a thread: onnxruntime releases the GIL, but everything around it (encoding, the
 decision, every GIL handoff) makes an inference thread and the gRPC threads take turns at
 the GIL, and on 2 vCPUs each turn is a futex wake and a context switch. Measured with
@@ -56,6 +68,8 @@ from core.domain import Context
 
 log = logging.getLogger(__name__)
 
+LOOKAHEAD_TURNS = 8  # loop turns a lone request may wait for a second one while the loop is busy (the module doc)
+BUSY_SHARE = 0.95  # the share of wall time on the loop thread's CPU since the last batch that counts as busy
 POPULATION_RECHECK = 16  # every this many pauses, one drops the learnt count: a quiet end must find it again
 _QUIET_SHARE = 0.99  # a timer may fire a hair early: this much of a gap since the last request counts as the gap
 _CALLBACK_LOG_INTERVAL_S = 60.0  # a broken on_batch is logged (with its traceback) at most this often
@@ -144,6 +158,8 @@ class MicroBatcher(Generic[Req, Out]):
         self._closed_why = "shutting down"
         self._callback_failures = 0
         self._callback_log_after = 0.0
+        self._ended_at = self._ended_cpu = 0.0  # perf_counter and the thread's CPU time when the last batch ended
+        self.look_aheads = 0  # lone requests that waited for a second one (a statistic, for tests and probes)
 
     @property
     def depth(self) -> int:
@@ -222,6 +238,8 @@ class MicroBatcher(Generic[Req, Out]):
                 continue
             paused = self._pausing
             await self._pause(loop)
+            if not self._pausing and len(self._waiting) == 1 and self._loop_was_busy():
+                await self._look_ahead(loop)
             depth = len(self._waiting)  # before the take: the batch's own requests included
             self._give_up_at = math.inf  # (requests kept back for another model set mid-swap lose
             batch = self._take()  # theirs: at worst they wait out one bounded pause)
@@ -237,9 +255,23 @@ class MicroBatcher(Generic[Req, Out]):
                 log.exception("micro-batch failed", extra={"fields": {"batch_size": len(batch), "error": repr(exc)[:300]}})
                 _fail(batch, exc)
             self._running = []  # (left set if the worker is cancelled during one-by-one reruns)
-            self._last_run_s = time.perf_counter() - started
+            self._ended_at, self._ended_cpu = time.perf_counter(), time.thread_time()
+            self._last_run_s = self._ended_at - started
             self._next_at = loop.time() + min(self.max_delay_s, self._last_run_s * self._pause_per_run_s)
             await asyncio.sleep(0)  # let the answered callers respond before the next batch blocks the loop
+
+    def _loop_was_busy(self) -> bool:
+        """Whether the loop's thread has been on the CPU for ``BUSY_SHARE`` of the time since the last batch ended."""
+        return time.thread_time() - self._ended_cpu >= BUSY_SHARE * (time.perf_counter() - self._ended_at)
+
+    async def _look_ahead(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Give the loop a few turns to bring a second request (the module doc), within a gap and the callers' time."""
+        self.look_aheads += 1
+        until = min(loop.time() + self.gap_s, self._give_up_at - self._last_run_s)
+        for _ in range(LOOKAHEAD_TURNS):
+            await asyncio.sleep(0)
+            if len(self._waiting) != 1 or self._closed or loop.time() >= until:
+                return
 
     async def _pause(self, loop: asyncio.AbstractEventLoop) -> None:
         """After a batch, let requests gather for the next one, while they keep coming (see the module doc)."""

@@ -164,6 +164,47 @@ def test_a_client_calling_one_at_a_time_is_never_paused() -> None:
     asyncio.run(main())
 
 
+def _burn(seconds: float) -> None:
+    """Hold the loop's thread on the CPU (what admitting a gRPC call does between requests)."""
+    until = time.thread_time() + seconds
+    while time.thread_time() < until:
+        pass
+
+
+def test_requests_reaching_a_busy_loop_one_by_one_are_gathered() -> None:
+    """The stall of one connection: calls admitted one at a time, each while the loop is busy with the next. Each
+    would run alone (a batch of one turns nothing on); the look-ahead lets a second arrive and pausing begin."""
+    async def main() -> None:
+        batcher = MicroBatcher(max_batch=64, max_queue=1000, duty=0.05, max_delay_s=0.005, gap_s=0.001)
+        batcher.start()
+        model, futures = Model(), []
+        for i in range(200):  # a request every four turns of a loop that never waits
+            futures.append(ask(batcher, model, f"r{i}"))
+            for _ in range(4):
+                _burn(0.00002)
+                await asyncio.sleep(0)
+        decisions = await within(asyncio.gather(*futures))
+        assert [d.rule for d in decisions] == [f"r{i}" for i in range(200)]
+        assert len(model.calls) < 50, [len(c) for c in model.calls]  # one look-ahead away from 200 batches of one
+        assert batcher.look_aheads >= 1
+        await within(batcher.close())
+
+    asyncio.run(main())
+
+
+def test_a_lone_caller_on_an_idle_loop_does_not_look_ahead() -> None:
+    async def main() -> None:
+        batcher, model = MicroBatcher(max_batch=64, max_queue=100), Model(run_s=0.001)
+        batcher.start()
+        for i in range(5):
+            assert (await within(ask(batcher, model, f"alone{i}"))).rule == f"alone{i}"
+            await asyncio.sleep(0.005)  # the loop waits for the next call, as it does for a client's
+        assert batcher.look_aheads == 0 and model.calls == [[f"alone{i}"] for i in range(5)]
+        await within(batcher.close())
+
+    asyncio.run(main())
+
+
 def test_a_pause_gathers_requests_that_keep_coming_until_a_gap() -> None:
     async def main() -> None:
         model = Model(run_s=0.01)
