@@ -78,3 +78,16 @@ def test_the_bare_servers_count_is_read_as_serve_reads_it(monkeypatch: pytest.Mo
     assert grpc_servers_of(["--grpc-servers", "3"]) == grpc_servers_of(["--grpc-servers=3"]) == 3
     monkeypatch.setenv("SHOPPING_AGENT_GRPC_SERVERS", "5")  # the spawned server inherits the environment too
     assert grpc_servers_of([]) == 5 and grpc_servers_of(["--grpc-servers", "2"]) == 2
+
+
+def test_the_one_connection_point_is_held_to_the_p99_targets() -> None:
+    """Half the capacity on one connection: its p99 over bare's, and it counts toward the worst p99 below capacity."""
+    bare, real = _server(1000.0, 1.0, [2.0] * 4), _server(850.0, 1.4, [3.0, 3.9, 3.9, 30.0])
+    bare["open_one_connection"] = {"offered_per_s": 50.0, "p50_ms": 1.0, "p99_ms": 4.0}
+    real["open_one_connection"] = {"offered_per_s": 50.0, "p50_ms": 7.0, "p99_ms": 55.0}
+    got = targets({"bare": bare, "real": real})
+    assert got["p99_open_50%_one_connection_over_bare"] == {"value": 13.75, "target": "<= 2.0", "met": False}
+    assert got["worst_open_loop_p99_ms_below_capacity"]["value"] == 55.0 and not got["worst_open_loop_p99_ms_below_capacity"]["met"]
+    real["open_one_connection"]["p99_ms"] = 7.9
+    got = targets({"bare": bare, "real": real})
+    assert got["p99_open_50%_one_connection_over_bare"]["met"] and got["worst_open_loop_p99_ms_below_capacity"]["value"] == 30.0
