@@ -247,6 +247,9 @@ def plot(servers: dict[str, dict[str, Any]], path: Path) -> Path | None:
         x = [p["offered_per_s"] for p in points]
         ax.plot(x, [p["p99_ms"] for p in points], "-o", color=colour, label=f"{name} p99")
         ax.plot(x, [p["p50_ms"] for p in points], "--o", color=colour, label=f"{name} p50")
+        one = servers[name].get("open_one_connection")
+        if one is not None:
+            ax.plot([one["offered_per_s"]], [one["p99_ms"]], "x", color=colour, ms=9, label=f"{name} p99, one connection")
     ax.axhline(SLO_P99_MS, color="tab:red", lw=0.8, label="p99 alert (50 ms)")
     ax.set_yscale("log")
     ax.set_xlabel("offered load (req/s, open loop)")

@@ -68,6 +68,7 @@ def test_the_plot_is_written_where_no_results_directory_exists_yet(tmp_path: Pat
     """A fresh checkout has no bench/results: the run's figures must not be lost to a missing directory."""
     pytest.importorskip("matplotlib")  # the bench extra; without it the plot is skipped with a message
     servers = {"bare": _server(1000.0, 1.0, [2.0, 2.0, 2.0, 2.0]), "real": _server(850.0, 1.4, [3.0, 3.9, 3.9, 30.0])}
+    servers["real"]["open_one_connection"] = {"offered_per_s": 50.0, "p50_ms": 7.0, "p99_ms": 20.0}  # a marker of its own
     path = tmp_path / "not" / "yet" / "latency-curve.png"
     assert plot(servers, path) == path and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
