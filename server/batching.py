@@ -22,15 +22,16 @@ population, and a learnt count must not keep its batches small. Quiet means a wh
 the latest request, not a window that the bound cut short.
 
 A lone request looks ahead before it runs alone when the event loop has been busy since the last
-batch: gRPC admits a connection's calls one at a time through the same loop (``server/transport.py``),
-so a stream of calls on one connection can reach the batcher one by one while the rest wait in
-grpc-core, unseen. Each would then run alone, each batch of one would hold up the next admission,
-and the server settled at about 1,250 calls a second while 2,400 arrived: p99 33-72 ms at half its
-capacity on one connection, for a hundred milliseconds at a time until two requests happened to
-meet (docs/performance.md). So when the loop's thread spent at least ``BUSY_SHARE`` of the time
-since the last batch on the CPU (it never waited for the network: something else is in progress),
-the worker gives the loop up to ``LOOKAHEAD_TURNS`` turns, and at most one gap, to bring a second
-request; one that comes makes a batch of two, which turns pausing on. A lone client leaves the loop
+batch: gRPC admits a connection's calls one at a time through the same loop
+(``server/transport.py``), so a stream of calls on one connection can reach the batcher one by one
+while the rest wait in grpc-core, unseen. Each would then run alone, each batch of one would hold
+up the next admission, and the server settled at about 1,250 calls a second while 2,400 arrived:
+p99 33-72 ms at half its capacity on one connection in a probe's runs, for a hundred milliseconds
+at a time until two requests happened to meet (docs/performance.md). So when the loop's thread
+spent at least ``BUSY_SHARE`` of the time since the last batch on the CPU (it never waited for the
+network: something else is in progress), the worker gives the loop up to ``LOOKAHEAD_TURNS``
+turns, and at most one gap, to bring a second request; one that comes makes a batch of two, which
+turns pausing on (also right after a pause that turned it off). A lone client leaves the loop
 waiting for its next call, so its requests run at once as before.
 
 Why not a thread: onnxruntime releases the GIL, but everything around it (encoding, the
@@ -167,6 +168,7 @@ class MicroBatcher(Generic[Req, Out]):
         return len(self._waiting)
 
     def start(self) -> None:
+        self._ended_at, self._ended_cpu = time.perf_counter(), time.thread_time()  # the busy share counts from here
         self._task = asyncio.get_running_loop().create_task(self._worker(), name="micro-batcher")
         self._task.add_done_callback(self._worker_ended)
 
@@ -238,14 +240,15 @@ class MicroBatcher(Generic[Req, Out]):
                 continue
             paused = self._pausing
             await self._pause(loop)
+            looked = False
             if not self._pausing and len(self._waiting) == 1 and self._loop_was_busy():
-                await self._look_ahead(loop)
+                looked = await self._look_ahead(loop)
             depth = len(self._waiting)  # before the take: the batch's own requests included
             self._give_up_at = math.inf  # (requests kept back for another model set mid-swap lose
             batch = self._take()  # theirs: at worst they wait out one bounded pause)
             if not batch:
                 continue
-            if not paused and len(batch) >= 2:
+            if (looked or not paused) and len(batch) >= 2:
                 self._pausing = True  # requests arrive together: pausing can gather more of them
             self._running = batch
             started = time.perf_counter()
@@ -264,14 +267,16 @@ class MicroBatcher(Generic[Req, Out]):
         """Whether the loop's thread has been on the CPU for ``BUSY_SHARE`` of the time since the last batch ended."""
         return time.thread_time() - self._ended_cpu >= BUSY_SHARE * (time.perf_counter() - self._ended_at)
 
-    async def _look_ahead(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Give the loop a few turns to bring a second request (the module doc), within a gap and the callers' time."""
+    async def _look_ahead(self, loop: asyncio.AbstractEventLoop) -> bool:
+        """Give the loop a few turns to bring a second request (the module doc), within a gap and the callers' time;
+        whether one came (its batch of two turns pausing on, even right after a pause that turned it off)."""
         self.look_aheads += 1
         until = min(loop.time() + self.gap_s, self._give_up_at - self._last_run_s)
         for _ in range(LOOKAHEAD_TURNS):
             await asyncio.sleep(0)
             if len(self._waiting) != 1 or self._closed or loop.time() >= until:
-                return
+                break
+        return len(self._waiting) >= 2
 
     async def _pause(self, loop: asyncio.AbstractEventLoop) -> None:
         """After a batch, let requests gather for the next one, while they keep coming (see the module doc)."""

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from core.domain import N_ACTIONS, Action, Context, Decision, DecisionRequest, PageType, Source
+from server import batching
 from server.batching import BatcherClosed, MicroBatcher, Overloaded
 
 T = TypeVar("T")
@@ -192,13 +193,125 @@ def test_requests_reaching_a_busy_loop_one_by_one_are_gathered() -> None:
     asyncio.run(main())
 
 
+@pytest.fixture
+def always_busy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every lone request looks ahead: for the look-ahead's own bounds, whatever else shares the machine (a loaded CI
+    runner preempts the loop's thread, and its busy share falls; the gate's own tests are the two above)."""
+    monkeypatch.setattr(batching, "BUSY_SHARE", 0.0)
+
+
+class Burner:
+    """Another task on the loop that holds its thread ``turn_s`` of CPU a turn and counts its turns (a busy loop)."""
+
+    def __init__(self, turn_s: float, on_turn: Callable[[int], None] = lambda turn: None) -> None:
+        self.turns, self._turn_s, self._on_turn, self._stop = 0, turn_s, on_turn, False
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        while not self._stop:
+            _burn(self._turn_s)
+            self.turns += 1
+            self._on_turn(self.turns)
+            await asyncio.sleep(0)
+
+    async def stop(self) -> None:
+        self._stop = True
+        await within(self._task)
+
+
+def test_a_look_ahead_ends_at_the_callers_deadline(always_busy: None) -> None:
+    async def main() -> None:
+        batcher, model = MicroBatcher(max_batch=64, max_queue=100, gap_s=5.0), Model()  # a gap past the 8 turns
+        batcher.start()
+        burner = Burner(0.01)
+        await asyncio.sleep(0)
+        before = burner.turns
+        give_up_at = asyncio.get_running_loop().time() + 0.03
+        assert (await within(batcher.decide(model, REQUEST, CONTEXT, "lone", give_up_at))).rule == "lone"
+        used = burner.turns - before
+        await burner.stop()
+        assert batcher.look_aheads == 1 and model.calls == [["lone"]]
+        assert used <= 6, used  # 30 ms of 10 ms turns, not all 8 of them
+        await within(batcher.close())
+
+    asyncio.run(main())
+
+
+def test_a_look_ahead_ends_when_a_second_request_comes_and_pausing_begins(always_busy: None) -> None:
+    async def main() -> None:
+        batcher, model = MicroBatcher(max_batch=64, max_queue=100, gap_s=5.0), Model()
+        batcher.start()
+        second: list[asyncio.Future[Decision]] = []
+        asked_at: list[int] = []
+
+        def on_turn(turn: int) -> None:
+            if asked_at and not second and turn >= asked_at[0] + 2:
+                second.append(ask(batcher, model, "second"))
+
+        burner = Burner(0.005, on_turn)
+        await asyncio.sleep(0)
+        asked_at.append(burner.turns)
+        assert (await within(ask(batcher, model, "first"))).rule == "first"
+        used = burner.turns - asked_at[0]
+        assert (await within(second[0])).rule == "second"
+        await burner.stop()
+        assert model.calls == [["first", "second"]] and batcher._pausing
+        assert used <= 5, used  # the turn the second came, not all 8
+        await within(batcher.close())
+
+    asyncio.run(main())
+
+
+def test_a_pair_found_by_a_look_ahead_right_after_a_pause_turns_pausing_back_on(always_busy: None) -> None:
+    """A pause that gathers nothing turns pausing off; the lone request's look-ahead then finds a second: on again."""
+    async def main() -> None:
+        model = Model()
+        batcher = await pausing_after_a_pair(model, gap_s=0.02)
+        asked: list[asyncio.Future[Decision]] = []
+
+        def on_turn(_turn: int) -> None:
+            if not batcher._pausing and not asked:  # the pause is over and pausing is off: the look-ahead runs
+                asked.append(ask(batcher, model, "second"))
+
+        burner = Burner(0.0002, on_turn)
+        assert (await within(ask(batcher, model, "lone"))).rule == "lone"
+        assert (await within(asked[0])).rule == "second"
+        await burner.stop()
+        assert model.calls[-1] == ["lone", "second"] and batcher.look_aheads == 1
+        assert batcher._pausing
+        await within(batcher.close())
+
+    asyncio.run(main())
+
+
+def test_close_during_a_look_ahead_answers_the_lone_request(always_busy: None) -> None:
+    async def main() -> None:
+        batcher, model = MicroBatcher(max_batch=64, max_queue=100, gap_s=5.0), Model()
+        batcher.start()
+        burner = Burner(0.001)
+        await asyncio.sleep(0)
+        before = burner.turns
+        lone = ask(batcher, model, "lone")
+        await asyncio.sleep(0)  # the worker takes it and looks ahead
+        await within(batcher.close())
+        used = burner.turns - before
+        assert (await within(lone)).rule == "lone"
+        await burner.stop()
+        assert batcher.look_aheads == 1 and model.calls == [["lone"]]
+        assert used <= 10, used  # the look-ahead ended at close (8 turns in all here), not after its 8 (14)
+        with pytest.raises(BatcherClosed):
+            ask(batcher, model, "after")
+
+    asyncio.run(main())
+
+
 def test_a_lone_caller_on_an_idle_loop_does_not_look_ahead() -> None:
     async def main() -> None:
         batcher, model = MicroBatcher(max_batch=64, max_queue=100), Model(run_s=0.001)
         batcher.start()
         for i in range(5):
+            await asyncio.sleep(0.005)  # the loop waits for the call, as it does for a client's
             assert (await within(ask(batcher, model, f"alone{i}"))).rule == f"alone{i}"
-            await asyncio.sleep(0.005)  # the loop waits for the next call, as it does for a client's
         assert batcher.look_aheads == 0 and model.calls == [[f"alone{i}"] for i in range(5)]
         await within(batcher.close())
 
