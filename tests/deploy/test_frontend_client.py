@@ -13,7 +13,7 @@ from typing import Any
 
 import grpc
 
-from tests.deploy.test_deploy_docs import code_blocks
+from tests.deploy.test_deploy_docs import code_blocks, text
 from tests.harness import ServerThread, make_config, request, stub
 
 HEADLESS = "dns:///shopping-agent-headless.shopping-agent.svc.cluster.local:50051"
@@ -88,3 +88,41 @@ def test_past_the_streaming_budget_the_client_skips_that_server_until_a_watch_fi
     finally:
         full.stop()
         other.stop()
+
+
+def _established_to(port: int) -> int:
+    """TCP connections from this host to ``port`` that are established (state 01; grpc's sockets may be IPv6 ones
+    holding a mapped IPv4 address, so both tables)."""
+    rows = []
+    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(name) as table:
+            rows += [line.split() for line in table.readlines()[1:]]
+    return sum(1 for row in rows if row[3] == "01" and int(row[2].rsplit(":", 1)[1], 16) == port)
+
+
+def test_identical_channels_share_a_connection_and_a_local_subchannel_pool_gives_each_its_own() -> None:
+    """docs/deploy.md, a busy client: one connection's calls are admitted one at a time, and the way to more than one
+    connection a pod is the option the docs name (grpc's global subchannel pool otherwise shares one)."""
+    live = ServerThread(make_config())
+    live.start()
+    try:
+        port = int(live.target.rsplit(":", 1)[1])
+        local_pool = '("grpc.use_local_subchannel_pool", 1)'
+        assert local_pool in text()  # what the docs tell a busy client to add
+        for extra, expected in (("", 1), (f", {local_pool}", 3)):
+            block = code_blocks("python")[0].replace('("grpc.enable_retries", 1)]', f'("grpc.enable_retries", 1){extra}]')
+            channels = []
+            for _ in range(3):
+                namespace: dict[str, Any] = {}
+                exec(block.replace(HEADLESS, f"ipv4:{live.target}"), namespace)
+                channels.append(namespace["channel"])
+                assert stub(namespace["channel"]).RecommendAction(request(), timeout=2).decision_id
+            time.sleep(0.2)
+            assert _established_to(port) == expected
+            for channel in channels:
+                channel.close()
+            deadline = time.monotonic() + 5
+            while _established_to(port) and time.monotonic() < deadline:  # the closed channels' connections go
+                time.sleep(0.05)
+    finally:
+        live.stop()
