@@ -124,5 +124,6 @@ def test_identical_channels_share_a_connection_and_a_local_subchannel_pool_gives
             deadline = time.monotonic() + 5
             while _established_to(port) and time.monotonic() < deadline:  # the closed channels' connections go
                 time.sleep(0.05)
+            assert _established_to(port) == 0, "the closed channels' connections stayed open"
     finally:
         live.stop()

@@ -196,7 +196,8 @@ def test_requests_reaching_a_busy_loop_one_by_one_are_gathered() -> None:
 @pytest.fixture
 def always_busy(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every lone request looks ahead: for the look-ahead's own bounds, whatever else shares the machine (a loaded CI
-    runner preempts the loop's thread, and its busy share falls; the gate's own tests are the two above)."""
+    runner preempts the loop's thread, and its busy share falls). The gate's own tests are
+    ``test_requests_reaching_a_busy_loop_one_by_one_are_gathered`` and ``test_a_lone_caller_on_an_idle_loop_does_not_look_ahead``."""
     monkeypatch.setattr(batching, "BUSY_SHARE", 0.0)
 
 
@@ -301,6 +302,21 @@ def test_close_during_a_look_ahead_answers_the_lone_request(always_busy: None) -
         assert used <= 10, used  # the look-ahead ended at close (8 turns in all here), not after its 8 (14)
         with pytest.raises(BatcherClosed):
             ask(batcher, model, "after")
+
+    asyncio.run(main())
+
+
+def test_with_batching_off_a_lone_request_never_looks_ahead(always_busy: None) -> None:
+    """``max_batch`` 1 (micro-batching off): a second request could never join, so waiting for one is only delay."""
+    async def main() -> None:
+        batcher, model = MicroBatcher(max_batch=1, max_queue=100, gap_s=5.0), Model()
+        batcher.start()
+        burner = Burner(0.0002)
+        await asyncio.sleep(0)
+        decisions = await within(asyncio.gather(*(ask(batcher, model, f"r{i}") for i in range(5))))
+        await burner.stop()
+        assert [d.rule for d in decisions] == [f"r{i}" for i in range(5)] and batcher.look_aheads == 0
+        await within(batcher.close())
 
     asyncio.run(main())
 
