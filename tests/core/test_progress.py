@@ -8,14 +8,7 @@ import json
 import pytest
 
 from core.progress import mode_for, progress
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.clock import ManualClock
 
 
 def _lines(out: io.StringIO) -> list[dict[str, object]]:
@@ -23,7 +16,7 @@ def _lines(out: io.StringIO) -> list[dict[str, object]]:
 
 
 def test_json_lines_come_every_interval_and_at_the_end_with_counts_and_eta() -> None:
-    out, clock = io.StringIO(), Clock()
+    out, clock = io.StringIO(), ManualClock(100.0)
     with progress("read.narrow", total=10, unit="segment", stream=out, mode="json", every_s=5.0, clock=clock) as bar:
         for _ in range(4):
             clock.now += 2.0  # 2 s a segment
@@ -38,7 +31,7 @@ def test_json_lines_come_every_interval_and_at_the_end_with_counts_and_eta() -> 
 
 def test_without_a_total_there_is_no_eta_and_an_exception_still_writes_the_final_line() -> None:
     out = io.StringIO()
-    with pytest.raises(RuntimeError), progress("simulate", stream=out, mode="json", clock=Clock()) as bar:
+    with pytest.raises(RuntimeError), progress("simulate", stream=out, mode="json", clock=ManualClock(100.0)) as bar:
         bar.update(2)
         raise RuntimeError("boom")
     (line,) = _lines(out)

@@ -19,12 +19,17 @@ from tests.harness import ServerThread, make_config, request, stub
 HEADLESS = "dns:///shopping-agent-headless.shopping-agent.svc.cluster.local:50051"
 
 
-def documented_channel(target: str) -> grpc.Channel:
-    """The Python block of docs/deploy.md, executed with its target replaced by ``target``: its ``channel``."""
+LAST_OPTION = '("grpc.enable_retries", 1)]'
+
+
+def documented_channel(target: str, more_options: str = "") -> grpc.Channel:
+    """The Python block of docs/deploy.md, executed with its target replaced by ``target`` (and ``more_options``, a
+    Python fragment such as ``', ("name", 1)'``, after its channel options): its ``channel``."""
     [block] = code_blocks("python")
-    assert HEADLESS in block
+    assert HEADLESS in block and LAST_OPTION in block
     namespace: dict[str, Any] = {}
-    exec(block.replace(HEADLESS, target), namespace)  # our own documentation, run as a frontend would run it
+    exec(block.replace(HEADLESS, target).replace(LAST_OPTION, LAST_OPTION[:-1] + more_options + "]"),
+         namespace)  # our own documentation, run as a frontend would run it
     channel: grpc.Channel = namespace["channel"]
     return channel
 
@@ -110,13 +115,9 @@ def test_identical_channels_share_a_connection_and_a_local_subchannel_pool_gives
         local_pool = '("grpc.use_local_subchannel_pool", 1)'
         assert local_pool in text()  # what the docs tell a busy client to add
         for extra, expected in (("", 1), (f", {local_pool}", 3)):
-            block = code_blocks("python")[0].replace('("grpc.enable_retries", 1)]', f'("grpc.enable_retries", 1){extra}]')
-            channels = []
-            for _ in range(3):
-                namespace: dict[str, Any] = {}
-                exec(block.replace(HEADLESS, f"ipv4:{live.target}"), namespace)
-                channels.append(namespace["channel"])
-                assert stub(namespace["channel"]).RecommendAction(request(), timeout=2).decision_id
+            channels = [documented_channel(f"ipv4:{live.target}", extra) for _ in range(3)]
+            for channel in channels:
+                assert stub(channel).RecommendAction(request(), timeout=2).decision_id
             time.sleep(0.2)
             assert _established_to(port) == expected
             for channel in channels:

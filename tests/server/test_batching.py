@@ -220,12 +220,19 @@ class Burner:
         await within(self._task)
 
 
+async def busy_batcher(turn_s: float, on_turn: Callable[[int], None] = lambda turn: None,
+                       max_batch: int = 64) -> tuple[MicroBatcher, Model, Burner]:
+    """A started batcher whose gap (5 s) outlasts any look-ahead's 8 turns, on a loop a ``Burner`` keeps busy."""
+    batcher = MicroBatcher(max_batch=max_batch, max_queue=100, gap_s=5.0)
+    batcher.start()
+    burner = Burner(turn_s, on_turn)
+    await asyncio.sleep(0)
+    return batcher, Model(), burner
+
+
 def test_a_look_ahead_ends_at_the_callers_deadline(always_busy: None) -> None:
     async def main() -> None:
-        batcher, model = MicroBatcher(max_batch=64, max_queue=100, gap_s=5.0), Model()  # a gap past the 8 turns
-        batcher.start()
-        burner = Burner(0.01)
-        await asyncio.sleep(0)
+        batcher, model, burner = await busy_batcher(0.01)
         before = burner.turns
         give_up_at = asyncio.get_running_loop().time() + 0.03
         assert (await within(batcher.decide(model, REQUEST, CONTEXT, "lone", give_up_at))).rule == "lone"
@@ -240,17 +247,14 @@ def test_a_look_ahead_ends_at_the_callers_deadline(always_busy: None) -> None:
 
 def test_a_look_ahead_ends_when_a_second_request_comes_and_pausing_begins(always_busy: None) -> None:
     async def main() -> None:
-        batcher, model = MicroBatcher(max_batch=64, max_queue=100, gap_s=5.0), Model()
-        batcher.start()
         second: list[asyncio.Future[Decision]] = []
         asked_at: list[int] = []
 
         def on_turn(turn: int) -> None:
-            if asked_at and not second and turn >= asked_at[0] + 2:
+            if asked_at and not second and turn >= asked_at[0] + 2:  # (only once the first is asked, below)
                 second.append(ask(batcher, model, "second"))
 
-        burner = Burner(0.005, on_turn)
-        await asyncio.sleep(0)
+        batcher, model, burner = await busy_batcher(0.005, on_turn)
         asked_at.append(burner.turns)
         assert (await within(ask(batcher, model, "first"))).rule == "first"
         used = burner.turns - asked_at[0]
@@ -287,10 +291,7 @@ def test_a_pair_found_by_a_look_ahead_right_after_a_pause_turns_pausing_back_on(
 
 def test_close_during_a_look_ahead_answers_the_lone_request(always_busy: None) -> None:
     async def main() -> None:
-        batcher, model = MicroBatcher(max_batch=64, max_queue=100, gap_s=5.0), Model()
-        batcher.start()
-        burner = Burner(0.001)
-        await asyncio.sleep(0)
+        batcher, model, burner = await busy_batcher(0.001)
         before = burner.turns
         lone = ask(batcher, model, "lone")
         await asyncio.sleep(0)  # the worker takes it and looks ahead
@@ -309,10 +310,7 @@ def test_close_during_a_look_ahead_answers_the_lone_request(always_busy: None) -
 def test_with_batching_off_a_lone_request_never_looks_ahead(always_busy: None) -> None:
     """``max_batch`` 1 (micro-batching off): a second request could never join, so waiting for one is only delay."""
     async def main() -> None:
-        batcher, model = MicroBatcher(max_batch=1, max_queue=100, gap_s=5.0), Model()
-        batcher.start()
-        burner = Burner(0.0002)
-        await asyncio.sleep(0)
+        batcher, model, burner = await busy_batcher(0.0002, max_batch=1)
         decisions = await within(asyncio.gather(*(ask(batcher, model, f"r{i}") for i in range(5))))
         await burner.stop()
         assert [d.rule for d in decisions] == [f"r{i}" for i in range(5)] and batcher.look_aheads == 0

@@ -20,6 +20,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 
 from server import supervised, transport, workers
+from tests.clock import ManualClock
 from tests.harness import Spawned, make_config, request, spawn_server, stub
 
 
@@ -146,18 +147,10 @@ def test_a_worker_whose_event_loop_stops_is_killed_and_takes_the_pod_down() -> N
     assert not _alive(hung) and not _alive(other)
 
 
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_heartbeats_report_a_silent_worker_but_not_a_pause_they_shared_with_the_supervisor() -> None:
     """Real pipes, a stepped clock: a worker that stops writing is reported once silent past the stall time; a gap in
     the supervisor's own looks (the whole pod paused, a review killed both workers so) starts every worker afresh."""
-    clock = _Clock()
+    clock = ManualClock()
     beats = supervised.Heartbeats(3.0, clock)
     (r1, w1), (r2, w2) = beats.pipe(), beats.pipe()
     beats.watch(1, r1)
