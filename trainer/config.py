@@ -120,8 +120,9 @@ class TrainConfig:
     max_sessions: int | None = 30_000
     """Read at most this many of the window's sessions: a sample by keyed hash of the session id (``trainer.window``),
     the same on every rerun of the same logs and key. None: every session of the window. The default keeps a
-    cycle's peak memory flat in the log size and under 3 GB (about 2.1 GB: ``bench/cycle.py``, docs/performance.md),
-    and the gate 6,000 held-out sessions; more sessions narrow its intervals, at about 38 KB of memory each."""
+    cycle's peak memory under 3 GB (2.2 GB on 1 M logged decisions, 2.7 GB on 10 M: ``bench/cycle.py``,
+    docs/performance.md); the gate reads up to ``gate_sessions`` held-out sessions of the whole window apart from this
+    sample. More sessions narrow the intervals, at about 38 KB of memory each."""
     sample_key: int = 0
     """Key of that sample's hash; change it for another sample of the same logs."""
     heldout_fraction: float = 0.2

@@ -187,7 +187,7 @@ class WeightsStore:
     """The active bundle and its history in ``directory``; keeps the last ``keep`` published versions.
 
     ``validate`` judges a bundle before it is published or rolled back to (the server's own
-    check is ``weights.model_set.verify``); the store itself only reads manifests.
+    check is ``weights.validate.verify``); the store itself only reads manifests.
     """
 
     def __init__(self, directory: Path | str, validate: Validator, keep: int = 10) -> None:
