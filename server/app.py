@@ -73,9 +73,10 @@ class ShoppingAgentServer:
         metrics = self.metrics
         cut = (lambda reason: metrics.calls_cut.labels(reason=reason).inc()) if metrics is not None else None
         self.bounds = CallBounds(config.request_receive_timeout_seconds, config.max_streaming_calls,
-                                 config.max_waiting_calls_per_peer, cut)
+                                 config.max_waiting_calls_per_peer, cut, config.max_calls_per_peer)
         # the health port's own: its 64 slots would be one address's share of the service port's bounds
-        self.health_bounds = CallBounds(transport.HEALTH_RECEIVE_TIMEOUT_SECONDS, 0, transport.HEALTH_WAITING_PER_PEER, cut)
+        self.health_bounds = CallBounds(transport.HEALTH_RECEIVE_TIMEOUT_SECONDS, 0, transport.HEALTH_WAITING_PER_PEER, cut,
+                                        transport.HEALTH_CALLS_PER_PEER)
 
     async def start(self) -> int:
         """Bind, start serving (health NOT_SERVING), load the model in the background; return the port."""

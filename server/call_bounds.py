@@ -20,19 +20,31 @@ calls carry their request with their headers and hardly ever wait. Calls that st
 answers (``Health/Watch``, reflection) are also held to ``max_streams`` at once a process; past
 it a new one is refused with RESOURCE_EXHAUSTED and the unary methods keep their slots.
 
-``seconds`` 0 turns the receive timeout and the per-peer bound off (the methods stay grpc's unary
-handlers), for a port behind a proxy that bounds what a client holds; the streaming budget stays.
+The answer has the same limit as the request. A client can send whole requests and never let the
+server send their answers (an HTTP/2 flow-control window of 0, never opened): each call then stays in
+progress after its handler returned. An attack review (2026-12-06) held every slot that way from one
+address, with 48 connections and, per call, an 11-byte ``ReportOutcome``. So a call whose answer has
+not gone out ``seconds`` after its handler returned ends its connection (``server.connections``: grpc.aio
+cannot end one such call, and cancelling its task left its slot taken), which ends the client's other
+calls on it too, as a proxy's send timeout would; and at most ``max_calls_per_peer`` calls from one
+address are in progress at once (from their start to their answer's delivery), past which a new call
+from there is refused with RESOURCE_EXHAUSTED.
+
+``seconds`` 0 turns the receive and answer timeouts and the per-peer bounds off (the methods stay grpc's
+unary handlers), for a port behind a proxy that bounds what a client holds; the streaming budget stays.
 
 What it costs (a one-off probe: a grpc.aio echo server and client in one process, 64 calls in
 flight, 3 kB messages, eight rounds, medians): 251 µs a call served as unary, 260–271 as a
 streaming-request read, 262–279 with these bounds; ``bench.ab_trees`` on the real server at 64 in
 flight, four runs: b/a 0.965, 1.061, 0.962 and 0.958, server CPU a request 0.99, 0.95, 1.04 and 1.05;
-with ``seconds`` 0, 0.996.
+with ``seconds`` 0, 0.996. The answers' bookkeeping (2026-12-06, five rounds): b/a 1.033, CPU a request 0.97, i.e.
+within the noise; a done callback a call, tried first to count calls in progress, cost 0.931.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import inspect
 from collections.abc import AsyncIterator, Callable
@@ -40,6 +52,8 @@ from typing import Any, NoReturn
 
 import grpc
 from grpc import aio
+
+from server import connections
 
 TICKS_PER_TIMEOUT = 4
 """Sweeps a receive timeout: a call is ended between ``seconds`` and ``seconds * (1 + 1/TICKS)`` after it started."""
@@ -59,14 +73,19 @@ class CallBounds:
     process's servers (one event loop)."""
 
     def __init__(self, seconds: float, max_streams: int, max_waiting_per_peer: int,
-                 on_cut: Callable[[str], None] | None = None) -> None:
+                 on_cut: Callable[[str], None] | None = None, max_calls_per_peer: int = 0) -> None:
         self.seconds = seconds
         self.max_streams = max_streams
         self.max_waiting_per_peer = max_waiting_per_peer
+        self.max_calls_per_peer = max_calls_per_peer  # 0: no bound
         self._on_cut = on_cut  # a counter of the calls ended here, by reason
         self._waiting: dict[asyncio.Task[Any], float] = {}  # handler task → when it started waiting (insertion order)
         self._late: set[asyncio.Task[Any]] = set()
         self._per_peer: dict[str, int] = {}  # calls waiting for their request, by the peer's address (no port)
+        self._running: dict[str, int] = {}  # handlers running after their request arrived, by address
+        # answers handed to grpc, by address, in time order: (since when, the call's task, the peer with its port); a
+        # done task's entry is dropped at the address's next call or the next sweep (no callback a call: they cost 7 %)
+        self._answers: dict[str, collections.deque[tuple[float, asyncio.Task[Any], str]]] = {}
         self._streams = 0
         self._sweeper: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -75,6 +94,23 @@ class CallBounds:
     def waiting(self) -> int:
         """Calls whose handler has started and whose request has not arrived yet."""
         return len(self._waiting)
+
+    @property
+    def answering(self) -> int:
+        """Calls whose handler has returned and whose answer has not been sent yet."""
+        return sum(not task.done() for answers in self._answers.values() for _, task, _ in answers)
+
+    def calls_from(self, host: str) -> int:
+        """Calls from ``host`` (``peer_host``'s form) in progress: waiting for their request, being answered, or
+        their answer not yet sent."""
+        answers = self._answers.get(host)
+        if answers is not None:
+            while answers and answers[0][1].done():  # delivered (they end roughly in order)
+                answers.popleft()
+            if not answers:
+                del self._answers[host]
+                answers = None
+        return self._per_peer.get(host, 0) + self._running.get(host, 0) + (len(answers) if answers else 0)
 
     def start(self) -> None:
         """On the servers' event loop, before they serve (with ``seconds`` 0 there is nothing to sweep)."""
@@ -100,12 +136,33 @@ class CallBounds:
                 del self._waiting[task]
                 self._late.add(task)
                 task.cancel()
+            stuck: set[str] = set()
+            for host in list(self._answers):
+                answers = self._answers[host]
+                late = [peer for since, task, peer in answers if since <= cutoff and not task.done()]
+                kept = collections.deque(entry for entry in answers if entry[0] > cutoff and not entry[1].done())
+                if kept:
+                    self._answers[host] = kept
+                else:
+                    del self._answers[host]
+                stuck.update(late)
+                if late and self._on_cut is not None:
+                    for _ in late:
+                        self._on_cut("answer_timeout")
+            for peer in stuck:  # each such call ends with its connection
+                connections.shut_down(peer)
 
-    async def request(self, context: aio.ServicerContext[Any, Any]) -> Any:
-        """The call's one request message; the call is ended (``abort``) when it does not arrive within the timeout,
-        when ``max_waiting_per_peer`` of the peer's calls are already waiting, or when the client ends its stream
-        without one. (One coroutine on RecommendAction's path: each frame is time of the event loop's.)"""
-        host = peer_host(context.peer())
+    async def request(self, context: aio.ServicerContext[Any, Any]) -> tuple[Any, str]:
+        """The call's one request message, and the peer's address (``peer_host``); the call is ended (``abort``) when
+        ``max_calls_per_peer`` of the address's calls are in progress, when ``max_waiting_per_peer`` of them are
+        waiting for their request, when it does not arrive within the timeout, or when the client ends its stream
+        without one. Once it returns, the call counts as running until ``handled``. (One coroutine on
+        RecommendAction's path: each frame is time of the event loop's.)"""
+        peer = context.peer()
+        host = peer_host(peer)
+        if self.max_calls_per_peer and self.calls_from(host) >= self.max_calls_per_peer:
+            await self._end(context, grpc.StatusCode.RESOURCE_EXHAUSTED, "peer_calls",
+                            f"{self.max_calls_per_peer} calls from this address are already in progress")
         held = self._per_peer.get(host, 0)
         if held >= self.max_waiting_per_peer:
             await self._end(context, grpc.StatusCode.RESOURCE_EXHAUSTED, "peer_waiting",
@@ -135,7 +192,26 @@ class CallBounds:
                             f"the request message did not arrive within {self.seconds:g} s of the call's start")
         if request is aio.EOF:
             await self._end(context, grpc.StatusCode.INVALID_ARGUMENT, "no_request", "the call ended without a request message")
-        return request
+        self._running[host] = self._running.get(host, 0) + 1
+        return request, peer
+
+    def handled(self, host: str) -> None:
+        """A handler that ``request`` admitted has returned or raised."""
+        left = self._running[host] - 1
+        if left:
+            self._running[host] = left
+        else:
+            del self._running[host]  # the map holds addresses with handlers running only
+
+    def answer_pending(self, host: str, peer: str) -> None:
+        """The running call's answer is in grpc's hands: from now it has ``seconds`` to go out (``peer``: grpc's,
+        ``host``: its address)."""
+        task = asyncio.current_task()
+        assert task is not None
+        answers = self._answers.get(host)
+        if answers is None:
+            answers = self._answers[host] = collections.deque()
+        answers.append(((self._loop or asyncio.get_running_loop()).time(), task, peer))
 
     async def _end(self, context: aio.ServicerContext[Any, Any], code: grpc.StatusCode, reason: str, details: str) -> NoReturn:
         if self._on_cut is not None:
@@ -165,7 +241,14 @@ class CallBounds:
             unary = handler.unary_unary
 
             async def answer(_requests: Any, context: aio.ServicerContext[Any, Any]) -> Any:
-                return await unary(await self.request(context), context)
+                request, peer = await self.request(context)
+                host = peer_host(peer)
+                try:
+                    response = await unary(request, context)
+                finally:
+                    self.handled(host)
+                self.answer_pending(host, peer)
+                return response
 
             return grpc.stream_unary_rpc_method_handler(answer, **serializers)
         if not handler.response_streaming:  # none is served: fail at start rather than serve one outside the budget
@@ -188,7 +271,11 @@ class CallBounds:
 
         async def answer_one(_requests: Any, context: aio.ServicerContext[Any, Any]) -> None:
             async with self._stream(context):
-                await _write_all(one_to_many(await self.request(context), context), context)
+                request, peer = await self.request(context)
+                try:
+                    await _write_all(one_to_many(request, context), context)
+                finally:
+                    self.handled(peer_host(peer))
 
         return grpc.stream_stream_rpc_method_handler(answer_one, **serializers)
 

@@ -97,13 +97,18 @@ class Config:
     max_concurrent_streams: int = _opt(256, "calls in progress at once on one connection (HTTP/2 MAX_CONCURRENT_STREAMS); "
                                             "the server refuses the streams past it")
     request_receive_timeout_seconds: float = _opt(
-        2.0, "a call whose request message has not arrived this long after it started is ended (DEADLINE_EXCEEDED): grpc "
-             "counts a call against --max-concurrent-rpcs from its headers, so calls that never send their request would "
-             "hold those slots for as long as their connection lasts; 0: off, with --max-waiting-calls-per-peer (for a port "
-             "behind a proxy that bounds what a client holds: the read costs about 4 per cent of the throughput)")
+        2.0, "a call whose request message has not arrived this long after it started is ended (DEADLINE_EXCEEDED), and "
+             "one whose answer has not gone out this long after it was ready is cancelled: grpc counts a call against "
+             "--max-concurrent-rpcs from its headers to its answer's delivery, so calls that never send their request, or "
+             "never let the server send the answer, would hold those slots for as long as their connection lasts; 0: off, "
+             "with the per-peer bounds (for a port behind a proxy that bounds what a client holds: the read costs about "
+             "4 per cent of the throughput)")
     max_waiting_calls_per_peer: int = _opt(64, "calls from one address (the peer's IP) that may wait for their request "
                                                "at once in a process; past it a new call from there gets RESOURCE_EXHAUSTED, "
                                                "so one client reopening calls it never completes cannot hold the others' slots")
+    max_calls_per_peer: int = _opt(1024, "calls from one address in progress at once in a process (from the call's "
+                                         "start to its answer's delivery); past it a new call from there gets "
+                                         "RESOURCE_EXHAUSTED, so one client cannot hold every --max-concurrent-rpcs slot")
     max_streaming_calls: int = _opt(256, "streaming calls (Health/Watch, reflection) in progress at once in a process; past "
                                          "it new ones get RESOURCE_EXHAUSTED, so streams that never end cannot take the "
                                          "slots of RecommendAction's calls")
@@ -174,7 +179,8 @@ class Config:
         if self.max_connections is not None and self.max_connections < self.grpc_servers:
             problems.append(f"max_connections: {self.max_connections} cannot be shared out between {self.grpc_servers} "
                             "--grpc-servers (at least one connection each)")
-        for name in ("workers", "intra_op_threads", "max_streaming_calls", "max_waiting_calls_per_peer", "max_batch",
+        for name in ("workers", "intra_op_threads", "max_streaming_calls", "max_waiting_calls_per_peer", "max_calls_per_peer",
+                     "max_batch",
                      "max_queue", "max_recent_behavior_ids", "max_id_length", "max_message_bytes", "log_queue",
                      "log_flush_rows"):
             if getattr(self, name) < 1:

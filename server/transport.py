@@ -58,6 +58,9 @@ port behind a proxy, and no proxy stands before the kubelet's probes)."""
 HEALTH_WAITING_PER_PEER = 8
 """Of them, how many one address may have waiting for their request (``server.call_bounds``): the kubelet's probes send
 theirs with their headers, so another address cannot take the port's slots alone."""
+HEALTH_CALLS_PER_PEER = 16
+"""And how many one address may have in progress at all (a call whose answer it does not take counts until it is cut):
+the kubelet runs a pod's three probes a few at a time."""
 
 
 def _ms(seconds: float) -> int:

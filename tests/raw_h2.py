@@ -3,7 +3,8 @@
 grpc's own clients respect the server's SETTINGS (they queue calls beyond
 MAX_CONCURRENT_STREAMS locally) and always send their request; an attacker does neither.
 This client opens streams with HEADERS only (no DATA: "a call that never sent its message"),
-sends PINGs as fast as it likes, and records what the server answers, frame by frame.
+sends PINGs as fast as it likes, sends whole requests with a flow-control window of 0 so that no answer can come back
+("a client that never takes its answers"), and records what the server answers, frame by frame.
 The ``h2`` package is not a dependency; the framing (RFC 9113) and the literal-only subset of
 HPACK (RFC 7541, no Huffman, no table) it needs fit here.
 """
@@ -24,7 +25,7 @@ PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 DATA, HEADERS, RST_STREAM, SETTINGS, PING, GOAWAY, WINDOW_UPDATE = 0x0, 0x1, 0x3, 0x4, 0x6, 0x7, 0x8
 END_STREAM, ACK, END_HEADERS = 0x1, 0x1, 0x4
 REFUSED_STREAM, ENHANCE_YOUR_CALM = 0x7, 0xB
-SETTINGS_MAX_CONCURRENT_STREAMS = 0x3
+SETTINGS_MAX_CONCURRENT_STREAMS, SETTINGS_INITIAL_WINDOW_SIZE = 0x3, 0x4
 
 
 def frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
@@ -68,8 +69,10 @@ class RawH2:
     """One HTTP/2 connection, plaintext or TLS (ALPN h2); a thread reads the server's frames."""
 
     def __init__(self, host: str, port: int, tls: ssl.SSLContext | None = None, timeout: float = 10,
-                 answer_pings: bool = True, source: str | None = None) -> None:
+                 answer_pings: bool = True, source: str | None = None, window: int | None = None) -> None:
         self.answer_pings = answer_pings  # False: a peer that has gone away without closing (keepalive finds it)
+        # window: each stream's initial flow-control window the client grants (0: the server may send no DATA, and the
+        # client never sends WINDOW_UPDATE)
         # source: the address to connect from (127.0.0.2: another client than the tests' grpc channels on 127.0.0.1)
         sock = socket.create_connection((host, port), timeout=timeout, source_address=(source, 0) if source else None)
         if tls is not None:
@@ -81,7 +84,8 @@ class RawH2:
         self._settings_acked = threading.Event()
         self._reader = threading.Thread(target=self._read, name="raw-h2", daemon=True)
         try:
-            self.send(PREFACE + frame(SETTINGS, 0, 0))  # first: the reader thread answers the server's SETTINGS
+            settings = b"" if window is None else struct.pack(">HI", SETTINGS_INITIAL_WINDOW_SIZE, window)
+            self.send(PREFACE + frame(SETTINGS, 0, 0, settings))  # first: the reader thread answers the server's SETTINGS
             self._reader.start()
             if not self._settings_acked.wait(timeout):
                 raise TimeoutError("no SETTINGS from the server")
@@ -109,6 +113,13 @@ class RawH2:
                 batch.clear()
         if batch:
             self.send(bytes(batch))
+        return ids
+
+    def send_calls(self, path: str, message: bytes, n: int) -> list[int]:
+        """Start ``n`` calls to ``path`` and send each its whole request (``message``, serialized) at once."""
+        ids = self.open_calls(path, n)
+        for stream_id in ids:
+            self.send_request(stream_id, message)
         return ids
 
     def end_without_request(self, stream_id: int) -> None:

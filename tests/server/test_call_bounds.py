@@ -1,5 +1,6 @@
-"""What one call may hold of the port (server/call_bounds.py): its request within a time limit, streams within a budget,
-and connections within a cap. The attacker is tests/raw_h2.py, or a stock grpc client holding Health/Watch streams."""
+"""What one call may hold of the port (server/call_bounds.py): its request and its answer within a time limit, one
+address's calls within a share, streams within a budget, and connections within a cap. The attacker is
+tests/raw_h2.py, or a stock grpc client holding Health/Watch streams."""
 
 from __future__ import annotations
 
@@ -59,6 +60,48 @@ def test_one_address_cannot_hold_more_than_its_share_of_waiting_calls() -> None:
         assert _refused(live.target) is None  # another address (127.0.0.1) keeps its calls
         assert live.registry.get_sample_value(CUT, {"reason": "peer_waiting"}) == 56
         assert live.registry.get_sample_value(CUT, {"reason": "receive_timeout"}) == 0
+
+
+def _until(condition: object, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_a_connection_that_never_takes_its_answers_is_closed_and_its_calls_give_their_slots_back() -> None:
+    # Before: whole requests on streams whose flow-control window the client never opened held every slot for as long
+    # as the connections lasted (an attack review, from one address): their answers could not go out. Cancelling the
+    # calls' tasks did not free the slots either; ending the connection does.
+    with running_server(max_concurrent_rpcs=32, grpc_servers=1, request_receive_timeout_seconds=1.0) as live, \
+            RawH2("127.0.0.1", port_of(live), source="127.0.0.2", window=0) as raw:
+        assert live.server is not None
+        bounds = live.server.bounds
+        timed_call(live.target)  # the model loaded
+        started = time.monotonic()
+        raw.send_calls(METHOD, request().SerializeToString(), 32)
+        _until(lambda: bounds.answering == 32)
+        assert _refused(live.target) == grpc.StatusCode.RESOURCE_EXHAUSTED  # every slot held
+        assert raw.wait_for(lambda seen: seen.closed, timeout=10), raw.seen
+        assert 1.0 <= time.monotonic() - started < 8
+        assert raw.seen.frames[DATA] == 0  # no answer went out
+        assert _refused(live.target) is None
+        assert live.registry.get_sample_value(CUT, {"reason": "answer_timeout"}) == 32
+        _until(lambda: bounds.answering == 0 and bounds.calls_from("ipv4:127.0.0.2") == 0)
+
+
+def test_one_address_cannot_hold_more_than_its_share_of_calls_in_progress() -> None:
+    with running_server(max_concurrent_rpcs=64, grpc_servers=1, request_receive_timeout_seconds=30,
+                        max_calls_per_peer=8) as live, \
+            RawH2("127.0.0.1", port_of(live), source="127.0.0.2", window=0) as raw:
+        assert live.server is not None
+        timed_call(live.target)
+        raw.send_calls(METHOD, request().SerializeToString(), 64)
+        assert raw.wait_for(lambda seen: len(seen.ended_streams) == 56, timeout=10), raw.seen  # refused at their start
+        assert live.server.bounds.calls_from("ipv4:127.0.0.2") == 8 and live.server.bounds.answering == 8
+        assert _refused(live.target) is None  # another address (127.0.0.1) keeps its calls
+        assert live.registry.get_sample_value(CUT, {"reason": "peer_calls"}) == 56
+        assert live.registry.get_sample_value(CUT, {"reason": "answer_timeout"}) == 0
 
 
 def test_a_call_that_ends_without_a_request_is_invalid_and_counted() -> None:
@@ -128,6 +171,25 @@ def test_the_health_port_answers_check_only_and_one_address_cannot_fill_it() -> 
             with pytest.raises(grpc.RpcError) as info:
                 next(health_stub.Watch(health_pb2.HealthCheckRequest(), timeout=5))
             assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_the_health_port_ends_a_connection_that_takes_no_answers() -> None:
+    # Before: 64 whole Check calls on a connection that took no answers failed every probe until it closed.
+    with running_server(health_port=0) as live:
+        assert live.server is not None and live.server.health_port is not None
+        port, bounds = live.server.health_port, live.server.health_bounds
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch, \
+                RawH2("127.0.0.1", port, source="127.0.0.2", window=0) as raw:
+            raw.send_calls("/grpc.health.v1.Health/Check", health_pb2.HealthCheckRequest().SerializeToString(),
+                           transport.HEALTH_MAX_CONCURRENT_RPCS)
+            past = transport.HEALTH_MAX_CONCURRENT_RPCS - transport.HEALTH_CALLS_PER_PEER
+            assert raw.wait_for(lambda seen: len(seen.ended_streams) == past, timeout=10), raw.seen
+            assert bounds.answering == transport.HEALTH_CALLS_PER_PEER
+            assert health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5).status in (
+                health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING)
+            assert raw.wait_for(lambda seen: seen.closed, timeout=10), raw.seen
+            assert raw.seen.frames[DATA] == 0
+        assert live.registry.get_sample_value(CUT, {"reason": "answer_timeout"}) == transport.HEALTH_CALLS_PER_PEER
 
 
 def test_connections_past_the_cap_are_closed_and_the_held_ones_keep_working() -> None:

@@ -1,0 +1,68 @@
+"""Ending one client connection of this process by its peer address, under grpc's feet.
+
+grpc.aio gives a server no way to end one call whose answer is stuck: a stream whose flow-control
+window the client never opens keeps its answer queued in grpc-core, and cancelling the handler's
+task leaves the call, and its ``--max-concurrent-rpcs`` slot, in place (measured: the slot stayed
+taken). The connection is what can be ended, as a proxy's send timeout does: this finds the
+process's TCP socket whose peer is that address (``/proc/self/fd``, Linux) and shuts it down. grpc
+then sees the connection fail, cancels its streams and frees their slots; the descriptor stays
+grpc's (a duplicate is shut down and closed, never grpc's own), so it is never closed twice.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+import stat
+
+_FDS = "/proc/self/fd"
+
+
+def _ip(text: str) -> str:
+    """An address in one form: a v4-mapped IPv6 address (a dual-stack socket's view of an IPv4 peer) as its IPv4."""
+    ip = ipaddress.ip_address(text.strip("[]").split("%")[0])
+    mapped = ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) else None
+    return str(mapped or ip)
+
+
+def peer_address(peer: str) -> tuple[str, int] | None:
+    """grpc's peer string as ``(ip, port)`` (``ipv4:10.0.0.7:41234``, ``ipv6:[::1]:5``; ``ipv6:%5B::1%5D:5`` too);
+    ``None`` for anything else (a unix socket)."""
+    if not peer.startswith(("ipv4:", "ipv6:")):
+        return None
+    host, _, port = peer[5:].replace("%5B", "[").replace("%5D", "]").rpartition(":")
+    try:
+        return _ip(host), int(port)
+    except ValueError:
+        return None
+
+
+def shut_down(peer: str) -> bool:
+    """Shut down (both ways) this process's TCP connection whose remote end is ``peer``; whether one was found."""
+    address = peer_address(peer)
+    if address is None:
+        return False
+    try:
+        names = os.listdir(_FDS)
+    except OSError:  # no /proc: nothing can be found
+        return False
+    for name in names:
+        try:
+            fd = int(name)
+            if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+                continue
+            copy = socket.socket(fileno=os.dup(fd))
+        except (ValueError, OSError):  # not a number, or closed since the listing
+            continue
+        with copy:
+            try:
+                if copy.type != socket.SOCK_STREAM or copy.family not in (socket.AF_INET, socket.AF_INET6):
+                    continue
+                remote = copy.getpeername()
+            except OSError:  # a listening socket, or one no longer connected
+                continue
+            if (_ip(remote[0]), remote[1]) == address:
+                copy.shutdown(socket.SHUT_RDWR)
+                return True
+    return False

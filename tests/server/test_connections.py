@@ -1,0 +1,47 @@
+"""server/connections.py: one connection of this process found by its peer's address and shut down (real sockets)."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from server.connections import peer_address, shut_down
+
+
+@pytest.mark.parametrize(("peer", "address"), [
+    ("ipv4:10.0.0.7:41234", ("10.0.0.7", 41234)),
+    ("ipv6:[::1]:5", ("::1", 5)),
+    ("ipv6:%5B::1%5D:5", ("::1", 5)),
+    ("ipv6:[::ffff:127.0.0.2]:80", ("127.0.0.2", 80)),  # a dual-stack socket's view of an IPv4 peer
+    ("ipv6:[fe80::1%eth0]:7", ("fe80::1", 7)),
+    ("unix:/tmp/s", None),
+    ("ipv4:not-an-address:1", None),
+    ("ipv4:10.0.0.7:port", None),
+])
+def test_peer_strings_as_grpc_writes_them(peer: str, address: tuple[str, int] | None) -> None:
+    assert peer_address(peer) == address
+
+
+def test_the_connection_to_that_peer_is_shut_down_and_no_other() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        with socket.create_connection(listener.getsockname()) as mine, \
+                socket.create_connection(listener.getsockname()) as other:
+            first, _ = listener.accept()
+            second, _ = listener.accept()
+            with first, second:
+                port = mine.getsockname()[1]
+                assert shut_down(f"ipv4:127.0.0.1:{port}")
+                mine.settimeout(5)
+                assert mine.recv(1) == b""  # the server's side was shut down: the client reads the end
+                other.sendall(b"x")
+                accepted = first if first.getpeername()[1] == other.getsockname()[1] else second
+                accepted.settimeout(5)
+                assert accepted.recv(1) == b"x"  # the other connection is untouched
+                assert first.fileno() >= 0 and second.fileno() >= 0  # still open: only shut down, never closed here
+
+
+def test_nothing_is_shut_down_for_an_address_with_no_connection() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        assert not shut_down(f"ipv4:127.0.0.1:{listener.getsockname()[1]}")  # a listening socket has no peer
+    assert not shut_down("unix:/tmp/nothing")
