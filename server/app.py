@@ -73,7 +73,8 @@ class ShoppingAgentServer:
         metrics = self.metrics
         cut = (lambda reason: metrics.calls_cut.labels(reason=reason).inc()) if metrics is not None else None
         self.bounds = CallBounds(config.request_receive_timeout_seconds, config.max_streaming_calls,
-                                 config.max_waiting_calls_per_peer, cut, config.max_calls_per_peer)
+                                 config.max_waiting_calls_per_peer, cut, config.max_calls_per_peer,
+                                 config.max_streaming_calls_per_peer)
         # the health port's own: its 64 slots would be one address's share of the service port's bounds
         self.health_bounds = CallBounds(transport.HEALTH_RECEIVE_TIMEOUT_SECONDS, 0, transport.HEALTH_WAITING_PER_PEER, cut,
                                         transport.HEALTH_CALLS_PER_PEER)

@@ -73,11 +73,14 @@ class CallBounds:
     process's servers (one event loop)."""
 
     def __init__(self, seconds: float, max_streams: int, max_waiting_per_peer: int,
-                 on_cut: Callable[[str], None] | None = None, max_calls_per_peer: int = 0) -> None:
+                 on_cut: Callable[[str], None] | None = None, max_calls_per_peer: int = 0,
+                 max_streams_per_peer: int = 0) -> None:
         self.seconds = seconds
         self.max_streams = max_streams
         self.max_waiting_per_peer = max_waiting_per_peer
         self.max_calls_per_peer = max_calls_per_peer  # 0: no bound
+        self.max_streams_per_peer = max_streams_per_peer  # 0: no bound
+        self._streams_per_peer: dict[str, int] = {}
         self._on_cut = on_cut  # a counter of the calls ended here, by reason
         self._waiting: dict[asyncio.Task[Any], float] = {}  # handler task → when it started waiting (insertion order)
         self._late: set[asyncio.Task[Any]] = set()
@@ -221,15 +224,28 @@ class CallBounds:
 
     @contextlib.asynccontextmanager
     async def _stream(self, context: aio.ServicerContext[Any, Any]) -> AsyncIterator[None]:
-        """A streaming call, counted against ``max_streams`` while it runs."""
+        """A streaming call, counted against ``max_streams`` while it runs, and against its address's share of them
+        (``max_streams_per_peer``): an attack review (2026-12-06) took all 256 with one channel's ``Watch`` streams,
+        and the clients that check health with ``Watch`` (docs/deploy.md) then sent the pod nothing."""
         if self._streams >= self.max_streams:
             await self._end(context, grpc.StatusCode.RESOURCE_EXHAUSTED, "streams",
                             f"at most {self.max_streams} streaming calls at once")
+        host = peer_host(context.peer())
+        held = self._streams_per_peer.get(host, 0)
+        if self.max_streams_per_peer and held >= self.max_streams_per_peer:
+            await self._end(context, grpc.StatusCode.RESOURCE_EXHAUSTED, "streams",
+                            f"at most {self.max_streams_per_peer} streaming calls from one address at once")
         self._streams += 1
+        self._streams_per_peer[host] = held + 1
         try:
             yield
         finally:
             self._streams -= 1
+            left = self._streams_per_peer[host] - 1
+            if left:
+                self._streams_per_peer[host] = left
+            else:
+                del self._streams_per_peer[host]
 
     def bound(self, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         """``handler`` with its one request read under the timeout, or (streaming) held to the budget."""

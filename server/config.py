@@ -112,6 +112,9 @@ class Config:
     max_streaming_calls: int = _opt(256, "streaming calls (Health/Watch, reflection) in progress at once in a process; past "
                                          "it new ones get RESOURCE_EXHAUSTED, so streams that never end cannot take the "
                                          "slots of RecommendAction's calls")
+    max_streaming_calls_per_peer: int = _opt(64, "of those, how many one address may hold at once; past it a new one "
+                                                 "from there gets RESOURCE_EXHAUSTED, so one client cannot take the "
+                                                 "Watch streams of the clients that check health with them")
     max_connections: int | None = _opt(16384, "client connections open at once in a process, shared out evenly between "
                                               "the --grpc-servers; past it the server closes new connections. A memory "
                                               "backstop (an idle connection holds about 16 KB: 16,384 of them fit the pod's "
@@ -179,7 +182,8 @@ class Config:
         if self.max_connections is not None and self.max_connections < self.grpc_servers:
             problems.append(f"max_connections: {self.max_connections} cannot be shared out between {self.grpc_servers} "
                             "--grpc-servers (at least one connection each)")
-        for name in ("workers", "intra_op_threads", "max_streaming_calls", "max_waiting_calls_per_peer", "max_calls_per_peer",
+        for name in ("workers", "intra_op_threads", "max_streaming_calls", "max_streaming_calls_per_peer", "max_waiting_calls_per_peer",
+                     "max_calls_per_peer",
                      "max_batch",
                      "max_queue", "max_recent_behavior_ids", "max_id_length", "max_message_bytes", "log_queue",
                      "log_flush_rows"):

@@ -154,6 +154,29 @@ def test_streams_that_never_end_are_held_to_a_budget_and_unary_calls_keep_their_
         assert live.registry.get_sample_value(CUT, {"reason": "streams"}) == 1
 
 
+def test_one_address_cannot_take_the_whole_streaming_budget() -> None:
+    # Before: 256 Watch streams on one channel took the whole budget, and clients that check health with Watch (the
+    # deploy docs' setup) then sent the pod nothing (an attack review, 2026-12-06).
+    with running_server(max_streaming_calls=8, max_streaming_calls_per_peer=3) as live:
+        with grpc.insecure_channel(live.target) as ch, RawH2("127.0.0.1", port_of(live), source="127.0.0.2") as other:
+            greedy = health_pb2_grpc.HealthStub(ch)
+            watches = [greedy.Watch(health_pb2.HealthCheckRequest(), timeout=30) for _ in range(3)]
+            try:
+                for watch in watches:
+                    next(watch)
+                with pytest.raises(grpc.RpcError) as info:
+                    next(greedy.Watch(health_pb2.HealthCheckRequest(), timeout=30))
+                assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                assert "from one address" in (info.value.details() or "")
+                (mine,) = other.send_calls("/grpc.health.v1.Health/Watch", health_pb2.HealthCheckRequest().SerializeToString(), 1)
+                assert other.wait_for(lambda seen: seen.frames[DATA] >= 1, timeout=5), other.seen  # another address: served
+                assert mine not in other.seen.ended_streams
+            finally:
+                for watch in watches:
+                    watch.cancel()
+        assert live.registry.get_sample_value(CUT, {"reason": "streams"}) == 1
+
+
 def test_the_health_port_answers_check_only_and_one_address_cannot_fill_it() -> None:
     # Before: 64 Watch streams, or 64 Checks that never sent their request, took every slot of the port the kubelet's
     # probes call.
