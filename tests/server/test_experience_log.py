@@ -186,6 +186,25 @@ def test_a_queue_at_flush_rows_is_written_without_waiting_for_the_timer(tmp_path
         RecorderOptions(flush_rows=0)
 
 
+def test_a_quarter_of_the_byte_bound_is_written_without_waiting_for_the_timer(tmp_path: Path) -> None:
+    """Large records (256-SKU product decisions, about 0.86 MB each) filled the byte bound long before flush_rows, so
+    honest ones were dropped while the writer slept out its timer (an attack review, 2026-12-06)."""
+    options = RecorderOptions(flush_seconds=60, flush_rows=1000, max_queue_bytes=8 * RECORD_BYTES)
+    recorder = ExperienceRecorder(tmp_path, b"k" * 32, options, Metrics(CollectorRegistry()).experience)
+    recorder.start()
+    try:
+        recorder.outcome(_report(0))
+        time.sleep(0.3)
+        assert recorder.written["outcomes"] == 0  # below a quarter (2 records' bytes): the 60 s timer
+        recorder.outcome(_report(1))
+        deadline = time.monotonic() + 10
+        while recorder.written["outcomes"] < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert recorder.written["outcomes"] == 2 and recorder.queued_bytes("outcomes") == 0
+    finally:
+        recorder.close()
+
+
 def test_the_byte_bound_counts_queued_records_then_the_encoded_ones_a_failed_write_holds(tmp_path: Path) -> None:
     """``max_queue_bytes`` against what records keep alive while queued (``retained_bytes``: ``RECORD_BYTES`` an outcome)
     and, after a failed write, against the encoded batch the writer holds; all of it is given back once written."""
