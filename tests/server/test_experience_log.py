@@ -165,6 +165,14 @@ def test_full_queue_drops_are_counted_and_logged(tmp_path: Path, caplog: pytest.
     assert value("shopping_agent_log_records_dropped_total", {"kind": "outcomes", "reason": "closed"}) == 1
 
 
+def _until_written(recorder: ExperienceRecorder, n: int) -> None:
+    """The writer thread has written ``n`` outcomes (within 10 s, far below the tests' 60 s timers)."""
+    deadline = time.monotonic() + 10
+    while recorder.written["outcomes"] < n and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert recorder.written["outcomes"] == n
+
+
 def test_a_queue_at_flush_rows_is_written_without_waiting_for_the_timer(tmp_path: Path) -> None:
     """What a busy server holds between flushes is bounded by rows, not by its throughput times flush_seconds."""
     metrics = Metrics(CollectorRegistry())
@@ -176,10 +184,8 @@ def test_a_queue_at_flush_rows_is_written_without_waiting_for_the_timer(tmp_path
         time.sleep(0.3)
         assert recorder.written["outcomes"] == 0  # below flush_rows: the 60 s timer
         recorder.outcome(_report(3))
-        deadline = time.monotonic() + 10
-        while recorder.written["outcomes"] < 4 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert recorder.written["outcomes"] == 4 and recorder.depth("outcomes") == 0
+        _until_written(recorder, 4)
+        assert recorder.depth("outcomes") == 0
     finally:
         recorder.close()
     with pytest.raises(ValueError, match="flush_rows must be >= 1"):
@@ -197,10 +203,8 @@ def test_a_quarter_of_the_byte_bound_is_written_without_waiting_for_the_timer(tm
         time.sleep(0.3)
         assert recorder.written["outcomes"] == 0  # below a quarter (2 records' bytes): the 60 s timer
         recorder.outcome(_report(1))
-        deadline = time.monotonic() + 10
-        while recorder.written["outcomes"] < 2 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert recorder.written["outcomes"] == 2 and recorder.queued_bytes("outcomes") == 0
+        _until_written(recorder, 2)
+        assert recorder.queued_bytes("outcomes") == 0
     finally:
         recorder.close()
 
