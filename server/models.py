@@ -136,7 +136,7 @@ def load_initial(config: Config, validator: Validator | None = None) -> tuple[Mo
             return model, seen, None
         except BundleError as exc:
             rejected = exc
-            if exc.reason == "io" and not path.exists():
+            if exc.reason == "io" and signature(path) is None:
                 rejected = None  # no bundle published yet: nothing was refused
             log.warning("cannot serve the active bundle", extra={"fields": {"path": str(path), "reason": exc.reason, "error": str(exc)}})
     if not config.use_embedded_default:

@@ -41,11 +41,16 @@ RETRY_TRIES = 6  # after 5, 10, 20, 40, 80 and 160 s
 
 def signature(path: Path) -> Signature | None:
     """(inode, size, mtime_ns, ctime_ns) of what ``path`` resolves to, or None when it is absent. The ctime moves
-    on a ``chmod`` or ``chown`` too, so a file refused as unreadable is read again once its mode is mended."""
+    on a ``chmod`` or ``chown`` too, so a file refused as unreadable is read again once its mode is mended. A name that
+    cannot be resolved for another cause (a link loop, ELOOP; a directory it may not search, EACCES) is there but
+    unreadable: ``(-1, -1, -1, errno)``, which its load refuses as ``io`` (an attack review, 2026-12-06: a link to
+    itself raised here, and the server started with no model and logged a traceback every second)."""
     try:
         st = os.stat(path)
     except (FileNotFoundError, NotADirectoryError):
         return None
+    except OSError as exc:
+        return (-1, -1, -1, exc.errno or 0)
     return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 

@@ -71,6 +71,20 @@ def test_a_corrupt_active_bundle_falls_back_to_the_embedded_default(tmp_path: Pa
         assert stub(ch).RecommendAction(request(), timeout=5).model_version == DEFAULT_MODEL_VERSION
 
 
+def test_an_active_name_that_cannot_be_resolved_falls_back_to_the_embedded_default(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # Before: a link to itself as the active file (ELOOP) raised in the watcher's stat; the server started with no model,
+    # NOT_SERVING, nothing counted, a traceback logged every second (an attack review, 2026-12-06).
+    (tmp_path / ACTIVE_NAME).symlink_to(ACTIVE_NAME)
+    with running_server(weights_dir=tmp_path, weights_poll_seconds=0.1) as live, grpc.insecure_channel(live.target) as ch:
+        assert _health(ch) == health_pb2.HealthCheckResponse.SERVING
+        assert stub(ch).RecommendAction(request(), timeout=5).model_version == DEFAULT_MODEL_VERSION
+        time.sleep(1.0)  # ten polls of the unresolvable name
+        rejected = {"result": "rejected", "reason": "io"}
+        assert live.registry.get_sample_value("shopping_agent_model_swaps_total", rejected) == 1
+    assert not [r for r in caplog.records if r.levelname == "ERROR"], [r.getMessage() for r in caplog.records]
+
+
 def test_a_valid_active_bundle_is_served(tmp_path: Path) -> None:
     bundle = default_bundle()
     manifest = {k: v for k, v in bundle.manifest.items() if k not in ("format", "format_version", "parts")}
