@@ -27,7 +27,7 @@ from guard.rules import RuleEngine
 from policy import guardrails as gr
 from policy.decision import DecisionProcedure, Rules
 from policy.decoder import MajorityDecoder
-from policy.features import FeatureEncoder, FeatureSpec
+from policy.features import HOURS, FeatureEncoder, FeatureSpec
 from policy.onnx_model import OnnxModel, RuntimeMissing
 from policy.plurality import PluralityDecoder
 from policy.product_decision import by_rules as product_by_rules
@@ -39,6 +39,10 @@ from weights.product_guard import ProductGuard
 from weights.product_heads import ProductHeads
 
 log = logging.getLogger(__name__)
+
+PROBE_BATCHES = (1, 3)
+"""Batch sizes of the load-time probe on random requests' states (``ModelSet._probe``): one, and one the golden set and
+the warm-up batch do not use."""
 F32 = npt.NDArray[np.float32]
 
 
@@ -172,21 +176,43 @@ class ModelSet:
             raise BundleError("shape", f"golden_states.npy: expected float32 (G, {spec.state_dim}), got {states.dtype} {states.shape}")
         if expected.shape != (len(states), 2 * N_ACTIONS):
             raise BundleError("shape", f"golden_outputs.npy: expected ({len(states)}, {2 * N_ACTIONS}), got {expected.shape}")
-        try:  # the raw graphs: infer() would reject non-finite outputs before we could name them
-            logits, allow = self.policy.run(states), self.guard_model.run(states)
-        except Exception as exc:
-            raise BundleError("shape", f"the graphs do not run on the feature spec's state: {str(exc).splitlines()[0][:300]}") from None
-        if logits.shape != (len(states), N_ACTIONS) or allow.shape != (len(states), N_ACTIONS):
-            raise BundleError("shape", f"graph outputs have shapes {logits.shape} and {allow.shape}, expected (G, {N_ACTIONS})")
-        got = np.concatenate([logits, allow], axis=1)
-        if not np.isfinite(got).all():
-            raise BundleError("nonfinite", "the graphs produce NaN or Inf on the golden inputs")
-        if not ((allow >= 0.0) & (allow <= 1.0)).all():
-            raise BundleError("range", "the guard's allow-probabilities on the golden inputs leave [0, 1]")
+        got = self._outputs(states, "the golden inputs")
         error = golden_error(got, expected)
         if not error <= tolerance:
             raise BundleError("golden", f"golden self-test failed: max error {error:.3g} > tolerance {tolerance:.3g} (relative "
                                         "beyond magnitude 1)")
+        self._probe(spec)
+
+    def _probe(self, spec: FeatureSpec) -> None:
+        """The graphs on states the server makes itself, alone and in a batch of three: a bundle's golden states are the
+        bundle's own, so a graph could pass them and fail every request (an attack review, 2026-12-06: a ``Sqrt`` of the
+        state, finite on non-negative golden states and NaN on real ones; a fixed ``Reshape`` to the golden set's 64
+        rows). Either was swapped in and degraded every call, each batch rerun request by request."""
+        rng = np.random.default_rng(0)
+        for n in PROBE_BATCHES:
+            buckets = [rng.integers(0, spec.behavior_buckets, rng.integers(0, spec.behavior_window + 1)).tolist()
+                       for _ in range(n)]
+            states = self.encoder.encode_columns(buckets, rng.integers(0, HOURS, n))
+            item = rng.standard_normal((n, spec.item_dim), dtype=np.float32)  # unit vectors in random directions: an
+            states[:, : spec.item_dim] = item / np.linalg.norm(item, axis=1, keepdims=True)  # embedding's usual scale
+            self._outputs(states, f"{n} state{'s' if n > 1 else ''} of random requests")
+
+    def _outputs(self, states: F32, what: str) -> F32:
+        """The raw graphs' logits and allow-probabilities side by side, checked for shape, finiteness and range (not
+        ``infer``: it would reject non-finite outputs before they could be named)."""
+        try:
+            logits, allow = self.policy.run(states), self.guard_model.run(states)
+        except Exception as exc:
+            raise BundleError("shape", f"the graphs do not run on {what}: {str(exc).splitlines()[0][:300]}") from None
+        if logits.shape != (len(states), N_ACTIONS) or allow.shape != (len(states), N_ACTIONS):
+            raise BundleError("shape", f"graph outputs on {what} have shapes {logits.shape} and {allow.shape}, expected "
+                                       f"({len(states)}, {N_ACTIONS})")
+        got: F32 = np.concatenate([logits, allow], axis=1)
+        if not np.isfinite(got).all():
+            raise BundleError("nonfinite", f"the graphs produce NaN or Inf on {what}")
+        if not ((allow >= 0.0) & (allow <= 1.0)).all():
+            raise BundleError("range", f"the guard's allow-probabilities on {what} leave [0, 1]")
+        return got
 
     def infer(self, states: F32) -> tuple[F32, F32]:
         """Policy logits and guard allow-probabilities for a batch of states.

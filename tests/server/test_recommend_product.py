@@ -3,6 +3,7 @@ heads yet), validation naming the field, per-layer metrics, and RecommendAction 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -274,18 +275,26 @@ def test_product_records_compact_like_the_other_kinds(tmp_path: Path) -> None:
     assert batch.schema.names == ["session_id", "sku_rule_rank"] and batch.column(1).null_count == batch.num_rows > 0
 
 
-def test_queued_product_records_are_bounded_in_bytes_not_only_in_count(tmp_path: Path) -> None:
+def test_queued_product_records_wake_the_writer_before_they_fill_the_byte_bound(tmp_path: Path) -> None:
     """A product record keeps its request's embeddings alive until the writer encodes it (about 0.9 MB for 256 SKUs): a
-    count alone let one client hold gigabytes. With the writer asleep, the third of three 128-SKU requests (430 kB each)
-    passes a 1 MiB bound and is dropped and counted; the two queued are written at shutdown."""
+    count alone let one client hold gigabytes, so the queue is bounded in bytes too (tests/server/test_experience_log.py
+    drops past it). That bound then dropped honest records while the writer slept out its timer (an attack review,
+    2026-12-06: a third of 256-SKU decisions at 140 a second), so records this large wake it at a quarter of the bound:
+    three 128-SKU requests (430 kB each) against a 1 MiB bound, the timer at 60 s, are all written, none dropped."""
     shelf = [pb.ProductCategory(category_id=f"c{c}", skus=[sku(f"c{c}-{k}", 10.0 + k, seed=16 * c + k) for k in range(16)])
              for c in range(8)]
     size = RECORD_BYTES + 768 * 4 + 128 * (SKU_BYTES + 768 * 4)  # experience.records.retained_bytes: the embeddings and
     assert 2 * size <= 2**20 < 3 * size  # a fixed amount a record and a SKU
     with running_server(max_message_bytes=ONE_MIB, log_dir=tmp_path, log_queue_mb=1.0, log_flush_seconds=60,
                         log_flush_rows=10_000) as live, grpc.insecure_channel(live.target) as ch:
-        answers = [stub(ch).RecommendProduct(product(categories=shelf), timeout=10) for _ in range(3)]
+        answers = []
+        for _ in range(3):
+            answers.append(stub(ch).RecommendProduct(product(categories=shelf), timeout=10))
+            deadline = time.monotonic() + 10  # written long before the 60 s timer
+            while live.registry.get_sample_value("shopping_agent_log_records_written_total", {"kind": "products"}) < len(answers):
+                assert time.monotonic() < deadline, "the writer was not woken"
+                time.sleep(0.01)
         dropped = live.registry.get_sample_value("shopping_agent_log_records_dropped_total", {"kind": "products", "reason": "queue_full"})
-    assert dropped == 1
+    assert dropped == 0
     logged = DirectorySource(tmp_path).table("products").column("decision_id").to_pylist()
-    assert logged == [a.decision_id for a in answers[:2]]
+    assert logged == [a.decision_id for a in answers]

@@ -413,3 +413,54 @@ def test_a_decision_is_the_same_alone_or_in_a_batch() -> None:
         assert (alone.action, alone.source, alone.votes, alone.rule, alone.counts) == (b.action, b.source, b.votes, b.rule, b.counts)
         assert np.allclose(alone.served_probs, b.served_probs, rtol=0, atol=1e-12)
         assert alone.propensity == pytest.approx(b.propensity, abs=1e-12)
+
+
+def _state_first(graph_bytes: bytes, make_nodes: Any) -> bytes:
+    """``graph_bytes`` with the nodes ``make_nodes(input name)`` returns between its input and its first node."""
+    import onnx
+
+    model = onnx.load_model_from_string(graph_bytes)
+    state = model.graph.input[0].name
+    nodes, initializers, out = make_nodes(state)
+    for node in model.graph.node:
+        node.input[:] = [out if name == state else name for name in node.input]
+    model.graph.initializer.extend(initializers)
+    for i, node in enumerate(nodes):
+        model.graph.node.insert(i, node)
+    onnx.checker.check_model(model)
+    return bytes(model.SerializeToString())
+
+
+def _golden_for(default_bundle: Bundle, policy: bytes, states: np.ndarray) -> dict[str, bytes]:
+    """The parts of a bundle whose golden states are ``states`` and whose golden outputs are its own graphs' on them."""
+    import onnxruntime as ort
+
+    def run(graph: bytes) -> np.ndarray:
+        session = ort.InferenceSession(graph, providers=["CPUExecutionProvider"])
+        return session.run(None, {session.get_inputs()[0].name: states})[0]  # type: ignore[no-any-return]
+
+    outputs = np.concatenate([run(policy), run(default_bundle.parts["guard.onnx"])], axis=1).astype(np.float32)
+    assert np.isfinite(outputs).all()
+    return {"policy.onnx": policy, "golden_states.npy": npy_bytes(states), "golden_outputs.npy": npy_bytes(outputs)}
+
+
+def test_a_graph_that_passes_its_own_golden_states_but_not_real_requests_is_refused(rebuild: Any,
+                                                                                    default_bundle: Bundle) -> None:
+    """An attack review (2026-12-06) had both swapped in: every call then degraded, each batch rerun one by one."""
+    from onnx import helper, numpy_helper
+
+    golden = default_bundle.array("golden_states.npy")
+    # a Sqrt of the state: finite on non-negative golden states, NaN on any embedding with a negative value
+    sqrt = _state_first(default_bundle.parts["policy.onnx"],
+                        lambda s: ([helper.make_node("Sqrt", [s], ["rooted"])], [], "rooted"))
+    data = rebuild(**_golden_for(default_bundle, sqrt, np.abs(golden).astype(np.float32)))
+    with pytest.raises(BundleError, match="random requests") as info:
+        ModelSet.load(read_bundle(data), LoadOptions(device="cpu", warmup_batch=2))
+    assert info.value.reason == "nonfinite"
+    # a fixed Reshape to the golden set's rows: runs on that batch alone
+    rows = len(golden)
+    fixed = _state_first(default_bundle.parts["policy.onnx"], lambda s: (
+        [helper.make_node("Reshape", [s, "fixed_shape"], ["reshaped"])],
+        [numpy_helper.from_array(np.array([rows, golden.shape[1]], dtype=np.int64), "fixed_shape")], "reshaped"))
+    data = rebuild(**_golden_for(default_bundle, fixed, golden))
+    assert load_reason(data, LoadOptions(device="cpu", warmup_batch=rows)) == "shape"
