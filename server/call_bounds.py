@@ -152,8 +152,8 @@ class CallBounds:
                 if late and self._on_cut is not None:
                     for _ in late:
                         self._on_cut("answer_timeout")
-            for peer in stuck:  # each such call ends with its connection
-                connections.shut_down(peer)
+            if stuck:  # each such call ends with its connection
+                connections.shut_down(stuck)
 
     async def request(self, context: aio.ServicerContext[Any, Any]) -> tuple[Any, str]:
         """The call's one request message, and the peer's address (``peer_host``); the call is ended (``abort``) when

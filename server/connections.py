@@ -15,6 +15,7 @@ import ipaddress
 import os
 import socket
 import stat
+from collections.abc import Iterable
 
 _FDS = "/proc/self/fd"
 
@@ -38,15 +39,18 @@ def peer_address(peer: str) -> tuple[str, int] | None:
         return None
 
 
-def shut_down(peer: str) -> bool:
-    """Shut down (both ways) this process's TCP connection whose remote end is ``peer``; whether one was found."""
-    address = peer_address(peer)
-    if address is None:
-        return False
+def shut_down(peers: Iterable[str]) -> int:
+    """Shut down (both ways) this process's TCP connections whose remote ends are ``peers``; how many were found. One
+    pass over the process's descriptors whatever the number of peers: an attacker with many stuck connections must
+    not make the sweep cost their number times the descriptors."""
+    addresses = {a for a in map(peer_address, peers) if a is not None}
+    if not addresses:
+        return 0
     try:
         names = os.listdir(_FDS)
     except OSError:  # no /proc: nothing can be found
-        return False
+        return 0
+    found = 0
     for name in names:
         try:
             fd = int(name)
@@ -62,7 +66,9 @@ def shut_down(peer: str) -> bool:
                 remote = copy.getpeername()
             except OSError:  # a listening socket, or one no longer connected
                 continue
-            if (_ip(remote[0]), remote[1]) == address:
+            if (_ip(remote[0]), remote[1]) in addresses:
                 copy.shutdown(socket.SHUT_RDWR)
-                return True
-    return False
+                found += 1
+                if found == len(addresses):
+                    break
+    return found

@@ -31,7 +31,7 @@ def test_the_connection_to_that_peer_is_shut_down_and_no_other() -> None:
             second, _ = listener.accept()
             with first, second:
                 port = mine.getsockname()[1]
-                assert shut_down(f"ipv4:127.0.0.1:{port}")
+                assert shut_down([f"ipv4:127.0.0.1:{port}", "ipv4:127.0.0.1:1", "unix:/x"]) == 1
                 mine.settimeout(5)
                 assert mine.recv(1) == b""  # the server's side was shut down: the client reads the end
                 other.sendall(b"x")
@@ -43,5 +43,24 @@ def test_the_connection_to_that_peer_is_shut_down_and_no_other() -> None:
 
 def test_nothing_is_shut_down_for_an_address_with_no_connection() -> None:
     with socket.create_server(("127.0.0.1", 0)) as listener:
-        assert not shut_down(f"ipv4:127.0.0.1:{listener.getsockname()[1]}")  # a listening socket has no peer
-    assert not shut_down("unix:/tmp/nothing")
+        assert shut_down([f"ipv4:127.0.0.1:{listener.getsockname()[1]}"]) == 0  # a listening socket has no peer
+    assert shut_down(["unix:/tmp/nothing"]) == 0 and shut_down([]) == 0
+
+
+def test_several_peers_are_shut_down_in_one_pass() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        clients = [socket.create_connection(listener.getsockname()) for _ in range(3)]
+        accepted = [listener.accept()[0] for _ in clients]
+        try:
+            peers = [f"ipv4:127.0.0.1:{c.getsockname()[1]}" for c in clients[:2]]
+            assert shut_down(peers) == 2
+            for client in clients[:2]:
+                client.settimeout(5)
+                assert client.recv(1) == b""
+            clients[2].sendall(b"y")
+            kept = next(a for a in accepted if a.getpeername()[1] == clients[2].getsockname()[1])
+            kept.settimeout(5)
+            assert kept.recv(1) == b"y"
+        finally:
+            for s in clients + accepted:
+                s.close()
