@@ -103,13 +103,16 @@ class CallBounds:
         """Calls whose handler has returned and whose answer has not been sent yet."""
         return sum(not task.done() for answers in self._answers.values() for _, task, _ in answers)
 
-    def calls_from(self, host: str) -> int:
+    def calls_from(self, host: str, exact: bool = True) -> int:
         """Calls from ``host`` (``peer_host``'s form) in progress: waiting for their request, being answered, or
-        their answer not yet sent."""
+        their answer not yet sent. ``exact`` False: delivered answers are dropped from the front only (they end
+        roughly in order), so one still pending there may hide delivered ones behind it: an upper bound, in O(1)."""
         answers = self._answers.get(host)
         if answers is not None:
-            while answers and answers[0][1].done():  # delivered (they end roughly in order)
+            while answers and answers[0][1].done():
                 answers.popleft()
+            if answers and exact:
+                answers = self._answers[host] = collections.deque(entry for entry in answers if not entry[1].done())
             if not answers:
                 del self._answers[host]
                 answers = None
@@ -152,8 +155,8 @@ class CallBounds:
                 if late and self._on_cut is not None:
                     for _ in late:
                         self._on_cut("answer_timeout")
-            if stuck:  # each such call ends with its connection
-                connections.shut_down(stuck)
+            if stuck:  # each such call ends with its connection; the scan of the descriptors off the event loop
+                await asyncio.to_thread(connections.shut_down, stuck)
 
     async def request(self, context: aio.ServicerContext[Any, Any]) -> tuple[Any, str]:
         """The call's one request message, and the peer's address (``peer_host``); the call is ended (``abort``) when
@@ -163,7 +166,8 @@ class CallBounds:
         RecommendAction's path: each frame is time of the event loop's.)"""
         peer = context.peer()
         host = peer_host(peer)
-        if self.max_calls_per_peer and self.calls_from(host) >= self.max_calls_per_peer:
+        if self.max_calls_per_peer and self.calls_from(host, exact=False) >= self.max_calls_per_peer and \
+                self.calls_from(host) >= self.max_calls_per_peer:  # the bound, then the count itself
             await self._end(context, grpc.StatusCode.RESOURCE_EXHAUSTED, "peer_calls",
                             f"{self.max_calls_per_peer} calls from this address are already in progress")
         held = self._per_peer.get(host, 0)

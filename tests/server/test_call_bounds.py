@@ -4,6 +4,7 @@ tests/raw_h2.py, or a stock grpc client holding Health/Watch streams."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import grpc
@@ -269,3 +270,25 @@ def test_a_client_streaming_method_is_refused_at_registration_not_served_outside
 
     with pytest.raises(ValueError, match="client-streaming"):
         CallBounds(2.0, 1, 1).bound(grpc.stream_unary_rpc_method_handler(many_to_one))
+
+
+def test_delivered_answers_behind_a_pending_one_do_not_count_against_the_address() -> None:
+    # An honest busy address whose one answer is slow must not be refused for the ones delivered after it.
+    async def scenario() -> tuple[int, int, int]:
+        bounds = CallBounds(2.0, 4, 4, max_calls_per_peer=3)
+        slow = asyncio.get_running_loop().create_future()
+
+        async def answered(wait: asyncio.Future[None] | None) -> None:
+            bounds.answer_pending("ipv4:127.0.0.9", "ipv4:127.0.0.9:5000")
+            if wait is not None:
+                await wait
+
+        tasks = [asyncio.ensure_future(answered(slow))] + [asyncio.ensure_future(answered(None)) for _ in range(4)]
+        await asyncio.sleep(0.01)  # the four quick ones are done; the first waits
+        counts = bounds.calls_from("ipv4:127.0.0.9", exact=False), bounds.calls_from("ipv4:127.0.0.9"), bounds.answering
+        slow.set_result(None)
+        await asyncio.gather(*tasks)
+        return counts
+
+    upper, exact, answering = asyncio.run(scenario())
+    assert (upper, exact, answering) == (5, 1, 1)
