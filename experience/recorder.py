@@ -5,11 +5,12 @@ append to a bounded in-memory queue, never I/O, never a wait. A full queue drops
 (``observer.dropped``, ``queue_full``) and the writer thread logs the running count; nothing is lost silently. The
 writer thread wakes every ``flush_seconds``, or as soon as one kind's queue reaches ``flush_rows`` (so what a process
 holds between flushes does not grow with its throughput: at 5,500 decisions a second, 0.25 s of them held about 8 MB of
-requests) or a quarter of ``max_queue_bytes`` (256-SKU product decisions keep about 0.86 MB each: 37 of them filled the
-32 MB bound before either, and an attack review, 2026-12-06, saw a third of honest ones dropped at 140 a second, a rate
-the writer keeps up with), turns what is queued into one Arrow record batch per kind and appends it to the open segment
-(``SegmentWriter``), which rotates by size and age. ``close()`` drains the queues and finalises the segments; the
-server calls it after in-flight calls have finished, so every answered decision is on disk.
+requests) or a quarter of ``max_queue_bytes``, whatever record crosses it (256-SKU product decisions keep about 0.86 MB
+each: 37 of them filled the 32 MB bound before either, and an attack review, 2026-12-06, saw a third of honest ones
+dropped at 140 a second, a rate the writer keeps up with), turns what is queued into one Arrow record batch per kind
+and appends it to the open segment (``SegmentWriter``), which rotates by size and age. ``close()`` drains the queues
+and finalises the segments; the server calls it after in-flight calls have finished, so every answered decision is on
+disk.
 
 Each kind's queue is bounded in records (``max_queue``) and in the bytes its records keep alive (``max_queue_bytes``,
 ``experience.records.retained_bytes``). A ``RecommendProduct`` request of 256 SKUs keeps about 0.9 MB until the
@@ -215,13 +216,9 @@ class ExperienceRecorder:
             return False
         self._bytes_in[kind] += size
         queue.append((item, size))  # deque.append and popleft are atomic: no lock with the writer thread
-        if len(queue) == options.flush_rows:  # once as it crosses: one Event.set per flush_rows records
-            self._wake.set()
-        elif size >= options.max_queue_bytes // 1024:  # records so large that flush_rows of them would pass a quarter of
-            # the bytes (product decisions): wake as the queue's bytes cross that quarter
-            quarter = options.max_queue_bytes // 4
-            if self.queued_bytes(kind) - size < quarter <= self.queued_bytes(kind):
-                self._wake.set()
+        queued = self._bytes_in[kind] - self._bytes_out[kind] + self._held_bytes[kind]  # queued_bytes, inlined
+        if len(queue) == options.flush_rows or queued - size < options.max_queue_bytes // 4 <= queued:
+            self._wake.set()  # once as either is crossed: flush_rows records, or a quarter of the bytes
         return True
 
     def depth(self, kind: str) -> int:

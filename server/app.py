@@ -125,7 +125,7 @@ class ShoppingAgentServer:
         for server in servers:
             await server.start()
             self._servers.append(server)  # what started is stopped by stop(), also if a later one fails
-        self.port = port
+        self.port = self.bounds.local_port = port
         log.info("listening", extra={"fields": {"host": config.host, "port": port, "tls": self.certificates is not None,
                                                 "mutual_tls": config.tls_client_ca is not None}})
         self._loading = asyncio.get_running_loop().create_task(self._load(), name="initial-load")
@@ -140,7 +140,8 @@ class ShoppingAgentServer:
         self.health_bounds.start()
         registrar = InstrumentedRegistrar(server, self.metrics, self.health_bounds.bound)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, OnlyMethods(registrar, health.SERVICE_NAME, ["Check"]))
-        self.health_port = transport.add_port(server, self.config.host, self.config.health_port, None)
+        self.health_port = self.health_bounds.local_port = transport.add_port(server, self.config.host,
+                                                                              self.config.health_port, None)
         return server
 
     async def _load(self) -> None:

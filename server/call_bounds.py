@@ -47,6 +47,7 @@ import asyncio
 import collections
 import contextlib
 import inspect
+import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any, NoReturn
 
@@ -54,6 +55,8 @@ import grpc
 from grpc import aio
 
 from server import connections
+
+log = logging.getLogger(__name__)
 
 TICKS_PER_TIMEOUT = 4
 """Sweeps a receive timeout: a call is ended between ``seconds`` and ``seconds * (1 + 1/TICKS)`` after it started."""
@@ -89,6 +92,8 @@ class CallBounds:
         # answers handed to grpc, by address, in time order: (since when, the call's task, the peer with its port); a
         # done task's entry is dropped at the address's next call or the next sweep (no callback a call: they cost 7 %)
         self._answers: dict[str, collections.deque[tuple[float, asyncio.Task[Any], str]]] = {}
+        self._answer_cuts: set[asyncio.Task[Any]] = set()  # late answers counted as cut, their connection not yet ended
+        self.local_port: int | None = None  # the port the calls come in on (set once bound): the connections to end
         self._streams = 0
         self._sweeper: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -135,28 +140,36 @@ class CallBounds:
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(max(self.seconds / TICKS_PER_TIMEOUT, MIN_SWEEP_SECONDS))
-            cutoff = loop.time() - self.seconds
-            for task, since in list(self._waiting.items()):
+            try:
+                await self._sweep_once(loop.time() - self.seconds)
+            except Exception:  # the sweep must outlive anything one pass meets (it bounds every call of the port)
+                log.exception("call bounds: a sweep failed; sweeping on")
+
+    async def _sweep_once(self, cutoff: float) -> None:
+        for task, since in list(self._waiting.items()):
+            if since > cutoff:
+                break  # the rest started later: insertion order is time order
+            del self._waiting[task]
+            self._late.add(task)
+            task.cancel()
+        stuck: set[str] = set()
+        for host in list(self._answers):
+            kept = collections.deque(entry for entry in self._answers[host] if not entry[1].done())
+            for since, task, peer in kept:
                 if since > cutoff:
-                    break  # the rest started later: insertion order is time order
-                del self._waiting[task]
-                self._late.add(task)
-                task.cancel()
-            stuck: set[str] = set()
-            for host in list(self._answers):
-                answers = self._answers[host]
-                late = [peer for since, task, peer in answers if since <= cutoff and not task.done()]
-                kept = collections.deque(entry for entry in answers if entry[0] > cutoff and not entry[1].done())
-                if kept:
-                    self._answers[host] = kept
-                else:
-                    del self._answers[host]
-                stuck.update(late)
-                if late and self._on_cut is not None:
-                    for _ in late:
+                    break
+                stuck.add(peer)
+                if task not in self._answer_cuts:
+                    self._answer_cuts.add(task)
+                    if self._on_cut is not None:
                         self._on_cut("answer_timeout")
-            if stuck:  # each such call ends with its connection; the scan of the descriptors off the event loop
-                await asyncio.to_thread(connections.shut_down, stuck)
+            if kept:
+                self._answers[host] = kept  # late ones stay counted until their call has ended
+            else:
+                del self._answers[host]
+        self._answer_cuts = {task for task in self._answer_cuts if not task.done()}
+        if stuck:  # each such call ends with its connection; the scan of the descriptors off the event loop
+            await asyncio.to_thread(connections.shut_down, stuck, self.local_port)
 
     async def request(self, context: aio.ServicerContext[Any, Any]) -> tuple[Any, str]:
         """The call's one request message, and the peer's address (``peer_host``); the call is ended (``abort``) when

@@ -98,7 +98,7 @@ class Config:
                                             "the server refuses the streams past it")
     request_receive_timeout_seconds: float = _opt(
         2.0, "a call whose request message has not arrived this long after it started is ended (DEADLINE_EXCEEDED), and "
-             "one whose answer has not gone out this long after it was ready is cancelled: grpc counts a call against "
+             "one whose answer has not gone out this long after it was ready ends its connection: grpc counts a call against "
              "--max-concurrent-rpcs from its headers to its answer's delivery, so calls that never send their request, or "
              "never let the server send the answer, would hold those slots for as long as their connection lasts; 0: off, "
              "with the per-peer bounds (for a port behind a proxy that bounds what a client holds: the read costs about "
@@ -106,9 +106,10 @@ class Config:
     max_waiting_calls_per_peer: int = _opt(64, "calls from one address (the peer's IP) that may wait for their request "
                                                "at once in a process; past it a new call from there gets RESOURCE_EXHAUSTED, "
                                                "so one client reopening calls it never completes cannot hold the others' slots")
-    max_calls_per_peer: int = _opt(1024, "calls from one address in progress at once in a process (from the call's "
-                                         "start to its answer's delivery); past it a new call from there gets "
-                                         "RESOURCE_EXHAUSTED, so one client cannot hold every --max-concurrent-rpcs slot")
+    max_calls_per_peer: int = _opt(256, "calls from one address in progress at once in a process (from the call's "
+                                        "start to its answer's delivery); past it a new call from there gets "
+                                        "RESOURCE_EXHAUSTED. Half of one --grpc-servers' share of --max-concurrent-rpcs "
+                                        "by default (4,096 / 8 / 2), so one client cannot fill any one server")
     max_streaming_calls: int = _opt(256, "streaming calls (Health/Watch, reflection) in progress at once in a process; past "
                                          "it new ones get RESOURCE_EXHAUSTED, so streams that never end cannot take the "
                                          "slots of RecommendAction's calls")

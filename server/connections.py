@@ -39,18 +39,20 @@ def peer_address(peer: str) -> tuple[str, int] | None:
         return None
 
 
-def shut_down(peers: Iterable[str]) -> int:
-    """Shut down (both ways) this process's TCP connections whose remote ends are ``peers``; how many were found. One
-    pass over the process's descriptors whatever the number of peers: an attacker with many stuck connections must
-    not make the sweep cost their number times the descriptors."""
-    addresses = {a for a in map(peer_address, peers) if a is not None}
-    if not addresses:
-        return 0
+def shut_down(peers: Iterable[str], local_port: int | None) -> set[str]:
+    """Shut down (both ways) this process's TCP connections whose remote ends are ``peers`` and whose local end is
+    ``local_port`` (the port the calls came in on; ``None``: any); the peers found. One pass over the process's
+    descriptors whatever the number of peers, and every match taken: a client can connect to another port of this
+    process from the same address and port (a different connection), and the first match alone would shut that one
+    and leave the stuck connection open (a review, 2026-12-06)."""
+    wanted = {address: peer for peer in peers if (address := peer_address(peer)) is not None}
+    found: set[str] = set()
+    if not wanted:
+        return found
     try:
         names = os.listdir(_FDS)
     except OSError:  # no /proc: nothing can be found
-        return 0
-    found = 0
+        return found
     for name in names:
         try:
             fd = int(name)
@@ -63,12 +65,13 @@ def shut_down(peers: Iterable[str]) -> int:
             try:
                 if copy.type != socket.SOCK_STREAM or copy.family not in (socket.AF_INET, socket.AF_INET6):
                     continue
+                if local_port is not None and copy.getsockname()[1] != local_port:
+                    continue
                 remote = copy.getpeername()
-            except OSError:  # a listening socket, or one no longer connected
+                peer = wanted.get((_ip(remote[0]), remote[1]))
+                if peer is not None:
+                    copy.shutdown(socket.SHUT_RDWR)
+                    found.add(peer)
+            except OSError:  # a listening socket, or one no longer connected (also between the two calls)
                 continue
-            if (_ip(remote[0]), remote[1]) in addresses:
-                copy.shutdown(socket.SHUT_RDWR)
-                found += 1
-                if found == len(addresses):
-                    break
     return found

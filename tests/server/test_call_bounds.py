@@ -292,3 +292,35 @@ def test_delivered_answers_behind_a_pending_one_do_not_count_against_the_address
 
     upper, exact, answering = asyncio.run(scenario())
     assert (upper, exact, answering) == (5, 1, 1)
+
+
+def test_the_sweep_outlives_a_pass_that_fails() -> None:
+    # A review (2026-12-06): one OSError in a pass ended the sweeper for the process's life, and no call was cut again.
+    cuts: list[str] = []
+
+    def count(reason: str) -> None:
+        cuts.append(reason)
+        if len(cuts) == 1:
+            raise RuntimeError("a counter that fails once")
+
+    async def scenario() -> bool:
+        bounds = CallBounds(0.05, 4, 4, on_cut=count)
+        bounds.start()
+        forever = asyncio.get_running_loop().create_future()
+
+        async def stuck() -> None:
+            bounds.answer_pending("ipv4:127.0.0.9", "ipv4:127.0.0.9:1")  # no such connection: its entry stays
+            await forever
+
+        first = asyncio.ensure_future(stuck())
+        await asyncio.sleep(0.3)  # the first pass fails at the count
+        second = asyncio.ensure_future(stuck())
+        await asyncio.sleep(0.3)
+        alive = bounds._sweeper is not None and not bounds._sweeper.done()
+        forever.cancel()
+        await asyncio.gather(first, second, return_exceptions=True)
+        await bounds.stop()
+        return alive
+
+    assert asyncio.run(scenario())
+    assert cuts == ["answer_timeout", "answer_timeout"]  # each late answer counted once, the second after the failure

@@ -31,7 +31,7 @@ def test_the_connection_to_that_peer_is_shut_down_and_no_other() -> None:
             second, _ = listener.accept()
             with first, second:
                 port = mine.getsockname()[1]
-                assert shut_down([f"ipv4:127.0.0.1:{port}", "ipv4:127.0.0.1:1", "unix:/x"]) == 1
+                assert shut_down([f"ipv4:127.0.0.1:{port}", "ipv4:127.0.0.1:1", "unix:/x"], None) == {f"ipv4:127.0.0.1:{port}"}
                 mine.settimeout(5)
                 assert mine.recv(1) == b""  # the server's side was shut down: the client reads the end
                 other.sendall(b"x")
@@ -43,8 +43,8 @@ def test_the_connection_to_that_peer_is_shut_down_and_no_other() -> None:
 
 def test_nothing_is_shut_down_for_an_address_with_no_connection() -> None:
     with socket.create_server(("127.0.0.1", 0)) as listener:
-        assert shut_down([f"ipv4:127.0.0.1:{listener.getsockname()[1]}"]) == 0  # a listening socket has no peer
-    assert shut_down(["unix:/tmp/nothing"]) == 0 and shut_down([]) == 0
+        assert shut_down([f"ipv4:127.0.0.1:{listener.getsockname()[1]}"], None) == set()  # a listener has no peer
+    assert shut_down(["unix:/tmp/nothing"], None) == set() and shut_down([], None) == set()
 
 
 def test_several_peers_are_shut_down_in_one_pass() -> None:
@@ -53,7 +53,7 @@ def test_several_peers_are_shut_down_in_one_pass() -> None:
         accepted = [listener.accept()[0] for _ in clients]
         try:
             peers = [f"ipv4:127.0.0.1:{c.getsockname()[1]}" for c in clients[:2]]
-            assert shut_down(peers) == 2
+            assert shut_down(peers, listener.getsockname()[1]) == set(peers)
             for client in clients[:2]:
                 client.settimeout(5)
                 assert client.recv(1) == b""
@@ -63,4 +63,36 @@ def test_several_peers_are_shut_down_in_one_pass() -> None:
             assert kept.recv(1) == b"y"
         finally:
             for s in clients + accepted:
+                s.close()
+
+
+def _from(port: int, to: tuple[str, int]) -> socket.socket:
+    client = socket.socket()
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    client.bind(("127.0.0.1", port))
+    client.connect(to)
+    return client
+
+
+def test_a_connection_from_the_same_address_and_port_to_another_port_is_not_taken_for_it() -> None:
+    # A review (2026-12-06): a decoy connection from the stuck client's own address and port to the health or metrics
+    # port was shut down in its place, and the stuck one stayed open. Matched by the local port too, and all matches.
+    with socket.create_server(("127.0.0.1", 0)) as decoy_port, socket.create_server(("127.0.0.1", 0)) as service:
+        first = _from(0, decoy_port.getsockname())
+        port = first.getsockname()[1]
+        second = _from(port, service.getsockname())
+        decoy, stuck = decoy_port.accept()[0], service.accept()[0]
+        try:
+            peer = f"ipv4:127.0.0.1:{port}"
+            assert shut_down([peer], service.getsockname()[1]) == {peer}
+            second.settimeout(5)
+            assert second.recv(1) == b""  # the service port's connection ended
+            first.sendall(b"z")
+            decoy.settimeout(5)
+            assert decoy.recv(1) == b"z"  # the other port's connection from the same address and port did not
+            assert shut_down([peer], None) == {peer}  # any port: every match
+            first.settimeout(5)
+            assert first.recv(1) == b""
+        finally:
+            for s in (first, second, decoy, stuck):
                 s.close()
