@@ -41,8 +41,8 @@ from weights.product_heads import ProductHeads
 log = logging.getLogger(__name__)
 
 PROBE_BATCHES = (1, 3)
-"""Batch sizes of the load-time probe on random requests' states (``ModelSet._probe``): one, and one the golden set and
-the warm-up batch do not use."""
+"""Batch sizes of the load-time probe on random requests' states (``ModelSet._probe``): a graph that runs on one batch
+size only cannot pass both. A graph built to fail on sizes no probe draws still can (SECURITY.md)."""
 F32 = npt.NDArray[np.float32]
 
 
@@ -186,8 +186,8 @@ class ModelSet:
     def _probe(self, spec: FeatureSpec) -> None:
         """The graphs on states the server makes itself, alone and in a batch of three: a bundle's golden states are the
         bundle's own, so a graph could pass them and fail every request (an attack review, 2026-12-06: a ``Sqrt`` of the
-        state, finite on non-negative golden states and NaN on real ones; a fixed ``Reshape`` to the golden set's 64
-        rows). Either was swapped in and degraded every call, each batch rerun request by request."""
+        state, finite on non-negative golden states and NaN on real ones; a fixed ``Reshape`` to the golden set's rows,
+        64 in that bundle). Either was swapped in and degraded every call, each batch rerun request by request."""
         rng = np.random.default_rng(0)
         for n in PROBE_BATCHES:
             buckets = [rng.integers(0, spec.behavior_buckets, rng.integers(0, spec.behavior_window + 1)).tolist()
