@@ -4,7 +4,8 @@ grpc.aio gives a server no way to end one call whose answer is stuck: a stream w
 window the client never opens keeps its answer queued in grpc-core, and cancelling the handler's
 task leaves the call, and its ``--max-concurrent-rpcs`` slot, in place (measured: the slot stayed
 taken). The connection is what can be ended, as a proxy's send timeout does: this finds the
-process's TCP socket whose peer is that address (``/proc/self/fd``, Linux) and shuts it down. grpc
+process's TCP socket whose remote end is that address and port and whose local end is the port the call came in on
+(``/proc/self/fd``, Linux), and shuts it down. grpc
 then sees the connection fail, cancels its streams and frees their slots; the descriptor stays
 grpc's (a duplicate is shut down and closed, never grpc's own), so it is never closed twice.
 """

@@ -1,4 +1,4 @@
-"""server/connections.py: one connection of this process found by its peer's address and shut down (real sockets)."""
+"""server/connections.py: connections of this process found by both their ends and shut down (real sockets)."""
 
 from __future__ import annotations
 
