@@ -207,17 +207,16 @@ class ExperienceRecorder:
 
     def _put(self, kind: str, item: Any) -> bool:
         queue, options = self._queues[kind], self.options
-        size = retained_bytes(item)
+        size, queued = retained_bytes(item), self.queued_bytes(kind)
         if self._closed or len(queue) + self._held[kind] >= options.max_queue or (
-                queue and self.queued_bytes(kind) + size > options.max_queue_bytes):
+                queue and queued + size > options.max_queue_bytes):
             self._dropped[kind] += 1
             if self._observer is not None:
                 self._observer.dropped(kind, "closed" if self._closed else "queue_full", 1)
             return False
         self._bytes_in[kind] += size
         queue.append((item, size))  # deque.append and popleft are atomic: no lock with the writer thread
-        queued = self._bytes_in[kind] - self._bytes_out[kind] + self._held_bytes[kind]  # queued_bytes, inlined
-        if len(queue) == options.flush_rows or queued - size < options.max_queue_bytes // 4 <= queued:
+        if len(queue) == options.flush_rows or queued < options.max_queue_bytes // 4 <= queued + size:
             self._wake.set()  # once as either is crossed: flush_rows records, or a quarter of the bytes
         return True
 

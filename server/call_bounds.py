@@ -171,8 +171,8 @@ class CallBounds:
         if stuck:  # each such call ends with its connection; the scan of the descriptors off the event loop
             await asyncio.to_thread(connections.shut_down, stuck, self.local_port)
 
-    async def request(self, context: aio.ServicerContext[Any, Any]) -> tuple[Any, str]:
-        """The call's one request message, and the peer's address (``peer_host``); the call is ended (``abort``) when
+    async def request(self, context: aio.ServicerContext[Any, Any]) -> tuple[Any, str, str]:
+        """The call's one request message, the peer's address (``peer_host``) and grpc's peer string; the call is ended (``abort``) when
         ``max_calls_per_peer`` of the address's calls are in progress, when ``max_waiting_per_peer`` of them are
         waiting for their request, when it does not arrive within the timeout, or when the client ends its stream
         without one. Once it returns, the call counts as running until ``handled``. (One coroutine on
@@ -213,7 +213,7 @@ class CallBounds:
         if request is aio.EOF:
             await self._end(context, grpc.StatusCode.INVALID_ARGUMENT, "no_request", "the call ended without a request message")
         self._running[host] = self._running.get(host, 0) + 1
-        return request, peer
+        return request, host, peer
 
     def handled(self, host: str) -> None:
         """A handler that ``request`` admitted has returned or raised."""
@@ -274,8 +274,7 @@ class CallBounds:
             unary = handler.unary_unary
 
             async def answer(_requests: Any, context: aio.ServicerContext[Any, Any]) -> Any:
-                request, peer = await self.request(context)
-                host = peer_host(peer)
+                request, host, peer = await self.request(context)
                 try:
                     response = await unary(request, context)
                 finally:
@@ -304,11 +303,11 @@ class CallBounds:
 
         async def answer_one(_requests: Any, context: aio.ServicerContext[Any, Any]) -> None:
             async with self._stream(context):
-                request, peer = await self.request(context)
+                request, host, _ = await self.request(context)
                 try:
                     await _write_all(one_to_many(request, context), context)
                 finally:
-                    self.handled(peer_host(peer))
+                    self.handled(host)
 
         return grpc.stream_stream_rpc_method_handler(answer_one, **serializers)
 

@@ -17,7 +17,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -131,6 +131,14 @@ class ServerThread:
 def make_config(**overrides: Any) -> Config:
     return Config(**{"host": "127.0.0.1", "port": 0, "metrics_port": None, "log_format": "text", "grace_seconds": 1.0,
                      **overrides})
+
+
+def until(condition: Callable[[], bool], what: str = "the condition", timeout: float = 10.0) -> None:
+    """Wait until ``condition()`` holds, polling every 10 ms; fail naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
 
 
 @contextlib.contextmanager

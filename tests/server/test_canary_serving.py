@@ -4,14 +4,13 @@ trainer and the simulator use, and stops when the file goes or cannot be served.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import grpc
 import pytest
 from prometheus_client import generate_latest
 
-from tests.harness import ServerThread, request, running_server, stub
+from tests.harness import ServerThread, request, running_server, stub, until
 from tests.server.test_hot_swap import bundle_bytes, publish
 from weights.canary import takes
 from weights.store import CANARY_DIR, CANARY_NAME
@@ -26,13 +25,6 @@ def weights_dir(tmp_path: Path) -> Path:
     publish(directory, bundle_bytes("v1"))
     publish(directory / CANARY_DIR, bundle_bytes("c1", canary={"fraction": 0.3}), CANARY_NAME)
     return directory
-
-
-def _until(check: Callable[[], bool], what: str, timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def _fraction(live: ServerThread, version: str) -> float | None:
@@ -51,7 +43,7 @@ def _serve(weights_dir: Path, **overrides: object) -> ServerThread:
 
 def test_the_canary_serves_its_share_by_the_session_hash_and_stops_when_its_file_goes(weights_dir: Path) -> None:
     with _serve(weights_dir) as live:
-        _until(lambda: _fraction(live, "c1") == 0.3, "the canary to load")
+        until(lambda: _fraction(live, "c1") == 0.3, "the canary to load")
         assert "shopping_agent_canary_fraction{model_version=\"c1\"} 0.3" in generate_latest(live.registry).decode()
         served = _served(live)
         assert served == {s: "c1" if takes("c1", s, 0.3) else "v1" for s in SESSIONS}
@@ -59,13 +51,13 @@ def test_the_canary_serves_its_share_by_the_session_hash_and_stops_when_its_file
         assert _served(live) == served  # a session stays on its side call after call
 
         (weights_dir / CANARY_DIR / CANARY_NAME).unlink()
-        _until(lambda: _fraction(live, "c1") is None, "the canary to stop")
+        until(lambda: _fraction(live, "c1") is None, "the canary to stop")
         assert set(_served(live).values()) == {"v1"}
 
 
 def test_the_servers_cap_bounds_the_share_and_a_cap_of_zero_serves_no_canary(weights_dir: Path) -> None:
     with _serve(weights_dir, max_canary_fraction=0.1) as live:
-        _until(lambda: _fraction(live, "c1") == 0.1, "the capped canary to load")
+        until(lambda: _fraction(live, "c1") == 0.1, "the capped canary to load")
         assert _served(live) == {s: "c1" if takes("c1", s, 0.1) else "v1" for s in SESSIONS}
     with _serve(weights_dir, max_canary_fraction=0.0) as live:
         time.sleep(0.5)  # five polls: a watcher would have loaded it by now
@@ -74,10 +66,10 @@ def test_the_servers_cap_bounds_the_share_and_a_cap_of_zero_serves_no_canary(wei
 
 def test_a_canary_file_that_cannot_be_served_ends_the_canary_and_is_counted_as_refused(weights_dir: Path) -> None:
     with _serve(weights_dir) as live:
-        _until(lambda: _fraction(live, "c1") == 0.3, "the canary to load")
+        until(lambda: _fraction(live, "c1") == 0.3, "the canary to load")
         refused = live.registry.get_sample_value("shopping_agent_model_swaps_total", {"result": "rejected", "reason": "schema"})
         publish(weights_dir / CANARY_DIR, bundle_bytes("c2"), CANARY_NAME)  # a bundle that asks for no share: no canary
-        _until(lambda: _fraction(live, "c1") is None, "the canary to end")
+        until(lambda: _fraction(live, "c1") is None, "the canary to end")
         after = live.registry.get_sample_value("shopping_agent_model_swaps_total", {"result": "rejected", "reason": "schema"})
         assert after == (refused or 0) + 1
         assert set(_served(live).values()) == {"v1"}

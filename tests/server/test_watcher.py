@@ -13,13 +13,14 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from server.watcher import RETRIED, WeightsWatcher, signature
+from tests.harness import until
 from weights.bundle import Bundle, BundleError, read_bundle
 from weights.embedded import default_bundle_bytes
 
@@ -61,13 +62,6 @@ def watching(path: Path, loader: Loader, **kwargs: Any) -> Iterator[WeightsWatch
         watcher.stop()
 
 
-def wait_until(done: Callable[[], bool], within_s: float = 10.0) -> None:
-    deadline = time.monotonic() + within_s
-    while not done():
-        assert time.monotonic() < deadline, "not within the time allowed"
-        time.sleep(0.01)
-
-
 def test_a_chmod_changes_the_signature(active: Path) -> None:
     before = signature(active)
     for mode in (0o600, 0o640):  # a second chmod a second later, for file systems whose ctime ticks in seconds
@@ -93,7 +87,7 @@ def test_a_refusal_that_may_pass_is_read_again_without_a_change(active: Path, re
 def test_a_refusal_for_the_bundle_itself_is_not_read_again(active: Path) -> None:
     loader = Loader(failures=1, reason="schema")
     with watching(active, loader):
-        wait_until(lambda: loader.rejected == ["schema"])
+        until(lambda: loader.rejected == ["schema"])
         time.sleep(4 * FIRST_S)  # past several back-offs: still one read
         assert len(loader.calls) == 1 and not loader.loaded.is_set()
         active.write_bytes(active.read_bytes())  # a new write is a change: read again
@@ -117,7 +111,7 @@ def test_without_a_refusal_at_start_the_file_seen_is_not_read_again(active: Path
 def test_retries_stop_after_their_count(active: Path) -> None:
     loader = Loader(failures=100, reason="limits")  # a bundle too heavy for the limits fails every time
     with watching(active, loader, retry_tries=2):
-        wait_until(lambda: len(loader.calls) == 3)  # the read, then two retries after 0.2 and 0.4 s
+        until(lambda: len(loader.calls) == 3)  # the read, then two retries after 0.2 and 0.4 s
         time.sleep(8 * FIRST_S)  # past where a third retry would have come
         assert len(loader.calls) == 3
 
@@ -127,7 +121,7 @@ def test_a_fifo_refused_as_unreadable_is_not_read_again(tmp_path: Path) -> None:
     os.mkfifo(path)
     loader = Loader(failures=0, reason="io")  # read_bundle itself refuses it: not a regular file
     with watching(path, loader):
-        wait_until(lambda: loader.calls != [])
+        until(lambda: loader.calls != [])
         time.sleep(4 * FIRST_S)
     assert len(loader.calls) == 1 and loader.rejected == ["io"]  # read_bundle's own refusal, not retried
 
@@ -136,7 +130,7 @@ def test_a_name_stat_cannot_resolve_while_a_retry_is_due_is_refused_without_spin
                                                                                      caplog: pytest.LogCaptureFixture) -> None:
     loader = Loader(failures=1, reason="io")
     with caplog.at_level(logging.ERROR, logger="server.watcher"), watching(active, loader):
-        wait_until(lambda: loader.rejected == ["io"])  # a retry is scheduled FIRST_S on
+        until(lambda: loader.rejected == ["io"])  # a retry is scheduled FIRST_S on
         active.unlink()
         active.symlink_to(active.name)  # a link to itself: stat raises ELOOP, as it raises ESTALE or EIO on a bad volume
         time.sleep(1.0)  # the retry falls due in here
