@@ -22,13 +22,28 @@ def add_json_flag(parser: argparse.ArgumentParser, default_name: str) -> None:
                         metavar="PATH", help=f"also write the results as JSON (default path bench/results/{default_name})")
 
 
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU's model name (``AMD EPYC``, ``Intel(R) Xeon(R) ...``): the same command's figures differ by kind of CPU
+    (the MLServer peer gained most on an AMD EPYC), so a run must say which it ran on. ``platform.processor()`` where
+    there is no ``/proc/cpuinfo``."""
+    try:
+        for line in cpuinfo.read_text(errors="replace").splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
 def header(module: str, started: float, argv: Sequence[str] | None, **machine: Any) -> dict[str, Any]:
     """When, the command that reproduces the run, its wall time, and the machine (plus ``machine`` extras)."""
     return {
         "when": datetime.datetime.fromtimestamp(started, datetime.UTC).isoformat(timespec="seconds"),
         "command": " ".join([".venv/bin/python", "-m", module, *(sys.argv[1:] if argv is None else argv)]),
         "wall_s": round(time.time() - started, 1),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(), **machine},
+        "machine": {"cpus": os.cpu_count(), "cpu": cpu_model(), "platform": platform.platform(),
+                    "python": platform.python_version(), **machine},
     }
 
 
