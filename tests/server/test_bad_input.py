@@ -111,3 +111,21 @@ def test_outcome_amounts_are_bounded(channel: grpc.Channel, fields: dict[str, ob
     for outcome in (pb.OUTCOME_COUPON_USED, pb.OUTCOME_COMPLAINT):  # a discount beside no order: the objective ignores it
         assert stub(channel).ReportOutcome(pb.ReportOutcomeRequest(decision_id="d-1", session_id="s-1", outcome_id="o-c",
                                                                    outcome=outcome, coupon_discount=5.0), timeout=10)
+
+
+def test_each_bound_admits_its_edge_and_refuses_one_past_it(channel: grpc.Channel) -> None:
+    """The limits are inclusive where the docs say "at most": an id of exactly 256 characters, the last nanosecond of a
+    second, and an order whose discount is its whole value are served; one past each is refused, naming the field."""
+    call = stub(channel)
+    assert call.RecommendAction(request(item_id="x" * 256, request_id="r" * 256, recent_behavior_ids=["b" * 256]),
+                                timeout=5).decision_id
+    assert call.RecommendAction(request(event_time=Timestamp(seconds=1_790_000_000, nanos=999_999_999)), timeout=5).decision_id
+    refused = {"event_time": request(event_time=Timestamp(seconds=1_790_000_000, nanos=1_000_000_000)),
+               "recent_behavior_ids[0]": request(recent_behavior_ids=["b" * 257])}
+    for field, bad in refused.items():
+        with pytest.raises(grpc.RpcError) as info:
+            call.RecommendAction(bad, timeout=5)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and info.value.details().startswith(f"{field}: ")
+    whole = pb.ReportOutcomeRequest(decision_id="d-1", session_id="s-1", outcome_id="o-edge", outcome=pb.OUTCOME_ORDER,
+                                    value=10.0, coupon_discount=10.0)
+    assert call.ReportOutcome(whole, timeout=5).outcome_id == "o-edge"

@@ -89,6 +89,13 @@ def test_bad_engagement_is_invalid_argument_naming_the_field(channel: grpc.Chann
     assert call(engagement(), timeout=5).engagement_id == "e-1"  # still answering
 
 
+@pytest.mark.parametrize("fields", [{"scroll_depth": 0.0}, {"scroll_depth": 1.0}, {"dwell_seconds": 0.0}, {"dwell_seconds": 86_400.0}],
+                         ids=["unscrolled", "scrolled-to-the-end", "no-dwell", "a-whole-day"])
+def test_the_ends_of_each_range_are_measurements(channel: grpc.Channel, fields: dict[str, float]) -> None:
+    """A page scrolled to its very end or not at all, a dwell of nothing or of the whole day the range allows: accepted."""
+    assert stub(channel).ReportEngagement(engagement(**fields, engagement_id="e-edge"), timeout=5).engagement_id == "e-edge"
+
+
 def test_a_report_without_any_signal_is_refused(channel: grpc.Channel) -> None:
     empty = pb.ReportEngagementRequest(decision_id="d-1", session_id="s-1", engagement_id="e-empty")
     with pytest.raises(grpc.RpcError) as info:
