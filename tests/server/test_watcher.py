@@ -108,12 +108,17 @@ def test_without_a_refusal_at_start_the_file_seen_is_not_read_again(active: Path
     assert loader.calls == []
 
 
-def test_retries_stop_after_their_count(active: Path) -> None:
+def test_retries_stop_after_their_count_and_a_new_file_gets_its_own(active: Path) -> None:
     loader = Loader(failures=100, reason="limits")  # a bundle too heavy for the limits fails every time
     with watching(active, loader, retry_tries=2):
         until(lambda: len(loader.calls) == 3)  # the read, then two retries after 0.2 and 0.4 s
         time.sleep(8 * FIRST_S)  # past where a third retry would have come
         assert len(loader.calls) == 3
+        active.write_bytes(active.read_bytes())  # the next publish: its refusal may pass too, so it is retried afresh
+        until(lambda: len(loader.calls) == 6, "the new file's read and its two retries")
+        time.sleep(8 * FIRST_S)
+        assert len(loader.calls) == 6
+    assert loader.calls[4] - loader.calls[3] >= FIRST_S and loader.calls[5] - loader.calls[4] >= 2 * FIRST_S
 
 
 def test_a_fifo_refused_as_unreadable_is_not_read_again(tmp_path: Path) -> None:
