@@ -135,6 +135,21 @@ def nested_manifest(depth: int = 200_000) -> bytes:
     return members(sorted(entries.items()))
 
 
+def stored_size_mismatch(name: str = MANIFEST, extra: int = 16) -> bytes:
+    """The default bundle's members stored as they are, but the central directory gives ``name`` a compressed size
+    ``extra`` bytes past its real size: not the canonical container a publisher writes."""
+    data = bytearray(members(default_members()))
+    at = data.find(b"PK\x01\x02")
+    while at >= 0:
+        length = int.from_bytes(data[at + 28:at + 30], "little")
+        if data[at + 46:at + 46 + length] == name.encode():
+            size = int.from_bytes(data[at + 24:at + 28], "little")
+            data[at + 20:at + 24] = (size + extra).to_bytes(4, "little")
+            return bytes(data)
+        at = data.find(b"PK\x01\x02", at + 46 + length)
+    raise ValueError(f"no member {name}")
+
+
 def duplicate_member() -> bytes:
     entries = default_members()
     fake = rebuilt(model_version="the-second-copy-wins")

@@ -109,6 +109,14 @@ def test_compressed_members_are_refused_without_inflating_them(inflating_files: 
     assert peak_mb < 150, f"verify peaked at {peak_mb} MB"
 
 
+def test_a_stored_member_whose_sizes_disagree_is_refused() -> None:
+    """A member stored as it is has one size; a central directory that gives it a larger compressed size is no bundle a
+    publisher writes (the read would take bytes past the member), so it is refused before any member is read."""
+    data = hostile.stored_size_mismatch()
+    error = refused(data)
+    assert error.reason == "format" and "members ['manifest.json'] are compressed" in str(error)
+
+
 def test_a_deeply_nested_manifest_is_a_bundle_error_not_a_crash() -> None:
     error = refused(hostile.nested_manifest())
     assert error.reason == "format" and "RecursionError" in str(error)
