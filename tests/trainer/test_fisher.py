@@ -215,5 +215,8 @@ def test_guard_validation() -> None:
     check_guard(torch.tensor([[0.0, NEG_INF, -2.0]]))
     with pytest.raises(ValueError, match="every action blocked"):
         check_guard(torch.tensor([[NEG_INF, NEG_INF, NEG_INF]]))
+    for above in (0.5, 1e-9):  # any weight above 1 (a log above 0), however slightly
+        with pytest.raises(ValueError, match=r"\[-inf, 0\]"):
+            check_guard(torch.tensor([[above, 0.0, 0.0]], dtype=torch.float64))
     with pytest.raises(ValueError, match=r"\[-inf, 0\]"):
-        check_guard(torch.tensor([[0.5, 0.0, 0.0]]))
+        check_guard(torch.tensor([[float("nan"), 0.0, 0.0]]))

@@ -396,6 +396,22 @@ def test_no_model_answers_from_the_rules(default_bundle: Bundle) -> None:
     assert none.item_dim == 768  # requests are still validated against the default feature spec
 
 
+def test_guardrails_that_ban_everything_for_a_request_are_named_in_the_fallback(default_bundle: Bundle) -> None:
+    """A bundle may permit one action and damp it to 0 for some requests; the rule engine then serves its default
+    rule's first action and says so (``default:all_banned``), not a permitted action it does not have."""
+    manifest = copy.deepcopy(default_bundle.manifest)
+    manifest["guardrails"] = {"static": {"add_to_cart": 1.0, "view_detail": 0.0, "apply_coupon": 0.0, "share_social": 0.0,
+                                         "exit": 0.0},
+                              "rules": [{"name": "full_cart_no_add", "when": {"cart_item_count_min": 3},
+                                         "action": "add_to_cart", "multiplier": 0.0}]}
+    none = NoModel(manifest)
+    d = none.fallback(Context(PageType.SEARCH, 3, 12, 0), Source.FALLBACK_NO_MODEL)
+    assert (d.action, d.rule, d.guardrail_hits) == (V, "default:all_banned", ("full_cart_no_add",))
+    assert d.blocked.tolist() == [True] * 5
+    d = none.fallback(Context(PageType.SEARCH, 0, 12, 0), Source.FALLBACK_NO_MODEL)
+    assert (d.action, d.rule) == (A, "default")  # otherwise the default rule's one permitted action
+
+
 def test_a_decision_is_the_same_alone_or_in_a_batch() -> None:
     """Replay: the same decision id and inputs give the same decision whatever batch it ran in."""
     from core.domain import Context, DecisionRequest, PageType
