@@ -141,7 +141,7 @@ class ShoppingAgentServer:
         registrar = InstrumentedRegistrar(server, self.metrics, self.health_bounds.bound)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, OnlyMethods(registrar, health.SERVICE_NAME, ["Check"]))
         self.health_port = self.health_bounds.local_port = transport.add_port(server, self.config.host,
-                                                                              self.config.health_port, None)
+                                                                              self.config.health_port, None, "--health-port")
         return server
 
     async def _load(self) -> None:
@@ -315,5 +315,9 @@ def make_recorder(config: Config, metrics: Metrics | None) -> ExperienceRecorder
         flush_seconds=config.log_flush_seconds,
         flush_rows=config.log_flush_rows,
     )
-    salt = resolve_salt(config.log_dir, config.log_user_salt)
-    return ExperienceRecorder(config.log_dir, salt, options, metrics.experience if metrics is not None else None)
+    try:
+        salt = resolve_salt(config.log_dir, config.log_user_salt)
+        return ExperienceRecorder(config.log_dir, salt, options, metrics.experience if metrics is not None else None)
+    except OSError as exc:  # a set-up problem to report in one line (exit 2), as a bad flag is: not a traceback
+        where = f" ({exc.filename})" if exc.filename is not None else ""
+        raise ValueError(f"--log-dir {config.log_dir}: cannot be created or written: {exc.strerror or exc}{where}") from None

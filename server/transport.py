@@ -131,10 +131,15 @@ def check_port_free(host: str, port: int) -> None:
             raise OSError(exc.errno, f"cannot bind {host}:{port}: {exc.strerror} (is another server running on it?)") from None
 
 
-def add_port(server: aio.Server, host: str, port: int, credentials: grpc.ServerCredentials | None) -> int:
-    """Bind ``host:port`` (TLS with ``credentials``, else plaintext); return the bound port."""
+def add_port(server: aio.Server, host: str, port: int, credentials: grpc.ServerCredentials | None, flag: str = "--port") -> int:
+    """Bind ``host:port`` (TLS with ``credentials``, else plaintext); return the bound port. ``OSError`` naming the
+    address and ``flag`` when it cannot be bound (grpcio raises a ``RuntimeError`` for a taken port; older releases
+    returned 0)."""
     address = f"{host}:{port}"
-    bound = server.add_secure_port(address, credentials) if credentials is not None else server.add_insecure_port(address)
+    try:
+        bound = server.add_secure_port(address, credentials) if credentials is not None else server.add_insecure_port(address)
+    except RuntimeError as exc:
+        raise OSError(f"{flag}: cannot bind {address} (is another server running on it?): {exc}") from None
     if bound == 0:
-        raise OSError(f"cannot bind {address}")
+        raise OSError(f"{flag}: cannot bind {address}")
     return int(bound)

@@ -173,9 +173,32 @@ def test_bad_configuration_exits_2_with_the_reason(args: list[str], env: dict[st
     assert message in out.stderr
 
 
+def test_a_port_or_log_dir_that_cannot_be_had_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    """A taken health port, a taken service port bound without our probe (one gRPC server), a log directory under a
+    file: the flag is named in one line and the exit is 2 (a set-up problem), not a traceback and 1."""
+    import os
+    import socket
+
+    (tmp_path / "afile").write_text("not a directory")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        cases = {"--health-port": ["--health-port", port], "--port": ["--port", port, "--grpc-servers", "1"],
+                 "--log-dir": ["--log-dir", str(tmp_path / "afile" / "logs")]}
+        for flag, args in cases.items():
+            out = subprocess.run([sys.executable, "-m", "server", "serve", "--host", "127.0.0.1", "--metrics-port", "",
+                                  "--log-user-salt", "s", *args], capture_output=True, text=True, timeout=60,
+                                 env={**os.environ, "SHOPPING_AGENT_LOG_FORMAT": "text"}, cwd=ROOT)
+            assert out.returncode == 2, (flag, out.stderr[-2000:])
+            assert "Traceback" not in out.stderr, out.stderr[-2000:]
+            assert f"shopping-agent: {flag}" in out.stderr, out.stderr[-2000:]
+    assert "cannot be created or written: Not a directory" in out.stderr
+
+
 @pytest.mark.parametrize(("grpc_servers", "error", "says"), [
     (8, OSError, "cannot bind 127.0.0.1:{port}: .* another server"),  # our probe, before SO_REUSEPORT could share it
-    (1, RuntimeError, "Failed to bind")])  # grpc's own error for a taken port
+    (1, OSError, r"--port: cannot bind 127.0.0.1:{port} .*Failed to bind")])  # grpc's own error, as an OSError naming the flag
 def test_stop_after_a_failed_start_releases_the_threads(tmp_path: Path, grpc_servers: int, error: type[Exception], says: str) -> None:
     import asyncio
     import socket
