@@ -26,12 +26,15 @@ import string
 import time
 from pathlib import Path
 
+from core.files import UnreadableFile, read_bounded
+
 log = logging.getLogger(__name__)
 
 SALT_FILE = ".user-salt"
 _TEMP_PREFIX = SALT_FILE + ".tmp-"
 _STALE_TEMP_S = 60.0
 _FILL_WAIT_S = 1.0  # an older writer between its O_EXCL create and its write
+_MAX_SALT_FILE_BYTES = 4096  # a salt is 64 hex digits (and a newline); anything far larger is not one
 
 
 class SaltError(ValueError):
@@ -74,10 +77,14 @@ def read_salt(root: Path) -> bytes | None:
 
 
 def _read(path: Path) -> str | None:
+    """The file's text; None when there is no file. Read without waiting on a writer: a FIFO in its place (the volume is
+    shared) is refused, where a plain read would hang the start until a writer came."""
     try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return None
+        data = read_bounded(path, _MAX_SALT_FILE_BYTES)
+    except UnreadableFile as exc:
+        if not os.path.exists(path):
+            return None
+        raise SaltError(f"{path}: cannot be read as the log salt ({exc}); remove it or set --log-user-salt") from None
     try:
         return data.decode("ascii").strip()
     except UnicodeDecodeError:

@@ -13,6 +13,7 @@ import logging
 import os
 import secrets
 import socket
+import stat
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -254,11 +255,14 @@ def recover_abandoned(root: Path, kind: str) -> list[Path]:
     if not directory.is_dir():
         return recovered
     for path in sorted(directory.glob(f"{OPEN_PREFIX}*{SUFFIX}")):
-        try:
-            fd = os.open(path, os.O_RDONLY)
+        try:  # without waiting on a writer: a FIFO under that name would hang the start (the volume is shared)
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
         except FileNotFoundError:  # finalised meanwhile
             continue
         try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                log.warning("left alone: not a regular file where a log segment was open", extra={"fields": {"path": str(path)}})
+                continue
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -266,9 +270,9 @@ def recover_abandoned(root: Path, kind: str) -> list[Path]:
             if not path.exists():
                 continue
             final = directory / path.name.removeprefix(OPEN_PREFIX)
-            stat = os.fstat(fd)
-            if stat.st_size == 0:
-                if time.time() - stat.st_mtime > 60:  # a young empty file may be a writer between create and lock
+            info = os.fstat(fd)
+            if info.st_size == 0:
+                if time.time() - info.st_mtime > 60:  # a young empty file may be a writer between create and lock
                     path.unlink()
                 continue
             os.replace(path, final)

@@ -141,6 +141,30 @@ def until(condition: Callable[[], bool], what: str = "the condition", timeout: f
         time.sleep(0.01)
 
 
+def without_waiting_on(fifo: Path, call: Callable[[], T], timeout: float = 10.0) -> T:
+    """``call()``'s result (or its exception), which must come within ``timeout`` although ``fifo`` (a FIFO a hostile
+    volume put where a file was expected) has no writer; a call still waiting fails the test, and is then released
+    by opening the FIFO's writing end, so no thread stays blocked."""
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = call()
+        except BaseException as exc:  # handed to the test's thread
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # the waiting open returns; the read then sees EOF
+        thread.join(timeout)
+        raise AssertionError(f"waited on the FIFO {fifo} for {timeout} s")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]  # type: ignore[no-any-return]
+
+
 @contextlib.contextmanager
 def running_server(**overrides: Any) -> Iterator[ServerThread]:
     thread = ServerThread(make_config(**overrides))

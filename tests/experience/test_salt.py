@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from experience.salt import SALT_FILE, SaltError, configured_salt, read_salt, resolve_salt
-from tests.harness import ROOT, spawn_server
+from tests.harness import ROOT, spawn_server, without_waiting_on
 from tests.small_disk import SmallDisk
 
 _RESOLVE = """
@@ -92,6 +92,15 @@ def test_a_file_with_something_else_is_refused_and_kept(tmp_path: Path) -> None:
         resolve_salt(tmp_path, "")
     assert path.read_text() == "0123abcd"  # left for a person to decide
     assert read_salt(tmp_path) is None
+
+
+def test_a_fifo_in_place_of_the_salt_is_refused_without_waiting(tmp_path: Path) -> None:
+    """The logs volume is shared: a FIFO named .user-salt hung the server's start in a read until a writer came."""
+    path = tmp_path / SALT_FILE
+    os.mkfifo(path)
+    with pytest.raises(SaltError, match=r"\.user-salt: cannot be read as the log salt \(not a regular file\)"):
+        without_waiting_on(path, lambda: resolve_salt(tmp_path, ""))
+    assert without_waiting_on(path, lambda: read_salt(tmp_path)) is None
 
 
 def test_readers_never_create(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ import pytest
 from experience.schema import OUTCOMES, SCHEMA_VERSION
 from experience.segment_writer import OPEN_PREFIX, SegmentWriter, recover_abandoned
 from experience.segments import DirectorySource, read_segment
-from tests.harness import ROOT
+from tests.harness import ROOT, without_waiting_on
 
 
 def outcome_batch(start: int, n: int) -> pa.RecordBatch:
@@ -240,6 +240,16 @@ def test_a_real_segment_with_damaged_bytes_is_read_up_to_the_damage_or_skipped(t
 def test_unknown_kind_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="kind: expected one of"):
         SegmentWriter(tmp_path, "clicks", 1, 1)
+
+
+def test_recover_leaves_a_fifo_alone_without_waiting_on_it(tmp_path: Path) -> None:
+    """A FIFO named like an abandoned open segment hung a server's start (the recorder recovers on start) past SIGTERM."""
+    directory = tmp_path / "outcomes"
+    directory.mkdir()
+    fifo = directory / f"{OPEN_PREFIX}outcomes-x.arrows"
+    os.mkfifo(fifo)
+    assert without_waiting_on(fifo, lambda: recover_abandoned(tmp_path, "outcomes")) == []
+    assert fifo.exists()
 
 
 def test_recover_leaves_empty_orphans_out(tmp_path: Path) -> None:
