@@ -115,8 +115,8 @@ def service_servers(config: Config) -> list[aio.Server]:
             for i in range(n)]
 
 
-def check_port_free(host: str, port: int) -> None:
-    """Raise ``OSError`` naming ``host:port`` if anything listens there already.
+def check_port_free(host: str, port: int, flag: str | None = None) -> None:
+    """Raise ``OSError`` naming ``host:port`` (and ``flag``) if anything listens there already.
 
     The service port is bound with SO_REUSEPORT when ``--grpc-servers`` > 1, and such a bind
     succeeds beside another process of the same user that did the same (a stale server, a second
@@ -128,7 +128,8 @@ def check_port_free(host: str, port: int) -> None:
         try:
             probe.bind((host, port))
         except OSError as exc:
-            raise OSError(exc.errno, f"cannot bind {host}:{port}: {exc.strerror} (is another server running on it?)") from None
+            where = f"{flag}: " if flag else ""
+            raise OSError(exc.errno, f"{where}cannot bind {host}:{port}: {exc.strerror} (is another server running on it?)") from None
 
 
 def add_port(server: aio.Server, host: str, port: int, credentials: grpc.ServerCredentials | None, flag: str = "--port") -> int:

@@ -40,6 +40,7 @@ from typing import Any
 
 from server.config import SALT_ENV, Config, to_args
 from server.supervised import Heartbeats
+from server.transport import check_port_free
 
 log = logging.getLogger(__name__)
 
@@ -255,11 +256,19 @@ def run_workers(config: Config, environ: Mapping[str, str]) -> int:
 
     from server.metrics_http import MetricsEndpoint
 
-    mp_dir = prepare_multiproc_dir(config)
+    try:
+        mp_dir = prepare_multiproc_dir(config)
+    except OSError as exc:
+        print(f"shopping-agent: --metrics-multiproc-dir {config.metrics_multiproc_dir}: cannot be prepared: "
+              f"{exc.strerror or exc}", file=sys.stderr)
+        return 2
     sup = _Supervisor(config, mp_dir)
     previous = {signum: signal.signal(signum, sup.on_signal) for signum in _FORWARDED}  # before any worker exists
     endpoint = None
     try:
+        for flag, taken in (("--port", config.port), ("--health-port", config.health_port)):
+            if taken:  # the workers bind with SO_REUSEPORT, which a stale server's socket would share unseen
+                check_port_free(config.host, taken, flag)
         port = config.port or free_port(config.host)
         health_port = free_port(config.host) if config.health_port == 0 else config.health_port  # one port for all
         if config.metrics and config.metrics_port is not None:
@@ -278,6 +287,12 @@ def run_workers(config: Config, environ: Mapping[str, str]) -> int:
         log.info("workers started", extra={"fields": {"workers": len(sup.children), "port": port,
                                                        "pids": [c.pid for c in sup.children]}})
         sup.supervise()
+    except OSError as exc:
+        sup.abandon()
+        if sup.children:
+            raise
+        print(f"shopping-agent: {exc}", file=sys.stderr)  # a port or the metrics endpoint, before any worker: set-up
+        return 2
     except BaseException:
         sup.abandon()
         raise

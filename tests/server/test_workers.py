@@ -269,3 +269,28 @@ def test_a_signal_while_workers_start_stops_the_ones_started(monkeypatch: pytest
     assert workers.run_workers(make_config(workers=3), os.environ) == 0
     assert len(started) == 1  # no worker started after the signal
     assert started[0].returncode == -signal.SIGTERM  # the forwarded signal reached the one started
+
+
+def test_a_set_up_that_cannot_be_had_is_one_line_and_exit_2_before_any_worker(tmp_path: Path) -> None:
+    """A port a stale server holds with SO_REUSEPORT (every worker binds so, and would have shared it unseen), a taken
+    health or metrics port, a metrics directory under a file: refused by the supervisor in one line naming the flag,
+    exit 2, no worker started, as a single process refuses them."""
+    import socket
+
+    (tmp_path / "afile").write_text("not a directory")
+    with socket.socket() as stale, socket.socket() as taken:
+        stale.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        stale.bind(("127.0.0.1", 0))
+        stale.listen()
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        held, busy = str(stale.getsockname()[1]), str(taken.getsockname()[1])
+        cases = {"--port": ["--port", held], "--health-port": ["--health-port", busy], "--metrics-port": ["--metrics-port", busy],
+                 "--metrics-multiproc-dir": ["--metrics-multiproc-dir", str(tmp_path / "afile" / "mp")]}
+        for flag, args in cases.items():
+            out = subprocess.run([sys.executable, "-m", "server", "serve", "--host", "127.0.0.1", "--workers", "2",
+                                  "--log-format", "text", *(["--port", "0"] if flag != "--port" else []), *args],
+                                 capture_output=True, text=True, timeout=60)
+            assert out.returncode == 2, (flag, out.stderr[-2000:])
+            assert "Traceback" not in out.stderr and "workers started" not in out.stderr, out.stderr[-2000:]
+            assert flag in out.stderr.splitlines()[-1], (flag, out.stderr[-2000:])
