@@ -166,6 +166,11 @@ class ExperienceRecorder:
         self._closed = False
         self.written = dict.fromkeys(KINDS, 0)
 
+    @property
+    def dropped(self) -> dict[str, int]:
+        """Records dropped since start, per kind (a full queue, a write error, left queued at close)."""
+        return dict(self._dropped)
+
     def start(self) -> None:
         for kind in KINDS:
             recover_abandoned(self.root, kind)

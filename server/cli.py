@@ -14,7 +14,7 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
-from types import ModuleType
+from types import FrameType, ModuleType
 
 from server import logs
 from server.config import Config, add_arguments, build_config
@@ -120,6 +120,13 @@ def missing_package(exc: ModuleNotFoundError | RuntimeError) -> str | None:
             f"checkout (shopping-agent[cpu,{extra}] from a package index)")
 
 
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM (a Job's pod deleted, ``timeout``, torchrun stopping its ranks) ends a command as Ctrl-C does: the
+    ``finally`` blocks on the way out run, so a recorder closes its open log segments and a lock is released, where
+    the default action killed the process with its segments still open (unreadable until a server recovered them)."""
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 def _module(name: str) -> ModuleType:
     return importlib.import_module(name)
 
@@ -140,6 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         logs.configure(level, "text")
         from policy.onnx_model import RuntimeMissing
 
+        previous = signal.signal(signal.SIGTERM, _interrupt)
         try:
             return int(_module(module).run(args))
         except (ModuleNotFoundError, RuntimeMissing) as exc:
@@ -148,6 +156,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise  # not a package an extra provides: a broken install, with its traceback
             print(f"shopping-agent {args.command}: {hint}", file=sys.stderr)
             return 2  # a set-up problem, as bad usage is: the CronJob does not retry it
+        except KeyboardInterrupt as exc:
+            name = str(exc) if str(exc) in ("SIGTERM", "SIGINT") else "SIGINT"
+            print(f"shopping-agent {args.command}: stopped by {name}", file=sys.stderr)
+            return 128 + signal.Signals[name].value  # as a shell reports a command a signal ended
+        finally:
+            signal.signal(signal.SIGTERM, previous)
     if args.command == "serve":
         try:
             config = build_config(args, os.environ)

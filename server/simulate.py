@@ -10,7 +10,8 @@ logs can be checked against them.
 
 ``--bundle FILE`` (or neither flag: the embedded default bundle) runs the same decision code
 in-process, much faster, optionally writing the same logs to ``--log-dir``; the same seed and
-bundle give the same numbers. A ``--bundle`` that cannot be read or loaded is named in one line, exit 2 (bad usage).
+bundle give the same numbers. Records the log writer dropped (a full or failing volume) are counted in ``logs_dropped``
+and the run exits 1: its logs are incomplete. A ``--bundle`` that cannot be read or loaded is named in one line, exit 2 (bad usage).
 
 ``mean_return`` and its 95 % interval are over the sessions that finished: the expected
 discounted return per session under the attribution rules (``experience.returns``).
@@ -50,7 +51,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p = subparsers.add_parser(
         "simulate", help="run simulated shoppers and report the served policy's true value",
         description="Simulated shoppers against a server (--target) or in-process (--bundle). "
-                    "Exit 0 when every session finished, 1 when the server went away mid-run, 2 on bad usage.")
+                    "Exit 0 when every session finished, 1 when the server went away mid-run or (in-process) log records "
+                    "were dropped, 2 on bad usage.")
     where = p.add_mutually_exclusive_group()
     where.add_argument("--target", help="HOST:PORT of a running server of this version (RecommendAction, ReportOutcome and "
                        "ReportEngagement over gRPC)")
@@ -91,13 +93,21 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
         except BundleError as exc:  # a file the user named: bad usage, as `weights verify` reports it
             print(f"shopping-agent simulate: --bundle: {exc}", file=sys.stderr)
             return 2
-        result = _in_process(world, sessions, model, args)
+        salt = b""
+        if args.log_dir is not None:
+            try:
+                salt = resolve_salt(args.log_dir, "")  # creates the directory: one that cannot be is a set-up problem
+            except (OSError, ValueError) as exc:
+                reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+                print(f"shopping-agent simulate: --log-dir {args.log_dir}: cannot be created or written: {reason}", file=sys.stderr)
+                return 2
+        result = _in_process(world, sessions, model, args, salt)
     result = {"seed": args.seed, **result, "elapsed_s": round(time.monotonic() - started, 3)}
     if args.json:
         out.write(json.dumps(result, allow_nan=False) + "\n")
     else:
         out.write(_text(result))
-    return 1 if result.get("interrupted") else 0
+    return 1 if result.get("interrupted") or result.get("logs_incomplete") else 0
 
 
 def _usage_problem(args: argparse.Namespace) -> str:
@@ -128,13 +138,13 @@ def _summary(trace: Trace) -> dict[str, Any]:
 
 
 # --- in-process ------------------------------------------------------------------------------
-def _in_process(world: World, sessions: range, model: ModelSet, args: argparse.Namespace) -> dict[str, Any]:
+def _in_process(world: World, sessions: range, model: ModelSet, args: argparse.Namespace, salt: bytes) -> dict[str, Any]:
     tz = ZoneInfo(args.timezone)
     written = None
     products = by_model(model) if args.products else None
     with progress("simulate", total=len(sessions), unit="session") as bar:
         if args.log_dir:
-            trace, written = run_logged(world, model, sessions, tz, args.log_dir, resolve_salt(args.log_dir, ""), batch=args.batch,
+            trace, written = run_logged(world, model, sessions, tz, args.log_dir, salt, batch=args.batch,
                                         on_finished=bar.update, products=products)
         else:
             trace = run_in_process(world, model, sessions, tz, batch=args.batch, on_finished=bar.update, products=products)
@@ -145,9 +155,14 @@ def _in_process(world: World, sessions: range, model: ModelSet, args: argparse.N
             for oid in trace.outcome_ids:
                 f.write(json.dumps({"kind": "outcome", "id": oid}) + "\n")
     summary = _summary(trace)
+    lost = trace.logs_dropped
+    if lost:  # a full or failing log volume: the run's purpose was the logs, so it is no success (exit 1)
+        print(f"shopping-agent simulate: --log-dir {args.log_dir}: records were dropped, not written: {lost} (see the "
+              "log lines above for why)", file=sys.stderr)
     return {"mode": "in-process", "bundle": str(args.bundle or "embedded-default"), **summary,
             "decisions_answered": len(trace.decision_ids), "outcomes_acknowledged": len(trace.outcome_ids),
-            "logs_written": written, "interrupted": False}
+            "logs_written": written, **({"logs_dropped": lost, "logs_incomplete": bool(lost)} if args.log_dir else {}),
+            "interrupted": False}
 
 
 # --- over gRPC -------------------------------------------------------------------------------

@@ -115,6 +115,7 @@ class Trace:
     products: int = 0
     product_sources: dict[str, int] = field(default_factory=dict)
     model_versions: set[str] = field(default_factory=set)
+    logs_dropped: dict[str, int] = field(default_factory=dict)  # run_logged: records the recorder dropped, per kind
 
     def decided(self, session_id: str, decision_id: str, event_time_s: float, action: Action, source: Source) -> None:
         self.decision_ids.append(decision_id)
@@ -290,4 +291,5 @@ def run_logged(world: World, model: BatchDecider, sessions: range, tz: tzinfo, r
         trace = run_in_process(world, model, sessions, tz, recorder, batch=batch, on_finished=on_finished, products=products)
     finally:
         recorder.close()
+    trace.logs_dropped = {kind: n for kind, n in recorder.dropped.items() if n}
     return trace, dict(recorder.written)

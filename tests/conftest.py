@@ -2,11 +2,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 import pytest
 
 from tests.harness import ServerThread, running_server
+from tests.small_disk import SmallDisk, mounted
 
 MAX_WORKERS = 4  # each worker process holds its own models, servers and simulated logs
 
@@ -35,3 +37,9 @@ def channel(live: ServerThread) -> Iterator[grpc.Channel]:
     with grpc.insecure_channel(live.target) as ch:
         grpc.channel_ready_future(ch).result(timeout=10)
         yield ch
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[SmallDisk]:
+    """A real 1 MiB tmpfs (skipped where it cannot be mounted)."""
+    yield from mounted(tmp_path)

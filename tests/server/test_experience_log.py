@@ -10,7 +10,6 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -28,7 +27,7 @@ from policy.features import FeatureSpec, behavior_buckets
 from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
 from server.metrics import Metrics
 from tests.harness import ROOT, Spawned, request, running_server, spawn_server, stub
-from tests.small_disk import SmallDisk, mounted
+from tests.small_disk import SmallDisk
 
 
 def outcome(**overrides: object) -> pb.ReportOutcomeRequest:
@@ -445,11 +444,6 @@ def test_recorders_with_one_salt_keep_the_same_sessions(tmp_path: Path) -> None:
         assert len(tables(tmp_path / name)[1]) == len(logged[name])
     assert logged["a"] == logged["b"] != logged["c"]
     assert 60 < len(logged["a"]) < 140
-
-
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[SmallDisk]:
-    yield from mounted(tmp_path)
 
 
 def _log_metrics(server: Spawned) -> dict[str, float]:

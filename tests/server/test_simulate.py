@@ -14,10 +14,11 @@ import pytest
 
 from experience.records import OUTCOME, hash_id
 from experience.returns import mean_return, session_returns
-from experience.salt import read_salt
+from experience.salt import read_salt, resolve_salt
 from experience.segments import DirectorySource
 from experience.sessions import build_episodes
-from tests.harness import ROOT, running_server, spawn_server
+from tests.harness import ROOT, running_server, spawn_server, until
+from tests.small_disk import SmallDisk
 from weights.embedded import DEFAULT_MODEL_VERSION
 
 CLI = [sys.executable, "-m", "server", "simulate"]
@@ -123,6 +124,48 @@ def test_sigterm_mid_simulation_every_answer_is_logged(tmp_path: Path) -> None:
     assert answered <= set(decisions.column("decision_id").to_pylist())
     key = read_salt(logs)  # the server's, kept next to its logs (no salt configured); outcome ids are logged hashed
     assert key is not None and {hash_id(o, key, OUTCOME) for o in acknowledged} <= set(outcomes.column("outcome_id").to_pylist())
+
+
+def test_sigterm_in_process_closes_the_logs_it_wrote(tmp_path: Path) -> None:
+    """SIGTERM (a deleted pod, ``timeout``) ends an in-process run as Ctrl-C does: the recorder closes its segments on
+    the way out, so everything written is readable at once; the default action left them open and hidden."""
+    logs = tmp_path / "logs"
+    sim = subprocess.Popen([*CLI, "--sessions", "1000000", "--log-dir", str(logs), "--json"], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        until(lambda: any((logs / "decisions").glob("*.arrows")) if (logs / "decisions").is_dir() else False,
+              "the run's first decision segment", timeout=60)
+        time.sleep(1.0)
+        sim.send_signal(signal.SIGTERM)
+        _, err = sim.communicate(timeout=60)
+    finally:
+        if sim.poll() is None:
+            sim.kill()
+            sim.communicate()
+    assert sim.returncode == 128 + signal.SIGTERM, err[-2000:]
+    assert "shopping-agent simulate: stopped by SIGTERM" in err and "Traceback" not in err
+    assert not list(logs.rglob(".open-*")), "segments left open"
+    source = DirectorySource(logs)
+    assert source.table("decisions").num_rows > 0 and source.table("outcomes").num_rows > 0
+
+
+def test_a_log_dir_that_cannot_be_made_is_bad_usage(tmp_path: Path) -> None:
+    (tmp_path / "afile").write_text("not a directory")
+    run = subprocess.run([*CLI, "--sessions", "5", "--log-dir", str(tmp_path / "afile" / "logs")], capture_output=True,
+                         text=True, cwd=ROOT, timeout=60)
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert "--log-dir" in run.stderr and "cannot be created or written: Not a directory" in run.stderr
+
+
+def test_records_dropped_on_a_full_volume_fail_the_run(small_disk: SmallDisk) -> None:
+    """The run's purpose is its logs: a full volume (the salt already there) drops records, which the run counts and
+    fails on (exit 1), where it exited 0 with every record lost."""
+    logs = small_disk.path / "logs"
+    resolve_salt(logs, "")
+    small_disk.fill()
+    code, result = simulate("--sessions", "300", "--log-dir", str(logs))
+    assert code == 1 and result["logs_incomplete"] is True
+    assert result["logs_dropped"]["decisions"] > 0 and result["logs_written"]["decisions"] < result["decisions_answered"]
 
 
 @pytest.mark.parametrize(("args", "message"), [
