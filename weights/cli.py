@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import errno
 import json
-import os
 import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -160,10 +159,12 @@ def _verify(args: argparse.Namespace) -> int:
 
 def _keygen(args: argparse.Namespace) -> int:
     private, public = keypair_pem()
-    fd = os.open(args.private, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # never overwrite a key
-    with os.fdopen(fd, "wb") as f:
-        f.write(private)
-    atomic_write(args.public, public)
+    atomic_write(args.private, private, mode=0o600, replace=False)  # never overwrite a key; never leave half of one
+    try:
+        atomic_write(args.public, public)
+    except BaseException:
+        args.private.unlink(missing_ok=True)  # the pair or nothing: a private key without its public half only blocks a rerun
+        raise
     print(f"wrote {args.private} (private, 0600) and {args.public} (public)")
     return EXIT_OK
 

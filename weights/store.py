@@ -108,17 +108,23 @@ class PublishResult:
     previous: str | None = None
 
 
-def atomic_write(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data`` atomically and durably (temp file, fsync, rename, fsync dir)."""
+def atomic_write(path: Path, data: bytes, mode: int = 0o644, replace: bool = True) -> None:
+    """Replace ``path`` with ``data`` atomically and durably (temp file, fsync, rename, fsync dir): whole or not at all.
+    ``mode``: the file's (0644: servers may run as another user). ``replace`` False: never replace an existing file
+    (``FileExistsError``; the temp file is linked into place, and a link fails where the name exists)."""
     directory = path.parent
     fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, dir=directory)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
-            os.fchmod(f.fileno(), 0o644)  # mkstemp makes 0600; servers may run as another user
+            os.fchmod(f.fileno(), mode)
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        if replace:
+            os.replace(tmp, path)
+        else:
+            os.link(tmp, path)
+            os.unlink(tmp)
     except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)

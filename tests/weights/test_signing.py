@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 
 from tests.harness import ROOT
+from tests.small_disk import SmallDisk
 from tests.weights import hostile
 from weights.bundle import MANIFEST, SIGNATURE, BundleError, read_bundle
+from weights.cli import EXIT_ERROR
 from weights.model_set import LoadOptions, ModelSet
 from weights.signing import KeyFileError, keypair_pem, load_private_key, load_public_key, public_key_bytes, sign
 
@@ -77,6 +79,22 @@ def test_key_files_of_the_wrong_kind_are_clear_errors(keys: dict[str, Path], tmp
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "server", "weights", *args], capture_output=True, text=True, timeout=120, cwd=ROOT)
+
+
+def test_keygen_writes_the_pair_or_nothing(tmp_path: Path, small_disk: SmallDisk) -> None:
+    """A full disk, or a public path that cannot be written, left a private key behind (empty, on the full disk), and
+    every rerun then failed on it ("File exists") until someone removed it by hand."""
+    (tmp_path / "afile").write_text("not a directory")
+    out = cli("keygen", "--private", str(tmp_path / "k"), "--public", str(tmp_path / "afile" / "k.pub"))
+    assert out.returncode == EXIT_ERROR and "Not a directory" in out.stderr and not (tmp_path / "k").exists()
+    small_disk.fill()
+    out = cli("keygen", "--private", str(small_disk.path / "k"), "--public", str(small_disk.path / "k.pub"))
+    assert out.returncode == EXIT_ERROR and "No space left" in out.stderr, out.stderr
+    assert sorted(p.name for p in small_disk.path.iterdir()) == ["filler"]  # no key, no temp file
+    small_disk.free()
+    assert cli("keygen", "--private", str(small_disk.path / "k"), "--public", str(small_disk.path / "k.pub")).returncode == 0
+    assert load_private_key(small_disk.path / "k").public_key().public_bytes_raw() == \
+        load_public_key(small_disk.path / "k.pub").public_bytes_raw()
 
 
 def test_keygen_sign_verify_and_publish_on_the_command_line(tmp_path: Path) -> None:
