@@ -186,6 +186,8 @@ def _config(args: argparse.Namespace) -> TrainConfig:
             values[name] = getattr(args, name)
     try:
         if "guard" in values:
+            if not isinstance(values["guard"], dict):
+                raise UsageError(f"--config: guard: expected an object of GuardConfig fields, got {values['guard']!r}")
             values["guard"] = GuardConfig(**values["guard"])
         if values.get("engagement_weights") is not None:
             values["engagement_weights"] = EngagementWeights.from_dict(values["engagement_weights"])

@@ -4,12 +4,33 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
 from core.domain import Action, Outcome
 from experience.engagement import EngagementWeights
 from trainer.log_checks import MAX_SESSION_COMPLAINTS, MAX_SESSION_DECISIONS, MAX_SESSION_ORDER_VALUE, SessionLimits
+
+_SCALARS: dict[str, tuple[type, ...]] = {"int": (numbers.Integral,), "float": (numbers.Real,), "bool": (bool,), "str": (str,)}
+_SAID = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string", "None": "null"}
+
+
+def type_problems(config: Any) -> list[str]:
+    """Each field of a config dataclass whose value is not of its annotated scalar type (``int``, ``float``, ``bool``,
+    ``str``, or one of them ``| None``), named: a JSON ``--config`` can hold anything, and a wrong type met later
+    fails deep in a run (a traceback, exit 1, which the CronJob retries) or not at all. A bool is no number here."""
+    problems = []
+    for f in dataclasses.fields(config):
+        names = [n.strip() for n in str(f.type).split("|")]
+        if not set(names) <= {*_SCALARS, "None"}:
+            continue  # tuples of enums, nested configs: checked where they are built
+        value = getattr(config, f.name)
+        if value is None and "None" in names:
+            continue
+        if not any(isinstance(value, _SCALARS[n]) and (n == "bool" or not isinstance(value, bool)) for n in names if n != "None"):
+            problems.append(f"{f.name}: expected {' or '.join(_SAID[n] for n in names)}, got {value!r}")
+    return problems
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +73,8 @@ class GuardConfig:
     """Seed of the initialisation and the shuffling."""
 
     def __post_init__(self) -> None:
+        if problems := type_problems(self):
+            raise ValueError("guard: " + "; ".join(problems))
         if not all(isinstance(o, Outcome) for o in self.harmful_outcomes):
             raise ValueError(f"harmful_outcomes: expected Outcome values, got {self.harmful_outcomes!r}")
         if not all(isinstance(a, Action) for a in self.exit_exempt_actions):
@@ -254,7 +277,8 @@ class TrainConfig:
     refused candidate is discarded."""
 
     def __post_init__(self) -> None:
-        problems = []
+        if problems := type_problems(self):  # before the ranges, which compare the values
+            raise ValueError("; ".join(problems))
         if not 0 < self.heldout_fraction < 1:
             problems.append(f"heldout_fraction: expected in (0, 1), got {self.heldout_fraction}")
         if not 0 < self.max_session_order_value < math.inf:

@@ -1,0 +1,44 @@
+"""A ``--config`` is JSON, so any field can arrive as any type: each is checked against its annotation and named."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.harness import trainer_in_process
+from trainer.config import GuardConfig, TrainConfig
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"updates": "ten"}, "updates: expected an integer, got 'ten'"),
+    ({"updates": 1.5}, "updates: expected an integer, got 1.5"),
+    ({"seed": True}, "seed: expected an integer, got True"),  # a bool is no number
+    ({"kl_delta": "0.05"}, "kl_delta: expected a number, got '0.05'"),
+    ({"window_versions": 2.0}, "window_versions: expected an integer or null, got 2.0"),
+    ({"trust_region": 1}, "trust_region: expected a string, got 1"),
+    ({"second_look_level": []}, "second_look_level: expected a number or null, got []"),
+])
+def test_a_field_of_the_wrong_type_is_named(fields: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError) as caught:
+        TrainConfig(**fields)  # type: ignore[arg-type]
+    assert str(caught.value) == message
+
+
+def test_numbers_of_any_kind_that_fit_are_accepted() -> None:
+    config = TrainConfig(seed=np.int64(3), kl_delta=1, window_versions=None, guard=GuardConfig(learning_rate=np.float32(0.01)))
+    assert config.seed == 3 and config.kl_delta == 1
+
+
+def test_the_command_refuses_a_wrong_type_before_reading_any_logs(tmp_path: Path) -> None:
+    """Exit 2 naming the field, before the logs (here: none at all, which would be exit 2 for another reason)."""
+    config = tmp_path / "c.json"
+    for fields, says in (({"updates": 1.5}, "--config: updates: expected an integer, got 1.5"),
+                         ({"guard": None}, "--config: guard: expected an object of GuardConfig fields, got None"),
+                         ({"guard": {"epochs": "2"}}, "--config: guard: epochs: expected an integer, got '2'")):
+        config.write_text(json.dumps(fields))
+        code, _, err = trainer_in_process("train", "--logs", str(tmp_path / "nologs"), "--out", str(tmp_path / "x.bundle"),
+                                          "--config", str(config), "--device", "cpu")
+        assert code == 2 and err.strip().endswith(says), err
