@@ -58,6 +58,7 @@ def test_no_outcomes_and_bad_costs() -> None:
     for bad in (-1.0, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="complaint_cost"):
             BusinessObjective(complaint_cost=bad)
+    assert BusinessObjective(complaint_cost=0.0).complaint_cost == 0.0  # net GMV alone: complaints cost nothing
 
 
 # --- the objective as rewards: placed where each outcome is observed -------------------------------------------------

@@ -103,6 +103,13 @@ def test_a_fifo_in_place_of_the_salt_is_refused_without_waiting(tmp_path: Path) 
     assert without_waiting_on(path, lambda: read_salt(tmp_path)) is None
 
 
+def test_sixty_four_characters_that_are_not_hex_are_no_salt(tmp_path: Path) -> None:
+    (tmp_path / SALT_FILE).write_text("z" * 64)
+    with pytest.raises(SaltError, match=r"not a 64-hex-digit salt \(64 bytes\)"):
+        resolve_salt(tmp_path, "")
+    assert read_salt(tmp_path) is None
+
+
 def test_readers_never_create(tmp_path: Path) -> None:
     assert read_salt(tmp_path) is None and not list(tmp_path.iterdir())
     salt = resolve_salt(tmp_path, "")
