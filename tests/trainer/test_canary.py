@@ -8,18 +8,22 @@ import json
 import math
 from collections.abc import Iterator
 from pathlib import Path
+from statistics import NormalDist
 from typing import Any
 from zoneinfo import ZoneInfo
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from core.domain import Outcome
 from experience.segments import DirectorySource
 from simulator.config import SimConfig
 from simulator.drive import run_logged
 from simulator.world import World
 from tests.harness import fresh_bundle_bytes, trainer_in_process, variant_bytes
+from tests.log_tables import outcome_table
 from tests.small_disk import SmallDisk, mounted
 from trainer.canary import CanarySettings, Sides, judge, look, read_sides, sides_of
 from trainer.session_index import SessionIndex
@@ -83,6 +87,23 @@ def test_the_sides_hold_every_outcome_of_their_sessions_and_a_cap_samples_each(s
     assert set(capped.canary.to_pylist()) <= set(whole.canary.to_pylist())
     assert set(capped.control.to_pylist()) <= set(whole.control.to_pylist())
     assert _sides(served, "better", max_sessions=300).canary.to_pylist() == capped.canary.to_pylist()  # keyed: the same
+
+
+def test_the_interval_is_welchs_for_sides_of_unequal_size() -> None:
+    """A 5 % canary's side is a twentieth of the control's: each side's variance is divided by its own count (a
+    variance over the wrong count makes the interval far too wide, and canaries are dropped undecided)."""
+    rng = np.random.default_rng(5)
+    values = {"a": rng.exponential(40.0, 240), "b": rng.exponential(30.0, 4800)}
+    rows = [{"outcome_id": f"{side}{i}", "session_id": f"{side}{i}", "outcome": Outcome.ORDER, "value": float(v)}
+            for side, drawn in values.items() for i, v in enumerate(drawn)]
+    sides = Sides(pa.chunked_array([[f"a{i}" for i in range(240)]]), pa.chunked_array([[f"b{i}" for i in range(4800)]]),
+                  outcome_table(rows))
+    verdict = judge(sides, CanarySettings(0.05, 0.95, 3, 200), 0)
+    a, b = values["a"], values["b"]
+    half = NormalDist().inv_cdf(0.975) * math.sqrt(a.var(ddof=1) / len(a) + b.var(ddof=1) / len(b))
+    assert (verdict.canary_sessions, verdict.control_sessions) == (240, 4800)
+    assert verdict.estimate == pytest.approx(a.mean() - b.mean())
+    assert verdict.ci_low == pytest.approx(a.mean() - b.mean() - half) and verdict.ci_high == pytest.approx(a.mean() - b.mean() + half)
 
 
 def test_too_few_sessions_wait_but_count_so_a_canary_too_quiet_to_judge_is_dropped_in_time(

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from functools import partial
 from pathlib import Path
+from types import SimpleNamespace
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -36,6 +38,27 @@ def test_a_canary_takes_its_share_of_the_sessions_and_the_same_ones_every_time(f
     share, sd = sum(taken) / len(IDS), math.sqrt(fraction * (1 - fraction) / len(IDS))
     assert abs(share - fraction) < 4 * sd
     assert taken == [takes("v2", s, fraction) for s in IDS]  # what every replica (and the simulator) computes
+
+
+def test_which_sessions_a_canary_takes_is_pinned() -> None:
+    """Every replica of every version, and the simulator, must put a session on the same side during a rollout: the
+    draw is the documented keyed hash of the session id, and its answers are pinned (a known answer)."""
+    def documented(version: str, session: str, fraction: float) -> bool:
+        digest = hashlib.blake2b(session.encode(), key=version.encode()[:64], digest_size=8).digest()
+        return int.from_bytes(digest, "big") < fraction * 2**64
+
+    assert all(takes("v2", s, 0.2) == documented("v2", s, 0.2) for s in IDS[:2000])
+    assert [i for i in range(40) if takes("v2", IDS[i], 0.2)] == [2, 11, 13, 19, 21, 23, 29, 35]
+
+
+def test_a_canary_under_the_active_bundles_version_serves_nobody() -> None:
+    """Sessions logged under one version must come from one set of weights, or the judge cannot tell the sides apart."""
+    current = SimpleNamespace(version="v7", item_dim=768)
+    route = CanaryRoute(SimpleNamespace(version="v7", item_dim=768), 0.5)
+    picked = [s for s in IDS[:200] if route.takes(s)]
+    assert picked and all(route.choose(current, s) is current for s in picked)
+    other = CanaryRoute(SimpleNamespace(version="v8", item_dim=768), 0.5)
+    assert all(other.choose(current, s) is other.model for s in IDS[:200] if other.takes(s))
 
 
 def test_each_canary_draws_its_own_shoppers_and_a_smaller_share_is_inside_a_larger_one() -> None:
