@@ -294,3 +294,34 @@ def test_a_set_up_that_cannot_be_had_is_one_line_and_exit_2_before_any_worker(tm
             assert out.returncode == 2, (flag, out.stderr[-2000:])
             assert "Traceback" not in out.stderr and "workers started" not in out.stderr, out.stderr[-2000:]
             assert flag in out.stderr.splitlines()[-1], (flag, out.stderr[-2000:])
+
+
+def test_the_exit_code_forgives_only_the_signal_the_supervisor_forwarded(tmp_path: Path) -> None:
+    """After SIGTERM, a worker ended by that SIGTERM (before its handlers were in) is no failure; one that exited 1 or
+    crashed (SIGSEGV) while draining is, and so is any non-zero exit without a signal asked for."""
+    def code(requested: list[int], codes: dict[int, int]) -> int:
+        sup = workers._Supervisor(make_config(), workers.MultiprocDir(tmp_path, temporary=False))
+        sup.requested.extend(requested)
+        sup.codes.update(codes)
+        return sup.exit_code()
+
+    term = [signal.SIGTERM]
+    assert code(term, {1: -signal.SIGTERM, 2: 0}) == 0
+    assert code(term, {1: 1, 2: 0}) == 1
+    assert code(term, {1: -signal.SIGSEGV, 2: 0}) == 1
+    assert code([], {1: -signal.SIGTERM, 2: 0}) == 1
+
+
+def test_the_pods_model_age_is_its_oldest_workers() -> None:
+    """During a swap the workers serve bundles of different ages; the pod's age is the oldest one still served."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    class Workers:  # what MultiProcessCollector yields: each worker's created timestamp
+        def collect(self) -> list[GaugeMetricFamily]:
+            family = GaugeMetricFamily("shopping_agent_model_created_timestamp_seconds", "created", labels=["pid"])
+            for pid, created in (("1", time.time() - 3600.0), ("2", time.time() - 60.0), ("3", float("nan"))):
+                family.add_metric([pid], created)
+            return [family]
+
+    (age,) = list(workers.ModelAgeCollector(Workers()).collect())
+    assert age.samples[0].value == pytest.approx(3600.0, abs=5.0)
