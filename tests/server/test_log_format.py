@@ -46,6 +46,14 @@ def test_a_traceback_keeps_its_own_lines() -> None:
     assert line.startswith("failed\nTraceback (most recent call last):") and line.endswith("ValueError: boom")
 
 
+def test_a_json_line_carries_the_traceback_in_one_field() -> None:
+    """JSON is the pods' format: a logged exception must keep its traceback there too, inside the one line."""
+    line = JsonFormatter().format(_record("failed", exc=True))
+    entry = json.loads(line)
+    assert "\n" not in line and entry["msg"] == "failed"
+    assert entry["exc"].startswith("Traceback (most recent call last):") and entry["exc"].endswith("ValueError: boom")
+
+
 def test_json_lines_escape_the_same_values() -> None:
     token = log_context.set({"request_id": FORGED})
     try:

@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
 from server.metrics import MAX_TRAINING_NAMES, Metrics
 from server.models import ACTIVE_NAME
-from tests.harness import ServerThread, request, running_server, stub
+from tests.harness import ServerThread, request, running_server, stub, until
 from weights.bundle import write_bundle
 from weights.embedded import default_bundle
 
@@ -48,6 +48,18 @@ def test_grpc_metrics_count_calls_by_code_and_time_them() -> None:
         assert 0 < _value(live, "grpc_server_handling_seconds_sum", UNARY) < 9 * 5
         health = {"grpc_type": "unary", "grpc_service": "grpc.health.v1.Health", "grpc_method": "Check"}
         assert _value(live, "grpc_server_handled_total", {**health, "grpc_code": "OK"}) == 1
+
+
+def test_a_call_the_client_cancels_is_counted_cancelled_not_a_server_error() -> None:
+    """A cancelled stream ends its handler with CancelledError: that is the client's doing (CANCELLED), not an error
+    of the server's (UNKNOWN), which the error-rate alert counts."""
+    with running_server() as live, grpc.insecure_channel(live.target) as ch:
+        stream = health_pb2_grpc.HealthStub(ch).Watch(health_pb2.HealthCheckRequest(), timeout=30)
+        next(stream)  # the handler is running
+        stream.cancel()
+        watch = {"grpc_type": "server_stream", "grpc_service": "grpc.health.v1.Health", "grpc_method": "Watch"}
+        until(lambda: _value(live, "grpc_server_handled_total", {**watch, "grpc_code": "CANCELLED"}) == 1, "the cancel counted")
+        assert _value(live, "grpc_server_handled_total", {**watch, "grpc_code": "UNKNOWN"}) == 0
 
 
 def test_decision_metrics_follow_what_was_served() -> None:
