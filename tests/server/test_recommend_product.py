@@ -153,6 +153,17 @@ BAD_PRODUCTS = [
 ]
 
 
+@pytest.mark.parametrize("fields", [
+    {"categories": [pb.ProductCategory(category_id=f"c{i}", skus=[sku(f"z{i}", 1.0)]) for i in range(32)]},
+    {"categories": [pb.ProductCategory(category_id="c", skus=_many_skus(64))]},
+    {"categories": [pb.ProductCategory(category_id=f"c{j}", skus=[sku(f"{j}-{i}", 5.0) for i in range(64)]) for j in range(4)]},
+    {"price_bands": [pb.PriceBand(band_id=f"b{i}", price_multiplier=0.8 + 0.05 * i) for i in range(8)]},
+], ids=["32-categories", "64-skus-in-one", "256-skus-in-all", "8-bands"])
+def test_a_request_at_each_limit_is_answered(channel: grpc.Channel, fields: dict[str, Any]) -> None:
+    """The limits are "at most": a request exactly at one is a product decision, where one past it is refused above."""
+    assert stub(channel).RecommendProduct(product(**fields), timeout=30).decision_id
+
+
 @pytest.mark.parametrize(("fields", "message"), BAD_PRODUCTS)
 def test_a_bad_product_request_is_invalid_argument_naming_the_field(channel: grpc.Channel, fields: dict[str, Any], message: str) -> None:
     call = stub(channel).RecommendProduct
