@@ -207,6 +207,34 @@ def test_a_bad_bundle_is_refused_and_the_old_model_keeps_serving(weights_dir: Pa
     assert "bad" not in load.versions
 
 
+def test_a_bundle_of_another_item_dimension_swaps_in_and_requests_are_checked_against_it(weights_dir: Path) -> None:
+    """A catalogue re-embedded at 512 dimensions ships as a valid bundle of item_dim 512: once it serves, requests of
+    512 floats are answered and 768 refused naming the field (the servicer's limits follow the served bundle)."""
+    from policy.features import FeatureSpec
+    from weights.initial import make_bundle
+
+    narrow = make_bundle(3, "v512", "2026-12-06T00:00:00Z", spec=FeatureSpec(item_dim=512))
+    with running_server(weights_dir=weights_dir, weights_poll_seconds=0.1, weights_debounce_ms=20) as live, \
+            grpc.insecure_channel(live.target) as ch:
+        call = stub(ch).RecommendAction
+        assert call(request(), timeout=5).model_version == "v1"
+        publish(weights_dir, narrow)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                reply = call(request(item_embedding=[0.01] * 512), timeout=5)
+                if reply.model_version == "v512":
+                    break
+            except grpc.RpcError as exc:  # the 768-d bundle still serves: 512 floats are refused until the swap
+                assert exc.code() is grpc.StatusCode.INVALID_ARGUMENT
+            assert time.monotonic() < deadline, "the 512-d bundle never served"
+            time.sleep(0.05)
+        with pytest.raises(grpc.RpcError) as info:
+            call(request(), timeout=5)
+        assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert info.value.details().startswith("item_embedding: expected exactly 512 values, got 768")
+
+
 def test_a_deleted_active_file_keeps_the_model_serving(weights_dir: Path) -> None:
     for _, load in _serve(weights_dir):
         wait_for(load, "v1")
