@@ -92,6 +92,8 @@ def test_take_up_follows_the_favourite_the_price_and_the_competitor() -> None:
     assert complaint_probability(settings, max(bands), bands, 1, price, None) == settings.first_visit_top_complaint
     assert complaint_probability(settings, max(bands), bands, 2, price, None) == settings.complaint
     assert complaint_probability(settings, min(bands), bands, 1, price, None) == settings.complaint
+    for alone in ((1.0,), (1.2, 1.2)):  # a single price (or the same one twice) is no top band to be stung by
+        assert complaint_probability(settings, alone[0], alone, 1, price, None) == settings.complaint
     assert "bargain_hunter" in product_effect_table(SMALL)
 
 
