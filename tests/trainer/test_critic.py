@@ -102,7 +102,7 @@ def _bad(name: str) -> dict[str, Any]:
         "returns_nan": {"returns": returns * torch.nan},
         "pi": {"pi": pi[:, :4]},
         "pi_sum": {"pi": pi * 2},
-        "pi_neg": {"pi": pi - 0.5},
+        "pi_neg": {"pi": torch.cat([pi[:, :1] * 0 + 1.5, pi[:, 1:2] * 0 - 0.5, pi[:, 2:] * 0], dim=1)},  # sums to 1, one < 0
         "pi_shape": {"pi": pi[:3]},
         "hidden": {"hidden": 0},
         "epochs": {"epochs": 0},

@@ -156,6 +156,15 @@ def test_warm_start_leaves_init_alone_and_extra_labels_train_only(trained: Guard
         train_guard(data[0][:, :3].contiguous(), *data[1:], init=trained.net)
 
 
+def test_an_action_index_past_the_last_action_is_refused() -> None:
+    states, actions, harmful, sessions = synthetic(200, seed=2)
+    for bad in (len(Action), -1):
+        wrong = actions.clone()
+        wrong[7] = bad
+        with pytest.raises(ValueError, match=r"^actions: expected indices in \[0, 5\)"):
+            train_guard(states, wrong, harmful, sessions, config=CONFIG)
+
+
 def test_config_rejects_bad_values() -> None:
     with pytest.raises(ValueError, match="max_false_block_rate"):
         GuardConfig(max_false_block_rate=1.0)
