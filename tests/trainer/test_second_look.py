@@ -56,6 +56,17 @@ def test_unseen_sessions_are_the_fresh_ones_and_the_candidates_own_heldout() -> 
     assert unseen.describe() == {"newest_time_s": 100.0, "fresh_sessions": 30, "heldout_sessions": unseen.n_heldout}
 
 
+def test_a_session_that_began_at_the_candidates_newest_record_is_not_fresh() -> None:
+    """The newest record the candidate read may have been that very session's first decision: only one that began
+    after it is fresh (one at the same time was in its training window unless its split held it out)."""
+    decisions, outcomes = _tables([("at", [100.0]), ("after", [100.001])])
+    record = candidate_record(_manifest(), "v1")
+    assert isinstance(record, Record)
+    unseen = unseen_sessions(select(decisions, outcomes), record)
+    assert unseen.n_fresh == 1 and "after" in unseen.decisions.column("session_id").to_pylist()
+    assert ("at" in unseen.decisions.column("session_id").to_pylist()) == (unseen.n_heldout == 1)
+
+
 @pytest.mark.parametrize(("manifest", "reason"), [
     ({}, "no trainer record"),
     (_manifest(init="v0"), "trained from 'v0'"),
