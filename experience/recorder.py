@@ -259,10 +259,15 @@ class ExperienceRecorder:
         self._drain()
 
     def flush(self) -> None:
-        """Write what is queued now, unless a kind waits out its back-off (the writer thread; tests once it stopped)."""
+        """Write what is queued now, unless a kind waits out its back-off (the writer thread; tests once it stopped).
+        A kind whose flush raises anything but the disk's errors (a bug) is logged and left for the next flush: the
+        writer thread must outlive it, or every later record of every kind is dropped at the full queue."""
         now = time.monotonic()
         for kind in KINDS:
-            self._flush_kind(kind, now, final=False)
+            try:
+                self._flush_kind(kind, now, final=False)
+            except Exception:
+                log.exception("the log writer could not flush; it goes on", extra={"fields": {"kind": kind}})
         self._log_drops()
 
     def _flush_kind(self, kind: str, now: float, final: bool) -> None:
@@ -278,7 +283,15 @@ class ExperienceRecorder:
             if n:
                 batch = self._batch(kind, self._take(kind, n))
                 if batch is not None:
-                    self._written(kind, writer.write(batch))
+                    held = writer.held_rows
+                    try:
+                        self._written(kind, writer.write(batch))
+                    except OSError:
+                        raise  # the writer holds the batch and retries it
+                    except Exception:
+                        if writer.held_rows == held:  # taken from the queue and not held for a retry: counted lost
+                            self._drop(kind, "write_error", batch.num_rows)
+                        raise
         except OSError as exc:
             error = exc
         if writer.due():  # finalised even while writes fail: what the segment holds becomes readable

@@ -26,7 +26,7 @@ from experience.segments import DirectorySource, read_segment
 from policy.features import FeatureSpec, behavior_buckets
 from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
 from server.metrics import Metrics
-from tests.harness import ROOT, Spawned, request, running_server, spawn_server, stub
+from tests.harness import ROOT, Spawned, request, running_server, spawn_server, stub, until
 from tests.small_disk import SmallDisk
 
 
@@ -283,6 +283,43 @@ def test_a_record_that_cannot_be_encoded_loses_only_itself(tmp_path: Path, caplo
     assert value("shopping_agent_log_records_written_total", {"kind": "decisions"}) == 2
     lost = [r.fields for r in caplog.records if r.getMessage().startswith("could not encode")]  # type: ignore[attr-defined]
     assert lost == [{"kind": "decisions", "records": 1, "of": 3}]
+
+
+def test_a_flush_that_raises_leaves_the_writer_thread_running(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A bug in one flush (here the segment writer raising what no disk raises, once) is logged; the writer thread goes
+    on, and the records after it are written, where the thread died and every later record was dropped at the queue."""
+    from core.domain import Context, DecisionRequest, PageType, Source
+    from weights.embedded import default_bundle
+    from weights.model_set import NoModel
+
+    rules = NoModel(default_bundle().manifest)
+    recorder = ExperienceRecorder(tmp_path, b"k" * 32, RecorderOptions(flush_seconds=0.05))
+    writer = recorder._writers["decisions"]
+    real_write, calls = writer.write, []
+
+    def write_once_broken(batch: pa.RecordBatch) -> int:  # the one simulated part: a bug inside a flush
+        calls.append(batch.num_rows)
+        if len(calls) == 1:
+            raise RuntimeError("simulated bug in a flush")
+        return real_write(batch)
+
+    writer.write = write_once_broken  # type: ignore[method-assign]
+    recorder.start()
+
+    def log_one(i: int) -> None:
+        req = DecisionRequest("u", f"s{i}", "i", np.zeros(768, dtype=np.float32), (), PageType.DETAIL, 1.0e9, 1)
+        assert recorder.decision(req, 12, rules.fallback(Context(PageType.DETAIL, 1, 12, 0), Source.FALLBACK_NO_MODEL),
+                                 f"d{i}", FeatureSpec())
+
+    log_one(0)
+    until(lambda: len(calls) == 1, "the broken flush")
+    log_one(1)
+    until(lambda: recorder.written["decisions"] >= 1, "the next record written")
+    assert recorder._thread.is_alive()
+    recorder.close()
+    assert tables(tmp_path)[0].column("decision_id").to_pylist() == ["d1"]
+    assert recorder.dropped["decisions"] == 1  # the record the broken flush took is counted lost, not lost silently
+    assert any(r.getMessage() == "the log writer could not flush; it goes on" for r in caplog.records)
 
 
 def test_salt_file_is_created_once_and_shared(tmp_path: Path) -> None:
