@@ -277,7 +277,8 @@ class TrainConfig:
     refused candidate is discarded."""
 
     def __post_init__(self) -> None:
-        if problems := type_problems(self):  # before the ranges, which compare the values
+        problems = type_problems(self)
+        if problems:  # before the ranges, which compare the values
             raise ValueError("; ".join(problems))
         if not 0 < self.heldout_fraction < 1:
             problems.append(f"heldout_fraction: expected in (0, 1), got {self.heldout_fraction}")
