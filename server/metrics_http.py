@@ -10,7 +10,7 @@ Here one thread runs an event loop that holds every connection, and:
   not yet sent its whole request is closed to make room (a scraper sends its request at
   once: the one still waiting is the slow one), or, when every open connection is being
   answered, the new one gets 503 (TLS: is closed);
-- one request per connection (``Connection: close``), a request head of at most 16 KiB.
+- one request per connection (``Connection: close``), a request head of at most 16 KiB (431 past it).
 
 What is served is prometheus_client's ``make_wsgi_app`` for the registry, called in-line:
 the same text or OpenMetrics negotiation, gzip and ``name[]`` filters, and with several
@@ -173,10 +173,14 @@ class MetricsEndpoint:
                 transport = accepted
                 transport.set_write_buffer_limits(high=0)  # drain() then waits for the whole answer
                 writer = asyncio.StreamWriter(transport, protocol, reader, loop)
-                head = await reader.readuntil(b"\r\n\r\n")
+                try:
+                    head: bytes | None = await reader.readuntil(b"\r\n\r\n")
+                except asyncio.LimitOverrunError:  # a head past MAX_HEAD_BYTES: said as HTTP says it, then closed
+                    head = None
                 if task is not None:
                     self._waiting.pop(task, None)
-                writer.write(self._answer(head))
+                writer.write(self._answer(head) if head is not None else _response(
+                    "431 Request Header Fields Too Large", [("Content-Type", "text/plain")], b"request head too large\n"))
                 await writer.drain()
             transport.close()
             transport = None

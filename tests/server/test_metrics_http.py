@@ -115,6 +115,17 @@ def _logged(spawned: Spawned, msg: str, timeout: float = 30) -> dict[str, Any]:
     raise AssertionError("".join(spawned.lines))
 
 
+def test_a_request_head_past_16_kib_is_answered_431_and_the_next_scrape_served() -> None:
+    with endpoint() as served:
+        with socket.create_connection(("127.0.0.1", served.port), timeout=5) as raw:
+            raw.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Padding: " + b"a" * 20_000 + b"\r\n\r\n")
+            reply = b""
+            while chunk := raw.recv(65536):
+                reply += chunk
+        assert reply.startswith(b"HTTP/1.1 431 Request Header Fields Too Large") and reply.endswith(b"request head too large\n")
+        assert get(served.port)[0] == 200
+
+
 def test_300_slow_clients_leave_metrics_answering_and_the_threads_bounded() -> None:
     """The real CLI with its defaults (64 connections, 5 s): 300 clients send half a request and hold.
     Scrapes are answered meanwhile, the process gains no thread, and every slow client is cut off."""
