@@ -6,10 +6,12 @@ import contextlib
 import dataclasses
 import json
 import queue
+import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
@@ -263,6 +265,55 @@ def test_exit_codes_tell_bad_usage_from_failure(logs: Path, tmp_path: Path) -> N
     assert not (tmp_path / "x.bundle").exists()
 
 
+def _once_training(run: subprocess.Popen[str]) -> Callable[[], str]:
+    """Wait (up to 300 s) until the run's stderr reports training; returns what reads the rest of its stderr, after
+    the run has ended."""
+    assert run.stderr is not None
+    stderr, lines = run.stderr, queue.Queue[str]()
+
+    def read() -> None:
+        for line in stderr:
+            lines.put(line)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    deadline, seen = time.monotonic() + 300, list[str]()
+    while not any(line.startswith('{"progress": "train.') for line in seen):
+        remaining = deadline - time.monotonic()
+        assert remaining > 0 and run.poll() is None, "the cycle never started training: " + "".join(seen)[-2000:]
+        with contextlib.suppress(queue.Empty):
+            seen.append(lines.get(timeout=min(remaining, 1.0)))
+
+    def rest() -> str:
+        reader.join(10)
+        return "".join(seen) + "".join(lines.queue)
+
+    return rest
+
+
+def test_sigterm_mid_cycle_leaves_the_store_as_it_was_and_its_lock_free(logs: Path, tmp_path: Path) -> None:
+    """The CronJob's pod deleted mid-run: the run ends as on Ctrl-C (exit 143, one line), the served bundle and its
+    history are as they were, no temp file is left, and the next publisher gets the lock."""
+    weights = tmp_path / "weights"
+    store = WeightsStore(weights, lambda data: verify(data, None))
+    store.publish(fresh_bundle_bytes())
+    before, history = store.active_path.read_bytes(), [e.model_version for e in store.history()]
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"updates": 2, "batch": 8192, "value_epochs": 2, "guard": {"epochs": 2}, "bootstrap": 100}))
+    cmd = [sys.executable, "-m", "server", "cycle", "--logs", str(logs), "--weights-dir", str(weights), "--config", str(config),
+           "--device", "cpu", "--json", "--force"]
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT) as run:
+        read_err = _once_training(run)
+        run.send_signal(signal.SIGTERM)
+        run.wait(timeout=120)
+        err = read_err()
+    assert run.returncode == 128 + signal.SIGTERM, err[-2000:]
+    assert err.strip().endswith("shopping-agent cycle: stopped by SIGTERM") and "Traceback" not in err, err[-2000:]
+    assert store.active_path.read_bytes() == before and [e.model_version for e in store.history()] == history
+    assert not list(weights.glob(".tmp-*"))
+    assert store.publish(variant_bytes("after-the-stop")).status == "published"  # the lock is free
+
+
 def test_cycle_does_not_undo_a_publish_made_while_it_ran(logs: Path, tmp_path: Path) -> None:
     """An operator publishes (or rolls back) while a CronJob run trains: the run must not replace that bundle with a
     candidate it never compared with it (a review found it did). Real processes, the store's real lock."""
@@ -273,29 +324,14 @@ def test_cycle_does_not_undo_a_publish_made_while_it_ran(logs: Path, tmp_path: P
     config.write_text(json.dumps({"updates": 2, "batch": 8192, "value_epochs": 2, "guard": {"epochs": 2}, "bootstrap": 100}))
     cmd = [sys.executable, "-m", "server", "cycle", "--logs", str(logs), "--weights-dir", str(weights), "--config", str(config),
            "--device", "cpu", "--json", "--force"]  # forced: it would publish whatever the gate says
-    lines: queue.Queue[str] = queue.Queue()
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT) as run:
-        assert run.stderr is not None and run.stdout is not None
-        stderr = run.stderr
-
-        def read() -> None:
-            for line in stderr:
-                lines.put(line)
-
-        reader = threading.Thread(target=read, daemon=True)
-        reader.start()
-        deadline, seen = time.monotonic() + 300, list[str]()
-        while not any(line.startswith('{"progress": "train.') for line in seen):  # the active bundle is read before the
-            remaining = deadline - time.monotonic()  # logs: once training reports, the run has read what it judges against
-            assert remaining > 0 and run.poll() is None, "the cycle never started training: " + "".join(seen)[-2000:]
-            with contextlib.suppress(queue.Empty):
-                seen.append(lines.get(timeout=min(remaining, 1.0)))
-        operator = variant_bytes("operator-1")
+        read_err = _once_training(run)  # the active bundle is read before the logs: once training reports, the run has
+        operator = variant_bytes("operator-1")  # read what it judges against
         assert store.publish(operator).status == "published"
+        assert run.stdout is not None
         out = run.stdout.read()
         run.wait(timeout=600)
-        reader.join(10)
-    err = "".join(seen) + "".join(lines.queue)
+        err = read_err()
     assert run.returncode == 3, err[-2000:]
     report = json.loads(out)
     assert "published" not in report and "changed" in report["not_published"]
