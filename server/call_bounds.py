@@ -64,6 +64,16 @@ MIN_SWEEP_SECONDS = 0.05
 """The sweeps' shortest interval, whatever the timeout (a sleep of 0 would spin the event loop)."""
 
 
+def _release(counts: dict[str, int], host: str) -> None:
+    """One of ``host``'s calls in ``counts`` is over; an address with none left leaves the map, so the per-address
+    maps hold the addresses with calls in that state only, not every address that ever called."""
+    left = counts[host] - 1
+    if left:
+        counts[host] = left
+    else:
+        del counts[host]
+
+
 def peer_host(peer: str) -> str:
     """grpc's peer string without the port (``ipv4:10.0.0.7:41234`` → ``ipv4:10.0.0.7``; ``ipv6:[::1]:5`` → ``ipv6:[::1]``)."""
     if peer.startswith(("ipv4:", "ipv6:")):
@@ -202,11 +212,7 @@ class CallBounds:
         finally:
             self._waiting.pop(task, None)
             self._late.discard(task)
-            left = self._per_peer[host] - 1
-            if left:
-                self._per_peer[host] = left
-            else:
-                del self._per_peer[host]  # no entry per peer that ever called: the map holds waiting peers only
+            _release(self._per_peer, host)
         if late:
             await self._end(context, grpc.StatusCode.DEADLINE_EXCEEDED, "receive_timeout",
                             f"the request message did not arrive within {self.seconds:g} s of the call's start")
@@ -217,11 +223,7 @@ class CallBounds:
 
     def handled(self, host: str) -> None:
         """A handler that ``request`` admitted has returned or raised."""
-        left = self._running[host] - 1
-        if left:
-            self._running[host] = left
-        else:
-            del self._running[host]  # the map holds addresses with handlers running only
+        _release(self._running, host)
 
     def answer_pending(self, host: str, peer: str) -> None:
         """The running call's answer is in grpc's hands: from now it has ``seconds`` to go out (``peer``: grpc's,
@@ -258,11 +260,7 @@ class CallBounds:
             yield
         finally:
             self._streams -= 1
-            left = self._streams_per_peer[host] - 1
-            if left:
-                self._streams_per_peer[host] = left
-            else:
-                del self._streams_per_peer[host]
+            _release(self._streams_per_peer, host)
 
     def bound(self, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         """``handler`` with its one request read under the timeout, or (streaming) held to the budget."""

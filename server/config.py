@@ -183,11 +183,9 @@ class Config:
         if self.max_connections is not None and self.max_connections < self.grpc_servers:
             problems.append(f"max_connections: {self.max_connections} cannot be shared out between {self.grpc_servers} "
                             "--grpc-servers (at least one connection each)")
-        for name in ("workers", "intra_op_threads", "max_streaming_calls", "max_streaming_calls_per_peer", "max_waiting_calls_per_peer",
-                     "max_calls_per_peer",
-                     "max_batch",
-                     "max_queue", "max_recent_behavior_ids", "max_id_length", "max_message_bytes", "log_queue",
-                     "log_flush_rows"):
+        for name in ("workers", "intra_op_threads", "max_streaming_calls", "max_streaming_calls_per_peer",
+                     "max_waiting_calls_per_peer", "max_calls_per_peer", "max_batch", "max_queue", "max_recent_behavior_ids",
+                     "max_id_length", "max_message_bytes", "log_queue", "log_flush_rows"):
             if getattr(self, name) < 1:
                 problems.append(f"{name}: expected >= 1, got {getattr(self, name)}")
         if self.device not in ("auto", "cpu", "cuda"):

@@ -48,6 +48,16 @@ def get(port: int, headers: dict[str, str] | None = None, method: str = "GET", c
         return exc.code, dict(exc.headers), exc.read()
 
 
+def exchange(port: int, request: bytes) -> bytes:
+    """Every byte the endpoint sends back on one connection for ``request``, read until it closes."""
+    reply = b""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+        raw.sendall(request)
+        while chunk := raw.recv(65536):
+            reply += chunk
+    return reply
+
+
 def client_context(trust: CA, cert: Path | None = None, key: Path | None = None) -> ssl.SSLContext:
     context = ssl.create_default_context(cadata=trust.cert.decode())
     if cert is not None:
@@ -89,11 +99,7 @@ def test_serves_prometheus_text_openmetrics_gzip_and_head() -> None:
         assert headers["Content-Type"].startswith("application/openmetrics-text") and body.endswith(b"# EOF\n")
         status, headers, body = get(served.port, {"Accept-Encoding": "gzip"})
         assert headers["Content-Encoding"] == "gzip" and b"sa_test_things_total 3.0" in gzip.decompress(body)
-        with socket.create_connection(("127.0.0.1", served.port), timeout=5) as raw:  # urllib never reads a HEAD's body
-            raw.sendall(b"HEAD /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-            reply = b""
-            while chunk := raw.recv(65536):
-                reply += chunk
+        reply = exchange(served.port, b"HEAD /metrics HTTP/1.1\r\nHost: x\r\n\r\n")  # urllib never reads a HEAD's body
         head, _, after = reply.partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 200") and after == b"" and b"Content-Length: 0" not in head
         status, _, _ = get(served.port, {"Content-Type": "text/plain"}, method="POST")
@@ -117,11 +123,7 @@ def _logged(spawned: Spawned, msg: str, timeout: float = 30) -> dict[str, Any]:
 
 def test_a_request_head_past_16_kib_is_answered_431_and_the_next_scrape_served() -> None:
     with endpoint() as served:
-        with socket.create_connection(("127.0.0.1", served.port), timeout=5) as raw:
-            raw.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Padding: " + b"a" * 20_000 + b"\r\n\r\n")
-            reply = b""
-            while chunk := raw.recv(65536):
-                reply += chunk
+        reply = exchange(served.port, b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Padding: " + b"a" * 20_000 + b"\r\n\r\n")
         assert reply.startswith(b"HTTP/1.1 431 Request Header Fields Too Large") and reply.endswith(b"request head too large\n")
         assert get(served.port)[0] == 200
 

@@ -7,7 +7,6 @@ import json
 import math
 from functools import partial
 from pathlib import Path
-from types import SimpleNamespace
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -53,11 +52,11 @@ def test_which_sessions_a_canary_takes_is_pinned() -> None:
 
 def test_a_canary_under_the_active_bundles_version_serves_nobody() -> None:
     """Sessions logged under one version must come from one set of weights, or the judge cannot tell the sides apart."""
-    current = SimpleNamespace(version="v7", item_dim=768)
-    route = CanaryRoute(SimpleNamespace(version="v7", item_dim=768), 0.5)
+    current = _model(variant_bytes("v7"))
+    route = CanaryRoute(_model(variant_bytes("v7", canary=0.5)), 0.5)  # other bytes under the active bundle's name
     picked = [s for s in IDS[:200] if route.takes(s)]
     assert picked and all(route.choose(current, s) is current for s in picked)
-    other = CanaryRoute(SimpleNamespace(version="v8", item_dim=768), 0.5)
+    other = CanaryRoute(_model(variant_bytes("v8", canary=0.5)), 0.5)
     assert all(other.choose(current, s) is other.model for s in IDS[:200] if other.takes(s))
 
 
