@@ -30,7 +30,7 @@ from trainer.window import SAMPLE_SALT
 from weights import mlp
 from weights.bundle import Bundle, read_bundle
 from weights.model_set import LoadOptions, ModelSet
-from weights.product_guard import GUARD_PART
+from weights.product_guard import GUARD_PART, golden_h
 from weights.product_guard import manifest_section as guard_section
 from weights.product_guard import parts as guard_parts
 from weights.product_heads import PART, feature_widths, with_heads
@@ -158,7 +158,7 @@ def train_products(products: pa.Table, outcomes: pa.Table, bundle: Bundle, model
         guards, metrics["guard"] = train_guards(rows, mlp.policy_forward(new["encoder"], rows.states), held,
                                                 mlp.policy_forward(new["encoder"], held.states), widths, config.guard,
                                                 config.seed, previous)
-        guard = (guard_parts(guards, mlp.policy_forward(new["encoder"], bundle.array("golden_states.npy")), widths),
+        guard = (guard_parts(guards, golden_h(new["encoder"], bundle.array("golden_states.npy")), widths),
                  guard_section(config.guard.max_complaint))
     candidate = ModelSet.load(read_bundle(with_heads(bundle, new, model.encoder.spec, manifest, guard)),
                               LoadOptions(device="cpu", warmup_batch=1))

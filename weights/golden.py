@@ -11,8 +11,22 @@ for the guard's probabilities and logits below 1 in size the test is as absolute
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
+from typing import Any
+
 import numpy as np
 import numpy.typing as npt
+
+
+def one_blas_thread() -> AbstractContextManager[Any]:
+    """Compute golden outputs inside this: numpy's BLAS on one thread, its previous count restored after. OpenBLAS may
+    sum a product differently by its thread count (an AMD EPYC without AVX-512, 2026-12-06: ``weights init --seed 3``
+    wrote other golden outputs on one thread than on two), and a bundle's bytes must not depend on it. One thread is
+    what the embedded default's build pins (``OPENBLAS_NUM_THREADS=1``), so its bytes are unchanged. threadpoolctl
+    (scikit-learn's) finds the BLAS numpy loaded and sets its limit; only the bundle builders need it, not the server."""
+    from threadpoolctl import threadpool_limits
+
+    return threadpool_limits(1, user_api="blas")
 
 
 def golden_error(got: npt.NDArray[np.floating], expected: npt.NDArray[np.floating]) -> float:

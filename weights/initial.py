@@ -20,6 +20,7 @@ from policy.features import FeatureSpec
 from weights import mlp
 from weights import product_heads as product_heads_module
 from weights.bundle import npy_bytes, write_bundle
+from weights.golden import one_blas_thread
 
 DEFAULT_GUARDRAILS: dict[str, Any] = {
     "static": {"add_to_cart": 1.0, "view_detail": 1.0, "apply_coupon": 0.8, "share_social": 0.5, "exit": 0.0},
@@ -83,7 +84,8 @@ def assemble_bundle(policy: mlp.Params, guard: mlp.Params, table: npt.NDArray[np
     golden[:, : spec.item_dim] = rng.standard_normal((GOLDEN_COUNT, spec.item_dim)) / np.sqrt(spec.item_dim)
     golden[:, spec.item_dim : spec.item_dim + spec.behavior_dim] = table[rng.integers(0, spec.behavior_buckets, GOLDEN_COUNT)]
     golden[np.arange(GOLDEN_COUNT), spec.item_dim + spec.behavior_dim + rng.integers(0, 24, GOLDEN_COUNT)] = 1.0
-    outputs = np.concatenate([mlp.policy_forward(policy, golden), mlp.guard_forward(guard, golden)], axis=1)
+    with one_blas_thread():
+        outputs = np.concatenate([mlp.policy_forward(policy, golden), mlp.guard_forward(guard, golden)], axis=1)
     parts = {
         "policy.onnx": mlp.policy_onnx(policy),
         "guard.onnx": mlp.guard_onnx(guard, spec.state_dim),

@@ -31,6 +31,7 @@ from policy.features import FeatureSpec
 from policy.onnx_model import OnnxModel
 from weights import mlp
 from weights.bundle import PRODUCT_GUARD_PARTS, PRODUCT_PARTS, Bundle, BundleError, npy_bytes, rewritten
+from weights.golden import one_blas_thread
 from weights.onnx_check import check_model
 from weights.product_heads import (
     HEAD_WIDTH,
@@ -64,8 +65,15 @@ def init_params(rng: np.random.Generator, widths: dict[str, int], bias: float = 
 
 def golden_outputs(params: dict[str, mlp.Params], h: F32, widths: dict[str, int]) -> F32:
     """Per golden state's h, each guard's logit on that state's seeded candidate row (as the self-test computes them)."""
-    return np.concatenate([mlp.policy_forward(params[head], np.concatenate([h, golden_features(widths[head], len(h))], axis=1))
-                           for head in HEADS], axis=1).astype(np.float32)
+    with one_blas_thread():
+        return np.concatenate([mlp.policy_forward(params[head], np.concatenate([h, golden_features(widths[head], len(h))], axis=1))
+                               for head in HEADS], axis=1).astype(np.float32)
+
+
+def golden_h(encoder: mlp.Params, golden_states: F32) -> F32:
+    """The encoder's h on the golden states: what the guards' golden outputs are computed from (``parts``)."""
+    with one_blas_thread():
+        return mlp.policy_forward(encoder, golden_states)
 
 
 def parts(params: dict[str, mlp.Params], h_golden: F32, widths: dict[str, int]) -> dict[str, bytes]:
@@ -84,7 +92,7 @@ def with_guard(bundle: Bundle, params: dict[str, mlp.Params], max_complaint: flo
     encoder = mlp.policy_params_from_onnx(bundle.parts[PRODUCT_PARTS[0]])
     widths = feature_widths(FeatureSpec.parse(bundle.manifest["feature_spec"]))
     return rewritten(bundle, {"product": {**bundle.manifest["product"], "guard": manifest_section(max_complaint)}},
-                     parts(params, mlp.policy_forward(encoder, bundle.array("golden_states.npy")), widths))
+                     parts(params, golden_h(encoder, bundle.array("golden_states.npy")), widths))
 
 
 def without_guard(bundle: Bundle) -> bytes:

@@ -27,7 +27,7 @@ from policy.features import FeatureSpec
 from policy.onnx_model import OnnxModel
 from weights import mlp
 from weights.bundle import PRODUCT_GUARD_PARTS, Bundle, BundleError, npy_bytes, rewritten
-from weights.golden import golden_error
+from weights.golden import golden_error, one_blas_thread
 from weights.onnx_check import check_model
 
 F32 = npt.NDArray[np.float32]
@@ -69,8 +69,9 @@ def init_params(rng: np.random.Generator, spec: FeatureSpec) -> dict[str, mlp.Pa
 
 def forward(params: dict[str, mlp.Params], states: F32, features: dict[str, F32]) -> F32:
     """The reference outputs for the self-test: per state row g, h_g and each head's logit of [h_g, features[head][g]]."""
-    h = mlp.policy_forward(params["encoder"], states)
-    logits = [mlp.policy_forward(params[head], np.concatenate([h, features[head]], axis=1)) for head in HEADS]
+    with one_blas_thread():
+        h = mlp.policy_forward(params["encoder"], states)
+        logits = [mlp.policy_forward(params[head], np.concatenate([h, features[head]], axis=1)) for head in HEADS]
     return np.concatenate([h, *logits], axis=1).astype(np.float32)
 
 
