@@ -248,9 +248,17 @@ def test_evaluate_reads_logs_by_uri_and_names_a_bad_one(sim_logs: Path) -> None:
     assert empty.returncode == 2 and "has no decisions/ directory" in empty.stderr
 
 
+DR_REL = 1e-6
+"""A chunking fault (rows lost, states or positions paired with other rows) moves DR far more than this: a chunk's
+positions taken from the first chunk's moved it by 1.7 %."""
+
+
 def test_evaluation_in_small_chunks_is_the_evaluation_in_one(sim_logs: Path, default_model: ModelSet) -> None:
     """The states are built a chunk at a time and dropped (memory bounded by the chunk): every estimate, the KL, the
-    support and the certain rows are what one chunk over every row gives (rule-engine rows included)."""
+    support and the certain rows are what one chunk over every row gives (rule-engine rows included). DR's figures to
+    ``DR_REL``, not 1e-9: its Q̂ reads float32 projections of the states, and OpenBLAS may round a row's product
+    differently by how many rows the product has (on an AMD EPYC without AVX-512, 2026-12-06, 546 of 1,000 rows
+    differed in their last bit between one product and chunks of 97, on one thread), which moved DR by 1e-8."""
     logs = DirectorySource(sim_logs)
     decisions, _ = _with_certain_rows(logs.table("decisions"), default_model, Source.FALLBACK_DEGRADED, every=5)
     outcomes = logs.table("outcomes")
@@ -268,4 +276,5 @@ def test_evaluation_in_small_chunks_is_the_evaluation_in_one(sim_logs: Path, def
     a, b = flat(chunked.to_dict()), flat(whole.to_dict())
     assert a.keys() == b.keys()
     for key in a:
-        assert a[key] == pytest.approx(b[key], rel=1e-9, abs=1e-12, nan_ok=True), key
+        rel = DR_REL if key.startswith("dr.") else 1e-9
+        assert a[key] == pytest.approx(b[key], rel=rel, abs=1e-12, nan_ok=True), key
