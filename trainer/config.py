@@ -133,7 +133,8 @@ class GateLimits(TypedDict):
 @dataclass(frozen=True)
 class TrainConfig:
     seed: int = 0
-    """Seed of every random choice (splits, subsamples, initialisation, golden data): same logs + seed ⇒ same bundle bytes on CPU."""
+    """Seed of every random choice (splits, subsamples, initialisation, golden data): same logs + seed ⇒ same bundle bytes on CPU,
+    on the same kind of CPU with the same thread count (docs/training.md, step 8)."""
     window_versions: int | None = 1
     """Read only the decisions of the last this-many model versions (by when each was first logged), whole
     sessions (``trainer.window``): the run learns from what the policy it starts from served. None: all."""

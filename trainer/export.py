@@ -6,7 +6,7 @@ generator). Before the bytes are returned, the bundle is loaded as the server lo
 (``ModelSet.load``: checksums, schema, golden self-test) and its ONNX outputs are compared
 with the torch networks on random states: the largest difference (relative beyond magnitude 1,
 ``weights.golden``) must stay within ``tolerance``. ``created_at`` comes from the caller (the trainer derives it from the logs),
-so the same logs and seed give the same bytes.
+so the same logs and seed give the same bytes (at the same thread count: docs/training.md, step 8).
 """
 
 from __future__ import annotations
