@@ -105,7 +105,7 @@ def parser(command: str | None = None) -> argparse.ArgumentParser:
 
 
 # packages the commands import that only an extra installs (the serving runtime: policy.onnx_model's RuntimeMissing)
-EXTRAS = {"torch": "train", "onnx": "train"}
+EXTRAS = {"torch": "train", "onnx": "train", "threadpoolctl": "train"}
 
 
 def missing_package(exc: ModuleNotFoundError | RuntimeError) -> str | None:

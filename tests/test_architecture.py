@@ -67,7 +67,7 @@ def test_serve_without_logs_loads_no_trainer_simulator_pyarrow_torch_or_cryptogr
         time.sleep(0.2)  # let the reader thread take the last lines
         imported = {line.split("|")[-1].strip().split(".")[0] for line in server.lines if line.startswith("import time:")}
     assert {"server", "policy", "weights", "onnxruntime", "grpc"} <= imported  # the listing is real
-    unwanted = {"torch", "pyarrow", "simulator", "trainer", "onnx",
+    unwanted = {"torch", "pyarrow", "simulator", "trainer", "onnx", "threadpoolctl",
                 "cryptography"}  # (no --bundle-public-key, no TLS here: nothing to verify or handshake)
     assert imported.isdisjoint(unwanted), imported & unwanted
 

@@ -142,5 +142,7 @@ def test_the_image_lock_files_pin_every_dependency_with_hashes() -> None:
     # The slim base has no CUDA: the gpu extra's [cuda,cudnn] brings it as wheels (policy.onnx_model preloads them).
     assert {"nvidia-cuda-runtime", "nvidia-cublas", "nvidia-cudnn-cu13"} <= set(gpu)
     assert "onnx" in trainer and "torch" not in trainer  # torch comes from its own index (Dockerfile)
+    train = names(project["optional-dependencies"]["train"]) - {"torch"}
+    assert train <= set(trainer), f"train extra not in requirements/trainer.txt (scripts/lock.sh): {train - set(trainer)}"
     assert not {p for p in trainer if p.startswith(("nvidia-", "cuda-", "triton"))}
     assert "torch" not in cpu and "torch" not in gpu

@@ -133,8 +133,10 @@ def _positive(text: str) -> int:
 
 
 def _init(args: argparse.Namespace) -> int:
-    # before any work: without onnx (the train extra) the command line names what to install (server/cli.py, exit 2)
+    # before any work: without onnx or threadpoolctl (the train extra) the command line names what to install
+    # (server/cli.py, exit 2)
     import onnx  # noqa: F401  (make_bundle imports it only when it builds the graphs)
+    import threadpoolctl  # noqa: F401  (weights.golden imports it only when it computes the golden outputs)
 
     from weights.initial import make_bundle
 

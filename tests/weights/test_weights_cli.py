@@ -73,13 +73,14 @@ def test_init_writes_a_valid_bundle_reproducibly(tmp_path: Path) -> None:
     assert (out.returncode, out.stdout) == (0, "ok init-0\n")
 
 
-def test_init_without_onnx_says_what_to_install(tmp_path: Path) -> None:
-    fake = tmp_path / "site" / "onnx"
+@pytest.mark.parametrize("package", ["onnx", "threadpoolctl"])
+def test_init_without_a_package_of_its_extra_says_what_to_install(tmp_path: Path, package: str) -> None:
+    fake = tmp_path / "site" / package
     fake.mkdir(parents=True)
-    (fake / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'onnx'\", name='onnx')\n")
+    (fake / "__init__.py").write_text(f"raise ModuleNotFoundError(\"No module named '{package}'\", name='{package}')\n")
     out = cli("init", "--out", tmp_path / "b.bundle", env={"PYTHONPATH": f"{fake.parent}{os.pathsep}{ROOT}"})
     assert out.returncode == 2
-    assert "shopping-agent weights: needs onnx, which the train extra installs: .venv/bin/pip install -e '.[cpu,train]'" \
+    assert f"shopping-agent weights: needs {package}, which the train extra installs: .venv/bin/pip install -e '.[cpu,train]'" \
         in out.stderr and "Traceback" not in out.stderr
     assert not (tmp_path / "b.bundle").exists()
 
