@@ -14,7 +14,7 @@ Provenance (recorded in the manifest's ``provenance``):
 3. the simulator's true value (the business objective per session) of the result and of the
    initial bundle, on sessions of another world (``EVAL_SEED``).
 
-Needs the ``train`` (or ``test``) extra: torch and onnx. Takes under two minutes on 2 cores.
+Needs the ``train`` (or ``test``) extra: torch, onnx and threadpoolctl. Takes under two minutes on 2 cores.
 The build pins its numerics (``PINNED``, set before torch and numpy load), so that its bytes depend
 neither on which kernels torch, MKL, oneDNN and OpenBLAS would pick for this CPU nor on its core
 count: ATen, MKL and oneDNN held to AVX2 (``ATEN_CPU_CAPABILITY=avx2``, MKL's conditional numerical
