@@ -172,6 +172,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _config(args: argparse.Namespace) -> TrainConfig:
+    from experience.attribution import config_object
     from experience.engagement import EngagementWeights
     from trainer.config import GuardConfig, TrainConfig
 
@@ -186,9 +187,8 @@ def _config(args: argparse.Namespace) -> TrainConfig:
             values[name] = getattr(args, name)
     try:
         if "guard" in values:
-            if not isinstance(values["guard"], dict):
-                raise UsageError(f"--config: guard: expected an object of GuardConfig fields, got {values['guard']!r}")
-            values["guard"] = GuardConfig(**values["guard"])
+            values["guard"] = GuardConfig(**config_object(values["guard"], [f.name for f in dataclasses.fields(GuardConfig)],
+                                                          "guard"))
         if values.get("engagement_weights") is not None:
             values["engagement_weights"] = EngagementWeights.from_dict(values["engagement_weights"])
         return TrainConfig(**values)

@@ -287,14 +287,13 @@ class TrainConfig:
             problems.append(f"max_session_order_value: expected a finite number > 0, got {self.max_session_order_value}")
         for name, least in (("max_session_decisions", 1), ("max_session_complaints", 0)):
             count = getattr(self, name)
-            if isinstance(count, bool) or not isinstance(count, int) or count < least:
+            if count < least:  # an integer: type_problems
                 problems.append(f"{name}: expected an integer >= {least}, got {count!r}")
         if not 0 <= self.gamma <= 1:
             problems.append(f"gamma: expected in [0, 1], got {self.gamma}")
         if self.window_versions is not None and self.window_versions < 1:
             problems.append(f"window_versions: expected >= 1 or None, got {self.window_versions}")
-        if self.gate_sessions is not None and (isinstance(self.gate_sessions, bool) or not isinstance(self.gate_sessions, int)
-                                               or self.gate_sessions < 1):
+        if self.gate_sessions is not None and self.gate_sessions < 1:
             problems.append(f"gate_sessions: expected an integer >= 1 or None, got {self.gate_sessions!r}")
         if self.max_sessions is not None and self.max_sessions < 1:
             problems.append(f"max_sessions: expected >= 1 or None, got {self.max_sessions}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -36,7 +37,9 @@ def test_the_command_refuses_a_wrong_type_before_reading_any_logs(tmp_path: Path
     """Exit 2 naming the field, before the logs (here: none at all, which would be exit 2 for another reason)."""
     config = tmp_path / "c.json"
     for fields, says in (({"updates": 1.5}, "--config: updates: expected an integer, got 1.5"),
-                         ({"guard": None}, "--config: guard: expected an object of GuardConfig fields, got None"),
+                         ({"guard": None}, "--config: guard: expected an object, got NoneType"),
+                         ({"guard": {"epoch": 2}},
+                          f"--config: guard: unknown key(s) ['epoch']; allowed: {[f.name for f in dataclasses.fields(GuardConfig)]}"),
                          ({"guard": {"epochs": "2"}}, "--config: guard: epochs: expected an integer, got '2'")):
         config.write_text(json.dumps(fields))
         code, _, err = trainer_in_process("train", "--logs", str(tmp_path / "nologs"), "--out", str(tmp_path / "x.bundle"),
