@@ -312,16 +312,20 @@ def test_the_exit_code_forgives_only_the_signal_the_supervisor_forwarded(tmp_pat
     assert code([], {1: -signal.SIGTERM, 2: 0}) == 1
 
 
-def test_the_pods_model_age_is_its_oldest_workers() -> None:
-    """During a swap the workers serve bundles of different ages; the pod's age is the oldest one still served."""
-    from prometheus_client.core import GaugeMetricFamily
+def test_the_pods_model_age_is_its_oldest_workers(tmp_path: Path) -> None:
+    """During a swap the workers serve bundles of different ages; the pod's age is the oldest one still served. Two
+    workers' gauge files, as prometheus_client writes them, read by the real multiprocess collector."""
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.multiprocess import MultiProcessCollector
 
-    class Workers:  # what MultiProcessCollector yields: each worker's created timestamp
-        def collect(self) -> list[GaugeMetricFamily]:
-            family = GaugeMetricFamily("shopping_agent_model_created_timestamp_seconds", "created", labels=["pid"])
-            for pid, created in (("1", time.time() - 3600.0), ("2", time.time() - 60.0), ("3", float("nan"))):
-                family.add_metric([pid], created)
-            return [family]
+    from server.metrics import Metrics
 
-    (age,) = list(workers.ModelAgeCollector(Workers()).collect())
+    mode = Metrics(CollectorRegistry()).model_created._multiprocess_mode  # how the workers' files combine
+    for pid, created in ((1, time.time() - 3600.0), (2, time.time() - 60.0)):
+        db = MmapedDict(str(tmp_path / f"gauge_{mode}_{pid}.db"))  # type: ignore[no-untyped-call]
+        key = mmap_key("shopping_agent_model_created_timestamp_seconds", "shopping_agent_model_created_timestamp_seconds",
+                       [], [], "The served bundle's created_at (Unix time); its age is time() minus this.")
+        db.write_value(key, created, 0.0)  # type: ignore[no-untyped-call]
+        db.close()  # type: ignore[no-untyped-call]
+    (age,) = list(workers.ModelAgeCollector(MultiProcessCollector(None, path=str(tmp_path))).collect())
     assert age.samples[0].value == pytest.approx(3600.0, abs=5.0)
