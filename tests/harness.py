@@ -141,10 +141,10 @@ def until(condition: Callable[[], bool], what: str = "the condition", timeout: f
         time.sleep(0.01)
 
 
-def without_waiting_on(fifo: Path, call: Callable[[], T], timeout: float = 10.0) -> T:
-    """``call()``'s result (or its exception), which must come within ``timeout`` although ``fifo`` (a FIFO a hostile
-    volume put where a file was expected) has no writer; a call still waiting fails the test, and is then released
-    by opening the FIFO's writing end, so no thread stays blocked."""
+def promptly(call: Callable[[], T], timeout: float = 10.0, fifo: Path | None = None) -> T:
+    """``call()``'s result (or its exception), run in a thread, which must come within ``timeout``; a call still
+    running fails the test. With ``fifo`` (a FIFO a hostile volume put where a file was expected, with no writer), a
+    call still waiting on it is then released by opening the FIFO's writing end, so no thread stays blocked."""
     outcome: dict[str, Any] = {}
 
     def run() -> None:
@@ -153,13 +153,14 @@ def without_waiting_on(fifo: Path, call: Callable[[], T], timeout: float = 10.0)
         except BaseException as exc:  # handed to the test's thread
             outcome["error"] = exc
 
-    thread = threading.Thread(target=run, daemon=True)
+    thread = threading.Thread(target=run, daemon=True)  # daemon: a hung call still lets the suite end
     thread.start()
     thread.join(timeout)
     if thread.is_alive():
-        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # the waiting open returns; the read then sees EOF
-        thread.join(timeout)
-        raise AssertionError(f"waited on the FIFO {fifo} for {timeout} s")
+        if fifo is not None:
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # the waiting open returns; the read then sees EOF
+            thread.join(timeout)
+        raise AssertionError(f"{call} still running after {timeout} s" + (f", waiting on the FIFO {fifo}" if fifo else ""))
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]  # type: ignore[no-any-return]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from experience.salt import SALT_FILE, SaltError, configured_salt, read_salt, resolve_salt
-from tests.harness import ROOT, spawn_server, without_waiting_on
+from tests.harness import ROOT, promptly, spawn_server
 from tests.small_disk import SmallDisk
 
 _RESOLVE = """
@@ -99,8 +99,8 @@ def test_a_fifo_in_place_of_the_salt_is_refused_without_waiting(tmp_path: Path) 
     path = tmp_path / SALT_FILE
     os.mkfifo(path)
     with pytest.raises(SaltError, match=r"\.user-salt: cannot be read as the log salt \(not a regular file\)"):
-        without_waiting_on(path, lambda: resolve_salt(tmp_path, ""))
-    assert without_waiting_on(path, lambda: read_salt(tmp_path)) is None
+        promptly(lambda: resolve_salt(tmp_path, ""), fifo=path)
+    assert promptly(lambda: read_salt(tmp_path), fifo=path) is None
 
 
 def test_sixty_four_characters_that_are_not_hex_are_no_salt(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ import pytest
 from experience.schema import OUTCOMES, SCHEMA_VERSION
 from experience.segment_writer import OPEN_PREFIX, SegmentWriter, recover_abandoned
 from experience.segments import DirectorySource, read_segment
-from tests.harness import ROOT, without_waiting_on
+from tests.harness import ROOT, promptly
 
 
 def outcome_batch(start: int, n: int) -> pa.RecordBatch:
@@ -248,7 +248,7 @@ def test_recover_leaves_a_fifo_alone_without_waiting_on_it(tmp_path: Path) -> No
     directory.mkdir()
     fifo = directory / f"{OPEN_PREFIX}outcomes-x.arrows"
     os.mkfifo(fifo)
-    assert without_waiting_on(fifo, lambda: recover_abandoned(tmp_path, "outcomes")) == []
+    assert promptly(lambda: recover_abandoned(tmp_path, "outcomes"), fifo=fifo) == []
     assert fifo.exists()
 
 

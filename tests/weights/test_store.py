@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.harness import variant_bytes
+from tests.harness import promptly, variant_bytes
 from weights import store as store_module
 from weights.bundle import Bundle, BundleError, npy_bytes, read_bundle
 from weights.initial import make_bundle
@@ -369,25 +369,6 @@ def odd_file(path: Path, kind: str) -> None:
         path.symlink_to("/dev/zero")
     else:
         path.mkdir()
-
-
-def promptly(call: Callable[[], Any], within_s: float = 10.0) -> Any:
-    """``call()`` in a thread; its result or exception, failing the test if it is still running after ``within_s``."""
-    outcome: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            outcome["value"] = call()
-        except Exception as exc:
-            outcome["error"] = exc
-
-    worker = threading.Thread(target=run, daemon=True)  # a hung read would keep it: daemon, so the suite still ends
-    worker.start()
-    worker.join(within_s)
-    assert not worker.is_alive(), f"{call} still running after {within_s} s"
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome.get("value")
 
 
 @pytest.mark.parametrize("kind", ["fifo", "endless", "directory"])
