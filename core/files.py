@@ -22,16 +22,30 @@ class UnreadableFile(Exception):
         self.reason = reason
 
 
+def open_regular(path: Path | str) -> int:
+    """A descriptor of the regular file at ``path``, opened for reading without waiting on a writer; ``OSError`` as
+    ``os.open`` raises it (``FileNotFoundError`` for no file), ``UnreadableFile`` (``io``) for anything but a regular
+    file, checked on the open descriptor."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        regular = stat.S_ISREG(os.fstat(fd).st_mode)
+    except OSError:
+        os.close(fd)
+        raise
+    if not regular:
+        os.close(fd)
+        raise UnreadableFile("io", "not a regular file")
+    return fd
+
+
 def read_bounded(path: Path | str, limit: int) -> bytes:
     """The bytes of the regular file at ``path``, at most ``limit`` of them; ``UnreadableFile`` otherwise."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = open_regular(path)
     except OSError as exc:
         raise UnreadableFile("io", exc.strerror or str(exc)) from None
     try:
         info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise UnreadableFile("io", "not a regular file")
         if info.st_size > limit:
             raise UnreadableFile("size", f"the file is {info.st_size} bytes, more than the {limit}-byte limit")
         with os.fdopen(os.dup(fd), "rb") as f:

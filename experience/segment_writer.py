@@ -13,13 +13,13 @@ import logging
 import os
 import secrets
 import socket
-import stat
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow as pa
 
+from core.files import UnreadableFile, open_regular
 from experience.kinds import KINDS
 from experience.schema import SCHEMAS
 
@@ -256,13 +256,13 @@ def recover_abandoned(root: Path, kind: str) -> list[Path]:
         return recovered
     for path in sorted(directory.glob(f"{OPEN_PREFIX}*{SUFFIX}")):
         try:  # without waiting on a writer: a FIFO under that name would hang the start (the volume is shared)
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+            fd = open_regular(path)
         except FileNotFoundError:  # finalised meanwhile
             continue
+        except UnreadableFile:
+            log.warning("left alone: not a regular file where a log segment was open", extra={"fields": {"path": str(path)}})
+            continue
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                log.warning("left alone: not a regular file where a log segment was open", extra={"fields": {"path": str(path)}})
-                continue
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
