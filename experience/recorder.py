@@ -112,6 +112,14 @@ class RecorderOptions:
             raise ValueError("retry_min_seconds must be > 0 and <= retry_max_seconds")
 
 
+def unusable_log_dir(log_dir: Path | str, exc: Exception) -> str:
+    """The one line for a log directory that cannot be set up (its salt, its segments): the flag, the directory, the
+    reason and the file it concerns; ``serve`` and ``simulate`` exit 2 with it, as on a bad flag."""
+    reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    where = f" ({exc.filename})" if isinstance(exc, OSError) and exc.filename is not None else ""
+    return f"--log-dir {log_dir}: cannot be created or written: {reason}{where}"
+
+
 def session_sampled(session_id: str, rate: float, salt: bytes) -> bool:
     """Whether a session is logged at ``rate``: the same answer in every process sharing the salt, on every day."""
     if rate >= 1.0:

@@ -304,7 +304,12 @@ def make_recorder(config: Config, metrics: Metrics | None) -> ExperienceRecorder
     """The decision and outcome log writer, when ``log_dir`` is set."""
     if config.log_dir is None:
         return None
-    from experience.recorder import ExperienceRecorder, RecorderOptions, resolve_salt  # pyarrow: only when logging
+    from experience.recorder import (  # pyarrow: only when logging
+        ExperienceRecorder,
+        RecorderOptions,
+        resolve_salt,
+        unusable_log_dir,
+    )
 
     options = RecorderOptions(
         sample_rate=config.log_sample_rate,
@@ -319,5 +324,4 @@ def make_recorder(config: Config, metrics: Metrics | None) -> ExperienceRecorder
         salt = resolve_salt(config.log_dir, config.log_user_salt)
         return ExperienceRecorder(config.log_dir, salt, options, metrics.experience if metrics is not None else None)
     except OSError as exc:  # a set-up problem to report in one line (exit 2), as a bad flag is: not a traceback
-        where = f" ({exc.filename})" if exc.filename is not None else ""
-        raise ValueError(f"--log-dir {config.log_dir}: cannot be created or written: {exc.strerror or exc}{where}") from None
+        raise ValueError(unusable_log_dir(config.log_dir, exc)) from None

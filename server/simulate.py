@@ -34,7 +34,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from core.domain import Action, EngagementReport, OutcomeReport, Source
 from core.progress import Progress, progress
-from experience.recorder import resolve_salt
+from experience.recorder import resolve_salt, unusable_log_dir
 from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
 from server._gen.shopping_agent.v1 import shopping_agent_pb2_grpc as pb_grpc
 from simulator.config import SimConfig
@@ -98,8 +98,7 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
             try:
                 salt = resolve_salt(args.log_dir, "")  # creates the directory: one that cannot be is a set-up problem
             except (OSError, ValueError) as exc:
-                reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-                print(f"shopping-agent simulate: --log-dir {args.log_dir}: cannot be created or written: {reason}", file=sys.stderr)
+                print(f"shopping-agent simulate: {unusable_log_dir(args.log_dir, exc)}", file=sys.stderr)
                 return 2
         result = _in_process(world, sessions, model, args, salt)
     result = {"seed": args.seed, **result, "elapsed_s": round(time.monotonic() - started, 3)}
