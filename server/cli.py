@@ -157,7 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"shopping-agent {args.command}: {hint}", file=sys.stderr)
             return 2  # a set-up problem, as bad usage is: the CronJob does not retry it
         except KeyboardInterrupt as exc:
-            name = str(exc) if str(exc) in ("SIGTERM", "SIGINT") else "SIGINT"
+            name = "SIGTERM" if str(exc) == "SIGTERM" else "SIGINT"  # _interrupt's, or Ctrl-C's (no message)
             print(f"shopping-agent {args.command}: stopped by {name}", file=sys.stderr)
             return 128 + signal.Signals[name].value  # as a shell reports a command a signal ended
         finally:
