@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import struct
 import warnings
 import zipfile
 from typing import Any
@@ -135,19 +136,25 @@ def nested_manifest(depth: int = 200_000) -> bytes:
     return members(sorted(entries.items()))
 
 
+def central_directory_entry(data: bytes, name: str) -> int:
+    """Where member ``name``'s central directory entry starts in the zip ``data``."""
+    at = data.find(b"PK\x01\x02")
+    while at != -1:
+        name_len = struct.unpack_from("<H", data, at + 28)[0]
+        if data[at + 46 : at + 46 + name_len] == name.encode():
+            return at
+        at = data.find(b"PK\x01\x02", at + 4)
+    raise AssertionError(f"{name} not in the central directory")
+
+
 def stored_size_mismatch(name: str = MANIFEST, extra: int = 16) -> bytes:
     """The default bundle's members stored as they are, but the central directory gives ``name`` a compressed size
     ``extra`` bytes past its real size: not the canonical container a publisher writes."""
     data = bytearray(members(default_members()))
-    at = data.find(b"PK\x01\x02")
-    while at >= 0:
-        length = int.from_bytes(data[at + 28:at + 30], "little")
-        if data[at + 46:at + 46 + length] == name.encode():
-            size = int.from_bytes(data[at + 24:at + 28], "little")
-            data[at + 20:at + 24] = (size + extra).to_bytes(4, "little")
-            return bytes(data)
-        at = data.find(b"PK\x01\x02", at + 46 + length)
-    raise ValueError(f"no member {name}")
+    at = central_directory_entry(bytes(data), name)
+    size = struct.unpack_from("<I", data, at + 24)[0]  # uncompressed size
+    struct.pack_into("<I", data, at + 20, size + extra)  # compressed size
+    return bytes(data)
 
 
 def duplicate_member() -> bytes:

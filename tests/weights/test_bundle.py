@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.weights.hostile import central_directory_entry
 from weights.bundle import FORMAT, FORMAT_VERSION, MANIFEST, PARTS, Bundle, BundleError, npy_bytes, read_bundle, write_bundle
 from weights.embedded import DEFAULT_MODEL_VERSION
 from weights.initial import make_bundle
@@ -221,20 +222,10 @@ def test_model_versions_that_name_a_file_are_read(members: dict[str, bytes], raw
     assert read_bundle(raw_zip({**members, MANIFEST: json.dumps(manifest).encode()})).model_version == version
 
 
-def _central_directory_entry(data: bytes, name: str) -> int:
-    at = data.find(b"PK\x01\x02")
-    while at != -1:
-        name_len = struct.unpack_from("<H", data, at + 28)[0]
-        if data[at + 46 : at + 46 + name_len] == name.encode():
-            return at
-        at = data.find(b"PK\x01\x02", at + 4)
-    raise AssertionError(f"{name} not in the central directory")
-
-
 def test_member_flagged_as_encrypted_is_rejected_as_format(default_bytes: bytes) -> None:
     """A crafted container must be refused with a BundleError, not crash the loader with RuntimeError."""
     damaged = bytearray(default_bytes)
-    at = _central_directory_entry(default_bytes, "policy.onnx")
+    at = central_directory_entry(default_bytes, "policy.onnx")
     flags = struct.unpack_from("<H", damaged, at + 8)[0]
     struct.pack_into("<H", damaged, at + 8, flags | 0x1)
     assert reason_of(bytes(damaged)) == "format"
@@ -243,7 +234,7 @@ def test_member_flagged_as_encrypted_is_rejected_as_format(default_bytes: bytes)
 def test_member_with_an_unknown_compression_method_is_rejected_as_format(default_bytes: bytes) -> None:
     """Likewise for a compression method zipfile cannot read (NotImplementedError today)."""
     damaged = bytearray(default_bytes)
-    at = _central_directory_entry(default_bytes, "guard.onnx")
+    at = central_directory_entry(default_bytes, "guard.onnx")
     struct.pack_into("<H", damaged, at + 10, 99)
     assert reason_of(bytes(damaged)) == "format"
 
