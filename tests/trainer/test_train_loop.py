@@ -188,10 +188,7 @@ def test_same_logs_and_seed_give_the_same_bytes(logs: Path, trained: TrainResult
 
 def test_cycle_publishes_then_refuses_without_force(logs: Path, tmp_path: Path) -> None:
     weights = tmp_path / "weights"
-    config = tmp_path / "config.json"
-    config.write_text(json.dumps({"updates": 2, "batch": 8192, "value_epochs": 2, "guard": {"epochs": 2}, "bootstrap": 100}))
-    cmd = [sys.executable, "-m", "server", "cycle", "--logs", str(logs), "--weights-dir", str(weights), "--config", str(config),
-           "--device", "cpu", "--json"]
+    cmd = _cycle_command(logs, weights, tmp_path)
     first = subprocess.run([*cmd, "--force"], capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert first.returncode == 0, first.stderr[-2000:]
     report = json.loads(first.stdout)
@@ -265,6 +262,14 @@ def test_exit_codes_tell_bad_usage_from_failure(logs: Path, tmp_path: Path) -> N
     assert not (tmp_path / "x.bundle").exists()
 
 
+def _cycle_command(logs: Path, weights: Path, tmp_path: Path) -> list[str]:
+    """``cycle`` as the CronJob runs it, on a short config written under ``tmp_path`` (two updates, one batch)."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"updates": 2, "batch": 8192, "value_epochs": 2, "guard": {"epochs": 2}, "bootstrap": 100}))
+    return [sys.executable, "-m", "server", "cycle", "--logs", str(logs), "--weights-dir", str(weights), "--config",
+            str(config), "--device", "cpu", "--json"]
+
+
 def _once_training(run: subprocess.Popen[str]) -> Callable[[], str]:
     """Wait (up to 300 s) until the run's stderr reports training; returns what reads the rest of its stderr, after
     the run has ended."""
@@ -298,10 +303,7 @@ def test_sigterm_mid_cycle_leaves_the_store_as_it_was_and_its_lock_free(logs: Pa
     store = WeightsStore(weights, lambda data: verify(data, None))
     store.publish(fresh_bundle_bytes())
     before, history = store.active_path.read_bytes(), [e.model_version for e in store.history()]
-    config = tmp_path / "config.json"
-    config.write_text(json.dumps({"updates": 2, "batch": 8192, "value_epochs": 2, "guard": {"epochs": 2}, "bootstrap": 100}))
-    cmd = [sys.executable, "-m", "server", "cycle", "--logs", str(logs), "--weights-dir", str(weights), "--config", str(config),
-           "--device", "cpu", "--json", "--force"]
+    cmd = [*_cycle_command(logs, weights, tmp_path), "--force"]
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT) as run:
         read_err = _once_training(run)
         run.send_signal(signal.SIGTERM)
@@ -320,10 +322,7 @@ def test_cycle_does_not_undo_a_publish_made_while_it_ran(logs: Path, tmp_path: P
     weights = tmp_path / "weights"
     store = WeightsStore(weights, lambda data: verify(data, None))
     store.publish(fresh_bundle_bytes())
-    config = tmp_path / "config.json"
-    config.write_text(json.dumps({"updates": 2, "batch": 8192, "value_epochs": 2, "guard": {"epochs": 2}, "bootstrap": 100}))
-    cmd = [sys.executable, "-m", "server", "cycle", "--logs", str(logs), "--weights-dir", str(weights), "--config", str(config),
-           "--device", "cpu", "--json", "--force"]  # forced: it would publish whatever the gate says
+    cmd = [*_cycle_command(logs, weights, tmp_path), "--force"]  # forced: it would publish whatever the gate says
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT) as run:
         read_err = _once_training(run)  # the active bundle is read before the logs: once training reports, the run has
         operator = variant_bytes("operator-1")  # read what it judges against
