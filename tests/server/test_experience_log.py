@@ -259,20 +259,24 @@ def test_a_write_error_holds_the_records_and_the_writer_goes_on(tmp_path: Path) 
     assert value("shopping_agent_log_records_dropped_total", {"kind": "outcomes", "reason": "write_error"}) == 0
 
 
-def test_a_record_that_cannot_be_encoded_loses_only_itself(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    """One record the log's columns cannot hold (here a cart count past int32, which the server's checks now refuse)
-    must not take the rest of its flush with it."""
+def log_rules_decision(recorder: ExperienceRecorder, i: int, cart: int = 1) -> None:
+    """Decision ``d{i}`` of session ``s{i}``, the rule engine's (no model), with ``cart`` items in the cart."""
     from core.domain import Context, DecisionRequest, PageType, Source
     from weights.embedded import default_bundle
     from weights.model_set import NoModel
 
-    rules = NoModel(default_bundle().manifest)
+    req = DecisionRequest("u", f"s{i}", "i", np.zeros(768, dtype=np.float32), (), PageType.DETAIL, 1.0e9, cart)
+    served = NoModel(default_bundle().manifest).fallback(Context(PageType.DETAIL, 1, 12, 0), Source.FALLBACK_NO_MODEL)
+    assert recorder.decision(req, 12, served, f"d{i}", FeatureSpec())
+
+
+def test_a_record_that_cannot_be_encoded_loses_only_itself(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """One record the log's columns cannot hold (here a cart count past int32, which the server's checks now refuse)
+    must not take the rest of its flush with it."""
     metrics = Metrics(CollectorRegistry())
     recorder = ExperienceRecorder(tmp_path, b"k" * 32, RecorderOptions(), metrics.experience)  # not started: flush by hand
     for i, cart in enumerate((1, 2**31, 3)):
-        req = DecisionRequest("u", f"s{i}", "i", np.zeros(768, dtype=np.float32), (), PageType.DETAIL, 1.0e9, cart)
-        assert recorder.decision(req, 12, rules.fallback(Context(PageType.DETAIL, 1, 12, 0), Source.FALLBACK_NO_MODEL),
-                                 f"d{i}", FeatureSpec())
+        log_rules_decision(recorder, i, cart)
     recorder.flush()
     recorder.close()
     decisions = tables(tmp_path)[0]
@@ -288,11 +292,6 @@ def test_a_record_that_cannot_be_encoded_loses_only_itself(tmp_path: Path, caplo
 def test_a_flush_that_raises_leaves_the_writer_thread_running(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """A bug in one flush (here the segment writer raising what no disk raises, once) is logged; the writer thread goes
     on, and the records after it are written, where the thread died and every later record was dropped at the queue."""
-    from core.domain import Context, DecisionRequest, PageType, Source
-    from weights.embedded import default_bundle
-    from weights.model_set import NoModel
-
-    rules = NoModel(default_bundle().manifest)
     recorder = ExperienceRecorder(tmp_path, b"k" * 32, RecorderOptions(flush_seconds=0.05))
     writer = recorder._writers["decisions"]
     real_write, calls = writer.write, []
@@ -306,14 +305,9 @@ def test_a_flush_that_raises_leaves_the_writer_thread_running(tmp_path: Path, ca
     writer.write = write_once_broken  # type: ignore[method-assign]
     recorder.start()
 
-    def log_one(i: int) -> None:
-        req = DecisionRequest("u", f"s{i}", "i", np.zeros(768, dtype=np.float32), (), PageType.DETAIL, 1.0e9, 1)
-        assert recorder.decision(req, 12, rules.fallback(Context(PageType.DETAIL, 1, 12, 0), Source.FALLBACK_NO_MODEL),
-                                 f"d{i}", FeatureSpec())
-
-    log_one(0)
+    log_rules_decision(recorder, 0)
     until(lambda: len(calls) == 1, "the broken flush")
-    log_one(1)
+    log_rules_decision(recorder, 1)
     until(lambda: recorder.written["decisions"] >= 1, "the next record written")
     assert recorder._thread.is_alive()
     recorder.close()
