@@ -133,8 +133,7 @@ def test_sigterm_in_process_closes_the_logs_it_wrote(tmp_path: Path) -> None:
     sim = subprocess.Popen([*CLI, "--sessions", "1000000", "--log-dir", str(logs), "--json"], stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True, cwd=ROOT)
     try:
-        until(lambda: any((logs / "decisions").glob("*.arrows")) if (logs / "decisions").is_dir() else False,
-              "the run's first decision segment", timeout=60)
+        until(lambda: any((logs / "decisions").glob("*.arrows")), "the run's first decision segment", timeout=60)
         time.sleep(1.0)
         sim.send_signal(signal.SIGTERM)
         _, err = sim.communicate(timeout=60)
