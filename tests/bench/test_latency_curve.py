@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from bench.latency_curve import LOAD_FRACTIONS, grpc_servers_of, plot, targets
+from bench.latency_curve import LOAD_FRACTIONS, grpc_servers_of, hpa_load, plot, targets
 from bench.loaders import h2load_log_percentiles
 
 
@@ -92,3 +92,31 @@ def test_the_one_connection_point_is_held_to_the_p99_targets() -> None:
     real["open_one_connection"]["p99_ms"] = 7.9
     got = targets({"bare": bare, "real": real})
     assert got["p99_open_50%_one_connection_over_bare"]["met"] and got["worst_open_loop_p99_ms_below_capacity"]["value"] == 30.0
+
+
+def _points(cores: list[float | None]) -> list[dict[str, Any]]:
+    return [{"offered_per_s": 100.0 * f, "server_cores": c} for f, c in zip(LOAD_FRACTIONS, cores, strict=True)]
+
+
+def test_the_autoscalers_load_is_read_off_the_cpu_between_the_points_that_straddle_it() -> None:
+    """Offered 25 / 50 / 75 / 90 req/s; the CPU at each; the load at 0.7 of a core, linear between its neighbours."""
+    assert hpa_load(_points([0.4, 0.6, 0.8, 0.95])) == pytest.approx(62.5)  # halfway from 0.6 (50) to 0.8 (75)
+    assert hpa_load(_points([0.4, 0.7, 0.8, 0.95])) == pytest.approx(50.0)  # a point right at the target
+    assert hpa_load(_points([0.875, 0.9, 0.95, 1.0])) == pytest.approx(20.0)  # (0, 0) to the first point: an idle server
+    assert hpa_load(list(reversed(_points([0.4, 0.6, 0.8, 0.95])))) == pytest.approx(62.5)  # in any order
+    assert hpa_load(_points([0.2, 0.3, 0.5, 0.6])) is None  # never reached: no such load among the measured ones
+    assert hpa_load(_points([0.4, None, 0.8, 0.95])) is None  # a point without its CPU (older results)
+    assert hpa_load(_points([0.4, 0.6, 0.8, 0.95]), cores=0.95) == pytest.approx(90.0)
+
+
+def test_the_autoscalers_point_is_context_and_counts_toward_the_worst_p99() -> None:
+    bare, real = _server(1000.0, 1.0, [2.0] * 4), _server(850.0, 1.4, [3.0, 3.9, 3.9, 30.0])
+    assert not any("hpa" in name for name in targets({"bare": bare, "real": real}))  # not measured: not reported
+    bare["open_at_hpa_target"] = {"offered_per_s": 60.0, "p50_ms": 1.0, "p99_ms": 4.0, "server_cores": 0.4}
+    real["open_at_hpa_target"] = {"offered_per_s": 60.0, "p50_ms": 5.0, "p99_ms": 70.0, "server_cores": 0.71}
+    got = targets({"bare": bare, "real": real})
+    assert got["p99_open_at_hpa_target_ms"] == {"value": 70.0, "target": "context", "met": None}
+    assert got["p99_open_at_hpa_target_over_bare"]["value"] == 17.5
+    assert got["open_loop_at_hpa_target_offered_per_s"]["value"] == 60.0
+    assert got["open_loop_at_hpa_target_server_cores"]["value"] == 0.71
+    assert got["worst_open_loop_p99_ms_below_capacity"] == {"value": 70.0, "target": "<= 50", "met": False}

@@ -29,6 +29,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from bench.latency_curve import HPA_CPU_CORES
 from server.app import SERVICE_NAME
 from server.cli import parser
 from server.config import ENV_PREFIX, SALT_ENV, Config, build_config
@@ -458,6 +459,15 @@ def test_the_autoscaler_targets_the_deployment_on_cpu(rendered: dict[str, list[D
     [metric] = hpa["spec"]["metrics"]
     assert metric["resource"]["name"] == "cpu" and metric["resource"]["target"]["type"] == "Utilization"
     assert container(deployment, "server")["resources"]["requests"]["cpu"], "CPU utilisation is relative to the request"
+
+
+def test_the_latency_bench_measures_at_the_autoscalers_cpu_target(rendered: dict[str, list[Doc]]) -> None:
+    """bench.latency_curve offers the load at which a pod reaches the HPA's target: the same cores as the manifests."""
+    docs = rendered["base"]
+    [metric] = one(docs, "HorizontalPodAutoscaler", SERVER)["spec"]["metrics"]
+    request = str(container(one(docs, "Deployment", SERVER), "server")["resources"]["requests"]["cpu"])
+    cores = float(request[:-1]) / 1000 if request.endswith("m") else float(request)
+    assert abs(metric["resource"]["target"]["averageUtilization"] / 100 * cores - HPA_CPU_CORES) < 1e-12
 
 
 def test_network_policy_lets_only_the_frontend_call_and_only_prometheus_scrape(rendered: dict[str, list[Doc]]) -> None:
