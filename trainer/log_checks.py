@@ -2,7 +2,8 @@
 
 A server logs, for every decision, an action in 1..5, the served distribution (``served_probs``: finite, in [0, 1], summing to 1) and
 the propensity of the action it served, which is that distribution's entry for the action (``policy.decision``), with
-the shopper's hour of the day, an embedding of numbers and behaviour buckets within the count it logs (``shopper_rows``);
+the shopper's hour of the day and page type, counts of at least 0, an embedding of numbers and behaviour buckets within
+the count it logs (``shopper_rows``);
 and for every outcome a finite value and coupon discount of at least 0, an order's discount at most its value
 (``server.validation``). A row outside that comes
 from a broken or hostile writer of the logs volume, and one was enough to stop every later run (a NaN propensity), to
@@ -28,7 +29,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from core.domain import MAX_OUTCOME_VALUE, N_ACTIONS, TIMESTAMP_MAX_S, TIMESTAMP_MIN_S, Outcome
+from core.domain import MAX_OUTCOME_VALUE, N_ACTIONS, TIMESTAMP_MAX_S, TIMESTAMP_MIN_S, Outcome, PageType
 from experience.sessions import dedupe_outcomes
 from policy.features import FeatureSpec
 
@@ -155,12 +156,18 @@ def shopper_rows(table: pa.Table) -> dict[str, npt.NDArray[np.bool_]]:
     refuses a request with one; a row with one moved the product gate's estimate, and stopped ``evaluate``), a
     behaviour bucket outside the bucket count the row was logged with, an event time outside the years a request's
     Timestamp may carry (a server refuses others; one infinite time stopped ``train`` and ``evaluate`` on every run),
-    or a server time outside them (no clock writes one; year 11476 stopped ``train`` and ``cycle``)."""
+    or a server time outside them (no clock writes one; year 11476 stopped ``train`` and ``cycle``), a page type
+    outside the five (9 stopped ``train``, ``evaluate`` and ``cycle`` on every run, naming no file), and a negative cart
+    or behaviour count (a server refuses one; the replayed guardrails and rules would read it)."""
     hours, count = ints(table.column("hour")), ints(table.column("behavior_bucket_count"))
+    pages = ints(table.column("page_type"))
+    negative = (ints(table.column("cart_item_count")) < 0) | (ints(table.column("n_recent_behaviors")) < 0)
     buckets = Lists(table.column("behavior_bucket_indices"), np.int64)
     outside = buckets.any((buckets.values < 0) | (buckets.values >= count[buckets.owner]))
     return {"hour outside 0..23": (hours < 0) | (hours > 23), "item_embedding NaN": rows_with_nan(table.column("item_embedding")),
             "behavior_bucket_indices outside the logged bucket count": outside,
+            f"page_type outside {min(PageType)}..{max(PageType)}": (pages < min(PageType)) | (pages > max(PageType)),
+            "cart_item_count or n_recent_behaviors negative": negative,
             **not_times(table, "event_time_s", "time_s")}
 
 

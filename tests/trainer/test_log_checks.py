@@ -115,12 +115,17 @@ def test_an_hour_no_day_has_is_a_bad_row(sim_logs: Path, hour: int) -> None:
 
 
 @pytest.mark.parametrize(("column", "value", "reason"), [
+    ("page_type", 9, "page_type outside 0..4"),
+    ("page_type", -3, "page_type outside 0..4"),
+    ("cart_item_count", -5, "cart_item_count or n_recent_behaviors negative"),
+    ("n_recent_behaviors", -7, "cart_item_count or n_recent_behaviors negative"),
     ("item_embedding", [float("nan")] * 768, "item_embedding NaN"),
     ("behavior_bucket_indices", [-1], "behavior_bucket_indices outside the logged bucket count"),
     ("behavior_bucket_indices", [2048], "behavior_bucket_indices outside the logged bucket count"),
 ])
 def test_a_shopper_no_request_describes_is_a_bad_row(sim_logs: Path, column: str, value: object, reason: str) -> None:
-    """A NaN embedding stopped evaluate (the model's output NaN); a bucket past the logged count stopped the encoder."""
+    """A NaN embedding stopped evaluate (the model's output NaN); a bucket past the logged count stopped the encoder; a
+    page type of 9 stopped train, evaluate and cycle (``PageType(9)``, naming no file: an attack review, 2026-12-06)."""
     decisions = DirectorySource(sim_logs).table("decisions").slice(0, 50)
     _, _, dropped = usable(with_value(decisions, column, 3, value), SCHEMAS["outcomes"].empty_table())
     assert dropped.sessions == 1 and dropped.reasons == {reason: 1}

@@ -400,6 +400,7 @@ POISONS = {  # a product row no server writes, as the reviews found them (its va
     "category_permitted": (lambda v: [*v, True], "category: a per-candidate list of another length than its candidates"),
     "category_fallback": (lambda v: -1, "category_fallback outside its candidates, or not permitted"),
     "hour": (lambda v: 99, "hour outside 0..23"),
+    "page_type": (lambda v: 9, "page_type outside 0..4"),
     "sku_features": (lambda v: [[float("nan")] * len(x) for x in v], "sku_features NaN"),
     "price_band_rule_rank": (lambda v: [0] * len(v), "price_band_rule_rank not each candidate once"),
     "sku_guardrail": (lambda v: [False] * len(v), "sku_permitted where sku_guardrail bans"),
