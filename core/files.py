@@ -22,11 +22,12 @@ class UnreadableFile(Exception):
         self.reason = reason
 
 
-def open_regular(path: Path | str) -> int:
+def open_regular(path: Path | str, follow_link: bool = True) -> int:
     """A descriptor of the regular file at ``path``, opened for reading without waiting on a writer; ``OSError`` as
-    ``os.open`` raises it (``FileNotFoundError`` for no file), ``UnreadableFile`` (``io``) for anything but a regular
-    file, checked on the open descriptor."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    ``os.open`` raises it (``FileNotFoundError`` for no file; with ``follow_link`` false, ``ELOOP`` for a symbolic link
+    at the path's last step), ``UnreadableFile`` (``io``) for anything but a regular file, checked on the open
+    descriptor."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_link else os.O_NOFOLLOW))
     try:
         regular = stat.S_ISREG(os.fstat(fd).st_mode)
     except OSError:

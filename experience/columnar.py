@@ -59,9 +59,10 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from core.domain import TIMESTAMP_MAX_S, TIMESTAMP_MIN_S
+from core.files import UnreadableFile
 from experience.schema import ADDED_IN_V2, SCHEMA_VERSION, SCHEMAS
 from experience.segment_writer import SUFFIX, fsync_path
-from experience.segments import DirectorySource, null_column
+from experience.segments import DirectorySource, null_column, open_local
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +111,7 @@ def read_part(path: str, filesystem: pafs.FileSystem, kind: str, columns: Sequen
     version after the part was written (``experience.schema.ADDED_IN_V2``) is simply not in its batches (the reader's
     ``_conform`` gives it nulls)."""
     try:
-        with filesystem.open_input_file(path) as f:
+        with open_local(path) if isinstance(filesystem, pafs.LocalFileSystem) else filesystem.open_input_file(path) as f:
             reader = pa.ipc.open_file(f)
             metadata = reader.schema.metadata or {}
             if metadata.get(b"kind") != kind.encode() or metadata.get(b"schema_version") != str(SCHEMA_VERSION).encode():
@@ -125,8 +126,11 @@ def read_part(path: str, filesystem: pafs.FileSystem, kind: str, columns: Sequen
                 reader = pa.ipc.open_file(f, options=pa.ipc.IpcReadOptions(included_fields=[names.index(c) for c in present]))
             for i in range(reader.num_record_batches):
                 batch = reader.get_batch(i)
+                batch.validate(full=True)  # offsets in range: a crafted part's crashed every reader (SIGSEGV) without it
                 yield batch if columns is None else batch.select(present)  # in the order asked for
-    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+    except FileNotFoundError:
+        raise
+    except (pa.ArrowException, OSError, UnicodeDecodeError, UnreadableFile) as exc:  # malformed bytes, whichever error names them
         raise ValueError(f"{path}: not a readable log part: {exc}") from exc
 
 
@@ -135,11 +139,14 @@ def _read_whole(path: str, kind: str) -> pa.Table | None:
     a torn or corrupt segment, whose reader would stop quietly at the damage, must not be replaced by what came
     before it)."""
     try:
-        with pa.OSFile(path, "r") as f:
+        with open_local(path) as f:
             reader = pa.ipc.open_stream(f)
-            table = reader.read_all()
+            batches = list(reader)
+            for batch in batches:  # offsets in range: a crafted segment crashed the compactor, or became a part of garbage
+                batch.validate(full=True)
+            table = pa.Table.from_batches(batches, schema=reader.schema)
             whole = f.tell() == f.size()  # nothing after the last message: not a read that stopped early
-    except (pa.ArrowException, OSError, ValueError):  # malformed bytes, whichever error pyarrow names them with
+    except (pa.ArrowException, OSError, ValueError, UnreadableFile):  # malformed bytes, whichever error pyarrow names them with
         return None
     metadata = table.schema.metadata or {}
     if not whole or metadata.get(b"schema_version") != str(SCHEMA_VERSION).encode() or table.num_rows == 0:

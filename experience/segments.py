@@ -35,6 +35,7 @@ from typing import Protocol
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from core.files import UnreadableFile, open_regular
 from experience.salt import read_salt
 from experience.schema import ADDED_IN_V2, SCHEMA_VERSION, SCHEMAS
 from experience.segment_writer import SUFFIX, segment_dir
@@ -52,6 +53,22 @@ class LogSource(Protocol):
     def table(self, kind: str) -> pa.Table: ...
 
 
+def open_local(path: str) -> pa.NativeFile:
+    """A log file on the local disk, for reading: a regular file, not reached through a symbolic link at its last step.
+    The listing skips links and special files, but a reader opens a segment long after it listed it (a pass reads them
+    one by one), and a link renamed over a listed segment was read, a FIFO waited on for ever (an attack review,
+    2026-12-06). ``FileNotFoundError``, another ``OSError`` or ``UnreadableFile`` (``core.files.open_regular``).
+
+    Arrow reopens the checked descriptor through ``/proc/self/fd`` (Linux), which names that open file whatever is
+    at the path now; its own file keeps Arrow's reads (a Python file object would allocate whatever length a damaged
+    message claims before reading it)."""
+    fd = open_regular(path, follow_link=False)
+    try:
+        return pa.OSFile(f"/proc/self/fd/{fd}", "r")
+    finally:
+        os.close(fd)
+
+
 def read_segment(path: Path | str, filesystem: pafs.FileSystem | None = None) -> Iterator[pa.RecordBatch]:
     """The record batches of one finalised segment (a local path, or a path in ``filesystem``); a torn last batch
     (a recovered segment) ends it quietly.
@@ -60,7 +77,14 @@ def read_segment(path: Path | str, filesystem: pafs.FileSystem | None = None) ->
     a read that fails (a dropped connection) raises instead of passing for a torn end: the rest of the segment is
     not there to be skipped."""
     if filesystem is None or isinstance(filesystem, pafs.LocalFileSystem):
-        source: pa.NativeFile = pa.OSFile(str(path), "r")
+        try:
+            source: pa.NativeFile = open_local(str(path))
+        except FileNotFoundError:
+            raise  # compacted since it was listed: the caller reads its parts (``DirectorySource.segment_batches``)
+        except (OSError, UnreadableFile) as exc:
+            log.warning("skipping a log segment that is not a regular file", extra={"fields": {"segment": str(path),
+                                                                                                  "error": str(exc)}})
+            return
     else:
         with filesystem.open_input_stream(str(path), compression=None) as remote:  # never decompressed by a name's guess
             source = pa.BufferReader(remote.read())
@@ -339,6 +363,10 @@ def _local_listing(top: str, hour_prefix: str, part_suffix: str) -> tuple[list[s
     levels and no deeper, and no symbolic link followed. The servers and the compactor write regular files in regular
     directories; a link there is someone else's, and following one sent every reader walking the whole host filesystem
     (a link to ``/``) and the compactor writing parts outside the logs volume (a linked hour directory)."""
+    if os.path.islink(top):  # (``scandir`` follows a link given as its directory)
+        raise ValueError(f"{top}: a symbolic link where a log kind's directory belongs; the logs are read only from "
+                         "the directories the servers make")
+
     def entries(path: str) -> list[os.DirEntry[str]]:
         try:
             with os.scandir(path) as found:

@@ -277,3 +277,56 @@ def test_a_failed_rotate_still_releases_the_file_and_its_lock(tmp_path: Path) ->
     writer.write(outcome_batch(9, 1))  # and the writer goes on with a new segment
     writer.close()
     assert ids(tmp_path) == ["o9"]
+
+
+def _swapped_after_listing(tmp_path: Path) -> tuple[DirectorySource, str, Path]:
+    """A directory of two outcome segments, listed; the source, the first one's listed path and that file."""
+    for start in (0, 10):
+        writer = SegmentWriter(tmp_path / "logs", "outcomes", max_bytes=10**9, max_seconds=3600)
+        writer.write(outcome_batch(start, 10))
+        writer.close()
+    source = DirectorySource(tmp_path / "logs")
+    listed = source.segments("outcomes")
+    assert len(listed) == 2
+    return source, listed[0], Path(listed[0])
+
+
+def test_a_segment_swapped_for_a_link_after_the_listing_is_not_followed(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A pass opens its segments one by one after listing them: a link renamed over a listed segment was read (an attack
+    review, 2026-12-06), where the listing itself skips links."""
+    source, path, segment = _swapped_after_listing(tmp_path)
+    outside = tmp_path / "outside.arrows"
+    outside.write_bytes(segment.read_bytes())
+    link = tmp_path / "link"
+    link.symlink_to(outside)
+    os.replace(link, segment)
+    assert list(source.segment_batches(path, "outcomes")) == []
+    assert "skipping a log segment that is not a regular file" in caplog.text
+
+
+def test_a_segment_swapped_for_a_fifo_after_the_listing_is_skipped_without_waiting(tmp_path: Path,
+                                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    """It blocked the reader in ``open`` for ever (the compactor holding its lock meanwhile)."""
+    source, path, segment = _swapped_after_listing(tmp_path)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    os.replace(fifo, segment)
+    assert promptly(lambda: list(source.segment_batches(path, "outcomes")), fifo=segment) == []
+    assert "skipping a log segment that is not a regular file" in caplog.text
+
+
+def test_a_kind_directory_that_is_a_link_is_refused_by_name(tmp_path: Path) -> None:
+    """The readers listed and read the link's target, and the compactor wrote parts there and removed its segments."""
+    from experience.columnar import compact
+
+    writer = SegmentWriter(tmp_path / "elsewhere", "outcomes", max_bytes=10**9, max_seconds=3600)
+    writer.write(outcome_batch(0, 10))
+    writer.close()
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "outcomes").symlink_to(tmp_path / "elsewhere" / "outcomes", target_is_directory=True)
+    before = sorted(p.name for p in (tmp_path / "elsewhere" / "outcomes").iterdir())
+    with pytest.raises(ValueError, match=r"logs/outcomes: a symbolic link where a log kind's directory belongs"):
+        DirectorySource(tmp_path / "logs").table("outcomes")
+    with pytest.raises(ValueError, match=r"logs/outcomes: a symbolic link where a log kind's directory belongs"):
+        compact(DirectorySource(tmp_path / "logs"), "outcomes", before_s=float("inf"))
+    assert sorted(p.name for p in (tmp_path / "elsewhere" / "outcomes").iterdir()) == before  # nothing written or removed
