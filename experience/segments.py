@@ -81,9 +81,10 @@ def read_segment(path: Path | str, filesystem: pafs.FileSystem | None = None) ->
             source: pa.NativeFile = open_local(str(path))
         except FileNotFoundError:
             raise  # compacted since it was listed: the caller reads its parts (``DirectorySource.segment_batches``)
-        except (OSError, UnreadableFile) as exc:
-            log.warning("skipping a log segment that is not a regular file", extra={"fields": {"segment": str(path),
-                                                                                                  "error": str(exc)}})
+        except (OSError, UnreadableFile) as exc:  # a link or a FIFO put there since the listing, a disk or permission
+            # error: skipped, as a malformed segment is
+            log.warning("skipping a log segment that cannot be opened as a regular file",
+                        extra={"fields": {"segment": str(path), "error": str(exc)}})
             return
     else:
         with filesystem.open_input_stream(str(path), compression=None) as remote:  # never decompressed by a name's guess

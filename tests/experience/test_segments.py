@@ -301,7 +301,7 @@ def test_a_segment_swapped_for_a_link_after_the_listing_is_not_followed(tmp_path
     link.symlink_to(outside)
     os.replace(link, segment)
     assert list(source.segment_batches(path, "outcomes")) == []
-    assert "skipping a log segment that is not a regular file" in caplog.text
+    assert "skipping a log segment that cannot be opened as a regular file" in caplog.text
 
 
 def test_a_segment_swapped_for_a_fifo_after_the_listing_is_skipped_without_waiting(tmp_path: Path,
@@ -312,7 +312,7 @@ def test_a_segment_swapped_for_a_fifo_after_the_listing_is_skipped_without_waiti
     os.mkfifo(fifo)
     os.replace(fifo, segment)
     assert promptly(lambda: list(source.segment_batches(path, "outcomes")), fifo=segment) == []
-    assert "skipping a log segment that is not a regular file" in caplog.text
+    assert "skipping a log segment that cannot be opened as a regular file" in caplog.text
 
 
 def test_a_kind_directory_that_is_a_link_is_refused_by_name(tmp_path: Path) -> None:
