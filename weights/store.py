@@ -31,6 +31,7 @@ import fcntl
 import json
 import logging
 import os
+import re
 import stat
 import tempfile
 import time
@@ -58,6 +59,7 @@ LOCK_NAME = ".lock"
 TMP_PREFIX = ".tmp-"
 BUNDLE_SUFFIX = ".bundle"
 MAX_INDEX_BYTES = 1024 * 1024
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 """The canary's look count and the history index are small JSON files: larger is not one the store wrote (the index's
 limit grows by ``INDEX_ENTRY_BYTES`` a kept version, so that any ``keep`` fits)."""
 INDEX_ENTRY_BYTES = 512  # one entry: a version of at most 200 characters, a sha256, a time, the JSON around them
@@ -71,7 +73,8 @@ class StoreError(Exception):
     Reasons: ``immutable`` (the version exists with other bytes), ``version`` (the version
     cannot name a file), ``nothing_to_roll_back``, ``unknown_version``, ``index`` (the
     history index is unreadable), ``canary`` (a bundle that cannot be a canary), ``no_canary``,
-    ``moved`` (another bundle became active since the caller judged against the one it expected).
+    ``moved`` (another bundle became active since the caller judged against the one it expected), ``layout`` (one of the
+    store's own directories is a symbolic link: nothing is written or removed through it).
     """
 
     def __init__(self, reason: str, message: str) -> None:
@@ -256,21 +259,26 @@ class WeightsStore:
             raw = json.loads(data)
         except BundleError as exc:
             raise StoreError("index", str(exc)) from None
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise StoreError("index", f"{self.index_path}: not valid JSON ({exc})") from None
+        except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, nested past the parser, a 5,000-digit number
+            raise StoreError("index", f"{self.index_path}: not valid JSON ({str(exc)[:200]})") from None
         fields = ("model_version", "sha256", "published_at")
         if not isinstance(raw, list) or not all(
             isinstance(e, dict) and all(isinstance(e.get(k), str) for k in fields) for e in raw
         ):
             raise StoreError("index", f"{self.index_path}: expected a list of {{model_version, sha256, published_at}}")
+        for e in raw:  # a version names a file in history/ (``../x`` must not), and both are printed by ``weights show``
+            if not (MODEL_VERSION.fullmatch(e["model_version"]) and _SHA256.fullmatch(e["sha256"])):
+                raise StoreError("index", f"{self.index_path}: an entry whose model_version is not a version "
+                                          f"({MODEL_VERSION_RULE}) or whose sha256 is not 64 hex digits")
         return [HistoryEntry(**{k: e[k] for k in fields}) for e in raw]
 
     # --- writing ---------------------------------------------------------------------------
 
     def _open_lock_file(self) -> int:
-        """The directory made if need be, and a new file description of its lock file."""
+        """The directory made if need be, and a new file description of its lock file (never through a link put in its
+        place: ``O_CREAT`` would create the link's target wherever it points)."""
         self.directory.mkdir(parents=True, exist_ok=True)
-        return os.open(self.directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+        return os.open(self.directory / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
 
     def ensure_writable(self) -> None:
         """What ``lock`` opens, without waiting for the lock; ``OSError`` when this process cannot write the volume (a
@@ -285,9 +293,19 @@ class WeightsStore:
         fd = self._open_lock_file()
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
+            self._own_directories()
             yield
         finally:
             os.close(fd)  # releases the lock
+
+    def _own_directories(self) -> None:
+        """``StoreError`` (``layout``) when ``history/``, ``pending/`` or ``canary/`` is a symbolic link: a publish pruned
+        every ``*.bundle`` it found through a linked ``history/`` and wrote its index there (an attack review, 2026-12-06).
+        Checked under the lock, by every writer."""
+        for directory in (self.history_dir, self.pending_path.parent, self.canary_path.parent):
+            if directory.is_symlink():
+                raise StoreError("layout", f"{directory}: a symbolic link where the store's own directory belongs; "
+                                           "nothing is written or removed through it")
 
     def publish(self, source: Path | str | bytes, replacing: str | EllipsisType | None = ...) -> PublishResult:
         """Validate the bundle at ``source`` (a path, or the bytes), keep it in the history and make it the active one.
@@ -387,7 +405,7 @@ class WeightsStore:
         """How often the trainer has judged the canary ``version`` (0 when unrecorded, or recorded for another)."""
         try:
             raw = json.loads(read_store_file(self.looks_path, MAX_INDEX_BYTES, "look count") or b"null")
-        except (BundleError, UnicodeDecodeError, json.JSONDecodeError):
+        except (BundleError, ValueError, RecursionError):  # not JSON, not UTF-8, nested past the parser, a huge number
             return 0
         looks = raw.get("looks") if isinstance(raw, dict) and raw.get("model_version") == version else None
         return looks if isinstance(looks, int) and not isinstance(looks, bool) and looks >= 0 else 0

@@ -479,3 +479,60 @@ def test_a_publisher_waits_for_the_lock(store: WeightsStore, bundles: dict[str, 
         assert publisher.is_alive() and not store.active_path.exists()
     publisher.join(timeout=30)
     assert store.active_path.read_bytes() == bundles["v1"]
+
+
+@pytest.mark.parametrize("text", ["[" * 300_000 + "]" * 300_000, "1" * 5_000, '[{"model_version": "../x", "sha256": "'
+                                  + "0" * 64 + '", "published_at": "t"}]', '[{"model_version": "v1", "sha256": "xyz", '
+                                  '"published_at": "t"}]'])
+def test_an_index_the_json_parser_or_the_names_refuse_is_a_damaged_index(store: WeightsStore, bundles: dict[str, bytes],
+                                                                         put: Callable[[bytes], Path], text: str) -> None:
+    """Nested past the parser's recursion (within the size limit) or a 5,000-digit number went out as RecursionError or
+    ValueError: a traceback from `weights show`, and `cycle` failed at its publish after a whole training run (exit 1,
+    retried). A version that is not one (``../x``) would have been joined onto ``history/`` by a rollback."""
+    store.publish(put(bundles["v1"]))
+    (store.directory / HISTORY_DIR / INDEX_NAME).write_text(text)
+    with pytest.raises(StoreError) as info:
+        store.history()
+    assert info.value.reason == "index"
+    with pytest.raises(StoreError):
+        store.publish(put(bundles["v2"]))
+    assert store.active_path.read_bytes() == bundles["v1"]
+
+
+def test_a_look_count_the_json_parser_refuses_reads_as_no_looks(store: WeightsStore) -> None:
+    """It dropped a serving canary ("no canary look: RecursionError") instead of counting from 0."""
+    store.looks_path.parent.mkdir(parents=True)
+    for text in ("[" * 300_000 + "]" * 300_000, "1" * 5_000):
+        store.looks_path.write_text(text)
+        assert store.canary_looks("v1") == 0
+
+
+@pytest.mark.parametrize("linked", [HISTORY_DIR, "pending", "canary"])
+def test_nothing_is_written_or_removed_through_a_linked_store_directory(store: WeightsStore, bundles: dict[str, bytes],
+                                                                        put: Callable[[bytes], Path], tmp_path: Path,
+                                                                        linked: str) -> None:
+    """A publish through a linked history/ removed every unlisted ``*.bundle`` where it pointed and wrote its index
+    there; dropping a canary removed the looks file there (an attack review, 2026-12-06)."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "precious.bundle").write_bytes(b"not the store's")
+    (outside / "looks.json").write_text("{}")
+    store.directory.mkdir(parents=True, exist_ok=True)
+    (store.directory / linked).symlink_to(outside, target_is_directory=True)
+    for write in (lambda: store.publish(put(bundles["v1"])), lambda: store.hold(bundles["v1"]), store.drop_pending,
+                  lambda: store.start_canary(variant_bytes("canary-1", canary=0.1)), store.drop_canary,
+                  lambda: store.count_canary_look("v1")):
+        with pytest.raises(StoreError) as info:
+            write()
+        assert info.value.reason == "layout" and linked in str(info.value)
+    assert sorted(p.name for p in outside.iterdir()) == ["looks.json", "precious.bundle"]
+    assert not store.active_path.exists()
+
+
+def test_the_lock_file_is_never_created_through_a_link(store: WeightsStore, tmp_path: Path) -> None:
+    """A dangling link named .lock made the first thing `cycle` does create the link's target."""
+    store.directory.mkdir(parents=True, exist_ok=True)
+    (store.directory / ".lock").symlink_to(tmp_path / "lock-target")
+    with pytest.raises(OSError):
+        store.ensure_writable()
+    assert not (tmp_path / "lock-target").exists()
