@@ -247,12 +247,27 @@ def _window(location: str, bundle: Any, config: TrainConfig, *, serving: Sequenc
 
 def _bundle(path: Path | None) -> Any:
     """The ``--init`` bundle (None or 'default': the embedded default, which needs no check); a named file is loaded
-    as a server loads it (``_loaded``), so a bad one is refused before any log is read."""
+    as a server loads it (``_loaded``) and must be one a run can continue from (``_trainable``), so a bad one is refused
+    before any log is read."""
     if _default(path):
         from weights.embedded import default_bundle
 
         return default_bundle()
-    return _loaded(path, "--init: ")[0]
+    bundle, model = _loaded(path, "--init: ")
+    _trainable(bundle, model, f"--init: {path}: ")
+    return bundle
+
+
+def _trainable(bundle: Any, model: Any, where: str) -> None:
+    """``UsageError`` (exit 2, not retried), after ``where``, unless a run can continue from ``bundle``'s arrays, which
+    ``model`` runs (``trainer.init_arrays``)."""
+    from trainer.init_arrays import trainable
+    from weights.bundle import BundleError
+
+    try:
+        trainable(bundle, model)
+    except BundleError as exc:
+        raise UsageError(f"{where}{exc}") from None
 
 
 def _default(path: Path | None) -> bool:
@@ -263,10 +278,17 @@ def _default(path: Path | None) -> bool:
 def _loaded(path: Path | None, flag: str = "") -> tuple[Any, Any]:
     """The bundle at ``path`` (None or 'default': the embedded default) and its ``ModelSet``. A file that cannot be
     read or loaded is bad usage, after ``flag``, before any log is read: exit 2, not retried."""
-    from weights.bundle import BundleError
+    from weights.bundle import BundleError, read_file
     from weights.model_set import LoadOptions, load_file
+    from weights.validate import verify
 
     try:
+        if path is not None and not _default(path):
+            data = read_file(path)  # its message names the file
+            try:  # first in a bounded child, as a server checks a new file: a graph built to take the memory or the time
+                verify(data)  # of this process stops there (an attack review, 2026-12-06: 2.3 GB for `evaluate`)
+            except BundleError as exc:
+                raise BundleError(exc.reason, f"invalid bundle {path} ({exc.reason}): {exc}") from None
         return load_file(None if _default(path) else path, LoadOptions(device="cpu", warmup_batch=1))
     except BundleError as exc:  # its message names the file
         raise UsageError(f"{flag}{exc}") from None

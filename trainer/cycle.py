@@ -55,7 +55,7 @@ LOOK_BOOTSTRAP = 1000
 
 def run_cycle(args: argparse.Namespace) -> int:
     from trainer.canary import look, settings_from
-    from trainer.cli import EXIT_REFUSED, _bundle, _config, _source, _trained, _window
+    from trainer.cli import EXIT_REFUSED, _bundle, _config, _source, _trainable, _trained, _window
     from trainer.distributed import shutdown
     from trainer.evaluation import gate
     from trainer.reading import read_gate
@@ -71,12 +71,14 @@ def run_cycle(args: argparse.Namespace) -> int:
     store = WeightsStore(args.weights_dir, lambda data: verify(data, key))
     _usable(store)  # before any log is read: not a refusal after an hour's training
     current_bundle, judged_against = _active(store)  # every publish below replaces exactly this bundle, or none
+    options = LoadOptions(device="cpu", warmup_batch=1)
+    current = ModelSet.load(current_bundle, options)
+    if not args.init:  # the run continues from what the servers serve: its arrays must be what they run
+        _trainable(current_bundle, current, f"the active bundle {store.active_path}: ")
     init = _bundle(args.init) if args.init else current_bundle
     # The logs the run reads, in two passes; under torchrun this rank's shard. The gate's held-out sessions (of the whole
     # window, every shard) are named now and read by rank 0 after training (the other ranks do not wait for it).
     window = _window(args.logs, init, config, serving=_serving(store, current_bundle), gate=True)
-    options = LoadOptions(device="cpu", warmup_batch=1)
-    current = ModelSet.load(current_bundle, options)
     settings = settings_from(args)
     judging = _operator_left_it(args)
     canaried = look(store, config.tolerance, current, lambda: _source(args.logs, init), options, settings,
@@ -310,12 +312,22 @@ def _owner(exc: OSError) -> str:
 
 
 def _active(store: WeightsStore) -> tuple[Any, str | None]:
-    """The bundle the servers serve (the embedded default when the store has none) and the sha256 of its file (None)."""
-    from weights.bundle import read_bundle, sha256
+    """The bundle the servers serve (the embedded default when the store has none) and the sha256 of its file (None).
+    Validated in a bounded child first, as a server validates a new file, before this run loads it: an active bundle
+    whose guard made a 1 GiB intermediate took `cycle` to 2.4 GB, where every server refused it (an attack review,
+    2026-12-06; one of 14 GB would have had the CronJob's pod killed on every run)."""
+    from weights.bundle import BundleError, read_bundle, sha256
     from weights.embedded import default_bundle
+    from weights.validate import verify
 
     data = store.active_bytes()
-    return (default_bundle(), None) if data is None else (read_bundle(data), sha256(data))
+    if data is None:
+        return default_bundle(), None
+    try:
+        verify(data)
+    except BundleError as exc:
+        raise BundleError(exc.reason, f"the active bundle {store.active_path} ({exc.reason}): {exc}") from None
+    return read_bundle(data), sha256(data)
 
 
 def _keep(write: Callable[[bytes], str], data: bytes, report: dict[str, Any], failure: str, what: str) -> str | None:

@@ -47,6 +47,7 @@ from trainer.export import export_bundle
 from trainer.guard_spikes import SpikeLog, SpikeRule
 from trainer.guard_threshold import VetoCriterion
 from trainer.guard_train import assess_guard, train_guard
+from trainer.init_arrays import trainable
 from trainer.minibatches import fraction, global_count, row_keys, salt_of, sample, union_ratio
 from trainer.networks import GuardNet, PolicyNet, guard_from_arrays, policy_from_arrays
 from trainer.offline import MAX_WEIGHT
@@ -204,7 +205,8 @@ def train(decisions: pa.Table, outcomes: pa.Table, init: Bundle, config: TrainCo
     fit_rows = sample(keys, config.max_fit_rows, salt_of("fit", config.seed), reducer)
 
     # 3. the guard
-    init_guard = guard_from_arrays(mlp.guard_params_from_onnx(init.parts["guard.onnx"]), spec.state_dim)
+    init_policy, init_guard_arrays = trainable(init, base)  # what the servers run, or BundleError
+    init_guard = guard_from_arrays(init_guard_arrays, spec.state_dim)
     rows_t = torch.from_numpy(fit_rows)
     criterion = VetoCriterion(config.guard.harm_cost_ratio, config.guard.veto_confidence)
     guard_rows = (rows_of(torch.from_numpy(states_np), fit_rows), actions[rows_t].cpu(),  # on the host: no copy back from a GPU
@@ -212,7 +214,7 @@ def train(decisions: pa.Table, outcomes: pa.Table, init: Bundle, config: TrainCo
     guarded = train_guard(*guard_rows, config.guard, init=init_guard, device=dev, criterion=criterion, reducer=reducer)
 
     # 4. the new bundle's decoder inputs, fixed for the policy update; the guard's change within its budget
-    policy = policy_from_arrays(mlp.policy_params_from_onnx(init.parts["policy.onnx"])).to(dev)
+    policy = policy_from_arrays(init_policy).to(dev)
     decoder_spec = shipped_decoder(base.manifest["decoder"], config)
     decoder = TorchDecoder(MajorityDecoder(decoder_spec["samples"], decoder_spec["min_votes"], decoder_spec["exploration_epsilon"],
                                            decoder_spec["exploration_temperature"]), torch.float64, dev)

@@ -181,21 +181,27 @@ class ModelSet:
         if not error <= tolerance:
             raise BundleError("golden", f"golden self-test failed: max error {error:.3g} > tolerance {tolerance:.3g} (relative "
                                         "beyond magnitude 1)")
-        self._probe(spec)
+        self._probe()
 
-    def _probe(self, spec: FeatureSpec) -> None:
+    def _probe(self) -> None:
         """The graphs on states the server makes itself, alone and in a batch of three: a bundle's golden states are the
         bundle's own, so a graph could pass them and fail every request (an attack review, 2026-12-06: a ``Sqrt`` of the
         state, finite on non-negative golden states and NaN on real ones; a fixed ``Reshape`` to the golden set's rows,
         64 in that bundle). Either was swapped in and degraded every call, each batch rerun request by request."""
         rng = np.random.default_rng(0)
         for n in PROBE_BATCHES:
-            buckets = [rng.integers(0, spec.behavior_buckets, rng.integers(0, spec.behavior_window + 1)).tolist()
-                       for _ in range(n)]
-            states = self.encoder.encode_columns(buckets, rng.integers(0, HOURS, n))
-            item = rng.standard_normal((n, spec.item_dim), dtype=np.float32)  # unit vectors in random directions: an
-            states[:, : spec.item_dim] = item / np.linalg.norm(item, axis=1, keepdims=True)  # embedding's usual scale
-            self._outputs(states, f"{n} state{'s' if n > 1 else ''} of random requests")
+            self._outputs(self.random_states(n, rng), f"{n} state{'s' if n > 1 else ''} of random requests")
+
+    def random_states(self, n: int, rng: np.random.Generator) -> F32:
+        """The states of ``n`` random requests, as the encoder builds them: behaviour buckets and hours at random, and
+        item embeddings of unit length in random directions (an embedding's usual scale)."""
+        spec = self.encoder.spec
+        buckets = [rng.integers(0, spec.behavior_buckets, rng.integers(0, spec.behavior_window + 1)).tolist()
+                   for _ in range(n)]
+        states = self.encoder.encode_columns(buckets, rng.integers(0, HOURS, n))
+        item = rng.standard_normal((n, spec.item_dim), dtype=np.float32)
+        states[:, : spec.item_dim] = item / np.linalg.norm(item, axis=1, keepdims=True)
+        return states
 
     def _outputs(self, states: F32, what: str) -> F32:
         """The raw graphs' logits and allow-probabilities side by side, checked for shape, finiteness and range (not

@@ -228,3 +228,40 @@ def inflating_head(model_bytes: bytes, copies: int = 16) -> bytes:
         helper.make_node("Add", ["real", "z"], [out]),
     ])
     return model.SerializeToString()
+
+
+def broadcasting_active(n: int = 16_000) -> bytes:
+    """The default bundle with ``broadcasting_guard(n)`` (an n × n intermediate: 1 GiB at 16,000) and golden outputs that
+    agree with it (that guard allows every action with probability 0.5): every server refuses it in its bounded check, and
+    a process that loads it anyway holds the intermediate."""
+    golden = default_bundle().array("golden_outputs.npy").copy()
+    golden[:, golden.shape[1] // 2:] = 0.5
+    return rebuilt({"guard.onnx": broadcasting_guard(n), "golden_outputs.npy": npy_bytes(golden)})
+
+
+def renamed_policy() -> bytes:
+    """The default policy with its initializer ``b1`` named ``bias1``: the same function, which every server accepts, in
+    a layout the trainer does not read back."""
+    model = onnx.load_from_string(default_bundle().parts["policy.onnx"])
+    for tensor in model.graph.initializer:
+        if tensor.name == "b1":
+            tensor.name = "bias1"
+    for node in model.graph.node:
+        node.input[:] = ["bias1" if name == "b1" else name for name in node.input]
+    return rebuilt({"policy.onnx": model.SerializeToString()}, model_version="renamed-1")
+
+
+def shifted_policy(shift: float = 8.0) -> bytes:
+    """The default policy with one more node adding ``shift`` to the first logit, and golden outputs that agree: the
+    servers serve it, and its ``w1`` … ``b3`` are not what they serve."""
+    base = default_bundle()
+    model = onnx.load_from_string(base.parts["policy.onnx"])
+    for node in model.graph.node:
+        node.output[:] = ["raw" if name == "logits" else name for name in node.output]
+    offset = np.array([shift, 0, 0, 0, 0], np.float32)
+    model.graph.initializer.append(numpy_helper.from_array(offset, "shift"))
+    model.graph.node.append(helper.make_node("Add", ["raw", "shift"], ["logits"]))
+    golden = base.array("golden_outputs.npy").copy()
+    golden[:, :5] += offset
+    return rebuilt({"policy.onnx": model.SerializeToString(), "golden_outputs.npy": npy_bytes(golden)},
+                   model_version="shifted-1")
