@@ -206,7 +206,7 @@ def _show(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(manifest, indent=2, sort_keys=True))
         else:
-            print("\n".join([_row("file", f"{args.file} ({len(data)} bytes, sha256 {sha256(data)})"), *_manifest_lines(manifest)]))
+            _print_lines([_row("file", f"{args.file} ({len(data)} bytes, sha256 {sha256(data)})"), *_manifest_lines(manifest)])
         return EXIT_OK
     return _show_dir(WeightsStore(args.dir, verify), args.json)  # reads manifests only: never validates
 
@@ -249,7 +249,7 @@ def _show_dir(store: WeightsStore, as_json: bool) -> int:
         else:
             lines.append(_row("canary", f"{canary['model_version']} on {canary['fraction']:g} of the sessions, judged "
                                         f"{canary['looks']} times (sha256 {canary['sha256']})"))
-        print("\n".join(lines))
+        _print_lines(lines)
     return EXIT_INVALID if problem is not None else EXIT_OK
 
 
@@ -270,6 +270,13 @@ def _canary_of(store: WeightsStore) -> dict[str, Any] | None:
 # --- human-readable manifest -----------------------------------------------------------------
 
 _WIDTH = 18
+
+
+def _print_lines(lines: list[str]) -> None:
+    """``lines`` for a person's terminal, each with its control characters and lone surrogates written as escapes: a
+    manifest is anyone's text (an ESC sequence in one retitled the terminal and moved its cursor, and a lone surrogate
+    stopped `show` with a traceback: an attack review, 2026-12-06). JSON output escapes them itself."""
+    print("\n".join("".join(c if c.isprintable() else ascii(c)[1:-1] for c in line) for line in lines))
 
 
 def _row(label: str, value: str) -> str:

@@ -111,6 +111,21 @@ def test_show_prints_the_manifest_for_people_and_as_json(files: dict[str, Path])
     assert cli("show").returncode == 2  # a file or --dir is required
 
 
+def test_show_writes_a_manifests_control_characters_as_escapes(tmp_path: Path) -> None:
+    """An ESC sequence in a manifest reached the terminal (retitled it, moved its cursor), and a lone surrogate stopped
+    `show` with a traceback (an attack review, 2026-12-06)."""
+    from tests.weights.hostile import rebuilt
+
+    path = tmp_path / "odd.bundle"
+    path.write_bytes(rebuilt(provenance={"logs": "\x1b]0;pwned\x07\x1b[2J", "by": "\ud800"}))
+    weights = tmp_path / "weights"
+    weights.mkdir()
+    (weights / "weights_active.bundle").write_bytes(path.read_bytes())
+    for out in (cli("show", path), cli("show", "--dir", weights)):
+        assert out.returncode == 0, said(out)
+        assert "\x1b" not in out.stdout and "\\x1b]0;pwned\\x07\\x1b[2J" in out.stdout and "\\ud800" in out.stdout
+
+
 # --- publish, rollback, show --dir ---------------------------------------------------------------
 
 
