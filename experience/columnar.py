@@ -199,8 +199,12 @@ def compact(source: DirectorySource, kind: str, before_s: float) -> Compacted:
     compacted before it stays compacted, the segment being written stays a segment."""
     if not isinstance(source, DirectorySource) or not source.local:
         raise ValueError("compact: the logs must be a local directory (an object store has no atomic rename)")
+    kind_dir = Path(source._dir(kind))
+    if kind_dir.is_symlink():  # parts would be written, and segments removed, wherever it points (an attack review)
+        raise ValueError(f"{kind_dir}: a symbolic link where a log kind's directory belongs; nothing is compacted "
+                         "through it")
     with _locked(Path(source.root)):
-        _sweep(Path(source._dir(kind)))
+        _sweep(kind_dir)
         segments = parts = rows = kept = unreadable = 0
         for path in source.segments(kind):
             if not path.endswith(SUFFIX):
@@ -232,7 +236,7 @@ class CompactionBusy(RuntimeError):
 
 @contextlib.contextmanager
 def _locked(root: Path) -> Iterator[None]:
-    fd = os.open(root / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o640)
+    fd = os.open(root / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640)  # (never through a link)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -8,6 +8,7 @@ stream format and why a write is all or nothing: ``experience.segments``.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import logging
 import os
@@ -256,10 +257,12 @@ def recover_abandoned(root: Path, kind: str) -> list[Path]:
         return recovered
     for path in sorted(directory.glob(f"{OPEN_PREFIX}*{SUFFIX}")):
         try:  # without waiting on a writer: a FIFO under that name would hang the start (the volume is shared)
-            fd = open_regular(path)
+            fd = open_regular(path, follow_link=False)
         except FileNotFoundError:  # finalised meanwhile
             continue
-        except UnreadableFile:
+        except (UnreadableFile, OSError) as exc:
+            if isinstance(exc, OSError) and exc.errno != errno.ELOOP:
+                raise
             log.warning("left alone: not a regular file where a log segment was open", extra={"fields": {"path": str(path)}})
             continue
         try:

@@ -24,6 +24,7 @@ finalised on a full disk too (without it).
 
 from __future__ import annotations
 
+import errno
 import itertools
 import logging
 import os
@@ -65,6 +66,8 @@ def open_local(path: str) -> pa.NativeFile:
     fd = open_regular(path, follow_link=False)
     try:
         return pa.OSFile(f"/proc/self/fd/{fd}", "r")
+    except FileNotFoundError:  # the descriptor is open: what is missing is /proc (not Linux, or not mounted)
+        raise RuntimeError("reading the logs needs /proc/self/fd (Linux, with /proc mounted)") from None
     finally:
         os.close(fd)
 
@@ -79,11 +82,10 @@ def read_segment(path: Path | str, filesystem: pafs.FileSystem | None = None) ->
     if filesystem is None or isinstance(filesystem, pafs.LocalFileSystem):
         try:
             source: pa.NativeFile = open_local(str(path))
-        except FileNotFoundError:
-            raise  # compacted since it was listed: the caller reads its parts (``DirectorySource.segment_batches``)
-        except (OSError, UnreadableFile) as exc:  # a link or a FIFO put there since the listing, a disk or permission
-            # error: skipped, as a malformed segment is
-            log.warning("skipping a log segment that cannot be opened as a regular file",
+        except (OSError, UnreadableFile) as exc:
+            if not (isinstance(exc, UnreadableFile) or exc.errno == errno.ELOOP):
+                raise  # gone (compacted since it was listed: the caller reads its parts), unreadable, the disk: as before
+            log.warning("skipping a log segment that a link or a special file replaced since it was listed",
                         extra={"fields": {"segment": str(path), "error": str(exc)}})
             return
     else:
@@ -364,10 +366,6 @@ def _local_listing(top: str, hour_prefix: str, part_suffix: str) -> tuple[list[s
     levels and no deeper, and no symbolic link followed. The servers and the compactor write regular files in regular
     directories; a link there is someone else's, and following one sent every reader walking the whole host filesystem
     (a link to ``/``) and the compactor writing parts outside the logs volume (a linked hour directory)."""
-    if os.path.islink(top):  # (``scandir`` follows a link given as its directory)
-        raise ValueError(f"{top}: a symbolic link where a log kind's directory belongs; the logs are read only from "
-                         "the directories the servers make")
-
     def entries(path: str) -> list[os.DirEntry[str]]:
         try:
             with os.scandir(path) as found:

@@ -301,7 +301,7 @@ def test_a_segment_swapped_for_a_link_after_the_listing_is_not_followed(tmp_path
     link.symlink_to(outside)
     os.replace(link, segment)
     assert list(source.segment_batches(path, "outcomes")) == []
-    assert "skipping a log segment that cannot be opened as a regular file" in caplog.text
+    assert "skipping a log segment that a link or a special file replaced since it was listed" in caplog.text
 
 
 def test_a_segment_swapped_for_a_fifo_after_the_listing_is_skipped_without_waiting(tmp_path: Path,
@@ -312,11 +312,13 @@ def test_a_segment_swapped_for_a_fifo_after_the_listing_is_skipped_without_waiti
     os.mkfifo(fifo)
     os.replace(fifo, segment)
     assert promptly(lambda: list(source.segment_batches(path, "outcomes")), fifo=segment) == []
-    assert "skipping a log segment that cannot be opened as a regular file" in caplog.text
+    assert "skipping a log segment that a link or a special file replaced since it was listed" in caplog.text
 
 
-def test_a_kind_directory_that_is_a_link_is_refused_by_name(tmp_path: Path) -> None:
-    """The readers listed and read the link's target, and the compactor wrote parts there and removed its segments."""
+def test_a_kind_directory_that_is_a_link_is_not_compacted_through(tmp_path: Path) -> None:
+    """The compactor wrote parts where the link pointed and removed the segments there (an attack review, 2026-12-06).
+    Readers read through it, as the servers write through it: whoever can put a link in the logs volume can put
+    segments there too."""
     from experience.columnar import compact
 
     writer = SegmentWriter(tmp_path / "elsewhere", "outcomes", max_bytes=10**9, max_seconds=3600)
@@ -325,8 +327,19 @@ def test_a_kind_directory_that_is_a_link_is_refused_by_name(tmp_path: Path) -> N
     (tmp_path / "logs").mkdir()
     (tmp_path / "logs" / "outcomes").symlink_to(tmp_path / "elsewhere" / "outcomes", target_is_directory=True)
     before = sorted(p.name for p in (tmp_path / "elsewhere" / "outcomes").iterdir())
-    with pytest.raises(ValueError, match=r"logs/outcomes: a symbolic link where a log kind's directory belongs"):
-        DirectorySource(tmp_path / "logs").table("outcomes")
+    assert DirectorySource(tmp_path / "logs").table("outcomes").num_rows == 10
     with pytest.raises(ValueError, match=r"logs/outcomes: a symbolic link where a log kind's directory belongs"):
         compact(DirectorySource(tmp_path / "logs"), "outcomes", before_s=float("inf"))
     assert sorted(p.name for p in (tmp_path / "elsewhere" / "outcomes").iterdir()) == before  # nothing written or removed
+
+
+def test_recovery_leaves_a_link_named_like_an_open_segment_alone(tmp_path: Path) -> None:
+    """It was locked through and renamed to a finalised name, which every read then skipped."""
+    directory = tmp_path / "outcomes"
+    directory.mkdir()
+    target = tmp_path / "target.arrows"
+    target.write_bytes(b"x" * 100)
+    link = directory / f"{OPEN_PREFIX}outcomes-x.arrows"
+    link.symlink_to(target)
+    assert recover_abandoned(tmp_path, "outcomes") == []
+    assert link.is_symlink() and target.read_bytes() == b"x" * 100
