@@ -245,16 +245,17 @@ def _window(location: str, bundle: Any, config: TrainConfig, *, serving: Sequenc
     return read_window(_source(location, bundle), config, shard=(where.rank, where.world_size), serving=serving, gate=gate)
 
 
-def _bundle(path: Path | None) -> Any:
+def _bundle(path: Path | None, trains_policy: bool = True) -> Any:
     """The ``--init`` bundle (None or 'default': the embedded default, which needs no check); a named file is loaded
-    as a server loads it (``_loaded``) and must be one a run can continue from (``_trainable``), so a bad one is refused
-    before any log is read."""
+    as a server loads it (``_loaded``) and, for a run that trains its policy and guard (``trains_policy``), must be one
+    such a run can continue from (``_trainable``), so a bad one is refused before any log is read."""
     if _default(path):
         from weights.embedded import default_bundle
 
         return default_bundle()
     bundle, model = _loaded(path, "--init: ")
-    _trainable(bundle, model, f"--init: {path}: ")
+    if trains_policy:
+        _trainable(bundle, model, f"--init: {path}: ")
     return bundle
 
 
@@ -279,17 +280,17 @@ def _loaded(path: Path | None, flag: str = "") -> tuple[Any, Any]:
     """The bundle at ``path`` (None or 'default': the embedded default) and its ``ModelSet``. A file that cannot be
     read or loaded is bad usage, after ``flag``, before any log is read: exit 2, not retried."""
     from weights.bundle import BundleError, read_file
-    from weights.model_set import LoadOptions, load_file
-    from weights.validate import verify
+    from weights.model_set import LoadOptions, ModelSet, load_file
+    from weights.validate import verified
 
+    options = LoadOptions(device="cpu", warmup_batch=1)
     try:
-        if path is not None and not _default(path):
-            data = read_file(path)  # its message names the file
-            try:  # first in a bounded child, as a server checks a new file: a graph built to take the memory or the time
-                verify(data)  # of this process stops there (an attack review, 2026-12-06: 2.3 GB for `evaluate`)
-            except BundleError as exc:
-                raise BundleError(exc.reason, f"invalid bundle {path} ({exc.reason}): {exc}") from None
-        return load_file(None if _default(path) else path, LoadOptions(device="cpu", warmup_batch=1))
+        if path is None or _default(path):
+            return load_file(None, options)
+        # in a bounded child first (``verified``): a graph built to take this process's memory or time stops there (an
+        # attack review, 2026-12-06: 2.3 GB for `evaluate`); the bytes checked are the bytes loaded
+        bundle = verified(read_file(path), f"invalid bundle {path}")  # (read_file's message names the file too)
+        return bundle, ModelSet.load(bundle, options)
     except BundleError as exc:  # its message names the file
         raise UsageError(f"{flag}{exc}") from None
 
@@ -345,7 +346,7 @@ def _train_products(args: argparse.Namespace) -> int:
             raise UsageError(f"--encoder-layers: {exc}") from None
     if args.guard_max_complaint is not None and (args.no_guard or not 0 < args.guard_max_complaint <= 1):
         raise UsageError(f"--guard-max-complaint: expected a probability in (0, 1] without --no-guard, got {args.guard_max_complaint}")
-    init = _bundle(args.init)
+    init = _bundle(args.init, trains_policy=False)  # (its product heads are read back unchecked: docs/training.md)
     source = _source(args.logs, init)
     if not source.has("products"):
         raise UsageError(f"--logs: {_shown(args.logs)} has no products/ directory (serve RecommendProduct with --log-dir)")

@@ -91,6 +91,7 @@ def run_cycle(args: argparse.Namespace) -> int:
         current_bundle, judged_against = _active(store)
         init = current_bundle
         current = ModelSet.load(current_bundle, options)
+        _trainable(current_bundle, current, f"the active bundle {store.active_path} (the canary just promoted): ")
     looks = _looks_apply(args, config)
     looked = second_look(args, store, config, current, window, options, judged_against) if looks else None
     if looked is not None and looked.get("published"):
@@ -291,9 +292,12 @@ a failure, retried."""
 def _usable(store: WeightsStore) -> None:
     """Make the weights directory and its lock file: a directory that cannot be written is a ``UsageError``."""
     from trainer.cli import UsageError
+    from weights.store import StoreError
 
     try:
         store.ensure_writable()
+    except StoreError as exc:  # (``layout``: a store directory that is a link, which every publish would refuse)
+        raise UsageError(f"--weights-dir {store.directory}: {exc}") from None
     except OSError as exc:
         if exc.errno not in SETUP_ERRNOS:
             raise
@@ -316,18 +320,12 @@ def _active(store: WeightsStore) -> tuple[Any, str | None]:
     Validated in a bounded child first, as a server validates a new file, before this run loads it: an active bundle
     whose guard made a 1 GiB intermediate took `cycle` to 2.4 GB, where every server refused it (an attack review,
     2026-12-06; one of 14 GB would have had the CronJob's pod killed on every run)."""
-    from weights.bundle import BundleError, read_bundle, sha256
+    from weights.bundle import sha256
     from weights.embedded import default_bundle
-    from weights.validate import verify
+    from weights.validate import verified
 
     data = store.active_bytes()
-    if data is None:
-        return default_bundle(), None
-    try:
-        verify(data)
-    except BundleError as exc:
-        raise BundleError(exc.reason, f"the active bundle {store.active_path} ({exc.reason}): {exc}") from None
-    return read_bundle(data), sha256(data)
+    return (default_bundle(), None) if data is None else (verified(data, f"the active bundle {store.active_path}"), sha256(data))
 
 
 def _keep(write: Callable[[bytes], str], data: bytes, report: dict[str, Any], failure: str, what: str) -> str | None:

@@ -37,7 +37,10 @@ def trainable(bundle: Bundle, model: ModelSet) -> tuple[mlp.Params, mlp.Params]:
         ours = np.concatenate([mlp.policy_forward(policy, states), mlp.guard_forward(guard, states)], axis=1)
     except ValueError as exc:  # shapes that do not chain
         raise BundleError("graph", f"the networks' arrays do not form the layout the trainer writes: {exc}") from None
-    served = np.concatenate(model.infer(states), axis=1)
+    try:
+        served = np.concatenate(model.infer(states), axis=1)
+    except FloatingPointError as exc:  # NaN, Inf or an allow-probability outside [0, 1] on some random request's state
+        raise BundleError("graph", f"the graphs' outputs on random requests' states: {exc}") from None
     tolerance = float(bundle.manifest["golden"]["tolerance"])
     error = golden_error(ours, served) if ours.shape == served.shape else float("inf")
     if not error <= tolerance:

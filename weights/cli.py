@@ -275,8 +275,9 @@ _WIDTH = 18
 def _print_lines(lines: list[str]) -> None:
     """``lines`` for a person's terminal, each with its control characters and lone surrogates written as escapes: a
     manifest is anyone's text (an ESC sequence in one retitled the terminal and moved its cursor, and a lone surrogate
-    stopped `show` with a traceback: an attack review, 2026-12-06). JSON output escapes them itself."""
-    print("\n".join("".join(c if c.isprintable() else ascii(c)[1:-1] for c in line) for line in lines))
+    stopped `show` with a traceback: an attack review, 2026-12-06); a backslash too, so that no text passes for an
+    escape. JSON output escapes them itself."""
+    print("\n".join("".join(c if c.isprintable() and c != "\\" else ascii(c)[1:-1] for c in line) for line in lines))
 
 
 def _row(label: str, value: str) -> str:

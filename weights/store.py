@@ -59,9 +59,9 @@ LOCK_NAME = ".lock"
 TMP_PREFIX = ".tmp-"
 BUNDLE_SUFFIX = ".bundle"
 MAX_INDEX_BYTES = 1024 * 1024
-_SHA256 = re.compile(r"[0-9a-f]{64}")
 """The canary's look count and the history index are small JSON files: larger is not one the store wrote (the index's
 limit grows by ``INDEX_ENTRY_BYTES`` a kept version, so that any ``keep`` fits)."""
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 INDEX_ENTRY_BYTES = 512  # one entry: a version of at most 200 characters, a sha256, a time, the JSON around them
 STALE_TMP_S = 3600.0
 """A ``.tmp-*`` file older than this, seen under the lock, was left by a killed writer: removed."""
@@ -286,6 +286,7 @@ class WeightsStore:
         os.close(self._open_lock_file())
         if not os.access(self.directory, os.W_OK | os.X_OK):  # new files (a publish's temporary one) need both
             raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(self.directory))
+        self._own_directories()  # ``StoreError`` (``layout``) now, not at the publish
 
     @contextlib.contextmanager
     def lock(self) -> Iterator[None]:

@@ -22,3 +22,15 @@ def verify(data: bytes, public_key: bytes | None = None, limits: SandboxLimits |
     else:
         validate_in_child(data, options, limits)
     return bundle
+
+
+def verified(data: bytes, where: str) -> Bundle:
+    """``verify(data)`` in a bounded child, its ``BundleError`` naming ``where`` (the file, or what it is): what a
+    process that will load a bundle itself checks first, as a server checks a new file, so that a graph built to take
+    its memory or its time stops in the child (the trainer: ``trainer.cli``, ``trainer.cycle``)."""
+    from weights.bundle import BundleError
+
+    try:
+        return verify(data)
+    except BundleError as exc:
+        raise BundleError(exc.reason, f"{where} ({exc.reason}): {exc}") from None

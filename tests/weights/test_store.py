@@ -519,7 +519,8 @@ def test_nothing_is_written_or_removed_through_a_linked_store_directory(store: W
     (outside / "looks.json").write_text("{}")
     store.directory.mkdir(parents=True, exist_ok=True)
     (store.directory / linked).symlink_to(outside, target_is_directory=True)
-    for write in (lambda: store.publish(put(bundles["v1"])), lambda: store.hold(bundles["v1"]), store.drop_pending,
+    for write in (store.ensure_writable, lambda: store.publish(put(bundles["v1"])), lambda: store.hold(bundles["v1"]),
+                  store.drop_pending,
                   lambda: store.start_canary(variant_bytes("canary-1", canary=0.1)), store.drop_canary,
                   lambda: store.count_canary_look("v1")):
         with pytest.raises(StoreError) as info:

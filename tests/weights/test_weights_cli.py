@@ -117,13 +117,14 @@ def test_show_writes_a_manifests_control_characters_as_escapes(tmp_path: Path) -
     from tests.weights.hostile import rebuilt
 
     path = tmp_path / "odd.bundle"
-    path.write_bytes(rebuilt(provenance={"logs": "\x1b]0;pwned\x07\x1b[2J", "by": "\ud800"}))
+    path.write_bytes(rebuilt(provenance={"logs": "\x1b]0;pwned\x07\x1b[2J", "by": "\ud800", "as": "a\\x1b"}))
     weights = tmp_path / "weights"
     weights.mkdir()
     (weights / "weights_active.bundle").write_bytes(path.read_bytes())
     for out in (cli("show", path), cli("show", "--dir", weights)):
         assert out.returncode == 0, said(out)
         assert "\x1b" not in out.stdout and "\\x1b]0;pwned\\x07\\x1b[2J" in out.stdout and "\\ud800" in out.stdout
+        assert "a\\\\x1b" in out.stdout  # a backslash typed in the text is doubled: it never passes for an escape
 
 
 # --- publish, rollback, show --dir ---------------------------------------------------------------
