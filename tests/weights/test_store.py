@@ -385,7 +385,8 @@ def test_an_odd_active_file_is_reported_and_a_publish_replaces_it(store: Weights
         return
     result = promptly(lambda: store.publish(put(bundles["v1"])))
     assert result.status == "published" and store.active_path.read_bytes() == bundles["v1"]
-    assert promptly(store.active)["model_version"] == "v1"
+    active = promptly(store.active)
+    assert active is not None and active["model_version"] == "v1"
 
 
 @pytest.mark.parametrize("kind", ["fifo", "endless", "directory"])
