@@ -366,16 +366,24 @@ def test_a_part_with_damaged_bytes_is_refused_by_name_whatever_the_damage(logs: 
     compact(DirectorySource(root), "outcomes", before_s=float("inf"))
     part = next((root / "outcomes").glob(f"{HOUR_PREFIX}*/*{PART_SUFFIX}"))
     data = part.read_bytes()
+    rows = pa.ipc.open_file(pa.BufferReader(data)).read_all().num_rows
     random = np.random.default_rng(2)
+    refused = 0
     for _ in range(300):
         copy = bytearray(data)
         for _ in range(int(random.integers(1, 4))):
             copy[int(random.integers(8, len(copy)))] = int(random.integers(0, 256))
         part.write_bytes(bytes(copy))
         try:
-            list(DirectorySource(root).segment_batches(str(part), "outcomes"))
+            batches = list(DirectorySource(root).segment_batches(str(part), "outcomes"))
         except ValueError as exc:
             assert str(exc).startswith(f"{part}: "), exc
+            refused += 1
+            continue
+        for batch in batches:  # a damaged value byte reads as a value; a damaged offset never reads at all
+            batch.validate(full=True)
+        assert sum(b.num_rows for b in batches) == rows
+    assert 50 < refused < 250  # (with seed 2: most damage reads as values or is refused by name, some only by the check)
 
 
 def test_a_segment_with_offsets_past_its_data_is_left_as_it_is(logs: Path, tmp_path: Path) -> None:
@@ -391,3 +399,35 @@ def test_a_segment_with_offsets_past_its_data_is_left_as_it_is(logs: Path, tmp_p
     done = compact(DirectorySource(root), "decisions", before_s=float("inf"))
     assert done.unreadable == 1 and done.segments == len(segments) - 1
     assert segments[0].read_bytes() == kept
+
+
+@pytest.mark.parametrize("swap", ["link", "fifo"])
+def test_a_part_swapped_after_the_listing_is_refused_by_name_never_followed_or_waited_on(logs: Path, tmp_path: Path,
+                                                                                        swap: str) -> None:
+    import os
+
+    from tests.harness import promptly
+
+    root = _copy(logs, tmp_path)
+    compact(DirectorySource(root), "outcomes", before_s=float("inf"))
+    source = DirectorySource(root)
+    part = next(p for p in source.segments("outcomes") if p.endswith(PART_SUFFIX))
+    replacement = tmp_path / "replacement"
+    if swap == "link":
+        (tmp_path / "outside.arrow").write_bytes(Path(part).read_bytes())
+        replacement.symlink_to(tmp_path / "outside.arrow")
+    else:
+        os.mkfifo(replacement)
+    os.replace(replacement, part)
+    with pytest.raises(ValueError, match=rf"{part}: not a readable log part"):
+        promptly(lambda: list(source.segment_batches(part, "outcomes")), fifo=Path(part) if swap == "fifo" else None)
+
+
+def test_the_compactions_lock_is_never_created_through_a_link(logs: Path, tmp_path: Path) -> None:
+    import errno
+
+    root = _copy(logs, tmp_path)
+    (root / LOCK_NAME).symlink_to(tmp_path / "lock-target")
+    with pytest.raises(OSError) as info:
+        compact(DirectorySource(root), "decisions", before_s=float("inf"))
+    assert info.value.errno == errno.ELOOP and not (tmp_path / "lock-target").exists()

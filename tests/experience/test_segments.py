@@ -302,6 +302,22 @@ def test_a_segment_swapped_for_a_link_after_the_listing_is_not_followed(tmp_path
     os.replace(link, segment)
     assert list(source.segment_batches(path, "outcomes")) == []
     assert "skipping a log segment that a link or a special file replaced since it was listed" in caplog.text
+    other = source.segments("outcomes")[-1]
+    assert sum(b.num_rows for b in source.segment_batches(other, "outcomes")) == 10  # the rest is read
+
+
+def test_an_open_error_that_is_no_swap_stops_the_read(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Only a link or a special file is skipped: a segment this process cannot open for another reason (here its
+    directory replaced by a file; EACCES for a trainer of another user) stops the run as before, not a quiet skip."""
+    source, path, segment = _swapped_after_listing(tmp_path)
+    directory = segment.parent
+    for name in os.listdir(directory):
+        os.unlink(directory / name)
+    directory.rmdir()
+    directory.write_bytes(b"not a directory")
+    with pytest.raises(NotADirectoryError):
+        list(source.segment_batches(path, "outcomes"))
+    assert "skipping" not in caplog.text
 
 
 def test_a_segment_swapped_for_a_fifo_after_the_listing_is_skipped_without_waiting(tmp_path: Path,

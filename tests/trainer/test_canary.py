@@ -294,3 +294,22 @@ def test_a_full_volume_leaves_the_canary_serving_and_its_evidence_whole(tmp_path
     full_weights_dir.free()
     report = looked()
     assert report is not None and report["action"] == "promote" and store.active_path.read_bytes() == better
+
+
+def test_a_canary_promoted_within_a_cycle_is_checked_before_the_run_trains_from_it(served: dict[str, DirectorySource],
+                                                                                  tmp_path: Path) -> None:
+    """Its graphs served well and every server accepted them, in a layout the trainer does not read back: the run went on
+    to train from it and failed inside training (exit 1, retried). Now bad usage (exit 2), naming it, once promoted."""
+    from tests.weights import hostile
+
+    weights = tmp_path / "weights"
+    store = WeightsStore(weights, lambda data: verify(data, None))
+    store.publish(fresh_bundle_bytes())
+    renamed = hostile.renamed_policy(variant_bytes("canary-better", canary=0.5, only="add_to_cart"))  # as served["better"]
+    store.start_canary(renamed)
+    fast = tmp_path / "fast.json"
+    fast.write_text(json.dumps({"updates": 2, "batch": 8192, "value_epochs": 2, "guard": {"epochs": 2}, "bootstrap": 100}))
+    code, _, err = trainer_in_process("cycle", "--logs", served["better"].root, "--weights-dir", str(weights), "--config",
+                                      str(fast), "--device", "cpu")
+    assert code == 2 and "(the canary just promoted)" in err and "no initializer 'b1'" in err, err[-2000:]
+    assert store.active_path.read_bytes() == renamed and store.canary() is None  # promoted: the look's verdict stands

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -12,60 +13,91 @@ from tests.harness import fresh_bundle, trainer_in_process
 from tests.weights import hostile
 from trainer.cli import UsageError, _loaded
 from trainer.cycle import _active
-from trainer.init_arrays import trainable
+from trainer.init_arrays import RANDOM_STATES, trainable
 from weights import mlp
 from weights.bundle import BundleError, read_bundle
 from weights.embedded import default_bundle
-from weights.model_set import LoadOptions, ModelSet
+from weights.model_set import PROBE_BATCHES, LoadOptions, ModelSet
 from weights.store import WeightsStore
 from weights.validate import verify
 
 OPTIONS = LoadOptions(device="cpu", warmup_batch=1)
 
 
-def test_the_arrays_of_the_bundles_the_trainer_writes_are_read_back() -> None:
+def test_the_bundles_the_trainer_writes_are_never_refused() -> None:
     for bundle in (default_bundle(), fresh_bundle()):
-        policy, guard = trainable(bundle, ModelSet.load(bundle, OPTIONS))
-        expected = mlp.policy_params_from_onnx(bundle.parts["policy.onnx"])
-        assert all(np.array_equal(policy[k], expected[k]) for k in mlp.POLICY_KEYS)
-        assert np.array_equal(guard["w1"], mlp.guard_params_from_onnx(bundle.parts["guard.onnx"])["w1"])
+        _, guard = trainable(bundle, ModelSet.load(bundle, OPTIONS))
+        expected = mlp.guard_params_from_onnx(bundle.parts["guard.onnx"])
+        assert all(np.array_equal(guard[k], expected[k]) for k in expected)  # w1: the state rows over the action rows
+
+
+def _unseen_hour_column() -> int:
+    """A state column of an hour that neither the golden states nor the load's probe states hold and the check's random
+    states do: a graph may differ there and still load."""
+    bundle = default_bundle()
+    model = ModelSet.load(bundle, OPTIONS)
+    rng = np.random.default_rng(0)
+    seen = np.concatenate([bundle.array("golden_states.npy"), *(model.random_states(n, rng) for n in PROBE_BATCHES)])
+    checked = model.random_states(RANDOM_STATES, np.random.default_rng(0))
+    hours = range(seen.shape[1] - 24, seen.shape[1])
+    return next(c for c in hours if not seen[:, c].any() and checked[:, c].any())
 
 
 @pytest.mark.parametrize(("make", "message"), [
     (hostile.renamed_policy, "no initializer 'b1'"),  # a bare KeyError stopped every cycle (exit 1, retried)
+    (hostile.transposed_policy, "do not form the layout the trainer writes"),
     (hostile.shifted_policy, "do not compute what their graphs serve"),  # trained silently from a policy never served
+    (hostile.shifted_guard, "do not compute what their graphs serve"),
+    (hostile.off_golden_policy, "do not compute what their graphs serve"),  # the golden states alone pass it
+    (lambda: hostile.infinite_off_golden_policy(_unseen_hour_column()), "outputs on random requests' states"),
 ])
-def test_a_graph_the_servers_accept_in_another_layout_is_refused(make: object, message: str, tmp_path: Path) -> None:
-    data = make()  # type: ignore[operator]
+def test_a_graph_the_servers_accept_in_another_layout_is_refused(make: Callable[[], bytes], message: str) -> None:
+    data = make()
     verify(data)  # every server accepts it
     bundle = read_bundle(data)
     with pytest.raises(BundleError, match=message) as info:
         trainable(bundle, ModelSet.load(bundle, OPTIONS))
     assert info.value.reason == "graph"
+
+
+def test_train_and_cycle_refuse_such_a_start_before_reading_logs_and_train_products_does_not(tmp_path: Path) -> None:
+    """Bad usage (exit 2, not retried), naming the file; ``train-products`` trains no policy, so it does not ask."""
     path = tmp_path / "init.bundle"
-    path.write_bytes(data)
-    code, _, err = trainer_in_process("train", "--logs", str(tmp_path / "no-logs-read"), "--init", str(path), "--out",
-                                      str(tmp_path / "out.bundle"), "--device", "cpu")
-    assert code == 2 and f"--init: {path}: " in err and message in err, err  # bad usage, before any log is read
+    path.write_bytes(hostile.renamed_policy())
+    message, no_logs = "no initializer 'b1'", str(tmp_path / "no-logs-read")
+    code, _, err = trainer_in_process("train", "--logs", no_logs, "--init", str(path), "--out", str(tmp_path / "out.bundle"),
+                                      "--device", "cpu")
+    assert code == 2 and f"--init: {path}: " in err and message in err, err
     store = tmp_path / "weights"
     store.mkdir()
-    (store / "weights_active.bundle").write_bytes(data)
-    code, _, err = trainer_in_process("cycle", "--logs", str(tmp_path / "no-logs-read"), "--weights-dir", str(store),
-                                      "--device", "cpu")
+    (store / "weights_active.bundle").write_bytes(path.read_bytes())
+    code, _, err = trainer_in_process("cycle", "--logs", no_logs, "--weights-dir", str(store), "--device", "cpu")
     assert code == 2 and f"the active bundle {store / 'weights_active.bundle'}: " in err and message in err, err
+    code, _, err = trainer_in_process("cycle", "--logs", no_logs, "--weights-dir", str(store), "--init", "default",
+                                      "--device", "cpu")  # the run starts elsewhere: the active bundle's layout is no matter
+    assert "the active bundle" not in err and message not in err, err
+    (tmp_path / "empty").mkdir()
+    code, _, err = trainer_in_process("train-products", "--logs", str(tmp_path / "empty"), "--init", str(path), "--out",
+                                      str(tmp_path / "products.bundle"))
+    assert code == 2 and f"--logs: {tmp_path / 'empty'} has no" in err and "--init" not in err, err  # past --init
 
 
 def test_a_bundle_every_server_refuses_for_its_memory_is_never_loaded_by_the_trainer(tmp_path: Path) -> None:
     """Its guard holds a 1 GiB intermediate: `evaluate` and `train --init` loaded it in process (2.3 GB), and `cycle` the
     active file (2.4 GB; one of 14 GB would have had the CronJob's pod killed on every run). Now the bounded child that
-    a server's check runs in refuses it first."""
-    data = hostile.broadcasting_active()
-    path = tmp_path / "big.bundle"
-    path.write_bytes(data)
-    with pytest.raises(UsageError, match=rf"invalid bundle {path} \("):
-        _loaded(path)
-    store = WeightsStore(tmp_path / "weights", verify)
-    store.directory.mkdir()
-    store.active_path.write_bytes(data)
-    with pytest.raises(BundleError, match=rf"the active bundle {store.active_path} \("):
-        _active(store)
+    a server's check runs in refuses it first, for the memory its graph asks for; the same graph at a small size
+    passes."""
+    for n, refused in ((16_000, True), (16, False)):
+        data = hostile.broadcasting_active(n)
+        path = tmp_path / f"broadcasting-{n}.bundle"
+        path.write_bytes(data)
+        store = WeightsStore(tmp_path / f"weights-{n}", verify)
+        store.directory.mkdir()
+        store.active_path.write_bytes(data)
+        if not refused:
+            assert _loaded(path)[0].model_version == _active(store)[0].model_version
+            continue
+        with pytest.raises(UsageError, match=rf"invalid bundle {path} \((shape|limits)\): .*(allocate|memory|died)"):
+            _loaded(path)
+        with pytest.raises(BundleError, match=rf"the active bundle {store.active_path} \((shape|limits)\)"):
+            _active(store)

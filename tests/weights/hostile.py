@@ -19,15 +19,16 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from tests.wire import varint
-from weights.bundle import MANIFEST, PARTS, npy_bytes, write_bundle
+from weights.bundle import MANIFEST, PARTS, Bundle, npy_bytes, read_bundle, write_bundle
 from weights.embedded import default_bundle
 
 SECRET_RELATIVE = "tmp/x/secret.txt"
 
 
-def rebuilt(parts: dict[str, bytes] | None = None, **manifest: Any) -> bytes:
-    """The default bundle with some parts or manifest keys replaced; checksums recomputed (as an attacker can)."""
-    base = default_bundle()
+def rebuilt(parts: dict[str, bytes] | None = None, base: Bundle | None = None, **manifest: Any) -> bytes:
+    """The default bundle (or ``base``) with some parts or manifest keys replaced; checksums recomputed (as an attacker
+    can)."""
+    base = base or default_bundle()
     kept = {k: v for k, v in base.manifest.items() if k not in ("format", "format_version", "parts")}
     out = io.BytesIO()
     write_bundle(out, {**kept, **manifest}, {**base.parts, **(parts or {})})
@@ -239,16 +240,18 @@ def broadcasting_active(n: int = 16_000) -> bytes:
     return rebuilt({"guard.onnx": broadcasting_guard(n), "golden_outputs.npy": npy_bytes(golden)})
 
 
-def renamed_policy() -> bytes:
-    """The default policy with its initializer ``b1`` named ``bias1``: the same function, which every server accepts, in
-    a layout the trainer does not read back."""
-    model = onnx.load_from_string(default_bundle().parts["policy.onnx"])
+def renamed_policy(data: bytes | None = None) -> bytes:
+    """The default bundle's policy (or that of the bundle ``data``, which keeps its version) with its initializer ``b1``
+    named ``bias1``: the same function, which every server accepts, in a layout the trainer does not read back."""
+    base = default_bundle() if data is None else read_bundle(data)
+    model = onnx.load_from_string(base.parts["policy.onnx"])
     for tensor in model.graph.initializer:
         if tensor.name == "b1":
             tensor.name = "bias1"
     for node in model.graph.node:
         node.input[:] = ["bias1" if name == "b1" else name for name in node.input]
-    return rebuilt({"policy.onnx": model.SerializeToString()}, model_version="renamed-1")
+    version = {} if data is not None else {"model_version": "renamed-1"}
+    return rebuilt({"policy.onnx": model.SerializeToString()}, base, **version)
 
 
 def shifted_policy(shift: float = 8.0) -> bytes:
@@ -265,3 +268,65 @@ def shifted_policy(shift: float = 8.0) -> bytes:
     golden[:, :5] += offset
     return rebuilt({"policy.onnx": model.SerializeToString(), "golden_outputs.npy": npy_bytes(golden)},
                    model_version="shifted-1")
+
+
+def shifted_guard(shift: float = 4.0) -> bytes:
+    """The default guard with ``shift`` added to its last logit before the sigmoid, and golden outputs that agree: its
+    ``w1`` … ``b3`` are not what the servers run."""
+    base = default_bundle()
+    model = onnx.load_from_string(base.parts["guard.onnx"])
+    for node in model.graph.node:
+        node.input[:] = ["z_shifted" if (name == "z" and node.op_type == "Sigmoid") else name for name in node.input]
+    model.graph.initializer.append(numpy_helper.from_array(np.full(5, shift, np.float32), "guard_shift"))
+    model.graph.node.insert(len(model.graph.node) - 1, helper.make_node("Add", ["z", "guard_shift"], ["z_shifted"]))
+    golden = base.array("golden_outputs.npy").copy()
+    z = np.log(golden[:, 5:]) - np.log1p(-golden[:, 5:])  # the guard's logits, back from its probabilities
+    golden[:, 5:] = 1.0 / (1.0 + np.exp(-(z + shift)))
+    return rebuilt({"guard.onnx": model.SerializeToString(), "golden_outputs.npy": npy_bytes(golden)},
+                   model_version="shifted-guard-1")
+
+
+def off_golden_policy(shift: float = 8.0) -> bytes:
+    """The default policy plus ``shift`` times one state column that every golden state holds at 0 (an hour of the day
+    none of them has): the golden outputs are the default's, unchanged, and the graph serves something else on the
+    requests of that hour."""
+    base = default_bundle()
+    states = base.array("golden_states.npy")
+    column = next(c for c in range(states.shape[1] - 24, states.shape[1]) if not states[:, c].any())
+    model = onnx.load_from_string(base.parts["policy.onnx"])
+    for node in model.graph.node:
+        node.output[:] = ["raw" if name == "logits" else name for name in node.output]
+    weight = np.zeros((states.shape[1], 5), np.float32)
+    weight[column, 0] = shift
+    model.graph.initializer.append(numpy_helper.from_array(weight, "hour_weight"))
+    model.graph.node.append(helper.make_node("MatMul", ["state", "hour_weight"], ["by_hour"]))
+    model.graph.node.append(helper.make_node("Add", ["raw", "by_hour"], ["logits"]))
+    return rebuilt({"policy.onnx": model.SerializeToString()}, model_version="off-golden-1")
+
+
+def transposed_policy() -> bytes:
+    """The default policy with ``w1`` stored transposed and its Gemm told so (``transB``): the same function, which
+    every server accepts, in arrays whose shapes do not chain as the trainer reads them."""
+    model = onnx.load_from_string(default_bundle().parts["policy.onnx"])
+    for i, tensor in enumerate(model.graph.initializer):
+        if tensor.name == "w1":
+            model.graph.initializer[i].CopyFrom(numpy_helper.from_array(np.ascontiguousarray(numpy_helper.to_array(tensor).T), "w1"))
+    first = next(node for node in model.graph.node if node.op_type == "Gemm" and "w1" in node.input)
+    first.attribute.append(helper.make_attribute("transB", 1))
+    return rebuilt({"policy.onnx": model.SerializeToString()}, model_version="transposed-1")
+
+
+def infinite_off_golden_policy(column: int) -> bytes:
+    """The default policy plus log(1 − state[column]) on every logit: 0 where the column is 0, −Inf where it is 1 (an hour
+    of the day's one-hot, chosen by the caller where neither the golden states nor the load's probe states have it)."""
+    model = onnx.load_from_string(default_bundle().parts["policy.onnx"])
+    for node in model.graph.node:
+        node.output[:] = ["raw" if name == "logits" else name for name in node.output]
+    pick = np.zeros((920, 1), np.float32)
+    pick[column, 0] = 1.0
+    model.graph.initializer.extend([numpy_helper.from_array(pick, "pick"), numpy_helper.from_array(np.ones(1, np.float32), "one")])
+    model.graph.node.extend([helper.make_node("MatMul", ["state", "pick"], ["picked"]),
+                             helper.make_node("Sub", ["one", "picked"], ["rest"]),
+                             helper.make_node("Log", ["rest"], ["log_rest"]),
+                             helper.make_node("Add", ["raw", "log_rest"], ["logits"])])
+    return rebuilt({"policy.onnx": model.SerializeToString()}, model_version="infinite-1")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import threading
@@ -495,9 +496,9 @@ def test_an_index_the_json_parser_or_the_names_refuse_is_a_damaged_index(store: 
     with pytest.raises(StoreError) as info:
         store.history()
     assert info.value.reason == "index"
-    with pytest.raises(StoreError):
+    with pytest.raises(StoreError) as info:
         store.publish(put(bundles["v2"]))
-    assert store.active_path.read_bytes() == bundles["v1"]
+    assert info.value.reason == "index" and store.active_path.read_bytes() == bundles["v1"]
 
 
 def test_a_look_count_the_json_parser_refuses_reads_as_no_looks(store: WeightsStore) -> None:
@@ -535,6 +536,19 @@ def test_the_lock_file_is_never_created_through_a_link(store: WeightsStore, tmp_
     """A dangling link named .lock made the first thing `cycle` does create the link's target."""
     store.directory.mkdir(parents=True, exist_ok=True)
     (store.directory / ".lock").symlink_to(tmp_path / "lock-target")
-    with pytest.raises(OSError):
+    with pytest.raises(OSError) as info:
         store.ensure_writable()
-    assert not (tmp_path / "lock-target").exists()
+    assert info.value.errno == errno.ELOOP and not (tmp_path / "lock-target").exists()
+
+
+def test_cycle_stops_before_its_work_on_a_linked_store_directory(tmp_path: Path) -> None:
+    """It trained for a whole run and failed only at the publish (exit 1, retried); now bad usage, before any log."""
+    from tests.harness import trainer_in_process
+
+    weights = tmp_path / "weights"
+    weights.mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    (weights / HISTORY_DIR).symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    code, _, err = trainer_in_process("cycle", "--logs", str(tmp_path / "no-logs-read"), "--weights-dir", str(weights),
+                                      "--device", "cpu")
+    assert code == 2 and f"--weights-dir {weights}: " in err and "a symbolic link where the store's own directory" in err, err
