@@ -254,19 +254,22 @@ def _bundle(path: Path | None, trains_policy: bool = True) -> Any:
 
         return default_bundle()
     bundle, model = _loaded(path, "--init: ")
-    if trains_policy:
-        _trainable(bundle, model, f"--init: {path}: ")
+    _trainable(bundle, model, f"--init: {path}: ", trains_policy)
     return bundle
 
 
-def _trainable(bundle: Any, model: Any, where: str) -> None:
+def _trainable(bundle: Any, model: Any, where: str, policy: bool = True) -> None:
     """``UsageError`` (exit 2, not retried), after ``where``, unless a run can continue from ``bundle``'s arrays, which
-    ``model`` runs (``trainer.init_arrays``)."""
-    from trainer.init_arrays import trainable
+    ``model`` runs (``trainer.init_arrays``): the policy's and the guard's (``policy``), and the product heads' when it
+    has them (a run trains them, or carries them over)."""
+    from trainer.init_arrays import trainable, trainable_product
     from weights.bundle import BundleError
 
     try:
-        trainable(bundle, model)
+        if policy:
+            trainable(bundle, model)
+        if model.product is not None:
+            trainable_product(bundle, model)
     except BundleError as exc:
         raise UsageError(f"{where}{exc}") from None
 
@@ -346,7 +349,7 @@ def _train_products(args: argparse.Namespace) -> int:
             raise UsageError(f"--encoder-layers: {exc}") from None
     if args.guard_max_complaint is not None and (args.no_guard or not 0 < args.guard_max_complaint <= 1):
         raise UsageError(f"--guard-max-complaint: expected a probability in (0, 1] without --no-guard, got {args.guard_max_complaint}")
-    init = _bundle(args.init, trains_policy=False)  # (its product heads are read back unchecked: docs/training.md)
+    init = _bundle(args.init, trains_policy=False)  # (its product heads are checked: they are what it trains)
     source = _source(args.logs, init)
     if not source.has("products"):
         raise UsageError(f"--logs: {_shown(args.logs)} has no products/ directory (serve RecommendProduct with --log-dir)")

@@ -21,6 +21,7 @@ import pyarrow as pa
 import torch
 
 from experience.sessions import first_copies, session_codes, session_hashes, split_by_session
+from trainer.init_arrays import trainable_product
 from trainer.product_checks import usable_products
 from trainer.product_data import LAYERS, layer_widths, product_rows
 from trainer.product_gate import judge
@@ -33,7 +34,7 @@ from weights.model_set import LoadOptions, ModelSet
 from weights.product_guard import GUARD_PART, golden_h
 from weights.product_guard import manifest_section as guard_section
 from weights.product_guard import parts as guard_parts
-from weights.product_heads import PART, feature_widths, with_heads
+from weights.product_heads import feature_widths, with_heads
 
 GATE_SALT = b"product-gate"
 """The product gate's held-out split (``experience.sessions.split_by_session``), independent of the flat gate's."""
@@ -133,7 +134,7 @@ def train_products(products: pa.Table, outcomes: pa.Table, bundle: Bundle, model
     rows = product_rows(sample_rows(products.filter(pa.array(~gate_rows)), config.max_rows, config.seed), outcomes, model)
     if len(rows) == 0:
         raise ValueError(f"max_rows {config.max_rows}: no whole session fits; raise it")
-    params: dict[str, mlp.Params] = {name: mlp.policy_params_from_onnx(bundle.parts[part]) for name, part in PART.items()}
+    params = trainable_product(bundle, model)  # the encoder and heads the servers run (or BundleError)
     new, steps = update_heads(params, rows, config.deltas, config.layers, config.encoder_delta,
                               encoder_layers=config.encoder_layers)
     metrics: dict[str, Any] = {"product_rows": len(rows), "product_rows_logged": logged, "gate_rows": len(held),

@@ -47,7 +47,7 @@ from trainer.export import export_bundle
 from trainer.guard_spikes import SpikeLog, SpikeRule
 from trainer.guard_threshold import VetoCriterion
 from trainer.guard_train import assess_guard, train_guard
-from trainer.init_arrays import trainable
+from trainer.init_arrays import trainable, trainable_product
 from trainer.minibatches import fraction, global_count, row_keys, salt_of, sample, union_ratio
 from trainer.networks import GuardNet, PolicyNet, guard_from_arrays, policy_from_arrays
 from trainer.offline import MAX_WEIGHT
@@ -59,7 +59,6 @@ from trainer.window import for_config as window_for
 from weights import mlp
 from weights.bundle import Bundle
 from weights.model_set import LoadOptions, ModelSet
-from weights.product_heads import PART
 
 log = logging.getLogger(__name__)
 
@@ -356,7 +355,7 @@ def train(decisions: pa.Table, outcomes: pa.Table, init: Bundle, config: TrainCo
     }
     product = None
     if base.product is not None:  # carried over as they are: cycle trains them apart (trainer.cycle_products)
-        product = {name: mlp.policy_params_from_onnx(init.parts[part]) for name, part in PART.items()}
+        product = trainable_product(init, base)  # (what the servers run, or BundleError)
         manifest["product"] = base.manifest["product"]
     data = export_bundle(policy, guarded.net, base.encoder.behavior_table, spec, manifest, config.seed, product=product)
     return TrainResult(data, manifest, metrics, warnings, policy, guarded.net, base.encoder.behavior_table, spec, config.seed,

@@ -60,6 +60,23 @@ def test_a_graph_the_servers_accept_in_another_layout_is_refused(make: Callable[
     assert info.value.reason == "graph"
 
 
+def test_product_heads_the_servers_run_otherwise_are_refused_and_those_the_trainer_writes_are_not() -> None:
+    """``train-products`` trained from, and every run carried over, product heads read back by name: a head adding a
+    constant to its logit was trained, or re-exported, without it."""
+    from trainer.init_arrays import trainable_product
+    from weights.product_heads import PART
+
+    good = read_bundle(hostile.with_product_heads())
+    arrays = trainable_product(good, ModelSet.load(good, OPTIONS))
+    assert set(arrays) == set(PART)
+    data = hostile.shifted_product_head()
+    verify(data)  # every server accepts it
+    bundle = read_bundle(data)
+    with pytest.raises(BundleError, match="do not compute what their graphs serve") as info:
+        trainable_product(bundle, ModelSet.load(bundle, OPTIONS))
+    assert info.value.reason == "graph"
+
+
 def test_train_and_cycle_refuse_such_a_start_before_reading_logs_and_train_products_does_not(tmp_path: Path) -> None:
     """Bad usage (exit 2, not retried), naming the file; ``train-products`` trains no policy, so it does not ask."""
     path = tmp_path / "init.bundle"
@@ -80,6 +97,11 @@ def test_train_and_cycle_refuse_such_a_start_before_reading_logs_and_train_produ
     code, _, err = trainer_in_process("train-products", "--logs", str(tmp_path / "empty"), "--init", str(path), "--out",
                                       str(tmp_path / "products.bundle"))
     assert code == 2 and f"--logs: {tmp_path / 'empty'} has no" in err and "--init" not in err, err  # past --init
+    heads = tmp_path / "heads.bundle"
+    heads.write_bytes(hostile.shifted_product_head())  # its heads, which train-products trains, are another matter
+    code, _, err = trainer_in_process("train-products", "--logs", str(tmp_path / "empty"), "--init", str(heads), "--out",
+                                      str(tmp_path / "products.bundle"))
+    assert code == 2 and f"--init: {heads}: " in err and "do not compute what their graphs serve" in err, err
 
 
 def test_a_bundle_every_server_refuses_for_its_memory_is_never_loaded_by_the_trainer(tmp_path: Path) -> None:

@@ -330,3 +330,30 @@ def infinite_off_golden_policy(column: int) -> bytes:
                              helper.make_node("Log", ["rest"], ["log_rest"]),
                              helper.make_node("Add", ["raw", "log_rest"], ["logits"])])
     return rebuilt({"policy.onnx": model.SerializeToString()}, model_version="infinite-1")
+
+
+def with_product_heads(seed: int = 3) -> bytes:
+    """The default bundle with product heads (``weights.product_heads``) of seeded fresh weights: what ``RecommendProduct``
+    serves from, in the layout the trainer writes."""
+    from policy.features import FeatureSpec
+    from weights.product_heads import init_params, with_heads
+
+    base = default_bundle()
+    spec = FeatureSpec.parse(base.manifest["feature_spec"])
+    return with_heads(base, init_params(np.random.default_rng([seed, 1]), spec), spec, {"model_version": f"heads-{seed}"})
+
+
+def shifted_product_head(head: str = "sku", shift: float = 3.0) -> bytes:
+    """``with_product_heads()`` with ``shift`` added to one head's logit after its last layer, and golden outputs that
+    agree: the servers serve it, and its ``w1`` … ``b3`` are not what they serve."""
+    from weights.product_heads import GOLDEN, HEADS, HIDDEN, PART
+
+    base = read_bundle(with_product_heads())
+    model = onnx.load_from_string(base.parts[PART[head]])
+    for node in model.graph.node:
+        node.output[:] = ["raw" if name == "logits" else name for name in node.output]
+    model.graph.initializer.append(numpy_helper.from_array(np.full(1, shift, np.float32), "head_shift"))
+    model.graph.node.append(helper.make_node("Add", ["raw", "head_shift"], ["logits"]))
+    golden = base.array(GOLDEN).copy()
+    golden[:, HIDDEN + HEADS.index(head)] += shift
+    return rebuilt({PART[head]: model.SerializeToString(), GOLDEN: npy_bytes(golden)}, base, model_version="shifted-head-1")
