@@ -9,8 +9,9 @@ region from it; an attack review, 2026-12-06). So the arrays' own forward passes
 ``weights.product_heads.forward``) must give what the loaded graphs serve, within the bundle's golden tolerance, on
 its golden states and on states of random requests; otherwise ``BundleError`` (``graph``), before any log is read.
 The product encoder and heads (``RecommendProduct``) are read back the same way, by ``train-products`` and by a run that
-carries them over; the product guards are not (a run trains new ones, and carries the old ones' vetoes only as a
-starting point).
+carries them over. The product guards are still read back by name without this check, where ``train-products`` starts
+its new guards from the old ones' vetoes (``trainer.product_guard.PreviousGuard``): a renamed initializer there stops
+that run with a bare ``KeyError``.
 """
 
 from __future__ import annotations
