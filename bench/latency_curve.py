@@ -118,18 +118,21 @@ def closed_and_few(name: str, argv: list[str], request: pb.RecommendActionReques
     return _phase(ServerProcess(name, argv), request, body, work)
 
 
+def _open(server: ServerProcess, body: Path, timing: Timing, log: Path, load: float,
+          connections: int = OPEN_CONNECTIONS) -> dict[str, Any]:
+    """One open-loop point: ``load`` req/s offered on ``connections`` connections, at most ``OPEN_STREAMS`` in flight each."""
+    return {"offered_per_s": load, **_h2(server, body, H2Load(connections, OPEN_STREAMS), timing, log, rps=load / connections)}
+
+
 def open_loop(name: str, argv: list[str], request: pb.RecommendActionRequest, body: Path, timing: Timing, tmp: Path,
               loads: Sequence[float]) -> dict[str, Any]:
     log = tmp / f"{name}-open.log"
-    shape = H2Load(OPEN_CONNECTIONS, OPEN_STREAMS)
 
     def work(server: ServerProcess) -> dict[str, Any]:
         run_h2load(server, body, CLOSED["64"], timing.warmup_s, 0.5)
-        out: dict[str, Any] = {"open": [{"offered_per_s": load, **_h2(server, body, shape, timing, log,
-                                                                      rps=load / OPEN_CONNECTIONS)} for load in loads]}
         one = loads[LOAD_FRACTIONS.index(ONE_CONNECTION_FRACTION)]
-        out["open_one_connection"] = {"offered_per_s": one, **_h2(server, body, H2Load(1, OPEN_STREAMS), timing, log, rps=one)}
-        return out
+        return {"open": [_open(server, body, timing, log, load) for load in loads],
+                "open_one_connection": _open(server, body, timing, log, one, connections=1)}
 
     return _phase(ServerProcess(name, argv), request, body, work)
 
@@ -155,8 +158,7 @@ def open_point(name: str, argv: list[str], request: pb.RecommendActionRequest, b
 
     def work(server: ServerProcess) -> dict[str, Any]:
         run_h2load(server, body, CLOSED["64"], timing.warmup_s, 0.5)
-        point = _h2(server, body, H2Load(OPEN_CONNECTIONS, OPEN_STREAMS), timing, log, rps=load / OPEN_CONNECTIONS)
-        return {"point": {"offered_per_s": load, **point}}
+        return {"point": _open(server, body, timing, log, load)}
 
     return _phase(ServerProcess(name, argv), request, body, work)["point"]
 

@@ -8,6 +8,7 @@ read cannot slip past; at most ``limit`` + 1 bytes are read, so a file that grow
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from pathlib import Path
@@ -24,10 +25,14 @@ class UnreadableFile(Exception):
 
 def open_regular(path: Path | str, follow_link: bool = True) -> int:
     """A descriptor of the regular file at ``path``, opened for reading without waiting on a writer; ``OSError`` as
-    ``os.open`` raises it (``FileNotFoundError`` for no file; with ``follow_link`` false, ``ELOOP`` for a symbolic link
-    at the path's last step), ``UnreadableFile`` (``io``) for anything but a regular file, checked on the open
-    descriptor."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_link else os.O_NOFOLLOW))
+    ``os.open`` raises it (``FileNotFoundError`` for no file), ``UnreadableFile`` (``io``) for anything but a regular
+    file, checked on the open descriptor, and with ``follow_link`` false for a symbolic link at the path's last step."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_link else os.O_NOFOLLOW))
+    except OSError as exc:
+        if follow_link or exc.errno != errno.ELOOP:
+            raise
+        raise UnreadableFile("io", "a symbolic link") from None
     try:
         regular = stat.S_ISREG(os.fstat(fd).st_mode)
     except OSError:

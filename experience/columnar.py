@@ -249,8 +249,8 @@ def _locked(root: Path) -> Iterator[None]:
 
 def _sweep(kind_dir: Path) -> None:
     """Remove temp files a killed compaction left (under the lock, none is being written), in the hour directories the
-    compaction made: never through a symbolic link (``glob`` follows them)."""
-    if not kind_dir.is_dir() or kind_dir.is_symlink():
+    compaction made: never through a symbolic link (``glob`` follows them; ``compact`` refuses a linked ``kind_dir``)."""
+    if not kind_dir.is_dir():
         return
     for hour in os.scandir(kind_dir):
         if hour.name.startswith(HOUR_PREFIX) and hour.is_dir(follow_symlinks=False):

@@ -8,7 +8,6 @@ stream format and why a write is all or nothing: ``experience.segments``.
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import logging
 import os
@@ -260,9 +259,7 @@ def recover_abandoned(root: Path, kind: str) -> list[Path]:
             fd = open_regular(path, follow_link=False)
         except FileNotFoundError:  # finalised meanwhile
             continue
-        except (UnreadableFile, OSError) as exc:
-            if isinstance(exc, OSError) and exc.errno != errno.ELOOP:
-                raise
+        except UnreadableFile:  # a link or a special file
             log.warning("left alone: not a regular file where a log segment was open", extra={"fields": {"path": str(path)}})
             continue
         try:

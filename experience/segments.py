@@ -24,7 +24,6 @@ finalised on a full disk too (without it).
 
 from __future__ import annotations
 
-import errno
 import itertools
 import logging
 import os
@@ -58,7 +57,7 @@ def open_local(path: str) -> pa.NativeFile:
     """A log file on the local disk, for reading: a regular file, not reached through a symbolic link at its last step.
     The listing skips links and special files, but a reader opens a segment long after it listed it (a pass reads them
     one by one), and a link renamed over a listed segment was read, a FIFO waited on for ever (an attack review,
-    2026-12-06). ``FileNotFoundError``, another ``OSError`` or ``UnreadableFile`` (``core.files.open_regular``).
+    2026-12-06). ``FileNotFoundError``, another ``OSError`` or ``UnreadableFile`` (a link, a FIFO: ``core.files``).
 
     Arrow reopens the checked descriptor through ``/proc/self/fd`` (Linux), which names that open file whatever is
     at the path now; its own file keeps Arrow's reads (a Python file object would allocate whatever length a damaged
@@ -80,11 +79,9 @@ def read_segment(path: Path | str, filesystem: pafs.FileSystem | None = None) ->
     a read that fails (a dropped connection) raises instead of passing for a torn end: the rest of the segment is
     not there to be skipped."""
     if filesystem is None or isinstance(filesystem, pafs.LocalFileSystem):
-        try:
-            source: pa.NativeFile = open_local(str(path))
-        except (OSError, UnreadableFile) as exc:
-            if not (isinstance(exc, UnreadableFile) or exc.errno == errno.ELOOP):
-                raise  # gone (compacted since it was listed: the caller reads its parts), unreadable, the disk: as before
+        try:  # (another OSError propagates: gone, compacted since it was listed, for the caller to read its parts, or
+            source: pa.NativeFile = open_local(str(path))  # unreadable, the disk: as before)
+        except UnreadableFile as exc:
             log.warning("skipping a log segment that a link or a special file replaced since it was listed",
                         extra={"fields": {"segment": str(path), "error": str(exc)}})
             return
