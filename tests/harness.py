@@ -33,6 +33,8 @@ from server.config import Config
 
 T = TypeVar("T")
 FRESH_ARGS = (20261130, "default-init-20261130", "2026-11-30T00:00:00Z")
+FAST_CYCLE: dict[str, Any] = {"updates": 2, "batch": 8192, "value_epochs": 2, "guard": {"epochs": 2}, "bootstrap": 100}
+"""A ``--config`` for the tests' trainer runs: two updates of one batch, short fits, a small bootstrap."""
 
 
 def fresh_bundle_bytes() -> bytes:

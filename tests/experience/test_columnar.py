@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -30,7 +32,7 @@ from experience.segments import DirectorySource
 from simulator.config import SimConfig
 from simulator.drive import run_logged
 from simulator.world import World
-from tests.harness import ROOT, fresh_bundle
+from tests.harness import ROOT, fresh_bundle, promptly
 from tests.log_tables import with_value
 from tests.small_disk import SmallDisk
 from weights.model_set import LoadOptions, ModelSet
@@ -151,6 +153,21 @@ def test_symbolic_links_in_the_logs_are_neither_followed_nor_written_through(log
         compact(DirectorySource(root), "decisions", before_s=float("inf"))
     assert not list(outside.glob(f"*{PART_SUFFIX}")) and _rows(root, "decisions").equals(before)
     assert (outside / f"{TMP_PREFIX}not-ours").exists()  # the sweep of leftovers did not reach through the link either
+
+
+def test_a_kind_directory_that_is_a_link_is_not_compacted_through(logs: Path, tmp_path: Path) -> None:
+    """The compactor wrote parts where the link pointed and removed the segments there (an attack review, 2026-12-06).
+    Readers read through it, as the servers write through it: whoever can put a link in the logs volume can put
+    segments there too."""
+    elsewhere = _copy(logs, tmp_path)
+    root = tmp_path / "linked"
+    root.mkdir()
+    (root / "outcomes").symlink_to(elsewhere / "outcomes", target_is_directory=True)
+    before = sorted(p.name for p in (elsewhere / "outcomes").iterdir())
+    assert _rows(root, "outcomes").equals(_rows(logs, "outcomes"))
+    with pytest.raises(ValueError, match=r"linked/outcomes: a symbolic link where a log kind's directory belongs"):
+        compact(DirectorySource(root), "outcomes", before_s=float("inf"))
+    assert sorted(p.name for p in (elsewhere / "outcomes").iterdir()) == before  # nothing written or removed
 
 
 @pytest.mark.parametrize("time_s", [float("nan"), -1e20, 1e20])
@@ -291,7 +308,6 @@ def test_a_segment_that_does_not_read_whole_is_never_replaced(logs: Path, tmp_pa
 
 def test_one_compaction_at_a_time_and_a_killed_ones_temp_files_are_swept(logs: Path, tmp_path: Path) -> None:
     import fcntl
-    import os
 
     root = _copy(logs, tmp_path)
     fd = os.open(root / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o640)
@@ -404,10 +420,6 @@ def test_a_segment_with_offsets_past_its_data_is_left_as_it_is(logs: Path, tmp_p
 @pytest.mark.parametrize("swap", ["link", "fifo"])
 def test_a_part_swapped_after_the_listing_is_refused_by_name_never_followed_or_waited_on(logs: Path, tmp_path: Path,
                                                                                         swap: str) -> None:
-    import os
-
-    from tests.harness import promptly
-
     root = _copy(logs, tmp_path)
     compact(DirectorySource(root), "outcomes", before_s=float("inf"))
     source = DirectorySource(root)
@@ -424,8 +436,6 @@ def test_a_part_swapped_after_the_listing_is_refused_by_name_never_followed_or_w
 
 
 def test_the_compactions_lock_is_never_created_through_a_link(logs: Path, tmp_path: Path) -> None:
-    import errno
-
     root = _copy(logs, tmp_path)
     (root / LOCK_NAME).symlink_to(tmp_path / "lock-target")
     with pytest.raises(OSError) as info:

@@ -218,13 +218,17 @@ def test_workers_left_by_a_killed_supervisor_drain_and_free_the_port() -> None:
     assert len(_logged(spawned, "stopped")) == 2  # each drained as on a signal
 
 
-def _stale_counter(path: Path, value: float) -> None:
-    """A previous run's counter file, as prometheus_client writes it, for 'shopping_agent_decisions_total'."""
+def _metric_file(path: Path, family: str, name: str, labels: dict[str, str], help_text: str, value: float) -> None:
+    """One sample in a metric file of a worker, as prometheus_client's multiprocess mode writes it."""
     db = MmapedDict(str(path))  # type: ignore[no-untyped-call]
-    key = mmap_key("shopping_agent_decisions", "shopping_agent_decisions_total", ["action", "source"], ["none", "policy"],
-                   "Decisions served, by action and source.")
-    db.write_value(key, value, 0.0)  # type: ignore[no-untyped-call]
+    db.write_value(mmap_key(family, name, list(labels), list(labels.values()), help_text), value, 0.0)  # type: ignore[no-untyped-call]
     db.close()  # type: ignore[no-untyped-call]
+
+
+def _stale_counter(path: Path, value: float) -> None:
+    """A previous run's counter file for 'shopping_agent_decisions_total'."""
+    _metric_file(path, "shopping_agent_decisions", "shopping_agent_decisions_total", {"action": "none", "source": "policy"},
+                 "Decisions served, by action and source.", value)
 
 
 def test_a_configured_metrics_dir_keeps_other_files_and_loses_stale_counters(tmp_path: Path) -> None:
@@ -315,17 +319,12 @@ def test_the_exit_code_forgives_only_the_signal_the_supervisor_forwarded(tmp_pat
 def test_the_pods_model_age_is_its_oldest_workers(tmp_path: Path) -> None:
     """During a swap the workers serve bundles of different ages; the pod's age is the oldest one still served. Two
     workers' gauge files, as prometheus_client writes them, read by the real multiprocess collector."""
-    from prometheus_client import CollectorRegistry
-    from prometheus_client.multiprocess import MultiProcessCollector
-
     from server.metrics import Metrics
 
     mode = Metrics(CollectorRegistry()).model_created._multiprocess_mode  # how the workers' files combine
+    name = "shopping_agent_model_created_timestamp_seconds"
     for pid, created in ((1, time.time() - 3600.0), (2, time.time() - 60.0)):
-        db = MmapedDict(str(tmp_path / f"gauge_{mode}_{pid}.db"))  # type: ignore[no-untyped-call]
-        key = mmap_key("shopping_agent_model_created_timestamp_seconds", "shopping_agent_model_created_timestamp_seconds",
-                       [], [], "The served bundle's created_at (Unix time); its age is time() minus this.")
-        db.write_value(key, created, 0.0)  # type: ignore[no-untyped-call]
-        db.close()  # type: ignore[no-untyped-call]
+        _metric_file(tmp_path / f"gauge_{mode}_{pid}.db", name, name, {},
+                     "The served bundle's created_at (Unix time); its age is time() minus this.", created)
     (age,) = list(workers.ModelAgeCollector(MultiProcessCollector(None, path=str(tmp_path))).collect())
     assert age.samples[0].value == pytest.approx(3600.0, abs=5.0)

@@ -22,7 +22,7 @@ from experience.segments import DirectorySource
 from simulator.config import SimConfig
 from simulator.drive import run_logged
 from simulator.world import World
-from tests.harness import fresh_bundle_bytes, trainer_in_process, variant_bytes
+from tests.harness import FAST_CYCLE, fresh_bundle_bytes, trainer_in_process, variant_bytes
 from tests.log_tables import outcome_table
 from tests.small_disk import SmallDisk, mounted
 from trainer.canary import CanarySettings, Sides, judge, look, read_sides, sides_of
@@ -144,8 +144,7 @@ def test_cycle_promotes_a_better_canary_drops_a_worse_one_and_starts_a_refused_c
     store = WeightsStore(weights, lambda data: verify(data, None))
     store.publish(fresh_bundle_bytes())
     fast = tmp_path / "fast.json"
-    fast.write_text(json.dumps({"updates": 2, "batch": 8192, "value_epochs": 2, "guard": {"epochs": 2}, "bootstrap": 100,
-                                "gate_min_ess": 1e9}))  # a gate that cannot pass: every candidate is refused
+    fast.write_text(json.dumps({**FAST_CYCLE, "gate_min_ess": 1e9}))  # a gate that cannot pass: every candidate is refused
 
     def active() -> str:
         return read_bundle(store.active_path).model_version
@@ -199,8 +198,7 @@ def test_a_candidate_that_serves_what_the_active_bundle_serves_is_not_canaried(t
     store.publish(fresh_bundle_bytes())
     decoder = read_bundle(fresh_bundle_bytes()).manifest["decoder"]
     still = tmp_path / "still.json"
-    still.write_text(json.dumps({"updates": 2, "batch": 8192, "value_epochs": 2, "guard": {"epochs": 2}, "bootstrap": 100,
-                                 "gate_min_ess": 1e9, "max_behavior_kl": 0.0,
+    still.write_text(json.dumps({**FAST_CYCLE, "gate_min_ess": 1e9, "max_behavior_kl": 0.0,
                                  "exploration_epsilon": decoder["exploration_epsilon"],
                                  "exploration_temperature": decoder["exploration_temperature"]}))
     _logs(tmp_path / "logs", fresh_bundle_bytes(), fresh_bundle_bytes(), range(800))
@@ -308,7 +306,7 @@ def test_a_canary_promoted_within_a_cycle_is_checked_before_the_run_trains_from_
     renamed = hostile.renamed_policy(variant_bytes("canary-better", canary=0.5, only="add_to_cart"))  # as served["better"]
     store.start_canary(renamed)
     fast = tmp_path / "fast.json"
-    fast.write_text(json.dumps({"updates": 2, "batch": 8192, "value_epochs": 2, "guard": {"epochs": 2}, "bootstrap": 100}))
+    fast.write_text(json.dumps(FAST_CYCLE))
     code, _, err = trainer_in_process("cycle", "--logs", served["better"].root, "--weights-dir", str(weights), "--config",
                                       str(fast), "--device", "cpu")
     assert code == 2 and "(the canary just promoted)" in err and "no initializer 'b1'" in err, err[-2000:]

@@ -14,7 +14,7 @@ import pytest
 from simulator.config import SimConfig
 from simulator.drive import run_logged
 from simulator.world import World
-from tests.harness import fresh_bundle, fresh_bundle_bytes, trainer_in_process
+from tests.harness import FAST_CYCLE, fresh_bundle, fresh_bundle_bytes, trainer_in_process
 from trainer.data import heldout_sessions
 from trainer.second_look import Record, candidate_record, unseen_sessions
 from trainer.window import select
@@ -116,10 +116,9 @@ def test_cycle_keeps_a_refused_candidate_waits_for_fresh_logs_and_publishes_it_o
     run_logged(world, behaviour, range(2500), ZoneInfo("UTC"), logs, b"k" * 32)
     early = tmp_path / "early"  # the first 2,500 sessions alone: enough for the last two runs, which only need a refusal
     shutil.copytree(logs, early)
-    fast = {"updates": 2, "batch": 8192, "value_epochs": 2, "guard": {"epochs": 2}, "bootstrap": 100}
     strict, normal = tmp_path / "strict.json", tmp_path / "normal.json"
-    strict.write_text(json.dumps({**fast, "gate_min_ess": 1e9}))  # a first look that cannot pass
-    normal.write_text(json.dumps(fast))
+    strict.write_text(json.dumps({**FAST_CYCLE, "gate_min_ess": 1e9}))  # a first look that cannot pass
+    normal.write_text(json.dumps(FAST_CYCLE))
 
     def active() -> str:
         return ModelSet.load(read_bundle(store.active_path), LoadOptions(warmup_batch=1)).version

@@ -26,7 +26,7 @@ from experience.sessions import build_episodes
 from simulator.config import SimConfig
 from simulator.drive import run_in_process, run_logged
 from simulator.world import World
-from tests.harness import ROOT, fresh_bundle, fresh_bundle_bytes, trainer_in_process, variant_bytes
+from tests.harness import FAST_CYCLE, ROOT, fresh_bundle, fresh_bundle_bytes, trainer_in_process, variant_bytes
 from trainer.config import GuardConfig, TrainConfig
 from trainer.data import split
 from trainer.evaluation import evaluate_bundle, gate
@@ -265,7 +265,7 @@ def test_exit_codes_tell_bad_usage_from_failure(logs: Path, tmp_path: Path) -> N
 def _cycle_command(logs: Path, weights: Path, tmp_path: Path) -> list[str]:
     """``cycle`` as the CronJob runs it, on a short config written under ``tmp_path`` (two updates, one batch)."""
     config = tmp_path / "config.json"
-    config.write_text(json.dumps({"updates": 2, "batch": 8192, "value_epochs": 2, "guard": {"epochs": 2}, "bootstrap": 100}))
+    config.write_text(json.dumps(FAST_CYCLE))
     return [sys.executable, "-m", "server", "cycle", "--logs", str(logs), "--weights-dir", str(weights), "--config",
             str(config), "--device", "cpu", "--json"]
 

@@ -200,22 +200,28 @@ def hidden_node_guard() -> bytes:
     return model.SerializeToString() + varint((7 << 3) | 2) + varint(len(graph)) + graph
 
 
+def _after_output(model_bytes: bytes, initializers: dict[str, np.ndarray], nodes: list[Any], raw: str = "raw") -> bytes:
+    """The graph of ``model_bytes`` with its output renamed ``raw`` where it is made, then ``initializers`` and ``nodes``,
+    which make the output again from ``raw``: a graph that serves something besides what its arrays compute."""
+    model = onnx.load_from_string(model_bytes)
+    out = model.graph.output[0].name
+    for node in model.graph.node:
+        node.output[:] = [raw if name == out else name for name in node.output]
+    model.graph.initializer.extend(numpy_helper.from_array(value, name) for name, value in initializers.items())
+    model.graph.node.extend(nodes)
+    return model.SerializeToString()
+
+
 def inflating_head(model_bytes: bytes, copies: int = 16) -> bytes:
     """A product head of allowed operators that adds 0 × the sum of an (N⁴, ``copies``) intermediate to its logit: about
     1 MB on the self-test's 8 rows, about 1 GB on one request's 64 SKUs (the review's finding F1: only a run at a
     request's largest sizes shows it)."""
-    model = onnx.load_from_string(model_bytes)
-    graph = model.graph
+    graph = onnx.load_from_string(model_bytes).graph
     source, out = graph.input[0].name, graph.output[0].name
-    for node in graph.node:
-        node.output[:] = ["real" if o == out else o for o in node.output]
-    graph.initializer.extend([numpy_helper.from_array(np.array([0], np.int64), "s0"),
-                              numpy_helper.from_array(np.array([1], np.int64), "s1"),
-                              numpy_helper.from_array(np.array([1], np.int64), "ax"),
-                              numpy_helper.from_array(np.array([-1, 1], np.int64), "col"),
-                              numpy_helper.from_array(np.ones((1, copies), np.float32), "ones"),
-                              numpy_helper.from_array(np.zeros((1, 1), np.float32), "zero")])
-    graph.node.extend([
+    initializers: dict[str, np.ndarray] = {"s0": np.array([0], np.int64), "s1": np.array([1], np.int64), "ax": np.array([1], np.int64),
+                    "col": np.array([-1, 1], np.int64), "ones": np.ones((1, copies), np.float32),
+                    "zero": np.zeros((1, 1), np.float32)}
+    return _after_output(model_bytes, initializers, [
         helper.make_node("Slice", [source, "s0", "s1", "ax"], ["a"]),
         helper.make_node("Transpose", ["a"], ["aT"]),
         helper.make_node("MatMul", ["a", "aT"], ["n2"]),
@@ -227,8 +233,7 @@ def inflating_head(model_bytes: bytes, copies: int = 16) -> bytes:
         helper.make_node("ReduceSum", ["big"], ["s"], keepdims=1),
         helper.make_node("Mul", ["s", "zero"], ["z"]),
         helper.make_node("Add", ["real", "z"], [out]),
-    ])
-    return model.SerializeToString()
+    ], raw="real")
 
 
 def broadcasting_active(n: int = 16_000) -> bytes:
@@ -258,16 +263,11 @@ def shifted_policy(shift: float = 8.0) -> bytes:
     """The default policy with one more node adding ``shift`` to the first logit, and golden outputs that agree: the
     servers serve it, and its ``w1`` … ``b3`` are not what they serve."""
     base = default_bundle()
-    model = onnx.load_from_string(base.parts["policy.onnx"])
-    for node in model.graph.node:
-        node.output[:] = ["raw" if name == "logits" else name for name in node.output]
     offset = np.array([shift, 0, 0, 0, 0], np.float32)
-    model.graph.initializer.append(numpy_helper.from_array(offset, "shift"))
-    model.graph.node.append(helper.make_node("Add", ["raw", "shift"], ["logits"]))
+    policy = _after_output(base.parts["policy.onnx"], {"shift": offset}, [helper.make_node("Add", ["raw", "shift"], ["logits"])])
     golden = base.array("golden_outputs.npy").copy()
     golden[:, :5] += offset
-    return rebuilt({"policy.onnx": model.SerializeToString(), "golden_outputs.npy": npy_bytes(golden)},
-                   model_version="shifted-1")
+    return rebuilt({"policy.onnx": policy, "golden_outputs.npy": npy_bytes(golden)}, model_version="shifted-1")
 
 
 def shifted_guard(shift: float = 4.0) -> bytes:
@@ -293,15 +293,12 @@ def off_golden_policy(shift: float = 8.0) -> bytes:
     base = default_bundle()
     states = base.array("golden_states.npy")
     column = next(c for c in range(states.shape[1] - 24, states.shape[1]) if not states[:, c].any())
-    model = onnx.load_from_string(base.parts["policy.onnx"])
-    for node in model.graph.node:
-        node.output[:] = ["raw" if name == "logits" else name for name in node.output]
     weight = np.zeros((states.shape[1], 5), np.float32)
     weight[column, 0] = shift
-    model.graph.initializer.append(numpy_helper.from_array(weight, "hour_weight"))
-    model.graph.node.append(helper.make_node("MatMul", ["state", "hour_weight"], ["by_hour"]))
-    model.graph.node.append(helper.make_node("Add", ["raw", "by_hour"], ["logits"]))
-    return rebuilt({"policy.onnx": model.SerializeToString()}, model_version="off-golden-1")
+    policy = _after_output(base.parts["policy.onnx"], {"hour_weight": weight},
+                           [helper.make_node("MatMul", ["state", "hour_weight"], ["by_hour"]),
+                            helper.make_node("Add", ["raw", "by_hour"], ["logits"])])
+    return rebuilt({"policy.onnx": policy}, model_version="off-golden-1")
 
 
 def transposed_policy() -> bytes:
@@ -319,41 +316,25 @@ def transposed_policy() -> bytes:
 def infinite_off_golden_policy(column: int) -> bytes:
     """The default policy plus log(1 − state[column]) on every logit: 0 where the column is 0, −Inf where it is 1 (an hour
     of the day's one-hot, chosen by the caller where neither the golden states nor the load's probe states have it)."""
-    model = onnx.load_from_string(default_bundle().parts["policy.onnx"])
-    for node in model.graph.node:
-        node.output[:] = ["raw" if name == "logits" else name for name in node.output]
     pick = np.zeros((920, 1), np.float32)
     pick[column, 0] = 1.0
-    model.graph.initializer.extend([numpy_helper.from_array(pick, "pick"), numpy_helper.from_array(np.ones(1, np.float32), "one")])
-    model.graph.node.extend([helper.make_node("MatMul", ["state", "pick"], ["picked"]),
-                             helper.make_node("Sub", ["one", "picked"], ["rest"]),
-                             helper.make_node("Log", ["rest"], ["log_rest"]),
-                             helper.make_node("Add", ["raw", "log_rest"], ["logits"])])
-    return rebuilt({"policy.onnx": model.SerializeToString()}, model_version="infinite-1")
-
-
-def with_product_heads(seed: int = 3) -> bytes:
-    """The default bundle with product heads (``weights.product_heads``) of seeded fresh weights: what ``RecommendProduct``
-    serves from, in the layout the trainer writes."""
-    from policy.features import FeatureSpec
-    from weights.product_heads import init_params, with_heads
-
-    base = default_bundle()
-    spec = FeatureSpec.parse(base.manifest["feature_spec"])
-    return with_heads(base, init_params(np.random.default_rng([seed, 1]), spec), spec, {"model_version": f"heads-{seed}"})
+    policy = _after_output(default_bundle().parts["policy.onnx"], {"pick": pick, "one": np.ones(1, np.float32)},
+                           [helper.make_node("MatMul", ["state", "pick"], ["picked"]),
+                            helper.make_node("Sub", ["one", "picked"], ["rest"]),
+                            helper.make_node("Log", ["rest"], ["log_rest"]),
+                            helper.make_node("Add", ["raw", "log_rest"], ["logits"])])
+    return rebuilt({"policy.onnx": policy}, model_version="infinite-1")
 
 
 def shifted_product_head(head: str = "sku", shift: float = 3.0) -> bytes:
-    """``with_product_heads()`` with ``shift`` added to one head's logit after its last layer, and golden outputs that
-    agree: the servers serve it, and its ``w1`` … ``b3`` are not what they serve."""
+    """A bundle with product heads (``weights.initial.make_bundle``), ``shift`` added to one head's logit after its last
+    layer, and golden outputs that agree: the servers serve it, and its ``w1`` … ``b3`` are not what they serve."""
+    from weights.initial import make_bundle
     from weights.product_heads import GOLDEN, HEADS, HIDDEN, PART
 
-    base = read_bundle(with_product_heads())
-    model = onnx.load_from_string(base.parts[PART[head]])
-    for node in model.graph.node:
-        node.output[:] = ["raw" if name == "logits" else name for name in node.output]
-    model.graph.initializer.append(numpy_helper.from_array(np.full(1, shift, np.float32), "head_shift"))
-    model.graph.node.append(helper.make_node("Add", ["raw", "head_shift"], ["logits"]))
+    base = read_bundle(make_bundle(3, "heads-3", "2026-01-01T00:00:00Z", product_heads=True))
+    head_graph = _after_output(base.parts[PART[head]], {"head_shift": np.full(1, shift, np.float32)},
+                               [helper.make_node("Add", ["raw", "head_shift"], ["logits"])])
     golden = base.array(GOLDEN).copy()
     golden[:, HIDDEN + HEADS.index(head)] += shift
-    return rebuilt({PART[head]: model.SerializeToString(), GOLDEN: npy_bytes(golden)}, base, model_version="shifted-head-1")
+    return rebuilt({PART[head]: head_graph, GOLDEN: npy_bytes(golden)}, base, model_version="shifted-head-1")

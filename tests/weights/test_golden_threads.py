@@ -28,13 +28,13 @@ def on_threads(threads: int, build: Callable[[], bytes]) -> bytes:
         return build()
 
 
-def with_guard() -> bytes:
+def guarded_bundle() -> bytes:
     bundle = read_bundle(make_bundle(4, "threads", CREATED, product_heads=True))
     widths = feature_widths(FeatureSpec.parse(bundle.manifest["feature_spec"]))
     return pg.with_guard(bundle, pg.init_params(np.random.default_rng(1), widths))
 
 
 @pytest.mark.parametrize("build", [lambda: make_bundle(3, "boot-3", CREATED), lambda: make_bundle(4, "heads", CREATED, product_heads=True),
-                                   with_guard], ids=["initial", "product-heads", "product-guard"])
+                                   guarded_bundle], ids=["initial", "product-heads", "product-guard"])
 def test_the_same_bytes_on_one_blas_thread_and_on_two(build: Callable[[], bytes]) -> None:
     assert on_threads(1, build) == on_threads(2, build)

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.harness import promptly, variant_bytes
+from tests.harness import promptly, trainer_in_process, variant_bytes
 from weights import store as store_module
 from weights.bundle import Bundle, BundleError, npy_bytes, read_bundle
 from weights.initial import make_bundle
@@ -483,9 +483,14 @@ def test_a_publisher_waits_for_the_lock(store: WeightsStore, bundles: dict[str, 
     assert store.active_path.read_bytes() == bundles["v1"]
 
 
-@pytest.mark.parametrize("text", ["[" * 300_000 + "]" * 300_000, "1" * 5_000, '[{"model_version": "../x", "sha256": "'
-                                  + "0" * 64 + '", "published_at": "t"}]', '[{"model_version": "v1", "sha256": "xyz", '
-                                  '"published_at": "t"}]'])
+UNPARSEABLE = {"nested": "[" * 300_000 + "]" * 300_000, "huge-number": "1" * 5_000}
+"""JSON that Python's parser refuses past its limits (within the store's size limit): RecursionError, ValueError."""
+
+
+@pytest.mark.parametrize("text", [*UNPARSEABLE.values(),
+                                  '[{"model_version": "../x", "sha256": "' + "0" * 64 + '", "published_at": "t"}]',
+                                  '[{"model_version": "v1", "sha256": "xyz", "published_at": "t"}]'],
+                         ids=[*UNPARSEABLE, "path-version", "bad-sha"])
 def test_an_index_the_json_parser_or_the_names_refuse_is_a_damaged_index(store: WeightsStore, bundles: dict[str, bytes],
                                                                          put: Callable[[bytes], Path], text: str) -> None:
     """Nested past the parser's recursion (within the size limit) or a 5,000-digit number went out as RecursionError or
@@ -504,7 +509,7 @@ def test_an_index_the_json_parser_or_the_names_refuse_is_a_damaged_index(store: 
 def test_a_look_count_the_json_parser_refuses_reads_as_no_looks(store: WeightsStore) -> None:
     """It dropped a serving canary ("no canary look: RecursionError") instead of counting from 0."""
     store.looks_path.parent.mkdir(parents=True)
-    for text in ("[" * 300_000 + "]" * 300_000, "1" * 5_000):
+    for text in UNPARSEABLE.values():
         store.looks_path.write_text(text)
         assert store.canary_looks("v1") == 0
 
@@ -543,8 +548,6 @@ def test_the_lock_file_is_never_created_through_a_link(store: WeightsStore, tmp_
 
 def test_cycle_stops_before_its_work_on_a_linked_store_directory(tmp_path: Path) -> None:
     """It trained for a whole run and failed only at the publish (exit 1, retried); now bad usage, before any log."""
-    from tests.harness import trainer_in_process
-
     weights = tmp_path / "weights"
     weights.mkdir()
     (tmp_path / "elsewhere").mkdir()
