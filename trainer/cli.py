@@ -260,9 +260,9 @@ def _bundle(path: Path | None, trains_policy: bool = True) -> Any:
 
 def _trainable(bundle: Any, model: Any, where: str, policy: bool = True) -> None:
     """``UsageError`` (exit 2, not retried), after ``where``, unless a run can continue from ``bundle``'s arrays, which
-    ``model`` runs (``trainer.init_arrays``): the policy's and the guard's (``policy``), and the product heads' when it
-    has them (a run trains them, or carries them over)."""
-    from trainer.init_arrays import trainable, trainable_product
+    ``model`` runs (``trainer.init_arrays``): the policy's and the guard's (``policy``), and the product heads' and
+    guards' when it has them (a run trains them, or carries them over)."""
+    from trainer.init_arrays import trainable, trainable_product, trainable_product_guards
     from weights.bundle import BundleError
 
     try:
@@ -270,6 +270,8 @@ def _trainable(bundle: Any, model: Any, where: str, policy: bool = True) -> None
             trainable(bundle, model)
         if model.product is not None:
             trainable_product(bundle, model)
+            if model.product.guard is not None:  # train-products carries their vetoes forward
+                trainable_product_guards(bundle, model)
     except BundleError as exc:
         raise UsageError(f"{where}{exc}") from None
 

@@ -9,9 +9,9 @@ region from it; an attack review, 2026-12-06). So the arrays' own forward passes
 ``weights.product_heads.forward``) must give what the loaded graphs serve, within the bundle's golden tolerance, on
 its golden states and on states of random requests; otherwise ``BundleError`` (``graph``), before any log is read.
 The product encoder and heads (``RecommendProduct``) are read back the same way, by ``train-products`` and by a run that
-carries them over. The product guards are still read back by name without this check, where ``train-products`` starts
-its new guards from the old ones' vetoes (``trainer.product_guard.PreviousGuard``): a renamed initializer there stops
-that run with a bare ``KeyError``.
+carries them over, and so are the product guards, from which ``train-products`` carries the old vetoes into its new
+guards (``trainer.product_guard.PreviousGuard``; a renamed initializer there had stopped that run with a bare
+``KeyError``, and a shifted logit carried vetoes no server made).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from weights import mlp
 from weights.bundle import Bundle, BundleError
 from weights.golden import golden_error
 from weights.model_set import ModelSet
+from weights.product_guard import GUARD_PART
 from weights.product_heads import HEADS, PART, forward, golden_features
 
 RANDOM_STATES = 64  # random requests' states beside the golden ones (the golden states are the bundle's own choice)
@@ -61,6 +62,23 @@ def trainable_product(bundle: Bundle, model: ModelSet) -> dict[str, mlp.Params]:
         return np.concatenate([h, *(heads.score(head, h, features[head])[:, None] for head in HEADS)], axis=1)
 
     _same(lambda: forward(arrays, states, features), served, bundle)
+    return arrays
+
+
+def trainable_product_guards(bundle: Bundle, model: ModelSet) -> dict[str, mlp.Params]:
+    """The product guards' arrays of ``bundle`` (one with them), by head, whose graphs ``model`` runs: each guard's logit
+    on the encoder's h of each state beside that state's seeded candidate row, as the load's self-test computes it."""
+    assert model.product is not None and model.product.guard is not None, "a bundle with product guards"
+    heads, guard = model.product.heads, model.product.guard
+    arrays = _read(lambda: {head: mlp.policy_params_from_onnx(bundle.parts[part]) for head, part in GUARD_PART.items()})
+    h = heads.encode(_states(bundle, model))
+    features = {head: golden_features(heads.widths[head], len(h)) for head in HEADS}
+
+    def ours() -> F32:
+        return np.concatenate([mlp.policy_forward(arrays[head], np.concatenate([h, features[head]], axis=1))
+                               for head in HEADS], axis=1)
+
+    _same(ours, lambda: np.stack([guard.logits(head, h, features[head]) for head in HEADS], axis=1), bundle)
     return arrays
 
 

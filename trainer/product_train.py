@@ -21,7 +21,7 @@ import pyarrow as pa
 import torch
 
 from experience.sessions import first_copies, session_codes, session_hashes, split_by_session
-from trainer.init_arrays import trainable_product
+from trainer.init_arrays import trainable_product, trainable_product_guards
 from trainer.product_checks import usable_products
 from trainer.product_data import LAYERS, layer_widths, product_rows
 from trainer.product_gate import judge
@@ -31,7 +31,7 @@ from trainer.window import SAMPLE_SALT
 from weights import mlp
 from weights.bundle import Bundle, read_bundle
 from weights.model_set import LoadOptions, ModelSet
-from weights.product_guard import GUARD_PART, golden_h
+from weights.product_guard import golden_h
 from weights.product_guard import manifest_section as guard_section
 from weights.product_guard import parts as guard_parts
 from weights.product_heads import feature_widths, with_heads
@@ -154,7 +154,7 @@ def train_products(products: pa.Table, outcomes: pa.Table, bundle: Bundle, model
         widths = feature_widths(model.encoder.spec)
         previous = None
         if model.product is not None and model.product.guard is not None:  # carry its vetoes forward (``carried``)
-            previous = PreviousGuard({head: mlp.policy_params_from_onnx(bundle.parts[part]) for head, part in GUARD_PART.items()},
+            previous = PreviousGuard(trainable_product_guards(bundle, model),  # what the servers run, or BundleError
                                      mlp.policy_forward(params["encoder"], rows.states), model.product.guard.max_complaint)
         guards, metrics["guard"] = train_guards(rows, mlp.policy_forward(new["encoder"], rows.states), held,
                                                 mlp.policy_forward(new["encoder"], held.states), widths, config.guard,

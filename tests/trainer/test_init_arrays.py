@@ -13,11 +13,12 @@ from tests.harness import fresh_bundle, trainer_in_process
 from tests.weights import hostile
 from trainer.cli import UsageError, _loaded
 from trainer.cycle import _active
-from trainer.init_arrays import RANDOM_STATES, trainable, trainable_product
+from trainer.init_arrays import RANDOM_STATES, trainable, trainable_product, trainable_product_guards
 from weights.bundle import BundleError, read_bundle
 from weights.embedded import default_bundle
 from weights.initial import make_bundle
 from weights.model_set import PROBE_BATCHES, LoadOptions, ModelSet
+from weights.product_guard import GUARD_PART
 from weights.product_heads import PART
 from weights.store import WeightsStore
 from weights.validate import verify
@@ -27,11 +28,14 @@ CREATED = "2026-01-01T00:00:00Z"
 
 
 def test_the_bundles_the_trainer_writes_are_never_refused() -> None:
-    for bundle in (default_bundle(), fresh_bundle(), read_bundle(make_bundle(3, "heads-3", CREATED, product_heads=True))):
+    for bundle in (default_bundle(), fresh_bundle(), read_bundle(make_bundle(3, "heads-3", CREATED, product_heads=True)),
+                   hostile.guarded_heads()):
         model = ModelSet.load(bundle, OPTIONS)
         trainable(bundle, model)
         if model.product is not None:
             assert set(trainable_product(bundle, model)) == set(PART)
+        if model.product is not None and model.product.guard is not None:
+            assert set(trainable_product_guards(bundle, model)) == set(GUARD_PART)
 
 
 def _unseen_hour_column() -> int:
@@ -74,6 +78,23 @@ def test_product_heads_the_servers_run_otherwise_are_refused() -> None:
     assert info.value.reason == "graph"
 
 
+@pytest.mark.parametrize(("make", "message"), [
+    (hostile.shifted_product_guard, "do not compute what their graphs serve"),  # its vetoes carried without the shift
+    (hostile.renamed_product_guard, "no initializer 'b1'"),  # a bare KeyError stopped train-products (exit 1)
+])
+def test_product_guards_the_servers_run_otherwise_are_refused(make: Callable[[], bytes], message: str) -> None:
+    """``train-products`` carries the old guards' vetoes into its new ones (``PreviousGuard``), from arrays read back by
+    name."""
+    data = make()
+    verify(data)  # every server accepts it
+    bundle = read_bundle(data)
+    model = ModelSet.load(bundle, OPTIONS)
+    trainable_product(bundle, model)  # the heads are what they serve
+    with pytest.raises(BundleError, match=message) as info:
+        trainable_product_guards(bundle, model)
+    assert info.value.reason == "graph"
+
+
 def test_train_and_cycle_refuse_such_a_start_before_reading_logs_and_train_products_does_not(tmp_path: Path) -> None:
     """Bad usage (exit 2, not retried), naming the file; ``train-products`` trains no policy, so it does not ask."""
     path = tmp_path / "init.bundle"
@@ -99,6 +120,11 @@ def test_train_and_cycle_refuse_such_a_start_before_reading_logs_and_train_produ
     code, _, err = trainer_in_process("train-products", "--logs", str(tmp_path / "empty"), "--init", str(heads), "--out",
                                       str(tmp_path / "products.bundle"))
     assert code == 2 and f"--init: {heads}: " in err and "do not compute what their graphs serve" in err, err
+    guards = tmp_path / "guards.bundle"
+    guards.write_bytes(hostile.shifted_product_guard())  # and so are the guards it carries vetoes from
+    code, _, err = trainer_in_process("train-products", "--logs", str(tmp_path / "empty"), "--init", str(guards), "--out",
+                                      str(tmp_path / "products.bundle"))
+    assert code == 2 and f"--init: {guards}: " in err and "do not compute what their graphs serve" in err, err
 
 
 def test_a_bundle_every_server_refuses_for_its_memory_is_never_loaded_by_the_trainer(tmp_path: Path) -> None:

@@ -212,6 +212,41 @@ def _after_output(model_bytes: bytes, initializers: dict[str, np.ndarray], nodes
     return model.SerializeToString()
 
 
+def guarded_heads() -> Bundle:
+    """A bundle with product heads and untrained product guards (format version 3), as ``train-products`` writes them."""
+    from policy.features import FeatureSpec
+    from weights.initial import make_bundle
+    from weights.product_guard import init_params, with_guard
+    from weights.product_heads import feature_widths
+
+    base = read_bundle(make_bundle(3, "heads-3", "2026-01-01T00:00:00Z", product_heads=True))
+    widths = feature_widths(FeatureSpec.parse(base.manifest["feature_spec"]))
+    return read_bundle(with_guard(base, init_params(np.random.default_rng(1), widths)))
+
+
+def shifted_product_guard(head: str = "sku", shift: float = 3.0) -> bytes:
+    """``guarded_heads`` with ``shift`` added to one guard's complaint logit after its last layer, and golden outputs
+    that agree: the servers serve it (and veto more), and its ``w1`` … ``b3`` are not what they serve."""
+    from weights.product_guard import GUARD_GOLDEN, GUARD_PART
+    from weights.product_heads import HEADS
+
+    base = guarded_heads()
+    graph = _after_output(base.parts[GUARD_PART[head]], {"guard_shift": np.full(1, shift, np.float32)},
+                          [helper.make_node("Add", ["raw", "guard_shift"], ["logits"])])
+    golden = base.array(GUARD_GOLDEN).copy()
+    golden[:, HEADS.index(head)] += shift
+    return rebuilt({GUARD_PART[head]: graph, GUARD_GOLDEN: npy_bytes(golden)}, base, model_version="shifted-guard-2")
+
+
+def renamed_product_guard(head: str = "band") -> bytes:
+    """``guarded_heads`` with one guard's initializer ``b1`` renamed: the same function, which the servers serve, in a
+    layout the trainer does not read by name."""
+    from weights.product_guard import GUARD_PART
+
+    base = guarded_heads()
+    return rebuilt({GUARD_PART[head]: _renamed_b1(base.parts[GUARD_PART[head]])}, base, model_version="renamed-guard-1")
+
+
 def inflating_head(model_bytes: bytes, copies: int = 16) -> bytes:
     """A product head of allowed operators that adds 0 × the sum of an (N⁴, ``copies``) intermediate to its logit: about
     1 MB on the self-test's 8 rows, about 1 GB on one request's 64 SKUs (the review's finding F1: only a run at a
@@ -249,14 +284,19 @@ def renamed_policy(data: bytes | None = None) -> bytes:
     """The default bundle's policy (or that of the bundle ``data``, which keeps its version) with its initializer ``b1``
     named ``bias1``: the same function, which every server accepts, in a layout the trainer does not read back."""
     base = default_bundle() if data is None else read_bundle(data)
-    model = onnx.load_from_string(base.parts["policy.onnx"])
+    version = {} if data is not None else {"model_version": "renamed-1"}
+    return rebuilt({"policy.onnx": _renamed_b1(base.parts["policy.onnx"])}, base, **version)
+
+
+def _renamed_b1(model_bytes: bytes) -> bytes:
+    """The graph of ``model_bytes`` with its initializer ``b1`` named ``bias1``: the same function."""
+    model = onnx.load_from_string(model_bytes)
     for tensor in model.graph.initializer:
         if tensor.name == "b1":
             tensor.name = "bias1"
     for node in model.graph.node:
         node.input[:] = ["bias1" if name == "b1" else name for name in node.input]
-    version = {} if data is not None else {"model_version": "renamed-1"}
-    return rebuilt({"policy.onnx": model.SerializeToString()}, base, **version)
+    return model.SerializeToString()
 
 
 def shifted_policy(shift: float = 8.0) -> bytes:
