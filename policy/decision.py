@@ -109,8 +109,8 @@ class DecisionProcedure(Rules):
                     index, source, rule = drawn[j], Source.POLICY, ""
                 else:
                     index, source, rule = fallbacks[i].action.value - 1, Source.FALLBACK_LOW_CONSENSUS, fallbacks[i].rule
-                row = served[j]
-                decisions[i] = Decision(ACTIONS[index], source, float(row[index]), 0 if explored[j] else counts[j][index],
+                row = served[j]  # votes: the winner's, 0 when exploration or the rules answered (the samples stay in counts)
+                decisions[i] = Decision(ACTIONS[index], source, float(row[index]), counts[j][index] if source is Source.POLICY else 0,
                                         samples, row, policy_probs[i], allow64[i], blocked[i], self.version, rule,
                                         tuple(counts[j]), vetoed_rows[i], fired[i][1])
         if not every:

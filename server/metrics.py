@@ -31,7 +31,7 @@ LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0
 VOTE_BUCKETS = tuple(float(v) for v in range(0, 17))  # K is at most 16
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 DEGRADED_REASONS = ("overload", "deadline", "shutdown", "error")
-_VOTED = (Source.POLICY, Source.FALLBACK_LOW_CONSENSUS)
+_VOTED = (Source.POLICY,)
 LOG_DROP_REASONS = ("queue_full", "write_error", "closed")
 ENGAGEMENT_KINDS = ("bounced", "stayed", "unknown")  # by the report's bounce signal: true, false, not measured
 DWELL_BUCKETS = (1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0, 640.0)
@@ -72,7 +72,7 @@ class Metrics:
         self.decisions = Counter("shopping_agent_decisions", "Decisions served, by action and source.",
                                  ["action", "source"], registry=r)
         self.votes = Histogram("shopping_agent_decision_votes",
-                               "Samples that voted for the served action (policy and low-consensus decisions).",
+                               "Samples that voted for the served action, of decisions the sampled majority made (source policy).",
                                buckets=VOTE_BUCKETS, registry=r)
         self.vetoes = Counter("shopping_agent_guard_vetoes", "Actions vetoed by the Action Guard, by action.",
                               ["action"], registry=r)

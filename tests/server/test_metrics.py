@@ -71,10 +71,10 @@ def test_decision_metrics_follow_what_was_served() -> None:
             by_key[key] = by_key.get(key, 0) + 1
         for (action, source), n in by_key.items():
             assert _value(live, "shopping_agent_decisions_total", {"action": action, "source": source}) == n
-        voted = sum(1 for r in responses if r.source in (pb.DECISION_SOURCE_POLICY, pb.DECISION_SOURCE_FALLBACK_LOW_CONSENSUS))
-        assert _value(live, "shopping_agent_decision_votes_count") == voted
-        assert _value(live, "shopping_agent_decision_votes_sum") == sum(
-            r.votes for r in responses if r.source in (pb.DECISION_SOURCE_POLICY, pb.DECISION_SOURCE_FALLBACK_LOW_CONSENSUS))
+        voted = [r.votes for r in responses if r.source == pb.DECISION_SOURCE_POLICY]
+        assert _value(live, "shopping_agent_decision_votes_count") == len(voted)
+        assert _value(live, "shopping_agent_decision_votes_sum") == sum(voted)
+        assert all(r.votes == 0 for r in responses if r.source != pb.DECISION_SOURCE_POLICY)  # as the proto says
         assert _value(live, "shopping_agent_guardrail_rule_hits_total", {"rule": "full_cart_damp_add"}) == 40
         assert _value(live, "shopping_agent_batch_size_sum") == 40
         assert _value(live, "shopping_agent_inference_seconds_count") == _value(live, "shopping_agent_batch_size_count") > 0

@@ -348,7 +348,7 @@ def test_decisions_follow_served_probs_and_sources_are_consistent(model: ModelSe
         if d.source is Source.POLICY:
             assert d.votes == d.counts[d.action.index] == max(d.counts) >= 4 and sum(d.counts) == 10
         elif d.source is Source.FALLBACK_LOW_CONSENSUS:
-            assert max(d.counts) < 4 and (d.action, d.rule) == (V, "default")
+            assert max(d.counts) < 4 and sum(d.counts) == 10 and (d.action, d.rule, d.votes) == (V, "default", 0)
         else:
             assert d.source is Source.EXPLORATION and d.votes == 0 and sum(d.counts) == 0
     assert served is not None
