@@ -65,14 +65,15 @@ def _event_time(msg: pb.RecommendActionRequest | pb.ReportOutcomeRequest | pb.Re
     ts = msg.event_time
     if not TIMESTAMP_MIN_S <= ts.seconds <= TIMESTAMP_MAX_S or not 0 <= ts.nanos < 1_000_000_000:
         raise InvalidRequest("event_time", "outside the range of a protobuf Timestamp")
-    return ts.seconds + ts.nanos * 1e-9
+    t = ts.seconds + ts.nanos * 1e-9  # a double holds about 30 µs at year 9999: the sum may round up to the next second
+    return t if t < ts.seconds + 1 else math.nextafter(ts.seconds + 1.0, -math.inf)  # (year 10000 at the last one)
 
 
 def _amount(value: float, name: str, limit: float) -> float:
     if not math.isfinite(value) or value < 0:
         raise InvalidRequest(name, f"must be a finite amount >= 0, got {value}")
     if value > limit:
-        raise InvalidRequest(name, f"must be at most {limit:g} (the server's max_outcome_value), got {value:g}")
+        raise InvalidRequest(name, f"must be at most {limit:g} (the server's max_outcome_value), got {value!r}")
     return value
 
 
@@ -86,7 +87,7 @@ def parse_outcome(msg: pb.ReportOutcomeRequest, limits: Limits, now_s: float) ->
     value = _amount(msg.value, "value", limits.max_outcome_value)
     discount = _amount(msg.coupon_discount, "coupon_discount", limits.max_outcome_value)
     if msg.outcome == pb.OUTCOME_ORDER and discount > value:  # the objective counts an order as value − discount
-        raise InvalidRequest("coupon_discount", f"an order's discount must be at most its value ({value:g}), got {discount:g}")
+        raise InvalidRequest("coupon_discount", f"an order's discount must be at most its value ({value!r}), got {discount!r}")
     return OutcomeReport(
         decision_id=decision_id,
         session_id=session_id,

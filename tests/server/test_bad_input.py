@@ -6,6 +6,7 @@ import grpc
 import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from core.domain import TIMESTAMP_MAX_S
 from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
 from tests.harness import request, stub
 
@@ -92,11 +93,13 @@ def test_unspecified_page_type_is_accepted(channel: grpc.Channel) -> None:
 
 @pytest.mark.parametrize(("fields", "message"), [
     ({"value": 1e308}, "value: must be at most 1e+06 (the server's max_outcome_value), got 1e+308"),
-    ({"value": 1_000_000.5}, "value: must be at most 1e+06"),
+    ({"value": 1_000_000.01}, "value: must be at most 1e+06 (the server's max_outcome_value), got 1000000.01"),  # not 1e+06
     ({"coupon_discount": 2e6}, "coupon_discount: must be at most 1e+06"),
     ({"value": float("nan")}, "value: must be a finite amount >= 0"),
-    ({"value": 10.0, "coupon_discount": 10.5}, "coupon_discount: an order's discount must be at most its value (10), got 10.5"),
-    ({"coupon_discount": 1e6}, "coupon_discount: an order's discount must be at most its value (0), got 1e+06"),
+    ({"value": 10.0, "coupon_discount": 10.5}, "coupon_discount: an order's discount must be at most its value (10.0), got 10.5"),
+    ({"coupon_discount": 1e6}, "coupon_discount: an order's discount must be at most its value (0.0), got 1000000.0"),
+    ({"value": 123456.7, "coupon_discount": 123456.8},  # as given, not both shown as 123457
+     "coupon_discount: an order's discount must be at most its value (123456.7), got 123456.8"),
 ])
 def test_outcome_amounts_are_bounded(channel: grpc.Channel, fields: dict[str, object], message: str) -> None:
     """An order worth 1e308 would have gone into training as a reward: refused, naming the field."""
@@ -120,6 +123,10 @@ def test_each_bound_admits_its_edge_and_refuses_one_past_it(channel: grpc.Channe
     assert call.RecommendAction(request(item_id="x" * 256, request_id="r" * 256, recent_behavior_ids=["b" * 256]),
                                 timeout=5).decision_id
     assert call.RecommendAction(request(event_time=Timestamp(seconds=1_790_000_000, nanos=999_999_999)), timeout=5).decision_id
+    last = Timestamp(seconds=TIMESTAMP_MAX_S, nanos=999_999_999)  # the last nanosecond of year 9999 (UTC here): its sum as
+    assert call.RecommendAction(request(event_time=last), timeout=5).decision_id  # a double rounded up into year 10000
+    assert call.ReportOutcome(pb.ReportOutcomeRequest(decision_id="d-1", session_id="s-1", outcome_id="o-last",
+                                                      outcome=pb.OUTCOME_ADD_TO_CART, event_time=last), timeout=5).outcome_id
     refused = {"event_time": request(event_time=Timestamp(seconds=1_790_000_000, nanos=1_000_000_000)),
                "recent_behavior_ids[0]": request(recent_behavior_ids=["b" * 257])}
     for field, bad in refused.items():

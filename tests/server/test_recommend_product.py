@@ -11,7 +11,9 @@ from typing import Any
 import grpc
 import numpy as np
 import pytest
+from google.protobuf.timestamp_pb2 import Timestamp
 
+from core.domain import TIMESTAMP_MAX_S
 from experience.records import RECORD_BYTES, SKU_BYTES
 from experience.segments import DirectorySource
 from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
@@ -158,7 +160,8 @@ BAD_PRODUCTS = [
     {"categories": [pb.ProductCategory(category_id="c", skus=_many_skus(64))]},
     {"categories": [pb.ProductCategory(category_id=f"c{j}", skus=[sku(f"{j}-{i}", 5.0) for i in range(64)]) for j in range(4)]},
     {"price_bands": [pb.PriceBand(band_id=f"b{i}", price_multiplier=0.8 + 0.05 * i) for i in range(8)]},
-], ids=["32-categories", "64-skus-in-one", "256-skus-in-all", "8-bands"])
+    {"shopper": request(event_time=Timestamp(seconds=TIMESTAMP_MAX_S, nanos=999_999_999))},  # was "cannot be placed" (UTC)
+], ids=["32-categories", "64-skus-in-one", "256-skus-in-all", "8-bands", "last-nanosecond-of-year-9999"])
 def test_a_request_at_each_limit_is_answered(channel: grpc.Channel, fields: dict[str, Any]) -> None:
     """The limits are "at most": a request exactly at one is a product decision, where one past it is refused above."""
     assert stub(channel).RecommendProduct(product(**fields), timeout=30).decision_id
