@@ -95,7 +95,9 @@ class Config:
                                                  "connections' worth of streams, so one connection cannot fill its server); past "
                                                  "it new calls fail at once with RESOURCE_EXHAUSTED; empty: no limit")
     max_concurrent_streams: int = _opt(256, "calls in progress at once on one connection (HTTP/2 MAX_CONCURRENT_STREAMS); "
-                                            "the server refuses the streams past it")
+                                            "the server refuses the streams past it, and a client that keeps this many in "
+                                            "flight has some refused as answered streams are released (keep a channel to "
+                                            "about half, docs/deploy.md)")
     request_receive_timeout_seconds: float = _opt(
         2.0, "a call whose request message has not arrived this long after it started is ended (DEADLINE_EXCEEDED), and "
              "one whose answer has not gone out this long after it was ready ends its connection: grpc counts a call against "
