@@ -398,7 +398,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "manifest": {k: active.manifest.get("training_metrics", {}).get(k) for k in (
                     "kl_to_old", "kl_served_to_start", "kl_to_behavior", "updates_accepted", "updates_failed",
                     "surrogate_improvement", "effective_sample_size", "support_limited", "guard_served_kl",
-                    "guard_kept_from_start", "guard_veto_enabled", "guard_accuracy", "guard_never_block_accuracy",
+                    "guard_kept_from_start", "guard_veto_dropped", "guard_veto_enabled", "guard_accuracy", "guard_never_block_accuracy",
                     "guard_false_block_rate", "guard_recall", "guard_auc", "offline_dr", "offline_dr_minus_current",
                     "engagement_mean_weight", "engagement_n_steps_weighted")},
                 "window": active.manifest.get("trainer", {}).get("window"),

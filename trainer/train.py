@@ -222,15 +222,20 @@ def train(decisions: pa.Table, outcomes: pa.Table, init: Bundle, config: TrainCo
     old_targets = targets_for(base, exp, init_guard, init_threshold, dev)
     guard_kl = served_kl_between(policy, decoder, states, targets, old_targets, fit_rows, reducer=reducer)
     guard_kept = config.guard_kl_budget is not None and guard_kl > config.guard_kl_budget
+    veto_dropped = False
     if guard_kept:
-        warnings.append(f"the retrained guard would move the served distribution by KL {guard_kl:.3f} > guard_kl_budget "
-                        f"{config.guard_kl_budget}: the starting bundle's guard is kept")
+        over = (f"the retrained guard would move the served distribution by KL {guard_kl:.3f} > guard_kl_budget "
+                f"{config.guard_kl_budget}: the starting bundle's guard is kept")
         guarded = assess_guard(init_guard, init_threshold, *guard_rows, config.guard, criterion, reducer)  # at its own threshold
-        if guarded.threshold != init_threshold:  # the old veto no longer earns its place: dropping it is a change too
+        veto_dropped = guarded.threshold != init_threshold
+        if veto_dropped:  # the old veto no longer earns its place: it ships only when it does, so it goes, over budget or not
             targets = targets_for(base, exp, init_guard, guarded.threshold, dev)
             guard_kl = served_kl_between(policy, decoder, states, targets, old_targets, fit_rows, reducer=reducer)
+            over += (f", but its veto no longer earns its place on the held-out sessions (threshold {init_threshold:g} → "
+                     f"{guarded.threshold:g}) and is dropped, which moves the served distribution by KL {guard_kl:.3f}")
         else:
             targets, guard_kl = old_targets, 0.0
+        warnings.append(over)
     log.info("guard change: served KL %.4f (budget %s)%s", guard_kl, config.guard_kl_budget, ": kept the old guard" if guard_kept else "")
 
     # 5. advantages
@@ -281,7 +286,7 @@ def train(decisions: pa.Table, outcomes: pa.Table, init: Bundle, config: TrainCo
                 log.info("stopping after update %d: a further step would leave what the logs can judge (max_behavior_kl %s, "
                          "min_trajectory_ess %s)", step, config.max_behavior_kl, config.min_trajectory_ess)
                 break
-    if stats.tracker.steps == 0:
+    if not stats.kls:  # (steps the line search refused, or the support stops undid, were not taken)
         warnings.append("no natural-gradient step was taken: the bundle's policy is the starting one")
     if rows is not None and len(rows.states):
         stats.ess = update.effective_sample_size(policy, decoder, rows, config.max_ratio, reducer)  # the final policy, last batch
@@ -327,6 +332,7 @@ def train(decisions: pa.Table, outcomes: pa.Table, init: Bundle, config: TrainCo
         "trajectory_ess_fraction": ess_fraction,  # of the training sessions, at the final policy
         "guard_served_kl": guard_kl,
         "guard_kept_from_start": float(guard_kept),
+        "guard_veto_dropped": float(veto_dropped),  # kept, but without the veto it no longer earned (guard_served_kl: its cost)
         "return_variance_ratio": _variance_ratio(exp, reducer),
         "train_steps": float(global_count(n, reducer)),
         "train_episodes": float(global_count(exp.episodes.n_episodes, reducer)),

@@ -268,7 +268,6 @@ def natural_step(policy: PolicyNet, decoder: TorchDecoder, b: Batch, config: Tra
     search = backtracking_line_search(policy, step.scaled.step.to(theta0.dtype), evaluate, surrogate_before=before,
                                       delta=config.kl_delta, expected_improvement=step.scaled.expected_improvement,
                                       max_tries=config.line_search_steps, kl_fits=2)  # resize to the measured KL: lands near δ
-    stats.tracker.record(step.scaled, search, config.kl_delta)
     kl, improvement = applied[0], search.improvement  # (the search's last evaluation is the step it kept)
     limited = False
     if search.accepted and config.max_behavior_kl is not None:
@@ -280,7 +279,8 @@ def natural_step(policy: PolicyNet, decoder: TorchDecoder, b: Batch, config: Tra
         _, improvement = evaluate()
         kl, improvement = applied[0], improvement - before
     accepted = search.accepted and bool(torch.any(flat_params(policy) != theta0))
-    if accepted:
+    if accepted:  # η and how often the region bound are of the steps the bundle took (a refused or undone one is not)
+        stats.tracker.record(step.scaled, search, config.kl_delta)
         stats.kls.append(kl)
         stats.improvements.append(improvement)
     else:

@@ -18,6 +18,7 @@ from simulator.config import SimConfig
 from simulator.drive import run_logged
 from simulator.world import World
 from tests.harness import fresh_bundle
+from tests.weights import hostile
 from trainer.config import GuardConfig, TrainConfig
 from trainer.train import TrainResult, train
 from weights import mlp
@@ -94,6 +95,27 @@ def test_a_guard_change_over_the_budget_keeps_the_starting_guard(logs: tuple[Pat
     assert roomy.metrics["guard_kept_from_start"] == 0.0
 
 
+def test_a_kept_guard_whose_veto_no_longer_earns_its_place_is_shipped_without_it_and_says_so(logs: tuple[Path, TrainResult]) -> None:
+    """The starting guard vetoing every action below allow-probability 0.9001 (about 8 % of these pages wholly vetoed):
+    any retrained guard moves what is served far past the budget, so the starting one is kept, and judged again its veto
+    does not beat never blocking. It ships without it; the warning, ``guard_veto_dropped`` and ``guard_served_kl`` say
+    so, where the warning said only that the guard was kept (a review: the served distribution moved by KL 4.9-5.6)."""
+    root, _ = logs
+    source = DirectorySource(root)
+    base = fresh_bundle()
+    init = read_bundle(hostile.rebuilt(base=base, guard={"threshold": 0.9001}, model_version="veto-9001"))
+    result = train(source.table("decisions"), source.table("outcomes"), init, dataclasses.replace(FAST, window_versions=None),
+                   device="cpu")
+    assert result.metrics["guard_kept_from_start"] == 1.0 and result.metrics["guard_veto_dropped"] == 1.0
+    assert result.manifest["guard"]["threshold"] == 0.0
+    assert result.metrics["guard_served_kl"] > FAST.guard_kl_budget  # what dropping it cost, reported
+    warning = next(w for w in result.warnings if "guard_kl_budget" in w)
+    assert "is dropped" in warning and f"KL {result.metrics['guard_served_kl']:.3f}" in warning, warning
+    usual = train(source.table("decisions"), source.table("outcomes"), base, dataclasses.replace(FAST, window_versions=None),
+                  device="cpu")
+    assert usual.metrics["guard_veto_dropped"] == 0.0
+
+
 def test_a_step_shrunk_to_nothing_is_not_reported_as_applied(logs: tuple[Path, TrainResult]) -> None:
     root, _ = logs
     source = DirectorySource(root)
@@ -101,6 +123,9 @@ def test_a_step_shrunk_to_nothing_is_not_reported_as_applied(logs: tuple[Path, T
     result = train(source.table("decisions"), source.table("outcomes"), fresh_bundle(), config, device="cpu")
     assert result.metrics["updates_accepted"] == 0.0 and result.metrics["surrogate_improvement"] == 0.0
     assert result.metrics["kl_served_policy_steps"] == pytest.approx(0.0, abs=1e-12)
+    # nor are the steps the support stop undid: no binding rate or multiplier of theirs, and the run says none was taken
+    assert result.metrics["constraint_activation_rate"] == 0.0 and "lagrange_multiplier" not in result.metrics  # (nan: left out)
+    assert "no natural-gradient step was taken: the bundle's policy is the starting one" in result.warnings
     # what is served still changed: the retrained guard and the shipped exploration (ε 0.05 → 0.1) count against the start
     assert result.metrics["kl_served_to_start"] > 1e-4
     same = train(source.table("decisions"), source.table("outcomes"), fresh_bundle(),
