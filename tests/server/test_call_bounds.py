@@ -106,6 +106,21 @@ def test_a_call_that_ends_without_a_request_is_invalid_and_counted() -> None:
         assert live.registry.get_sample_value(CUT, {"reason": "no_request"}) == 1
 
 
+def test_a_request_over_the_size_limit_is_counted_as_too_large_not_as_a_call_without_one() -> None:
+    """grpc refuses the message itself (the client gets RESOURCE_EXHAUSTED) and the handler reads EOF: it was counted as
+    no_request, which the CallsCut alert's runbook reads as a broken client or an attack (a review of the metrics)."""
+    with running_server(max_message_bytes=4096) as live, grpc.insecure_channel(live.target) as ch:
+        big = request(recent_behavior_ids=[f"b{i}".ljust(256, "x") for i in range(32)])  # 3 kB of floats, 8 kB of ids
+        assert big.ByteSize() > 4096
+        for _ in range(3):
+            with pytest.raises(grpc.RpcError) as info:
+                stub(ch).RecommendAction(big, timeout=5)
+            assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        until(lambda: live.registry.get_sample_value(CUT, {"reason": "too_large"}) == 3, "the refusals counted")
+        assert live.registry.get_sample_value(CUT, {"reason": "no_request"}) == 0
+        assert stub(ch).RecommendAction(request(), timeout=5).decision_id  # the connection and the server carry on
+
+
 def test_a_request_that_arrives_within_the_limit_is_answered_and_a_later_one_is_not() -> None:
     with running_server(request_receive_timeout_seconds=1.0) as live, RawH2("127.0.0.1", port_of(live)) as raw:
         timed_call(live.target)  # the model loaded: the answer is the model's
