@@ -15,11 +15,12 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from datetime import datetime
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
 
 from core.domain import ACTIONS, Action, Decision, EngagementReport, Outcome, Source
 from core.product import LAYERS, ProductDecision
@@ -44,6 +45,27 @@ SWAP_REJECT_REASONS = ("io", "format", "format_version", "checksum", "schema", "
 
 
 CUT_REASONS = ("receive_timeout", "peer_waiting", "no_request", "too_large", "streams", "answer_timeout", "peer_calls")
+
+
+class ModelAgeCollector:
+    """``shopping_agent_model_age_seconds``: now minus the oldest created-at among ``source``'s
+    ``shopping_agent_model_created_timestamp_seconds`` samples, at scrape time; no series while none is set (no model:
+    an age of NaN read as a number by the dashboard's fallback).
+
+    ``source``: the process's own created-at gauge, or with ``--workers`` the pod's multiprocess collector, whose
+    workers cannot carry an age computed at scrape time.
+    """
+
+    def __init__(self, source: Any) -> None:
+        self._source = source
+
+    def collect(self) -> Iterator[Any]:
+        created = [s.value for f in self._source.collect() for s in f.samples
+                   if s.name == "shopping_agent_model_created_timestamp_seconds" and math.isfinite(s.value) and s.value > 0]
+        if created:
+            family = GaugeMetricFamily("shopping_agent_model_age_seconds", "Seconds since the served bundle was created.")
+            family.add_metric([], time.time() - min(created))
+            yield family
 
 
 class Metrics:
@@ -154,11 +176,8 @@ class Metrics:
                                       "vetoed, by layer.", ["layer"], registry=r)
         self._product_vetoes = {layer: self.product_vetoes.labels(layer=layer.value) for layer in LAYERS}
         self.experience = ExperienceMetrics(r)
-        self._created_s = math.nan
-        if not multiprocess_mode():
-            self.model_age = Gauge("shopping_agent_model_age_seconds", "Seconds since the served bundle was created.",
-                                   registry=r)
-            self.model_age.set_function(lambda: time.time() - self._created_s)
+        if not multiprocess_mode():  # (with --workers the supervisor exports it from every worker's created-at)
+            r.register(ModelAgeCollector(self.model_created))
 
         # Label children created once, so the request path only increments.
         self._decisions = {(a, s): self.decisions.labels(action=a.key, source=s.name.lower()) for a in Action for s in Source}
@@ -237,13 +256,12 @@ class Metrics:
             self._training_names.clear()
         if manifest is None:
             self.model_loaded.set(0)
-            self._created_s = math.nan
+            self.model_created.set(0)  # (no age exported)
             return
         self.model_info.labels(model_version=version, format_version=str(manifest.get("format_version", ""))).set(1)
         self.model_loaded.set(1)
         self.model_load_time.set(loaded_at)
-        self._created_s = _timestamp(manifest.get("created_at"))
-        self.model_created.set(self._created_s)
+        self.model_created.set(_timestamp(manifest.get("created_at")))
         metrics = manifest.get("training_metrics")
         if isinstance(metrics, Mapping):
             left_out = 0

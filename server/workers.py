@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 import queue
 import re
@@ -32,11 +31,10 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any
 
 from server.config import SALT_ENV, Config, to_args
 from server.supervised import Heartbeats
@@ -91,27 +89,6 @@ def prepare_multiproc_dir(config: Config) -> MultiprocDir:
     mp_dir.path.mkdir(parents=True, exist_ok=True)
     mp_dir.remove_db_files()
     return mp_dir
-
-
-class ModelAgeCollector:
-    """``shopping_agent_model_age_seconds`` for the pod: now minus the oldest created-at any worker serves.
-
-    A worker computes its age at scrape time, which multiprocess mode cannot carry; the parent
-    derives it from the workers' created timestamps instead.
-    """
-
-    def __init__(self, source: Any) -> None:
-        self._source = source
-
-    def collect(self) -> Iterator[Any]:
-        from prometheus_client.core import GaugeMetricFamily
-
-        created = [s.value for f in self._source.collect() for s in f.samples
-                   if s.name == "shopping_agent_model_created_timestamp_seconds" and math.isfinite(s.value) and s.value > 0]
-        if created:
-            family = GaugeMetricFamily("shopping_agent_model_age_seconds", "Seconds since the served bundle was created.")
-            family.add_metric([], time.time() - min(created))
-            yield family
 
 
 @dataclass(frozen=True)
@@ -254,6 +231,7 @@ class _Supervisor:
 def run_workers(config: Config, environ: Mapping[str, str]) -> int:
     from prometheus_client import CollectorRegistry, multiprocess
 
+    from server.metrics import ModelAgeCollector
     from server.metrics_http import MetricsEndpoint
 
     try:
@@ -275,7 +253,7 @@ def run_workers(config: Config, environ: Mapping[str, str]) -> int:
             registry = CollectorRegistry()
             collector = multiprocess.MultiProcessCollector(None, path=str(mp_dir.path))  # type: ignore[no-untyped-call]
             registry.register(collector)
-            registry.register(ModelAgeCollector(collector))
+            registry.register(ModelAgeCollector(collector))  # (a worker's own age cannot be carried)
             endpoint = MetricsEndpoint.for_config(registry, config)  # the same TLS and limits as a single process
             log.info("metrics endpoint", extra={"fields": {"host": config.metrics_host, "port": endpoint.port}})
         # Every other option (TLS files, limits, keepalive) reaches each worker as the same flag.

@@ -135,6 +135,8 @@ def test_no_model_reports_not_loaded_and_counts_no_model_decisions(tmp_path: Pat
         assert _value(live, "shopping_agent_model_loaded") == 0
         assert live.registry.get_sample_value("shopping_agent_model_info", {"model_version": "", "format_version": ""}) is None
         assert _value(live, "shopping_agent_decisions_total", {"action": "view_detail", "source": "fallback_no_model"}) == 1
+        # no age at all, as with --workers (it was NaN, which the dashboard's fallback reads as a value: a review)
+        assert live.registry.get_sample_value("shopping_agent_model_age_seconds") is None
 
 
 def test_metrics_endpoint_serves_prometheus_text() -> None:

@@ -319,12 +319,12 @@ def test_the_exit_code_forgives_only_the_signal_the_supervisor_forwarded(tmp_pat
 def test_the_pods_model_age_is_its_oldest_workers(tmp_path: Path) -> None:
     """During a swap the workers serve bundles of different ages; the pod's age is the oldest one still served. Two
     workers' gauge files, as prometheus_client writes them, read by the real multiprocess collector."""
-    from server.metrics import Metrics
+    from server.metrics import Metrics, ModelAgeCollector
 
     mode = Metrics(CollectorRegistry()).model_created._multiprocess_mode  # how the workers' files combine
     name = "shopping_agent_model_created_timestamp_seconds"
     for pid, created in ((1, time.time() - 3600.0), (2, time.time() - 60.0)):
         _metric_file(tmp_path / f"gauge_{mode}_{pid}.db", name, name, {},
                      "The served bundle's created_at (Unix time); its age is time() minus this.", created)
-    (age,) = list(workers.ModelAgeCollector(MultiProcessCollector(None, path=str(tmp_path))).collect())
+    (age,) = list(ModelAgeCollector(MultiProcessCollector(None, path=str(tmp_path))).collect())
     assert age.samples[0].value == pytest.approx(3600.0, abs=5.0)
