@@ -308,6 +308,8 @@ class ExperienceRecorder:
             except OSError as exc:
                 error = error or exc
         self._held[kind], self._held_bytes[kind] = writer.held_rows, writer.held_bytes
+        if self._observer is not None:  # what waits now, until the next flush (the gauge read the last one's start)
+            self._observer.queued(kind, len(queue) + writer.held_rows)
         if error is not None:
             self._failed(kind, error, now)
         elif health.failures:

@@ -305,7 +305,8 @@ class ExperienceMetrics:
                                        "Log records lost, by kind and reason (queue_full, write_error, closed).",
                                        ["kind", "reason"], registry=r)
         self.queue_depth = Gauge("shopping_agent_log_queue_depth",
-                                 "Log records waiting for the writer thread, by kind (those held after a failed write included).",
+                                 "Log records waiting for the writer thread as its last flush ended, by kind (those held after a "
+                                 "failed write included).",
                                  ["kind"], registry=r, multiprocess_mode="livesum")
         self.write_errors = Counter("shopping_agent_log_write_errors",
                                     "Attempts to write or finalise a log segment that failed (disk full, I/O error), by kind; "

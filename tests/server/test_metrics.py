@@ -93,6 +93,16 @@ def test_the_queue_depth_falls_to_zero_once_none_waits() -> None:
         assert _value(live, "shopping_agent_inference_queue_depth") == 0
 
 
+def test_the_log_queue_depth_is_what_waits_after_the_writers_last_flush(tmp_path: Path) -> None:
+    """Set only as a flush began, the gauge read 0 while records waited and then, for a whole flush interval after they
+    were written, their count (a review of the metrics: the queue_full runbook reads it)."""
+    with running_server(log_dir=tmp_path / "logs", log_flush_seconds=3.0) as live, grpc.insecure_channel(live.target) as ch:
+        for _ in range(4):
+            stub(ch).RecommendAction(request(), timeout=5)
+        until(lambda: _value(live, "shopping_agent_log_records_written_total", {"kind": "decisions"}) == 4, "the flush", 10.0)
+        assert _value(live, "shopping_agent_log_queue_depth", {"kind": "decisions"}) == 0  # none waits: not 4 for 3 s
+
+
 def test_guard_vetoes_are_counted_per_action() -> None:
     # The default guard allows every action with probability about 0.90; a threshold just
     # above that for some actions makes the guard veto them for this request.
