@@ -174,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
 def _config(args: argparse.Namespace) -> TrainConfig:
     from experience.attribution import config_object
     from experience.engagement import EngagementWeights
-    from trainer.config import GuardConfig, TrainConfig
+    from trainer.config import GuardConfig, ProductStepConfig, TrainConfig
 
     try:
         values: dict[str, Any] = json.loads(args.config.read_text()) if args.config else {}
@@ -189,6 +189,10 @@ def _config(args: argparse.Namespace) -> TrainConfig:
         if "guard" in values:
             values["guard"] = GuardConfig(**config_object(values["guard"], [f.name for f in dataclasses.fields(GuardConfig)],
                                                           "guard"))
+        if "products" in values:
+            values["products"] = ProductStepConfig(**config_object(values["products"],
+                                                                   [f.name for f in dataclasses.fields(ProductStepConfig)],
+                                                                   "products"))
         if values.get("engagement_weights") is not None:
             values["engagement_weights"] = EngagementWeights.from_dict(values["engagement_weights"])
         return TrainConfig(**values)
@@ -329,8 +333,8 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _train_products(args: argparse.Namespace) -> int:
-    from trainer.product_guard import GuardConfig
-    from trainer.product_train import MAX_ROWS, ProductTrainConfig, train_products
+    from trainer.config import ProductStepConfig
+    from trainer.product_train import ProductTrainConfig, train_products
     from weights.store import atomic_write
 
     deltas = {"category": args.delta_category, "sku": args.delta_sku, "price_band": args.delta_price_band}
@@ -339,14 +343,13 @@ def _train_products(args: argparse.Namespace) -> int:
         raise UsageError(f"{', '.join(bad) or '--max-rows'}: expected > 0")
     if args.delta_encoder is not None and not (args.delta_encoder >= 0 and math.isfinite(args.delta_encoder)):
         raise UsageError(f"--delta-encoder: expected >= 0, got {args.delta_encoder}")
-    encoder_layers = None
     if args.encoder_layers is not None:
         from trainer.product_data import parse_layers
 
         if args.delta_encoder == 0:
             raise UsageError("--encoder-layers: the encoder is held fixed (--delta-encoder 0), so nothing teaches it")
         try:
-            encoder_layers = parse_layers(args.encoder_layers)
+            parse_layers(args.encoder_layers)
         except ValueError as exc:
             raise UsageError(f"--encoder-layers: {exc}") from None
     if args.guard_max_complaint is not None and (args.no_guard or not 0 < args.guard_max_complaint <= 1):
@@ -357,15 +360,10 @@ def _train_products(args: argparse.Namespace) -> int:
         raise UsageError(f"--logs: {_shown(args.logs)} has no products/ directory (serve RecommendProduct with --log-dir)")
     created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     version = args.model_version or f"products-{created.replace('-', '').replace(':', '')}-s{args.seed}"
-    config = ProductTrainConfig(deltas=deltas, max_rows=args.max_rows or MAX_ROWS, seed=args.seed)
-    if args.delta_encoder is not None:
-        config = dataclasses.replace(config, encoder_delta=args.delta_encoder)
-    if encoder_layers is not None:
-        config = dataclasses.replace(config, encoder_layers=encoder_layers)
-    if args.no_guard:
-        config = dataclasses.replace(config, guard=None)
-    elif args.guard_max_complaint is not None:
-        config = dataclasses.replace(config, guard=GuardConfig(max_complaint=args.guard_max_complaint))
+    config = ProductTrainConfig.of(ProductStepConfig(  # as cycle's "products" (the flags are checked above, by name)
+        delta_category=args.delta_category, delta_sku=args.delta_sku, delta_price_band=args.delta_price_band,
+        delta_encoder=args.delta_encoder, encoder_layers=args.encoder_layers, max_rows=args.max_rows, guard=not args.no_guard,
+        guard_max_complaint=args.guard_max_complaint), seed=args.seed)
     try:
         result = train_products(source.table("products"), source.table("outcomes"), init, version, created, config)
     except ValueError as exc:

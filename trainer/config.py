@@ -121,6 +121,63 @@ class GuardConfig:
         }
 
 
+@dataclass(frozen=True, slots=True)
+class ProductStepConfig:
+    """``cycle``'s product step (``trainer.cycle_products``), as ``train-products``' flags set it; a field left None keeps
+    that command's default (``trainer.product_train``), ``max_rows`` the step's own (``cycle_products.MAX_ROWS``)."""
+
+    delta_category: float | None = None
+    """Trust region of the category layer's step (KL of its served distribution)."""
+    delta_sku: float | None = None
+    """... of the SKU layer's."""
+    delta_price_band: float | None = None
+    """... of the price band layer's."""
+    delta_encoder: float | None = None
+    """The shared encoder's region on the sum of the layers' KL; 0 holds it fixed."""
+    encoder_layers: str | None = None
+    """The layers whose data teach the encoder, comma-separated (``sku,price_band``); None: all three."""
+    max_rows: int | None = None
+    """Product decisions a run trains on at most (whole sessions)."""
+    guard: bool = True
+    """Train the per-layer complaint guards (false: the published heads carry none)."""
+    guard_max_complaint: float | None = None
+    """The guards' veto threshold (a complaint probability in (0, 1])."""
+    guard_steps: int | None = None
+    """Optimiser steps of each layer's guard."""
+
+    def __post_init__(self) -> None:
+        problems = type_problems(self)
+        if not problems:
+            for name in ("delta_category", "delta_sku", "delta_price_band"):
+                value = getattr(self, name)
+                if value is not None and not (value > 0 and math.isfinite(value)):
+                    problems.append(f"{name}: expected > 0, got {value}")
+            if self.delta_encoder is not None and not (self.delta_encoder >= 0 and math.isfinite(self.delta_encoder)):
+                problems.append(f"delta_encoder: expected >= 0, got {self.delta_encoder}")
+            if self.encoder_layers is not None:
+                from trainer.product_data import parse_layers
+
+                try:
+                    parse_layers(self.encoder_layers)
+                except ValueError as exc:
+                    problems.append(f"encoder_layers: {exc}")
+                if self.delta_encoder == 0:
+                    problems.append("encoder_layers: the encoder is held fixed (delta_encoder 0), so nothing teaches it")
+            for name in ("max_rows", "guard_steps"):
+                if getattr(self, name) is not None and getattr(self, name) < 1:
+                    problems.append(f"{name}: expected an integer >= 1, got {getattr(self, name)}")
+            limit = self.guard_max_complaint
+            if limit is not None and not (0 < limit <= 1 and self.guard):
+                problems.append(f"guard_max_complaint: expected a probability in (0, 1] with guard true, got {limit}")
+            if self.guard_steps is not None and not self.guard:
+                problems.append("guard_steps: the guards are not trained (guard false)")
+        if problems:
+            raise ValueError("products: " + "; ".join(problems))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
 class GateLimits(TypedDict):
     """The keyword arguments of ``trainer.evaluation.gate`` a ``TrainConfig`` sets."""
 
@@ -255,6 +312,8 @@ class TrainConfig:
     """Above this mean KL(new ‖ behaviour) on the logged states the run warns and marks the manifest."""
     guard: GuardConfig = field(default_factory=GuardConfig)
     """How the Action Guard is labelled, trained and thresholded."""
+    products: ProductStepConfig = field(default_factory=ProductStepConfig)
+    """``cycle``'s ``RecommendProduct`` step (a bundle with product heads): its regions, data and guards."""
     tolerance: float = 0.0
     """Gate: publish when the paired lower bound of (new − current) DR value is ≥ −tolerance (in the business
     objective's units: currency per session)."""
@@ -308,6 +367,8 @@ class TrainConfig:
             problems.append(f"second_look_level: expected in [0.5, 1) or None, got {self.second_look_level}")
         if self.min_trajectory_ess is not None and not 0.0 < self.min_trajectory_ess <= 1.0:
             problems.append(f"min_trajectory_ess: expected in (0, 1] or None, got {self.min_trajectory_ess}")
+        if not isinstance(self.products, ProductStepConfig):
+            problems.append(f"products: expected ProductStepConfig, got {type(self.products).__name__}")
         if self.engagement_weights is not None and not isinstance(self.engagement_weights, EngagementWeights):
             problems.append(f"engagement_weights: expected EngagementWeights or None (EngagementWeights.from_dict for JSON), got "
                             f"{type(self.engagement_weights).__name__}")
@@ -340,8 +401,10 @@ class TrainConfig:
             raise ValueError("; ".join(problems))
 
     def to_dict(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("guard", "engagement_weights")}
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+               if f.name not in ("guard", "products", "engagement_weights")}
         out["guard"] = self.guard.to_dict()
+        out["products"] = self.products.to_dict()
         out["engagement_weights"] = None if self.engagement_weights is None else self.engagement_weights.to_dict()
         return out
 

@@ -202,8 +202,9 @@ def window_start(window: Window) -> float | None:
 
 def _products(args: argparse.Namespace, init: Any, result: Any, versions: list[str], since: float | None,
               config: TrainConfig) -> ProductStep | None:
-    """The product step (``trainer.cycle_products``) when the trained bundle carries product heads, with the run's seed and
-    gate tolerance; a failure there is reported and leaves the flat decision's outcome alone."""
+    """The product step (``trainer.cycle_products``) when the trained bundle carries product heads, as the run's
+    ``products`` asks, with its seed and gate tolerance; a failure there is reported and leaves the flat decision's
+    outcome alone."""
     from trainer.cli import _source
     from trainer.cycle_products import MAX_ROWS as PRODUCT_ROWS
     from trainer.cycle_products import ProductStep, product_step
@@ -213,7 +214,7 @@ def _products(args: argparse.Namespace, init: Any, result: Any, versions: list[s
         return None
     try:
         return product_step(_source(args.logs, init), init, versions, result.manifest["created_at"],
-                            ProductTrainConfig(seed=config.seed, tolerance=config.tolerance, max_rows=PRODUCT_ROWS), since=since)
+                            ProductTrainConfig.of(config.products, config.seed, config.tolerance, PRODUCT_ROWS), since=since)
     except Exception as exc:  # optional: the flat decision is published or refused on its own merits
         log.exception("the product step failed; the candidate keeps the heads it was trained from")
         return ProductStep({"error": f"{type(exc).__name__}: {exc}"})

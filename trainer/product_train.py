@@ -11,6 +11,7 @@ so a rerun on the same logs trains on the same rows and gives the same bytes.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,9 +22,10 @@ import pyarrow as pa
 import torch
 
 from experience.sessions import first_copies, session_codes, session_hashes, split_by_session
+from trainer.config import ProductStepConfig
 from trainer.init_arrays import trainable_product, trainable_product_guards
 from trainer.product_checks import usable_products
-from trainer.product_data import LAYERS, layer_widths, product_rows
+from trainer.product_data import LAYERS, layer_widths, parse_layers, product_rows
 from trainer.product_gate import judge
 from trainer.product_guard import GuardConfig, PreviousGuard, train_guards
 from trainer.product_update import DELTAS, ENCODER_DELTA, update_heads
@@ -65,6 +67,23 @@ class ProductTrainConfig:
     def __post_init__(self) -> None:
         if self.encoder_layers is not None and (not self.encoder_layers or not set(self.encoder_layers) <= set(self.layers)):
             raise ValueError(f"encoder_layers: expected some of the layers trained {self.layers}, got {self.encoder_layers}")
+
+    @classmethod
+    def of(cls, step: ProductStepConfig, seed: int = 0, tolerance: float = 0.0, max_rows: int = MAX_ROWS) -> ProductTrainConfig:
+        """The config ``step`` asks for (``train-products``' flags, ``cycle``'s ``products``); ``max_rows`` where it
+        names none."""
+        deltas = {**DELTAS, **{layer: value for layer, value in (("category", step.delta_category), ("sku", step.delta_sku),
+                                                                  ("price_band", step.delta_price_band)) if value is not None}}
+        guard = None
+        if step.guard:
+            guard = GuardConfig()
+            if step.guard_max_complaint is not None:
+                guard = dataclasses.replace(guard, max_complaint=step.guard_max_complaint)
+            if step.guard_steps is not None:
+                guard = dataclasses.replace(guard, steps=step.guard_steps)
+        return cls(deltas=deltas, max_rows=step.max_rows or max_rows, seed=seed, tolerance=tolerance,
+                   encoder_delta=ENCODER_DELTA if step.delta_encoder is None else step.delta_encoder,
+                   encoder_layers=None if step.encoder_layers is None else parse_layers(step.encoder_layers), guard=guard)
 
     def to_dict(self) -> dict[str, Any]:
         return {"deltas": dict(self.deltas), "layers": list(self.layers), "max_rows": self.max_rows, "seed": self.seed,

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tests.harness import trainer_in_process
-from trainer.config import GuardConfig, TrainConfig
+from trainer.config import GuardConfig, ProductStepConfig, TrainConfig
 
 
 @pytest.mark.parametrize(("fields", "message"), [
@@ -40,8 +40,34 @@ def test_the_command_refuses_a_wrong_type_before_reading_any_logs(tmp_path: Path
                          ({"guard": None}, "--config: guard: expected an object, got NoneType"),
                          ({"guard": {"epoch": 2}},
                           f"--config: guard: unknown key(s) ['epoch']; allowed: {[f.name for f in dataclasses.fields(GuardConfig)]}"),
-                         ({"guard": {"epochs": "2"}}, "--config: guard: epochs: expected an integer, got '2'")):
+                         ({"guard": {"epochs": "2"}}, "--config: guard: epochs: expected an integer, got '2'"),
+                         ({"products": {"delta_sku": 0}}, "--config: products: delta_sku: expected > 0, got 0"),
+                         ({"products": {"guard": False, "guard_steps": 10}},
+                          "--config: products: guard_steps: the guards are not trained (guard false)"),
+                         ({"products": {"encoder_layers": "sku,colour"}}, "--config: products: encoder_layers: expected distinct "
+                          "layers among category, sku, price_band, got 'sku,colour'"),
+                         ({"products": {"delta": 1}}, "--config: products: unknown key(s) ['delta']; allowed: "
+                          f"{[f.name for f in dataclasses.fields(ProductStepConfig)]}")):
         config.write_text(json.dumps(fields))
         code, _, err = trainer_in_process("train", "--logs", str(tmp_path / "nologs"), "--out", str(tmp_path / "x.bundle"),
                                           "--config", str(config), "--device", "cpu")
         assert code == 2 and err.strip().endswith(says), err
+
+
+def test_cycles_products_become_the_config_train_products_flags_make() -> None:
+    """``cycle``'s ``products`` and ``train-products``' flags build one ``ProductTrainConfig`` (``ProductTrainConfig.of``);
+    what is left unset keeps that command's defaults."""
+    from trainer.product_train import MAX_ROWS, ProductTrainConfig
+    from trainer.product_update import DELTAS, ENCODER_DELTA
+
+    default = ProductTrainConfig.of(ProductStepConfig(), seed=3, tolerance=0.5, max_rows=12_000)
+    assert default == ProductTrainConfig(seed=3, tolerance=0.5, max_rows=12_000)
+    assert dict(default.deltas) == DELTAS and default.encoder_delta == ENCODER_DELTA and default.guard is not None
+    step = ProductStepConfig(delta_sku=0.07, delta_encoder=0.0, max_rows=500, guard_max_complaint=0.2, guard_steps=50)
+    made = ProductTrainConfig.of(step)
+    assert dict(made.deltas) == {**DELTAS, "sku": 0.07} and made.encoder_delta == 0.0 and made.max_rows == 500
+    assert made.guard is not None and (made.guard.max_complaint, made.guard.steps) == (0.2, 50)
+    assert ProductTrainConfig.of(ProductStepConfig(guard=False)).guard is None
+    assert ProductTrainConfig.of(ProductStepConfig(encoder_layers="sku,price-band")).encoder_layers == ("sku", "price_band")
+    assert ProductTrainConfig.of(ProductStepConfig()).max_rows == MAX_ROWS  # train-products' own
+    assert TrainConfig(products=step).to_dict()["products"]["delta_sku"] == 0.07  # recorded in the manifest

@@ -112,7 +112,8 @@ def _heads(bundle: Bundle) -> str:
     return hashlib.sha256(b"".join(bundle.parts[name] for name in names)).hexdigest()[:8]
 
 
-FAST = {"updates": 1, "batch": 8192, "value_epochs": 1, "guard": {"epochs": 1}, "bootstrap": 50}
+FAST = {"updates": 1, "batch": 8192, "value_epochs": 1, "guard": {"epochs": 1}, "bootstrap": 50,
+        "products": {"guard_steps": 300}}  # (2,000 by default: a guard's quality is tests/trainer/test_product_guard_train.py's)
 
 
 def _parts(bundle: Bundle, names: tuple[str, ...]) -> dict[str, bytes]:
@@ -170,6 +171,8 @@ def test_a_cycle_trains_the_heads_and_publishes_them_with_the_candidate_or_alone
     # The flat candidate published (forced): it carries the same new heads (the same logs and seed).
     forced, published = _forced(logs, tmp_path, start, {**FAST, "tolerance": 3.0}, "with")
     assert forced["products"]["publish"] is True
+    config = published.manifest["product_training"]["config"]  # the run's "products", as train-products' flags set them
+    assert config["guard"]["steps"] == 300 and config["deltas"] == {"category": 0.03, "sku": 0.05, "price_band": 0.02}
     assert _parts(published, PRODUCT_PARTS) == _parts(active, PRODUCT_PARTS)
     assert _parts(published, FLAT_PARTS) != _parts(started, FLAT_PARTS)
     assert published.manifest["product_training"]["layers"] == products["layers"]
