@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import errno
 import json
+import os
 import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -27,6 +28,8 @@ EXIT_OK = 0
 EXIT_INVALID = 1
 EXIT_ERROR = 2
 _IO_REASONS = {"io", "index"}
+PUBLIC_KEY_ENV = "SHOPPING_AGENT_BUNDLE_PUBLIC_KEY"
+"""The servers' ``--bundle-public-key`` as an environment variable (``server.config``): the default of ``--public-key``."""
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -88,9 +91,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _validation(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--public-key", type=Path, help="accept only bundles signed by this Ed25519 public key (PEM), as the servers do")
+    p.add_argument("--public-key", type=Path, default=_path_from_env(PUBLIC_KEY_ENV),
+                   help=f"accept only bundles signed by this Ed25519 public key (PEM), as the servers do (default: "
+                        f"${PUBLIC_KEY_ENV}, the servers' --bundle-public-key, so a publish or rollback where they set it "
+                        "activates nothing they would refuse)")
     p.add_argument("--validate-memory-mb", type=int, default=SandboxLimits().memory_bytes // 2**20,
                    help="address-space limit of the validating child process (default %(default)s; 0: validate in-process)")
+
+
+def _path_from_env(name: str) -> Path | None:
+    value = os.environ.get(name, "")
+    return Path(value) if value else None
 
 
 def _validator(args: argparse.Namespace) -> Validator:
@@ -154,7 +165,10 @@ def _init(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    bundle = _validator(args)(read_file(args.file))
+    try:
+        bundle = _validator(args)(read_file(args.file))
+    except BundleError as exc:  # named: the line may be one of many in a script's log
+        raise BundleError(exc.reason, f"{args.file}: {exc}") from None
     print(f"ok {bundle.model_version}{' (signed)' if bundle.signature is not None else ''}")
     return EXIT_OK
 
@@ -188,6 +202,9 @@ def _publish(args: argparse.Namespace) -> int:
 
 
 def _rollback(args: argparse.Namespace) -> int:
+    if not args.dir.is_dir():  # a volume not mounted is no refusal (exit 1 reads as one to the Job): nothing to roll
+        print(f"error (io): --dir {args.dir} is not a directory", file=sys.stderr)
+        return EXIT_ERROR
     result = WeightsStore(args.dir, _validator(args)).rollback(args.to)
     print(_result_line(result))
     return EXIT_OK
@@ -224,9 +241,10 @@ def _show_dir(store: WeightsStore, as_json: bool) -> int:
         problem = exc
     history = [{**vars(e), "active": e.sha256 == active_sha} for e in entries]
     canary = _canary_of(store)
+    pending = _pending_of(store)
     if as_json:
         out: dict[str, Any] = {"directory": str(store.directory), "active_sha256": active_sha, "active": manifest, "history": history,
-                               "canary": canary}
+                               "canary": canary, "pending": pending}
         if problem is not None:
             out["active_error"] = {"reason": problem.reason, "message": str(problem)}
         print(json.dumps(out, indent=2, sort_keys=True))
@@ -247,8 +265,16 @@ def _show_dir(store: WeightsStore, as_json: bool) -> int:
         elif "error" in canary:
             lines.append(_row("canary", f"unreadable: {canary['error']}"))
         else:
-            lines.append(_row("canary", f"{canary['model_version']} on {canary['fraction']:g} of the sessions, judged "
-                                        f"{canary['looks']} times (sha256 {canary['sha256']})"))
+            lines.append(_row("canary", f"{canary['model_version']} asks for {canary['fraction']:g} of the sessions (each server "
+                                        f"caps it at its --max-canary-fraction), judged {canary['looks']} times "
+                                        f"(sha256 {canary['sha256']})"))
+        if pending is None:
+            lines.append(_row("pending", "(none)"))
+        elif "error" in pending:
+            lines.append(_row("pending", f"unreadable: {pending['error']}"))
+        else:
+            lines.append(_row("pending", f"{pending['model_version']}, kept for a second look (sha256 {pending['sha256']}; "
+                                         f"rm {store.pending_path} to discard it)"))
         _print_lines(lines)
     return EXIT_INVALID if problem is not None else EXIT_OK
 
@@ -264,6 +290,17 @@ def _canary_of(store: WeightsStore) -> dict[str, Any] | None:
         return {"model_version": version, "fraction": fraction_of(manifest), "looks": store.canary_looks(version),
                 "sha256": sha256(data)}
     except (BundleError, ValueError, OSError) as exc:
+        return {"error": str(exc)}
+
+
+def _pending_of(store: WeightsStore) -> dict[str, Any] | None:
+    """The candidate kept for a second look (its manifest only, never validated); None without one."""
+    try:
+        data = store.pending()
+        if data is None:
+            return None
+        return {"model_version": str(read_bundle(data).manifest["model_version"]), "sha256": sha256(data)}
+    except (BundleError, KeyError, OSError) as exc:
         return {"error": str(exc)}
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import subprocess
 import sys
 import zipfile
@@ -77,8 +78,9 @@ def test_key_files_of_the_wrong_kind_are_clear_errors(keys: dict[str, Path], tmp
         load_public_key(tmp_path / "junk.pem")
 
 
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "server", "weights", *args], capture_output=True, text=True, timeout=120, cwd=ROOT)
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "server", "weights", *args], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                          env={**os.environ, **(env or {})})
 
 
 def test_keygen_writes_the_pair_or_nothing(tmp_path: Path, small_disk: SmallDisk) -> None:
@@ -116,3 +118,28 @@ def test_keygen_sign_verify_and_publish_on_the_command_line(tmp_path: Path) -> N
     out = cli("publish", str(unsigned), "--dir", str(pv), "--public-key", str(tmp_path / "k.pub"), "--sign-key", str(tmp_path / "k"))
     assert out.returncode == 0, out.stderr
     assert read_bundle(pv / "weights_active.bundle").signature is not None
+
+
+def test_where_the_servers_key_is_set_publish_and_rollback_check_against_it(tmp_path: Path) -> None:
+    """The rollback Job runs ``weights rollback --dir`` with no ``--public-key``: where the servers load only signed
+    bundles it reported "rolled back" to an unsigned version they refused, so nothing changed while ``show`` named it
+    active (a review). ``--public-key`` now defaults to the servers' own variable."""
+    from server.config import ENV_PREFIX
+    from weights.cli import PUBLIC_KEY_ENV
+
+    assert PUBLIC_KEY_ENV == ENV_PREFIX + "BUNDLE_PUBLIC_KEY"  # the variable the servers read (server.config)
+    assert cli("keygen", "--private", str(tmp_path / "k"), "--public", str(tmp_path / "k.pub")).returncode == 0
+    pv, unsigned, later = tmp_path / "pv", tmp_path / "u.bundle", tmp_path / "u3.bundle"
+    unsigned.write_bytes(hostile.rebuilt(model_version="v1"))
+    later.write_bytes(hostile.rebuilt(model_version="v3"))
+    assert cli("publish", str(unsigned), "--dir", str(pv)).returncode == 0  # before signing was turned on
+    signed = tmp_path / "s.bundle"
+    signed.write_bytes(hostile.rebuilt(model_version="v2"))
+    assert cli("publish", str(signed), "--dir", str(pv), "--sign-key", str(tmp_path / "k")).returncode == 0
+    env = {PUBLIC_KEY_ENV: str(tmp_path / "k.pub")}
+    out = cli("rollback", "--dir", str(pv), env=env)
+    assert out.returncode == 1 and "refused (signature)" in out.stderr, out.stderr
+    assert read_bundle(pv / "weights_active.bundle").model_version == "v2"  # the servers' bundle stays active
+    out = cli("publish", str(later), "--dir", str(pv), env=env)
+    assert out.returncode == 1 and "refused (signature)" in out.stderr
+    assert cli("rollback", "--dir", str(pv), env={PUBLIC_KEY_ENV: ""}).returncode == 0  # unset: as before

@@ -91,7 +91,7 @@ def test_verify_gives_the_reason_and_exit_1(files: dict[str, Path], nan_file: Pa
     out = cli("verify", files["truncated"])
     assert out.returncode == 1 and out.stderr.startswith("invalid (format): "), said(out)
     out = cli("verify", nan_file)
-    assert out.returncode == 1 and out.stderr.startswith("invalid (nonfinite): behavior_table.npy"), said(out)
+    assert out.returncode == 1 and out.stderr.startswith(f"invalid (nonfinite): {nan_file}: behavior_table.npy"), said(out)
     out = cli("verify", tmp_path / "missing.bundle")
     assert out.returncode == 2 and "No such file" in out.stderr
 
@@ -147,12 +147,19 @@ def test_publish_rollback_and_show_a_weights_directory(files: dict[str, Path], t
     out = cli("show", "--dir", pv)
     assert out.returncode == 0 and "model_version     v2" in out.stdout and "* v2" in out.stdout
     assert shown["canary"] is None and "canary            (none)" in out.stdout
+    assert shown["pending"] is None and "pending           (none)" in out.stdout
     store = WeightsStore(pv, partial(verify, limits=None))
+    store.hold(variant_bytes("k3"))  # a candidate kept for a second look: operators are told to rm it, so show it
+    shown = json.loads(cli("show", "--dir", pv, "--json").stdout)["pending"]
+    assert shown["model_version"] == "k3" and f"k3, kept for a second look (sha256 {shown['sha256']}; rm {store.pending_path}" in \
+        cli("show", "--dir", pv).stdout
+    store.drop_pending()
     store.start_canary(variant_bytes("c1", canary=0.05))
     store.count_canary_look("c1")
     shown = json.loads(cli("show", "--dir", pv, "--json").stdout)["canary"]
     assert {k: shown[k] for k in ("model_version", "fraction", "looks")} == {"model_version": "c1", "fraction": 0.05, "looks": 1}
-    assert "c1 on 0.05 of the sessions, judged 1 times" in cli("show", "--dir", pv).stdout
+    assert "c1 asks for 0.05 of the sessions (each server caps it at its --max-canary-fraction), judged 1 times" in \
+        cli("show", "--dir", pv).stdout
     store.canary_path.write_bytes(b"not a bundle")
     assert "canary            unreadable:" in cli("show", "--dir", pv).stdout
     store.drop_canary()
@@ -167,6 +174,10 @@ def test_publish_rollback_and_show_a_weights_directory(files: dict[str, Path], t
     out = cli("rollback", "--dir", pv, "--to", "v7")
     assert out.returncode == 1 and out.stderr.startswith("refused (unknown_version)")
     assert no_temp_files(pv)
+    out = cli("rollback", "--dir", tmp_path / "not-mounted")  # exit 1 is a refusal to the Job: this is no refusal
+    assert (out.returncode, out.stderr) == (2, f"error (io): --dir {tmp_path / 'not-mounted'} is not a directory\n")
+    out = cli("verify", files["truncated"])  # the file named, as in a script's log of many
+    assert out.returncode == 1 and out.stderr.startswith(f"invalid (format): {files['truncated']}: "), out.stderr
 
 
 @pytest.mark.parametrize("bad", ["truncated", "nan", "other-v1"])
