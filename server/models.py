@@ -66,12 +66,20 @@ class ModelHolder:
 
     def set_canary(self, route: CanaryRoute | None) -> None:
         self.canary = route
-        if self._on_canary is not None:
-            self._on_canary(route)
+        self._notify_canary()
 
     def swap(self, model: ModelSet | NoModel) -> None:
         self.current = model
         self._notify(model)
+        if self.canary is not None:  # whether it serves anyone depends on the active one too
+            self._notify_canary()
+
+    def _notify_canary(self) -> None:
+        """``on_canary`` hears the canary that answers some sessions, or None: none, or one that serves nobody beside the
+        active set (its own version: a promotion whose drop did not happen; another item dimension)."""
+        if self._on_canary is not None:
+            route = self.canary
+            self._on_canary(route if route is not None and route.serves_beside(self.current) else None)
 
     def _notify(self, model: ModelSet | NoModel) -> None:
         if self._on_swap is not None:

@@ -73,11 +73,15 @@ class CanaryRoute:
     def takes(self, session_id: str) -> bool:
         return takes(self.model.version, session_id, self.fraction)
 
+    def serves_beside(self, current: Served) -> bool:
+        """Whether it answers any session beside ``current``: not when it is the active version, nor when it cannot read
+        the active one's requests."""
+        return bool(self.model.item_dim == current.item_dim and self.model.version != current.version)
+
     def choose(self, current: Served, session_id: str) -> Any:
         """The model set that answers ``session_id``: the canary's share, unless it cannot read the active one's requests."""
-        model = self.model
-        if model.item_dim == current.item_dim and model.version != current.version and self.takes(session_id):
-            return model
+        if self.serves_beside(current) and self.takes(session_id):
+            return self.model
         return current
 
 

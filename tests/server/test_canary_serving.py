@@ -55,6 +55,18 @@ def test_the_canary_serves_its_share_by_the_session_hash_and_stops_when_its_file
         assert set(_served(live).values()) == {"v1"}
 
 
+def test_a_canary_of_the_active_version_serves_nobody_and_the_gauge_says_so(weights_dir: Path) -> None:
+    """Its promotion published it and stopped before dropping its file: every session gets the active set, so no series
+    (the gauge said 0.3: a review of the weights workflows)."""
+    with _serve(weights_dir) as live:
+        until(lambda: _fraction(live, "c1") == 0.3, "the canary to load")
+        publish(weights_dir, bundle_bytes("c1", canary={"fraction": 0.3}))  # the same bytes as the canary's file
+        until(lambda: _fraction(live, "c1") is None, "the gauge to follow the swap")
+        assert set(_served(live).values()) == {"c1"}
+        publish(weights_dir, bundle_bytes("v2"))  # another active version: the canary serves its share again
+        until(lambda: _fraction(live, "c1") == 0.3, "the canary to serve beside v2")
+
+
 def test_the_servers_cap_bounds_the_share_and_a_cap_of_zero_serves_no_canary(weights_dir: Path) -> None:
     with _serve(weights_dir, max_canary_fraction=0.1) as live:
         until(lambda: _fraction(live, "c1") == 0.1, "the capped canary to load")
