@@ -139,6 +139,11 @@ def train_products(products: pa.Table, outcomes: pa.Table, bundle: Bundle, model
     distinct = first_copies(products, np.arange(logged, dtype=np.int64))  # a copied segment's rows once (the oldest copy)
     if len(distinct) < logged:
         products = products.take(pa.array(distinct))
+    # In one order whatever the files' (the cross-fitting folds and the guards' validation split go by position): `logs
+    # compact` sorts each hour by session, and the same rows had trained other heads and moved the gate (a review).
+    products = products.sort_by([("session_id", "ascending"), ("time_s", "ascending"), ("decision_id", "ascending")])
+    outcomes = outcomes.sort_by([("session_id", "ascending"), ("event_time_s", "ascending"), ("outcome_id", "ascending"),
+                                 ("received_s", "ascending")])
     torch.manual_seed(config.seed)
     model = ModelSet.load(bundle, LoadOptions(device="cpu", warmup_batch=1))
     products, outcomes, dropped = usable_products(products, outcomes, model.encoder.spec, layer_widths(model))  # rows no server
