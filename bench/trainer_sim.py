@@ -5,11 +5,13 @@
 In one run: ``--sessions`` simulated sessions served by the untrained bundle (the one the
 default is built from) are logged through the real recorder; the trainer runs on them once per
 advantage estimator, same seed: ``baseline`` (G − V̂(s)), ``group`` (z-scores of G within the
-page type) and ``critic`` (R_ψ(s, a) − V_φ(s), ``trainer.critic``). Then the simulator's true
-mean_return of the behaviour and of every new bundle on ``--eval-sessions`` sessions of an
-unseen world seed (same shoppers and dice for all), each new bundle's difference from the
-``baseline`` one paired over those sessions, and each new bundle's offline DR estimate on the
-held-out logs. Every loop is bounded by the flags.
+page type) and ``critic`` (R_ψ(s, a) − V_φ(s), ``trainer.critic``). One world (``--seed``): the logs are its
+sessions ``[0, --sessions)``, the truth its sessions ``[10⁶, 10⁶ + --eval-sessions)`` (disjoint, the same shoppers
+and dice for every bundle). Per bundle, two comparable figures of the business objective per session (net GMV −
+10 per complaint, undiscounted: γ = 1): the truth on the truth sessions, and the gate's offline DR estimate
+(``evaluate_bundle`` at its defaults) on the held-out side of the logs; and, apart, the training return G₀
+(the trainer's reward, γ = ``TrainConfig.gamma`` = 0.85), which is not the objective. Each new bundle's
+difference from the ``baseline`` one is paired over the truth sessions. Every loop is bounded by the flags.
 
 A run whose training metrics equal the ``baseline`` run's is flagged ``same_as_baseline``: with
 the same seed, that is what an estimator the trainer does not dispatch on (it falls through to
@@ -30,7 +32,7 @@ from zoneinfo import ZoneInfo
 
 import numpy as np
 
-from bench.loop import UNTRAINED
+from bench.loop import TRUTH_FIRST, UNTRAINED
 from bench.procs import REPO
 from bench.report import write_results
 from experience.objective import BusinessObjective
@@ -41,7 +43,7 @@ from simulator.config import SimConfig
 from simulator.drive import Trace, run_in_process, run_logged
 from simulator.world import World
 from trainer.config import TrainConfig
-from trainer.data import episode_config, split
+from trainer.data import split
 from trainer.evaluation import evaluate_bundle
 from trainer.train import train
 from weights.bundle import read_bundle
@@ -59,23 +61,27 @@ def per_session(trace: Trace, ids: Sequence[str]) -> dict[str, np.ndarray]:
     return {"mean_return": np.array([g0.get(i, 0.0) for i in ids]), "objective": BusinessObjective().per_session(ids, outcomes).objective}
 
 
+def interval(x: np.ndarray) -> dict[str, float]:
+    """Mean of ``x`` with its 95 % normal interval."""
+    m, se = float(x.mean()), float(x.std(ddof=1) / math.sqrt(len(x)))
+    return {"mean": m, "ci_low": m - Z_95 * se, "ci_high": m + Z_95 * se}
+
+
 def paired(a: np.ndarray, b: np.ndarray) -> dict[str, float]:
     """Mean of a − b over the same sessions with its 95 % normal interval."""
-    d = a - b
-    m, se = float(d.mean()), float(d.std(ddof=1) / math.sqrt(len(d)))
-    return {"mean": m, "ci_low": m - Z_95 * se, "ci_high": m + Z_95 * se}
+    return interval(a - b)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.trainer_sim", description=__doc__.splitlines()[0])
     p.add_argument("--sessions", type=int, default=6000)
     p.add_argument("--eval-sessions", type=int, default=4000)
-    p.add_argument("--seed", type=int, default=1130, help="world seed of the logs")
-    p.add_argument("--eval-seed", type=int, default=99, help="world seed of the true values")
+    p.add_argument("--seed", type=int, default=1130, help="the world: its sessions [0, --sessions) are logged, "
+                   "[10⁶, 10⁶ + --eval-sessions) are the truth")
     p.add_argument("--advantages", default=",".join(ADVANTAGES), help="comma-separated TrainConfig.advantage values, baseline first")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
-    if not (100 <= args.sessions <= 200_000 and 100 <= args.eval_sessions <= 200_000):
+    if not (100 <= args.sessions <= 200_000 and 100 <= args.eval_sessions <= 200_000) or args.sessions > TRUTH_FIRST:
         p.error("--sessions and --eval-sessions: 100 .. 200,000")
     advantages = [a for a in args.advantages.split(",") if a]
     if not advantages or advantages[0] != "baseline" or len(set(advantages)) != len(advantages) or not set(advantages) <= set(ADVANTAGES):
@@ -87,23 +93,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_logged(World(SimConfig(), args.seed), behaviour, range(args.sessions), ZoneInfo("UTC"), Path(tmp), b"bench".ljust(32, b"."))
         source = DirectorySource(Path(tmp))
         decisions, outcomes = source.table("decisions"), source.table("outcomes")
-    eval_world = World(SimConfig(), args.eval_seed)
-    ids: list[str] = []
+    world = World(SimConfig(), args.seed)
+    truth_sessions = range(TRUTH_FIRST, TRUTH_FIRST + args.eval_sessions)
+    ids = [f"sim{world.seed}-s{i}" for i in truth_sessions]
 
     def truth(model: ModelSet) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-        trace = run_in_process(eval_world, model, range(args.eval_sessions), ZoneInfo("UTC"))
-        if not ids:
-            ids.extend(dict.fromkeys(trace.decision_sessions))
-        s = trace.summary()
-        row: dict[str, Any] = {"mean_return": s["mean_return"], "ci_low": s["ci_low"], "ci_high": s["ci_high"],
-               **{k: s[k] for k in ("objective_per_session", "net_gmv_per_session") if k in s}}
-        return row, per_session(trace, ids)
+        """On the truth sessions: the business objective per session (γ = 1) and the training return G₀ (γ = 0.85)."""
+        values = per_session(run_in_process(world, model, truth_sessions, ZoneInfo("UTC")), ids)
+        return {"objective_per_session": interval(values["objective"]),
+                "training_return_g0_gamma_0.85": interval(values["mean_return"])}, values
 
+    behaviour_dr = evaluate_bundle(behaviour, *split(decisions, outcomes, TrainConfig().heldout_fraction, TrainConfig().seed)[1],
+                                     n_boot=200).report.dr
     behaviour_truth, _ = truth(behaviour)
-    result: dict[str, Any] = {"logs": {"sessions": args.sessions, "decisions": decisions.num_rows, "outcomes": outcomes.num_rows},
-                              "behaviour": behaviour_truth}
-    print(f"logs: {decisions.num_rows:,} decisions from {args.sessions:,} sessions; behaviour true value "
-          f"{behaviour_truth['mean_return']:.3f}")
+    behaviour_truth["offline_dr_objective"] = behaviour_dr.to_dict() if behaviour_dr else None
+    result: dict[str, Any] = {"world_seed": args.seed, "logs": {"sessions": [0, args.sessions], "decisions": decisions.num_rows,
+                                                                 "outcomes": outcomes.num_rows},
+                              "truth_sessions": [truth_sessions.start, truth_sessions.stop], "behaviour": behaviour_truth}
+    o = behaviour_truth["objective_per_session"]
+    print(f"world {args.seed}: logs {decisions.num_rows:,} decisions from sessions [0, {args.sessions:,}); truth on sessions "
+          f"[{truth_sessions.start:,}, {truth_sessions.stop:,})\nobjective per session (γ = 1): the true value on the truth "
+          f"sessions, the offline DR on the held-out logs; G₀ = the training return (γ = 0.85), the truth sessions\n"
+          f"behaviour  true objective {o['mean']:.3f} [{o['ci_low']:.3f}, {o['ci_high']:.3f}]  offline DR objective "
+          f"{behaviour_dr.value if behaviour_dr else float('nan'):.3f}  "
+          f"G₀ {behaviour_truth['training_return_g0_gamma_0.85']['mean']:.3f}")
     reference: dict[str, np.ndarray] = {}
     reference_metrics: dict[str, float] = {}
     for advantage in advantages:
@@ -113,9 +126,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         seconds = time.monotonic() - started
         model = ModelSet.load(read_bundle(trained.bundle), options)
         _, (held_d, held_o) = split(decisions, outcomes, config.heldout_fraction, config.seed)
-        dr = evaluate_bundle(model, held_d, held_o, episode_config(config), n_boot=200).report.dr
+        dr = evaluate_bundle(model, held_d, held_o, n_boot=200).report.dr  # the gate's view: the objective, γ = 1
         true, values = truth(model)
-        row: dict[str, Any] = {"true": true, "offline_dr": dr.to_dict() if dr else None, "train_s": round(seconds, 1),
+        row: dict[str, Any] = {"true": true, "offline_dr_objective": dr.to_dict() if dr else None, "train_s": round(seconds, 1),
                                "kl_to_behavior": trained.metrics.get("kl_to_behavior"), "updates": trained.metrics.get("updates_accepted"),
                                **{k: v for k, v in trained.metrics.items() if k.startswith("critic_")}}
         if advantage == "baseline":
@@ -124,10 +137,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             row["vs_baseline"] = {k: paired(values[k], reference[k]) for k in values}
             row["same_as_baseline"] = trained.metrics == reference_metrics
         result[advantage] = row
-        vs: dict[str, float] | None = row["vs_baseline"]["mean_return"] if "vs_baseline" in row else None
-        print(f"{advantage:9s} true {true['mean_return']:.3f} [{true['ci_low']:.3f}, {true['ci_high']:.3f}]"
-              + (f"  vs baseline {vs['mean']:+.3f} [{vs['ci_low']:+.3f}, {vs['ci_high']:+.3f}]" if vs else "")
-              + f"  offline DR {dr.value if dr else float('nan'):.3f}  KL→behaviour {row['kl_to_behavior']:.3f}  train {seconds:.0f} s")
+        vs: dict[str, float] | None = row["vs_baseline"]["objective"] if "vs_baseline" in row else None
+        o = true["objective_per_session"]
+        print(f"{advantage:9s}  true objective {o['mean']:.3f} [{o['ci_low']:.3f}, {o['ci_high']:.3f}]"
+              + f"  offline DR objective {dr.value if dr else float('nan'):.3f}"
+              + (f"  objective vs baseline {vs['mean']:+.3f} [{vs['ci_low']:+.3f}, {vs['ci_high']:+.3f}]" if vs else "")
+              + f"  G₀ {true['training_return_g0_gamma_0.85']['mean']:.3f}  KL→behaviour {row['kl_to_behavior']:.3f}"
+              + f"  train {seconds:.0f} s")
         if row.get("same_as_baseline"):
             print(f"  warning: advantage={advantage} trained exactly as baseline did: does trainer.train dispatch on it?")
     if args.json:

@@ -2,6 +2,7 @@
 below) where they are noise, and out of sample (an over-parameterised fit of noise does not score high)."""
 
 import numpy as np
+import pytest
 
 from bench.canary_covariates import cross_fitted_r2, main
 
@@ -20,7 +21,7 @@ def test_r2_is_out_of_sample() -> None:
     assert cross_fitted_r2(x, rng.standard_normal(300), ridge=1e-6) < 0.05
 
 
-def test_bench_runs_on_a_few_sessions(capsys) -> None:
+def test_bench_runs_on_a_few_sessions(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--sessions", "400"]) == 0
     out = capsys.readouterr().out
     assert "always add_to_cart" in out and "intent policy" in out and "R² first request" in out
