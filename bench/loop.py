@@ -23,9 +23,14 @@ interval is set against the paired truth of the same two bundles (``canary_vs_tr
 
 Baselines on the same truth sessions: every constant action (the best one named), the intent
 policy that reads each shopper's hidden intent (a reference, not a bound), and Vowpal Wabbit's
-contextual-bandit learner (``--cb_adf``, doubly robust, one pass; an optional bench dependency:
-``pip install -e '.[bench]'``) trained on each cycle's logs (every row the active version logged: the
-trainer's window, held-out side included), with the return-to-go of the objective as its cost, played greedily. Intervals on differences
+contextual-bandit learner (``--cb_adf``, one pass; an optional bench dependency: ``pip install -e '.[bench]'``)
+trained on the rows of the cycle's trainer window (the sessions the window of the bundle trained that cycle selected,
+by its manifest's ``trainer.window`` record: its versions, the versions served, its sample; the gate's held-out
+sessions included; a cycle that trained nothing: the same window settings over the versions served), with the
+return-to-go of the objective as its cost, played greedily. Its setting is chosen each cycle from ``VW_GRID``
+(cb_type dr / ips / mtr × VW's default learning rate / ``-l 0.01 --power_t 0``) by the self-normalised IPS of each
+setting's greedy policy on 20 % of the window's sessions held out (a keyed hash of the session id), fit on the other
+80 %; the chosen setting is then retrained on every row of the window. The truth sessions never enter the choice. Intervals on differences
 are paired over the shared sessions. Writes ``bench/results/loop.json``, ``loop.png`` and the served policy's per-session
 truth of every cycle (``loop.per-session.npz``, for paired comparisons between runs: ``bench.engagement_ab``).
 """
@@ -36,6 +41,7 @@ import argparse
 import contextlib
 import dataclasses
 import functools
+import hashlib
 import io
 import json
 import math
@@ -124,29 +130,148 @@ def _actions_lines(label_at: int | None = None, cost: float = 0.0, prob: float =
     return [(f"0:{cost:.6f}:{prob:.6f} " if i == label_at else "") + f"|a a{int(a)}" for i, a in enumerate(SERVABLE)]
 
 
-def train_vw(decisions: pa.Table, outcomes: pa.Table, features: VWFeatures, passes: int = 1) -> Any:
-    """``--cb_adf --cb_type dr`` on the logged rows served a servable action; cost = −(return-to-go of the objective)/100."""
-    import vowpalwabbit
+VW_BASE = "--cb_adf -q sa --quiet --random_seed 1"
+VW_GRID = {
+    "dr, VW default rate": "--cb_type dr",
+    "ips, VW default rate": "--cb_type ips",
+    "mtr, VW default rate": "--cb_type mtr",
+    "dr, -l 0.01 --power_t 0": "--cb_type dr --power_t 0 -l 0.01",  # the bench's single setting before the grid
+    "ips, -l 0.01 --power_t 0": "--cb_type ips --power_t 0 -l 0.01",
+    "mtr, -l 0.01 --power_t 0": "--cb_type mtr --power_t 0 -l 0.01",
+}
+"""The settings VW is tuned over each cycle: ``VW_BASE`` plus one of these, one pass each."""
+VW_HELDOUT_SHARE = 0.2
+VW_SPLIT_KEY = b"bench-loop-vw-split"
 
+
+@dataclasses.dataclass(frozen=True)
+class VWRows:
+    """The logged rows VW learns from, as its examples: the rows that served a servable action, in episode order, with
+    the action's slot, the logged propensity and the return-to-go of the objective (γ = 1) from that row."""
+
+    shared: list[str]
+    slot: np.ndarray
+    propensity: np.ndarray
+    togo: np.ndarray
+    session: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.shared)
+
+    def labelled(self, i: int) -> list[str]:
+        return [self.shared[i], *_actions_lines(int(self.slot[i]), -float(self.togo[i]) / 100.0, float(self.propensity[i]))]
+
+
+def vw_rows(decisions: pa.Table, outcomes: pa.Table, features: VWFeatures) -> VWRows:
     episodes = build_episodes(decisions, outcomes)
     ordered = decisions.take(pa.array(episodes.rows))
     togo = discounted_returns(episodes.rewards, episodes.starts, episodes.lengths, 1.0)
-    actions = ordered.column("action").to_numpy()
-    prop = ordered.column("propensity").to_numpy()
+    slot_of = {int(a): i for i, a in enumerate(SERVABLE)}
+    slots = np.array([slot_of.get(int(a), -1) for a in ordered.column("action").to_numpy()], dtype=np.int64)
+    keep = np.flatnonzero(slots >= 0)
     hours = ordered.column("hour").to_numpy()
     buckets = ordered.column("behavior_bucket_indices").to_pylist()
     emb = np.asarray(ordered.column("item_embedding").combine_chunks().values.to_numpy(zero_copy_only=False),
                      dtype=np.float32).reshape(len(ordered), -1)
-    slot = {int(a): i for i, a in enumerate(SERVABLE)}
-    vw = vowpalwabbit.Workspace("--cb_adf --cb_type dr -q sa --quiet --power_t 0 -l 0.01 --random_seed 1")
+    projected = emb[keep] @ features.projection  # the projection of VWFeatures.shared, for every row at once
+    shared = ["shared |s " + " ".join(f"b{b}" for b in buckets[i]) + f" h{hours[i]} " + " ".join(f"e{j}:{v:.4f}" for j, v in enumerate(e))
+              for i, e in zip(keep, projected, strict=True)]
+    return VWRows(shared, slots[keep], ordered.column("propensity").to_numpy()[keep].astype(np.float64),
+                  np.asarray(togo, dtype=np.float64)[keep], np.asarray(ordered.column("session_id").to_pylist(), dtype=object)[keep])
+
+
+def heldout_sessions(session_ids: np.ndarray, share: float = VW_HELDOUT_SHARE, key: bytes = VW_SPLIT_KEY) -> np.ndarray:
+    """True for the rows of the sessions held out from VW's tuning fits: a keyed hash of the session id, so a session
+    is held out whole and the split does not depend on the rows' order."""
+    cut = int(share * 2**64)
+    memo: dict[str, bool] = {}
+    out = np.empty(len(session_ids), dtype=bool)
+    for i, s in enumerate(session_ids):
+        if (h := memo.get(s)) is None:
+            h = memo[s] = int.from_bytes(hashlib.blake2b(str(s).encode(), digest_size=8, key=key).digest(), "little") < cut
+        out[i] = h
+    return out
+
+
+def fit_vw(rows: VWRows, setting: str, which: np.ndarray | None = None, passes: int = 1) -> Any:
+    """A VW workspace (``VW_BASE`` + ``setting``) trained on ``rows`` (only those at the indices ``which``, if given)."""
+    import vowpalwabbit
+
+    vw = vowpalwabbit.Workspace(f"{VW_BASE} {setting}")
+    indices = range(len(rows)) if which is None else which
     for _ in range(passes):
-        for i in range(len(ordered)):
-            if int(actions[i]) not in slot:
-                continue
-            lines = [features.shared(buckets[i], int(hours[i]), emb[i]),
-                     *_actions_lines(slot[int(actions[i])], -togo[i] / 100.0, float(prop[i]))]
-            vw.learn(lines)
+        for i in indices:
+            vw.learn(rows.labelled(int(i)))
     return vw
+
+
+def greedy_slots(vw: Any, rows: VWRows, which: np.ndarray) -> np.ndarray:
+    """VW's greedy action slot (the least predicted cost) on the rows at ``which``."""
+    unlabelled = _actions_lines()
+    return np.array([int(np.argmin(vw.predict([rows.shared[int(i)], *unlabelled]))) for i in which], dtype=np.int64)
+
+
+def offpolicy_value(rows: VWRows, which: np.ndarray, chosen: np.ndarray) -> dict[str, float]:
+    """Per-row IPS and self-normalised IPS, on the rows at ``which``, of choosing ``chosen`` at a row and following the
+    logged behaviour after it: the return-to-go weighted by 1[chosen = logged] / logged propensity. The value VW's
+    cost regression targets; the rows' logged mean return-to-go is the behaviour's own."""
+    w = (chosen == rows.slot[which]) / rows.propensity[which]
+    r = rows.togo[which]
+    wr = w * r
+    n = len(which)
+    snips = float(wr.sum() / w.sum()) if w.sum() > 0 else math.nan
+    return {"ips": float(wr.mean()), "ips_se": float(wr.std(ddof=1) / math.sqrt(n)) if n > 1 else math.nan, "snips": snips,
+            "match_rate": float((w > 0).mean()), "rows": n, "behaviour": float(r.mean())}
+
+
+def tuned_vw(rows: VWRows, grid: dict[str, str] | None = None, passes: int = 1) -> tuple[Any, dict[str, Any]]:
+    """VW's setting chosen on the logs alone: each setting of ``grid`` is fit on the rows of the sessions not held out
+    (``heldout_sessions``), its greedy policy valued off-policy on the held-out rows (``offpolicy_value``), and the one
+    with the highest self-normalised IPS is retrained on every row. Returns it and the record of the choice."""
+    grid = VW_GRID if grid is None else grid
+    held = heldout_sessions(rows.session)
+    fit_on, judge_on = np.flatnonzero(~held), np.flatnonzero(held)
+    estimates: dict[str, dict[str, float]] = {}
+    for name, setting in grid.items():
+        vw = fit_vw(rows, setting, fit_on, passes)
+        estimates[name] = offpolicy_value(rows, judge_on, greedy_slots(vw, rows, judge_on))
+        vw.finish()
+    scored_by = {k: v["snips"] for k, v in estimates.items() if math.isfinite(v["snips"])}
+    chosen = max(scored_by, key=lambda k: scored_by[k]) if scored_by else next(iter(grid))
+    record = {"chosen": chosen, "setting": f"{VW_BASE} {grid[chosen]}", "passes": passes, "chosen_by": "snips on held-out sessions",
+              "rows": len(rows), "heldout_rows": len(judge_on), "heldout_share": VW_HELDOUT_SHARE, "heldout_estimates": estimates}
+    return fit_vw(rows, grid[chosen], None, passes), record
+
+
+def train_vw(decisions: pa.Table, outcomes: pa.Table, features: VWFeatures, passes: int = 1,
+             setting: str = "--cb_type dr --power_t 0 -l 0.01") -> Any:
+    """One VW setting (default: the bench's untuned one before the grid) on every logged row that served a servable
+    action; cost = −(return-to-go of the objective)/100."""
+    return fit_vw(vw_rows(decisions, outcomes, features), setting, None, passes)
+
+
+def trainer_window(decisions: pa.Table, outcomes: pa.Table, settings: dict[str, Any]) -> tuple[pa.Table, pa.Table]:
+    """The decisions and outcomes of the sessions a trainer window with these settings (a bundle manifest's
+    ``trainer.window`` record, or the same keys) selects from these logs: its versions, serving versions and sample."""
+    from trainer.session_index import SessionIndex
+    from trainer.window import choose, sessions_of
+
+    versions = settings.get("versions")
+    ids, _ = choose(SessionIndex.of([decisions]), settings.get("hours"), versions, settings.get("max_sessions"),
+                    int(settings.get("sample_key") or 0), settings.get("serving") or ())
+    return sessions_of(decisions, outcomes, ids)
+
+
+def window_settings(config: Path | None, serving_versions: Sequence[str]) -> dict[str, Any]:
+    """The window settings of ``--config`` (TrainConfig's defaults for the fields it leaves out) with the versions
+    served now: what ``cycle`` would read on a run that trained nothing to record."""
+    from trainer.config import TrainConfig
+
+    d = TrainConfig()
+    values = json.loads(config.read_text()) if config is not None else {}
+    return {"hours": values.get("window_hours", d.window_hours), "versions": values.get("window_versions", d.window_versions),
+            "max_sessions": values.get("max_sessions", d.max_sessions), "sample_key": values.get("sample_key", d.sample_key),
+            "serving": list(serving_versions)}
 
 
 def vw_chooser(vw: Any, features: VWFeatures) -> Choose:
@@ -268,10 +393,10 @@ def canary_against_truth(entry: dict[str, Any], previous: dict[str, Any]) -> dic
     look = entry.get("canary") or {}
     if not look.get("look") or not math.isfinite(float(look.get("estimate", math.nan))):  # no look, or too few to compare
         return None
-    if look.get("action") == "promote":
-        truth = paired(entry["truth"], previous["truth"])
-    elif "canary_bundle" in previous:  # it served this cycle's sessions next to the same active bundle
-        truth = previous["canary_bundle"]["vs_served"]
+    if "canary_bundle" in previous:  # the canary that served this cycle's sessions next to the active bundle it was judged
+        truth = previous["canary_bundle"]["vs_served"]  # against, promoted or not (a successor may be active after a promote)
+    elif look.get("action") == "promote" and not (entry.get("gate") or {}).get("published"):
+        truth = paired(entry["truth"], previous["truth"])  # the promoted canary is the active bundle after this cycle
     else:
         return None
     low, high = float(look["ci_low"]), float(look["ci_high"])
@@ -381,27 +506,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         active = ModelSet.load(read_bundle(store.active_path), options)
         cycles.append({"cycle": 0, "version": active.version,
                        "truth": scored("untrained", run_in_process(world, active, truth, UTC), world, truth)})
+        logged_before = 0
         for c in range(1, args.cycles + 1):
             t0 = time.monotonic()
             served = range(args.first_session + (c - 1) * args.sessions, args.first_session + c * args.sessions)
-            run_logged(world, serving(store, active, options), served, UTC, logs, SALT)
+            routed = serving(store, active, options)
+            served_versions = [active.version] + ([routed.route.model.version] if routed.route is not None else [])
+            run_logged(world, routed, served, UTC, logs, SALT)
             source = DirectorySource(logs)
             decisions, outcomes = source.table("decisions"), source.table("outcomes")
             mine = decisions.filter(pa.compute.equal(decisions.column("model_version"), active.version))
-            mine_o = outcomes.filter(pa.compute.is_in(outcomes.column("session_id"), pa.compute.unique(mine.column("session_id"))))
             code, report = run_cycle(logs, wdir, args.config, Path(tmp) / f"candidate-{c}.bundle", args.canary, args.canary_level)
             new_bundle = read_bundle(store.active_path)
+            trained_window = (read_bundle(Path(report["candidate"])).manifest.get("trainer", {}).get("window")
+                              if report.get("candidate") else None)  # the window of the bundle this cycle trained
             active = ModelSet.load(new_bundle, options)
             entry: dict[str, Any] = {
                 "cycle": c, "exit": code, "gate": _gate_summary(report), "version": active.version,
-                "logs": {"decisions_this_cycle": mine.num_rows, "decisions_in_directory": decisions.num_rows, **exploration(mine)},
+                "logs": {"decisions_logged_this_cycle": decisions.num_rows - logged_before,
+                         "decisions_of_version_served": mine.num_rows, "version_served": served_versions[0],
+                         "decisions_in_directory": decisions.num_rows, **exploration(mine)},
                 "manifest": {k: active.manifest.get("training_metrics", {}).get(k) for k in (
                     "kl_to_old", "kl_served_to_start", "kl_to_behavior", "updates_accepted", "updates_failed",
                     "surrogate_improvement", "effective_sample_size", "support_limited", "guard_served_kl",
                     "guard_kept_from_start", "guard_veto_dropped", "guard_veto_enabled", "guard_accuracy", "guard_never_block_accuracy",
                     "guard_false_block_rate", "guard_recall", "guard_auc", "offline_dr", "offline_dr_minus_current",
                     "engagement_mean_weight", "engagement_n_steps_weighted")},
-                "window": active.manifest.get("trainer", {}).get("window"),
+                "window": active.manifest.get("trainer", {}).get("window"),  # the active bundle's (maybe an earlier cycle's)
+                "trained_window": trained_window,
                 "truth": scored(active.version, run_in_process(world, active, truth, UTC), world, truth),
             }
             if not report.get("published") and report.get("candidate"):  # refused: what the gate turned down, by the truth
@@ -422,11 +554,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             entry["canary_vs_truth"] = canary_against_truth(entry, cycles[-1])
             if vw_ok:
                 features = VWFeatures(active.encoder.spec)
-                vw = train_vw(mine, mine_o, features)
+                settings = trained_window if trained_window is not None else window_settings(args.config, served_versions)
+                window_d, window_o = trainer_window(decisions, outcomes, settings)
+                vw, choice = tuned_vw(vw_rows(window_d, window_o, features))
                 entry["vw"] = scored("vw cb_adf", play(world, truth, vw_chooser(vw, features)), world, truth)
+                entry["vw"]["trained_on"] = {"window": "of the bundle trained this cycle" if trained_window is not None
+                                             else "the window settings over the versions served (nothing trained)",
+                                             "versions": sorted(set(window_d.column("model_version").to_pylist())),
+                                             "sessions": len(pa.compute.unique(window_d.column("session_id"))),
+                                             "decisions": window_d.num_rows}
+                entry["vw"]["tuning"] = choice
                 vw.finish()
             entry["gate_vs_truth"] = gate_against_truth(entry, cycles[-1])
             cycles.append(entry)
+            logged_before = decisions.num_rows
             t = entry["truth"]["objective"]
             print(f"cycle {c}: exit {code}, {active.version}, objective {t['mean']:.2f} [{t['ci_low']:.2f}, {t['ci_high']:.2f}]"
                   + (f", refused candidate {entry['refused_candidate']['objective']['mean']:.2f}" if "refused_candidate" in entry else "")
@@ -435,7 +576,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                   + (f", canary {k['action']} {k['estimate']:+.2f} [{k['ci_low']:+.2f}, {k['ci_high']:+.2f}] for a true "
                      f"{k['truth']:+.2f}" if (k := entry["canary_vs_truth"]) else "")
                   + (f", canary serving {entry['canary_bundle']['objective']['mean']:.2f}" if "canary_bundle" in entry else "")
-                  + (f", vw {entry['vw']['objective']['mean']:.2f}" if vw_ok else "") + f" ({time.monotonic() - t0:.0f} s)", flush=True)
+                  + (f", vw {entry['vw']['objective']['mean']:.2f} ({entry['vw']['tuning']['chosen']})" if vw_ok else "")
+                  + f" ({time.monotonic() - t0:.0f} s)", flush=True)
 
     final = cycles[-1]
     # the guard table: the shipped guard against never blocking, and what its veto does to the truth
@@ -504,7 +646,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
         band([c["truth"] for c in cycles], "served policy (after cycle)", "o-", xs)
         if all("vw" in c for c in cycles[1:]) and len(cycles) > 1:
-            band([c["vw"] for c in cycles[1:]], "VW cb_adf on the cycle's logs", "s--", xs[1:])
+            band([c["vw"] for c in cycles[1:]], "VW cb_adf (tuned) on the cycle's trainer window", "s--", xs[1:])
         for ref, style in ((best, "k:"), (result["intent_policy"], "g-.")):
             ax.axhline(ref[key]["mean"], linestyle=style[1:], color=style[0], label=ref["name"])
         ax.set_xlabel("cycle")

@@ -1,0 +1,110 @@
+"""``bench.loop``'s accounting and its VW peer: a canary look set against the right truth, the trainer window VW reads,
+the keyed held-out split, the off-policy value VW's setting is chosen by, and the choice itself on small logs."""
+
+from __future__ import annotations
+
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from bench import loop
+from experience.segments import DirectorySource
+from simulator.config import SERVABLE, SimConfig
+from simulator.drive import run_logged
+from simulator.world import World
+from weights.bundle import read_bundle
+from weights.initial import make_bundle
+from weights.model_set import LoadOptions, ModelSet
+
+
+def truth(values: list[float]) -> dict[str, Any]:
+    return {"_per_session": {"objective": np.array(values)}}
+
+
+def test_a_promoted_canary_is_judged_against_its_own_truth_even_when_a_successor_published() -> None:
+    active, canary, successor = truth([10.0, 12.0, 14.0]), truth([12.0, 14.0, 16.0]), truth([20.0, 22.0, 24.0])
+    previous = {"truth": active, "canary_bundle": {**canary, "vs_served": loop.paired(canary, active)}}  # +2 on every session
+    look = {"action": "promote", "look": 2, "estimate": 2.5, "ci_low": 1.0, "ci_high": 4.0}
+    # the canary promoted, then this cycle's own candidate published on top of it: the entry's truth is the successor's
+    entry = {"canary": look, "gate": {"published": "v3"}, "truth": successor}
+    got = loop.canary_against_truth(entry, previous)
+    assert got is not None and got["truth"] == pytest.approx(2.0) and got["held"]  # not successor − active (+10)
+    # without the successor the active bundle after the cycle is the promoted canary: the same +2 either way
+    alone = loop.canary_against_truth({"canary": look, "truth": canary}, {"truth": active})
+    assert alone is not None and alone["truth"] == pytest.approx(2.0)
+    # a successor published and no record of the canary's truth: nothing to set the look against
+    assert loop.canary_against_truth(entry, {"truth": active}) is None
+
+
+def test_the_held_out_split_is_keyed_by_session_and_near_its_share() -> None:
+    sessions = np.array([f"s{i // 3}" for i in range(6000)], dtype=object)  # three rows a session
+    held = loop.heldout_sessions(sessions)
+    assert (held.reshape(-1, 3) == held.reshape(-1, 3)[:, :1]).all()  # a session is held out whole
+    assert 0.17 < held.mean() < 0.23
+    assert (loop.heldout_sessions(sessions[::-1]) == held[::-1]).all()  # by the id, not the order
+    assert not (loop.heldout_sessions(sessions, key=b"another key") == held).all()
+
+
+def test_the_off_policy_value_weights_the_matching_rows_by_their_propensity() -> None:
+    rows = loop.VWRows(shared=["x"] * 4, slot=np.array([0, 1, 0, 2]), propensity=np.array([0.5, 0.25, 0.5, 1.0]),
+                       togo=np.array([4.0, 8.0, 2.0, 1.0]), session=np.array(["a", "b", "c", "d"], dtype=object))
+    which = np.arange(4)
+    got = loop.offpolicy_value(rows, which, np.array([0, 0, 0, 2]))  # matches rows 0, 2, 3
+    weights = np.array([2.0, 0.0, 2.0, 1.0])
+    assert got["ips"] == pytest.approx((weights * rows.togo).mean())
+    assert got["snips"] == pytest.approx((weights * rows.togo).sum() / weights.sum())
+    assert got["match_rate"] == 0.75 and got["rows"] == 4 and got["behaviour"] == pytest.approx(3.75)
+
+
+@pytest.fixture(scope="module")
+def two_versions(tmp_path_factory: pytest.TempPathFactory) -> tuple[pa.Table, pa.Table, list[str]]:
+    """300 sessions served by one untrained bundle, then 300 by another, into one log directory."""
+    root = tmp_path_factory.mktemp("logs")
+    world, versions = World(SimConfig(), 7), []
+    for k, sessions in enumerate((range(0, 300), range(300, 600))):
+        model = ModelSet.load(read_bundle(make_bundle(100 + k, f"v{k}", "2026-12-01T00:00:00Z")), LoadOptions(device="cpu"))
+        def clock(start: float = 1.8e9 + 1000.0 * k) -> float:  # the second version logged after the first
+            return start
+
+        run_logged(world, model, sessions, ZoneInfo("UTC"), root, loop.SALT, clock=clock)
+        versions.append(model.version)
+    source = DirectorySource(root)
+    return source.table("decisions"), source.table("outcomes"), versions
+
+
+def test_vw_reads_the_trainer_windows_sessions(two_versions: tuple[pa.Table, pa.Table, list[str]]) -> None:
+    decisions, outcomes, (old, new) = two_versions
+
+    def window(**settings: Any) -> tuple[set[str], int]:
+        d, o = loop.trainer_window(decisions, outcomes, {"hours": None, "max_sessions": None, "sample_key": 0, **settings})
+        assert set(pc.unique(o.column("session_id")).to_pylist()) <= set(pc.unique(d.column("session_id")).to_pylist())
+        return set(d.column("model_version").to_pylist()), len(pc.unique(d.column("session_id")))
+
+    assert window(versions=1, serving=[]) == ({new}, 300)  # the last version only
+    assert window(versions=1, serving=[old]) == ({old, new}, 600)  # and the versions served now
+    assert window(versions=1, serving=[new], max_sessions=120)[1] == 120  # the window's sample
+    assert window(versions=None)[1] == 600
+
+
+def test_vw_s_setting_is_chosen_on_held_out_logs_and_recorded(two_versions: tuple[pa.Table, pa.Table, list[str]]) -> None:
+    pytest.importorskip("vowpalwabbit")
+    from policy.features import FeatureSpec
+
+    decisions, outcomes, _ = two_versions
+    rows = loop.vw_rows(decisions, outcomes, loop.VWFeatures(FeatureSpec()))
+    assert len(rows) > 0 and (rows.slot >= 0).all() and (rows.propensity > 0).all()
+    grid = {"dr, default": "--cb_type dr", "mtr, -l 0.01": "--cb_type mtr --power_t 0 -l 0.01"}
+    vw, record = loop.tuned_vw(rows, grid)
+    try:
+        estimates = record["heldout_estimates"]
+        assert set(estimates) == set(grid)
+        assert record["chosen"] == max(estimates, key=lambda k: estimates[k]["snips"])
+        assert record["setting"] == f"{loop.VW_BASE} {grid[record['chosen']]}"
+        assert record["heldout_rows"] == int(loop.heldout_sessions(rows.session).sum()) and 0 < record["heldout_rows"] < len(rows)
+        assert len(vw.predict([rows.shared[0], *loop._actions_lines()])) == len(SERVABLE)
+    finally:
+        vw.finish()
