@@ -62,10 +62,11 @@ TICKS_PER_TIMEOUT = 4
 """Sweeps a receive timeout: a call is ended between ``seconds`` and ``seconds * (1 + 1/TICKS)`` after it started."""
 MIN_SWEEP_SECONDS = 0.05
 """The sweeps' shortest interval, whatever the timeout (a sleep of 0 would spin the event loop)."""
-TOO_LARGE_WAIT_S = 0.05
-"""How long a call whose read gave EOF waits for the cancellation with which grpc ends a call it refused a message of
-(over --max-message-bytes) before it is taken for one that ended without its request: the cancellation comes from
-grpc's poller thread, within a few loop turns on a busy server (one turn on an idle one). Only such calls wait."""
+ENDED_WAIT_S = 0.05
+"""How long a call whose read gave EOF waits for the cancellation with which grpc ends a call it ended itself (a message
+over --max-message-bytes, the client's reset, its deadline) before it is taken for one that ended without its request:
+the cancellation comes from grpc's poller thread, within a few loop turns on a busy server (one turn on an idle one).
+Only such calls wait."""
 
 
 def _release(counts: dict[str, int], host: str) -> None:
@@ -221,11 +222,11 @@ class CallBounds:
             await self._end(context, grpc.StatusCode.DEADLINE_EXCEEDED, "receive_timeout",
                             f"the request message did not arrive within {self.seconds:g} s of the call's start")
         if request is aio.EOF:
-            try:  # grpc ends a call whose message is over --max-message-bytes itself (RESOURCE_EXHAUSTED to the client): the
-                await asyncio.sleep(TOO_LARGE_WAIT_S)  # read gives EOF, and the call's cancellation follows within moments
-            except asyncio.CancelledError:
-                if self._on_cut is not None:  # not a call without its request, which the alert reads as a broken client
-                    self._on_cut("too_large")
+            try:  # grpc ends a call itself when its message is over --max-message-bytes (RESOURCE_EXHAUSTED to the client),
+                await asyncio.sleep(ENDED_WAIT_S)  # or the client resets it, or its deadline passes: the read gives EOF,
+            except asyncio.CancelledError:  # and the call's cancellation follows within moments. The three look alike here.
+                if self._on_cut is not None:  # not a call that ended without its request (a client that half-closed)
+                    self._on_cut("ended_unread")
                 raise
             await self._end(context, grpc.StatusCode.INVALID_ARGUMENT, "no_request", "the call ended without a request message")
         self._running[host] = self._running.get(host, 0) + 1

@@ -44,7 +44,7 @@ are the same each time. One process drops the old bundle's series and needs no l
 SWAP_REJECT_REASONS = ("io", "format", "format_version", "checksum", "schema", "shape", "nonfinite", "onnx", "golden")
 
 
-CUT_REASONS = ("receive_timeout", "peer_waiting", "no_request", "too_large", "streams", "answer_timeout", "peer_calls")
+CUT_REASONS = ("receive_timeout", "peer_waiting", "no_request", "ended_unread", "streams", "answer_timeout", "peer_calls")
 
 
 class ModelAgeCollector:
@@ -85,8 +85,9 @@ class Metrics:
         self.calls_cut = Counter("shopping_agent_calls_cut",
                                  "Calls the server ended itself: receive_timeout (no request message in time), "
                                  "peer_waiting (too many of the address's calls waiting for theirs), no_request (the "
-                                 "call ended without one), too_large (grpc refused its message, over the size limit: "
-                                 "RESOURCE_EXHAUSTED), streams (past the streaming-call budget), answer_timeout "
+                                 "call ended without one), ended_unread (grpc ended it before its request was read: a "
+                                 "message over the size limit, or the client reset it or let its deadline pass first), "
+                                 "streams (past the streaming-call budget), answer_timeout "
                                  "(the answer could not be sent in time), peer_calls (too many of the address's calls "
                                  "in progress).", ["reason"], registry=r)
         for reason in CUT_REASONS:
