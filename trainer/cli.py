@@ -338,7 +338,7 @@ def _train_products(args: argparse.Namespace) -> int:
     from weights.store import atomic_write
 
     deltas = {"category": args.delta_category, "sku": args.delta_sku, "price_band": args.delta_price_band}
-    bad = [f"--delta-{k.replace('_', '-')}" for k, v in deltas.items() if not v > 0]
+    bad = [f"--delta-{k.replace('_', '-')}" for k, v in deltas.items() if not (v > 0 and math.isfinite(v))]
     if bad or (args.max_rows is not None and args.max_rows < 1):
         raise UsageError(f"{', '.join(bad) or '--max-rows'}: expected > 0")
     if args.delta_encoder is not None and not (args.delta_encoder >= 0 and math.isfinite(args.delta_encoder)):

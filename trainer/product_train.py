@@ -125,6 +125,13 @@ def sample_rows(table: pa.Table, max_rows: int, seed: int) -> pa.Table:
     return table.filter(pa.array(keep[which]))
 
 
+def _ordered(products: pa.Table) -> pa.Table:
+    """``products`` in one order whatever the files' (the cross-fitting folds and the guards' validation split go by
+    position: ``logs compact`` sorts each hour by session, and the same rows had trained other heads and moved the gate,
+    a review). Sorted once sampled and split, which are by session hash: the sort copies only what is trained on."""
+    return products.sort_by([("session_id", "ascending"), ("time_s", "ascending"), ("decision_id", "ascending")])
+
+
 def train_products(products: pa.Table, outcomes: pa.Table, bundle: Bundle, model_version: str, created_at: str,
                    config: ProductTrainConfig | None = None) -> ProductTrainResult:
     """New product heads for ``bundle`` from its logged product decisions (module doc)."""
@@ -139,9 +146,6 @@ def train_products(products: pa.Table, outcomes: pa.Table, bundle: Bundle, model
     distinct = first_copies(products, np.arange(logged, dtype=np.int64))  # a copied segment's rows once (the oldest copy)
     if len(distinct) < logged:
         products = products.take(pa.array(distinct))
-    # In one order whatever the files' (the cross-fitting folds and the guards' validation split go by position): `logs
-    # compact` sorts each hour by session, and the same rows had trained other heads and moved the gate (a review).
-    products = products.sort_by([("session_id", "ascending"), ("time_s", "ascending"), ("decision_id", "ascending")])
     outcomes = outcomes.sort_by([("session_id", "ascending"), ("event_time_s", "ascending"), ("outcome_id", "ascending"),
                                  ("received_s", "ascending")])
     torch.manual_seed(config.seed)
@@ -154,8 +158,9 @@ def train_products(products: pa.Table, outcomes: pa.Table, bundle: Bundle, model
                                  GATE_SALT)
     if gate_rows.all() or not gate_rows.any():
         raise ValueError(f"too few sessions to hold {config.gate_share:g} of them out for the gate and train on the rest")
-    held = product_rows(products.filter(pa.array(gate_rows)), outcomes, model)
-    rows = product_rows(sample_rows(products.filter(pa.array(~gate_rows)), config.max_rows, config.seed), outcomes, model)
+    held = product_rows(_ordered(products.filter(pa.array(gate_rows))), outcomes, model)
+    rows = product_rows(_ordered(sample_rows(products.filter(pa.array(~gate_rows)), config.max_rows, config.seed)), outcomes,
+                        model)
     if len(rows) == 0:
         raise ValueError(f"max_rows {config.max_rows}: no whole session fits; raise it")
     params = trainable_product(bundle, model)  # the encoder and heads the servers run (or BundleError)

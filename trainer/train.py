@@ -236,7 +236,8 @@ def train(decisions: pa.Table, outcomes: pa.Table, init: Bundle, config: TrainCo
         else:
             targets, guard_kl = old_targets, 0.0
         warnings.append(over)
-    log.info("guard change: served KL %.4f (budget %s)%s", guard_kl, config.guard_kl_budget, ": kept the old guard" if guard_kept else "")
+    log.info("guard change: served KL %.4f (budget %s)%s", guard_kl, config.guard_kl_budget,
+             (": kept the old guard without its veto" if veto_dropped else ": kept the old guard") if guard_kept else "")
 
     # 5. advantages
     pi_fit = served_probs_at(policy, decoder, states, targets, fit_rows) if config.advantage == "critic" else None

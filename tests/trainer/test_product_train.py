@@ -381,6 +381,7 @@ def test_the_command_trains_and_names_what_is_wrong(tmp_path: Path, product_logs
     (empty / "decisions").mkdir(parents=True)
     for args, message in ((["--logs", str(empty)], "no products/ directory"),
                           (["--logs", str(product_logs), "--delta-sku", "0"], "--delta-sku"),
+                          (["--logs", str(product_logs), "--delta-sku", "inf"], "--delta-sku"),  # (was exit 1, a traceback)
                           (["--logs", str(product_logs), "--delta-encoder", "-0.1"], "--delta-encoder: expected >= 0"),
                           (["--logs", str(product_logs), "--encoder-layers", "sku,colour"], "--encoder-layers: expected distinct"),
                           (["--logs", str(product_logs), "--encoder-layers", "sku,sku"], "--encoder-layers: expected distinct"),
