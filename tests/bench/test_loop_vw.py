@@ -91,12 +91,13 @@ def test_vw_reads_the_trainer_windows_sessions(two_versions: tuple[pa.Table, pa.
 
 
 def test_vw_s_setting_is_chosen_on_held_out_logs_and_recorded(two_versions: tuple[pa.Table, pa.Table, list[str]]) -> None:
-    pytest.importorskip("vowpalwabbit")
+    """The rows need no VW and are checked everywhere; the choice needs the bench extra's vowpalwabbit (not in CI's)."""
     from policy.features import FeatureSpec
 
     decisions, outcomes, _ = two_versions
     rows = loop.vw_rows(decisions, outcomes, loop.VWFeatures(FeatureSpec()))
     assert len(rows) > 0 and (rows.slot >= 0).all() and (rows.propensity > 0).all()
+    pytest.importorskip("vowpalwabbit")
     grid = {"dr, default": "--cb_type dr", "mtr, -l 0.01": "--cb_type mtr --power_t 0 -l 0.01"}
     vw, record = loop.tuned_vw(rows, grid)
     try:

@@ -125,8 +125,6 @@ def test_each_bound_admits_its_edge_and_refuses_one_past_it(channel: grpc.Channe
     assert call.RecommendAction(request(event_time=Timestamp(seconds=1_790_000_000, nanos=999_999_999)), timeout=5).decision_id
     last = Timestamp(seconds=TIMESTAMP_MAX_S, nanos=999_999_999)  # the last nanosecond of year 9999 (UTC here): its sum as
     assert call.RecommendAction(request(event_time=last), timeout=5).decision_id  # a double rounded up into year 10000
-    assert call.ReportOutcome(pb.ReportOutcomeRequest(decision_id="d-1", session_id="s-1", outcome_id="o-last",
-                                                      outcome=pb.OUTCOME_ADD_TO_CART, event_time=last), timeout=5).outcome_id
     refused = {"event_time": request(event_time=Timestamp(seconds=1_790_000_000, nanos=1_000_000_000)),
                "recent_behavior_ids[0]": request(recent_behavior_ids=["b" * 257])}
     for field, bad in refused.items():

@@ -11,7 +11,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from server import transport
+from server import call_bounds, transport
 from server.call_bounds import CallBounds
 from tests.harness import request, running_server, stub, until
 from tests.raw_h2 import DATA, RawH2
@@ -106,10 +106,12 @@ def test_a_call_that_ends_without_a_request_is_invalid_and_counted() -> None:
         assert live.registry.get_sample_value(CUT, {"reason": "no_request"}) == 1
 
 
-def test_a_request_over_the_size_limit_is_counted_as_ended_unread_not_as_a_call_without_one() -> None:
+def test_a_request_over_the_size_limit_is_counted_as_ended_unread_not_as_a_call_without_one(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """grpc refuses the message itself (the client gets RESOURCE_EXHAUSTED) and the handler reads EOF: it was counted as
     no_request, which the CallsCut alert's runbook reads as a broken client or an attack (a review of the metrics). A
     client's reset or deadline before its request was read looks the same to the handler and is counted the same."""
+    monkeypatch.setattr(call_bounds, "ENDED_WAIT_S", 2.0)  # (the cancellation ends the wait: what is checked is the
     with running_server(max_message_bytes=4096) as live, grpc.insecure_channel(live.target) as ch:
         big = request(recent_behavior_ids=[f"b{i}".ljust(256, "x") for i in range(32)])  # 3 kB of floats, 8 kB of ids
         assert big.ByteSize() > 4096

@@ -25,6 +25,7 @@ from simulator.world import World
 from tests.harness import trainer_in_process
 from trainer.cycle_products import product_step, same_flat_as
 from trainer.product_train import GATE_SALT, ProductTrainConfig
+from trainer.product_update import DELTAS
 from trainer.product_window import chosen_sessions, read_products
 from trainer.second_look import Record, candidate_record
 from weights.bundle import PRODUCT_GUARD_PARTS, PRODUCT_PARTS, Bundle, read_bundle
@@ -172,7 +173,7 @@ def test_a_cycle_trains_the_heads_and_publishes_them_with_the_candidate_or_alone
     forced, published = _forced(logs, tmp_path, start, {**FAST, "tolerance": 3.0}, "with")
     assert forced["products"]["publish"] is True
     config = published.manifest["product_training"]["config"]  # the run's "products", as train-products' flags set them
-    assert config["guard"]["steps"] == 300 and config["deltas"] == {"category": 0.03, "sku": 0.05, "price_band": 0.02}
+    assert config["guard"]["steps"] == 300 and config["deltas"] == DELTAS
     assert _parts(published, PRODUCT_PARTS) == _parts(active, PRODUCT_PARTS)
     assert _parts(published, FLAT_PARTS) != _parts(started, FLAT_PARTS)
     assert published.manifest["product_training"]["layers"] == products["layers"]

@@ -17,6 +17,13 @@ Rebuild = Callable[..., bytes]
 RawZip = Callable[[dict[str, bytes]], bytes]
 
 
+@pytest.fixture(autouse=True)
+def _no_servers_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``weights`` checks against ``$SHOPPING_AGENT_BUNDLE_PUBLIC_KEY`` by default (``weights.cli``): a shell or image that
+    sets it must not change what these tests' commands, which inherit the environment, accept."""
+    monkeypatch.delenv("SHOPPING_AGENT_BUNDLE_PUBLIC_KEY", raising=False)
+
+
 @pytest.fixture(scope="session")
 def default_bytes() -> bytes:
     return default_bundle_bytes()
