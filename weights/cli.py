@@ -260,48 +260,48 @@ def _show_dir(store: WeightsStore, as_json: bool) -> int:
         lines.append(_row("history", f"{len(entries)} kept, oldest first (* = active)" if entries else "(none)"))
         lines += [f"  {'*' if h['active'] else ' '} {e.model_version}  published {e.published_at}  sha256 {e.sha256}"
                   for e, h in zip(entries, history, strict=True)]
-        if canary is None:
-            lines.append(_row("canary", "(none)"))
-        elif "error" in canary:
-            lines.append(_row("canary", f"unreadable: {canary['error']}"))
-        else:
-            lines.append(_row("canary", f"{canary['model_version']} asks for {canary['fraction']:g} of the sessions (each server "
-                                        f"caps it at its --max-canary-fraction), judged {canary['looks']} times "
-                                        f"(sha256 {canary['sha256']})"))
-        if pending is None:
-            lines.append(_row("pending", "(none)"))
-        elif "error" in pending:
-            lines.append(_row("pending", f"unreadable: {pending['error']}"))
-        else:
-            lines.append(_row("pending", f"{pending['model_version']}, kept for a second look (sha256 {pending['sha256']}; "
-                                         f"rm {store.pending_path} to discard it)"))
+        lines.append(_kept_row("canary", canary, lambda c: f"{c['model_version']} asks for {c['fraction']:g} of the sessions "
+                                                           f"(each server caps it at its --max-canary-fraction), judged "
+                                                           f"{c['looks']} times (sha256 {c['sha256']})"))
+        lines.append(_kept_row("pending", pending, lambda p: f"{p['model_version']}, kept for a second look (sha256 "
+                                                             f"{p['sha256']}; rm {store.pending_path} to discard it)"))
         _print_lines(lines)
     return EXIT_INVALID if problem is not None else EXIT_OK
 
 
 def _canary_of(store: WeightsStore) -> dict[str, Any] | None:
     """The canary in the store as ``show --dir`` reports it (its manifest only, never validated); None without one."""
-    try:
-        data = store.canary()
-        if data is None:
-            return None
-        manifest = read_bundle(data).manifest
-        version = str(manifest["model_version"])
-        return {"model_version": version, "fraction": fraction_of(manifest), "looks": store.canary_looks(version),
-                "sha256": sha256(data)}
-    except (BundleError, ValueError, OSError) as exc:
-        return {"error": str(exc)}
+    def described(manifest: dict[str, Any], version: str) -> dict[str, Any]:
+        return {"fraction": fraction_of(manifest), "looks": store.canary_looks(version)}
+
+    return _kept_file(store.canary, described)
 
 
 def _pending_of(store: WeightsStore) -> dict[str, Any] | None:
     """The candidate kept for a second look (its manifest only, never validated); None without one."""
+    return _kept_file(store.pending, lambda manifest, version: {})
+
+
+def _kept_file(read: Callable[[], bytes | None], described: Callable[[dict[str, Any], str], dict[str, Any]]
+               ) -> dict[str, Any] | None:
+    """A bundle the store keeps beside the active one, by its manifest: its version, sha256 and what ``described`` adds;
+    ``{"error": ...}`` when it cannot be read; None when there is none."""
     try:
-        data = store.pending()
+        data = read()
         if data is None:
             return None
-        return {"model_version": str(read_bundle(data).manifest["model_version"]), "sha256": sha256(data)}
-    except (BundleError, KeyError, OSError) as exc:
+        manifest = read_bundle(data).manifest
+        version = str(manifest["model_version"])
+        return {"model_version": version, **described(manifest, version), "sha256": sha256(data)}
+    except (BundleError, KeyError, ValueError, OSError) as exc:
         return {"error": str(exc)}
+
+
+def _kept_row(label: str, kept: dict[str, Any] | None, text: Callable[[dict[str, Any]], str]) -> str:
+    """``show --dir``'s line for a kept bundle (``_kept_file``)."""
+    if kept is None:
+        return _row(label, "(none)")
+    return _row(label, f"unreadable: {kept['error']}" if "error" in kept else text(kept))
 
 
 # --- human-readable manifest -----------------------------------------------------------------
