@@ -30,6 +30,7 @@ import json
 import logging
 import math
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -337,33 +338,22 @@ def _train_products(args: argparse.Namespace) -> int:
     from trainer.product_train import ProductTrainConfig, train_products
     from weights.store import atomic_write
 
-    deltas = {"category": args.delta_category, "sku": args.delta_sku, "price_band": args.delta_price_band}
-    bad = [f"--delta-{k.replace('_', '-')}" for k, v in deltas.items() if not (v > 0 and math.isfinite(v))]
-    if bad or (args.max_rows is not None and args.max_rows < 1):
-        raise UsageError(f"{', '.join(bad) or '--max-rows'}: expected > 0")
-    if args.delta_encoder is not None and not (args.delta_encoder >= 0 and math.isfinite(args.delta_encoder)):
-        raise UsageError(f"--delta-encoder: expected >= 0, got {args.delta_encoder}")
-    if args.encoder_layers is not None:
-        from trainer.product_data import parse_layers
-
-        if args.delta_encoder == 0:
-            raise UsageError("--encoder-layers: the encoder is held fixed (--delta-encoder 0), so nothing teaches it")
-        try:
-            parse_layers(args.encoder_layers)
-        except ValueError as exc:
-            raise UsageError(f"--encoder-layers: {exc}") from None
-    if args.guard_max_complaint is not None and (args.no_guard or not 0 < args.guard_max_complaint <= 1):
-        raise UsageError(f"--guard-max-complaint: expected a probability in (0, 1] without --no-guard, got {args.guard_max_complaint}")
+    try:  # the flags are cycle's "products" object: checked once, there, and named here as the flags they came from
+        step = ProductStepConfig(delta_category=args.delta_category, delta_sku=args.delta_sku,
+                                 delta_price_band=args.delta_price_band, delta_encoder=args.delta_encoder,
+                                 encoder_layers=args.encoder_layers, max_rows=args.max_rows, guard=not args.no_guard,
+                                 guard_max_complaint=args.guard_max_complaint)
+    except ValueError as exc:
+        fields = "|".join(f.name for f in dataclasses.fields(ProductStepConfig) if f.name != "guard")
+        raise UsageError(re.sub(rf"\b({fields})\b", lambda m: "--" + m.group(1).replace("_", "-"),
+                                str(exc).removeprefix("products: "))) from None
     init = _bundle(args.init, trains_policy=False)  # (its product heads are checked: they are what it trains)
     source = _source(args.logs, init)
     if not source.has("products"):
         raise UsageError(f"--logs: {_shown(args.logs)} has no products/ directory (serve RecommendProduct with --log-dir)")
     created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     version = args.model_version or f"products-{created.replace('-', '').replace(':', '')}-s{args.seed}"
-    config = ProductTrainConfig.of(ProductStepConfig(  # as cycle's "products" (the flags are checked above, by name)
-        delta_category=args.delta_category, delta_sku=args.delta_sku, delta_price_band=args.delta_price_band,
-        delta_encoder=args.delta_encoder, encoder_layers=args.encoder_layers, max_rows=args.max_rows, guard=not args.no_guard,
-        guard_max_complaint=args.guard_max_complaint), seed=args.seed)
+    config = ProductTrainConfig.of(step, seed=args.seed)
     try:
         result = train_products(source.table("products"), source.table("outcomes"), init, version, created, config)
     except ValueError as exc:

@@ -168,7 +168,7 @@ class ProductStepConfig:
                     problems.append(f"{name}: expected an integer >= 1, got {getattr(self, name)}")
             limit = self.guard_max_complaint
             if limit is not None and not (0 < limit <= 1 and self.guard):
-                problems.append(f"guard_max_complaint: expected a probability in (0, 1] with guard true, got {limit}")
+                problems.append(f"guard_max_complaint: expected a probability in (0, 1] for guards that are trained, got {limit}")
             if self.guard_steps is not None and not self.guard:
                 problems.append("guard_steps: the guards are not trained (guard false)")
         if problems:
