@@ -56,6 +56,7 @@ from simulator.drive import run_in_process, run_logged
 from simulator.world import World
 from trainer.config import TrainConfig
 from trainer.evaluation import MAX_PARETO_K, MAX_UNSUPPORTED, MIN_ESS, MIN_ESS_FRACTION, Evaluation, evaluate_bundle, gate
+from trainer.guard_threshold import precision_lower_bound
 from weights.bundle import Bundle, read_bundle
 from weights.initial import make_bundle
 from weights.model_set import LoadOptions, ModelSet
@@ -119,7 +120,7 @@ def one_seed(seed: int, settings: Settings, behaviour: Bundle, *, judge_behaviou
     return row
 
 
-def truth_sessions(world: World, settings: Settings) -> range:
+def truth_sessions(settings: Settings) -> range:
     return range(TRUTH_FIRST_SESSION, TRUTH_FIRST_SESSION + settings.truth_sessions)
 
 
@@ -128,7 +129,7 @@ def judged(world: World, model: ModelSet, evaluation: Evaluation, settings: Sett
     """``model``'s estimates (``evaluation``), its truth on the truth sessions, and which intervals hold it;
     ``per_session`` is handed the objective of each truth session, in the sessions' order (for paired differences)."""
     report = evaluation.report
-    sessions = truth_sessions(world, settings)
+    sessions = truth_sessions(settings)
     truth = run_in_process(world, model, sessions, UTC)
     objective = truth.business()["objective"]
     if per_session is not None:
@@ -163,27 +164,11 @@ def difference_covered(value: float, low: float, high: float, true_difference: n
 
 
 def clopper_pearson_low(k: int, n: int, level: float = 0.95) -> float:
-    """The lower end of the exact (Clopper–Pearson) two-sided ``level`` interval of a proportion ``k`` of ``n``: the
-    ``p`` with P(X ≥ k | n, p) = (1 − level)/2 (0 when k = 0), by bisection on the binomial tail."""
+    """The lower end of the exact (Clopper–Pearson) two-sided ``level`` interval of a proportion ``k`` of ``n`` (0 when
+    k = 0): the one-sided bound at 1 − (1 − level)/2, as the guard's precision is bounded (``trainer.guard_threshold``)."""
     if not 0 <= k <= n or n < 1:
         raise ValueError(f"expected 0 <= k <= n and n >= 1, got k={k}, n={n}")
-    if k == 0:
-        return 0.0
-    alpha = (1.0 - level) / 2
-
-    def upper_tail(p: float) -> float:  # P(X >= k), summed in log space
-        logs = [math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * math.log(p) + (n - i) * math.log1p(-p)
-                for i in range(k, n + 1)]
-        top = max(logs)
-        return math.exp(top) * sum(math.exp(x - top) for x in logs)
-
-    lo, hi = 0.0, 1.0
-    for _ in range(200):
-        mid = (lo + hi) / 2
-        if mid <= 0.0 or mid >= 1.0:
-            break
-        lo, hi = (mid, hi) if upper_tail(mid) < alpha else (lo, mid)
-    return (lo + hi) / 2
+    return precision_lower_bound(k, n, 1.0 - (1.0 - level) / 2)
 
 
 def coverage(hits: Sequence[bool]) -> dict[str, Any]:

@@ -243,13 +243,6 @@ def tuned_vw(rows: VWRows, grid: dict[str, str] | None = None, passes: int = 1) 
     return fit_vw(rows, grid[chosen], None, passes), record
 
 
-def train_vw(decisions: pa.Table, outcomes: pa.Table, features: VWFeatures, passes: int = 1,
-             setting: str = "--cb_type dr --power_t 0 -l 0.01") -> Any:
-    """One VW setting (default: the bench's untuned one before the grid) on every logged row that served a servable
-    action; cost = −(return-to-go of the objective)/100."""
-    return fit_vw(vw_rows(decisions, outcomes, features), setting, None, passes)
-
-
 def trainer_window(decisions: pa.Table, outcomes: pa.Table, settings: dict[str, Any]) -> tuple[pa.Table, pa.Table]:
     """The decisions and outcomes of the sessions a trainer window with these settings (a bundle manifest's
     ``trainer.window`` record, or the same keys) selects from these logs: its versions, serving versions and sample."""

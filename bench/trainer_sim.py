@@ -21,7 +21,6 @@ the value baseline) produces.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import tempfile
 import time
@@ -32,11 +31,11 @@ from zoneinfo import ZoneInfo
 
 import numpy as np
 
-from bench.loop import TRUTH_FIRST, UNTRAINED
+from bench.loop import TRUTH_FIRST, UNTRAINED, interval
 from bench.procs import REPO
 from bench.report import write_results
 from experience.objective import BusinessObjective
-from experience.returns import Z_95, session_returns
+from experience.returns import session_returns
 from experience.segments import DirectorySource
 from experience.sessions import build_episodes
 from simulator.config import SimConfig
@@ -59,12 +58,6 @@ def per_session(trace: Trace, ids: Sequence[str]) -> dict[str, np.ndarray]:
     episodes = build_episodes(decisions, outcomes)
     g0 = dict(zip(episodes.session_ids.tolist(), session_returns(episodes).tolist(), strict=True))
     return {"mean_return": np.array([g0.get(i, 0.0) for i in ids]), "objective": BusinessObjective().per_session(ids, outcomes).objective}
-
-
-def interval(x: np.ndarray) -> dict[str, float]:
-    """Mean of ``x`` with its 95 % normal interval."""
-    m, se = float(x.mean()), float(x.std(ddof=1) / math.sqrt(len(x)))
-    return {"mean": m, "ci_low": m - Z_95 * se, "ci_high": m + Z_95 * se}
 
 
 def paired(a: np.ndarray, b: np.ndarray) -> dict[str, float]:
