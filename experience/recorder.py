@@ -280,9 +280,9 @@ class ExperienceRecorder:
 
     def _flush_kind(self, kind: str, now: float, final: bool) -> None:
         queue, writer, health = self._queues[kind], self._writers[kind], self._health[kind]
-        if self._observer is not None:
-            self._observer.queued(kind, len(queue) + writer.held_rows)
-        if not final and health.failures and now < health.retry_at:
+        if not final and health.failures and now < health.retry_at:  # backing off: what waits grows meanwhile
+            if self._observer is not None:
+                self._observer.queued(kind, len(queue) + writer.held_rows)
             return
         error: OSError | None = None
         try:

@@ -104,13 +104,14 @@ class DecisionProcedure(Rules):
             explored, decisive, drawn = draws.explored.tolist(), draws.decisive.tolist(), draws.index.tolist()
             for j, i in enumerate(rows):
                 if explored[j]:
-                    index, source, rule = drawn[j], Source.EXPLORATION, ""
+                    index, source, rule, votes = drawn[j], Source.EXPLORATION, "", 0
                 elif decisive[j]:
                     index, source, rule = drawn[j], Source.POLICY, ""
+                    votes = counts[j][index]  # the winner's; 0 when exploration or the rules answered (the draws stay in counts)
                 else:
-                    index, source, rule = fallbacks[i].action.value - 1, Source.FALLBACK_LOW_CONSENSUS, fallbacks[i].rule
-                row = served[j]  # votes: the winner's, 0 when exploration or the rules answered (the samples stay in counts)
-                decisions[i] = Decision(ACTIONS[index], source, float(row[index]), counts[j][index] if source is Source.POLICY else 0,
+                    index, source, rule, votes = fallbacks[i].action.value - 1, Source.FALLBACK_LOW_CONSENSUS, fallbacks[i].rule, 0
+                row = served[j]
+                decisions[i] = Decision(ACTIONS[index], source, float(row[index]), votes,
                                         samples, row, policy_probs[i], allow64[i], blocked[i], self.version, rule,
                                         tuple(counts[j]), vetoed_rows[i], fired[i][1])
         if not every:

@@ -32,7 +32,6 @@ LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0
 VOTE_BUCKETS = tuple(float(v) for v in range(0, 17))  # K is at most 16
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 DEGRADED_REASONS = ("overload", "deadline", "shutdown", "error")
-_VOTED = (Source.POLICY,)
 LOG_DROP_REASONS = ("queue_full", "write_error", "closed")
 ENGAGEMENT_KINDS = ("bounced", "stayed", "unknown")  # by the report's bounce signal: true, false, not measured
 DWELL_BUCKETS = (1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0, 640.0)
@@ -190,7 +189,7 @@ class Metrics:
     def decision_served(self, d: Decision) -> None:
         """Count one answered decision: its action and source, its votes, its vetoes, its guardrail hits."""
         self._decisions[(d.action, d.source)].inc()
-        if d.source in _VOTED:
+        if d.source is Source.POLICY:  # (the others carry 0 votes)
             self.votes.observe(d.votes)
         if any(d.vetoed):
             for index, vetoed in enumerate(d.vetoed):
