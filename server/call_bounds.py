@@ -222,12 +222,15 @@ class CallBounds:
             await self._end(context, grpc.StatusCode.DEADLINE_EXCEEDED, "receive_timeout",
                             f"the request message did not arrive within {self.seconds:g} s of the call's start")
         if request is aio.EOF:
+            self._per_peer[host] = self._per_peer.get(host, 0) + 1  # still a call of the address's waiting while it waits
             try:  # grpc ends a call itself when its message is over --max-message-bytes (RESOURCE_EXHAUSTED to the client),
                 await asyncio.sleep(ENDED_WAIT_S)  # or the client resets it, or its deadline passes: the read gives EOF,
             except asyncio.CancelledError:  # and the call's cancellation follows within moments. The three look alike here.
                 if self._on_cut is not None:  # not a call that ended without its request (a client that half-closed)
                     self._on_cut("ended_unread")
                 raise
+            finally:
+                _release(self._per_peer, host)
             await self._end(context, grpc.StatusCode.INVALID_ARGUMENT, "no_request", "the call ended without a request message")
         self._running[host] = self._running.get(host, 0) + 1
         return request, host, peer

@@ -98,12 +98,19 @@ def test_one_address_cannot_hold_more_than_its_share_of_calls_in_progress() -> N
         assert live.registry.get_sample_value(CUT, {"reason": "answer_timeout"}) == 0
 
 
-def test_a_call_that_ends_without_a_request_is_invalid_and_counted() -> None:
+def test_a_call_that_ends_without_a_request_is_invalid_and_counted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """It waits a moment for a cancellation from grpc (``ENDED_WAIT_S``, here long), and counts against its address's
+    calls while it does: a client's empty calls must not slip past the per-address bounds in that moment."""
+    monkeypatch.setattr(call_bounds, "ENDED_WAIT_S", 1.0)
     with running_server() as live, RawH2("127.0.0.1", port_of(live)) as raw:
+        assert live.server is not None
         (call,) = raw.open_calls(METHOD, 1)
         raw.end_without_request(call)
+        time.sleep(0.3)  # its read has given EOF (the counts of a call waiting for its request end there)
+        assert live.server.bounds.calls_from("ipv4:127.0.0.1") == 1  # and it is still counted while it waits
         assert raw.wait_for(lambda seen: call in seen.ended_streams, timeout=5)
         assert live.registry.get_sample_value(CUT, {"reason": "no_request"}) == 1
+        assert live.server.bounds.calls_from("ipv4:127.0.0.1") == 0
 
 
 def test_a_request_over_the_size_limit_is_counted_as_ended_unread_not_as_a_call_without_one(
