@@ -28,11 +28,12 @@ log = logging.getLogger(__name__)
 
 def load_options(config: Config) -> LoadOptions:
     """How this server loads bundles (reads the public key file: ``KeyFileError`` when it is not one)."""
-    key = None
+    keys: tuple[bytes, ...] = ()
     if config.bundle_public_key is not None:  # cryptography (about 7 MB) only in a server that verifies signatures
-        from weights.signing import load_public_key, public_key_bytes
+        from weights.signing import key_id, load_public_keys
 
-        key = public_key_bytes(load_public_key(config.bundle_public_key))
+        keys = load_public_keys(config.bundle_public_key)
+        log.info("bundles must be signed by one of %d key(s): %s", len(keys), ", ".join(key_id(k) for k in keys))
     return LoadOptions(
         device=config.device,
         threads=config.intra_op_threads,
@@ -41,7 +42,7 @@ def load_options(config: Config) -> LoadOptions:
         min_votes=config.min_votes,
         exploration_epsilon=config.exploration_epsilon,
         guard_threshold=config.guard_threshold,
-        public_key=key,
+        public_keys=keys,
     )
 
 
@@ -151,7 +152,7 @@ def load_initial(config: Config, validator: Validator | None = None) -> tuple[Mo
         log.warning("no model loaded: answering from the rule engine (source FALLBACK_NO_MODEL)")
         return NoModel(default_manifest()), seen, rejected
     # the embedded default is ours (in the package, not on the volume): no signature or child needed
-    model = ModelSet.load(default_bundle(), dataclasses.replace(options, public_key=None))
+    model = ModelSet.load(default_bundle(), dataclasses.replace(options, public_keys=()))
     log.info("loaded the embedded default bundle", extra={"fields": {"model_version": model.version,
                                                                      "providers": list(model.policy.providers)}})
     return model, seen, rejected

@@ -62,13 +62,13 @@ def run_cycle(args: argparse.Namespace) -> int:
     from trainer.replay import serves_alike
     from weights.bundle import read_bundle
     from weights.model_set import LoadOptions, ModelSet
-    from weights.signing import load_public_key, public_key_bytes
+    from weights.signing import load_public_keys
     from weights.store import ActiveMoved, WeightsStore, atomic_write
     from weights.validate import verify
 
     config = _config(args)
-    key = None if args.public_key is None else public_key_bytes(load_public_key(args.public_key))
-    store = WeightsStore(args.weights_dir, lambda data: verify(data, key))
+    keys = () if args.public_key is None else load_public_keys(args.public_key)
+    store = WeightsStore(args.weights_dir, lambda data: verify(data, keys))
     _usable(store)  # before any log is read: not a refusal after an hour's training
     current_bundle, judged_against = _active(store)  # every publish below replaces exactly this bundle, or none
     options = LoadOptions(device="cpu", warmup_batch=1)

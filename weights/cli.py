@@ -20,7 +20,7 @@ from typing import Any
 from weights.bundle import BundleError, read_bundle, read_file, sha256
 from weights.canary import fraction_of
 from weights.sandbox import SandboxLimits
-from weights.signing import KeyFileError, keypair_pem, load_private_key, load_public_key, public_key_bytes, sign
+from weights.signing import KeyFileError, key_id, keypair_pem, load_private_key, load_public_keys, sign, signed_by
 from weights.store import PublishResult, StoreError, Validator, WeightsStore, atomic_write, check_version_name
 from weights.validate import verify
 
@@ -92,9 +92,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def _validation(p: argparse.ArgumentParser) -> None:
     p.add_argument("--public-key", type=Path, default=_path_from_env(PUBLIC_KEY_ENV),
-                   help=f"accept only bundles signed by this Ed25519 public key (PEM), as the servers do (default: "
-                        f"${PUBLIC_KEY_ENV}, the servers' --bundle-public-key, so a publish or rollback where they set it "
-                        "activates nothing they would refuse)")
+                   help=f"accept only bundles signed by this Ed25519 public key (PEM; a file may hold several), as the "
+                        f"servers do (default: ${PUBLIC_KEY_ENV}, the servers' --bundle-public-key, so a publish or rollback "
+                        "where they set it activates nothing they would refuse)")
     p.add_argument("--validate-memory-mb", type=int, default=SandboxLimits().memory_bytes // 2**20,
                    help="address-space limit of the validating child process (default %(default)s; 0: validate in-process)")
 
@@ -105,9 +105,9 @@ def _path_from_env(name: str) -> Path | None:
 
 
 def _validator(args: argparse.Namespace) -> Validator:
-    key = None if args.public_key is None else public_key_bytes(load_public_key(args.public_key))
+    keys = () if args.public_key is None else load_public_keys(args.public_key)
     limits = None if args.validate_memory_mb == 0 else SandboxLimits(memory_bytes=args.validate_memory_mb * 2**20)
-    return lambda data: verify(data, key, limits)
+    return lambda data: verify(data, keys, limits)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -169,7 +169,9 @@ def _verify(args: argparse.Namespace) -> int:
         bundle = _validator(args)(read_file(args.file))
     except BundleError as exc:  # named: the line may be one of many in a script's log
         raise BundleError(exc.reason, f"{args.file}: {exc}") from None
-    print(f"ok {bundle.model_version}{' (signed)' if bundle.signature is not None else ''}")
+    signer = signed_by(bundle, load_public_keys(args.public_key)) if args.public_key is not None else None
+    signed = f" (signed by key {key_id(signer)})" if signer is not None else " (signed)" if bundle.signature is not None else ""
+    print(f"ok {bundle.model_version}{signed}")  # which key: during a rotation, whether the old one is still needed
     return EXIT_OK
 
 
@@ -181,7 +183,7 @@ def _keygen(args: argparse.Namespace) -> int:
     except BaseException:
         args.private.unlink(missing_ok=True)  # the pair or nothing: a private key without its public half only blocks a rerun
         raise
-    print(f"wrote {args.private} (private, 0600) and {args.public} (public)")
+    print(f"wrote {args.private} (private, 0600) and {args.public} (public, key {key_id(load_public_keys(args.public)[0])})")
     return EXIT_OK
 
 

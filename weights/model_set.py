@@ -57,7 +57,7 @@ class LoadOptions:
     min_votes: int | None = None
     exploration_epsilon: float | None = None
     guard_threshold: float | None = None
-    public_key: bytes | None = None  # raw Ed25519 key: only bundles signed by it load (weights.signing)
+    public_keys: tuple[bytes, ...] = ()  # raw Ed25519 keys: only bundles signed by one of them load (weights.signing)
 
 
 def _section(manifest: dict[str, Any], key: str) -> Any:
@@ -118,10 +118,10 @@ class ModelSet:
 
     @classmethod
     def _load(cls, bundle: Bundle, options: LoadOptions) -> ModelSet:
-        if options.public_key is not None:  # cryptography (about 7 MB) only in a process that verifies signatures
+        if options.public_keys:  # cryptography (about 7 MB) only in a process that verifies signatures
             from weights.signing import check_signature
 
-            check_signature(bundle, options.public_key)
+            check_signature(bundle, options.public_keys)
         m = bundle.manifest
         try:
             spec = FeatureSpec.parse(_section(m, "feature_spec"))

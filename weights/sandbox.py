@@ -72,7 +72,7 @@ def verdict(answer: dict[str, object]) -> dict[str, object]:
 
 def child_fields(options: LoadOptions) -> dict[str, object]:
     """``options`` as JSON data for a child, which always loads on CPU with one thread."""
-    fields = {k: (v.hex() if isinstance(v, bytes) else v) for k, v in asdict(options).items()}
+    fields = {**asdict(options), "public_keys": [k.hex() for k in options.public_keys]}
     fields.update(device="cpu", threads=1)
     return fields
 
@@ -99,8 +99,8 @@ def limit_self(memory_bytes: int) -> None:
 def validate_bytes(data: bytes, memory_bytes: int, fields: dict[str, object]) -> dict[str, object]:
     """In the limited process: the server's whole load of ``data``; the answer as plain data."""
     try:
-        key = fields.get("public_key")
-        options = LoadOptions(**{**fields, "public_key": bytes.fromhex(key) if isinstance(key, str) else None})  # type: ignore[arg-type]
+        keys = fields.get("public_keys")
+        options = LoadOptions(**{**fields, "public_keys": tuple(bytes.fromhex(k) for k in keys) if isinstance(keys, list) else ()})  # type: ignore[arg-type]
         model = ModelSet.load(read_bundle(data), options)
     except BundleError as exc:
         return {"ok": False, "reason": exc.reason, "message": str(exc)}

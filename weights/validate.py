@@ -2,8 +2,8 @@
 
 In a child process under ``SandboxLimits`` (``weights.sandbox``) by default, so validating a
 hostile file on an operator's machine or in the CronJob is as safe as it is on a server;
-``limits=None`` validates in this process. With ``public_key``, only a bundle signed by it
-passes (``weights.signing``).
+``limits=None`` validates in this process. With ``public_keys``, only a bundle signed by one of
+them passes (``weights.signing``).
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from weights.model_set import LoadOptions, ModelSet
 from weights.sandbox import SandboxLimits, validate_in_child
 
 
-def verify(data: bytes, public_key: bytes | None = None, limits: SandboxLimits | None = SandboxLimits()) -> Bundle:  # noqa: B008
+def verify(data: bytes, public_keys: tuple[bytes, ...] = (), limits: SandboxLimits | None = SandboxLimits()) -> Bundle:  # noqa: B008
     """The bundle in ``data`` once it loaded, self-tested and warmed up as a server would (on CPU); else ``BundleError``."""
-    options = LoadOptions(device="cpu", public_key=public_key)
+    options = LoadOptions(device="cpu", public_keys=public_keys)
     bundle = read_bundle(data)
     if limits is None:
         ModelSet.load(bundle, options)

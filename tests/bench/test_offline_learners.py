@@ -26,7 +26,7 @@ def test_the_untrained_bundle_serves_the_logs_with_the_exploration_asked_for(tmp
     narrow = explored_logs(world, None, 0.05, 1.2, 300, tmp_path / "narrow")
     broad = explored_logs(world, None, 1.0, 1e6, 300, tmp_path / "broad")  # every page explores, uniformly over the allowed
     for path, (epsilon, temperature) in ((narrow, (0.05, 1.2)), (broad, (1.0, 1e6))):
-        verify(path.read_bytes(), None)  # a valid bundle: checksums and parts as the servers check them
+        verify(path.read_bytes())  # a valid bundle: checksums and parts as the servers check them
         decoder = read_bundle(path).manifest["decoder"]
         assert (decoder["exploration_epsilon"], decoder["exploration_temperature"]) == (epsilon, temperature)
     served = {}

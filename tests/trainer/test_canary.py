@@ -141,7 +141,7 @@ def _cycle(logs: Path, weights: Path, config: Path, *extra: str) -> tuple[int, d
 
 def test_cycle_promotes_a_better_canary_drops_a_worse_one_and_starts_a_refused_candidate_as_the_next(tmp_path: Path) -> None:
     weights = tmp_path / "weights"
-    store = WeightsStore(weights, lambda data: verify(data, None))
+    store = WeightsStore(weights, lambda data: verify(data))
     store.publish(fresh_bundle_bytes())
     fast = tmp_path / "fast.json"
     fast.write_text(json.dumps({**FAST_CYCLE, "gate_min_ess": 1e9}))  # a gate that cannot pass: every candidate is refused
@@ -194,7 +194,7 @@ def test_a_candidate_that_serves_what_the_active_bundle_serves_is_not_canaried(t
     the same distribution on every held-out page, so starting it as a canary would spend sessions on a difference of
     exactly zero (a lifted-limits loop canaried such a candidate for three cycles). It is reported same_as_active instead."""
     weights = tmp_path / "weights"
-    store = WeightsStore(weights, lambda data: verify(data, None))
+    store = WeightsStore(weights, lambda data: verify(data))
     store.publish(fresh_bundle_bytes())
     decoder = read_bundle(fresh_bundle_bytes()).manifest["decoder"]
     still = tmp_path / "still.json"
@@ -245,7 +245,7 @@ def test_a_canary_due_for_promotion_waits_when_the_active_bundle_changed_meanwhi
     """The look judged the canary against the bundle active when the run began; an operator has published another since
     (a review: promotions and publishes replaced it unseen). Promoting would undo that publish: the canary serves on."""
     weights = tmp_path / "weights"
-    store = WeightsStore(weights, lambda data: verify(data, None))
+    store = WeightsStore(weights, lambda data: verify(data))
     store.publish(fresh_bundle_bytes())
     judged = store.active_sha256()
     better = variant_bytes("canary-better", canary=0.5, only="add_to_cart")
@@ -273,7 +273,7 @@ def test_a_full_volume_leaves_the_canary_serving_and_its_evidence_whole(tmp_path
     """Promoting (or counting a look) writes to the volume; on a full one that failed and the canary was dropped with all
     its sessions' evidence (a review). A full disk passes: the run fails, visibly, the canary serves on, its look
     uncounted, and it is judged again once there is room. The kernel's own ENOSPC (tests/small_disk.py)."""
-    store = WeightsStore(tmp_path / "weights", lambda data: verify(data, None))
+    store = WeightsStore(tmp_path / "weights", lambda data: verify(data))
     store.publish(fresh_bundle_bytes())
     better = variant_bytes("canary-better", canary=0.5, only="add_to_cart")
     store.start_canary(better)
@@ -301,7 +301,7 @@ def test_a_canary_promoted_within_a_cycle_is_checked_before_the_run_trains_from_
     from tests.weights import hostile
 
     weights = tmp_path / "weights"
-    store = WeightsStore(weights, lambda data: verify(data, None))
+    store = WeightsStore(weights, lambda data: verify(data))
     store.publish(fresh_bundle_bytes())
     renamed = hostile.renamed_policy(variant_bytes("canary-better", canary=0.5, only="add_to_cart"))  # as served["better"]
     store.start_canary(renamed)

@@ -123,7 +123,7 @@ def _parts(bundle: Bundle, names: tuple[str, ...]) -> dict[str, bytes]:
 
 def _forced(logs: Path, tmp_path: Path, start: bytes, config: dict[str, Any], name: str) -> tuple[dict[str, Any], Bundle]:
     weights = tmp_path / name
-    store = WeightsStore(weights, lambda data: verify(data, None))
+    store = WeightsStore(weights, lambda data: verify(data))
     store.publish(start)
     path = tmp_path / f"{name}.json"
     path.write_text(json.dumps(config))
@@ -144,7 +144,7 @@ def test_a_cycle_trains_the_heads_and_publishes_them_with_the_candidate_or_alone
     # heads, which pass their gate (the run's tolerance of 3 per session: on these 800 sessions new − current is −0.83,
     # lower bound −2.69, since overpriced SKUs draw complaints), ride it and are also published alone.
     weights = tmp_path / "alone"
-    store = WeightsStore(weights, lambda data: verify(data, None))
+    store = WeightsStore(weights, lambda data: verify(data))
     store.publish(start)
     code, report = _cycle(logs, weights, {**FAST, "gate_min_ess": 1e9, "tolerance": 3.0}, tmp_path)
     assert code == 3 and "too few effective sessions" in report["reason"] and "published" not in report

@@ -87,7 +87,7 @@ def test_a_candidate_from_the_active_bundle_with_its_record_is_not_stale() -> No
 
 
 def test_the_store_keeps_one_validated_candidate_apart_from_what_is_served(tmp_path: Path) -> None:
-    store = WeightsStore(tmp_path, lambda data: verify(data, None))
+    store = WeightsStore(tmp_path, lambda data: verify(data))
     assert store.pending() is None
     with pytest.raises(BundleError):
         store.hold(b"PK\x03\x04 not a bundle")
@@ -109,7 +109,7 @@ def _cycle(logs: Path, weights: Path, config: Path) -> tuple[int, dict[str, Any]
 
 def test_cycle_keeps_a_refused_candidate_waits_for_fresh_logs_and_publishes_it_on_a_second_look(tmp_path: Path) -> None:
     logs, weights = tmp_path / "logs", tmp_path / "weights"
-    store = WeightsStore(weights, lambda data: verify(data, None))
+    store = WeightsStore(weights, lambda data: verify(data))
     store.publish(fresh_bundle_bytes())  # the bundle that serves the logs is the active one
     behaviour = ModelSet.load(fresh_bundle(), LoadOptions(warmup_batch=8))
     world = World(SimConfig(), 11)

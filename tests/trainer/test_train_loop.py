@@ -300,7 +300,7 @@ def test_sigterm_mid_cycle_leaves_the_store_as_it_was_and_its_lock_free(logs: Pa
     """The CronJob's pod deleted mid-run: the run ends as on Ctrl-C (exit 143, one line), the served bundle and its
     history are as they were, no temp file is left, and the next publisher gets the lock."""
     weights = tmp_path / "weights"
-    store = WeightsStore(weights, lambda data: verify(data, None))
+    store = WeightsStore(weights, lambda data: verify(data))
     store.publish(fresh_bundle_bytes())
     before, history = store.active_path.read_bytes(), [e.model_version for e in store.history()]
     cmd = [*_cycle_command(logs, weights, tmp_path), "--force"]
@@ -320,7 +320,7 @@ def test_cycle_does_not_undo_a_publish_made_while_it_ran(logs: Path, tmp_path: P
     """An operator publishes (or rolls back) while a CronJob run trains: the run must not replace that bundle with a
     candidate it never compared with it (a review found it did). Real processes, the store's real lock."""
     weights = tmp_path / "weights"
-    store = WeightsStore(weights, lambda data: verify(data, None))
+    store = WeightsStore(weights, lambda data: verify(data))
     store.publish(fresh_bundle_bytes())
     cmd = [*_cycle_command(logs, weights, tmp_path), "--force"]  # forced: it would publish whatever the gate says
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT) as run:

@@ -18,7 +18,7 @@ from tests.weights import hostile
 from weights.bundle import MANIFEST, SIGNATURE, BundleError, read_bundle
 from weights.cli import EXIT_ERROR
 from weights.model_set import LoadOptions, ModelSet
-from weights.signing import KeyFileError, keypair_pem, load_private_key, load_public_key, public_key_bytes, sign
+from weights.signing import MAX_TRUSTED_KEYS, KeyFileError, key_id, keypair_pem, load_private_key, load_public_keys, sign
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +34,7 @@ def keys(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def options(keys: dict[str, Path], who: str = "ours") -> LoadOptions:
-    return LoadOptions(device="cpu", warmup_batch=1, public_key=public_key_bytes(load_public_key(keys[f"{who}_pub"])))
+    return LoadOptions(device="cpu", warmup_batch=1, public_keys=load_public_keys(keys[f"{who}_pub"]))
 
 
 def test_a_signed_bundle_loads_and_keeps_its_parts(keys: dict[str, Path]) -> None:
@@ -72,10 +72,61 @@ def test_a_tampered_manifest_breaks_the_signature(keys: dict[str, Path]) -> None
 
 def test_key_files_of_the_wrong_kind_are_clear_errors(keys: dict[str, Path], tmp_path: Path) -> None:
     with pytest.raises(KeyFileError, match="not a readable PEM public key"):
-        load_public_key(keys["ours"])
+        load_public_keys(keys["ours"])
     (tmp_path / "junk.pem").write_text("-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----\n")
-    with pytest.raises(KeyFileError):
-        load_public_key(tmp_path / "junk.pem")
+    with pytest.raises(KeyFileError, match="key 1: not a readable"):
+        load_public_keys(tmp_path / "junk.pem")
+
+
+def _rsa_public_pem() -> bytes:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    return rsa.generate_private_key(public_exponent=65537, key_size=1024).public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+
+
+def test_a_key_file_may_hold_several_keys_and_every_one_must_be_whole(keys: dict[str, Path], tmp_path: Path) -> None:
+    """During a rotation the servers trust the old key and the new one: one file, one PEM block each (comments between
+    blocks allowed). A file with anything else in a BEGIN block is refused whole, naming the block: trusting the keys
+    that did parse would quietly drop the one the operator meant to add."""
+    ours, theirs = keys["ours_pub"].read_bytes(), keys["theirs_pub"].read_bytes()
+    both = tmp_path / "both.pub"
+    both.write_bytes(b"# the old key\n" + ours + b"# the new key, from 2026-12-06\n" + theirs + ours)  # a repeat is dropped
+    assert load_public_keys(both) == (*load_public_keys(keys["ours_pub"]), *load_public_keys(keys["theirs_pub"]))
+    assert len({key_id(k) for k in load_public_keys(both)}) == 2 and all(len(key_id(k)) == 16 for k in load_public_keys(both))
+    cases = {
+        b"": "found 0 whole of 0",
+        ours + b"-----BEGIN PUBLIC KEY-----\nMCowBQYDK2VwAyEA\n": "found 1 whole of 2",  # a second block cut short
+        ours + _rsa_public_pem(): "key 2: not an Ed25519 public key",
+        ours + keys["ours"].read_bytes(): "found 1 whole of 2",  # a private key pasted in by mistake
+        b"x" * (64 * 1024 + 1): "larger than 65536 bytes",
+    }
+    for text, message in cases.items():
+        (tmp_path / "bad.pub").write_bytes(text)
+        with pytest.raises(KeyFileError, match=message):
+            load_public_keys(tmp_path / "bad.pub")
+    many = [keypair_pem()[1] for _ in range(MAX_TRUSTED_KEYS + 1)]
+    (tmp_path / "many.pub").write_bytes(b"".join(many))
+    with pytest.raises(KeyFileError, match=f"{MAX_TRUSTED_KEYS + 1} public keys, more than {MAX_TRUSTED_KEYS}"):
+        load_public_keys(tmp_path / "many.pub")
+    (tmp_path / "many.pub").write_bytes(b"".join(many[:MAX_TRUSTED_KEYS]))
+    assert len(load_public_keys(tmp_path / "many.pub")) == MAX_TRUSTED_KEYS
+
+
+def test_with_two_trusted_keys_a_bundle_signed_by_either_loads_and_no_other(keys: dict[str, Path], tmp_path: Path) -> None:
+    both = tmp_path / "both.pub"
+    both.write_bytes(keys["ours_pub"].read_bytes() + keys["theirs_pub"].read_bytes())
+    trusting = LoadOptions(device="cpu", warmup_batch=1, public_keys=load_public_keys(both))
+    data = hostile.rebuilt()
+    for who in ("ours", "theirs"):
+        assert ModelSet.load(read_bundle(sign(data, load_private_key(keys[who]))), trusting).version == "default-sim-20261130"
+    private, _ = keypair_pem()
+    (tmp_path / "third.key").write_bytes(private)
+    with pytest.raises(BundleError, match="does not verify under any of this server's 2 public keys"):
+        ModelSet.load(read_bundle(sign(data, load_private_key(tmp_path / "third.key"))), trusting)
+    with pytest.raises(BundleError, match="not signed"):
+        ModelSet.load(read_bundle(data), trusting)
 
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -95,8 +146,7 @@ def test_keygen_writes_the_pair_or_nothing(tmp_path: Path, small_disk: SmallDisk
     assert sorted(p.name for p in small_disk.path.iterdir()) == ["filler"]  # no key, no temp file
     small_disk.free()
     assert cli("keygen", "--private", str(small_disk.path / "k"), "--public", str(small_disk.path / "k.pub")).returncode == 0
-    assert load_private_key(small_disk.path / "k").public_key().public_bytes_raw() == \
-        load_public_key(small_disk.path / "k.pub").public_bytes_raw()
+    assert (load_private_key(small_disk.path / "k").public_key().public_bytes_raw(),) == load_public_keys(small_disk.path / "k.pub")
 
 
 def test_keygen_sign_verify_and_publish_on_the_command_line(tmp_path: Path) -> None:
@@ -109,7 +159,7 @@ def test_keygen_sign_verify_and_publish_on_the_command_line(tmp_path: Path) -> N
     assert out.returncode == 1 and "invalid (signature)" in out.stderr
     assert cli("sign", str(bundle), "--key", str(tmp_path / "k")).returncode == 0
     out = cli("verify", str(bundle), "--public-key", str(tmp_path / "k.pub"))
-    assert out.returncode == 0 and "(signed)" in out.stdout
+    assert out.returncode == 0 and "(signed by key " in out.stdout
     unsigned = tmp_path / "u.bundle"
     unsigned.write_bytes(hostile.rebuilt(model_version="v2"))
     pv = tmp_path / "pv"
