@@ -2,9 +2,9 @@
 
 The shopper is checked as a ``RecommendActionRequest`` (its errors are named ``shopper.<field>``); every candidate's
 field by its path (``categories[2].skus[0].price``). Counts are bounded so that one request's size and the work of its
-layers stay small (``ProductLimits``: a request at the limits with 768-d embeddings is about 0.8 MB on the wire, under
-gRPC's default 4 MB message limit). A request whose candidates leave nothing to sell (no SKU in stock) is refused too:
-no layer could answer it.
+layers stay small (``ProductLimits``: a request at the limits with 768-d embeddings is about 0.8 MB on the wire, past
+the server's default ``--max-message-bytes`` of 64 KiB, which takes about 19 SKUs: raise it to serve larger shelves).
+A request whose candidates leave nothing to sell (no SKU in stock) is refused too: no layer could answer it.
 """
 
 from __future__ import annotations

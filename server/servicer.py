@@ -298,9 +298,7 @@ class ShoppingAgentServicer:
         is loaded, and the rules with ``FALLBACK_DEGRADED`` when inference cannot answer (a full queue, the deadline,
         shutdown, an error). Those are counted by their layers' source, not in degraded_decisions_total: that counter's
         alert divides by RecommendAction's decisions, which a product request never adds to."""
-        if remaining_s is not None and remaining_s < self._min_budget_s:  # too little time, whatever answers
-            return product_by_rules(req, model.version, Source.FALLBACK_DEGRADED)
-        if not isinstance(model, ModelSet) or model.product is None:
+        if not isinstance(model, ModelSet) or model.product is None:  # the rules answer whatever the deadline: nothing degraded
             return product_by_rules(req, model.version)
         decision = await self._batched(self._product_batcher, model.product_batches, req, ctx, decision_id, remaining_s)
         return product_by_rules(req, model.version, Source.FALLBACK_DEGRADED) if isinstance(decision, str) else decision

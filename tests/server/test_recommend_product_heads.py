@@ -123,6 +123,20 @@ def test_a_batch_decides_each_request_as_it_decides_it_alone() -> None:
     assert len(sizes) > 3  # really of different shapes
 
 
+def test_a_deadline_too_short_for_the_networks_is_answered_by_the_rules_as_degraded(tmp_path: Path) -> None:
+    """As RecommendAction: with less time left than the inference budget, every layer's rule, FALLBACK_DEGRADED, counted
+    by its layers' source (not in degraded_decisions_total, whose alert divides by RecommendAction's decisions)."""
+    publish(tmp_path, HEADS)
+    with running_server(weights_dir=tmp_path, min_inference_budget_ms=10_000) as slow, grpc.insecure_channel(slow.target) as ch:
+        answer = stub(ch).RecommendProduct(product(), timeout=5)
+        value = slow.registry.get_sample_value
+    assert answer.model_version == "heads-v1"
+    assert {answer.category.source, answer.sku.source, answer.price_band.source} == {pb.DECISION_SOURCE_FALLBACK_DEGRADED}
+    assert (answer.category.id, answer.sku.id, answer.price_band.id) == ("bags", "b2", "list") and answer.joint_propensity == 1.0
+    assert value("shopping_agent_product_layer_decisions_total", {"layer": "sku", "source": "fallback_degraded"}) == 1
+    assert not value("shopping_agent_degraded_decisions_total", {"reason": "deadline"})
+
+
 def test_a_bundle_without_heads_is_swapped_for_one_with_them(tmp_path: Path) -> None:
     from tests.server.test_hot_swap import bundle_bytes
 
