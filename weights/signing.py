@@ -29,6 +29,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from core.files import UnreadableFile, read_bounded
 from weights.bundle import MANIFEST, SIGNATURE, Bundle, BundleError, read_bundle, write_members
 
 
@@ -55,12 +56,9 @@ def load_public_keys(path: Path | str) -> tuple[bytes, ...]:
     """The raw Ed25519 public keys of the PEM file ``path``, one per ``BEGIN PUBLIC KEY`` block, in file order, repeats
     dropped; text between blocks is ignored (a comment naming each key), a block that does not parse is an error."""
     try:
-        with open(path, "rb") as f:
-            text = f.read(MAX_KEY_FILE_BYTES + 1)
-    except OSError as exc:
+        text = read_bounded(path, MAX_KEY_FILE_BYTES)  # a regular file: a FIFO in a Secret's place must not hang the start
+    except UnreadableFile as exc:
         raise KeyFileError(f"{path}: not a readable PEM public key ({exc})") from None
-    if len(text) > MAX_KEY_FILE_BYTES:
-        raise KeyFileError(f"{path}: larger than {MAX_KEY_FILE_BYTES} bytes: not a public key file")
     blocks = _PEM_BLOCK.findall(text)
     if not blocks or len(blocks) != text.count(b"-----BEGIN"):
         raise KeyFileError(f"{path}: not a readable PEM public key (expected only -----BEGIN PUBLIC KEY----- blocks, "

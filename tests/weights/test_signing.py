@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import ROOT
+from tests.harness import ROOT, promptly
 from tests.small_disk import SmallDisk
 from tests.weights import hostile
 from weights.bundle import MANIFEST, SIGNATURE, BundleError, read_bundle
@@ -100,12 +100,15 @@ def test_a_key_file_may_hold_several_keys_and_every_one_must_be_whole(keys: dict
         ours + b"-----BEGIN PUBLIC KEY-----\nMCowBQYDK2VwAyEA\n": "found 1 whole of 2",  # a second block cut short
         ours + _rsa_public_pem(): "key 2: not an Ed25519 public key",
         ours + keys["ours"].read_bytes(): "found 1 whole of 2",  # a private key pasted in by mistake
-        b"x" * (64 * 1024 + 1): "larger than 65536 bytes",
+        b"x" * (64 * 1024 + 1): "more than the 65536-byte limit",
     }
     for text, message in cases.items():
         (tmp_path / "bad.pub").write_bytes(text)
         with pytest.raises(KeyFileError, match=message):
             load_public_keys(tmp_path / "bad.pub")
+    os.mkfifo(tmp_path / "fifo.pub")  # no writer: a blocking open would wait for ever
+    with pytest.raises(KeyFileError, match="not a regular file"):
+        promptly(lambda: load_public_keys(tmp_path / "fifo.pub"), fifo=tmp_path / "fifo.pub")
     many = [keypair_pem()[1] for _ in range(MAX_TRUSTED_KEYS + 1)]
     (tmp_path / "many.pub").write_bytes(b"".join(many))
     with pytest.raises(KeyFileError, match=f"{MAX_TRUSTED_KEYS + 1} public keys, more than {MAX_TRUSTED_KEYS}"):
