@@ -1,7 +1,7 @@
 """The server object: ``start()`` binds and returns, ``stop(grace)`` drains; only the CLI blocks.
 
-Shutdown has one owner and one order: health to NOT_SERVING, stop accepting and let
-in-flight calls finish within the grace, stop the micro-batcher, write out
+Shutdown has one owner and one order: health to NOT_SERVING, after the drain delay end the
+health Watch streams, stop accepting and let in-flight calls finish within the grace, stop the micro-batcher, write out
 and finalise the decision and outcome logs, close the plaintext health port (the probes
 read NOT_SERVING until then), stop the metrics endpoint.
 
@@ -29,6 +29,7 @@ from server.batching import MicroBatcher
 from server.call_bounds import CallBounds
 from server.config import Config
 from server.grpc_metrics import InstrumentedRegistrar, OnlyMethods
+from server.health_service import DrainingHealthServicer
 from server.metrics import Metrics
 from server.metrics_http import MetricsEndpoint
 from server.models import ModelHolder, active_path, canary_path, load_canary, load_file, load_initial, load_options, make_validator
@@ -55,7 +56,7 @@ class ShoppingAgentServer:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = Metrics(self.registry) if config.metrics else None
         self.models = ModelHolder(on_swap=self.metrics.model_served if self.metrics else None, on_canary=self._canary_changed)
-        self.health = health.aio.HealthServicer()
+        self.health = DrainingHealthServicer()
         self.port: int | None = None
         self.health_port: int | None = None
         self.metrics_endpoint: MetricsEndpoint | None = None
@@ -278,6 +279,7 @@ class ShoppingAgentServer:
         await self.health.enter_graceful_shutdown()
         if drain_delay > 0:
             await asyncio.sleep(drain_delay)
+        self.health.end_watches()  # they heard NOT_SERVING: an open Watch must not hold the grace (server.health_service)
         await asyncio.gather(*(server.stop(grace) for server in self._servers))
         if self._loading is not None and not self._loading.done():
             self._loading.cancel()

@@ -134,6 +134,29 @@ def test_sigterm_when_idle_exits_at_once_and_closes_the_port() -> None:
     assert any('"msg": "stopped"' in line for line in spawned.lines)
 
 
+def test_an_open_health_watch_does_not_hold_the_shutdown_for_the_grace() -> None:
+    """A client that keeps its Watch open through the drain (grpcurl, a home-made monitor) hears NOT_SERVING, and when
+    the drain delay is over its stream ends with OK: grpc counted it as a call in flight, so it held every shutdown for
+    the whole grace and was then cut with UNAVAILABLE (a review, 2026-12-06: exit after 8.06 s of an 8 s grace)."""
+    with spawn_server("--grace-seconds", "8", "--drain-delay-seconds", "1") as spawned:
+        with grpc.insecure_channel(spawned.target) as ch:
+            grpc.channel_ready_future(ch).result(timeout=10)
+            deadline = time.monotonic() + 10
+            while _health(ch) != health_pb2.HealthCheckResponse.SERVING:
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            watch = health_pb2_grpc.HealthStub(ch).Watch(health_pb2.HealthCheckRequest(service=SERVICE), timeout=30)
+            assert next(watch).status == health_pb2.HealthCheckResponse.SERVING
+            sent = time.monotonic()
+            spawned.proc.send_signal(signal.SIGTERM)
+            assert next(watch).status == health_pb2.HealthCheckResponse.NOT_SERVING
+            assert list(watch) == [] and watch.code() == grpc.StatusCode.OK  # ended, not cut
+            ended = time.monotonic() - sent
+            assert spawned.proc.wait(timeout=10) == 0
+            exited = time.monotonic() - sent
+    assert 1.0 <= ended < 4 and exited < 4, (ended, exited)  # after the 1 s drain, well inside the 8 s grace
+
+
 def test_start_to_serving_with_the_cli_logs_json() -> None:
     with spawn_server() as spawned:
         with grpc.insecure_channel(spawned.target) as ch:
