@@ -9,6 +9,7 @@ import textwrap
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -23,6 +24,18 @@ SERVICE = "shopping_agent.v1.ShoppingAgent"
 
 def _health(channel: grpc.Channel, service: str = "") -> int:
     return health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=service), timeout=5).status
+
+
+def _watching(channel: grpc.Channel) -> Any:
+    """A Watch of the service's health opened once the server is SERVING, its first answer (SERVING) read."""
+    grpc.channel_ready_future(channel).result(timeout=10)
+    deadline = time.monotonic() + 10
+    while _health(channel) != health_pb2.HealthCheckResponse.SERVING:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(service=SERVICE), timeout=30)
+    assert next(watch).status == health_pb2.HealthCheckResponse.SERVING
+    return watch
 
 
 def test_health_is_serving_once_the_model_is_loaded(channel: grpc.Channel) -> None:
@@ -71,13 +84,7 @@ def test_sigterm_drains_and_exits_zero() -> None:
     results: list[tuple[float, grpc.StatusCode]] = []
     with spawn_server("--grace-seconds", "5", "--drain-delay-seconds", "1") as spawned:
         with grpc.insecure_channel(spawned.target) as ch:
-            grpc.channel_ready_future(ch).result(timeout=10)
-            deadline = time.monotonic() + 10
-            while _health(ch) != health_pb2.HealthCheckResponse.SERVING:
-                assert time.monotonic() < deadline
-                time.sleep(0.02)
-            watch = health_pb2_grpc.HealthStub(ch).Watch(health_pb2.HealthCheckRequest(service=SERVICE), timeout=15)
-            assert next(watch).status == health_pb2.HealthCheckResponse.SERVING
+            watch = _watching(ch)
             draining = threading.Event()
 
             def hammer() -> None:
@@ -140,13 +147,7 @@ def test_an_open_health_watch_does_not_hold_the_shutdown_for_the_grace() -> None
     the whole grace and was then cut with UNAVAILABLE (a review, 2026-12-06: exit after 8.06 s of an 8 s grace)."""
     with spawn_server("--grace-seconds", "8", "--drain-delay-seconds", "1") as spawned:
         with grpc.insecure_channel(spawned.target) as ch:
-            grpc.channel_ready_future(ch).result(timeout=10)
-            deadline = time.monotonic() + 10
-            while _health(ch) != health_pb2.HealthCheckResponse.SERVING:
-                assert time.monotonic() < deadline
-                time.sleep(0.02)
-            watch = health_pb2_grpc.HealthStub(ch).Watch(health_pb2.HealthCheckRequest(service=SERVICE), timeout=30)
-            assert next(watch).status == health_pb2.HealthCheckResponse.SERVING
+            watch = _watching(ch)
             sent = time.monotonic()
             spawned.proc.send_signal(signal.SIGTERM)
             assert next(watch).status == health_pb2.HealthCheckResponse.NOT_SERVING
