@@ -88,8 +88,8 @@ class Config:
     tls_key: Path | None = _opt(None, "PEM private key (unencrypted) of --tls-cert")
     tls_client_ca: Path | None = _opt(None, "PEM CA certificates: clients must present a certificate one of them signed "
                                             "(mutual TLS; needs --tls-cert)")
-    health_port: int | None = _opt(None, "a second, plaintext gRPC port serving grpc.health.v1 only, for kubelet probes (which "
-                                         "cannot do TLS); 0 picks a free port; empty: none")
+    health_port: int | None = _opt(None, "a second, plaintext gRPC port answering grpc.health.v1's Check only, for kubelet probes "
+                                         "(which cannot do TLS); 0 picks a free port; empty: none")
     max_concurrent_rpcs: int | None = _opt(4096, "calls in progress at once over all connections (each costs about 20-25 KB); "
                                                  "each of the --grpc-servers enforces its even share (512 by default: two "
                                                  "connections' worth of streams, so one connection cannot fill its server); past "
