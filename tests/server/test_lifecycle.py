@@ -16,7 +16,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
-from tests.harness import ROOT, ServerThread, request, spawn_server, stub
+from tests.harness import ROOT, ServerThread, make_config, request, spawn_server, stub
 from weights.embedded import DEFAULT_MODEL_VERSION
 
 SERVICE = "shopping_agent.v1.ShoppingAgent"
@@ -26,14 +26,14 @@ def _health(channel: grpc.Channel, service: str = "") -> int:
     return health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=service), timeout=5).status
 
 
-def _watching(channel: grpc.Channel) -> Any:
-    """A Watch of the service's health opened once the server is SERVING, its first answer (SERVING) read."""
+def _watching(channel: grpc.Channel, service: str = SERVICE) -> Any:
+    """A Watch of ``service``'s health opened once the server is SERVING, its first answer (SERVING) read."""
     grpc.channel_ready_future(channel).result(timeout=10)
     deadline = time.monotonic() + 10
     while _health(channel) != health_pb2.HealthCheckResponse.SERVING:
         assert time.monotonic() < deadline
         time.sleep(0.02)
-    watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(service=SERVICE), timeout=30)
+    watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(service=service), timeout=30)
     assert next(watch).status == health_pb2.HealthCheckResponse.SERVING
     return watch
 
@@ -156,6 +156,28 @@ def test_an_open_health_watch_does_not_hold_the_shutdown_for_the_grace() -> None
             assert spawned.proc.wait(timeout=10) == 0
             exited = time.monotonic() - sent
     assert 1.0 <= ended < 4 and exited < 4, (ended, exited)  # after the 1 s drain, well inside the 8 s grace
+
+
+def test_without_a_drain_delay_every_watcher_hears_not_serving_before_its_stream_ends() -> None:
+    """With no drain delay the streams end in the same turn of the event loop that wakes the watchers: most had not been
+    written to yet, and ended on SERVING (a re-read: 2 of 20 heard NOT_SERVING). Each now gets its service's status
+    before its stream ends, and none holds the 5 s grace."""
+    server = ServerThread(make_config(grace_seconds=5.0, drain_delay_seconds=0.0))
+    server.start()
+    try:
+        with grpc.insecure_channel(server.target) as ch:
+            watches = [_watching(ch, service) for service in ("", SERVICE) * 10]
+            took = time.monotonic()
+            server.stop(grace=5.0)
+            took = time.monotonic() - took
+            for watch in watches:
+                assert list(watch)[-1:] == [health_pb2.HealthCheckResponse(status=health_pb2.HealthCheckResponse.NOT_SERVING)]
+                assert watch.code() == grpc.StatusCode.OK
+    except BaseException:
+        if server.server is not None:  # failed before its stop: stop it here, once
+            server.stop()
+        raise
+    assert took < 2.5, took  # the grace is 5 s: nothing waited for it
 
 
 def test_start_to_serving_with_the_cli_logs_json() -> None:
