@@ -494,7 +494,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error(f"--workdir {args.workdir}: not empty")
     with contextlib.nullcontext(str(args.workdir)) if args.workdir else tempfile.TemporaryDirectory(prefix="bench-loop-") as tmp:
         logs, wdir = Path(tmp) / "logs", Path(tmp) / "weights"
-        store = WeightsStore(wdir, lambda data: verify(data))
+        store = WeightsStore(wdir, verify)
         store.publish(make_bundle(*UNTRAINED))
         active = ModelSet.load(read_bundle(store.active_path), options)
         cycles.append({"cycle": 0, "version": active.version,

@@ -38,7 +38,7 @@ from server.tls import ReloadingCertificates, grpc_files, server_credentials
 from server.watcher import WeightsWatcher
 from weights.bundle import BundleError
 from weights.canary import CanaryRoute
-from weights.model_set import ModelSet, NoModel
+from weights.model_set import LoadOptions, ModelSet, NoModel
 
 if TYPE_CHECKING:
     from experience.recorder import ExperienceRecorder
@@ -147,8 +147,14 @@ class ShoppingAgentServer:
 
     async def _load(self) -> None:
         loop = asyncio.get_running_loop()
+        options = load_options(self.config)  # the key file read once: the start and both watchers judge by the same keys
+        if options.public_keys:
+            from weights.signing import key_id
+
+            trusted = [key_id(k) for k in options.public_keys]
+            log.info("bundles must be signed by a trusted key", extra={"fields": {"trusted_keys": trusted}})
         try:
-            model, seen, rejected = await loop.run_in_executor(None, load_initial, self.config, self.validator)
+            model, seen, rejected = await loop.run_in_executor(None, load_initial, self.config, options, self.validator)
         except Exception:
             log.exception("no model could be loaded; answering from the rule engine (FALLBACK_NO_MODEL)")
             model, seen, rejected = None, None, None
@@ -158,7 +164,7 @@ class ShoppingAgentServer:
             await self._swap_in(model)
         path = active_path(self.config)
         if path is not None:  # even after a failed start: publishing a good bundle recovers the server
-            options, validator = load_options(self.config), self.validator
+            validator = self.validator
             self._watcher = WeightsWatcher(
                 path,
                 load=lambda p: load_file(p, options, validator),
@@ -172,15 +178,15 @@ class ShoppingAgentServer:
                 rejected=rejected,
             )
             self._watcher.start()
-        self._watch_canary(loop)
+        self._watch_canary(loop, options)
 
-    def _watch_canary(self, loop: asyncio.AbstractEventLoop) -> None:
+    def _watch_canary(self, loop: asyncio.AbstractEventLoop, options: LoadOptions) -> None:
         """Serve the canary on its share of the sessions while its file is there (loaded, swapped and refused as the
         active bundle is; its removal ends it)."""
         path = canary_path(self.config)
         if path is None:
             return
-        options, validator, cap = load_options(self.config), self.validator, self.config.max_canary_fraction
+        validator, cap = self.validator, self.config.max_canary_fraction
         self._canary_watcher = WeightsWatcher(
             path,
             load=lambda p: load_canary(p, options, cap, validator),

@@ -137,9 +137,9 @@ class Config:
                                        "(default: the bundle's)")
     exploration_epsilon: float | None = _opt(None, "probability of an exploration draw, also per product layer (default: the bundle's)")
     guard_threshold: float | None = _opt(None, "guard allow-probability below which an action is vetoed (default: the bundle's)")
-    bundle_public_key: Path | None = _opt(None, "Ed25519 public key file (PEM): load only bundles signed by its private key; "
-                                                "the file may hold several keys (at most 8), as during a key rotation: then a "
-                                                "bundle signed by any of them loads; unset: signatures are not checked")
+    bundle_public_key: Path | None = _opt(None, "Ed25519 public key file (PEM): load only bundles signed by the private half of "
+                                                "one of its keys (one, or up to 8 during a key rotation, SECURITY.md); unset: "
+                                                "signatures are not checked")
     validate_memory_mb: int = _opt(512, "address-space limit (MiB) of the child process that loads and self-tests each new "
                                         "bundle before the server does; 0: no child (validate in-process)")
     validate_timeout_seconds: float = _opt(30.0, "how long that child may take before the bundle is rejected")

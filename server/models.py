@@ -30,10 +30,9 @@ def load_options(config: Config) -> LoadOptions:
     """How this server loads bundles (reads the public key file: ``KeyFileError`` when it is not one)."""
     keys: tuple[bytes, ...] = ()
     if config.bundle_public_key is not None:  # cryptography (about 7 MB) only in a server that verifies signatures
-        from weights.signing import key_id, load_public_keys
+        from weights.signing import load_public_keys
 
         keys = load_public_keys(config.bundle_public_key)
-        log.info("bundles must be signed by one of %d key(s): %s", len(keys), ", ".join(key_id(k) for k in keys))
     return LoadOptions(
         device=config.device,
         threads=config.intra_op_threads,
@@ -126,14 +125,14 @@ def load_file(path: Path, options: LoadOptions, validator: Validator | None = No
     return ModelSet.load(read_bundle(data), options)
 
 
-def load_initial(config: Config, validator: Validator | None = None) -> tuple[ModelSet | NoModel, Signature | None, BundleError | None]:
+def load_initial(config: Config, options: LoadOptions,
+                 validator: Validator | None = None) -> tuple[ModelSet | NoModel, Signature | None, BundleError | None]:
     """The model set to serve at start, the signature of the active file it judged, and why that file was refused.
 
     The weights directory's active bundle, else the embedded default (or no model). The
     signature is taken before reading, so a file replaced meanwhile looks changed to the
     watcher and is loaded again.
     """
-    options = load_options(config)
     path = active_path(config)
     seen, rejected = None, None
     if path is not None:

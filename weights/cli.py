@@ -104,10 +104,15 @@ def _path_from_env(name: str) -> Path | None:
     return Path(value) if value else None
 
 
-def _validator(args: argparse.Namespace) -> Validator:
-    keys = () if args.public_key is None else load_public_keys(args.public_key)
+def _validator(args: argparse.Namespace, keys: tuple[bytes, ...] | None = None) -> Validator:
+    """The servers' check of a bundle, with ``keys`` (default: read from ``--public-key``)."""
+    keys = _keys(args) if keys is None else keys
     limits = None if args.validate_memory_mb == 0 else SandboxLimits(memory_bytes=args.validate_memory_mb * 2**20)
     return lambda data: verify(data, keys, limits)
+
+
+def _keys(args: argparse.Namespace) -> tuple[bytes, ...]:
+    return () if args.public_key is None else load_public_keys(args.public_key)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -166,10 +171,11 @@ def _init(args: argparse.Namespace) -> int:
 
 def _verify(args: argparse.Namespace) -> int:
     try:
-        bundle = _validator(args)(read_file(args.file))
+        keys = _keys(args)
+        bundle = _validator(args, keys)(read_file(args.file))
     except BundleError as exc:  # named: the line may be one of many in a script's log
         raise BundleError(exc.reason, f"{args.file}: {exc}") from None
-    signer = signed_by(bundle, load_public_keys(args.public_key)) if args.public_key is not None else None
+    signer = signed_by(bundle, keys)
     signed = f" (signed by key {key_id(signer)})" if signer is not None else " (signed)" if bundle.signature is not None else ""
     print(f"ok {bundle.model_version}{signed}")  # which key: during a rotation, whether the old one is still needed
     return EXIT_OK

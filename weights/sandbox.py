@@ -99,8 +99,10 @@ def limit_self(memory_bytes: int) -> None:
 def validate_bytes(data: bytes, memory_bytes: int, fields: dict[str, object]) -> dict[str, object]:
     """In the limited process: the server's whole load of ``data``; the answer as plain data."""
     try:
-        keys = fields.get("public_keys")
-        options = LoadOptions(**{**fields, "public_keys": tuple(bytes.fromhex(k) for k in keys) if isinstance(keys, list) else ()})  # type: ignore[arg-type]
+        keys = fields["public_keys"]  # always sent (child_fields): a malformed one fails the check, never turns it off
+        if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+            raise TypeError(f"public_keys: expected a list of hex strings, got {keys!r:.80}")
+        options = LoadOptions(**{**fields, "public_keys": tuple(bytes.fromhex(k) for k in keys)})  # type: ignore[arg-type]
         model = ModelSet.load(read_bundle(data), options)
     except BundleError as exc:
         return {"ok": False, "reason": exc.reason, "message": str(exc)}

@@ -25,7 +25,7 @@ import io
 import re
 from pathlib import Path
 
-from cryptography.exceptions import InvalidSignature
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
@@ -40,7 +40,7 @@ class KeyFileError(ValueError):
 def load_private_key(path: Path | str) -> Ed25519PrivateKey:
     try:
         key = serialization.load_pem_private_key(Path(path).read_bytes(), password=None)
-    except (OSError, ValueError, TypeError) as exc:
+    except (OSError, ValueError, TypeError, UnsupportedAlgorithm) as exc:  # an algorithm it has no code for: not a traceback
         raise KeyFileError(f"{path}: not a readable unencrypted PEM private key ({exc})") from None
     if not isinstance(key, Ed25519PrivateKey):
         raise KeyFileError(f"{path}: not an Ed25519 private key")
@@ -67,7 +67,7 @@ def load_public_keys(path: Path | str) -> tuple[bytes, ...]:
     for n, block in enumerate(blocks, 1):
         try:
             key = serialization.load_pem_public_key(block)
-        except (ValueError, TypeError) as exc:
+        except (ValueError, TypeError, UnsupportedAlgorithm) as exc:
             raise KeyFileError(f"{path}: key {n}: not a readable PEM public key ({exc})") from None
         if not isinstance(key, Ed25519PublicKey):
             raise KeyFileError(f"{path}: key {n}: not an Ed25519 public key")

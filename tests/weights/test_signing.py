@@ -86,6 +86,31 @@ def _rsa_public_pem() -> bytes:
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
 
 
+def _unknown_algorithm_pem(ed25519_pem: bytes) -> bytes:
+    """The same key under an algorithm OID cryptography has no code for (1.3.101.127, next to Ed25519's 1.3.101.112): it
+    raised UnsupportedAlgorithm, which is not a ValueError, so a start with it ended in a traceback (a re-read)."""
+    import base64
+
+    body = b"".join(line for line in ed25519_pem.splitlines() if not line.startswith(b"-----"))
+    der = base64.b64decode(body).replace(b"\x06\x03\x2b\x65\x70", b"\x06\x03\x2b\x65\x7f")
+    return b"-----BEGIN PUBLIC KEY-----\n" + base64.encodebytes(der) + b"-----END PUBLIC KEY-----\n"
+
+
+def test_the_validating_childs_fields_carry_every_key_and_a_malformed_one_fails(keys: dict[str, Path], tmp_path: Path) -> None:
+    """The child (weights.sandbox) gets the keys as JSON; a field it cannot read must fail the check, not turn it off."""
+    from weights.sandbox import child_fields, validate_bytes
+
+    both = tmp_path / "both.pub"
+    both.write_bytes(keys["ours_pub"].read_bytes() + keys["theirs_pub"].read_bytes())
+    fields = json.loads(json.dumps(child_fields(LoadOptions(warmup_batch=1, public_keys=load_public_keys(both)))))
+    signed = sign(hostile.rebuilt(), load_private_key(keys["theirs"]))
+    assert validate_bytes(signed, 2**31, fields)["ok"] is True  # the second key reached the child
+    assert validate_bytes(hostile.rebuilt(), 2**31, fields)["reason"] == "signature"
+    for malformed in ("", None, [1]):
+        with pytest.raises(TypeError, match="public_keys"):
+            validate_bytes(hostile.rebuilt(), 2**31, {**fields, "public_keys": malformed})
+
+
 def test_a_key_file_may_hold_several_keys_and_every_one_must_be_whole(keys: dict[str, Path], tmp_path: Path) -> None:
     """During a rotation the servers trust the old key and the new one: one file, one PEM block each (comments between
     blocks allowed). A file with anything else in a BEGIN block is refused whole, naming the block: trusting the keys
@@ -99,6 +124,7 @@ def test_a_key_file_may_hold_several_keys_and_every_one_must_be_whole(keys: dict
         b"": "found 0 whole of 0",
         ours + b"-----BEGIN PUBLIC KEY-----\nMCowBQYDK2VwAyEA\n": "found 1 whole of 2",  # a second block cut short
         ours + _rsa_public_pem(): "key 2: not an Ed25519 public key",
+        ours + _unknown_algorithm_pem(ours): "key 2: not a readable PEM public key",  # cryptography: UnsupportedAlgorithm
         ours + keys["ours"].read_bytes(): "found 1 whole of 2",  # a private key pasted in by mistake
         b"x" * (64 * 1024 + 1): "more than the 65536-byte limit",
     }
