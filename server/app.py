@@ -1,9 +1,9 @@
 """The server object: ``start()`` binds and returns, ``stop(grace)`` drains; only the CLI blocks.
 
-Shutdown has one owner and one order: health to NOT_SERVING, after the drain delay end the
-health Watch streams, stop accepting and let in-flight calls finish within the grace, stop the micro-batcher, write out
-and finalise the decision and outcome logs, close the plaintext health port (the probes
-read NOT_SERVING until then), stop the metrics endpoint.
+Shutdown has one owner and one order: health to NOT_SERVING; after the drain delay, end the
+health Watch streams, stop accepting and let in-flight calls finish within the grace; stop the
+micro-batcher, write out and finalise the decision and outcome logs, close the plaintext health
+port (the probes read NOT_SERVING until then), stop the metrics endpoint.
 
 The service port serves TLS when certificate files are configured (``server.tls``); its
 limits and keepalive are ``server.transport``'s.
