@@ -22,6 +22,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
+import os
 import sys
 import threading
 import time
@@ -102,8 +104,8 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
                 return 2
         result = _in_process(world, sessions, model, args, salt)
     result = {"seed": args.seed, **result, "elapsed_s": round(time.monotonic() - started, 3)}
-    if args.json:
-        out.write(json.dumps(result, allow_nan=False) + "\n")
+    if args.json:  # an interval of one session is undefined: null, not NaN (which is not JSON)
+        out.write(json.dumps(_finite(result), allow_nan=False) + "\n")
     else:
         out.write(_text(result))
     return 1 if result.get("interrupted") or result.get("logs_incomplete") else 0
@@ -122,7 +124,20 @@ def _usage_problem(args: argparse.Namespace) -> str:
         ZoneInfo(args.timezone)
     except (ZoneInfoNotFoundError, ValueError):
         return f"--timezone: unknown IANA timezone {args.timezone!r}"
+    if args.trace is not None and not (args.trace.parent.is_dir() and os.access(args.trace.parent, os.W_OK | os.X_OK)):
+        return f"--trace {args.trace}: {args.trace.parent} is not a directory this can write in"  # not after the run
     return ""
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every non-finite float (a one-session run's interval and stderr) as None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _text(result: dict[str, Any]) -> str:
