@@ -16,7 +16,7 @@ segments are listed and read through ``pyarrow.fs`` (``experience.segments.open_
   next runs (``trainer.canary``).
   What the CronJob runs. Exit 0 published (or unchanged), 3 refused by the gate (or the active
   bundle changed during the run: nothing published), 1 failed, 2 bad usage (a bundle file that cannot be read or loaded,
-  a ``--weights-dir`` that cannot be written) or no logs yet.
+  a ``--weights-dir`` or output file that cannot be written, a bad key file: ``before_logs``) or no logs yet (or too few).
 
 Config: ``--config FILE.json`` (any ``TrainConfig`` field, ``guard`` as an object), then the
 flags below, over the defaults.
@@ -66,7 +66,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--out", type=Path, required=True, help="the bundle file to write")
     p.add_argument("--version", dest="model_version", type=_model_version,
                    help="model version of the new bundle (default products-<time>-s<seed>)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=_at_least(0), default=0)
     p.add_argument("--max-rows", type=int, default=None, help="product decisions trained on at most (default 40000)")
     for layer, delta in (("category", 0.03), ("sku", 0.05), ("price-band", 0.02)):
         p.add_argument(f"--delta-{layer}", type=float, default=delta, help=f"the {layer} layer's trust region (default {delta})")
@@ -84,8 +84,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("bundle", type=Path, help="a bundle file, or 'default' for the embedded default")
     p.add_argument("--logs", required=True, metavar="DIR_OR_URI",
                    help="the logs: a directory (serve --log-dir) or a URI pyarrow.fs opens (s3://, gs://, hdfs://, file://)")
-    p.add_argument("--bootstrap", type=int, default=200, help="bootstrap resamples (default 200)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--bootstrap", type=_at_least(1), default=200, help="bootstrap resamples (default 200)")
+    p.add_argument("--seed", type=_at_least(0), default=0)
     p.add_argument("--max-session-order-value", type=_positive, metavar="AMOUNT",
                    help="leave out a session whose orders total more (default: TrainConfig's max_session_order_value, "
                         "1,000,000; set it to the servers' --max-outcome-value)")
@@ -124,12 +124,13 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="the logs: a directory (serve --log-dir) or a URI pyarrow.fs opens (s3://, gs://, hdfs://, file://)")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="torch device (default auto: CUDA when present)")
     p.add_argument("--config", type=Path, help="a JSON file of TrainConfig fields")
-    p.add_argument("--seed", type=int, help="TrainConfig.seed")
-    p.add_argument("--updates", type=int, help="TrainConfig.updates")
-    p.add_argument("--kl-delta", type=float, help="TrainConfig.kl_delta")
+    p.add_argument("--seed", type=_at_least(0), help="TrainConfig.seed")
+    p.add_argument("--updates", type=_at_least(1), help="TrainConfig.updates")
+    p.add_argument("--kl-delta", type=_positive, help="TrainConfig.kl_delta")
     p.add_argument("--advantage", choices=("baseline", "group", "critic"), help="TrainConfig.advantage")
     p.add_argument("--version", dest="model_version", type=_model_version,
-                   help="model version of the new bundle (default trained-<time>-s<seed>)")
+                   help="model version of the new bundle (default trained-<the logs' newest time>-<a digest of the starting "
+                        "version, the config and the logs' row counts>)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -149,15 +150,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trainer.window import NoDecisions
+    from trainer.window import NoDecisions, TooFewLogs
 
     try:
         return int(args.handler(args))
     except UsageError as exc:
         print(f"shopping-agent {args.command}: {exc}", file=sys.stderr)
         return 2
-    except NoDecisions as exc:  # no logs yet (a new deployment's first runs): retrying gives the same answer
-        print(f"shopping-agent {args.command}: --logs {_shown(args.logs)}: no logs yet: {exc}", file=sys.stderr)
+    except NoDecisions as exc:  # no logs yet, or too few (a new deployment's first runs): retrying gives the same answer
+        what = "not enough logs yet" if isinstance(exc, TooFewLogs) else "no logs yet"
+        print(f"shopping-agent {args.command}: --logs {_shown(args.logs)}: {what}: {exc}", file=sys.stderr)
         return 2
     except (ModuleNotFoundError, RuntimeMissing):
         raise  # a package not installed: the command line names what to install (server/cli.py; exit 2, not retried)
@@ -183,6 +185,9 @@ def _config(args: argparse.Namespace) -> TrainConfig:
         raise UsageError(f"--config: {exc}") from None
     if not isinstance(values, dict):
         raise UsageError("--config: expected a JSON object of TrainConfig fields")
+    unknown = sorted(set(values) - {f.name for f in dataclasses.fields(TrainConfig)})
+    if unknown:
+        raise UsageError(f"--config: unknown key(s) {unknown}; allowed: {[f.name for f in dataclasses.fields(TrainConfig)]}")
     for name in ("seed", "updates", "kl_delta", "advantage"):
         if getattr(args, name, None) is not None:
             values[name] = getattr(args, name)
@@ -320,10 +325,29 @@ def _trained(args: argparse.Namespace, init: Any, window: Any, config: Any) -> A
     return result
 
 
+def before_logs(args: argparse.Namespace, *outputs: tuple[str, Path | None]) -> None:
+    """``UsageError`` (exit 2) for what would otherwise fail only after the logs were read and a model trained: a
+    ``--device cuda`` torch cannot see, an output file (``(flag, path)``) whose directory cannot be written."""
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UsageError("--device cuda: torch sees no CUDA device (--device auto uses one when there is one)")
+    for flag, path in outputs:
+        if path is None:
+            continue
+        where = path.parent
+        if not where.is_dir():
+            raise UsageError(f"{flag} {path}: {where} is not a directory")
+        if not os.access(where, os.W_OK | os.X_OK):
+            raise UsageError(f"{flag} {path}: {where} cannot be written")
+
+
 def _train(args: argparse.Namespace) -> int:
     from weights.store import atomic_write
 
     config = _config(args)
+    before_logs(args, ("--out", args.out))
     init = _bundle(args.init)
     result = _trained(args, init, _window(args.logs, init, config), config)
     if args.rank != 0:

@@ -344,7 +344,7 @@ class TrainConfig:
             problems.append(f"heldout_fraction: expected in (0, 1), got {self.heldout_fraction}")
         if not 0 < self.max_session_order_value < math.inf:
             problems.append(f"max_session_order_value: expected a finite number > 0, got {self.max_session_order_value}")
-        for name, least in (("max_session_decisions", 1), ("max_session_complaints", 0)):
+        for name, least in (("max_session_decisions", 1), ("max_session_complaints", 0), ("seed", 0), ("sample_key", 0)):
             count = getattr(self, name)
             if count < least:  # an integer: type_problems
                 problems.append(f"{name}: expected an integer >= {least}, got {count!r}")

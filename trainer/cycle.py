@@ -55,19 +55,30 @@ LOOK_BOOTSTRAP = 1000
 
 def run_cycle(args: argparse.Namespace) -> int:
     from trainer.canary import look, settings_from
-    from trainer.cli import EXIT_REFUSED, _bundle, _config, _source, _trainable, _trained, _window
+    from trainer.cli import EXIT_REFUSED, UsageError, _bundle, _config, _source, _trainable, _trained, _window, before_logs
     from trainer.distributed import shutdown
     from trainer.evaluation import gate
     from trainer.reading import read_gate
     from trainer.replay import serves_alike
     from weights.bundle import read_bundle
     from weights.model_set import LoadOptions, ModelSet
-    from weights.signing import load_public_keys
+    from weights.signing import KeyFileError, load_private_key, load_public_keys
     from weights.store import ActiveMoved, WeightsStore, atomic_write
     from weights.validate import verify
 
     config = _config(args)
-    keys = () if args.public_key is None else load_public_keys(args.public_key)
+    before_logs(args, ("--candidate-out", args.candidate_out))
+    if args.public_key is not None and args.sign_key is None:  # nothing it trains could be published
+        raise UsageError("--public-key: the weights directory takes only signed bundles: give --sign-key too")
+    try:
+        keys = () if args.public_key is None else load_public_keys(args.public_key)
+    except KeyFileError as exc:
+        raise UsageError(f"--public-key: {exc}") from None
+    try:
+        if args.sign_key is not None:
+            load_private_key(args.sign_key)  # read again to sign: a bad one fails here, not after the training
+    except KeyFileError as exc:
+        raise UsageError(f"--sign-key: {exc}") from None
     store = WeightsStore(args.weights_dir, lambda data: verify(data, keys))
     _usable(store)  # before any log is read: not a refusal after an hour's training
     current_bundle, judged_against = _active(store)  # every publish below replaces exactly this bundle, or none

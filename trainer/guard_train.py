@@ -186,7 +186,9 @@ def train_guard(
     heldout = split_by_session(sessions, config.holdout_fraction, config.split_seed)
     n_held, n_rows = global_count(int(heldout.sum()), reducer), global_count(len(heldout), reducer)
     if n_held in (0, n_rows):
-        raise ValueError(f"the session split left one side empty ({n_held} of {n_rows} rows held out)")
+        from trainer.window import TooFewLogs
+
+        raise TooFewLogs(f"the session split left one side empty ({n_held} of {n_rows} rows held out)")
     labels = harmful.cpu().numpy()
     train_harm = labels.copy()
     if extra_harmful is not None:

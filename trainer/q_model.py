@@ -122,7 +122,9 @@ def episode_folds(n_episodes: int, n_folds: int = 2, seed: int = 0) -> IntArray:
     if isinstance(n_folds, bool) or not isinstance(n_folds, int) or n_folds < 2:
         raise ValueError(f"n_folds: expected an integer >= 2, got {n_folds!r}")
     if n_episodes < n_folds:
-        raise ValueError(f"episodes: {n_episodes} episode(s) cannot fill {n_folds} folds")
+        from trainer.window import TooFewLogs
+
+        raise TooFewLogs(f"episodes: {n_episodes} episode(s) cannot fill {n_folds} folds")
     folds = np.empty(n_episodes, dtype=np.int64)
     folds[np.random.default_rng(seed).permutation(n_episodes)] = np.arange(n_episodes) % n_folds
     return folds

@@ -344,9 +344,11 @@ def train(decisions: pa.Table, outcomes: pa.Table, init: Bundle, config: TrainCo
     policy = policy.cpu()
     log.info("trained in %.1f s (not in the manifest: the same logs and seed give the same bytes)", time.monotonic() - started)
     created_at = _created_at(decisions, reducer)
-    # Unique for (logs, starting bundle, config): the same inputs give the same bytes, other inputs another version
-    # (model versions are immutable in the weights store).
-    digest = hashlib.sha256(json.dumps([base.version, config.to_dict()], sort_keys=True, default=str).encode()).hexdigest()[:8]
+    # The same inputs give the same bytes and version; other inputs another version (model versions are immutable in the
+    # weights store): the starting bundle, the config, and the logs by their newest time (above) and their row counts, so
+    # a run on fewer of the same logs is not named as the run on all of them (a review: it was, and its publish refused).
+    sizes = [global_count(decisions.num_rows, reducer), global_count(outcomes.num_rows, reducer)]
+    digest = hashlib.sha256(json.dumps([base.version, config.to_dict(), sizes], sort_keys=True, default=str).encode()).hexdigest()[:8]
     version = model_version or f"trained-{created_at.replace(':', '').replace('-', '')}-{digest}"
     manifest = {
         **{k: base.manifest[k] for k in ("feature_spec", "actions", "guardrails", "fallback_rules", "golden")},

@@ -48,6 +48,11 @@ class NoDecisions(ValueError):
     """A window with no logged decision to train on: no logs yet (``train`` and ``cycle`` exit 2, not retried)."""
 
 
+class TooFewLogs(NoDecisions):
+    """Logs too few for a step that splits them (a held-out share, cross-fitting folds): not enough logs yet, as a new
+    deployment's first runs have (exit 2 as ``NoDecisions``; a later run, on more logs, goes on)."""
+
+
 @dataclass(frozen=True, slots=True)
 class GateSessions:
     """The gate's held-out sessions of a window (``gate_sample``), and the segments none of them can be in."""

@@ -17,6 +17,7 @@ from zoneinfo import ZoneInfo
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from core.domain import Source
@@ -182,8 +183,18 @@ def test_rows_served_with_certainty_leave_the_step_alone(logs: Path, trained: Tr
 
 def test_same_logs_and_seed_give_the_same_bytes(logs: Path, trained: TrainResult) -> None:
     source = DirectorySource(logs)
-    again = train(source.table("decisions"), source.table("outcomes"), fresh_bundle(), FAST, device="cpu")
+    decisions, outcomes = source.table("decisions"), source.table("outcomes")
+    again = train(decisions, outcomes, fresh_bundle(), FAST, device="cpu")
     assert again.bundle == trained.bundle
+    # Fewer of the same logs, the newest record among them (the same newest time): another version. It was named as the
+    # run on all of them (a review), so `weights publish` refused it as other bytes under a published version.
+    newest = decisions.column("session_id")[int(np.argmax(decisions.column("time_s").to_numpy()))].as_py()
+    sessions = sorted(set(decisions.column("session_id").to_pylist()))
+    kept = pa.array([s for s in sessions[::2] if s != newest] + [newest])
+    fewer = train(decisions.filter(pc.is_in(decisions.column("session_id"), kept)),
+                  outcomes.filter(pc.is_in(outcomes.column("session_id"), kept)), fresh_bundle(), FAST, device="cpu")
+    assert fewer.manifest["created_at"] == trained.manifest["created_at"]
+    assert fewer.manifest["model_version"] != trained.manifest["model_version"]
 
 
 def test_cycle_publishes_then_refuses_without_force(logs: Path, tmp_path: Path) -> None:
@@ -254,12 +265,57 @@ def test_exit_codes_tell_bad_usage_from_failure(logs: Path, tmp_path: Path) -> N
     code, _, err = trainer_in_process("cycle", "--logs", str(logs), "--weights-dir", str(broken / "store"), "--device", "cpu")
     assert code == 2 and err.strip() == f"shopping-agent cycle: --weights-dir {broken / 'store'}: cannot be created or written: " \
         f"[Errno 20] Not a directory: '{broken / 'store'}'", err
-    fast = tmp_path / "fast.json"
-    fast.write_text(json.dumps({"updates": 1, "batch": 8192, "value_epochs": 2, "guard": {"epochs": 2}, "bootstrap": 100}))
-    unwritable = subprocess.run([*base[:-4], "--out", "/proc/nosuch/x.bundle", "--config", str(fast), "--device", "cpu"],
-                                capture_output=True, text=True, cwd=ROOT, timeout=600)
-    assert unwritable.returncode == 1 and "failed" in unwritable.stderr  # after training: an I/O failure, retried
     assert not (tmp_path / "x.bundle").exists()
+
+
+def test_mistakes_that_showed_only_after_training_are_refused_before_the_logs_are_read(logs: Path, tmp_path: Path) -> None:
+    """A review found these ran the whole training (or read the logs) and then ended in a traceback, exit 1 (a failure
+    the CronJob retries): now each is one line naming its flag, exit 2, before any log is read."""
+    out = str(tmp_path / "x.bundle")
+
+    def refused(*argv: str) -> str:
+        code, _, err = trainer_in_process(*argv)
+        assert code == 2 and len(err.strip().splitlines()) == 1 and "read." not in err, err
+        return err.strip()
+
+    assert refused("train", "--logs", str(logs), "--out", "/proc/nosuch/x.bundle").endswith(
+        "--out /proc/nosuch/x.bundle: /proc/nosuch is not a directory")
+    assert refused("cycle", "--logs", str(logs), "--weights-dir", str(tmp_path / "w"), "--candidate-out",
+                   f"{out}/c.bundle").endswith(f"--candidate-out {out}/c.bundle: {out} is not a directory")
+    import torch
+
+    if not torch.cuda.is_available():  # (on a GPU machine the flag is right)
+        assert "--device cuda: torch sees no CUDA device" in refused("train", "--logs", str(logs), "--out", out, "--device", "cuda")
+    junk = tmp_path / "junk.pem"
+    junk.write_text("not a key")
+    cycle = ("cycle", "--logs", str(logs), "--weights-dir", str(tmp_path / "w"))
+    assert "--public-key: the weights directory takes only signed bundles: give --sign-key too" in refused(
+        *cycle, "--public-key", str(junk))
+    assert f"--public-key: {junk}: not a readable PEM public key" in refused(*cycle, "--public-key", str(junk), "--sign-key", str(junk))
+    from weights.signing import keypair_pem
+
+    (tmp_path / "k.pub").write_bytes(keypair_pem()[1])
+    assert f"--sign-key: {junk}: not a readable unencrypted PEM private key" in refused(
+        *cycle, "--public-key", str(tmp_path / "k.pub"), "--sign-key", str(junk))
+    (tmp_path / "bogus.json").write_text(json.dumps({"updates": 1, "bogus_key": 1}))
+    assert "--config: unknown key(s) ['bogus_key']; allowed: ['seed'," in refused(
+        "train", "--logs", str(logs), "--out", out, "--config", str(tmp_path / "bogus.json"))
+    (tmp_path / "seed.json").write_text(json.dumps({"seed": -1}))
+    assert "seed: expected an integer >= 0, got -1" in refused("train", "--logs", str(logs), "--out", out, "--config",
+                                                                str(tmp_path / "seed.json"))
+    for argv in (("train", "--logs", str(logs), "--out", out, "--seed", "-2"), ("evaluate", "default", "--logs", str(logs),
+                                                                                   "--bootstrap", "0"),
+                 ("train", "--logs", str(logs), "--out", out, "--updates", "0")):
+        with pytest.raises(SystemExit) as exited, contextlib.redirect_stderr(None):  # argparse: its usage line and exit 2
+            trainer_in_process(*argv)
+        assert exited.value.code == 2
+    # Logs too few to split (one session): not enough logs yet, exit 2 as no logs at all, not a retried failure
+    tiny = tmp_path / "tiny"
+    run_logged(World(SimConfig(), 11), ModelSet.load(fresh_bundle(), LoadOptions(warmup_batch=8)), range(1), ZoneInfo("UTC"),
+               tiny, b"k" * 32)
+    for argv in (("train", "--logs", str(tiny), "--out", out, "--device", "cpu"), ("evaluate", "default", "--logs", str(tiny))):
+        code, _, err = trainer_in_process(*argv)
+        assert code == 2 and f"--logs {tiny}: not enough logs yet: " in err and "Traceback" not in err, err
 
 
 def _cycle_command(logs: Path, weights: Path, tmp_path: Path) -> list[str]:
