@@ -285,7 +285,7 @@ class ShoppingAgentServer:
         await self.health.enter_graceful_shutdown()
         if drain_delay > 0:
             await asyncio.sleep(drain_delay)
-        self.health.end_watches()  # they heard NOT_SERVING: an open Watch must not hold the grace (server.health_service)
+        await self.health.end_watches()  # they heard NOT_SERVING: an open Watch must not hold the grace (server.health_service)
         await asyncio.gather(*(server.stop(grace) for server in self._servers))
         if self._loading is not None and not self._loading.done():
             self._loading.cancel()

@@ -27,6 +27,7 @@ def test_a_server_trusting_the_old_and_the_new_key_takes_bundles_signed_by_eithe
         made = weights_cli("keygen", "--private", str(tmp_path / f"{who}.key"), "--public", str(tmp_path / f"{who}.pub"))
         assert made.returncode == 0, made.stderr
         key_ids[who] = made.stdout.split("(public, key ")[1].split(")")[0]  # keygen names the key it made
+    assert len(set(key_ids.values())) == 3
     trusted = tmp_path / "trusted.pub"  # the servers' Secret during the rotation: both public keys, one file
     trusted.write_bytes((tmp_path / "old.pub").read_bytes() + (tmp_path / "new.pub").read_bytes())
     env = {PUBLIC_KEY_ENV: str(trusted)}
@@ -51,7 +52,6 @@ def test_a_server_trusting_the_old_and_the_new_key_takes_bundles_signed_by_eithe
         # Which key signed the active bundle: once no bundle that may still be needed is signed by the old key, drop it.
         shown = weights_cli("verify", str(pv / ACTIVE_NAME), env=env)
         assert shown.returncode == 0 and shown.stdout.strip() == f"ok v2-new (signed by key {key_ids['new']})", shown.stdout
-        assert len(set(key_ids.values())) == 3
         # A bundle signed by neither key, put in place by hand (past publish's own check): refused, counted, not served.
         (tmp_path / "v3.bundle").write_bytes(hostile.rebuilt(model_version="v3-stranger"))
         assert weights_cli("sign", str(tmp_path / "v3.bundle"), "--key", str(tmp_path / "stranger.key")).returncode == 0
@@ -62,3 +62,19 @@ def test_a_server_trusting_the_old_and_the_new_key_takes_bundles_signed_by_eithe
                                                      {"result": "rejected", "reason": "signature"}) == 1.0,
               "the stranger's bundle to be refused")
         assert serving() == "v2-new"
+
+
+def test_a_key_file_the_server_cannot_use_stops_the_start_in_one_line(tmp_path: Path) -> None:
+    """Exit 2 naming the file, no traceback: a key of an algorithm cryptography has no code for (it raised an exception
+    that is not a ValueError, and the start ended in a traceback, exit 1), a private key where the public one belongs."""
+    from tests.weights.test_signing import _unknown_algorithm_pem
+    from weights.signing import keypair_pem
+
+    private, public = keypair_pem()
+    cases = {"unknown.pub": public + _unknown_algorithm_pem(public), "private.pub": private}
+    for name, text in cases.items():
+        (tmp_path / name).write_bytes(text)
+        out = subprocess.run([sys.executable, "-m", "server", "serve", "--host", "127.0.0.1", "--port", "0", "--metrics-port", "",
+                              "--bundle-public-key", str(tmp_path / name)], capture_output=True, text=True, timeout=60, cwd=ROOT)
+        assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
+        assert f"{tmp_path / name}" in out.stderr and "not a readable PEM public key" in out.stderr, out.stderr
