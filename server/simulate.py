@@ -124,9 +124,17 @@ def _usage_problem(args: argparse.Namespace) -> str:
         ZoneInfo(args.timezone)
     except (ZoneInfoNotFoundError, ValueError):
         return f"--timezone: unknown IANA timezone {args.timezone!r}"
-    if args.trace is not None and not (args.trace.parent.is_dir() and os.access(args.trace.parent, os.W_OK | os.X_OK)):
-        return f"--trace {args.trace}: {args.trace.parent} is not a directory this can write in"  # not after the run
+    if args.trace is not None and not _can_write(args.trace):
+        return f"--trace {args.trace}: cannot be written (a directory, or in one this cannot write in)"  # not after the run
     return ""
+
+
+def _can_write(path: Path) -> bool:
+    """Whether ``path`` can be opened for writing: an existing file (``/dev/stdout`` too) this may write, or a new one in
+    a directory this may write in."""
+    if path.exists():
+        return not path.is_dir() and os.access(path, os.W_OK)
+    return path.parent.is_dir() and os.access(path.parent, os.W_OK | os.X_OK)
 
 
 def _finite(value: Any) -> Any:

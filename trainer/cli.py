@@ -16,7 +16,8 @@ segments are listed and read through ``pyarrow.fs`` (``experience.segments.open_
   next runs (``trainer.canary``).
   What the CronJob runs. Exit 0 published (or unchanged), 3 refused by the gate (or the active
   bundle changed during the run: nothing published), 1 failed, 2 bad usage (a bundle file that cannot be read or loaded,
-  a ``--weights-dir`` or output file that cannot be written, a bad key file: ``before_logs``) or no logs yet (or too few).
+  a ``--weights-dir`` or output file that cannot be written, a bad key file: ``before_logs``, ``trainer.cycle``) or no
+  logs yet (or too few).
 
 Config: ``--config FILE.json`` (any ``TrainConfig`` field, ``guard`` as an object), then the
 flags below, over the defaults.
@@ -327,12 +328,17 @@ def _trained(args: argparse.Namespace, init: Any, window: Any, config: Any) -> A
 
 def before_logs(args: argparse.Namespace, *outputs: tuple[str, Path | None]) -> None:
     """``UsageError`` (exit 2) for what would otherwise fail only after the logs were read and a model trained: a
-    ``--device cuda`` torch cannot see, an output file (``(flag, path)``) whose directory cannot be written."""
-    if args.device == "cuda":
+    ``--device cuda`` torch cannot see, an output file (``(flag, path)``) whose directory cannot be written (checked
+    where it is written: under torchrun, rank 0 only)."""
+    if getattr(args, "device", None) == "cuda":
         import torch
 
         if not torch.cuda.is_available():
             raise UsageError("--device cuda: torch sees no CUDA device (--device auto uses one when there is one)")
+    from trainer.distributed import DistEnv
+
+    if DistEnv.parse(os.environ).rank != 0:
+        return
     for flag, path in outputs:
         if path is None:
             continue
@@ -371,6 +377,7 @@ def _train_products(args: argparse.Namespace) -> int:
         fields = "|".join(f.name for f in dataclasses.fields(ProductStepConfig) if f.name != "guard")
         raise UsageError(re.sub(rf"\b({fields})\b", lambda m: "--" + m.group(1).replace("_", "-"),
                                 str(exc).removeprefix("products: "))) from None
+    before_logs(args, ("--out", args.out))
     init = _bundle(args.init, trains_policy=False)  # (its product heads are checked: they are what it trains)
     source = _source(args.logs, init)
     if not source.has("products"):

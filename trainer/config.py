@@ -340,11 +340,13 @@ class TrainConfig:
         problems = type_problems(self)
         if problems:  # before the ranges, which compare the values
             raise ValueError("; ".join(problems))
+        if not -(2**63) <= self.sample_key < 2**63:  # hashed as 8 signed bytes (trainer.window)
+            problems.append(f"sample_key: expected a signed 64-bit integer, got {self.sample_key}")
         if not 0 < self.heldout_fraction < 1:
             problems.append(f"heldout_fraction: expected in (0, 1), got {self.heldout_fraction}")
         if not 0 < self.max_session_order_value < math.inf:
             problems.append(f"max_session_order_value: expected a finite number > 0, got {self.max_session_order_value}")
-        for name, least in (("max_session_decisions", 1), ("max_session_complaints", 0), ("seed", 0), ("sample_key", 0)):
+        for name, least in (("max_session_decisions", 1), ("max_session_complaints", 0), ("seed", 0)):
             count = getattr(self, name)
             if count < least:  # an integer: type_problems
                 problems.append(f"{name}: expected an integer >= {least}, got {count!r}")

@@ -22,7 +22,8 @@ Exit codes (``trainer.cli``): 0 published or unchanged (a canary promoted counts
 3 refused (a canary started is a refusal: no flat candidate was published; new product heads may have been,
 ``products.published`` says), or not published because the active bundle changed during the run; 1 failed (a full
 weights volume during a canary's look included: the canary serves on); 2 bad usage (a ``--weights-dir`` that cannot be
-created or written included: refused before the logs are read), or no logs yet.
+created or written, an unusable key file or ``--public-key`` without ``--sign-key`` included: refused before the logs
+are read), or no logs yet (or too few to hold some out).
 Keeping or looking at a candidate never turns a refusal into a failure: what goes wrong there
 (an unreadable kept file, a full disk) is logged and reported, and the candidate dropped.
 """

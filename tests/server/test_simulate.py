@@ -150,7 +150,7 @@ def test_sigterm_in_process_closes_the_logs_it_wrote(tmp_path: Path) -> None:
 
 def test_one_session_has_no_interval_and_says_so_in_json() -> None:
     """The interval of one session is undefined: null in the JSON, where NaN made the run exit 1 with no output."""
-    code, result = simulate("--sessions", "1")
+    code, result = simulate("--sessions", "1", "--trace", "/dev/null")  # an existing file it may write: taken
     assert code == 0 and result["sessions"] == 1 and isinstance(result["mean_return"], float)
     assert result["ci_low"] is None and result["ci_high"] is None and result["stderr"] is None
 
@@ -179,7 +179,8 @@ def test_records_dropped_on_a_full_volume_fail_the_run(small_disk: SmallDisk) ->
     (["--target", "127.0.0.1:1", "--log-dir", "/tmp/x"], "--log-dir is for in-process runs"),
     (["--timezone", "Mars/Olympus"], "unknown IANA timezone"),
     (["--target", "127.0.0.1:1", "--products"], "--products is for in-process runs"),
-    (["--trace", "/proc/nosuch/trace.jsonl"], "--trace /proc/nosuch/trace.jsonl: /proc/nosuch is not a directory this can write in"),
+    (["--trace", "/proc/nosuch/trace.jsonl"], "--trace /proc/nosuch/trace.jsonl: cannot be written"),
+    (["--trace", "/tmp"], "--trace /tmp: cannot be written"),
 ])
 def test_bad_usage_exits_2(args: list[str], message: str) -> None:
     run = subprocess.run([*CLI, *args], capture_output=True, text=True, cwd=ROOT, timeout=60)

@@ -28,6 +28,15 @@ def test_a_field_of_the_wrong_type_is_named(fields: dict[str, object], message: 
     assert str(caught.value) == message
 
 
+def test_seeds_and_keys_out_of_their_range_are_named_before_any_log_is_read() -> None:
+    """A negative seed trained and then failed at export; a sample key past 64 bits failed after the read (a review)."""
+    for fields, message in (({"seed": -1}, "seed: expected an integer >= 0, got -1"),
+                            ({"sample_key": 2**63}, f"sample_key: expected a signed 64-bit integer, got {2**63}")):
+        with pytest.raises(ValueError, match=message):
+            TrainConfig(**fields)  # type: ignore[arg-type]
+    assert TrainConfig(sample_key=-(2**63)).sample_key == -(2**63)  # hashed as signed bytes: negative keys are keys
+
+
 def test_numbers_of_any_kind_that_fit_are_accepted() -> None:
     config = TrainConfig(seed=np.int64(3), kl_delta=1, window_versions=None, guard=GuardConfig(learning_rate=np.float32(0.01)))
     assert config.seed == 3 and config.kl_delta == 1
