@@ -41,6 +41,9 @@ def _watching(channel: grpc.Channel, service: str = SERVICE) -> Any:
 def test_health_is_serving_once_the_model_is_loaded(channel: grpc.Channel) -> None:
     assert _health(channel) == health_pb2.HealthCheckResponse.SERVING
     assert _health(channel, SERVICE) == health_pb2.HealthCheckResponse.SERVING
+    with pytest.raises(grpc.RpcError) as unknown:  # a service it does not serve, as grpc's own health service answers
+        _health(channel, "nope")
+    assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
 
 
 def test_reflection_lists_and_describes_the_service(channel: grpc.Channel) -> None:
