@@ -48,6 +48,9 @@ log = logging.getLogger(__name__)
 EXIT_REFUSED = 3
 
 
+FLAG_FIELDS = ("seed", "updates", "kl_delta", "advantage")  # TrainConfig fields with a flag of their own (over --config)
+
+
 class UsageError(ValueError):
     """A bad command line or config file: exit 2. Anything else that fails is exit 1."""
 
@@ -125,9 +128,9 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="the logs: a directory (serve --log-dir) or a URI pyarrow.fs opens (s3://, gs://, hdfs://, file://)")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="torch device (default auto: CUDA when present)")
     p.add_argument("--config", type=Path, help="a JSON file of TrainConfig fields")
-    p.add_argument("--seed", type=_at_least(0), help="TrainConfig.seed")
-    p.add_argument("--updates", type=_at_least(1), help="TrainConfig.updates")
-    p.add_argument("--kl-delta", type=_positive, help="TrainConfig.kl_delta")
+    p.add_argument("--seed", type=int, help="TrainConfig.seed")
+    p.add_argument("--updates", type=int, help="TrainConfig.updates")
+    p.add_argument("--kl-delta", type=float, help="TrainConfig.kl_delta")
     p.add_argument("--advantage", choices=("baseline", "group", "critic"), help="TrainConfig.advantage")
     p.add_argument("--version", dest="model_version", type=_model_version,
                    help="model version of the new bundle (default trained-<the logs' newest time>-<a digest of the starting "
@@ -189,9 +192,8 @@ def _config(args: argparse.Namespace) -> TrainConfig:
     unknown = sorted(set(values) - {f.name for f in dataclasses.fields(TrainConfig)})
     if unknown:
         raise UsageError(f"--config: unknown key(s) {unknown}; allowed: {[f.name for f in dataclasses.fields(TrainConfig)]}")
-    for name in ("seed", "updates", "kl_delta", "advantage"):
-        if getattr(args, name, None) is not None:
-            values[name] = getattr(args, name)
+    flags = {name: "--" + name.replace("_", "-") for name in FLAG_FIELDS if getattr(args, name, None) is not None}
+    values.update({name: getattr(args, name) for name in flags})
     try:
         if "guard" in values:
             values["guard"] = GuardConfig(**config_object(values["guard"], [f.name for f in dataclasses.fields(GuardConfig)],
@@ -203,8 +205,17 @@ def _config(args: argparse.Namespace) -> TrainConfig:
         if values.get("engagement_weights") is not None:
             values["engagement_weights"] = EngagementWeights.from_dict(values["engagement_weights"])
         return TrainConfig(**values)
-    except (TypeError, ValueError) as exc:
-        raise UsageError(f"--config: {exc}") from None
+    except (TypeError, ValueError) as exc:  # TrainConfig checks the flags' values too: each problem named where it came from
+        raise UsageError(_named(str(exc), flags)) from None
+
+
+def _named(message: str, flags: dict[str, str]) -> str:
+    """A config's problems (``field: why; …``), each after the flag that set its field, else after ``--config``."""
+    named = []
+    for problem in message.split("; "):
+        field, _, why = problem.partition(":")
+        named.append(f"{flags[field]}:{why}" if field in flags else f"--config: {problem}")
+    return "; ".join(named)
 
 
 def _source(location: str, bundle: Any) -> Any:

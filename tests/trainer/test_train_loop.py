@@ -303,12 +303,15 @@ def test_mistakes_that_showed_only_after_training_are_refused_before_the_logs_ar
     (tmp_path / "seed.json").write_text(json.dumps({"seed": -1}))
     assert "seed: expected an integer >= 0, got -1" in refused("train", "--logs", str(logs), "--out", out, "--config",
                                                                 str(tmp_path / "seed.json"))
-    for argv in (("train", "--logs", str(logs), "--out", out, "--seed", "-2"), ("evaluate", "default", "--logs", str(logs),
-                                                                                   "--bootstrap", "0"),
-                 ("train", "--logs", str(logs), "--out", out, "--updates", "0")):
-        with pytest.raises(SystemExit) as exited, contextlib.redirect_stderr(None):  # argparse: its usage line and exit 2
-            trainer_in_process(*argv)
-        assert exited.value.code == 2
+    # the flags' values are TrainConfig's to check, named as the flags (they were "--config: …" with no --config given)
+    assert refused("train", "--logs", str(logs), "--out", out, "--seed", "-2", "--updates", "0").endswith(
+        "--seed: expected an integer >= 0, got -2; --updates: expected >= 1, got 0")
+    (tmp_path / "both.json").write_text(json.dumps({"kl_delta": -1}))
+    assert refused("train", "--logs", str(logs), "--out", out, "--config", str(tmp_path / "both.json"), "--updates", "0").endswith(
+        "--updates: expected >= 1, got 0; --config: kl_delta: expected > 0, got -1")
+    with pytest.raises(SystemExit) as exited, contextlib.redirect_stderr(None):  # evaluate's own flag: argparse, exit 2
+        trainer_in_process("evaluate", "default", "--logs", str(logs), "--bootstrap", "0")
+    assert exited.value.code == 2
     # Logs too few to split (one session): not enough logs yet, exit 2 as no logs at all, not a retried failure
     tiny = tmp_path / "tiny"
     run_logged(World(SimConfig(), 11), ModelSet.load(fresh_bundle(), LoadOptions(warmup_batch=8)), range(1), ZoneInfo("UTC"),
