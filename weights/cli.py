@@ -104,9 +104,8 @@ def _path_from_env(name: str) -> Path | None:
     return Path(value) if value else None
 
 
-def _validator(args: argparse.Namespace, keys: tuple[bytes, ...] | None = None) -> Validator:
-    """The servers' check of a bundle, with ``keys`` (default: read from ``--public-key``)."""
-    keys = _keys(args) if keys is None else keys
+def _validator(args: argparse.Namespace, keys: tuple[bytes, ...]) -> Validator:
+    """The servers' check of a bundle, trusting ``keys`` (``_keys``: those of ``--public-key``)."""
     limits = None if args.validate_memory_mb == 0 else SandboxLimits(memory_bytes=args.validate_memory_mb * 2**20)
     return lambda data: verify(data, keys, limits)
 
@@ -204,7 +203,7 @@ def _publish(args: argparse.Namespace) -> int:
     data = read_file(args.file)
     if args.sign_key is not None:
         data = sign(data, load_private_key(args.sign_key))
-    result = WeightsStore(args.dir, _validator(args), keep=args.keep).publish(data)
+    result = WeightsStore(args.dir, _validator(args, _keys(args)), keep=args.keep).publish(data)
     print(_result_line(result))
     return EXIT_OK
 
@@ -213,7 +212,7 @@ def _rollback(args: argparse.Namespace) -> int:
     if not args.dir.is_dir():  # a volume not mounted is no refusal (exit 1 reads as one to the Job): nothing to roll
         print(f"error (io): --dir {args.dir} is not a directory", file=sys.stderr)
         return EXIT_ERROR
-    result = WeightsStore(args.dir, _validator(args)).rollback(args.to)
+    result = WeightsStore(args.dir, _validator(args, _keys(args))).rollback(args.to)
     print(_result_line(result))
     return EXIT_OK
 

@@ -71,8 +71,9 @@ def load_public_keys(path: Path | str) -> tuple[bytes, ...]:
             raise KeyFileError(f"{path}: key {n}: not a readable PEM public key ({exc})") from None
         if not isinstance(key, Ed25519PublicKey):
             raise KeyFileError(f"{path}: key {n}: not an Ed25519 public key")
-        if public_key_bytes(key) not in keys:
-            keys.append(public_key_bytes(key))
+        raw = public_key_bytes(key)
+        if raw not in keys:
+            keys.append(raw)
     if len(keys) > MAX_TRUSTED_KEYS:
         raise KeyFileError(f"{path}: {len(keys)} public keys, more than {MAX_TRUSTED_KEYS}")
     return tuple(keys)
