@@ -58,6 +58,7 @@ from trainer.distributed import LocalReducer, Reducer
 from trainer.guard_threshold import VetoCriterion, choose_threshold, heldout_report
 from trainer.minibatches import Fit, global_count, row_keys, union_ratio
 from trainer.networks import GuardNet
+from trainer.window import TooFewLogs
 
 log = logging.getLogger(__name__)
 
@@ -186,8 +187,6 @@ def train_guard(
     heldout = split_by_session(sessions, config.holdout_fraction, config.split_seed)
     n_held, n_rows = global_count(int(heldout.sum()), reducer), global_count(len(heldout), reducer)
     if n_held in (0, n_rows):
-        from trainer.window import TooFewLogs
-
         raise TooFewLogs(f"the session split left one side empty ({n_held} of {n_rows} rows held out)")
     labels = harmful.cpu().numpy()
     train_harm = labels.copy()

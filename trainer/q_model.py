@@ -20,6 +20,7 @@ from core.domain import N_ACTIONS, FloatArray
 from experience.returns import GAMMA, episode_returns
 from experience.sessions import Episodes
 from trainer.ope_arrays import WORK, IntArray, check_actions, check_vector, layout
+from trainer.window import TooFewLogs
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -122,8 +123,6 @@ def episode_folds(n_episodes: int, n_folds: int = 2, seed: int = 0) -> IntArray:
     if isinstance(n_folds, bool) or not isinstance(n_folds, int) or n_folds < 2:
         raise ValueError(f"n_folds: expected an integer >= 2, got {n_folds!r}")
     if n_episodes < n_folds:
-        from trainer.window import TooFewLogs
-
         raise TooFewLogs(f"episodes: {n_episodes} episode(s) cannot fill {n_folds} folds")
     folds = np.empty(n_episodes, dtype=np.int64)
     folds[np.random.default_rng(seed).permutation(n_episodes)] = np.arange(n_episodes) % n_folds
