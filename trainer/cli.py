@@ -206,13 +206,14 @@ def _config(args: argparse.Namespace) -> TrainConfig:
             values["engagement_weights"] = EngagementWeights.from_dict(values["engagement_weights"])
         return TrainConfig(**values)
     except (TypeError, ValueError) as exc:  # TrainConfig checks the flags' values too: each problem named where it came from
-        raise UsageError(_named(str(exc), flags)) from None
+        raise UsageError(_named(str(exc), flags, [f.name for f in dataclasses.fields(TrainConfig)])) from None
 
 
-def _named(message: str, flags: dict[str, str]) -> str:
-    """A config's problems (``field: why; …``), each after the flag that set its field, else after ``--config``."""
+def _named(message: str, flags: dict[str, str], fields: Sequence[str]) -> str:
+    """A config's problems (``field: why; field: why``: split only where a field's name follows, since a ``why`` may
+    hold "; " itself), each after the flag that set its field, else after ``--config``."""
     named = []
-    for problem in message.split("; "):
+    for problem in re.split("; (?=(?:{}):)".format("|".join(map(re.escape, fields))), message):
         field, _, why = problem.partition(":")
         named.append(f"{flags[field]}:{why}" if field in flags else f"--config: {problem}")
     return "; ".join(named)
