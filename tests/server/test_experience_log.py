@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import gc
 import json
+import secrets
 import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
+import tracemalloc
 import urllib.request
 from pathlib import Path
 
@@ -19,15 +22,31 @@ import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 from prometheus_client import CollectorRegistry
 
-from core.domain import Outcome, OutcomeReport
+from core.domain import Context, Outcome, OutcomeReport, PageType
 from experience.recorder import SALT_FILE, ExperienceRecorder, RecorderOptions, resolve_salt, session_sampled
-from experience.records import DECISION, ENGAGEMENT, ITEM, OUTCOME, RECORD_BYTES, REQUEST, SESSION, hash_id, hash_user
+from experience.records import (
+    DECISION,
+    ENGAGEMENT,
+    ITEM,
+    OUTCOME,
+    RECORD_BYTES,
+    REQUEST,
+    SESSION,
+    LoggedOutcome,
+    hash_id,
+    hash_user,
+    retained_bytes,
+)
 from experience.segments import DirectorySource, read_segment
 from policy.features import FeatureSpec, behavior_buckets
 from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
 from server.metrics import Metrics
+from server.validation import Limits, parse_request
+from server.wire_view import view_of
 from tests.harness import ROOT, Spawned, request, running_server, spawn_server, stub, until
 from tests.small_disk import SmallDisk
+from weights.embedded import default_bundle
+from weights.model_set import LoadOptions, ModelSet
 
 
 def outcome(**overrides: object) -> pb.ReportOutcomeRequest:
@@ -194,7 +213,7 @@ def test_a_queue_at_flush_rows_is_written_without_waiting_for_the_timer(tmp_path
 def test_a_quarter_of_the_byte_bound_is_written_without_waiting_for_the_timer(tmp_path: Path) -> None:
     """Large records (256-SKU product decisions, about 0.86 MB each) filled the byte bound long before flush_rows, so
     honest ones were dropped while the writer slept out its timer (an attack review, 2026-12-06)."""
-    options = RecorderOptions(flush_seconds=60, flush_rows=1000, max_queue_bytes=8 * RECORD_BYTES)
+    options = RecorderOptions(flush_seconds=60, flush_rows=1000, max_queue_bytes=8 * retained_bytes(LoggedOutcome(_report(0), 0.0)))
     recorder = ExperienceRecorder(tmp_path, b"k" * 32, options, Metrics(CollectorRegistry()).experience)
     recorder.start()
     try:
@@ -209,22 +228,25 @@ def test_a_quarter_of_the_byte_bound_is_written_without_waiting_for_the_timer(tm
 
 
 def test_the_byte_bound_counts_queued_records_then_the_encoded_ones_a_failed_write_holds(tmp_path: Path) -> None:
-    """``max_queue_bytes`` against what records keep alive while queued (``retained_bytes``: ``RECORD_BYTES`` an outcome)
-    and, after a failed write, against the encoded batch the writer holds; all of it is given back once written."""
+    """``max_queue_bytes`` against what records keep alive while queued (``retained_bytes``: ``RECORD_BYTES`` and the
+    ids an outcome) and, after a failed write, against the encoded batch the writer holds; all of it is given back once
+    written."""
     metrics = Metrics(CollectorRegistry())
-    options = RecorderOptions(max_queue_bytes=3 * RECORD_BYTES, retry_min_seconds=0.01, retry_max_seconds=0.01)
+    size = retained_bytes(LoggedOutcome(_report(0), 0.0))  # ids of one digit; those of two take 3 bytes more
+    assert size > RECORD_BYTES
+    options = RecorderOptions(max_queue_bytes=3 * size, retry_min_seconds=0.01, retry_max_seconds=0.01)
     recorder = ExperienceRecorder(tmp_path, b"k" * 32, options, metrics.experience)  # not started: flush by hand
     assert [recorder.outcome(_report(i)) for i in range(4)] == [True, True, True, False]
-    assert recorder.queued_bytes("outcomes") == 3 * RECORD_BYTES
+    assert recorder.queued_bytes("outcomes") == 3 * size
     shutil.rmtree(tmp_path / "outcomes")
     (tmp_path / "outcomes").write_bytes(b"")  # no segment can be created: the writer holds the encoded batch
     recorder.flush()
     held = recorder.queued_bytes("outcomes")
-    assert recorder.depth("outcomes") == 0 and 0 < held < 3 * RECORD_BYTES  # encoded and compressed: smaller
+    assert recorder.depth("outcomes") == 0 and 0 < held < 3 * size  # encoded and compressed: smaller
     accepted = 0
     while recorder.outcome(_report(10 + accepted)):  # the held bytes count: fewer than three fit beside them
         accepted += 1
-    assert accepted == max(1, (3 * RECORD_BYTES - held) // RECORD_BYTES)  # (an empty queue takes one whatever the bytes)
+    assert accepted == max(1, (3 * size - held) // (size + 3))  # (an empty queue takes one whatever the bytes)
     (tmp_path / "outcomes").unlink()
     time.sleep(0.02)  # the back-off
     recorder.flush()
@@ -233,6 +255,44 @@ def test_the_byte_bound_counts_queued_records_then_the_encoded_ones_a_failed_wri
     value = metrics.registry.get_sample_value
     assert value("shopping_agent_log_records_written_total", {"kind": "outcomes"}) == 3 + accepted
     assert value("shopping_agent_log_records_dropped_total", {"kind": "outcomes", "reason": "queue_full"}) == 2
+
+
+@pytest.mark.parametrize("ids", ["short", "longest"])
+def test_the_byte_bound_holds_what_queued_decisions_keep_alive_whatever_their_ids(tmp_path: Path, ids: str) -> None:
+    """A stalled log volume lets decisions queue up to ``max_queue_bytes``. The bound counted a fixed 1 KB a record
+    besides the embedding, while the ids a caller may send (4 of 256 characters and 32 behaviour ids, each character a
+    4-byte code point: a 40 KB message) keep 44 KB alive: one client took a pod with a full volume to 870 MB, past its
+    512 Mi limit (an attack review, 2026-12-06). Requests parsed as the server parses them, answered by the embedded
+    default: what the queued records keep alive (tracemalloc, freed when the queue is emptied) stays within the bound."""
+    emoji = "\U0001F600"
+    fields = {} if ids == "short" else {
+        "user_id": emoji * 256, "session_id": emoji * 256, "item_id": emoji * 256, "request_id": emoji * 256,
+        "recent_behavior_ids": [emoji * 255 + chr(0x10000 + i) for i in range(32)]}
+    data = request(**fields).SerializeToString()
+    view, limits = view_of(pb.RecommendActionRequest), Limits(item_dim=768, max_recent_behavior_ids=32, max_id_length=256)
+    model, bound = ModelSet.load(default_bundle(), LoadOptions(warmup_batch=1)), 2**20
+    recorder = ExperienceRecorder(tmp_path, b"k" * 32, RecorderOptions(max_queue_bytes=bound))  # not started: nothing drains
+    context = Context(PageType.SEARCH, 1, 12, 2)
+    tracemalloc.start()
+    try:
+        accepted = 0
+        while accepted < 2000:
+            parsed = parse_request(pb.RecommendActionRequest.FromString(data), limits, 1.0e9, view=view.FromString(data))
+            decision_id = secrets.token_hex(16)
+            if not recorder.decision(parsed, 12, model.run([parsed], [context], [decision_id])[0], decision_id, FeatureSpec()):
+                break
+            accepted += 1
+        del parsed
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0]
+        recorder._queues["decisions"].clear()  # what emptying the queue frees is what its records kept alive
+        gc.collect()
+        kept = held - tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+        recorder.close()
+    assert 20 <= accepted < 2000  # the bound, not the count, stopped it
+    assert 0.7 * bound < kept <= bound, (accepted, kept)
 
 
 def test_a_write_error_holds_the_records_and_the_writer_goes_on(tmp_path: Path) -> None:
