@@ -48,6 +48,7 @@ import collections
 import contextlib
 import inspect
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, NoReturn
 
@@ -68,11 +69,21 @@ over --max-message-bytes, the client's reset, its deadline) before it is taken f
 the cancellation comes from grpc's poller thread, within a few loop turns on a busy server (one turn on an idle one).
 Only such calls wait."""
 SCAN_SHARE = 0.1
-"""The most of the time the descriptor scans that end stuck answers' connections may take (``server.connections``: about
-9 us a descriptor, 130 ms with 14,000 connections held): after a scan of t seconds the next waits 9 t. Without it a
-client that opened a connection with a closed window every 0.3 s made every sweep scan, and with 14,000 idle
-connections held beside them cut others' calls by 40 % (an attack review, 2026-12-06). A stuck answer's connection then
-ends up to 9 scans' time later; its slot was already counted as cut."""
+"""The most of the CPU the descriptor scans that end stuck answers' connections may take (``server.connections``: about
+9 us a descriptor, 0.1 s of CPU with 14,000 connections held): after a scan that took t of its thread's CPU the next
+waits 9 t, and at most the timeout (``seconds``). Without it a client that opened a connection with a closed window
+every 0.3 s made every sweep scan, and with 14,000 idle connections held beside them cut others' calls by 40 % (an
+attack review, 2026-12-06). The scan's CPU, not its wall time: on a loaded server the wall time of the hop to the thread
+and back grew to 0.8 s and more, which would have held a stuck connection open for tens of seconds (the re-read). A
+stuck answer's connection so ends at most one timeout later than without the bound; its slot was already counted as
+cut. The service port's bounds and the health port's each keep their own share."""
+
+
+def _timed_shut_down(peers: set[str], local_port: int | None) -> float:
+    """``connections.shut_down`` on the calling thread; the CPU it took there."""
+    started = time.thread_time()
+    connections.shut_down(peers, local_port)
+    return time.thread_time() - started
 
 
 def _release(counts: dict[str, int], host: str) -> None:
@@ -192,11 +203,12 @@ class CallBounds:
         self._answer_cuts = {task for task in self._answer_cuts if not task.done()}
         loop = asyncio.get_running_loop()
         if stuck and loop.time() >= self._scan_after:  # each such call ends with its connection; the scan off the loop
-            started = loop.time()
+            wait = self.seconds  # a scan that fails waits the longest
             try:
-                await asyncio.to_thread(connections.shut_down, stuck, self.local_port)
+                wait = min(await asyncio.to_thread(_timed_shut_down, stuck, self.local_port) * (1 / SCAN_SHARE - 1),
+                           self.seconds)
             finally:
-                self._scan_after = loop.time() + (loop.time() - started) * (1 / SCAN_SHARE - 1)
+                self._scan_after = loop.time() + wait
 
     async def request(self, context: aio.ServicerContext[Any, Any]) -> tuple[Any, str, str]:
         """The call's one request message, the peer's address (``peer_host``) and grpc's peer string; the call is ended (``abort``) when
