@@ -14,10 +14,15 @@ import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from core.domain import TIMESTAMP_MAX_S
-from experience.records import ANSWER_BYTES, RECORD_BYTES, SKU_BYTES
+from experience.records import LoggedProduct, retained_bytes
 from experience.segments import DirectorySource
+from policy.features import FeatureSpec
 from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
+from server.product_validation import parse_product
+from server.validation import Limits
 from tests.harness import ServerThread, request, running_server, stub
+from weights.embedded import default_bundle
+from weights.model_set import LoadOptions, ModelSet
 
 SERVICE = "shopping_agent.v1.ShoppingAgent"
 ONE_MIB = 1 << 20
@@ -298,8 +303,10 @@ def test_queued_product_records_wake_the_writer_before_they_fill_the_byte_bound(
     three 128-SKU requests (430 kB each) against a 1 MiB bound, the timer at 60 s, are all written, none dropped."""
     shelf = [pb.ProductCategory(category_id=f"c{c}", skus=[sku(f"c{c}-{k}", 10.0 + k, seed=16 * c + k) for k in range(16)])
              for c in range(8)]
-    size = RECORD_BYTES + ANSWER_BYTES + 768 * 4 + 128 * (SKU_BYTES + 768 * 4)  # experience.records.retained_bytes: the
-    assert 2 * (size + 8192) <= 2**20 < 3 * size  # embeddings, a fixed amount a record and a SKU, and the ids (< 8 kB)
+    parsed = parse_product(product(categories=shelf), Limits(item_dim=768, max_recent_behavior_ids=32, max_id_length=256), 0.0)
+    model = ModelSet.load(default_bundle(), LoadOptions(warmup_batch=1))
+    size = retained_bytes(LoggedProduct(parsed, 12, model.decide_product(parsed, 12, "d"), "d", 0.0, FeatureSpec()))
+    assert 2 * size <= 2**20 < 3 * size  # what the queue counts for each (the embeddings, the ids, a fixed amount a SKU)
     with running_server(max_message_bytes=ONE_MIB, log_dir=tmp_path, log_queue_mb=1.0, log_flush_seconds=60,
                         log_flush_rows=10_000) as live, grpc.insecure_channel(live.target) as ch:
         answers = []
