@@ -189,9 +189,11 @@ def _config(args: argparse.Namespace) -> TrainConfig:
         raise UsageError(f"--config: {exc}") from None
     if not isinstance(values, dict):
         raise UsageError("--config: expected a JSON object of TrainConfig fields")
-    unknown = sorted(set(values) - {f.name for f in dataclasses.fields(TrainConfig)})
-    if unknown:
-        raise UsageError(f"--config: unknown key(s) {unknown}; allowed: {[f.name for f in dataclasses.fields(TrainConfig)]}")
+    fields = [f.name for f in dataclasses.fields(TrainConfig)]
+    try:
+        config_object(values, fields, "--config")
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     flags = {name: "--" + name.replace("_", "-") for name in FLAG_FIELDS if getattr(args, name, None) is not None}
     values.update({name: getattr(args, name) for name in flags})
     try:
@@ -206,7 +208,7 @@ def _config(args: argparse.Namespace) -> TrainConfig:
             values["engagement_weights"] = EngagementWeights.from_dict(values["engagement_weights"])
         return TrainConfig(**values)
     except (TypeError, ValueError) as exc:  # TrainConfig checks the flags' values too: each problem named where it came from
-        raise UsageError(_named(str(exc), flags, [f.name for f in dataclasses.fields(TrainConfig)])) from None
+        raise UsageError(_named(str(exc), flags, fields)) from None
 
 
 def _named(message: str, flags: dict[str, str], fields: Sequence[str]) -> str:
@@ -355,6 +357,8 @@ def before_logs(args: argparse.Namespace, *outputs: tuple[str, Path | None]) -> 
         if path is None:
             continue
         where = path.parent
+        if path.is_dir():  # atomic_write's rename would fail on it, after the training
+            raise UsageError(f"{flag} {path}: is a directory")
         if not where.is_dir():
             raise UsageError(f"{flag} {path}: {where} is not a directory")
         if not os.access(where, os.W_OK | os.X_OK):

@@ -280,6 +280,7 @@ def test_mistakes_that_showed_only_after_training_are_refused_before_the_logs_ar
 
     assert refused("train", "--logs", str(logs), "--out", "/proc/nosuch/x.bundle").endswith(
         "--out /proc/nosuch/x.bundle: /proc/nosuch is not a directory")
+    assert refused("train", "--logs", str(logs), "--out", str(tmp_path)).endswith(f"--out {tmp_path}: is a directory")
     assert refused("cycle", "--logs", str(logs), "--weights-dir", str(tmp_path / "w"), "--candidate-out",
                    f"{out}/c.bundle").endswith(f"--candidate-out {out}/c.bundle: {out} is not a directory")
     import torch
