@@ -41,6 +41,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
     from trainer.config import TrainConfig
     from trainer.cycle_products import ProductStep
     from trainer.evaluation import Evaluation, GateResult
@@ -75,9 +77,8 @@ def run_cycle(args: argparse.Namespace) -> int:
         keys = () if args.public_key is None else load_public_keys(args.public_key)
     except KeyFileError as exc:
         raise UsageError(f"--public-key: {exc}") from None
-    try:
-        if args.sign_key is not None:
-            load_private_key(args.sign_key)  # read again to sign: a bad one fails here, not after the training
+    try:  # read once, before the training: a bad key fails here, not after it
+        sign_bundle = _signer(None if args.sign_key is None else load_private_key(args.sign_key))
     except KeyFileError as exc:
         raise UsageError(f"--sign-key: {exc}") from None
     store = WeightsStore(args.weights_dir, lambda data: verify(data, keys))
@@ -105,7 +106,7 @@ def run_cycle(args: argparse.Namespace) -> int:
         current = ModelSet.load(current_bundle, options)
         _trainable(current_bundle, current, f"the active bundle {store.active_path} (the canary just promoted): ")
     looks = _looks_apply(args, config)
-    looked = second_look(args, store, config, current, window, options, judged_against) if looks else None
+    looked = second_look(sign_bundle, store, config, current, window, options, judged_against) if looks else None
     if looked is not None and looked.get("published"):
         print(json.dumps(looked, default=float) if args.json else f"published the kept candidate: {looked['reason']}")
         return 0
@@ -149,7 +150,7 @@ def run_cycle(args: argparse.Namespace) -> int:
             result.product, result.manifest = products.params, {**result.manifest, "model_version": report["model_version"],
                                                                 "product_training": products.trained.metrics}
     result.with_metrics(offline_metrics(verdict))
-    signed = _signed(args, result.bundle)
+    signed = sign_bundle(result.bundle)
     if args.candidate_out is not None:
         atomic_write(args.candidate_out, signed)  # the very bytes published or kept
         report["candidate"] = str(args.candidate_out)
@@ -163,7 +164,7 @@ def run_cycle(args: argparse.Namespace) -> int:
         report["same_as_active"] = ("the candidate serves what the active bundle serves on every held-out page: nothing for a "
                                "canary or a second look to judge")
     elif judging and settings.fraction > 0 and difference.ci_high >= -config.tolerance:  # refused, not ruled out
-        report["canary_started"] = _keep(store.start_canary, _signed(args, _with_canary(result.bundle, settings.fraction)), report,
+        report["canary_started"] = _keep(store.start_canary, sign_bundle(_with_canary(result.bundle, settings.fraction)), report,
                                          "canary_not_started", "started as a canary: the refused candidate")
     elif looks:
         report["kept_for_second_look"] = _keep(store.hold, signed, report, "not_kept", "kept for a second look: the refused candidate")
@@ -171,7 +172,7 @@ def run_cycle(args: argparse.Namespace) -> int:
         # the flat candidate refused (kept, canaried or dropped): the active bundle's flat decision with the new heads
         assert products.trained is not None
         report["products"]["published"] = _keep(lambda data: _publish(store, data, judged_against),
-                                                _signed(args, products.trained.bundle),
+                                                sign_bundle(products.trained.bundle),
                                                 report["products"], "not_published", "published: the new product heads")
     print(json.dumps(report, default=float) if args.json else _outcome(report, verdict, published, moved, settings.fraction, store))
     if moved is not None:
@@ -284,10 +285,11 @@ def offline_metrics(verdict: GateResult) -> dict[str, float]:
                      "offline_unsupported_mass": verdict.new.unsupported_mass}
 
 
-def _signed(args: argparse.Namespace, data: bytes) -> bytes:
-    from weights.signing import load_private_key, sign
+def _signer(key: Ed25519PrivateKey | None) -> Callable[[bytes], bytes]:
+    """What every bundle this run writes to the weights directory goes through: signed with ``key``, or as it is."""
+    from weights.signing import sign
 
-    return data if args.sign_key is None else sign(data, load_private_key(args.sign_key))
+    return (lambda data: data) if key is None else (lambda data: sign(data, key))
 
 
 def _publish(store: WeightsStore, data: bytes, replacing: str | None) -> str:
@@ -356,8 +358,8 @@ def _keep(write: Callable[[bytes], str], data: bytes, report: dict[str, Any], fa
         return None
 
 
-def second_look(args: argparse.Namespace, store: WeightsStore, config: TrainConfig, current: ModelSet, window: Window,
-                options: LoadOptions, replacing: str | None) -> dict[str, Any] | None:
+def second_look(sign_bundle: Callable[[bytes], bytes], store: WeightsStore, config: TrainConfig, current: ModelSet,
+                window: Window, options: LoadOptions, replacing: str | None) -> dict[str, Any] | None:
     """Judge the kept candidate, if any, on the window's sessions it never saw; publish it if the gate passes (in place
     of ``current``, whose file's sha256 is ``replacing``: ``_publish``).
 
@@ -371,7 +373,7 @@ def second_look(args: argparse.Namespace, store: WeightsStore, config: TrainConf
         data = store.pending()
         if data is None:
             return None
-        report = _look(args, store, config, current, window, options, data, replacing)
+        report = _look(sign_bundle, store, config, current, window, options, data, replacing)
     except Exception as exc:  # the look is optional: a kept file that always fails must not block every later run
         if isinstance(exc, ActiveMoved):  # judged against a bundle no longer active: stale, as it will be
             log.warning("the kept candidate is dropped: %s", exc)
@@ -386,7 +388,7 @@ def second_look(args: argparse.Namespace, store: WeightsStore, config: TrainConf
     return report
 
 
-def _look(args: argparse.Namespace, store: WeightsStore, config: TrainConfig, current: ModelSet, window: Window,
+def _look(sign_bundle: Callable[[bytes], bytes], store: WeightsStore, config: TrainConfig, current: ModelSet, window: Window,
           options: LoadOptions, data: bytes, replacing: str | None) -> dict[str, Any]:
     from trainer.cycle_products import same_flat_as
     from trainer.evaluation import gate
@@ -415,7 +417,7 @@ def _look(args: argparse.Namespace, store: WeightsStore, config: TrainConfig, cu
     report = {**head, "second_look": True, "level": level, "bootstrap": n_boot, "sessions": unseen.describe(), **verdict.to_dict()}
     log.info("second look at %s on %d unseen sessions: %s", candidate.version, unseen.n_fresh + unseen.n_heldout, verdict.reason)
     if verdict.publish:  # with the estimates of this look in its manifest, signed with today's key
-        report["published"] = _publish(store, _signed(args, _with_metrics(data, offline_metrics(verdict) | {"second_look": 1.0})),
+        report["published"] = _publish(store, sign_bundle(_with_metrics(data, offline_metrics(verdict) | {"second_look": 1.0})),
                                        replacing)
     return report
 
