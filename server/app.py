@@ -29,7 +29,7 @@ from server.batching import MicroBatcher
 from server.call_bounds import CallBounds
 from server.config import Config
 from server.grpc_metrics import InstrumentedRegistrar, OnlyMethods
-from server.health_service import DrainingHealthServicer
+from server.health_service import NOT_SERVING, SERVING, DrainingHealthServicer
 from server.metrics import Metrics
 from server.metrics_http import MetricsEndpoint
 from server.models import ModelHolder, active_path, canary_path, load_canary, load_file, load_initial, load_options, make_validator
@@ -46,8 +46,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ShoppingAgent"].full_name
-SERVING = health_pb2.HealthCheckResponse.SERVING
-NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 class ShoppingAgentServer:
@@ -147,7 +145,7 @@ class ShoppingAgentServer:
 
     async def _load(self) -> None:
         loop = asyncio.get_running_loop()
-        options = load_options(self.config)  # the key file read once: the start and both watchers judge by the same keys
+        options = load_options(self.config)  # once for the start and both watchers (same keys); the CLI read it first, to exit 2
         if options.public_keys:
             from weights.signing import key_id
 

@@ -174,11 +174,12 @@ class CallBounds:
         while True:
             await asyncio.sleep(max(self.seconds / TICKS_PER_TIMEOUT, MIN_SWEEP_SECONDS))
             try:
-                await self._sweep_once(loop.time() - self.seconds)
+                await self._sweep_once(loop)
             except Exception:  # the sweep must outlive anything one pass meets (it bounds every call of the port)
                 log.exception("call bounds: a sweep failed; sweeping on")
 
-    async def _sweep_once(self, cutoff: float) -> None:
+    async def _sweep_once(self, loop: asyncio.AbstractEventLoop) -> None:
+        cutoff = loop.time() - self.seconds
         for task, since in list(self._waiting.items()):
             if since > cutoff:
                 break  # the rest started later: insertion order is time order
@@ -201,7 +202,6 @@ class CallBounds:
             else:
                 del self._answers[host]
         self._answer_cuts = {task for task in self._answer_cuts if not task.done()}
-        loop = asyncio.get_running_loop()
         if stuck and loop.time() >= self._scan_after:  # each such call ends with its connection; the scan off the loop
             wait = self.seconds  # a scan that fails waits the longest
             try:

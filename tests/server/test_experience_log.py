@@ -235,7 +235,7 @@ def test_the_byte_bound_counts_queued_records_then_the_encoded_ones_a_failed_wri
     ids an outcome) and, after a failed write, against the encoded batch the writer holds; all of it is given back once
     written."""
     metrics = Metrics(CollectorRegistry())
-    size = retained_bytes(LoggedOutcome(_report(0), 0.0))  # ids of one digit; those of two take 3 bytes more
+    size = retained_bytes(LoggedOutcome(_report(0), 0.0))  # ids of one digit
     assert size > RECORD_BYTES
     options = RecorderOptions(max_queue_bytes=3 * size, retry_min_seconds=0.01, retry_max_seconds=0.01)
     recorder = ExperienceRecorder(tmp_path, b"k" * 32, options, metrics.experience)  # not started: flush by hand
@@ -249,7 +249,8 @@ def test_the_byte_bound_counts_queued_records_then_the_encoded_ones_a_failed_wri
     accepted = 0
     while recorder.outcome(_report(10 + accepted)):  # the held bytes count: fewer than three fit beside them
         accepted += 1
-    assert accepted == max(1, (3 * size - held) // (size + 3))  # (an empty queue takes one whatever the bytes)
+    later = retained_bytes(LoggedOutcome(_report(10), 0.0))  # (the ids of two digits)
+    assert accepted == max(1, (3 * size - held) // later)  # (an empty queue takes one whatever the bytes)
     (tmp_path / "outcomes").unlink()
     time.sleep(0.02)  # the back-off
     recorder.flush()
