@@ -62,7 +62,9 @@ def test_one_address_cannot_hold_more_than_its_share_of_waiting_calls() -> None:
         assert live.server is not None
         hung = raw.open_calls(METHOD, 64)
         assert raw.wait_for(lambda seen: len(seen.ended_streams) == 56, timeout=10), raw.seen  # refused before waiting
-        assert live.server.bounds.waiting == 8 and set(hung[8:]) == raw.seen.ended_streams
+        # which 8 wait is the order grpc starts the handlers in, usually the streams' (a clean-clone CI run saw the last
+        # stream admitted and stream 15 refused): any 8 of the 64, the rest ended
+        assert live.server.bounds.waiting == 8 and raw.seen.ended_streams < set(hung)
         assert _refused(live.target) is None  # another address (127.0.0.1) keeps its calls
         assert live.registry.get_sample_value(CUT, {"reason": "peer_waiting"}) == 56
         assert live.registry.get_sample_value(CUT, {"reason": "receive_timeout"}) == 0
