@@ -220,18 +220,19 @@ def test_cycle_publishes_then_refuses_without_force(logs: Path, tmp_path: Path) 
     tiny = tmp_path / "tiny.json"
     tiny.write_text(json.dumps({"updates": 1, "batch": 8192, "value_epochs": 2, "guard": {"epochs": 2}, "bootstrap": 100,
                                 "kl_delta": 1e-6}))
-    worse = [*cmd[:-5], "--config", str(tiny), "--init", str(fresh_path), "--version", "tiny-step", "--device", "cpu", "--json"]
+    # (the console script ran above; these two in this process: no interpreter and torch start each)
+    worse = [*cmd[3:-5], "--config", str(tiny), "--init", str(fresh_path), "--version", "tiny-step", "--device", "cpu", "--json"]
     candidate = tmp_path / "candidate.bundle"
-    refused = subprocess.run([*worse, "--candidate-out", str(candidate)], capture_output=True, text=True, cwd=ROOT, timeout=600)
-    assert refused.returncode == 3, refused.stderr[-2000:]
-    verdict = json.loads(refused.stdout)
+    code, out, err = trainer_in_process(*worse, "--candidate-out", str(candidate))
+    assert code == 3, err[-2000:]
+    verdict = json.loads(out)
     assert not verdict["publish"] and "published" not in verdict and verdict["dr_difference"]["value"] < 0
     assert verdict["candidate"] == str(candidate)  # the refused bundle is kept for inspection, not published
     assert ModelSet.load(read_bundle(candidate), LoadOptions(warmup_batch=1)).version == "tiny-step"
     assert ModelSet.load(read_bundle(weights / "weights_active.bundle"), LoadOptions(warmup_batch=1)).version == report["model_version"]
-    forced = subprocess.run([*worse[:-1], "--force"], capture_output=True, text=True, cwd=ROOT, timeout=600)  # as a person reads it
-    assert forced.returncode == 0, forced.stderr[-2000:]
-    assert forced.stdout.startswith("published (forced past the gate: the new bundle may be worse"), forced.stdout  # not "published:"
+    code, out, err = trainer_in_process(*worse[:-1], "--force")  # as a person reads it
+    assert code == 0, err[-2000:]
+    assert out.startswith("published (forced past the gate: the new bundle may be worse"), out  # not "published:"
     assert ModelSet.load(read_bundle(weights / "weights_active.bundle"), LoadOptions(warmup_batch=1)).version == "tiny-step"
 
 
