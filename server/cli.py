@@ -1,4 +1,5 @@
-"""The ``shopping-agent`` command line. Only this module installs signal handlers and blocks.
+"""The ``shopping-agent`` command line. Only the command lines (this module, and ``trainer/cli.py``'s ``main`` for
+``python -m trainer``) install signal handlers and block.
 
 Each subcommand's module is imported only when that subcommand runs, so ``serve`` loads no
 trainer, simulator or log reader (and ``train`` no gRPC server).
@@ -14,8 +15,9 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
-from types import FrameType, ModuleType
+from types import ModuleType
 
+from core.stopping import sigterm_interrupts, stopped
 from server import logs
 from server.config import Config, add_arguments, build_config
 
@@ -120,13 +122,6 @@ def missing_package(exc: ModuleNotFoundError | RuntimeError) -> str | None:
             f"checkout (shopping-agent[cpu,{extra}] from a package index)")
 
 
-def _interrupt(signum: int, frame: FrameType | None) -> None:
-    """SIGTERM (a Job's pod deleted, ``timeout``, torchrun stopping its ranks) ends a command as Ctrl-C does: the
-    ``finally`` blocks on the way out run, so a recorder closes its open log segments and a lock is released, where
-    the default action killed the process with its segments still open (unreadable until a server recovered them)."""
-    raise KeyboardInterrupt(signal.Signals(signum).name)
-
-
 def _module(name: str) -> ModuleType:
     return importlib.import_module(name)
 
@@ -147,21 +142,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         logs.configure(level, "text")
         from policy.onnx_model import RuntimeMissing
 
-        previous = signal.signal(signal.SIGTERM, _interrupt)
-        try:
-            return int(_module(module).run(args))
-        except (ModuleNotFoundError, RuntimeMissing) as exc:
-            hint = missing_package(exc)
-            if hint is None:
-                raise  # not a package an extra provides: a broken install, with its traceback
-            print(f"shopping-agent {args.command}: {hint}", file=sys.stderr)
-            return 2  # a set-up problem, as bad usage is: the CronJob does not retry it
-        except KeyboardInterrupt as exc:
-            name = "SIGTERM" if str(exc) == "SIGTERM" else "SIGINT"  # _interrupt's, or Ctrl-C's (no message)
-            print(f"shopping-agent {args.command}: stopped by {name}", file=sys.stderr)
-            return 128 + signal.Signals[name].value  # as a shell reports a command a signal ended
-        finally:
-            signal.signal(signal.SIGTERM, previous)
+        with sigterm_interrupts():
+            try:
+                return int(_module(module).run(args))
+            except (ModuleNotFoundError, RuntimeMissing) as exc:
+                hint = missing_package(exc)
+                if hint is None:
+                    raise  # not a package an extra provides: a broken install, with its traceback
+                print(f"shopping-agent {args.command}: {hint}", file=sys.stderr)
+                return 2  # a set-up problem, as bad usage is: the CronJob does not retry it
+            except KeyboardInterrupt as exc:
+                return stopped(args.command, exc)
     if args.command == "serve":
         try:
             config = build_config(args, os.environ)

@@ -38,6 +38,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from core.stopping import sigterm_interrupts, stopped
 from policy.onnx_model import RuntimeMissing
 
 if TYPE_CHECKING:
@@ -150,7 +151,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     world = os.environ.get("WORLD_SIZE", "1")
     rank = f"rank {os.environ.get('RANK', '0')}/{world} " if world != "1" else ""  # torchrun: whose line it is
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s {rank}%(name)s %(message)s")
-    return run(args)
+    with sigterm_interrupts():  # as `shopping-agent` does: torchrun stops its ranks with SIGTERM
+        try:
+            return run(args)
+        except KeyboardInterrupt as exc:
+            return stopped(args.command, exc)
 
 
 def run(args: argparse.Namespace) -> int:

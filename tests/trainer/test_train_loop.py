@@ -357,14 +357,17 @@ def _once_training(run: subprocess.Popen[str]) -> Callable[[], str]:
     return rest
 
 
-def test_sigterm_mid_cycle_leaves_the_store_as_it_was_and_its_lock_free(logs: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("entry", ["server", "trainer"])
+def test_sigterm_mid_cycle_leaves_the_store_as_it_was_and_its_lock_free(logs: Path, tmp_path: Path, entry: str) -> None:
     """The CronJob's pod deleted mid-run: the run ends as on Ctrl-C (exit 143, one line), the served bundle and its
-    history are as they were, no temp file is left, and the next publisher gets the lock."""
+    history are as they were, no temp file is left, and the next publisher gets the lock. The same for ``python -m
+    trainer``, which torchrun runs and stops with SIGTERM (it was killed where it stood: exit -15, no line)."""
     weights = tmp_path / "weights"
     store = WeightsStore(weights, lambda data: verify(data))
     store.publish(fresh_bundle_bytes())
     before, history = store.active_path.read_bytes(), [e.model_version for e in store.history()]
     cmd = [*_cycle_command(logs, weights, tmp_path), "--force"]
+    cmd[2] = entry  # python -m server (the console script's module) or python -m trainer
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT) as run:
         read_err = _once_training(run)
         run.send_signal(signal.SIGTERM)
