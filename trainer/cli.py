@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from core.stopping import sigterm_interrupts, stopped
 from policy.onnx_model import RuntimeMissing
+from trainer.bootstrap import MIN_BOOTSTRAP
 
 if TYPE_CHECKING:
     from trainer.config import TrainConfig
@@ -89,7 +90,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("bundle", type=Path, help="a bundle file, or 'default' for the embedded default")
     p.add_argument("--logs", required=True, metavar="DIR_OR_URI",
                    help="the logs: a directory (serve --log-dir) or a URI pyarrow.fs opens (s3://, gs://, hdfs://, file://)")
-    p.add_argument("--bootstrap", type=_at_least(1), default=200, help="bootstrap resamples (default 200)")
+    p.add_argument("--bootstrap", type=_at_least(MIN_BOOTSTRAP), default=200,
+                   help=f"bootstrap resamples (default 200, at least {MIN_BOOTSTRAP})")
     p.add_argument("--seed", type=_at_least(0), default=0)
     p.add_argument("--max-session-order-value", type=_positive, metavar="AMOUNT",
                    help="leave out a session whose orders total more (default: TrainConfig's max_session_order_value, "

@@ -10,6 +10,7 @@ from typing import Any, TypedDict
 
 from core.domain import Action, Outcome
 from experience.engagement import EngagementWeights
+from trainer.bootstrap import MIN_BOOTSTRAP
 from trainer.log_checks import MAX_SESSION_COMPLAINTS, MAX_SESSION_DECISIONS, MAX_SESSION_ORDER_VALUE, SessionLimits
 
 _SCALARS: dict[str, tuple[type, ...]] = {"int": (numbers.Integral,), "float": (numbers.Real,), "bool": (bool,), "str": (str,)}
@@ -383,9 +384,12 @@ class TrainConfig:
         if self.advantage not in ("baseline", "group", "critic"):
             problems.append(f"advantage: expected baseline, group or critic, got {self.advantage!r}")
         for name in ("value_hidden", "value_epochs", "critic_hidden", "critic_epochs", "max_fit_rows", "updates", "batch", "cg_iters",
-                     "line_search_steps", "bootstrap"):
+                     "line_search_steps"):
             if getattr(self, name) < 1:
                 problems.append(f"{name}: expected >= 1, got {getattr(self, name)}")
+        if self.bootstrap < MIN_BOOTSTRAP:
+            problems.append(f"bootstrap: expected >= {MIN_BOOTSTRAP} resamples (a 95 % interval of fewer is their extremes), "
+                            f"got {self.bootstrap}")
         for name in ("max_ratio", "kl_delta", "horizon_hours"):
             if not (getattr(self, name) > 0 and math.isfinite(getattr(self, name))):
                 problems.append(f"{name}: expected > 0, got {getattr(self, name)}")

@@ -80,3 +80,13 @@ def test_cycles_products_become_the_config_train_products_flags_make() -> None:
     assert ProductTrainConfig.of(ProductStepConfig(encoder_layers="sku,price-band")).encoder_layers == ("sku", "price_band")
     assert ProductTrainConfig.of(ProductStepConfig()).max_rows == MAX_ROWS  # train-products' own
     assert TrainConfig(products=step).to_dict()["products"]["delta_sku"] == 0.07  # recorded in the manifest
+
+
+def test_too_few_bootstrap_resamples_are_refused_by_the_config_and_by_evaluate(tmp_path: Path) -> None:
+    """``evaluate --bootstrap 1`` printed a 95 % interval of one resample, [19.53, 19.53] for an estimate of 21.11."""
+    with pytest.raises(ValueError, match=r"bootstrap: expected >= 20 resamples .*got 19"):
+        TrainConfig(bootstrap=19)
+    assert TrainConfig(bootstrap=20).bootstrap == 20
+    with pytest.raises(SystemExit) as exited:  # argparse: exit 2, the flag named
+        trainer_in_process("evaluate", "default", "--logs", str(tmp_path), "--bootstrap", "19")
+    assert exited.value.code == 2

@@ -170,7 +170,7 @@ def test_a_read_cut_off_before_the_end_of_a_segment_raises(logs: Path, memory: A
     from server.cli import main
 
     fsspec.register_implementation("cut-test", Dropping, clobber=True)
-    assert main(["evaluate", "default", "--logs", "cut-test:///cut", "--bootstrap", "5"]) == 1  # a failure the CronJob retries
+    assert main(["evaluate", "default", "--logs", "cut-test:///cut", "--bootstrap", "20"]) == 1  # a failure the CronJob retries
     data = Path(segment).read_bytes()
     memory.pipe_file("/torn/decisions/a.arrows", data[: len(data) - 100])  # a killed writer's last batch, whole bytes
     torn = sum(b.num_rows for b in read_segment("/torn/decisions/a.arrows", pafs.PyFileSystem(pafs.FSSpecHandler(memory))))
