@@ -107,6 +107,7 @@ def test_a_category_step_leaves_the_other_heads_and_the_encoder_untouched(rows, 
 def test_changing_only_the_categorys_advantages_reaches_the_sku_layer_only_through_the_encoder(rows, start: Bundle) -> None:  # type: ignore[no-untyped-def]
     from trainer.product_update import advantages
 
+    rows = rows.take(np.arange(len(rows)) < len(rows) // 3)  # what flows where holds on any rows: a third of the run's time
     params = _params(start)
     h = mlp.policy_forward(params["encoder"], rows.states).astype(np.float32)
     own = {layer: advantages(rows, h, layer) for layer in LAYERS}
