@@ -22,7 +22,8 @@ Exit codes (``trainer.cli``): 0 published or unchanged (a canary promoted counts
 3 refused (a canary started is a refusal: no flat candidate was published; new product heads may have been,
 ``products.published`` says), or not published because the active bundle changed during the run; 1 failed (a full
 weights volume during a canary's look included: the canary serves on); 2 bad usage (a ``--weights-dir`` that cannot be
-created or written, an unusable key file or ``--public-key`` without ``--sign-key`` included: refused before the logs
+created or written, an unusable key file, a ``--sign-key`` that ``--public-key`` does not trust or ``--public-key``
+without ``--sign-key`` included: refused before the logs
 are read), or no logs yet (or too few to hold some out).
 Keeping or looking at a candidate never turns a refusal into a failure: what goes wrong there
 (an unreadable kept file, a full disk) is logged and reported, and the candidate dropped.
@@ -65,7 +66,7 @@ def run_cycle(args: argparse.Namespace) -> int:
     from trainer.replay import serves_alike
     from weights.bundle import read_bundle
     from weights.model_set import LoadOptions, ModelSet
-    from weights.signing import KeyFileError, load_private_key, load_public_keys
+    from weights.signing import KeyFileError, load_private_key, load_public_keys, public_key_bytes
     from weights.store import ActiveMoved, WeightsStore, atomic_write
     from weights.validate import verify
 
@@ -78,9 +79,14 @@ def run_cycle(args: argparse.Namespace) -> int:
     except KeyFileError as exc:
         raise UsageError(f"--public-key: {exc}") from None
     try:  # read once, before the training: a bad key fails here, not after it
-        sign_bundle = _signer(None if args.sign_key is None else load_private_key(args.sign_key))
+        private = None if args.sign_key is None else load_private_key(args.sign_key)
     except KeyFileError as exc:
         raise UsageError(f"--sign-key: {exc}") from None
+    if private is not None and keys and public_key_bytes(private.public_key()) not in keys:
+        # what it signs would fail the store's check after the training: a refusal dropped, a publish a retried failure
+        raise UsageError(f"--sign-key: {args.sign_key}: its public key is not among --public-key {args.public_key}'s "
+                         f"{len(keys)}: the bundles it signs would not verify")
+    sign_bundle = _signer(private)
     store = WeightsStore(args.weights_dir, lambda data: verify(data, keys))
     _usable(store)  # before any log is read: not a refusal after an hour's training
     current_bundle, judged_against = _active(store)  # every publish below replaces exactly this bundle, or none

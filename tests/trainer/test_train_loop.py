@@ -299,6 +299,9 @@ def test_mistakes_that_showed_only_after_training_are_refused_before_the_logs_ar
     (tmp_path / "k.pub").write_bytes(keypair_pem()[1])
     assert f"--sign-key: {junk}: not a readable unencrypted PEM private key" in refused(
         *cycle, "--public-key", str(tmp_path / "k.pub"), "--sign-key", str(junk))
+    (tmp_path / "other.pem").write_bytes(keypair_pem()[0])  # a key of its kind, but not the one k.pub trusts
+    assert f"--sign-key: {tmp_path / 'other.pem'}: its public key is not among --public-key {tmp_path / 'k.pub'}'s 1" in refused(
+        *cycle, "--public-key", str(tmp_path / "k.pub"), "--sign-key", str(tmp_path / "other.pem"))
     (tmp_path / "bogus.json").write_text(json.dumps({"updates": 1, "bogus_key": 1}))
     assert "--config: unknown key(s) ['bogus_key']; allowed: ['seed'," in refused(
         "train", "--logs", str(logs), "--out", out, "--config", str(tmp_path / "bogus.json"))
