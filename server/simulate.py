@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import os
 import sys
 import threading
@@ -35,6 +34,7 @@ import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from core.domain import Action, EngagementReport, OutcomeReport, Source
+from core.json_lines import json_line
 from core.progress import Progress, progress
 from experience.recorder import resolve_salt, unusable_log_dir
 from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
@@ -105,7 +105,7 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
         result = _in_process(world, sessions, model, args, salt)
     result = {"seed": args.seed, **result, "elapsed_s": round(time.monotonic() - started, 3)}
     if args.json:  # an interval of one session is undefined: null, not NaN (which is not JSON)
-        out.write(json.dumps(_finite(result), allow_nan=False) + "\n")
+        out.write(json_line(result) + "\n")
     else:
         out.write(_text(result))
     return 1 if result.get("interrupted") or result.get("logs_incomplete") else 0
@@ -135,17 +135,6 @@ def _can_write(path: Path) -> bool:
     if path.exists():
         return not path.is_dir() and os.access(path, os.W_OK)
     return path.parent.is_dir() and os.access(path.parent, os.W_OK | os.X_OK)
-
-
-def _finite(value: Any) -> Any:
-    """``value`` with every non-finite float (a one-session run's interval and stderr) as None."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_finite(v) for v in value]
-    return value
 
 
 def _text(result: dict[str, Any]) -> str:

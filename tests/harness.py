@@ -267,3 +267,12 @@ def trainer_in_process(*argv: str) -> tuple[int, str, str]:
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = main(list(argv))
     return code, out.getvalue(), err.getvalue()
+
+
+def strict_json(line: str) -> Any:
+    """A command's ``--json`` line parsed as strict JSON: Python's ``json.loads`` takes a bare ``NaN`` or ``Infinity``,
+    which ``JSON.parse``, jq and other strict parsers (the CronJob's log tooling) reject."""
+    def refuse(constant: str) -> Any:
+        raise ValueError(f"not JSON: {constant}")
+
+    return json.loads(line, parse_constant=refuse)

@@ -38,6 +38,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from core.json_lines import json_line
 from core.stopping import sigterm_interrupts, stopped
 from policy.onnx_model import RuntimeMissing
 from trainer.bootstrap import MIN_BOOTSTRAP
@@ -382,7 +383,7 @@ def _train(args: argparse.Namespace) -> int:
     if args.rank != 0:
         return 0
     atomic_write(args.out, result.bundle)
-    print(json.dumps({"out": str(args.out), "model_version": result.manifest["model_version"], "metrics": result.metrics}))
+    print(json_line({"out": str(args.out), "model_version": result.manifest["model_version"], "metrics": result.metrics}))
     return 0
 
 
@@ -413,7 +414,7 @@ def _train_products(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     atomic_write(args.out, result.bundle)
-    print(json.dumps({"out": str(args.out), "model_version": version, "publish": result.publish, "metrics": result.metrics}))
+    print(json_line({"out": str(args.out), "model_version": version, "publish": result.publish, "metrics": result.metrics}))
     if not result.publish:
         log.warning("the product gate refused the new heads (the bundle is written all the same): %s", result.metrics["gate"]["reason"])
     return 0 if result.publish else EXIT_REFUSED
@@ -433,7 +434,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     result = {"bundle": str(args.bundle), "model_version": model.version, "value": "business objective per session",
               **evaluate_bundle(model, decisions, outcomes, n_boot=args.bootstrap, seed=args.seed).to_dict()}
     if args.json:
-        print(json.dumps(result, allow_nan=False, default=float))
+        print(json_line(result))
     else:
         print("business objective per session (net GMV − complaint costs), estimated on the logs:")
         for key in ("ips", "snips", "dr", "tis", "behavior_value"):

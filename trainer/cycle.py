@@ -34,10 +34,11 @@ from __future__ import annotations
 import argparse
 import errno
 import io
-import json
 import logging
 import os
 from typing import TYPE_CHECKING, Any
+
+from core.json_lines import json_line
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -103,7 +104,7 @@ def run_cycle(args: argparse.Namespace) -> int:
     canaried = look(store, config.tolerance, current, lambda: _source(args.logs, init), options, settings,
                     config.session_limits(), judged_against) if judging else None
     if canaried is not None and canaried["action"] == "wait":  # still serving: a new active bundle would change its control
-        print(json.dumps({"canary": canaried}, default=float) if args.json else f"canary {canaried['action']}: {canaried['reason']}")
+        print(json_line({"canary": canaried}) if args.json else f"canary {canaried['action']}: {canaried['reason']}")
         return 0
     promoted = canaried is not None and canaried.get("published") is not None
     if promoted:  # the run goes on from the bundle now active, on the same window (its logged propensities are exact)
@@ -114,7 +115,7 @@ def run_cycle(args: argparse.Namespace) -> int:
     looks = _looks_apply(args, config)
     looked = second_look(sign_bundle, store, config, current, window, options, judged_against) if looks else None
     if looked is not None and looked.get("published"):
-        print(json.dumps(looked, default=float) if args.json else f"published the kept candidate: {looked['reason']}")
+        print(json_line(looked) if args.json else f"published the kept candidate: {looked['reason']}")
         return 0
     try:
         if _one_rank():  # (ranks must not part ways before training's collectives; the publish checks again anyway)
@@ -122,7 +123,7 @@ def run_cycle(args: argparse.Namespace) -> int:
     except ActiveMoved as exc:  # training now would end in a publish the store refuses
         stopped: dict[str, Any] = {"current_version": current.version, "not_published": str(exc),
                                    **({"second_look": looked} if looked else {})}
-        print(json.dumps(stopped, default=float) if args.json else f"not published: {exc}")
+        print(json_line(stopped) if args.json else f"not published: {exc}")
         log.warning("nothing trained: %s", exc)
         return EXIT_REFUSED
 
@@ -180,7 +181,7 @@ def run_cycle(args: argparse.Namespace) -> int:
         report["products"]["published"] = _keep(lambda data: _publish(store, data, judged_against),
                                                 sign_bundle(products.trained.bundle),
                                                 report["products"], "not_published", "published: the new product heads")
-    print(json.dumps(report, default=float) if args.json else _outcome(report, verdict, published, moved, settings.fraction, store))
+    print(json_line(report) if args.json else _outcome(report, verdict, published, moved, settings.fraction, store))
     if moved is not None:
         log.warning("nothing published: %s", moved)
         return EXIT_REFUSED

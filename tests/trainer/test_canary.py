@@ -22,7 +22,7 @@ from experience.segments import DirectorySource
 from simulator.config import SimConfig
 from simulator.drive import run_logged
 from simulator.world import World
-from tests.harness import FAST_CYCLE, fresh_bundle_bytes, trainer_in_process, variant_bytes
+from tests.harness import FAST_CYCLE, fresh_bundle_bytes, strict_json, trainer_in_process, variant_bytes
 from tests.log_tables import outcome_table
 from tests.small_disk import SmallDisk, mounted
 from trainer.canary import CanarySettings, Sides, judge, look, read_sides, sides_of
@@ -136,7 +136,7 @@ def _cycle(logs: Path, weights: Path, config: Path, *extra: str) -> tuple[int, d
                                         "--device", "cpu", "--json", *extra)
     assert code in (0, 2, 3), err[-2000:]
     lines = out.strip().splitlines()
-    return code, json.loads(lines[-1]) if lines else {"stderr": err}
+    return code, strict_json(lines[-1]) if lines else {"stderr": err}
 
 
 def test_cycle_promotes_a_better_canary_drops_a_worse_one_and_starts_a_refused_candidate_as_the_next(tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ from policy.features import FeatureSpec
 from simulator.config import SimConfig
 from simulator.drive import by_model, run_logged
 from simulator.world import World
-from tests.harness import trainer_in_process
+from tests.harness import strict_json, trainer_in_process
 from trainer.cycle_products import product_step, same_flat_as
 from trainer.product_train import GATE_SALT, ProductTrainConfig
 from trainer.product_update import DELTAS
@@ -104,7 +104,7 @@ def _cycle(logs: Path, weights: Path, config: dict[str, Any], tmp_path: Path) ->
     code, out, err = trainer_in_process("cycle", "--logs", str(logs), "--weights-dir", str(weights), "--config", str(path),
                                         "--device", "cpu", "--json")
     assert code in (0, 3), err[-2000:]
-    return code, json.loads(out.strip().splitlines()[-1])
+    return code, strict_json(out.strip().splitlines()[-1])
 
 
 def _heads(bundle: Bundle) -> str:
@@ -130,7 +130,7 @@ def _forced(logs: Path, tmp_path: Path, start: bytes, config: dict[str, Any], na
     code, out, err = trainer_in_process("cycle", "--logs", str(logs), "--weights-dir", str(weights), "--config", str(path),
                                         "--device", "cpu", "--json", "--force")
     assert code == 0, err[-2000:]
-    report = json.loads(out.strip().splitlines()[-1])
+    report = strict_json(out.strip().splitlines()[-1])
     published = read_bundle(store.active_path.read_bytes())
     assert published.model_version == report["model_version"] and "published" not in report["products"]
     assert ("same_flat_as" not in published.manifest) and "kept_for_second_look" not in report

@@ -14,7 +14,7 @@ import pytest
 from simulator.config import SimConfig
 from simulator.drive import run_logged
 from simulator.world import World
-from tests.harness import FAST_CYCLE, fresh_bundle, fresh_bundle_bytes, trainer_in_process
+from tests.harness import FAST_CYCLE, fresh_bundle, fresh_bundle_bytes, strict_json, trainer_in_process
 from trainer.data import heldout_sessions
 from trainer.second_look import Record, candidate_record, unseen_sessions
 from trainer.window import select
@@ -104,7 +104,7 @@ def _cycle(logs: Path, weights: Path, config: Path) -> tuple[int, dict[str, Any]
     code, out, err = trainer_in_process("cycle", "--logs", str(logs), "--weights-dir", str(weights), "--config", str(config),
                                         "--device", "cpu", "--json")
     assert code in (0, 3), err[-2000:]
-    return code, json.loads(out.strip().splitlines()[-1]), err
+    return code, strict_json(out.strip().splitlines()[-1]), err
 
 
 def test_cycle_keeps_a_refused_candidate_waits_for_fresh_logs_and_publishes_it_on_a_second_look(tmp_path: Path) -> None:
