@@ -30,7 +30,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "simulate": ("server.simulate", "run simulated shoppers and report the served policy's true value", "WARNING"),
     "train": ("trainer.cli", "train a new bundle from decision and outcome logs (needs the train extra)", "INFO"),
     "train-products": ("trainer.cli", "train a bundle's RecommendProduct heads on its logged product decisions", "INFO"),
-    "evaluate": ("trainer.cli", "offline estimates of a bundle's value on logs (IPS, SNIPS, DR)", "INFO"),
+    "evaluate": ("trainer.cli", "offline estimates of a bundle's value on logs (IPS, SNIPS, DR, TIS)", "INFO"),
     "cycle": ("trainer.cli", "train → evaluate → gate → publish (the CronJob's command)", "INFO"),
 }
 

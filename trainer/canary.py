@@ -80,17 +80,31 @@ class CanarySettings:
     """Sessions of each side a look reads at most (a keyed sample): bounds its memory; None: all."""
 
     def __post_init__(self) -> None:
-        problems = []
-        if not 0.0 <= self.fraction <= 0.5:
-            problems.append(f"canary fraction: expected in [0, 0.5], got {self.fraction}")
-        if not 0.5 <= self.level < 1.0:
-            problems.append(f"canary level: expected in [0.5, 1), got {self.level}")
-        if self.max_looks < 1 or self.min_sessions < 2:
-            problems.append(f"canary max_looks >= 1 and min_sessions >= 2, got {self.max_looks} and {self.min_sessions}")
-        if self.max_sessions is not None and self.max_sessions < self.min_sessions:
-            problems.append(f"canary max_sessions: expected >= min_sessions or None, got {self.max_sessions}")
+        problems = settings_problems(self.fraction, self.level, self.max_looks, self.min_sessions, self.max_sessions)
         if problems:
-            raise ValueError("; ".join(problems))
+            raise ValueError("; ".join(f"canary {field}: {problem}" for field, problem in problems))
+
+
+FLAGS = {"fraction": "--canary", "level": "--canary-level", "max_looks": "--canary-max-looks",
+         "min_sessions": "--canary-min-sessions", "max_sessions": "--canary-max-sessions"}
+"""``cycle``'s flag for each field of ``CanarySettings``."""
+
+
+def settings_problems(fraction: float, level: float, max_looks: int, min_sessions: int,
+                      max_sessions: int | None) -> list[tuple[str, str]]:
+    """What is wrong with these ``CanarySettings`` values: (field, what), none when they are usable."""
+    problems = []
+    if not 0.0 <= fraction <= 0.5:
+        problems.append(("fraction", f"expected in [0, 0.5], got {fraction}"))
+    if not 0.5 <= level < 1.0:
+        problems.append(("level", f"expected in [0.5, 1), got {level}"))
+    if max_looks < 1:
+        problems.append(("max_looks", f"expected >= 1, got {max_looks}"))
+    if min_sessions < 2:
+        problems.append(("min_sessions", f"expected >= 2, got {min_sessions}"))
+    elif max_sessions is not None and max_sessions < min_sessions:
+        problems.append(("max_sessions", f"expected >= the minimum ({min_sessions}) or all, got {max_sessions}"))
+    return problems
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,12 +213,15 @@ def judge(sides: Sides, settings: CanarySettings, looks_before: int, tolerance: 
 
 
 def settings_from(args: argparse.Namespace) -> CanarySettings:
-    """``--canary`` and its companions (the defaults where absent); ``ValueError`` naming the flag's setting."""
+    """``--canary`` and its companions (the defaults where absent); ``ValueError`` naming each flag that is wrong."""
     defaults = CanarySettings()
-    return CanarySettings(getattr(args, "canary", defaults.fraction), getattr(args, "canary_level", defaults.level),
-                          getattr(args, "canary_max_looks", defaults.max_looks),
-                          getattr(args, "canary_min_sessions", defaults.min_sessions),
-                          getattr(args, "canary_max_sessions", defaults.max_sessions))
+    values = (getattr(args, "canary", defaults.fraction), getattr(args, "canary_level", defaults.level),
+              getattr(args, "canary_max_looks", defaults.max_looks), getattr(args, "canary_min_sessions", defaults.min_sessions),
+              getattr(args, "canary_max_sessions", defaults.max_sessions))
+    problems = settings_problems(*values)
+    if problems:
+        raise ValueError("; ".join(f"{FLAGS[field]}: {problem}" for field, problem in problems))
+    return CanarySettings(*values)
 
 
 def look(store: WeightsStore, tolerance: float, current: ModelSet, source: Callable[[], DirectorySource],

@@ -7,7 +7,7 @@ segments are listed and read through ``pyarrow.fs`` (``experience.segments.open_
 
 - ``train --logs DIR --out BUNDLE [--init BUNDLE] [--device auto|cpu|cuda]``: a new bundle.
 - ``evaluate BUNDLE --logs DIR [--json]``: offline estimates of the business objective per session on the
-  logs (IPS, SNIPS, DR with 95 % intervals) and the logged behaviour's value. No torch.
+  logs (IPS, SNIPS, DR, TIS with 95 % intervals) and the logged behaviour's value. No torch.
 - ``cycle --logs DIR --weights-dir DIR``: train from the active bundle, evaluate new and
   current on the held-out sessions, publish when the gate passes (``--force``: regardless;
   ``--candidate-out FILE``: keep the trained bundle whatever the verdict). A refused candidate
@@ -87,7 +87,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--no-guard", action="store_true", help="write the bundle without product guards (format version 2)")
     p.set_defaults(handler=_train_products)
 
-    p = subparsers.add_parser("evaluate", help="offline estimates of a bundle's value on logs (IPS, SNIPS, DR)")
+    p = subparsers.add_parser("evaluate", help="offline estimates of a bundle's value on logs (IPS, SNIPS, DR, TIS)")
     p.add_argument("bundle", type=Path, help="a bundle file, or 'default' for the embedded default")
     p.add_argument("--logs", required=True, metavar="DIR_OR_URI",
                    help="the logs: a directory (serve --log-dir) or a URI pyarrow.fs opens (s3://, gs://, hdfs://, file://)")

@@ -67,6 +67,7 @@ from experience.objective import BusinessObjective
 from experience.sessions import EpisodeConfig, build_episodes
 from trainer import offline, q_model
 from trainer.bootstrap import Estimate
+from trainer.pareto import shown_against
 from trainer.replay import LoggedSteps, logged_steps, replay
 from weights.model_set import ModelSet
 
@@ -252,15 +253,16 @@ def gate(new: Evaluation, current: Evaluation, tolerance: float, estimator: str 
         refusals.append(f"the new bundle puts {new.unsupported_mass:.3g} of its probability per decision on actions the logs "
                         f"never served at those states (limit {max_unsupported:g}); the logs cannot judge them")
     if new.report.pareto_k > max_pareto_k:  # NaN (too few sessions to fit) is left to the ESS floor
-        refusals.append(f"the new bundle's importance weights are too heavy-tailed to judge: Pareto k̂ {new.report.pareto_k:.2f} "
-                        f"> {max_pareto_k:g}; the sessions that carry its estimate are too rare in {n_episodes} held-out "
-                        f"sessions (a canary can judge it)")
+        refusals.append(f"the new bundle's importance weights are too heavy-tailed to judge: Pareto k̂ "
+                        f"{shown_against(new.report.pareto_k, max_pareto_k)} > {max_pareto_k:g}; the sessions that carry its "
+                        f"estimate are too rare in {n_episodes} held-out sessions (a canary can judge it)")
     if diff.ci_low < -tolerance:
         refusals.append(f"the new bundle may be worse: {estimator} new − current = {diff.value:.4g}, "
                         f"lower bound {diff.ci_low:.4g} < −{tolerance:g}")
     if refusals:
         return GateResult(False, "; ".join(refusals), diff, new, current, checks)
     return GateResult(True, f"{estimator} new − current = {diff.value:.4g}, lower bound {diff.ci_low:.4g} ≥ −{tolerance:g}; "
-                            f"ESS {new.report.ess:.1f} ≥ {ess_floor:.1f}, Pareto k̂ {new.report.pareto_k:.2f} ≤ {max_pareto_k:g}, "
+                            f"ESS {new.report.ess:.1f} ≥ {ess_floor:.1f}, "
+                            f"Pareto k̂ {shown_against(new.report.pareto_k, max_pareto_k)} ≤ {max_pareto_k:g}, "
                             f"unsupported mass {new.unsupported_mass:.3g} ≤ "
                             f"{max_unsupported:g}", diff, new, current, checks)

@@ -71,3 +71,14 @@ def pareto_k(weights: npt.ArrayLike) -> float:
     if k == -math.inf:
         return k
     return (m * k + PRIOR_WEIGHT * PRIOR_K) / (m + PRIOR_WEIGHT)
+
+
+def shown_against(k: float, limit: float) -> str:
+    """``k`` to as few decimals (at least 2) as tell it from ``limit``: a refusal at 0.7004 printed "0.70 > 0.7"."""
+    if not math.isfinite(k):
+        return str(k)
+    for digits in range(2, 17):
+        text = f"{k:.{digits}f}"
+        if float(text) != limit or k == limit:
+            return text
+    return repr(k)

@@ -33,7 +33,7 @@ import numpy.typing as npt
 from policy.product_policy import masked_softmax_padded
 from policy.product_rules import first_permitted_rows
 from trainer.bootstrap import Estimate, bootstrap_counts, interval
-from trainer.pareto import pareto_k
+from trainer.pareto import pareto_k, shown_against
 from trainer.product_data import HEAD_OF, LAYERS, ProductRows
 from weights.model_set import ProductLayers
 
@@ -142,11 +142,12 @@ def judge(new: ProductLayers, current: ProductLayers, rows: ProductRows, toleran
     if len(sessions) < MIN_SESSIONS:
         refusals.append(f"too few held-out sessions to judge: {len(sessions)} < {MIN_SESSIONS}")
     if not k <= MAX_PARETO_K and len(sessions) >= MIN_SESSIONS:  # NaN refuses too
-        refusals.append(f"the new heads' weights are too heavy-tailed to judge: Pareto k̂ {k:.2f} > {MAX_PARETO_K}")
+        refusals.append(f"the new heads' weights are too heavy-tailed to judge: Pareto k̂ {shown_against(k, MAX_PARETO_K)} > "
+                        f"{MAX_PARETO_K}")
     if est[2].ci_low < -tolerance:
         refusals.append(f"the new heads may be worse: new − current = {est[2].value:.4g} per session, lower bound "
                         f"{est[2].ci_low:.4g} < −{tolerance:g}")
     reason = "; ".join(refusals) or (f"new − current = {est[2].value:.4g} per session, lower bound {est[2].ci_low:.4g} ≥ "
-                                     f"−{tolerance:g}; Pareto k̂ {k:.2f}")
+                                     f"−{tolerance:g}; Pareto k̂ {shown_against(k, MAX_PARETO_K)}")
     on_mask = int((~np.all([rows.layers[layer].guardrails_logged for layer in LAYERS], axis=0)).sum())
     return ProductGate(not refusals, reason, est[0], est[1], est[2], k, len(sessions), len(rows), on_mask)

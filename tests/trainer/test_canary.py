@@ -150,7 +150,10 @@ def test_cycle_promotes_a_better_canary_drops_a_worse_one_and_starts_a_refused_c
         return read_bundle(store.active_path).model_version
 
     code, bad = _cycle(tmp_path / "none", weights, fast, "--canary", "0.7")
-    assert code == 2 and "canary fraction" in bad["stderr"]
+    assert code == 2 and "--canary: expected in [0, 0.5], got 0.7" in bad["stderr"]  # the flag, as every cycle error names it
+    code, bad = _cycle(tmp_path / "none", weights, fast, "--canary", "0.2", "--canary-level", "1.5", "--canary-max-looks", "0")
+    assert code == 2 and bad["stderr"].strip().endswith(
+        "--canary-level: expected in [0.5, 1), got 1.5; --canary-max-looks: expected >= 1, got 0"), bad["stderr"]
 
     # A better canary, served next to the active bundle on half the sessions: promoted, its very bytes. The run goes on
     # from it (without --canary its refused successor is kept for a second look) and exits 0: it published.

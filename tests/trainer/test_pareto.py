@@ -55,3 +55,12 @@ def test_ties_at_the_threshold_do_not_hide_a_heavy_tail() -> None:
     w = np.array([np.prod(np.where(rng.random(n) < 0.2, 4.5, 0.125)) for n in lengths])
     assert len(np.unique(w[-tail_size(len(w)):])) < tail_size(len(w))  # ties in the tail
     assert pareto_k(w) > 0.7
+
+
+def test_a_shape_is_shown_to_as_many_decimals_as_tell_it_from_the_limit() -> None:
+    """A refusal at k̂ 0.7004 printed "Pareto k̂ 0.70 > 0.7" (a new-user trial of 2026-12-06)."""
+    from trainer.pareto import shown_against
+
+    assert shown_against(0.7004, 0.7) == "0.7004" and float(shown_against(0.7000001, 0.7)) > 0.7
+    assert shown_against(0.83, 0.7) == "0.83" and shown_against(0.6996, 0.7) == "0.6996" and shown_against(0.7, 0.7) == "0.70"
+    assert shown_against(float("nan"), 0.7) == "nan" and shown_against(-math.inf, 0.7) == "-inf"
