@@ -85,7 +85,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
     p = sub.add_parser("rollback", help="make the previously published (or a named) version the active one")
     p.add_argument("--dir", type=Path, required=True, help="the weights directory")
-    p.add_argument("--to", metavar="VERSION", help="the version to activate (default: the one published before the active one)")
+    p.add_argument("--to", metavar="VERSION", help="the version to activate (default: the newest published before the active one "
+                                                   "that was not itself rolled back from)")
     _validation(p)
     p.set_defaults(weights_handler=_rollback, weights_verdict="refused")
 
@@ -266,6 +267,7 @@ def _show_dir(store: WeightsStore, as_json: bool) -> int:
             lines += ["  " + line for line in _manifest_lines(manifest)]
         lines.append(_row("history", f"{len(entries)} kept, oldest first (* = active)" if entries else "(none)"))
         lines += [f"  {'*' if h['active'] else ' '} {e.model_version}  published {e.published_at}  sha256 {e.sha256}"
+                  + (f"  rolled back from {e.rolled_back_at} (a plain rollback skips it)" if e.rolled_back_at else "")
                   for e, h in zip(entries, history, strict=True)]
         lines.append(_kept_row("canary", canary, lambda c: f"{c['model_version']} asks for {c['fraction']:g} of the sessions "
                                                            f"(each server caps it at its --max-canary-fraction), judged "

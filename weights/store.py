@@ -36,7 +36,7 @@ import stat
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from types import EllipsisType
@@ -95,6 +95,8 @@ class HistoryEntry:
     model_version: str
     sha256: str
     published_at: str
+    rolled_back_at: str | None = None
+    """When a rollback to an older version left this one (a plain rollback skips it; ``--to`` or a publish clears it)."""
 
     @property
     def file_name(self) -> str:
@@ -263,14 +265,16 @@ class WeightsStore:
             raise StoreError("index", f"{self.index_path}: not valid JSON ({str(exc)[:200]})") from None
         fields = ("model_version", "sha256", "published_at")
         if not isinstance(raw, list) or not all(
-            isinstance(e, dict) and all(isinstance(e.get(k), str) for k in fields) for e in raw
+            isinstance(e, dict) and all(isinstance(e.get(k), str) for k in fields) and isinstance(e.get("rolled_back_at", ""), str)
+            for e in raw
         ):
-            raise StoreError("index", f"{self.index_path}: expected a list of {{model_version, sha256, published_at}}")
+            raise StoreError("index", f"{self.index_path}: expected a list of {{model_version, sha256, published_at[, "
+                                      "rolled_back_at]}}")
         for e in raw:  # a version names a file in history/ (``../x`` must not), and both are printed by ``weights show``
             if not (MODEL_VERSION.fullmatch(e["model_version"]) and _SHA256.fullmatch(e["sha256"])):
                 raise StoreError("index", f"{self.index_path}: an entry whose model_version is not a version "
                                           f"({MODEL_VERSION_RULE}) or whose sha256 is not 64 hex digits")
-        return [HistoryEntry(**{k: e[k] for k in fields}) for e in raw]
+        return [HistoryEntry(**{k: e[k] for k in fields}, rolled_back_at=e.get("rolled_back_at")) for e in raw]
 
     # --- writing ---------------------------------------------------------------------------
 
@@ -443,11 +447,14 @@ class WeightsStore:
         return result
 
     def rollback(self, to: str | None = None) -> PublishResult:
-        """Activate the version published before the active one, or the version ``to``.
+        """Activate the newest version published before the active one that was not itself rolled back from, or the
+        version ``to``.
 
-        The kept file is checked against its sha256 and validated again before it is
-        activated. Raises ``StoreError`` when there is nothing to roll back to or ``to`` is
-        not in the history, ``BundleError`` when the kept file is no longer valid.
+        A rollback to an older version marks the one it leaves (``rolled_back_at``): after a rollback from v4 to v3 and
+        a publish of v5, a second rollback goes to v3, not back to v4 (it did, a known trap until 2026-12-06). ``to``
+        reaches any kept version and clears its mark, as publishing it again does. The kept file is checked against
+        its sha256 and validated again before it is activated. Raises ``StoreError`` when there is nothing to roll back
+        to or ``to`` is not in the history, ``BundleError`` when the kept file is no longer valid.
         """
         if not self.history_dir.is_dir():
             raise StoreError("nothing_to_roll_back", f"nothing to roll back to: {self.history_dir} does not exist")
@@ -470,7 +477,12 @@ class WeightsStore:
                     "nothing_to_roll_back", f"nothing to roll back to: {current} is the oldest version in the history"
                 )
             else:
-                target = entries[position - 1]
+                older = [e for e in entries[:position] if e.rolled_back_at is None]
+                if not older:
+                    left = ", ".join(e.model_version for e in entries[:position])
+                    raise StoreError("nothing_to_roll_back", f"nothing to roll back to: every version before {current} was "
+                                                             f"rolled back from ({left}); give --to to choose one")
+                target = older[-1]
             if target.sha256 == active_digest:
                 return PublishResult("unchanged", target.model_version, target.sha256, current)
             data = read_file(self.history_dir / target.file_name)
@@ -478,6 +490,7 @@ class WeightsStore:
                 raise BundleError("checksum", f"{HISTORY_DIR}/{target.file_name}: sha256 does not match the history index")
             self.validate(data)
             atomic_write(self.active_path, data)
+            self._mark_rollback(entries, position, target)
         log.debug("rolled back from %s to %s in %s", current, target.model_version, self.directory)
         return PublishResult("rolled_back", target.model_version, target.sha256, current)
 
@@ -511,8 +524,22 @@ class WeightsStore:
         return [e for i, e in enumerate(entries) if i >= cut or e.sha256 == active_digest]
 
     def _write_index(self, entries: list[HistoryEntry]) -> None:
-        text = json.dumps([asdict(e) for e in entries], indent=2) + "\n"
-        atomic_write(self.index_path, text.encode())
+        rows = [{k: v for k, v in asdict(e).items() if v is not None} for e in entries]  # no mark: the fields of before
+        atomic_write(self.index_path, (json.dumps(rows, indent=2) + "\n").encode())
+
+    def _mark_rollback(self, entries: list[HistoryEntry], position: int | None, target: HistoryEntry) -> None:
+        """After ``target`` became active: the version left marked when ``target`` is older than it, ``target``'s own
+        mark cleared. The rollback has happened: an index that cannot be written (a full disk) only loses the marks."""
+        now = datetime.now(UTC).isoformat(timespec="seconds")
+        left = entries[position] if position is not None and entries.index(target) < position else None
+        marked = [replace(e, rolled_back_at=now) if e is left else replace(e, rolled_back_at=None) if e is target else e
+                  for e in entries]
+        if marked != entries:
+            try:
+                self._write_index(marked)
+            except OSError as exc:
+                log.warning("rolled back, but the history index could not record it (%s): a plain rollback may step to "
+                            "the version just left", exc)
 
     def _remove_unlisted(self, entries: list[HistoryEntry]) -> None:
         """Delete kept bundles no longer in the index: the pruned ones and any orphan of a crash."""

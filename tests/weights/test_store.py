@@ -316,6 +316,39 @@ def test_rollback_steps_back_through_the_history_and_to_a_named_version(
     assert temp_files(store) == []
 
 
+def test_a_second_rollback_does_not_step_back_to_the_version_rolled_back_from(
+        store: WeightsStore, bundles: dict[str, bytes], put: Callable[[bytes], Path]) -> None:
+    """v2 rolled back to v1, then v3 published: the next plain rollback went to v2, the version just rolled back from
+    (a documented trap until 2026-12-06). The index marks a version a rollback left for an older one."""
+    for v in ("v1", "v2"):
+        store.publish(put(bundles[v]))
+    assert store.rollback().model_version == "v1"
+    store.publish(put(bundles["v3"]))
+    assert [(e.model_version, e.rolled_back_at is not None) for e in store.history()] == [("v1", False), ("v2", True), ("v3", False)]
+    result = store.rollback()
+    assert (result.model_version, result.previous) == ("v1", "v3") and store.active_path.read_bytes() == bundles["v1"]
+    with pytest.raises(StoreError, match="nothing to roll back to: v1 is the oldest"):
+        store.rollback()
+    assert store.rollback(to="v2").model_version == "v2"  # --to reaches a marked version, and clears its mark
+    assert [(e.model_version, e.rolled_back_at is not None) for e in store.history()] == [("v1", False), ("v2", False), ("v3", True)]
+    # Where every kept version before the active one was rolled back from, a plain rollback says so and names them.
+    short = WeightsStore(store.directory.parent / "short", verify, keep=3)
+    for v in ("v1", "v2"):
+        short.publish(put(bundles[v]))
+    short.rollback()  # to v1, leaving v2 marked
+    for v in ("v3", "v4"):
+        short.publish(put(bundles[v]))  # v1 is pruned
+    assert short.rollback().model_version == "v3"  # leaving v4 marked
+    assert [(e.model_version, e.rolled_back_at is not None) for e in short.history()] == [("v2", True), ("v3", False), ("v4", True)]
+    with pytest.raises(StoreError, match=r"every version before v3 was rolled back from \(v2\); give --to") as info:
+        short.rollback()
+    assert info.value.reason == "nothing_to_roll_back"
+    assert short.rollback(to="v2").model_version == "v2"  # clears v2's mark; v3, left for an older one, is marked
+    rows = json.loads(short.index_path.read_text())  # a mark is one more key; an entry without one has the fields of before
+    assert [sorted(row) for row in rows] == [["model_version", "published_at", "sha256"]] + [
+        ["model_version", "published_at", "rolled_back_at", "sha256"]] * 2
+
+
 def test_rollback_with_no_history_says_so(store: WeightsStore) -> None:
     with pytest.raises(StoreError, match="nothing to roll back to"):
         store.rollback()

@@ -167,6 +167,10 @@ def test_publish_rollback_and_show_a_weights_directory(files: dict[str, Path], t
     out = cli("rollback", "--dir", pv)
     assert (out.returncode, out.stdout) == (0, "rolled back to v1 (was v2)\n"), said(out)
     assert (pv / ACTIVE_NAME).read_bytes() == files["v1"].read_bytes()
+    shown = json.loads(cli("show", "--dir", pv, "--json").stdout)["history"]
+    assert [h["rolled_back_at"] is not None for h in shown] == [False, True]  # v2, left for an older one: a plain rollback skips it
+    assert f"v2  published {shown[1]['published_at']}  sha256 {shown[1]['sha256']}  rolled back from {shown[1]['rolled_back_at']}" in \
+        cli("show", "--dir", pv).stdout
     out = cli("rollback", "--dir", pv)
     assert out.returncode == 1 and "nothing to roll back to: v1 is the oldest" in out.stderr
     out = cli("rollback", "--dir", pv, "--to", "v2")
