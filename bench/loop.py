@@ -384,7 +384,8 @@ def canary_against_truth(entry: dict[str, Any], previous: dict[str, Any]) -> dic
     """A canary look's interval (canary − active, on-policy) next to the paired truth of the same two bundles; None
     when the cycle compared nothing."""
     look = entry.get("canary") or {}
-    if not look.get("look") or not math.isfinite(float(look.get("estimate", math.nan))):  # no look, or too few to compare
+    estimate = look.get("estimate")  # null in the cycle's JSON (NaN before 2026-12-06) when too few sessions to compare
+    if not look.get("look") or estimate is None or not math.isfinite(float(estimate)):  # no look, or too few to compare
         return None
     if "canary_bundle" in previous:  # the canary that served this cycle's sessions next to the active bundle it was judged
         truth = previous["canary_bundle"]["vs_served"]  # against, promoted or not (a successor may be active after a promote)

@@ -2,8 +2,8 @@
 
 import os
 
-from trainer.cli import main
+from trainer.cli import process_main
 from trainer.distributed import leave
 
 # torchrun sets WORLD_SIZE; a rank leaves its process group before the interpreter's teardown (see ``leave``).
-leave(main(), joined=os.environ.get("WORLD_SIZE", "1") != "1")
+leave(process_main(), joined=os.environ.get("WORLD_SIZE", "1") != "1")

@@ -154,18 +154,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     world = os.environ.get("WORLD_SIZE", "1")
     rank = f"rank {os.environ.get('RANK', '0')}/{world} " if world != "1" else ""  # torchrun: whose line it is
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s {rank}%(name)s %(message)s")
-    with sigterm_interrupts():  # as `shopping-agent` does: torchrun stops its ranks with SIGTERM
+    return run(args)
+
+
+def process_main() -> int:
+    """``main`` as the process's entry point (``python -m trainer``, torchrun's ranks): SIGTERM ends it as Ctrl-C does,
+    with one line and 128 + the signal's number, as ``shopping-agent`` does. Only here: a caller of ``main`` inside
+    Python (the benches, the tests) keeps its own handlers, and an interrupt stops it rather than returning a code."""
+    with sigterm_interrupts():
         try:
-            return run(args)
+            return main()
         except KeyboardInterrupt as exc:
-            return stopped(args.command, exc)
+            return stopped(next((a for a in sys.argv[1:] if not a.startswith("-")), "trainer"), exc)
 
 
 def run(args: argparse.Namespace) -> int:
     from trainer.window import NoDecisions, TooFewLogs
 
+    interrupted = False
     try:
         return int(args.handler(args))
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM under process_main (torchrun stops every rank when one fails)
+        interrupted = True
+        raise
     except UsageError as exc:
         print(f"shopping-agent {args.command}: {exc}", file=sys.stderr)
         return 2
@@ -183,7 +194,7 @@ def run(args: argparse.Namespace) -> int:
         if "torch.distributed" in sys.modules:
             from trainer.distributed import shutdown
 
-            shutdown()
+            shutdown(together=not interrupted)  # stopped: no barrier with peers that may be gone (its error replaced this one)
 
 
 def _config(args: argparse.Namespace) -> TrainConfig:

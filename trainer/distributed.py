@@ -190,8 +190,9 @@ def make_reducer(where: DistEnv) -> Reducer:
     return LocalReducer() if where.world_size == 1 else TorchDistReducer()
 
 
-def shutdown() -> None:
-    """Leave the process group, if one was joined: all ranks together, then each tears its part down.
+def shutdown(together: bool = True) -> None:
+    """Leave the process group, if one was joined: all ranks together, then each tears its part down. ``together``
+    False (a rank stopped by a signal, its peers perhaps gone): no barrier, whose error would hide the stop.
 
     The barrier first: where rank 0 hosts the group's store (ranks started without torchrun), a
     rank that tears down while another is still talking to it can abort that one ("terminate
@@ -202,7 +203,8 @@ def shutdown() -> None:
     """
     if dist.is_initialized():
         try:
-            dist.barrier()
+            if together:
+                dist.barrier()
         finally:
             dist.destroy_process_group()
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from bench import loop
@@ -70,6 +72,12 @@ def test_a_canary_look_is_held_against_the_truth_of_the_two_bundles_it_compared(
     assert canary_against_truth(promoted, {"truth": served})["held"] is False  # its lower bound above the true +2
     assert canary_against_truth({"canary": {**look, "look": 0}, "truth": served}, {"truth": served}) is None
     assert canary_against_truth({"truth": served}, {"truth": served}) is None
+    # a look on too few sessions: null in the cycle's strict JSON (a review found the bench's float(None) after the change)
+    from core.json_lines import json_line
+    from trainer.canary import Verdict
+
+    too_few = {"canary": {**json.loads(json_line(Verdict("wait", "too few sessions", 3, 2).to_dict())), "look": 1}, "truth": served}
+    assert too_few["canary"]["estimate"] is None and canary_against_truth(too_few, {"truth": served}) is None
 
 
 @pytest.mark.parametrize("argv", [["--canary-level", "0.95"], ["--canary", "0.5", "--canary-level", "1"],

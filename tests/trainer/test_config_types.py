@@ -82,11 +82,27 @@ def test_cycles_products_become_the_config_train_products_flags_make() -> None:
     assert TrainConfig(products=step).to_dict()["products"]["delta_sku"] == 0.07  # recorded in the manifest
 
 
-def test_too_few_bootstrap_resamples_are_refused_by_the_config_and_by_evaluate(tmp_path: Path) -> None:
+def test_too_few_bootstrap_resamples_are_refused_by_the_config_and_by_evaluate(tmp_path: Path,
+                                                                               capsys: pytest.CaptureFixture[str]) -> None:
     """``evaluate --bootstrap 1`` printed a 95 % interval of one resample, [19.53, 19.53] for an estimate of 21.11."""
     with pytest.raises(ValueError, match=r"bootstrap: expected >= 20 resamples .*got 19"):
         TrainConfig(bootstrap=19)
     assert TrainConfig(bootstrap=20).bootstrap == 20
     with pytest.raises(SystemExit) as exited:  # argparse: exit 2, the flag named
-        trainer_in_process("evaluate", "default", "--logs", str(tmp_path), "--bootstrap", "19")
-    assert exited.value.code == 2
+        from trainer.cli import main
+
+        main(["evaluate", "default", "--logs", str(tmp_path), "--bootstrap", "19"])
+    assert exited.value.code == 2 and "argument --bootstrap: '19': expected an integer >= 20" in capsys.readouterr().err
+
+
+def test_an_interrupt_stops_a_caller_of_main_inside_python(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only ``process_main`` (python -m trainer, torchrun's ranks) turns Ctrl-C or SIGTERM into an exit code: a bench or a
+    test that calls ``main`` must stop when interrupted, not go on with a code (a review found the benches' loops did)."""
+    import trainer.cli as cli
+
+    def interrupted(args: object) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_evaluate", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        cli.main(["evaluate", "default", "--logs", "/nowhere"])

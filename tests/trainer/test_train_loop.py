@@ -27,7 +27,7 @@ from experience.sessions import build_episodes
 from simulator.config import SimConfig
 from simulator.drive import run_in_process, run_logged
 from simulator.world import World
-from tests.harness import FAST_CYCLE, ROOT, fresh_bundle, fresh_bundle_bytes, trainer_in_process, variant_bytes
+from tests.harness import FAST_CYCLE, ROOT, fresh_bundle, fresh_bundle_bytes, strict_json, trainer_in_process, variant_bytes
 from trainer.config import GuardConfig, TrainConfig
 from trainer.data import split
 from trainer.evaluation import evaluate_bundle, gate
@@ -202,7 +202,7 @@ def test_cycle_publishes_then_refuses_without_force(logs: Path, tmp_path: Path) 
     cmd = _cycle_command(logs, weights, tmp_path)
     first = subprocess.run([*cmd, "--force"], capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert first.returncode == 0, first.stderr[-2000:]
-    report = json.loads(first.stdout)
+    report = strict_json(first.stdout)
     assert report["published"] == "published" and "value" in report["dr_difference"]
     # the CronJob's log (not a terminal): one final JSON progress line per stage, with what it did
     final = {line["progress"]: line for line in map(json.loads, (x for x in first.stderr.splitlines() if x.startswith("{")))
@@ -225,7 +225,7 @@ def test_cycle_publishes_then_refuses_without_force(logs: Path, tmp_path: Path) 
     candidate = tmp_path / "candidate.bundle"
     code, out, err = trainer_in_process(*worse, "--candidate-out", str(candidate))
     assert code == 3, err[-2000:]
-    verdict = json.loads(out)
+    verdict = strict_json(out)
     assert not verdict["publish"] and "published" not in verdict and verdict["dr_difference"]["value"] < 0
     assert verdict["candidate"] == str(candidate)  # the refused bundle is kept for inspection, not published
     assert ModelSet.load(read_bundle(candidate), LoadOptions(warmup_batch=1)).version == "tiny-step"
@@ -302,6 +302,13 @@ def test_mistakes_that_showed_only_after_training_are_refused_before_the_logs_ar
     (tmp_path / "other.pem").write_bytes(keypair_pem()[0])  # a key of its kind, but not the one k.pub trusts
     assert f"--sign-key: {tmp_path / 'other.pem'}: its public key is not among --public-key {tmp_path / 'k.pub'}'s 1" in refused(
         *cycle, "--public-key", str(tmp_path / "k.pub"), "--sign-key", str(tmp_path / "other.pem"))
+    private, public = keypair_pem()  # a pair that matches gets past the check (to the logs: here none yet)
+    (tmp_path / "mine.pem").write_bytes(private)
+    (tmp_path / "both.pub").write_bytes(keypair_pem()[1] + public)  # a rotation's file: the old key and this one
+    (tmp_path / "none" / "decisions").mkdir(parents=True)
+    code, _, err = trainer_in_process("cycle", "--logs", str(tmp_path / "none"), "--weights-dir", str(tmp_path / "w"), "--public-key",
+                                      str(tmp_path / "both.pub"), "--sign-key", str(tmp_path / "mine.pem"))
+    assert code == 2 and err.strip().endswith("no logs yet: no logged decisions on the training side"), err
     (tmp_path / "bogus.json").write_text(json.dumps({"updates": 1, "bogus_key": 1}))
     assert "--config: unknown key(s) ['bogus_key']; allowed: ['seed'," in refused(
         "train", "--logs", str(logs), "--out", out, "--config", str(tmp_path / "bogus.json"))
@@ -399,7 +406,7 @@ def test_cycle_does_not_undo_a_publish_made_while_it_ran(logs: Path, tmp_path: P
         run.wait(timeout=600)
         err = read_err()
     assert run.returncode == 3, err[-2000:]
-    report = json.loads(out)
+    report = strict_json(out)
     assert "published" not in report and "changed" in report["not_published"]
     assert store.active_path.read_bytes() == operator  # the operator's bundle still serves
     assert [e.model_version for e in store.history()][-1] == "operator-1"
