@@ -265,7 +265,7 @@ class WeightsStore:
             raise StoreError("index", f"{self.index_path}: not valid JSON ({str(exc)[:200]})") from None
         fields = ("model_version", "sha256", "published_at")
         if not isinstance(raw, list) or not all(
-            isinstance(e, dict) and all(isinstance(e.get(k), str) for k in fields) and isinstance(e.get("rolled_back_at", ""), str)
+            isinstance(e, dict) and all(isinstance(e.get(k), str) for k in fields) and isinstance(e.get("rolled_back_at"), str | None)
             for e in raw
         ):
             raise StoreError("index", f"{self.index_path}: expected a list of {{model_version, sha256, published_at[, "
@@ -274,7 +274,7 @@ class WeightsStore:
             if not (MODEL_VERSION.fullmatch(e["model_version"]) and _SHA256.fullmatch(e["sha256"])):
                 raise StoreError("index", f"{self.index_path}: an entry whose model_version is not a version "
                                           f"({MODEL_VERSION_RULE}) or whose sha256 is not 64 hex digits")
-        return [HistoryEntry(**{k: e[k] for k in fields}, rolled_back_at=e.get("rolled_back_at")) for e in raw]
+        return [HistoryEntry(**{k: e[k] for k in fields}, rolled_back_at=e.get("rolled_back_at") or None) for e in raw]  # "": none
 
     # --- writing ---------------------------------------------------------------------------
 
@@ -450,9 +450,10 @@ class WeightsStore:
         """Activate the newest version published before the active one that was not itself rolled back from, or the
         version ``to``.
 
-        A rollback to an older version marks the one it leaves (``rolled_back_at``): after a rollback from v4 to v3 and
-        a publish of v5, a second rollback goes to v3, not back to v4 (it did, a known trap until 2026-12-06). ``to``
-        reaches any kept version and clears its mark, as publishing it again does. The kept file is checked against
+        A rollback to an older version marks the one it leaves and every one between (``rolled_back_at``, written before
+        the active file and put back if that fails): after a rollback from v4 to v3 and a publish of v5, a second
+        rollback goes to v3, not back to v4 (it did, a known trap until 2026-12-06). ``to`` reaches any kept version
+        and clears its mark, as publishing it again does. The kept file is checked against
         its sha256 and validated again before it is activated. Raises ``StoreError`` when there is nothing to roll back
         to or ``to`` is not in the history, ``BundleError`` when the kept file is no longer valid.
         """
@@ -470,18 +471,18 @@ class WeightsStore:
                 if target is None:
                     known = ", ".join(e.model_version for e in entries)
                     raise StoreError("unknown_version", f"version {to!r} is not in the history (kept: {known})")
-            elif position is None:  # the active file is not one the store published: back to the newest published
-                target = entries[-1]
             elif position == 0:
                 raise StoreError(
                     "nothing_to_roll_back", f"nothing to roll back to: {current} is the oldest version in the history"
                 )
-            else:
-                older = [e for e in entries[:position] if e.rolled_back_at is None]
+            else:  # the newest before the active one (any, when the active file is not one the store published)
+                before = entries if position is None else entries[:position]
+                older = [e for e in before if e.rolled_back_at is None]
                 if not older:
-                    left = ", ".join(e.model_version for e in entries[:position])
-                    raise StoreError("nothing_to_roll_back", f"nothing to roll back to: every version before {current} was "
-                                                             f"rolled back from ({left}); give --to to choose one")
+                    left = ", ".join(e.model_version for e in before)
+                    raise StoreError("nothing_to_roll_back", f"nothing to roll back to: every version before "
+                                                             f"{current or 'the active file'} was rolled back from ({left}); "
+                                                             "give --to to choose one")
                 target = older[-1]
             if target.sha256 == active_digest:
                 return PublishResult("unchanged", target.model_version, target.sha256, current)
@@ -489,8 +490,16 @@ class WeightsStore:
             if sha256(data) != target.sha256:
                 raise BundleError("checksum", f"{HISTORY_DIR}/{target.file_name}: sha256 does not match the history index")
             self.validate(data)
-            atomic_write(self.active_path, data)
-            self._mark_rollback(entries, position, target)
+            marked = self._marked(entries, position, target)
+            if marked != entries:  # the marks first: a rollback that lands always has them (a failed one is undone)
+                self._write_index(marked)
+            try:
+                atomic_write(self.active_path, data)
+            except OSError:
+                with contextlib.suppress(OSError):
+                    if marked != entries:
+                        self._write_index(entries)
+                raise
         log.debug("rolled back from %s to %s in %s", current, target.model_version, self.directory)
         return PublishResult("rolled_back", target.model_version, target.sha256, current)
 
@@ -519,27 +528,25 @@ class WeightsStore:
         atomic_write(self.looks_path, (json.dumps({"model_version": version, "looks": looks}) + "\n").encode())
 
     def _pruned(self, entries: list[HistoryEntry], active_digest: str | None) -> list[HistoryEntry]:
-        """The last ``keep`` entries, plus the active one if it is older (until the new one is active)."""
-        cut = len(entries) - self.keep
-        return [e for i, e in enumerate(entries) if i >= cut or e.sha256 == active_digest]
+        """The newest ``keep`` entries, those rolled back from pruned first, plus the active one if it is not among
+        them (until the new one is active): a rollback in an incident finds versions it may step to."""
+        newest_first = sorted(range(len(entries)), key=lambda i: (entries[i].rolled_back_at is not None, -i))
+        kept = set(newest_first[: self.keep])
+        return [e for i, e in enumerate(entries) if i in kept or e.sha256 == active_digest]
 
     def _write_index(self, entries: list[HistoryEntry]) -> None:
         rows = [{k: v for k, v in asdict(e).items() if v is not None} for e in entries]  # no mark: the fields of before
         atomic_write(self.index_path, (json.dumps(rows, indent=2) + "\n").encode())
 
-    def _mark_rollback(self, entries: list[HistoryEntry], position: int | None, target: HistoryEntry) -> None:
-        """After ``target`` became active: the version left marked when ``target`` is older than it, ``target``'s own
-        mark cleared. The rollback has happened: an index that cannot be written (a full disk) only loses the marks."""
+    def _marked(self, entries: list[HistoryEntry], position: int | None, target: HistoryEntry) -> list[HistoryEntry]:
+        """The history once ``target`` is active: when it is older than the version left, that version and every one
+        between them marked as rolled back from (an operator who goes back from v4 to v2 withdraws v3 too), and
+        ``target``'s own mark cleared."""
         now = datetime.now(UTC).isoformat(timespec="seconds")
-        left = entries[position] if position is not None and entries.index(target) < position else None
-        marked = [replace(e, rolled_back_at=now) if e is left else replace(e, rolled_back_at=None) if e is target else e
-                  for e in entries]
-        if marked != entries:
-            try:
-                self._write_index(marked)
-            except OSError as exc:
-                log.warning("rolled back, but the history index could not record it (%s): a plain rollback may step to "
-                            "the version just left", exc)
+        first = entries.index(target)
+        withdrawn = range(first + 1, position + 1) if position is not None and first < position else range(0)
+        return [replace(e, rolled_back_at=now) if i in withdrawn and e.rolled_back_at is None
+                else replace(e, rolled_back_at=None) if i == first else e for i, e in enumerate(entries)]
 
     def _remove_unlisted(self, entries: list[HistoryEntry]) -> None:
         """Delete kept bundles no longer in the index: the pruned ones and any orphan of a crash."""

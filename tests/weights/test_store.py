@@ -225,9 +225,9 @@ def test_pruning_never_drops_the_active_version(tmp_path: Path, bundles: dict[st
     store = WeightsStore(tmp_path / "pv", verify, keep=2)
     for v in ("v1", "v2"):
         store.publish(put(bundles[v]))
-    store.rollback()  # v1 active, the oldest
-    store.publish(put(bundles["v3"]))  # v1 was active while v3 was written: kept
-    assert versions(store) == ["v1", "v2", "v3"]
+    store.rollback()  # v1 active, the oldest; v2 marked as rolled back from
+    store.publish(put(bundles["v3"]))  # v1 was active while v3 was written: kept; v2, rolled back from, pruned first
+    assert versions(store) == ["v1", "v3"]
     store.publish(put(bundles["v4"]))
     assert versions(store) == ["v3", "v4"]
     assert not (store.directory / HISTORY_DIR / "v1.bundle").exists()
@@ -331,22 +331,65 @@ def test_a_second_rollback_does_not_step_back_to_the_version_rolled_back_from(
         store.rollback()
     assert store.rollback(to="v2").model_version == "v2"  # --to reaches a marked version, and clears its mark
     assert [(e.model_version, e.rolled_back_at is not None) for e in store.history()] == [("v1", False), ("v2", False), ("v3", True)]
-    # Where every kept version before the active one was rolled back from, a plain rollback says so and names them.
-    short = WeightsStore(store.directory.parent / "short", verify, keep=3)
-    for v in ("v1", "v2"):
-        short.publish(put(bundles[v]))
-    short.rollback()  # to v1, leaving v2 marked
-    for v in ("v3", "v4"):
-        short.publish(put(bundles[v]))  # v1 is pruned
-    assert short.rollback().model_version == "v3"  # leaving v4 marked
-    assert [(e.model_version, e.rolled_back_at is not None) for e in short.history()] == [("v2", True), ("v3", False), ("v4", True)]
-    with pytest.raises(StoreError, match=r"every version before v3 was rolled back from \(v2\); give --to") as info:
-        short.rollback()
-    assert info.value.reason == "nothing_to_roll_back"
-    assert short.rollback(to="v2").model_version == "v2"  # clears v2's mark; v3, left for an older one, is marked
-    rows = json.loads(short.index_path.read_text())  # a mark is one more key; an entry without one has the fields of before
-    assert [sorted(row) for row in rows] == [["model_version", "published_at", "sha256"]] + [
-        ["model_version", "published_at", "rolled_back_at", "sha256"]] * 2
+    # Going back past several versions withdraws each of them; the versions rolled back from are pruned first.
+    store.rollback(to="v3")  # forward: nothing marked, v3's mark cleared
+    store.publish(put(bundles["v4"]))
+    assert store.rollback(to="v1").model_version == "v1"  # from v4, past v2 and v3
+    assert [e.rolled_back_at is not None for e in store.history()] == [False, True, True, True]
+    with pytest.raises(StoreError, match="v1 is the oldest"):
+        store.rollback()
+    short = WeightsStore(store.directory, verify, keep=2)
+    short.publish(put(bundles["v2"]))  # v2 again: its mark cleared; keep 2 prunes v3 and v4 (marked) before v1
+    assert [(e.model_version, e.rolled_back_at) for e in short.history()] == [("v1", None), ("v2", None)]
+
+
+def test_marks_an_older_layout_or_a_hand_leaves_are_read_and_honoured(
+        store: WeightsStore, bundles: dict[str, bytes], put: Callable[[bytes], Path]) -> None:
+    for v in ("v1", "v2", "v3"):
+        store.publish(put(bundles[v]))
+    rows = json.loads(store.index_path.read_text())
+    rows[0]["rolled_back_at"], rows[1]["rolled_back_at"] = "2026-12-06T00:00:00+00:00", None  # null: no mark, as ""
+    store.index_path.write_text(json.dumps(rows))
+    assert store.rollback().model_version == "v2"  # v2's null is no mark: a plain rollback takes it
+    rows = json.loads(store.index_path.read_text())
+    rows[1]["rolled_back_at"] = ""  # read as no mark, as weights show reads it
+    store.index_path.write_text(json.dumps(rows))
+    assert store.history()[1].rolled_back_at is None
+    store.active_path.write_bytes(bundles["v4"])  # put there by hand: the newest unmarked published version, not v3
+    rows = json.loads(store.index_path.read_text())
+    rows[1]["rolled_back_at"] = "2026-12-06T00:00:00+00:00"
+    store.index_path.write_text(json.dumps(rows))
+    with pytest.raises(StoreError, match=r"every version before the active file was rolled back from \(v1, v2, v3\)"):
+        store.rollback()
+    rows[1]["rolled_back_at"] = 5
+    store.index_path.write_text(json.dumps(rows))
+    with pytest.raises(StoreError, match="rolled_back_at"):
+        store.history()
+
+
+def test_a_rollback_the_disk_cannot_take_leaves_the_active_file_and_the_marks_as_they_were(
+        tmp_path: Path, bundles: dict[str, bytes], put: Callable[[bytes], Path]) -> None:
+    """The marks are written before the active file and put back when it cannot be: a rollback that lands has them,
+    one that does not leaves none (a real 16 MiB tmpfs, the kernel's ENOSPC)."""
+    import contextlib
+
+    from tests.small_disk import mounted
+
+    with contextlib.contextmanager(mounted)(tmp_path, "16m") as disk:
+        store = WeightsStore(disk.path / "pv", verify)
+        for v in ("v1", "v2"):
+            store.publish(put(bundles[v]))
+        index = store.index_path.read_bytes()
+        room = disk.path / "room"
+        room.write_bytes(b"\0" * 64 * 1024)  # room for the index, not for a bundle
+        disk.fill()
+        room.unlink()
+        with pytest.raises(OSError) as info:
+            store.rollback()
+        assert info.value.errno == errno.ENOSPC
+        assert store.active_path.read_bytes() == bundles["v2"] and store.index_path.read_bytes() == index
+        disk.free()
+        assert store.rollback().model_version == "v1" and store.history()[1].rolled_back_at is not None
 
 
 def test_rollback_with_no_history_says_so(store: WeightsStore) -> None:
