@@ -171,12 +171,11 @@ def process_main() -> int:
 def run(args: argparse.Namespace) -> int:
     from trainer.window import NoDecisions, TooFewLogs
 
-    interrupted = False
+    completed = False
     try:
-        return int(args.handler(args))
-    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM under process_main (torchrun stops every rank when one fails)
-        interrupted = True
-        raise
+        code = int(args.handler(args))
+        completed = True
+        return code
     except UsageError as exc:
         print(f"shopping-agent {args.command}: {exc}", file=sys.stderr)
         return 2
@@ -194,7 +193,9 @@ def run(args: argparse.Namespace) -> int:
         if "torch.distributed" in sys.modules:
             from trainer.distributed import shutdown
 
-            shutdown(together=not interrupted)  # stopped: no barrier with peers that may be gone (its error replaced this one)
+            # Only a rank that finished waits for the others: one that failed or was stopped (a peer died in a collective;
+            # torchrun stops every rank when one fails) may have no peers left, and the barrier's error replaced its own.
+            shutdown(together=completed)
 
 
 def _config(args: argparse.Namespace) -> TrainConfig:

@@ -192,7 +192,8 @@ def make_reducer(where: DistEnv) -> Reducer:
 
 def shutdown(together: bool = True) -> None:
     """Leave the process group, if one was joined: all ranks together, then each tears its part down. ``together``
-    False (a rank stopped by a signal, its peers perhaps gone): no barrier, whose error would hide the stop.
+    False (a rank that failed or was stopped, its peers perhaps gone): no barrier. A barrier that fails (a peer gone)
+    is logged, never raised: it would replace the caller's outcome and skip ``leave``.
 
     The barrier first: where rank 0 hosts the group's store (ranks started without torchrun), a
     rank that tears down while another is still talking to it can abort that one ("terminate
@@ -205,6 +206,8 @@ def shutdown(together: bool = True) -> None:
         try:
             if together:
                 dist.barrier()
+        except RuntimeError as exc:  # a peer gone after all: leave anyway (the caller's own outcome stands)
+            log.warning("leaving the process group without the others: %s", str(exc).splitlines()[0][:300])
         finally:
             dist.destroy_process_group()
 

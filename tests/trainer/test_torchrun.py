@@ -113,12 +113,17 @@ import os, sys, time
 import trainer.cli as cli
 from trainer.distributed import init_from_env, leave
 
-def crashing_peer(args):  # rank 1 dies (an OOM kill, say) while rank 0 works in Python; torchrun then stops rank 0
+def crashing_peer(args):  # rank 1 dies (an OOM kill, say) while rank 0 works; torchrun then stops rank 0
     if init_from_env(os.environ).rank == 1:
         time.sleep(1)
         os._exit(1)
+    import torch
+    import torch.distributed as dist
+
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
+        if IN_COLLECTIVE:  # an update's all-reduce: the dead peer's error reaches rank 0 there
+            dist.all_reduce(torch.ones(1))
         time.sleep(0.05)
 
 cli._evaluate = crashing_peer
@@ -127,15 +132,21 @@ leave(cli.process_main(), joined=True)
 """
 
 
-def test_a_rank_that_torchrun_stops_when_its_peer_dies_ends_as_stopped_not_with_the_barriers_error(tmp_path: Path) -> None:
-    """A review found the stopped rank's way out ran the leaving barrier with a dead peer: its error replaced the stop
-    (exit 1, a double traceback, ``leave`` skipped). Now: exit 143 and the one line, the barrier skipped."""
+@pytest.mark.parametrize("in_collective", [False, True])
+def test_a_rank_whose_peer_dies_ends_with_its_own_outcome_not_with_the_barriers_error(tmp_path: Path, in_collective: bool) -> None:
+    """Two reviews found a rank's way out ran the leaving barrier with a dead peer: its error replaced the rank's own
+    outcome (a double traceback, ``leave`` skipped), whether torchrun stopped the rank while it worked in Python or the
+    dead peer's error reached it in a collective. Now only a rank that finished waits for the others."""
     script = tmp_path / "stopped_peer.py"
-    script.write_text(STOPPED_PEER)
+    script.write_text(f"IN_COLLECTIVE = {in_collective}\n" + STOPPED_PEER)
     torchrun = Path(sys.executable).parent / "torchrun"
     done = subprocess.run([str(torchrun), "--nnodes", "1", "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port",
                            str(_free_port()), str(script)], capture_output=True, text=True, cwd=ROOT, timeout=120,
                           env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
     out = done.stdout + done.stderr
-    assert done.returncode == 1 and "shopping-agent evaluate: stopped by SIGTERM" in out, out[-3000:]
-    assert "rank      : 0 (local_rank: 0)\n  exitcode  : 143" in out and "Connection closed by peer" not in out, out[-3000:]
+    assert done.returncode == 1 and "dist.barrier()" not in out and "shutdown(together" not in out, out[-3000:]
+    if in_collective:  # the peer's error, caught as a failure (exit 1), or torchrun's stop if it came first
+        assert "shopping-agent evaluate: failed: " in out or "shopping-agent evaluate: stopped by SIGTERM" in out, out[-3000:]
+    else:
+        assert "shopping-agent evaluate: stopped by SIGTERM" in out, out[-3000:]
+        assert "rank      : 0 (local_rank: 0)\n  exitcode  : 143" in out and "Connection closed by peer" not in out, out[-3000:]
