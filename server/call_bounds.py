@@ -187,22 +187,24 @@ class CallBounds:
             self._late.add(task)
             task.cancel()
         stuck: set[str] = set()
+        held: list[tuple[asyncio.Task[Any], str]] = []  # every answer still held, with its connection
         for host in list(self._answers):
             kept = collections.deque(entry for entry in self._answers[host] if not entry[1].done())
             for since, task, peer in kept:
-                if since > cutoff:
-                    break
-                stuck.add(peer)
-                if task not in self._answer_cuts:
-                    self._answer_cuts.add(task)
-                    if self._on_cut is not None:
-                        self._on_cut("answer_timeout")
+                held.append((task, peer))
+                if since <= cutoff:
+                    stuck.add(peer)
             if kept:
                 self._answers[host] = kept  # late ones stay counted until their call has ended
             else:
                 del self._answers[host]
         self._answer_cuts = {task for task in self._answer_cuts if not task.done()}
         if stuck and loop.time() >= self._scan_after:  # each such call ends with its connection; the scan off the loop
+            for task, peer in held:  # every call the scan ends, also those on that connection not yet past the timeout
+                if peer in stuck and task not in self._answer_cuts:
+                    self._answer_cuts.add(task)
+                    if self._on_cut is not None:
+                        self._on_cut("answer_timeout")
             wait = self.seconds  # a scan that fails waits the longest
             try:
                 wait = min(await asyncio.to_thread(_timed_shut_down, stuck, self.local_port) * (1 / SCAN_SHARE - 1),

@@ -91,6 +91,25 @@ def test_a_connection_that_never_takes_its_answers_is_closed_and_its_calls_give_
         until(lambda: bounds.answering == 0 and bounds.calls_from("ipv4:127.0.0.2") == 0, "the counts back at 0")
 
 
+def test_the_calls_a_closed_connection_held_are_all_counted_also_those_not_yet_past_the_timeout() -> None:
+    """A clean-clone CI run counted 7 of the 32 (2026-12-06): under load the answers became held over more than a sweep's
+    tick, and the sweep that closed the connection counted only those already past the timeout; the rest ended with it
+    uncounted. Here half the calls arrive half a timeout after the others, every run."""
+    with running_server(max_concurrent_rpcs=32, grpc_servers=1, request_receive_timeout_seconds=1.0) as live, \
+            RawH2("127.0.0.1", port_of(live), source="127.0.0.2", window=0) as raw:
+        assert live.server is not None
+        bounds = live.server.bounds
+        timed_call(live.target)
+        raw.send_calls(METHOD, request().SerializeToString(), 16)
+        until(lambda: bounds.answering == 16, "16 answers held")
+        time.sleep(0.5)
+        raw.send_calls(METHOD, request().SerializeToString(), 16)
+        until(lambda: bounds.answering == 32, "32 answers held")
+        assert raw.wait_for(lambda seen: seen.closed, timeout=10), raw.seen
+        until(lambda: bounds.answering == 0, "the calls ended with their connection")
+        assert live.registry.get_sample_value(CUT, {"reason": "answer_timeout"}) == 32
+
+
 def test_one_address_cannot_hold_more_than_its_share_of_calls_in_progress() -> None:
     with running_server(max_concurrent_rpcs=64, grpc_servers=1, request_receive_timeout_seconds=30,
                         max_calls_per_peer=8) as live, \
