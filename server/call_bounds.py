@@ -75,8 +75,9 @@ waits 9 t, and at most the timeout (``seconds``). Without it a client that opene
 every 0.3 s made every sweep scan, and with 14,000 idle connections held beside them cut others' calls by 40 % (an
 attack review, 2026-12-06). The scan's CPU, not its wall time: on a loaded server the wall time of the hop to the thread
 and back grew to 0.8 s and more, which would have held a stuck connection open for tens of seconds (the re-read). A
-stuck answer's connection so ends at most one timeout later than without the bound; its slot was already counted as
-cut. The service port's bounds and the health port's each keep their own share."""
+stuck answer's connection so ends at most one timeout later than without the bound; its calls are counted as cut
+(``answer_timeout``) when the scan that ends them runs. The service port's bounds and the health port's each keep their
+own share."""
 
 
 def _timed_shut_down(peers: set[str], local_port: int | None) -> float:
@@ -125,6 +126,7 @@ class CallBounds:
         # done task's entry is dropped at the address's next call or the next sweep (no callback a call: they cost 7 %)
         self._answers: dict[str, collections.deque[tuple[float, asyncio.Task[Any], str]]] = {}
         self._answer_cuts: set[asyncio.Task[Any]] = set()  # late answers counted as cut, their connection not yet ended
+        self._closing: frozenset[str] | set[str] = frozenset()  # the connections (grpc peers) a running scan is ending
         self.local_port: int | None = None  # the port the calls come in on (set once bound): the connections to end
         self._streams = 0
         self._sweeper: asyncio.Task[None] | None = None
@@ -201,16 +203,22 @@ class CallBounds:
         self._answer_cuts = {task for task in self._answer_cuts if not task.done()}
         if stuck and loop.time() >= self._scan_after:  # each such call ends with its connection; the scan off the loop
             for task, peer in held:  # every call the scan ends, also those on that connection not yet past the timeout
-                if peer in stuck and task not in self._answer_cuts:
-                    self._answer_cuts.add(task)
-                    if self._on_cut is not None:
-                        self._on_cut("answer_timeout")
+                if peer in stuck:
+                    self._count_answer_cut(task)
             wait = self.seconds  # a scan that fails waits the longest
+            self._closing = stuck  # an answer these connections take on while the scan runs ends with them too
             try:
                 wait = min(await asyncio.to_thread(_timed_shut_down, stuck, self.local_port) * (1 / SCAN_SHARE - 1),
                            self.seconds)
             finally:
+                self._closing = frozenset()
                 self._scan_after = loop.time() + wait
+
+    def _count_answer_cut(self, task: asyncio.Task[Any]) -> None:
+        if task not in self._answer_cuts:
+            self._answer_cuts.add(task)
+            if self._on_cut is not None:
+                self._on_cut("answer_timeout")
 
     async def request(self, context: aio.ServicerContext[Any, Any]) -> tuple[Any, str, str]:
         """The call's one request message, the peer's address (``peer_host``) and grpc's peer string; the call is ended (``abort``) when
@@ -274,6 +282,8 @@ class CallBounds:
         if answers is None:
             answers = self._answers[host] = collections.deque()
         answers.append(((self._loop or asyncio.get_running_loop()).time(), task, peer))
+        if peer in self._closing:  # its connection is being closed by a scan that is running: cut with it
+            self._count_answer_cut(task)
 
     async def _end(self, context: aio.ServicerContext[Any, Any], code: grpc.StatusCode, reason: str, details: str) -> NoReturn:
         if self._on_cut is not None:

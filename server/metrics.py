@@ -87,7 +87,7 @@ class Metrics:
                                  "call ended without one), ended_unread (grpc ended it before its request was read: a "
                                  "message over the size limit, or the client reset it or let its deadline pass first), "
                                  "streams (past the streaming-call budget), answer_timeout "
-                                 "(an answer could not be sent in time: every call its connection held, closed with it), "
+                                 "(an answer could not be sent in time: every answer its connection held, closed with it), "
                                  "peer_calls (too many of the address's calls in progress).", ["reason"], registry=r)
         for reason in CUT_REASONS:
             self.calls_cut.labels(reason=reason)

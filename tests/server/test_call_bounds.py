@@ -338,6 +338,44 @@ def test_delivered_answers_behind_a_pending_one_do_not_count_against_the_address
     assert (upper, exact, answering) == (5, 1, 1)
 
 
+def test_an_answer_taken_on_while_its_connection_is_being_closed_is_counted_with_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A re-read (2026-12-06): a call whose answer became pending while the scan ran ended with the connection
+    uncounted (16 of 32 with a 1 s scan). The scan is the real one, made slow (a loaded machine's hop to the thread);
+    the calls end as the connection does, when it returns."""
+    cuts: list[str] = []
+    real = connections.shut_down
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        bounds = CallBounds(0.05, 4, 4, on_cut=cuts.append)
+        bounds.start()
+        connection_open = loop.create_future()
+        scanning = asyncio.Event()
+
+        def slow(peers: set[str], port: int | None) -> set[str]:
+            loop.call_soon_threadsafe(scanning.set)
+            time.sleep(0.3)
+            found = real(peers, port)
+            loop.call_soon_threadsafe(connection_open.cancel)  # the connection ends: so do its calls
+            return found
+
+        monkeypatch.setattr(connections, "shut_down", slow)
+
+        async def held() -> None:
+            bounds.answer_pending("ipv4:127.0.0.9", "ipv4:127.0.0.9:1")
+            await connection_open
+
+        first = asyncio.ensure_future(held())
+        await asyncio.wait_for(scanning.wait(), 5)
+        second = asyncio.ensure_future(held())  # its answer pending while the scan runs
+        await asyncio.gather(first, second, return_exceptions=True)
+        await asyncio.sleep(0.2)  # sweeps after the scan: the ended calls are not counted again
+        await bounds.stop()
+
+    asyncio.run(scenario())
+    assert cuts == ["answer_timeout", "answer_timeout"]
+
+
 def test_the_sweep_outlives_a_pass_that_fails() -> None:
     # A review (2026-12-06): one OSError in a pass ended the sweeper for the process's life, and no call was cut again.
     cuts: list[str] = []
