@@ -491,14 +491,15 @@ class WeightsStore:
                 raise BundleError("checksum", f"{HISTORY_DIR}/{target.file_name}: sha256 does not match the history index")
             self.validate(data)
             marked = self._marked(entries, position, target)
-            if marked != entries:  # the marks first: a rollback that lands always has them (a failed one is undone)
+            index = self.index_path.read_bytes() if marked != entries else None
+            if index is not None:  # the marks first: a rollback that lands always has them (one that does not is undone)
                 self._write_index(marked)
             try:
                 atomic_write(self.active_path, data)
-            except OSError:
-                with contextlib.suppress(OSError):
-                    if marked != entries:
-                        self._write_index(entries)
+            except BaseException:  # a full disk, a failed fsync, SIGTERM: the index as it was, unless the target is active
+                with contextlib.suppress(OSError, BundleError):  # (the rename landed and what failed came after it)
+                    if index is not None and file_sha256(self.active_path) != target.sha256:
+                        atomic_write(self.index_path, index)
                 raise
         log.debug("rolled back from %s to %s in %s", current, target.model_version, self.directory)
         return PublishResult("rolled_back", target.model_version, target.sha256, current)

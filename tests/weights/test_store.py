@@ -367,6 +367,47 @@ def test_marks_an_older_layout_or_a_hand_leaves_are_read_and_honoured(
         store.history()
 
 
+@pytest.mark.parametrize("fails", ["after the rename", "before it"])
+def test_a_rollback_that_fails_part_way_keeps_the_marks_exactly_when_it_landed(
+        store: WeightsStore, bundles: dict[str, bytes], put: Callable[[bytes], Path], monkeypatch: pytest.MonkeyPatch,
+        fails: str) -> None:
+    """A re-read: the active file's directory fsync failing after its rename (the rollback landed) put the unmarked index
+    back, the old trap again; and an interrupt was not an OSError, leaving marks for a rollback that never happened.
+    The index is restored, byte for byte, only when the target did not become active. (os.replace and fsync_dir stand
+    in for the disk's failures at those two points, the one simulated part.)"""
+    import weights.store as store_module
+
+    for v in ("v1", "v2", "v3"):
+        store.publish(put(bundles[v]))
+    index = store.index_path.read_bytes()
+    real_replace = os.replace
+
+    def replace_fails(src: Any, dst: Any) -> None:
+        if Path(dst).name == ACTIVE_NAME:
+            raise KeyboardInterrupt("SIGTERM")  # a signal between the index and the active file
+        real_replace(src, dst)
+
+    real_fsync_dir = store_module.fsync_dir
+
+    def fsync_fails(directory: Path) -> None:  # the active file's directory only (the index is in history/)
+        if Path(directory) == store.directory:
+            raise OSError(errno.EIO, "I/O error")
+        real_fsync_dir(directory)
+
+    if fails == "before it":
+        monkeypatch.setattr(os, "replace", replace_fails)
+    with pytest.raises(KeyboardInterrupt if fails == "before it" else OSError):
+        if fails == "after the rename":
+            monkeypatch.setattr(store_module, "fsync_dir", fsync_fails)
+        store.rollback()
+    monkeypatch.undo()
+    if fails == "before it":  # nothing changed: the index as it was, byte for byte
+        assert store.active_path.read_bytes() == bundles["v3"] and store.index_path.read_bytes() == index
+    else:  # v2 serves: its rollback's mark stays, so the next plain rollback does not return to v3
+        assert store.active_path.read_bytes() == bundles["v2"]
+        assert [e.rolled_back_at is not None for e in store.history()] == [False, False, True]
+
+
 def test_a_rollback_the_disk_cannot_take_leaves_the_active_file_and_the_marks_as_they_were(
         tmp_path: Path, bundles: dict[str, bytes], put: Callable[[bytes], Path]) -> None:
     """The marks are written before the active file and put back when it cannot be: a rollback that lands has them,
