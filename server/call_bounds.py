@@ -126,7 +126,7 @@ class CallBounds:
         # done task's entry is dropped at the address's next call or the next sweep (no callback a call: they cost 7 %)
         self._answers: dict[str, collections.deque[tuple[float, asyncio.Task[Any], str]]] = {}
         self._answer_cuts: set[asyncio.Task[Any]] = set()  # late answers counted as cut, their connection not yet ended
-        self._closing: frozenset[str] | set[str] = frozenset()  # the connections (grpc peers) a running scan is ending
+        self._closing: frozenset[str] = frozenset()  # the connections (grpc peers) a running scan is ending
         self.local_port: int | None = None  # the port the calls come in on (set once bound): the connections to end
         self._streams = 0
         self._sweeper: asyncio.Task[None] | None = None
@@ -189,24 +189,21 @@ class CallBounds:
             self._late.add(task)
             task.cancel()
         stuck: set[str] = set()
-        held: list[tuple[asyncio.Task[Any], str]] = []  # every answer still held, with its connection
         for host in list(self._answers):
             kept = collections.deque(entry for entry in self._answers[host] if not entry[1].done())
-            for since, task, peer in kept:
-                held.append((task, peer))
-                if since <= cutoff:
-                    stuck.add(peer)
+            stuck.update(peer for since, _, peer in kept if since <= cutoff)
             if kept:
                 self._answers[host] = kept  # late ones stay counted until their call has ended
             else:
                 del self._answers[host]
         self._answer_cuts = {task for task in self._answer_cuts if not task.done()}
         if stuck and loop.time() >= self._scan_after:  # each such call ends with its connection; the scan off the loop
-            for task, peer in held:  # every call the scan ends, also those on that connection not yet past the timeout
-                if peer in stuck:
-                    self._count_answer_cut(task)
+            for answers in self._answers.values():  # every answer the scan ends, also those not yet past the timeout
+                for _, task, peer in answers:
+                    if peer in stuck:
+                        self._count_answer_cut(task)
             wait = self.seconds  # a scan that fails waits the longest
-            self._closing = stuck  # an answer these connections take on while the scan runs ends with them too
+            self._closing = frozenset(stuck)  # an answer these connections take on while the scan runs ends with them too
             try:
                 wait = min(await asyncio.to_thread(_timed_shut_down, stuck, self.local_port) * (1 / SCAN_SHARE - 1),
                            self.seconds)

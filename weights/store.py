@@ -350,7 +350,7 @@ class WeightsStore:
                 self._write_index(entries)
                 index_written = True
                 atomic_write(self.active_path, data)
-            except OSError:  # a full disk, most likely: put the history back as it was, so it names no version not served
+            except BaseException:  # a full disk, most likely, or SIGTERM: the history as it was, naming no version not served
                 self._restore(before, index_written, digest)
                 raise
             self._remove_unlisted(entries)
@@ -491,15 +491,13 @@ class WeightsStore:
                 raise BundleError("checksum", f"{HISTORY_DIR}/{target.file_name}: sha256 does not match the history index")
             self.validate(data)
             marked = self._marked(entries, position, target)
-            index = self.index_path.read_bytes() if marked != entries else None
-            if index is not None:  # the marks first: a rollback that lands always has them (one that does not is undone)
+            index_written = marked != entries
+            if index_written:  # the marks first: a rollback that lands always has them (one that does not is undone)
                 self._write_index(marked)
             try:
                 atomic_write(self.active_path, data)
-            except BaseException:  # a full disk, a failed fsync, SIGTERM: the index as it was, unless the target is active
-                with contextlib.suppress(OSError, BundleError):  # (the rename landed and what failed came after it)
-                    if index is not None and file_sha256(self.active_path) != target.sha256:
-                        atomic_write(self.index_path, index)
+            except BaseException:  # a full disk, a failed fsync, SIGTERM
+                self._restore(entries, index_written, target.sha256)
                 raise
         log.debug("rolled back from %s to %s in %s", current, target.model_version, self.directory)
         return PublishResult("rolled_back", target.model_version, target.sha256, current)
@@ -507,8 +505,9 @@ class WeightsStore:
     # --- helpers (called with the lock held) -----------------------------------------------
 
     def _restore(self, before: list[HistoryEntry], index_written: bool, digest: str) -> None:
-        """After a publish failed part way: the index and the history files as ``before`` (best effort), unless the new
-        bundle is active after all (the rename landed, and what failed came after it): then they already name it."""
+        """After a publish or a rollback failed part way: the index and the history files as ``before`` (best effort),
+        unless the bundle ``digest`` is active after all (the rename landed, and what failed came after it): then they
+        already name it (and a rollback's marks stay)."""
         with contextlib.suppress(OSError, BundleError):
             if file_sha256(self.active_path) == digest:
                 return
