@@ -1,5 +1,5 @@
-"""The ``shopping-agent`` command line. Only the command lines (this module, and ``trainer/cli.py``'s ``main`` for
-``python -m trainer``) install signal handlers and block.
+"""The ``shopping-agent`` command line. Only the command lines (this module, and ``trainer/cli.py``'s ``process_main``
+for ``python -m trainer``) install signal handlers and block.
 
 Each subcommand's module is imported only when that subcommand runs, so ``serve`` loads no
 trainer, simulator or log reader (and ``train`` no gRPC server).
