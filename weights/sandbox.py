@@ -77,9 +77,19 @@ def child_fields(options: LoadOptions) -> dict[str, object]:
     return fields
 
 
+# One thread for every BLAS and OpenMP runtime numpy or onnxruntime may bring. OpenBLAS starts a thread per CPU it sees
+# when numpy is imported, each with its own buffer: about 35 MiB of address space a CPU, and a container sees every CPU
+# of its node whatever its CPU limit. With them, a 512 MiB child refused every bundle ("MemoryError") on a node of 12 CPUs
+# or more, and weights verify/publish's on 8 or more (an SRE review, 2026-12-06, with the CPU count faked). The child
+# multiplies nothing large enough for a second thread to matter.
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "BLIS_NUM_THREADS": "1"}
+
+
 def child_environment() -> dict[str, str]:
-    """The few variables a validating child needs; nothing else of the server's environment reaches it."""
-    return {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "TMPDIR", "OMP_NUM_THREADS", "PYTHONPATH")}
+    """The few variables a validating child needs, and one BLAS/OpenMP thread (``ONE_THREAD``) whatever the server's are;
+    nothing else of the server's environment reaches it."""
+    passed = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "TMPDIR", "PYTHONPATH")}
+    return {**passed, **ONE_THREAD}
 
 
 def _answer(stdout: bytes) -> dict[str, object] | None:
