@@ -33,6 +33,7 @@ from server.models import ModelHolder
 from server.product_validation import parse_product
 from server.response_wire import recommend_response
 from server.validation import InvalidRequest, Limits, parse_engagement, parse_outcome, parse_request
+from server.wire_diagnosis import misencoded_string
 from server.wire_view import view_of
 from weights.model_set import ModelSet, NoModel
 
@@ -43,12 +44,19 @@ log = logging.getLogger(__name__)
 
 
 class Malformed:
-    """Stands in for a request whose bytes do not parse, so the servicer can answer INVALID_ARGUMENT."""
+    """Stands in for a request whose bytes do not parse, so the servicer can answer INVALID_ARGUMENT: ``field`` is the
+    string whose bytes are not UTF-8 (``server.wire_diagnosis``), or ``None`` when the wire format itself is corrupt."""
 
-    __slots__ = ("error",)
+    __slots__ = ("field",)
 
-    def __init__(self, error: str) -> None:
-        self.error = error
+    def __init__(self, field: str | None = None) -> None:
+        self.field = field
+
+    def error(self, name: str) -> InvalidRequest:
+        """The error to answer, for a request that should have been a ``name``."""
+        if self.field is not None:
+            return InvalidRequest(self.field, "must be UTF-8 text (a protobuf string), got bytes that are not")
+        return InvalidRequest("request", f"not a {name} (wire format is corrupt)")
 
 
 Message = TypeVar("Message", pb.RecommendActionRequest, pb.ReportOutcomeRequest, pb.ReportEngagementRequest,
@@ -63,7 +71,7 @@ def wire_parser(message: type[Message]) -> Callable[[bytes], Message | Malformed
         try:
             return message.FromString(data)
         except DecodeError:
-            return Malformed("wire format is corrupt")
+            return Malformed(misencoded_string(message, data))
 
     return parse
 
@@ -216,7 +224,7 @@ class ShoppingAgentServicer:
         model = self._models.current  # read once: validated against, and answered by, this model set
         try:
             if isinstance(request, Malformed):
-                raise InvalidRequest("request", f"not a RecommendActionRequest ({request.error})")
+                raise request.error("RecommendActionRequest")
             req = parse_request(request.message, self._limits(model.item_dim), time.time(), view=request.view)
             try:
                 ctx = context_of(req, self._tz)
@@ -308,7 +316,7 @@ class ShoppingAgentServicer:
         """The request ``parse`` validated, or the call answered INVALID_ARGUMENT naming the field."""
         try:
             if isinstance(request, Malformed):
-                raise InvalidRequest("request", f"not a {name} ({request.error})")
+                raise request.error(name)
             return parse(request, self._limits_cache, time.time())
         except InvalidRequest as exc:
             await errors.abort(context, exc)  # raises grpc's AbortError ...

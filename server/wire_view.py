@@ -21,7 +21,7 @@ served path (``bench.ab_trees``, 5 and 7 rounds) gave +7.2 % and +4.0 % throughp
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -34,19 +34,18 @@ _F = descriptor_pb2.FieldDescriptorProto
 _LE_FLOAT32 = np.dtype("<f4")
 
 
-def _view_pool() -> descriptor_pool.DescriptorPool:
-    """The API's file with every ``repeated float`` field as ``bytes`` (same numbers, so the same wire bytes parse)."""
+def derived_pool(rewrite: Callable[[descriptor_pb2.FieldDescriptorProto], None]) -> descriptor_pool.DescriptorPool:
+    """The API's messages, in a pool of their own, with ``rewrite`` applied to every field of every message (nested ones
+    too): a view keeps each field's number and so its wire bytes, and changes only what the bytes are parsed into."""
     file = descriptor_pb2.FileDescriptorProto()
     pb.DESCRIPTOR.CopyToProto(file)
-    file.ClearField("service")  # messages only: the view is never served
+    file.ClearField("service")  # messages only: a view is never served
     messages = list(file.message_type)
-    while messages:  # nested messages too
+    while messages:
         message = messages.pop()
         messages.extend(message.nested_type)
         for field in message.field:
-            if field.type == _F.TYPE_FLOAT and field.label == _F.LABEL_REPEATED:
-                field.type, field.label = _F.TYPE_BYTES, _F.LABEL_OPTIONAL
-                field.ClearField("options")
+            rewrite(field)
     pool = descriptor_pool.DescriptorPool()
     timestamp = descriptor_pb2.FileDescriptorProto()
     timestamp_pb2.DESCRIPTOR.CopyToProto(timestamp)
@@ -55,7 +54,14 @@ def _view_pool() -> descriptor_pool.DescriptorPool:
     return pool
 
 
-_POOL = _view_pool()
+def _floats_as_bytes(field: descriptor_pb2.FieldDescriptorProto) -> None:
+    """Every ``repeated float`` field as ``bytes`` (same numbers, so the same wire bytes parse)."""
+    if field.type == _F.TYPE_FLOAT and field.label == _F.LABEL_REPEATED:
+        field.type, field.label = _F.TYPE_BYTES, _F.LABEL_OPTIONAL
+        field.ClearField("options")
+
+
+_POOL = derived_pool(_floats_as_bytes)
 
 
 def view_descriptor(message: descriptor.Descriptor) -> descriptor.Descriptor:
