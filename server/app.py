@@ -41,6 +41,8 @@ from weights.canary import CanaryRoute
 from weights.model_set import LoadOptions, ModelSet, NoModel
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from experience.recorder import ExperienceRecorder
 
 log = logging.getLogger(__name__)
@@ -157,7 +159,7 @@ class ShoppingAgentServer:
             log.exception("no model could be loaded; answering from the rule engine (FALLBACK_NO_MODEL)")
             model, seen, rejected = None, None, None
         if rejected is not None:  # the active bundle was refused at start: counted like a refused swap
-            self._rejected(rejected, 0.0)
+            self._rejected("active", rejected, 0.0)
         if model is not None:
             await self._swap_in(model)
         path = active_path(self.config)
@@ -168,7 +170,8 @@ class ShoppingAgentServer:
                 load=lambda p: load_file(p, options, validator),
                 # The watcher thread waits for the swap, so swaps happen in the order they were loaded.
                 on_loaded=lambda m, s: asyncio.run_coroutine_threadsafe(self._swapped(m, s), loop).result(30),
-                on_rejected=lambda e, s: self._call_soon(loop, self._rejected, e, s),
+                on_rejected=lambda e, s: self._call_soon(loop, self._rejected, "active", e, s),
+                on_missing=lambda: self._call_soon(loop, self._active_missing, path),
                 poll_interval_s=self.config.weights_poll_seconds,
                 debounce_s=self.config.weights_debounce_ms / 1000.0,
                 use_inotify=self.config.weights_inotify,
@@ -190,7 +193,7 @@ class ShoppingAgentServer:
             load=lambda p: load_canary(p, options, cap, validator),
             on_loaded=lambda route, s: self._call_soon(loop, self._canary_loaded, route, s),
             on_rejected=lambda e, s: self._call_soon(loop, self._canary_rejected, e, s),
-            on_missing=lambda: self._call_soon(loop, self.models.set_canary, None),
+            on_missing=lambda: self._call_soon(loop, self._canary_missing),
             poll_interval_s=self.config.weights_poll_seconds,
             debounce_s=self.config.weights_debounce_ms / 1000.0,
             use_inotify=self.config.weights_inotify,
@@ -200,12 +203,22 @@ class ShoppingAgentServer:
     def _canary_loaded(self, route: CanaryRoute, seconds: float) -> None:
         self.models.set_canary(route)
         if self.metrics is not None:
-            self.metrics.swap_done("ok", "", seconds)
+            self.metrics.swap_done("canary", "ok", "", seconds)
 
     def _canary_rejected(self, error: BundleError, seconds: float) -> None:
         """A canary file that cannot be served ends the canary: its slot no longer holds the one that was running."""
-        self._rejected(error, seconds)
+        self._rejected("canary", error, seconds)
         self.models.set_canary(None)
+
+    def _canary_missing(self) -> None:
+        self.models.set_canary(None)
+        if self.metrics is not None:
+            self.metrics.file_gone("canary")
+
+    def _active_missing(self, path: Path) -> None:
+        log.warning("the active bundle is missing; the current model keeps serving", extra={"fields": {"path": str(path)}})
+        if self.metrics is not None:
+            self.metrics.file_gone("active")
 
     def _canary_changed(self, route: CanaryRoute | None) -> None:
         if self.metrics is not None:
@@ -226,7 +239,7 @@ class ShoppingAgentServer:
         previous = self.models.current.version
         await self._swap_in(model)
         if self.metrics is not None:
-            self.metrics.swap_done("ok", "", seconds)
+            self.metrics.swap_done("active", "ok", "", seconds)
         log.info("swapped model", extra={"fields": {"from": previous, "to": model.version, "load_s": round(seconds, 3),
                                                     "providers": list(model.policy.providers)}})
 
@@ -234,9 +247,9 @@ class ShoppingAgentServer:
     def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., None], *args: object) -> None:
         loop.call_soon_threadsafe(fn, *args)
 
-    def _rejected(self, error: BundleError, seconds: float) -> None:
+    def _rejected(self, file: str, error: BundleError, seconds: float) -> None:
         if self.metrics is not None:
-            self.metrics.swap_done("rejected", error.reason, seconds)
+            self.metrics.swap_done(file, "rejected", error.reason, seconds)
 
     async def wait_loaded(self) -> None:
         if self._loading is not None:

@@ -25,8 +25,11 @@ from prometheus_client.core import GaugeMetricFamily
 from core.domain import ACTIONS, Action, Decision, EngagementReport, Outcome, Source
 from core.product import LAYERS, ProductDecision
 from experience.kinds import KINDS
+from weights.bundle import REASONS
 
 log = logging.getLogger(__name__)
+
+WATCHED_FILES = ("active", "canary")  # the weights volume's files a server watches (weights.store's ACTIVE_NAME and CANARY_NAME)
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 VOTE_BUCKETS = tuple(float(v) for v in range(0, 17))  # K is at most 16
@@ -40,7 +43,6 @@ MAX_TRAINING_NAMES = 1024
 """With ``--workers`` (multiprocess mode), training-metric names a process exports over its life (twice a bundle's
 512): that mode cannot drop a series, so each bundle's new names would stay on every scrape; a trained bundle's names
 are the same each time. One process drops the old bundle's series and needs no limit."""
-SWAP_REJECT_REASONS = ("io", "format", "format_version", "checksum", "schema", "shape", "nonfinite", "onnx", "golden")
 
 
 CUT_REASONS = ("receive_timeout", "peer_waiting", "no_request", "ended_unread", "streams", "answer_timeout", "peer_calls")
@@ -140,8 +142,14 @@ class Metrics:
                             registry=r, multiprocess_mode="liveall")
         self.swaps = Counter("shopping_agent_model_swaps", "Bundles the watcher judged, by result (ok, rejected) and reason.",
                              ["result", "reason"], registry=r)
-        for result, reason in (("ok", ""), *(("rejected", r) for r in SWAP_REJECT_REASONS)):
+        for result, reason in (("ok", ""), *(("rejected", r) for r in REASONS)):
             self.swaps.labels(result=result, reason=reason)  # series exist from the start: increase() sees the first one
+        self.refused = Gauge("shopping_agent_weights_refused",
+                             "1 while the file on the weights volume (file: active, canary) is one this server refused; "
+                             "0 once it serves that file's bundle, or the file is gone.", ["file"], registry=r,
+                             multiprocess_mode="livemax")
+        for file in WATCHED_FILES:
+            self.refused.labels(file=file).set(0)
         self.swap_seconds = Histogram("shopping_agent_model_swap_seconds",
                                       "Time to read, validate, self-test and warm up a bundle before the swap.",
                                       buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0), registry=r)
@@ -242,11 +250,17 @@ class Metrics:
         self.product_queue_depth.set(queue_depth)
 
     # --- model lifecycle ---------------------------------------------------------------------
-    def swap_done(self, result: str, reason: str, seconds: float) -> None:
+    def swap_done(self, file: str, result: str, reason: str, seconds: float) -> None:
+        """The watcher of ``file`` (``WATCHED_FILES``) judged the bundle there: swapped in (``ok``) or refused."""
         self.swaps.labels(result=result, reason=reason).inc()
         self.swap_seconds.observe(seconds)
+        self.refused.labels(file=file).set(0 if result == "ok" else 1)
         if result == "ok":
             self.last_swap.set(time.time())
+
+    def file_gone(self, file: str) -> None:
+        """``file`` left the volume: nothing there is refused."""
+        self.refused.labels(file=file).set(0)
 
     def model_served(self, version: str, manifest: Mapping[str, Any] | None, loaded_at: float) -> None:
         """The served model changed: info, timestamps and training metrics follow it."""

@@ -13,8 +13,8 @@ changes its ctime), except when the reason may pass by itself (``RETRIED``: a re
 regular file, such as an NFS hiccup, or the validating process's time or memory on a busy node):
 then it is tried again after ``RETRY_FIRST_S``, twice as long after each failure, ``RETRY_TRIES``
 times (about five minutes in all; a bundle too heavy for the limits is not validated forever). A
-deleted file leaves the current model serving, or, with ``on_missing`` (the canary's watcher), is
-reported to it.
+deleted file leaves the current model serving, and is reported to ``on_missing`` (the server's watchers: the canary's
+ends the canary; both clear the file's ``shopping_agent_weights_refused``).
 """
 
 from __future__ import annotations

@@ -71,8 +71,15 @@ MODEL_VERSION_RULE = "1-200 letters, digits and . _ : + @ = -, starting with a l
 _ZIP_TIME = (1980, 1, 1, 0, 0, 0)
 
 
+REASONS = ("io", "size", "format", "format_version", "checksum", "schema", "signature", "shape", "nonfinite", "range", "onnx",
+           "golden", "limits", "invalid")
+"""Every reason a server refuses a bundle for: the ``reason`` label of ``shopping_agent_model_swaps_total{result="rejected"}``,
+whose series exist from the start (a series that first appears at 1 shows no increase on a dashboard). The trainer adds
+``graph`` for an ``--init`` bundle whose networks it cannot continue from."""
+
+
 class BundleError(ValueError):
-    """A bundle that must not be served. ``reason`` is a short label (for metrics)."""
+    """A bundle that must not be served. ``reason`` is a short label (for metrics), one of ``REASONS``."""
 
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)

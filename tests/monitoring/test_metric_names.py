@@ -32,7 +32,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
 from server.models import ACTIVE_NAME
 from tests.harness import ROOT, ServerThread, prometheus_tool, request, running_server, stub
-from weights.bundle import read_bundle, write_bundle
+from weights.bundle import REASONS, read_bundle, write_bundle
 from weights.embedded import default_bundle_bytes
 
 MONITORING = ROOT / "k8s" / "monitoring"
@@ -181,6 +181,20 @@ def test_the_scrape_saw_the_swap_and_the_rejection(scrape: Scrape) -> None:
     assert counted[("ok", "")] == 1 and counted[("rejected", "format")] == 1
     assert [labels["model_version"] for labels in scrape.series["shopping_agent_model_info"]] == ["monitoring-swap"]
     assert families["shopping_agent_model_last_swap_timestamp_seconds"].samples[0].value > 0
+
+
+def test_every_refusal_reason_has_its_series_from_the_start(scrape: Scrape) -> None:
+    """A series that first appears at 1 shows no rate on the dashboard's swaps panel: one for each reason, at 0 until then."""
+    rejected = {labels["reason"] for labels in scrape.series["shopping_agent_model_swaps_total"] if labels["result"] == "rejected"}
+    assert rejected == set(REASONS)
+    assert {labels["file"] for labels in scrape.series["shopping_agent_weights_refused"]} == {"active", "canary"}
+
+
+def test_every_reason_a_server_refuses_a_bundle_for_is_one_of_the_reasons() -> None:
+    """What a server loads a bundle through (the trainer adds its own for an --init it cannot continue from)."""
+    given = {match for package in ("core", "guard", "policy", "server", "weights") for path in (ROOT / package).glob("**/*.py")
+             for match in re.findall(r'BundleError\(\s*"([a-z_]+)"', path.read_text())}
+    assert len(given) >= 10 and given <= set(REASONS), given - set(REASONS)
 
 
 PROMETHEUS_OWN = frozenset({"up"})

@@ -85,3 +85,7 @@ def test_a_canary_file_that_cannot_be_served_ends_the_canary_and_is_counted_as_r
         after = live.registry.get_sample_value("shopping_agent_model_swaps_total", {"result": "rejected", "reason": "schema"})
         assert after == (refused or 0) + 1
         assert set(_served(live).values()) == {"v1"}
+        gauge = {file: live.registry.get_sample_value("shopping_agent_weights_refused", {"file": file}) for file in ("active", "canary")}
+        assert gauge == {"active": 0, "canary": 1}
+        (weights_dir / CANARY_DIR / CANARY_NAME).unlink()
+        until(lambda: live.registry.get_sample_value("shopping_agent_weights_refused", {"file": "canary"}) == 0, "the canary's removal")

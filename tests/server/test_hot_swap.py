@@ -117,6 +117,10 @@ def _swaps(live: ServerThread, result: str, reason: str = "") -> float:
     return live.registry.get_sample_value("shopping_agent_model_swaps_total", {"result": result, "reason": reason}) or 0.0
 
 
+def _refused(live: ServerThread, file: str = "active") -> float | None:
+    return live.registry.get_sample_value("shopping_agent_weights_refused", {"file": file})
+
+
 @pytest.mark.parametrize("inotify", [True, False], ids=["inotify", "poll-only"])
 def test_a_good_bundle_is_picked_up_without_a_failed_call(weights_dir: Path, inotify: bool) -> None:
     for live, load in _serve(weights_dir, inotify):
@@ -201,8 +205,10 @@ def test_a_bad_bundle_is_refused_and_the_old_model_keeps_serving(weights_dir: Pa
         time.sleep(0.6)  # several polls: the rejected file is not retried
         assert _swaps(live, "rejected", reason) == 1
         assert load.last_version() == "v1"
+        assert _refused(live) == 1  # while it lies there: the rejection count alone ages out of an alert's window
         publish(weights_dir, bundle_bytes("v3"))  # and a good one afterwards still lands
         wait_for(load, "v3")
+        assert _refused(live) == 0
     assert load.errors == []
     assert "bad" not in load.versions
 
@@ -235,9 +241,12 @@ def test_a_bundle_of_another_item_dimension_swaps_in_and_requests_are_checked_ag
 
 
 def test_a_deleted_active_file_keeps_the_model_serving(weights_dir: Path) -> None:
-    for _, load in _serve(weights_dir):
+    for live, load in _serve(weights_dir):
         wait_for(load, "v1")
+        publish(weights_dir, b"not a bundle")
+        until(lambda live=live: _refused(live) == 1, "the refusal")
         (weights_dir / ACTIVE_NAME).unlink()
+        until(lambda live=live: _refused(live) == 0, "a missing file to clear the refusal")
         time.sleep(0.8)
         assert load.last_version() == "v1"
         publish(weights_dir, bundle_bytes("v2"))
@@ -322,6 +331,7 @@ def test_an_active_file_refused_at_start_for_a_passing_cause_is_read_again(weigh
         while _swaps(live, "rejected", "limits") < 1:
             assert time.monotonic() < deadline, "the start's read was not refused"
             time.sleep(0.05)
+        assert _refused(live) == 1  # refused at start: the embedded default serves, and the gauge says why
         deadline = time.monotonic() + 15
         while _swaps(live, "rejected", "limits") < 2:
             assert time.monotonic() < deadline, "the file refused at start was not read again"
