@@ -19,7 +19,7 @@ from collections.abc import Iterator, Mapping
 from datetime import datetime
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 from prometheus_client.core import GaugeMetricFamily
 
 from core.domain import ACTIONS, Action, Decision, EngagementReport, Outcome, Source
@@ -186,6 +186,10 @@ class Metrics:
         self.experience = ExperienceMetrics(r)
         if not multiprocess_mode():  # (with --workers the supervisor exports it from every worker's created-at)
             r.register(ModelAgeCollector(self.model_created))
+            # process_resident_memory_bytes, process_cpu_seconds_total, process_open_fds, process_start_time_seconds …,
+            # read from /proc at scrape time. With --workers, one process's would misstate the pod: the container's
+            # own metrics (cAdvisor) say that there.
+            ProcessCollector(registry=r)
 
         # Label children created once, so the request path only increments.
         self._decisions = {(a, s): self.decisions.labels(action=a.key, source=s.name.lower()) for a in Action for s in Source}

@@ -183,6 +183,12 @@ def test_the_scrape_saw_the_swap_and_the_rejection(scrape: Scrape) -> None:
     assert families["shopping_agent_model_last_swap_timestamp_seconds"].samples[0].value > 0
 
 
+def test_the_process_is_described_as_prometheus_expects(scrape: Scrape) -> None:
+    """The standard process metrics an SRE's dashboards read (the registry is the server's own, not the default)."""
+    assert {"process_resident_memory_bytes", "process_cpu_seconds_total", "process_open_fds",
+            "process_start_time_seconds"} <= scrape.names
+
+
 def test_every_refusal_reason_has_its_series_from_the_start(scrape: Scrape) -> None:
     """A series that first appears at 1 shows no rate on the dashboard's swaps panel: one for each reason, at 0 until then."""
     rejected = {labels["reason"] for labels in scrape.series["shopping_agent_model_swaps_total"] if labels["result"] == "rejected"}
