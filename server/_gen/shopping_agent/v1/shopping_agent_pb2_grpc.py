@@ -64,8 +64,10 @@ class ShoppingAgentServicer:
     def RecommendAction(self, request, context):
         """Decide the next agent action for one shopper on one page. Always answers
         for a well-formed request: when the model cannot decide, a rule engine does
-        and `source` says why. Only a malformed request gets an error
-        (INVALID_ARGUMENT, naming the field).
+        and `source` says why. A malformed request gets INVALID_ARGUMENT, naming the
+        field; the transport and the server's per-client bounds have codes of their
+        own (docs/api.md). Not idempotent: every call is a new, logged decision, so
+        retry only on UNAVAILABLE, never after DEADLINE_EXCEEDED.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -98,9 +100,9 @@ class ShoppingAgentServicer:
         a SKU within it, and a price band, one layer after the other. The shopper's
         state is a RecommendActionRequest; the candidates come with the request.
         Always answers a well-formed request (a layer the model cannot decide is
-        answered by that layer's rule, and its `source` says why); only a malformed
-        request, or one whose candidates leave nothing to recommend, gets an error
-        (INVALID_ARGUMENT, naming the field).
+        answered by that layer's rule, and its `source` says why); a malformed
+        request, or one whose candidates leave nothing to recommend, gets
+        INVALID_ARGUMENT, naming the field. Retried as RecommendAction is.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
