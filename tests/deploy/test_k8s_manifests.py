@@ -281,6 +281,8 @@ def test_server_flags_and_env_are_real_and_build_the_config(rendered: dict[str, 
     deployment = one(rendered["base"], "Deployment", SERVER)
     c = container(deployment, "server")
     for name in env_of(c):
+        if name in LIBRARY_ENV:
+            continue
         assert name.startswith(ENV_PREFIX), f"{name}: the server reads only {ENV_PREFIX}* variables"
         assert name.removeprefix(ENV_PREFIX).lower() in FIELD_NAMES, f"{name}: no such field in server.config.Config"
     config = server_config(deployment)  # raises on an unknown flag or a bad value
@@ -291,6 +293,26 @@ def test_server_flags_and_env_are_real_and_build_the_config(rendered: dict[str, 
     assert config.port == container_port(c, "grpc") == 50051
     assert config.metrics and config.metrics_port == container_port(c, "metrics") == 9095
     assert config.host == config.metrics_host == "0.0.0.0", "the pod IP must be reachable"
+
+
+LIBRARY_ENV = frozenset({"OMP_NUM_THREADS"})
+"""Read by the libraries, not by the server's config (test_every_container_sizes_its_thread_pools_by_its_cpu_limit)."""
+
+
+def test_every_container_sizes_its_thread_pools_by_its_cpu_limit(rendered: dict[str, list[Doc]]) -> None:
+    """A container sees every CPU of its node whatever its limit: OpenBLAS, torch's OpenMP and Arrow's pool would start a
+    thread per node CPU (and the trainer's results depend on the count). Each takes the count from its own limit."""
+    seen = set()
+    for variant in sorted(rendered):  # base, prod, gpu, jobs
+        for doc in rendered[variant]:
+            for c in containers(doc):
+                limit = c.get("resources", {}).get("limits", {}).get("cpu")
+                assert limit is not None, f"{doc['metadata']['name']}/{c['name']}: no CPU limit to size its threads by"
+                threads = next((item for item in c.get("env", []) if item["name"] == "OMP_NUM_THREADS"), None)
+                assert threads is not None, f"{doc['metadata']['name']}/{c['name']}: OMP_NUM_THREADS unset"
+                assert threads["valueFrom"]["resourceFieldRef"] == {"containerName": c["name"], "resource": "limits.cpu"}
+                seen.add(c["name"])
+    assert seen == {"server", "trainer", "compactor", "rollback"}
 
 
 def service_link_env(service: Doc) -> set[str]:
