@@ -143,10 +143,11 @@ def load_initial(config: Config, options: LoadOptions,
                                                         "providers": list(model.policy.providers)}})
             return model, seen, None
         except BundleError as exc:
-            rejected = exc
-            if exc.reason == "io" and signature(path) is None:
-                rejected = None  # no bundle published yet: nothing was refused
-            log.warning("cannot serve the active bundle", extra={"fields": {"path": str(path), "reason": exc.reason, "error": str(exc)}})
+            if exc.reason == "io" and signature(path) is None:  # no bundle published yet: nothing was refused
+                log.info("no active bundle published yet", extra={"fields": {"path": str(path)}})
+            else:  # as the watcher logs a refusal later on: the publisher's error, and this pod serves something else
+                rejected = exc
+                log.error("cannot serve the active bundle", extra={"fields": {"path": str(path), "reason": exc.reason, "error": str(exc)}})
     if not config.use_embedded_default:
         log.warning("no model loaded: answering from the rule engine (source FALLBACK_NO_MODEL)")
         return NoModel(default_manifest()), seen, rejected

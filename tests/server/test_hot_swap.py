@@ -9,6 +9,7 @@ version is the expected one.
 from __future__ import annotations
 
 import io
+import logging
 import os
 import threading
 import time
@@ -336,3 +337,20 @@ def test_an_active_file_refused_at_start_for_a_passing_cause_is_read_again(weigh
         while _swaps(live, "rejected", "limits") < 2:
             assert time.monotonic() < deadline, "the file refused at start was not read again"
             time.sleep(0.1)
+
+
+def test_the_start_logs_a_refused_active_file_as_an_error_and_a_missing_one_as_news(tmp_path: Path,
+                                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    """A refusal at start is the publisher's error, logged as the watcher logs one later; an empty volume (day one) is not."""
+    caplog.set_level(logging.INFO, logger="server.models")
+    empty, bad = tmp_path / "empty", tmp_path / "bad"
+    empty.mkdir()
+    bad.mkdir()
+    publish(bad, b"not a bundle")
+    for directory, message, level in ((empty, "no active bundle published yet", logging.INFO),
+                                      (bad, "cannot serve the active bundle", logging.ERROR)):
+        caplog.clear()
+        with running_server(weights_dir=directory, validate_memory_mb=0) as live:
+            assert _refused(live) == (1 if directory is bad else 0)
+        starts = [r for r in caplog.records if r.name == "server.models" and "active bundle" in r.getMessage()]
+        assert [(r.getMessage(), r.levelno) for r in starts] == [(message, level)]
