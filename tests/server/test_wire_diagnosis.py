@@ -77,3 +77,17 @@ def test_the_server_answers_invalid_argument_naming_the_field(channel: grpc.Chan
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert info.value.details().startswith(details), info.value.details()
     assert stub(channel).RecommendAction(request(), timeout=5).decision_id  # still answering
+
+
+def test_the_walk_is_bounded_past_any_valid_requests_counts() -> None:
+    """Past ``MAX_VISITED`` strings the bytes are refused as corrupt without naming (the request's counts refuse it anyway):
+    a flood of such requests must not cost the server more than parsing them does."""
+    from server.wire_diagnosis import MAX_VISITED
+
+    def ids(n: int) -> bytes:
+        return request(recent_behavior_ids=[]).SerializeToString() + b"".join(field(6, b"a") for _ in range(n - 1)) + field(6, NOT_UTF8)
+
+    assert misencoded_string(pb.RecommendActionRequest, ids(MAX_VISITED - 10)) == f"recent_behavior_ids[{MAX_VISITED - 11}]"
+    assert misencoded_string(pb.RecommendActionRequest, ids(MAX_VISITED + 1)) is None
+    skus = b"".join(field(2, field(1, b"s")) for _ in range(MAX_VISITED)) + field(2, field(1, NOT_UTF8))
+    assert misencoded_string(pb.RecommendProductRequest, field(2, skus)) is None  # messages count too
