@@ -177,6 +177,20 @@ def test_the_validating_child_runs_one_blas_thread_whatever_the_cores_and_is_bou
     assert caught.value.reason == "limits"
 
 
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="OpenBLAS starts no more threads than the cores it may use")
+def test_a_child_out_of_room_is_refused_for_its_limits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reason the watcher retries and the runbooks send to --validate-memory-mb: a child that runs out of its address
+    space is ``limits``, naming the limit. Made to run out by giving it two BLAS threads (as before the fix above, on this
+    2-core machine: the room of two does not fit 256 MiB)."""
+    from weights import sandbox
+
+    monkeypatch.setattr(sandbox, "ONE_THREAD", {"OMP_NUM_THREADS": "2", "OPENBLAS_NUM_THREADS": "2"})
+    data = (ROOT / "weights" / "data" / "default.bundle").read_bytes()
+    with pytest.raises(BundleError) as caught:
+        sandbox.validate_in_child(data, OPTIONS, sandbox.SandboxLimits(memory_bytes=256 * 1024 * 1024))
+    assert caught.value.reason == "limits" and "256 MiB address-space limit" in str(caught.value)
+
+
 def test_a_graph_of_allowed_operators_that_allocates_is_stopped_by_the_child(tmp_path: Path) -> None:
     """The graph check passes it (only allowed operators); the 512 MiB child is what refuses it, not the caller's memory."""
     from weights.onnx_check import check_model
