@@ -616,6 +616,16 @@ def test_cronjob_schedule_is_five_fields_every_two_hours(rendered: dict[str, lis
     assert spec["jobTemplate"]["spec"]["activeDeadlineSeconds"] < 2 * 3600, "a run must end before the next one is due"
 
 
+def test_the_compactor_never_runs_when_the_trainer_starts(rendered: dict[str, list[Doc]]) -> None:
+    """Readers on other nodes of a shared volume may miss a just-compacted segment's rows (docs/logs.md): the latest a
+    compaction can still run, its start's deadline plus its own, ends before the trainer's minute."""
+    compactor, trainer = (one(rendered["base"], "CronJob", name)["spec"] for name in (COMPACTOR, TRAINER))
+    (start,), _, _, _, _ = parse_cron(compactor["schedule"])
+    (train,), _, _, _, _ = parse_cron(trainer["schedule"])
+    latest_end_s = start * 60 + compactor["startingDeadlineSeconds"] + compactor["jobTemplate"]["spec"]["activeDeadlineSeconds"]
+    assert latest_end_s < (train + 60) * 60, f"a compaction may run until minute {latest_end_s / 60 - 60:.0f} of the next hour"
+
+
 @pytest.mark.parametrize("schedule", ["17 */2 * * *", "0 0-22/2 * * *", "5,35 * * jan-jun mon-fri", "0 0 1 * 7"])
 def test_cron_parser_accepts_valid_schedules(schedule: str) -> None:
     assert len(parse_cron(schedule)) == 5
