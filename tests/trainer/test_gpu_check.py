@@ -29,7 +29,7 @@ def test_without_cuda_the_gpu_check_says_so_and_exits_2() -> None:
 
 def test_the_dry_run_exercises_every_check_on_the_cpu() -> None:
     # --device cpu: the same code with the CPU in CUDA's place (the real run was on an H200: docs/performance.md).
-    run = subprocess.run([sys.executable, "scripts/gpu_check.py", "--device", "cpu", "--sessions", "600"],
+    run = subprocess.run([sys.executable, "scripts/gpu_check.py", "--device", "cpu", "--sessions", "300"],
                          capture_output=True, text=True, cwd=ROOT, timeout=300, env={**os.environ, "SHOPPING_AGENT_PROGRESS": "off"})
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
     summary = json.loads(run.stdout)
