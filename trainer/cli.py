@@ -290,15 +290,16 @@ def _window(location: str, bundle: Any, config: TrainConfig, *, serving: Sequenc
     return read_window(_source(location, bundle), config, shard=(where.rank, where.world_size), serving=serving, gate=gate)
 
 
-def _bundle(path: Path | None, trains_policy: bool = True) -> Any:
+def _bundle(path: Path | None, trains_policy: bool = True, public_keys: tuple[bytes, ...] = ()) -> Any:
     """The ``--init`` bundle (None or 'default': the embedded default, which needs no check); a named file is loaded
-    as a server loads it (``_loaded``) and, for a run that trains its policy and guard (``trains_policy``), must be one
-    such a run can continue from (``_trainable``), so a bad one is refused before any log is read."""
+    as a server loads it (``_loaded``; signed by one of ``public_keys`` when there are any) and, for a run that trains
+    its policy and guard (``trains_policy``), must be one such a run can continue from (``_trainable``), so a bad one is
+    refused before any log is read."""
     if _default(path):
         from weights.embedded import default_bundle
 
         return default_bundle()
-    bundle, model = _loaded(path, "--init: ")
+    bundle, model = _loaded(path, "--init: ", public_keys)
     _trainable(bundle, model, f"--init: {path}: ", trains_policy)
     return bundle
 
@@ -326,9 +327,10 @@ def _default(path: Path | None) -> bool:
     return path is None or str(path) == "default"
 
 
-def _loaded(path: Path | None, flag: str = "") -> tuple[Any, Any]:
+def _loaded(path: Path | None, flag: str = "", public_keys: tuple[bytes, ...] = ()) -> tuple[Any, Any]:
     """The bundle at ``path`` (None or 'default': the embedded default) and its ``ModelSet``. A file that cannot be
-    read or loaded is bad usage, after ``flag``, before any log is read: exit 2, not retried."""
+    read or loaded, or (with ``public_keys``) is not signed by one of them, is bad usage, after ``flag``, before any log
+    is read: exit 2, not retried."""
     from weights.bundle import BundleError, read_file
     from weights.model_set import LoadOptions, ModelSet, load_file
     from weights.validate import verified
@@ -339,7 +341,7 @@ def _loaded(path: Path | None, flag: str = "") -> tuple[Any, Any]:
             return load_file(None, options)
         # in a bounded child first (``verified``): a graph built to take this process's memory or time stops there (an
         # attack review, 2026-12-06: 2.3 GB for `evaluate`); the bytes checked are the bytes loaded
-        bundle = verified(read_file(path), f"invalid bundle {path}")  # (read_file's message names the file too)
+        bundle = verified(read_file(path), f"invalid bundle {path}", public_keys)  # (read_file's message names the file too)
         return bundle, ModelSet.load(bundle, options)
     except BundleError as exc:  # its message names the file
         raise UsageError(f"{flag}{exc}") from None

@@ -90,12 +90,12 @@ def run_cycle(args: argparse.Namespace) -> int:
     sign_bundle = _signer(private)
     store = WeightsStore(args.weights_dir, lambda data: verify(data, keys))
     _usable(store)  # before any log is read: not a refusal after an hour's training
-    current_bundle, judged_against = _active(store)  # every publish below replaces exactly this bundle, or none
+    current_bundle, judged_against = _active(store, keys)  # every publish below replaces exactly this bundle, or none
     options = LoadOptions(device="cpu", warmup_batch=1)
     current = ModelSet.load(current_bundle, options)
     if not args.init:  # the run continues from what the servers serve: its arrays must be what they run
         _trainable(current_bundle, current, f"the active bundle {store.active_path}: ")
-    init = _bundle(args.init) if args.init else current_bundle
+    init = _bundle(args.init, public_keys=keys) if args.init else current_bundle
     # The logs the run reads, in two passes; under torchrun this rank's shard. The gate's held-out sessions (of the whole
     # window, every shard) are named now and read by rank 0 after training (the other ranks do not wait for it).
     window = _window(args.logs, init, config, serving=_serving(store, current_bundle), gate=True)
@@ -337,17 +337,30 @@ def _owner(exc: OSError) -> str:
     return f" (owned by uid {owner}; this run is uid {os.getuid()}: give it to the publishers' user, or remove it)"
 
 
-def _active(store: WeightsStore) -> tuple[Any, str | None]:
+def _active(store: WeightsStore, public_keys: tuple[bytes, ...] = ()) -> tuple[Any, str | None]:
     """The bundle the servers serve (the embedded default when the store has none) and the sha256 of its file (None).
     Validated in a bounded child first, as a server validates a new file, before this run loads it: an active bundle
     whose guard made a 1 GiB intermediate took `cycle` to 2.4 GB, where every server refused it (an attack review,
-    2026-12-06; one of 14 GB would have had the CronJob's pod killed on every run)."""
-    from weights.bundle import sha256
+    2026-12-06; one of 14 GB would have had the CronJob's pod killed on every run). With ``public_keys`` (``--public-key``)
+    it must be signed by one of them, as the servers require: otherwise a file anyone who can write the volume put
+    there, refused by every server, would be trained from and its settings (guardrails, rules, actions) published under
+    this run's signature (a security review, 2026-12-06). Refused as bad usage (exit 2): the run gives the same answer
+    until someone puts a signed bundle back."""
+    from trainer.cli import UsageError
+    from weights.bundle import BundleError, sha256
     from weights.embedded import default_bundle
     from weights.validate import verified
 
     data = store.active_bytes()
-    return (default_bundle(), None) if data is None else (verified(data, f"the active bundle {store.active_path}"), sha256(data))
+    if data is None:
+        return default_bundle(), None
+    try:
+        return verified(data, f"the active bundle {store.active_path}", public_keys), sha256(data)
+    except BundleError as exc:
+        if exc.reason != "signature":
+            raise
+        raise UsageError(f"{exc}; the servers refuse it too: put a signed bundle back (shopping-agent weights rollback "
+                         f"--dir {store.directory} --public-key ...) or publish one") from None
 
 
 def _keep(write: Callable[[bytes], str], data: bytes, report: dict[str, Any], failure: str, what: str) -> str | None:

@@ -24,13 +24,14 @@ def verify(data: bytes, public_keys: tuple[bytes, ...] = (), limits: SandboxLimi
     return bundle
 
 
-def verified(data: bytes, where: str) -> Bundle:
-    """``verify(data)`` in a bounded child, its ``BundleError`` naming ``where`` (the file, or what it is): what a
-    process that will load a bundle itself checks first, as a server checks a new file, so that a graph built to take
-    its memory or its time stops in the child (the trainer: ``trainer.cli``, ``trainer.cycle``)."""
+def verified(data: bytes, where: str, public_keys: tuple[bytes, ...] = ()) -> Bundle:
+    """``verify(data, public_keys)`` in a bounded child, its ``BundleError`` naming ``where`` (the file, or what it is):
+    what a process that will load a bundle itself checks first, as a server checks a new file, so that a graph built to
+    take its memory or its time stops in the child (the trainer: ``trainer.cli``, ``trainer.cycle``), and, with
+    ``public_keys``, that a bundle the servers would refuse unsigned is not trained from either."""
     from weights.bundle import BundleError
 
     try:
-        return verify(data)
+        return verify(data, public_keys)
     except BundleError as exc:
         raise BundleError(exc.reason, f"{where} ({exc.reason}): {exc}") from None
