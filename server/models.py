@@ -19,6 +19,7 @@ from weights.bundle import BundleError, read_bundle, read_file
 from weights.canary import CanaryRoute, requested_fraction
 from weights.embedded import default_bundle, default_manifest
 from weights.forkserver import Validator
+from weights.held import refuse_held
 from weights.model_set import LoadOptions, ModelSet, NoModel
 from weights.sandbox import SandboxLimits
 from weights.store import ACTIVE_NAME, CANARY_DIR, CANARY_NAME
@@ -117,12 +118,15 @@ def load_file(path: Path, options: LoadOptions, validator: Validator | None = No
     """Read, validate, self-test and warm up the bundle at ``path`` (raises BundleError).
 
     With a ``validator``, a child process loads the same bytes first under a memory limit and
-    a timeout; this process loads them only once the child succeeded.
+    a timeout; this process loads them only once the child succeeded. A candidate the trainer holds for a second look
+    (``weights.held``) is refused, whoever signed it: it is not a release.
     """
     data = read_file(path)
     if validator is not None:
         validator.validate(data, options)
-    return ModelSet.load(read_bundle(data), options)
+    bundle = read_bundle(data)
+    refuse_held(bundle.manifest, str(path))
+    return ModelSet.load(bundle, options)
 
 
 def load_initial(config: Config, options: LoadOptions,

@@ -39,6 +39,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from core.json_lines import json_line
+from weights import held
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -174,7 +175,8 @@ def run_cycle(args: argparse.Namespace) -> int:
         report["canary_started"] = _keep(store.start_canary, sign_bundle(_with_canary(result.bundle, settings.fraction)), report,
                                          "canary_not_started", "started as a canary: the refused candidate")
     elif looks:
-        report["kept_for_second_look"] = _keep(store.hold, signed, report, "not_kept", "kept for a second look: the refused candidate")
+        report["kept_for_second_look"] = _keep(store.hold, sign_bundle(_with_manifest(result.bundle, held.marked)), report,
+                                               "not_kept", "kept for a second look: the refused candidate")
     if not published and products is not None and products.passed and args.init is None:
         # the flat candidate refused (kept, canaried or dropped): the active bundle's flat decision with the new heads
         assert products.trained is not None
@@ -437,14 +439,15 @@ def _look(sign_bundle: Callable[[bytes], bytes], store: WeightsStore, config: Tr
     report = {**head, "second_look": True, "level": level, "bootstrap": n_boot, "sessions": unseen.describe(), **verdict.to_dict()}
     log.info("second look at %s on %d unseen sessions: %s", candidate.version, unseen.n_fresh + unseen.n_heldout, verdict.reason)
     if verdict.publish:  # with the estimates of this look in its manifest, signed with today's key
-        report["published"] = _publish(store, sign_bundle(_with_metrics(data, offline_metrics(verdict) | {"second_look": 1.0})),
+        report["published"] = _publish(store, sign_bundle(_released(data, offline_metrics(verdict) | {"second_look": 1.0})),
                                        replacing)
     return report
 
 
-def _with_metrics(data: bytes, extra: dict[str, float]) -> bytes:
-    """The bundle ``data`` with ``extra`` over its training metrics (unsigned: sign it again)."""
-    return _with_manifest(data, lambda m: {**m, "training_metrics": {**m.get("training_metrics", {}), **extra}})
+def _released(data: bytes, extra: dict[str, float]) -> bytes:
+    """The kept candidate ``data`` as a second look publishes it: ``extra`` over its training metrics, without the mark
+    that kept every server from serving it (``weights.held``; unsigned: sign it again)."""
+    return _with_manifest(data, lambda m: held.released({**m, "training_metrics": {**m.get("training_metrics", {}), **extra}}))
 
 
 def _with_canary(data: bytes, fraction: float) -> bytes:

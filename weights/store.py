@@ -44,6 +44,7 @@ from typing import Any, Literal
 
 from weights.bundle import MAX_BUNDLE_BYTES, MODEL_VERSION, MODEL_VERSION_RULE, Bundle, BundleError, read_bundle, read_file, sha256
 from weights.canary import requested_fraction
+from weights.held import refuse_held
 
 log = logging.getLogger(__name__)
 
@@ -323,7 +324,9 @@ class WeightsStore:
         refusal; in both cases the active file and the history are untouched.
         """
         data = source if isinstance(source, bytes) else read_file(source)
-        version = self.validate(data).model_version  # a name a history file can take (weights.bundle.MODEL_VERSION)
+        bundle = self.validate(data)
+        refuse_held(bundle.manifest, str(source) if not isinstance(source, bytes) else "the bundle")
+        version = bundle.model_version  # a name a history file can take (weights.bundle.MODEL_VERSION)
         digest = sha256(data)
         with self.lock():
             active_digest = self.active_sha256()
@@ -390,6 +393,7 @@ class WeightsStore:
         """
         bundle = self.validate(data)
         version = bundle.model_version
+        refuse_held(bundle.manifest, "the canary")
         try:
             requested_fraction(bundle.manifest)
         except ValueError as exc:

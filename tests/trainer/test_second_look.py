@@ -127,6 +127,9 @@ def test_cycle_keeps_a_refused_candidate_waits_for_fresh_logs_and_publishes_it_o
     assert code == 3 and "too few effective sessions" in first["reason"] and "second_look" not in first
     assert first["kept_for_second_look"] == first["model_version"] and store.pending() is not None
     assert active() == behaviour.version
+    assert read_bundle(store.pending() or b"").manifest["held"] is True  # marked: no server serves it, the store will not publish it
+    with pytest.raises(BundleError, match="held for a second look, not a release"):
+        store.publish(store.pending_path)
 
     # The same logs again: nothing logged since, so the kept candidate waits; the run trains and its refusal replaces it.
     code, again, _ = _cycle(logs, weights, strict)
@@ -143,7 +146,9 @@ def test_cycle_keeps_a_refused_candidate_waits_for_fresh_logs_and_publishes_it_o
     assert second["bootstrap"] == 1000 and second["sessions"]["fresh_sessions"] == 5000
     assert 300 < second["sessions"]["heldout_sessions"] < 700  # its own split's 20 % of the first 2,500
     assert second["published"] == "published" and store.pending() is None and active() == kept
-    metrics = ModelSet.load(read_bundle(store.active_path), LoadOptions(warmup_batch=1)).manifest["training_metrics"]
+    published = ModelSet.load(read_bundle(store.active_path), LoadOptions(warmup_batch=1)).manifest
+    metrics = published["training_metrics"]
+    assert "held" not in published  # published without the mark, signed again
     assert metrics["second_look"] == 1.0 and metrics["offline_dr_minus_current"] == pytest.approx(second["dr_difference"]["value"])
 
     # A kept file that is not a bundle (a torn write, a hostile one) is dropped with its reason; the run trains as always.

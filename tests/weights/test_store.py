@@ -675,3 +675,39 @@ def test_cycle_stops_before_its_work_on_a_linked_store_directory(tmp_path: Path)
     code, _, err = trainer_in_process("cycle", "--logs", str(tmp_path / "no-logs-read"), "--weights-dir", str(weights),
                                       "--device", "cpu")
     assert code == 2 and f"--weights-dir {weights}: " in err and "a symbolic link where the store's own directory" in err, err
+
+
+def test_a_candidate_held_for_a_second_look_is_neither_published_nor_started_as_a_canary(store: WeightsStore,
+                                                                                          bundles: dict[str, bytes]) -> None:
+    """Signed or not, a held candidate (``weights.held``) is one the gate refused: the store will not make it the active
+    bundle or the canary (a security review, 2026-12-06: moved to the active name, every server took it)."""
+    from weights.held import marked
+    from weights.signing import keypair_pem, load_private_key, load_public_keys, sign
+
+    store.publish(bundles["v1"])
+    private, public = keypair_pem()
+    keys = Path(store.directory)
+    (keys / "k.pem").write_bytes(private)
+    (keys / "k.pub").write_bytes(public)
+    signing = WeightsStore(store.directory, lambda data: verify_in_child(data, load_public_keys(keys / "k.pub")))
+    held_release = sign(_rebuilt("v-held", marked), load_private_key(keys / "k.pem"))
+    held_canary = sign(_rebuilt("c-held", lambda m: marked({**m, "canary": {"fraction": 0.1}})), load_private_key(keys / "k.pem"))
+    for data, make_it_served in ((held_release, signing.publish), (held_canary, signing.start_canary)):
+        with pytest.raises(BundleError, match="held for a second look, not a release") as info:
+            make_it_served(data)
+        assert info.value.reason == "schema"
+        assert signing.hold(data) == read_bundle(data).model_version  # where it belongs, it is kept
+    assert store.active_path.read_bytes() == bundles["v1"] and not store.canary_path.exists()
+
+
+def _rebuilt(version: str, change: Callable[[dict[str, Any]], dict[str, Any]]) -> bytes:
+    """The untrained bundle as ``version``, its manifest changed by ``change``."""
+    import io
+
+    from weights.bundle import PARTS, write_bundle
+
+    base = read_bundle(make_bundle(1, version, "2026-12-06T00:00:00Z"))
+    out = io.BytesIO()
+    write_bundle(out, change({k: v for k, v in base.manifest.items() if k not in ("format", "format_version", "parts")}),
+                 {p: base.parts[p] for p in PARTS})
+    return out.getvalue()
