@@ -45,18 +45,21 @@ COPY server ./server
 
 FROM source AS build-serve
 ARG RUNTIME=cpu
-# Dependencies from the hash-pinned lock (scripts/lock.sh), then the project itself without resolving anything.
+# Dependencies and the build backend from the hash-pinned locks (scripts/lock.sh), then the project itself without
+# resolving or fetching anything (no build isolation: pip would fetch an unpinned setuptools to build it).
 RUN case "${RUNTIME}" in cpu|gpu) ;; *) echo "RUNTIME must be cpu or gpu, got ${RUNTIME}" >&2; exit 2;; esac \
     && pip install --no-cache-dir --require-hashes -r "/src/requirements/serve-${RUNTIME}.txt" \
-    && pip install --no-cache-dir --no-deps "/src[${RUNTIME}]"
+    && pip install --no-cache-dir --require-hashes -r /src/requirements/build.txt \
+    && pip install --no-cache-dir --no-deps --no-build-isolation "/src[${RUNTIME}]"
 
 FROM source AS build-trainer
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 # Everything but torch from the hash-pinned lock; torch (pinned by version) from its own index
 # only (--index-url, not --extra-index-url: no other index can offer a higher "torch").
 RUN pip install --no-cache-dir --require-hashes -r /src/requirements/trainer.txt \
+    && pip install --no-cache-dir --require-hashes -r /src/requirements/build.txt \
     && pip install --no-cache-dir --index-url "${TORCH_INDEX_URL}" torch==2.13.0 \
-    && pip install --no-cache-dir --no-deps "/src[cpu,train]"
+    && pip install --no-cache-dir --no-deps --no-build-isolation "/src[cpu,train]"
 
 FROM base AS trainer
 COPY --from=build-trainer /opt/venv /opt/venv

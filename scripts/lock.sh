@@ -3,6 +3,7 @@
 #
 #   requirements/serve-cpu.txt   the serving image, RUNTIME=cpu (onnxruntime)
 #   requirements/serve-gpu.txt   the serving image, RUNTIME=gpu (onnxruntime-gpu)
+#   requirements/build.txt       the build backend (setuptools), for installing the project without build isolation
 #   requirements/trainer.txt     the trainer image: everything but torch itself, which comes from
 #                                its own index (--index-url, CPU or CUDA build) pinned by version;
 #                                torch's CUDA runtime packages are that index's business, not ours
@@ -14,6 +15,7 @@ common=(--generate-hashes --python-version 3.11 --python-platform x86_64-manylin
         --custom-compile-command "scripts/lock.sh")
 uv pip compile pyproject.toml --extra cpu "${common[@]}" -o requirements/serve-cpu.txt
 uv pip compile pyproject.toml --extra gpu "${common[@]}" -o requirements/serve-gpu.txt
+uv pip compile requirements/build.in "${common[@]}" -o requirements/build.txt   # the build backend (no build isolation)
 torch_own=(torch triton)
 for p in $(uv pip compile pyproject.toml --extra cpu --extra train --python-version 3.11 \
              --python-platform x86_64-manylinux_2_28 --quiet --no-annotate --no-header 2>/dev/null \

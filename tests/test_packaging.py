@@ -125,6 +125,27 @@ def _locked(name: str) -> dict[str, str]:
     return pins
 
 
+def test_the_images_build_the_project_with_the_locked_backend_fetching_nothing() -> None:
+    """With build isolation pip fetches the build backend (setuptools) from the index at build time, unpinned and
+    unchecked (a security review, 2026-12-06): each stage installs it from requirements/build.txt, then the project
+    without isolation."""
+    import re
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    backend = Requirement(tomllib.loads((ROOT / "pyproject.toml").read_text())["build-system"]["requires"][0])
+    assert backend.name == "setuptools" and backend.specifier.contains(_locked("build")["setuptools"])
+    dockerfile = (ROOT / "Dockerfile").read_text().replace("\\\n", " ")
+    project_installs = [line for line in dockerfile.splitlines() if '"/src[' in line]
+    assert len(project_installs) == 2  # the serving and the trainer stage
+    for line in project_installs:
+        steps = [s.strip() for s in line.split("&&")]
+        built = next(i for i, s in enumerate(steps) if '"/src[' in s)
+        assert "--no-build-isolation" in steps[built] and "--no-deps" in steps[built], steps[built]
+        assert any(re.search(r"--require-hashes -r /src/requirements/build\.txt", s) for s in steps[:built]), line
+
+
 def test_the_image_lock_files_pin_every_dependency_with_hashes() -> None:
     """The images install from requirements/*.txt with --require-hashes (scripts/lock.sh writes them)."""
     import tomllib
