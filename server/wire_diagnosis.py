@@ -7,10 +7,11 @@ same numbers, so the same wire bytes) parses those bytes, and the first string f
 by its path, as a validation error names it: ``user_id``, ``recent_behavior_ids[2]``, ``shopper.session_id``,
 ``categories[1].skus[0].sku_id``. Bytes that the view cannot parse either are corrupt wire format, as before.
 
-Run only on bytes that failed to parse (the request path never pays for it), and bounded: the view's parse costs what
-the failed parse did, and the walk stops after ``MAX_VISITED`` strings and messages, four times what the largest valid
-request holds (32 behaviour ids; 256 SKUs in 32 categories, 8 price bands): past that the request is refused as corrupt,
-as it would be refused for its counts. Without the bound, 64 KiB of one-byte ids made the diagnosis 23 times the parse
+Run only on bytes that failed to parse (the request path never pays for it), and bounded: at most one more parse of the
+same bytes (the failed parse may have stopped at the first bad string; the view's reads them all), and the walk stops
+after ``MAX_VISITED`` strings and messages, four times what the largest valid request holds (32 behaviour ids; 256
+SKUs in 32 categories, 8 price bands): past that the request is refused as corrupt, as it would be refused for its
+counts. Without the bound, 64 KiB of one-byte ids made the diagnosis 23 times the parse
 (18.6 ms), and a client flooding such requests slowed every other call (a review, 2026-12-06).
 
 Not named: a singular string sent twice on the wire, first not UTF-8, then valid. The parser refuses the first; the view

@@ -109,7 +109,7 @@ def run_cycle(args: argparse.Namespace) -> int:
         return 0
     promoted = canaried is not None and canaried.get("published") is not None
     if promoted:  # the run goes on from the bundle now active, on the same window (its logged propensities are exact)
-        current_bundle, judged_against = _active(store)
+        current_bundle, judged_against = _active(store, keys)
         init = current_bundle
         current = ModelSet.load(current_bundle, options)
         _trainable(current_bundle, current, f"the active bundle {store.active_path} (the canary just promoted): ")
@@ -159,8 +159,9 @@ def run_cycle(args: argparse.Namespace) -> int:
                                                                 "product_training": products.trained.metrics}
     result.with_metrics(offline_metrics(verdict))
     signed = sign_bundle(result.bundle)
+    kept = signed if published else sign_bundle(_with_manifest(result.bundle, held.marked))  # refused: never a release
     if args.candidate_out is not None:
-        atomic_write(args.candidate_out, signed)  # the very bytes published or kept
+        atomic_write(args.candidate_out, kept)  # the very bytes published, or those kept for a second look
         report["candidate"] = str(args.candidate_out)
     moved = None
     if published:
@@ -175,8 +176,7 @@ def run_cycle(args: argparse.Namespace) -> int:
         report["canary_started"] = _keep(store.start_canary, sign_bundle(_with_canary(result.bundle, settings.fraction)), report,
                                          "canary_not_started", "started as a canary: the refused candidate")
     elif looks:
-        report["kept_for_second_look"] = _keep(store.hold, sign_bundle(_with_manifest(result.bundle, held.marked)), report,
-                                               "not_kept", "kept for a second look: the refused candidate")
+        report["kept_for_second_look"] = _keep(store.hold, kept, report, "not_kept", "kept for a second look: the refused candidate")
     if not published and products is not None and products.passed and args.init is None:
         # the flat candidate refused (kept, canaried or dropped): the active bundle's flat decision with the new heads
         assert products.trained is not None
@@ -357,8 +357,13 @@ def _active(store: WeightsStore, public_keys: tuple[bytes, ...] = ()) -> tuple[A
     if data is None:
         return default_bundle(), None
     try:
-        return verified(data, f"the active bundle {store.active_path}", public_keys), sha256(data)
+        bundle = verified(data, f"the active bundle {store.active_path}", public_keys)
+        held.refuse_held(bundle.manifest, f"the active bundle {store.active_path}")  # a refused candidate moved there
+        return bundle, sha256(data)
     except BundleError as exc:
+        if exc.reason == "schema" and held.KEY in exc.args[0]:
+            raise UsageError(f"{exc}; the servers refuse it too: put a release back (shopping-agent weights rollback "
+                             f"--dir {store.directory})") from None
         if exc.reason != "signature":
             raise
         raise UsageError(f"{exc}; the servers refuse it too: put a signed bundle back (shopping-agent weights rollback "

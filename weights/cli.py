@@ -19,6 +19,7 @@ from typing import Any
 
 from weights.bundle import BundleError, read_bundle, read_file, sha256
 from weights.canary import fraction_of
+from weights.held import refuse_held
 from weights.sandbox import SandboxLimits
 from weights.signing import KeyFileError, key_id, keypair_pem, load_private_key, load_public_keys, sign, signed_by
 from weights.store import PublishResult, StoreError, Validator, WeightsStore, atomic_write, check_version_name
@@ -173,6 +174,7 @@ def _verify(args: argparse.Namespace) -> int:
     try:
         keys = _keys(args)
         bundle = _validator(args, keys)(read_file(args.file))
+        refuse_held(bundle.manifest, "refused as a release")  # what every server refuses, verify refuses
     except BundleError as exc:  # named: the line may be one of many in a script's log
         raise BundleError(exc.reason, f"{args.file}: {exc}") from None
     signer = signed_by(bundle, keys)

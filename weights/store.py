@@ -493,7 +493,7 @@ class WeightsStore:
             data = read_file(self.history_dir / target.file_name)
             if sha256(data) != target.sha256:
                 raise BundleError("checksum", f"{HISTORY_DIR}/{target.file_name}: sha256 does not match the history index")
-            self.validate(data)
+            refuse_held(self.validate(data).manifest, f"{HISTORY_DIR}/{target.file_name}")
             marked = self._marked(entries, position, target)
             index_written = marked != entries
             if index_written:  # the marks first: a rollback that lands always has them (one that does not is undone)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests.harness import trainer_in_process
 from weights.embedded import default_bundle_bytes
 from weights.signing import keypair_pem, load_private_key, sign
@@ -43,3 +45,81 @@ def test_an_unsigned_active_bundle_or_init_is_not_trained_from_or_published_unde
     unsigned.write_bytes(planted)
     code, _, err = trainer_in_process(*cycle, "--init", str(unsigned))
     assert code == 2 and f"--init: invalid bundle {unsigned} (signature)" in err, err
+
+
+def _held(data: bytes, private: Path) -> bytes:
+    """``data`` as the trainer keeps a refused candidate: marked (``weights.held``), signed."""
+    import io
+
+    from weights.bundle import read_bundle, write_bundle
+    from weights.held import marked
+
+    bundle = read_bundle(data)
+    out = io.BytesIO()
+    write_bundle(out, marked(bundle.manifest), dict(bundle.parts))
+    return sign(out.getvalue(), load_private_key(private))
+
+
+def test_a_held_candidate_moved_to_the_active_name_or_given_as_init_is_not_trained_from(tmp_path: Path) -> None:
+    """Signed by the trusted key, but a candidate the gate refused (an attack on the first fix, 2026-12-06: moved to the
+    active name, it was trained from and its successor published under the key)."""
+    private, public = _keys(tmp_path)
+    weights, logs = tmp_path / "w", tmp_path / "logs"
+    weights.mkdir()
+    (logs / "decisions").mkdir(parents=True)
+    held = _held(default_bundle_bytes(), private)
+    (weights / ACTIVE_NAME).write_bytes(held)
+    cycle = ("cycle", "--logs", str(logs), "--weights-dir", str(weights), "--public-key", str(public), "--sign-key", str(private))
+    code, _, err = trainer_in_process(*cycle)
+    assert code == 2 and "held for a second look, not a release" in err and "put a release back" in err, err
+    (weights / ACTIVE_NAME).write_bytes(sign(default_bundle_bytes(), load_private_key(private)))
+    (tmp_path / "held.bundle").write_bytes(held)
+    code, _, err = trainer_in_process(*cycle, "--init", str(tmp_path / "held.bundle"))
+    assert code == 2 and "--init: invalid bundle" in err and "held for a second look, not a release" in err, err
+
+
+def test_the_active_bundle_after_a_canary_promotion_is_checked_too(tmp_path: Path, sim_logs: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run goes on from the bundle a promotion made active, read again: a writer of the volume could swap it in that
+    moment (the promotion drops the canary's file, a cue an inotify watch sees). Here the stand-in for the promotion
+    leaves an unsigned file there; the run refuses it as it refuses one at its start."""
+    import trainer.canary
+
+    private, public = _keys(tmp_path)
+    weights = tmp_path / "w"
+    weights.mkdir()
+    (weights / ACTIVE_NAME).write_bytes(sign(default_bundle_bytes(), load_private_key(private)))
+
+    def promoted_then_swapped(*_: object, **__: object) -> dict[str, object]:
+        (weights / ACTIVE_NAME).write_bytes(default_bundle_bytes())  # unsigned, in the promotion's place
+        return {"action": "promote", "published": "promoted-1"}
+
+    monkeypatch.setattr(trainer.canary, "look", promoted_then_swapped)
+    code, _, err = trainer_in_process("cycle", "--logs", str(sim_logs), "--weights-dir", str(weights), "--public-key",
+                                      str(public), "--sign-key", str(private))
+    assert code == 2 and f"the active bundle {weights / ACTIVE_NAME} (signature)" in err, err
+
+
+def test_a_refused_candidates_candidate_out_is_marked_as_the_kept_one_is(tmp_path: Path, sim_logs: Path) -> None:
+    """--candidate-out writes the bytes published, or those kept: a refused candidate's carry the mark, signed, so that file
+    is no release either (it was written signed and unmarked)."""
+    import json
+
+    from tests.harness import FAST_CYCLE
+    from weights.bundle import read_bundle
+    from weights.store import WeightsStore
+    from weights.validate import verify
+
+    private, public = _keys(tmp_path)
+    weights, out, config = tmp_path / "w", tmp_path / "candidate.bundle", tmp_path / "strict.json"
+    weights.mkdir()
+    (weights / ACTIVE_NAME).write_bytes(sign(default_bundle_bytes(), load_private_key(private)))
+    config.write_text(json.dumps({**FAST_CYCLE, "gate_min_ess": 1e9}))  # a gate that cannot pass
+    code, _, err = trainer_in_process("cycle", "--logs", str(sim_logs), "--weights-dir", str(weights), "--public-key",
+                                      str(public), "--sign-key", str(private), "--config", str(config), "--candidate-out",
+                                      str(out), "--device", "cpu")
+    assert code == 3, err[-2000:]
+    written = read_bundle(out.read_bytes())
+    assert written.manifest["held"] is True and written.signature is not None
+    store = WeightsStore(weights, lambda data: verify(data))
+    assert store.pending() == out.read_bytes()  # the very bytes kept

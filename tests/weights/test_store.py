@@ -18,7 +18,7 @@ import pytest
 
 from tests.harness import promptly, trainer_in_process, variant_bytes
 from weights import store as store_module
-from weights.bundle import Bundle, BundleError, npy_bytes, read_bundle
+from weights.bundle import Bundle, BundleError, npy_bytes, read_bundle, sha256
 from weights.initial import make_bundle
 from weights.store import ACTIVE_NAME, HISTORY_DIR, INDEX_NAME, STALE_TMP_S, StoreError, WeightsStore, check_version_name
 from weights.validate import verify as verify_in_child
@@ -698,6 +698,15 @@ def test_a_candidate_held_for_a_second_look_is_neither_published_nor_started_as_
         assert info.value.reason == "schema"
         assert signing.hold(data) == read_bundle(data).model_version  # where it belongs, it is kept
     assert store.active_path.read_bytes() == bundles["v1"] and not store.canary_path.exists()
+    # Nor does a rollback make one active: planted in the history with its index entry (an attack on the fix, 2026-12-06).
+    store.publish(bundles["v2"])
+    (store.history_dir / "v-held.bundle").write_bytes(held_release)
+    index = json.loads(store.index_path.read_text())
+    store.index_path.write_text(json.dumps([{"model_version": "v-held", "sha256": sha256(held_release),
+                                             "published_at": "2026-12-06T00:00:00+00:00"}, *index]))
+    with pytest.raises(BundleError, match="held for a second look, not a release"):
+        signing.rollback(to="v-held")
+    assert store.active_path.read_bytes() == bundles["v2"]
 
 
 def _rebuilt(version: str, change: Callable[[dict[str, Any]], dict[str, Any]]) -> bytes:

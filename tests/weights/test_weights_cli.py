@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from tests.harness import variant_bytes
-from weights.bundle import Bundle, npy_bytes
+from weights.bundle import Bundle, npy_bytes, read_bundle, write_bundle
 from weights.initial import make_bundle
 from weights.store import ACTIVE_NAME, HISTORY_DIR, INDEX_NAME, WeightsStore
 from weights.validate import verify
@@ -94,6 +94,12 @@ def test_verify_gives_the_reason_and_exit_1(files: dict[str, Path], nan_file: Pa
     assert out.returncode == 1 and out.stderr.startswith(f"invalid (nonfinite): {nan_file}: behavior_table.npy"), said(out)
     out = cli("verify", tmp_path / "missing.bundle")
     assert out.returncode == 2 and "No such file" in out.stderr
+    held = tmp_path / "held.bundle"  # a candidate the gate refused (weights.held): valid, but every server refuses it
+    bundle = read_bundle(files["v1"].read_bytes())
+    with held.open("wb") as f:
+        write_bundle(f, {**bundle.manifest, "held": True}, dict(bundle.parts))
+    out = cli("verify", held)
+    assert out.returncode == 1 and out.stderr.startswith(f"invalid (schema): {held}: refused as a release: a candidate"), said(out)
 
 
 def test_show_prints_the_manifest_for_people_and_as_json(files: dict[str, Path]) -> None:
