@@ -255,7 +255,7 @@ def look(store: WeightsStore, tolerance: float, current: ModelSet, source: Calla
         log.info("canary %s: %s: %s", version, verdict.action, verdict.reason)
         if verdict.action == "promote":
             try:
-                report["published"] = str(store.promote_canary(replacing).status)
+                report["published"] = str(store.promote_canary(replacing, judged=data).status)
             except ActiveMoved as exc:
                 report |= {"action": "wait", "reason": str(exc)}  # judged against a bundle gone: not counted
         elif verdict.action == "drop":

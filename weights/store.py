@@ -437,13 +437,15 @@ class WeightsStore:
             if removed:
                 fsync_dir(self.canary_path.parent)
 
-    def promote_canary(self, replacing: str | EllipsisType | None = ...) -> PublishResult:
+    def promote_canary(self, replacing: str | EllipsisType | None = ..., judged: bytes | None = None) -> PublishResult:
         """Publish the canary's very bytes as the active bundle (``replacing``: as for ``publish``), then drop it.
 
-        In that order: a crash between the two leaves a canary equal to the active bundle,
-        which servers never route to and the next trainer run drops.
+        ``judged``: the bytes the caller read and judged (the trainer's canary look), published rather than the file
+        read again: minutes of reading logs lie between, in which the file could be swapped for another signed bundle
+        (an attack review, 2026-12-06). In that order: a crash between the two leaves a canary equal to the active
+        bundle, which servers never route to and the next trainer run drops.
         """
-        data = self.canary()
+        data = judged if judged is not None else self.canary()
         if data is None:
             raise StoreError("no_canary", f"no canary to promote: {self.canary_path} does not exist")
         result = self.publish(data, replacing)

@@ -720,3 +720,14 @@ def _rebuilt(version: str, change: Callable[[dict[str, Any]], dict[str, Any]]) -
     write_bundle(out, change({k: v for k, v in base.manifest.items() if k not in ("format", "format_version", "parts")}),
                  {p: base.parts[p] for p in PARTS})
     return out.getvalue()
+
+
+def test_a_promotion_publishes_the_bytes_judged_not_the_file_read_again(store: WeightsStore, bundles: dict[str, bytes]) -> None:
+    """The trainer judges a canary for minutes of log reading before it promotes it: a file swapped meanwhile for another
+    bundle is not what gets published (an attack review, 2026-12-06)."""
+    store.publish(bundles["v1"])
+    judged = variant_bytes("canary-1", canary=0.1)
+    store.start_canary(judged)
+    store.canary_path.write_bytes(variant_bytes("swapped-in", canary=0.1))
+    assert store.promote_canary(judged=judged).status == "published"
+    assert store.active_path.read_bytes() == judged and not store.canary_path.exists()
