@@ -358,16 +358,17 @@ def _active(store: WeightsStore, public_keys: tuple[bytes, ...] = ()) -> tuple[A
         return default_bundle(), None
     try:
         bundle = verified(data, f"the active bundle {store.active_path}", public_keys)
-        held.refuse_held(bundle.manifest, f"the active bundle {store.active_path}")  # a refused candidate moved there
-        return bundle, sha256(data)
     except BundleError as exc:
-        if exc.reason == "schema" and held.KEY in exc.args[0]:
-            raise UsageError(f"{exc}; the servers refuse it too: put a release back (shopping-agent weights rollback "
-                             f"--dir {store.directory})") from None
         if exc.reason != "signature":
             raise
         raise UsageError(f"{exc}; the servers refuse it too: put a signed bundle back (shopping-agent weights rollback "
                          f"--dir {store.directory} --public-key ...) or publish one") from None
+    try:  # a candidate the gate refused, moved there (an attack on the check above, 2026-12-06)
+        held.refuse_held(bundle.manifest, f"the active bundle {store.active_path}")
+    except BundleError as exc:
+        raise UsageError(f"{exc}; the servers refuse it too: put a release back (shopping-agent weights rollback "
+                         f"--dir {store.directory})") from None
+    return bundle, sha256(data)
 
 
 def _keep(write: Callable[[bytes], str], data: bytes, report: dict[str, Any], failure: str, what: str) -> str | None:
