@@ -332,7 +332,6 @@ def _loaded(path: Path | None, flag: str = "", public_keys: tuple[bytes, ...] = 
     read or loaded, or (with ``public_keys``) is not signed by one of them, is bad usage, after ``flag``, before any log
     is read: exit 2, not retried."""
     from weights.bundle import BundleError, read_file
-    from weights.held import refuse_held
     from weights.model_set import LoadOptions, ModelSet, load_file
     from weights.validate import verified
 
@@ -343,7 +342,6 @@ def _loaded(path: Path | None, flag: str = "", public_keys: tuple[bytes, ...] = 
         # in a bounded child first (``verified``): a graph built to take this process's memory or time stops there (an
         # attack review, 2026-12-06: 2.3 GB for `evaluate`); the bytes checked are the bytes loaded
         bundle = verified(read_file(path), f"invalid bundle {path}", public_keys)  # (read_file's message names the file too)
-        refuse_held(bundle.manifest, f"invalid bundle {path}")  # a candidate the gate refused: not one to continue from
         return bundle, ModelSet.load(bundle, options)
     except BundleError as exc:  # its message names the file
         raise UsageError(f"{flag}{exc}") from None

@@ -158,10 +158,9 @@ def run_cycle(args: argparse.Namespace) -> int:
             result.product, result.manifest = products.params, {**result.manifest, "model_version": report["model_version"],
                                                                 "product_training": products.trained.metrics}
     result.with_metrics(offline_metrics(verdict))
-    signed = sign_bundle(result.bundle)
-    kept = signed if published else sign_bundle(_with_manifest(result.bundle, held.marked))  # refused: never a release
+    signed = sign_bundle(result.bundle if published else _with_manifest(result.bundle, held.marked))  # refused: no release
     if args.candidate_out is not None:
-        atomic_write(args.candidate_out, kept)  # the very bytes published, or those kept for a second look
+        atomic_write(args.candidate_out, signed)  # the very bytes published, or those kept for a second look
         report["candidate"] = str(args.candidate_out)
     moved = None
     if published:
@@ -176,7 +175,7 @@ def run_cycle(args: argparse.Namespace) -> int:
         report["canary_started"] = _keep(store.start_canary, sign_bundle(_with_canary(result.bundle, settings.fraction)), report,
                                          "canary_not_started", "started as a canary: the refused candidate")
     elif looks:
-        report["kept_for_second_look"] = _keep(store.hold, kept, report, "not_kept", "kept for a second look: the refused candidate")
+        report["kept_for_second_look"] = _keep(store.hold, signed, report, "not_kept", "kept for a second look: the refused candidate")
     if not published and products is not None and products.passed and args.init is None:
         # the flat candidate refused (kept, canaried or dropped): the active bundle's flat decision with the new heads
         assert products.trained is not None
@@ -357,18 +356,13 @@ def _active(store: WeightsStore, public_keys: tuple[bytes, ...] = ()) -> tuple[A
     if data is None:
         return default_bundle(), None
     try:
-        bundle = verified(data, f"the active bundle {store.active_path}", public_keys)
-    except BundleError as exc:
-        if exc.reason != "signature":
+        return verified(data, f"the active bundle {store.active_path}", public_keys), sha256(data)
+    except BundleError as exc:  # unsigned, or a candidate the gate refused moved there (an attack, 2026-12-06)
+        if exc.reason not in ("signature", "held"):
             raise
-        raise UsageError(f"{exc}; the servers refuse it too: put a signed bundle back (shopping-agent weights rollback "
-                         f"--dir {store.directory} --public-key ...) or publish one") from None
-    try:  # a candidate the gate refused, moved there (an attack on the check above, 2026-12-06)
-        held.refuse_held(bundle.manifest, f"the active bundle {store.active_path}")
-    except BundleError as exc:
-        raise UsageError(f"{exc}; the servers refuse it too: put a release back (shopping-agent weights rollback "
-                         f"--dir {store.directory})") from None
-    return bundle, sha256(data)
+        back = "a signed bundle back" if exc.reason == "signature" else "a release back"
+        raise UsageError(f"{exc}; the servers refuse it too: put {back} (shopping-agent weights rollback --dir "
+                         f"{store.directory}{' --public-key ...' if public_keys else ''}) or publish one") from None
 
 
 def _keep(write: Callable[[bytes], str], data: bytes, report: dict[str, Any], failure: str, what: str) -> str | None:

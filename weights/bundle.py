@@ -72,7 +72,7 @@ _ZIP_TIME = (1980, 1, 1, 0, 0, 0)
 
 
 REASONS = ("io", "size", "format", "format_version", "checksum", "schema", "signature", "shape", "nonfinite", "range", "onnx",
-           "golden", "limits", "invalid")
+           "golden", "limits", "invalid", "held")
 """Every reason a server refuses a bundle for: the ``reason`` label of ``shopping_agent_model_swaps_total{result="rejected"}``,
 whose series exist from the start (a series that first appears at 1 shows no increase on a dashboard). The trainer adds
 ``graph`` for an ``--init`` bundle whose networks it cannot continue from."""

@@ -29,7 +29,7 @@ def released(manifest: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def refuse_held(manifest: Mapping[str, Any], where: str) -> None:
-    """``BundleError`` (``schema``) when ``manifest`` carries the mark, whatever its value: ``where`` names the file."""
+    """``BundleError`` (reason ``held``) when ``manifest`` carries the mark, whatever its value: ``where`` names the file."""
     if KEY in manifest:
-        raise BundleError("schema", f"{where}: a candidate the gate refused, held for a second look, not a release "
+        raise BundleError("held", f"{where}: a candidate the gate refused, held for a second look, not a release "
                                     f"(manifest key {KEY!r}); a second look publishes it once it passes")

@@ -324,9 +324,8 @@ class WeightsStore:
         refusal; in both cases the active file and the history are untouched.
         """
         data = source if isinstance(source, bytes) else read_file(source)
-        bundle = self.validate(data)
-        refuse_held(bundle.manifest, str(source) if not isinstance(source, bytes) else "the bundle")
-        version = bundle.model_version  # a name a history file can take (weights.bundle.MODEL_VERSION)
+        where = "the bundle" if isinstance(source, bytes) else str(source)
+        version = self._release(data, where).model_version  # a name a history file can take (weights.bundle.MODEL_VERSION)
         digest = sha256(data)
         with self.lock():
             active_digest = self.active_sha256()
@@ -360,6 +359,13 @@ class WeightsStore:
         log.debug("published %s (sha256 %s) in %s", version, digest, self.directory)
         return PublishResult("published", version, digest, previous)
 
+    def _release(self, data: bytes, where: str) -> Bundle:
+        """``data`` validated as something the servers may serve (publish, rollback, canary): not a candidate held for a
+        second look (``weights.held``), which only ``hold`` takes."""
+        bundle = self.validate(data)
+        refuse_held(bundle.manifest, where)
+        return bundle
+
     def hold(self, data: bytes) -> str:
         """Keep a refused candidate for a second look: validated as a publish is, written atomically; its version.
 
@@ -391,9 +397,8 @@ class WeightsStore:
         Its manifest names its share (``canary.fraction`` > 0). One canary at a time: a new one
         replaces the old, with no looks yet. The bundle already active cannot be a canary.
         """
-        bundle = self.validate(data)
+        bundle = self._release(data, "the canary")
         version = bundle.model_version
-        refuse_held(bundle.manifest, "the canary")
         try:
             requested_fraction(bundle.manifest)
         except ValueError as exc:
@@ -495,7 +500,7 @@ class WeightsStore:
             data = read_file(self.history_dir / target.file_name)
             if sha256(data) != target.sha256:
                 raise BundleError("checksum", f"{HISTORY_DIR}/{target.file_name}: sha256 does not match the history index")
-            refuse_held(self.validate(data).manifest, f"{HISTORY_DIR}/{target.file_name}")
+            self._release(data, f"{HISTORY_DIR}/{target.file_name}")
             marked = self._marked(entries, position, target)
             index_written = marked != entries
             if index_written:  # the marks first: a rollback that lands always has them (one that does not is undone)

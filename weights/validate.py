@@ -27,11 +27,15 @@ def verify(data: bytes, public_keys: tuple[bytes, ...] = (), limits: SandboxLimi
 def verified(data: bytes, where: str, public_keys: tuple[bytes, ...] = ()) -> Bundle:
     """``verify(data, public_keys)`` in a bounded child, its ``BundleError`` naming ``where`` (the file, or what it is):
     what a process that will load a bundle itself checks first, as a server checks a new file, so that a graph built to
-    take its memory or its time stops in the child (the trainer: ``trainer.cli``, ``trainer.cycle``), and, with
-    ``public_keys``, that a bundle the servers would refuse unsigned is not trained from either."""
+    take its memory or its time stops in the child (the trainer: ``trainer.cli``, ``trainer.cycle``), and that a bundle
+    the servers would refuse is not trained from either: unsigned by one of ``public_keys`` when there are any, or a
+    candidate held for a second look (``weights.held``)."""
     from weights.bundle import BundleError
+    from weights.held import refuse_held
 
     try:
-        return verify(data, public_keys)
+        bundle = verify(data, public_keys)
+        refuse_held(bundle.manifest, "a release")
+        return bundle
     except BundleError as exc:
         raise BundleError(exc.reason, f"{where} ({exc.reason}): {exc}") from None

@@ -171,7 +171,7 @@ BAD = {
     "flipped-byte": (_flipped, "format"),  # the zip's CRC catches it before the manifest's sha256 does
     "nan": (nan_bundle, "nonfinite"),
     # a candidate the trainer holds for a second look (weights.held): a valid bundle, but not a release
-    "held-for-a-second-look": (lambda v: bundle_bytes(v, held=True), "schema"),
+    "held-for-a-second-look": (lambda v: bundle_bytes(v, held=True), "held"),
     "unknown-format-version": (lambda v: _with_format_version(v), "format_version"),
     "wrong-shape": (lambda v: bundle_bytes(v, feature_spec={**BASE.manifest["feature_spec"], "item_dim": 512,
                                                               "state_dim": 664}), "shape"),

@@ -695,7 +695,7 @@ def test_a_candidate_held_for_a_second_look_is_neither_published_nor_started_as_
     for data, make_it_served in ((held_release, signing.publish), (held_canary, signing.start_canary)):
         with pytest.raises(BundleError, match="held for a second look, not a release") as info:
             make_it_served(data)
-        assert info.value.reason == "schema"
+        assert info.value.reason == "held"
         assert signing.hold(data) == read_bundle(data).model_version  # where it belongs, it is kept
     assert store.active_path.read_bytes() == bundles["v1"] and not store.canary_path.exists()
     # Nor does a rollback make one active: planted in the history with its index entry (an attack on the fix, 2026-12-06).

@@ -99,7 +99,7 @@ def test_verify_gives_the_reason_and_exit_1(files: dict[str, Path], nan_file: Pa
     with held.open("wb") as f:
         write_bundle(f, {**bundle.manifest, "held": True}, dict(bundle.parts))
     out = cli("verify", held)
-    assert out.returncode == 1 and out.stderr.startswith(f"invalid (schema): {held}: refused as a release: a candidate"), said(out)
+    assert out.returncode == 1 and out.stderr.startswith(f"invalid (held): {held}: refused as a release: a candidate"), said(out)
 
 
 def test_show_prints_the_manifest_for_people_and_as_json(files: dict[str, Path]) -> None:
