@@ -143,6 +143,11 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m trainer train|evaluate|cycle …``: the entry point ``torchrun -m trainer`` runs."""
+    return run(_parsed(argv))
+
+
+def _parsed(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The command line (``sys.argv`` when None), with the process's logging set up for it."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if len(argv) > 1 and argv[1] == "--":
         # `torchrun ... -m trainer train -- --logs DIR`: torchrun's own parser would take
@@ -154,7 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     world = os.environ.get("WORLD_SIZE", "1")
     rank = f"rank {os.environ.get('RANK', '0')}/{world} " if world != "1" else ""  # torchrun: whose line it is
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s {rank}%(name)s %(message)s")
-    return run(args)
+    return args
 
 
 def process_main() -> int:
@@ -162,10 +167,11 @@ def process_main() -> int:
     with one line and 128 + the signal's number, as ``shopping-agent`` does. Only here: a caller of ``main`` inside
     Python (the benches, the tests) keeps its own handlers, and an interrupt stops it rather than returning a code."""
     with sigterm_interrupts():
+        args = _parsed(None)
         try:
-            return main()
+            return run(args)
         except KeyboardInterrupt as exc:
-            return stopped(next((a for a in sys.argv[1:] if not a.startswith("-")), "trainer"), exc)
+            return stopped(args.command, exc)
 
 
 def run(args: argparse.Namespace) -> int:
