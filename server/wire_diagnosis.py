@@ -75,7 +75,7 @@ def _first_misencoded(message: Any, prefix: str, budget: list[int]) -> str | Non
         if not nested and not _was_string(field.full_name):
             continue  # numbers, enums, floats: nothing to decode (a repeated float is never walked)
         items = value if field.is_repeated else (value,)
-        budget[0] -= len(items)
+        budget[0] -= len(items)  # a whole field at once, before walking it (a generator over every item, tried: 6x the parse)
         if budget[0] < 0:
             raise _TooMany
         name = prefix + field.name
