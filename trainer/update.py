@@ -135,8 +135,10 @@ def served_and_logits(policy: PolicyNet, decoder: TorchDecoder, b: Batch) -> tup
 
 
 def served_kl(p_old: Tensor, p_new: Tensor) -> Tensor:
-    """Per row KL(p_old ‖ p_new); 0 where p_old = 0, +inf where p_new = 0 < p_old."""
-    terms = torch.where(p_old > 0, p_old * (torch.log(torch.where(p_old > 0, p_old, 1.0)) - torch.log(p_new)), 0.0)
+    """Per row KL(p_old ‖ p_new); 0 where p_old = 0, +inf where p_new = 0 < p_old. Differentiable in ``p_new``: the
+    logs take 1 where p_old = 0 (a masked ``log(0)`` would still send NaN back through ``torch.where``)."""
+    seen = p_old > 0
+    terms = torch.where(seen, p_old * (torch.log(torch.where(seen, p_old, 1.0)) - torch.log(torch.where(seen, p_new, 1.0))), 0.0)
     return terms.sum(dim=1)
 
 

@@ -267,3 +267,17 @@ def test_the_config_names_a_bad_logit_damping() -> None:
     for bad in (-0.1, math.inf, math.nan):
         with pytest.raises(ValueError, match="logit_damping: expected >= 0"):
             TrainConfig(logit_damping=bad)
+
+
+def test_the_served_kl_is_finite_and_differentiable_where_an_action_is_never_served() -> None:
+    """0 where p_old = 0, +inf where only p_new is 0, and a gradient without NaN through a masked action (the log of
+    its 0 must not reach the backward pass through ``torch.where``)."""
+    p_old = torch.tensor([[0.5, 0.5, 0.0], [0.5, 0.5, 0.0]], dtype=torch.float64)
+    z = torch.zeros(2, 3, dtype=torch.float64, requires_grad=True)
+    mask = torch.tensor([[True, True, False], [True, True, False]])
+    p_new = torch.softmax(torch.where(mask, z + torch.tensor([[0.0, 0.0, 0.0], [1.0, 0.0, 0.0]], dtype=torch.float64), -torch.inf), 1)
+    kl = update.served_kl(p_old, p_new)
+    assert kl[0].item() == 0.0 and kl[1].item() == pytest.approx(0.5 * math.log(0.5 / (math.e / (1 + math.e))) + 0.5 * math.log(0.5 / (1 / (1 + math.e))))
+    kl.sum().backward()
+    assert z.grad is not None and bool(torch.isfinite(z.grad).all()) and z.grad[1, 0] > 0 and z.grad[0].abs().max() == 0
+    assert update.served_kl(p_old[:1], torch.tensor([[1.0, 0.0, 0.0]], dtype=torch.float64)).item() == math.inf
