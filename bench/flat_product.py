@@ -172,7 +172,8 @@ def train_flat(params: dict[str, npt.NDArray[np.float32]], rows: Sequence[dict[s
     table = pa.table({k: [r[k] for r in rows] for k in ("decision_id", "session_id", "event_time_s")})
     reward, taken, _ = rewards(table, outcomes, np.array([r["paid"] for r in rows]), BusinessObjective().complaint_cost)
     h = np.stack([r["h"] for r in rows]).astype(np.float32)
-    advantage = cross_fitted_advantage(np.concatenate([h, np.ones((len(h), 1), np.float32)], axis=1).astype(np.float64), reward)
+    advantage = cross_fitted_advantage(np.concatenate([h, np.ones((len(h), 1), np.float32)], axis=1).astype(np.float64), reward,
+                                       np.array([r["session_id"] for r in rows]))
 
     def stack(name: str) -> torch.Tensor:
         return torch.from_numpy(np.stack([getattr(r["x"], name) for r in rows]))

@@ -1,9 +1,14 @@
 """Advantages from Monte Carlo returns: a learned value baseline, group-relative normalisation (or ``trainer.critic``).
 
 ``baseline`` (the default): Â_t = G_t − V̂(s_t), V̂ a small MLP fitted to the returns by least
-squares on the training states (minibatch Adam, seeded). It removes what the state alone
-predicts about the return, which is most of the variance here: a shopper's intent shows in
-the state and sets the scale of the return.
+squares on the training states (minibatch Adam, seeded), **cross-fitted**: the sessions are split
+in two halves by a keyed hash (``baseline_folds``), and a row's V̂ is the net fitted on the other
+half. Fitted on the very rows it is subtracted from, the net learned part of each row's own return,
+which depends on the action taken: on 20,000 sessions of the untrained bundle's logs (world 7) it
+took R² 0.18 of the returns in sample against 0.03 on sessions it had not seen, and with random
+states and pure-noise returns 84 % of their variance. That baseline leaks the action into itself
+and shrinks the advantages of the rows that paid; cross-fitted it removes only what the state
+predicts, which on this simulator's returns is little (R² 0.03: a session's luck dominates).
 
 ``group``: Â_t = (G_t − mean_g) / max(std_g, floor) within a group g of comparable steps
 (the page type of the request, as GRPO normalises within the group of answers to one
@@ -26,6 +31,7 @@ not exercise.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -33,10 +39,12 @@ import torch
 from torch import nn
 
 from core.progress import progress
-from trainer.distributed import Reducer
-from trainer.minibatches import U64, Fit, position_keys
+from experience.sessions import split_by_session
+from trainer.distributed import LocalReducer, Reducer
+from trainer.minibatches import U64, Fit, global_count, position_keys
 
 FloatArray = npt.NDArray[np.float64]
+VALUE_FOLD_SALT = b"value-fold"  # a baseline's two halves of the sessions (``baseline_folds``)
 
 
 class ValueNet(nn.Module):
@@ -49,30 +57,65 @@ class ValueNet(nn.Module):
 
 
 def fit_value(states: torch.Tensor, returns: torch.Tensor, hidden: int = 64, epochs: int = 8, batch: int = 1024, lr: float = 1e-3,
-              seed: int = 0, keys: U64 | None = None, reducer: Reducer | None = None) -> ValueNet:
+              seed: int = 0, keys: U64 | None = None, reducer: Reducer | None = None,
+              rows: npt.NDArray[np.int64] | None = None) -> ValueNet:
     """Least-squares fit of V̂(s) ≈ G on (states, returns), minibatch Adam, deterministic on CPU for a seed.
 
-    ``keys`` (N,) pick the minibatches (``trainer.minibatches.row_keys``; default: by position); with a
-    ``reducer`` the rows are this rank's shard and every rank fits the net of all ranks' rows together.
+    ``rows``: fit on those rows of ``states`` and ``returns`` only (each minibatch gathered from them: the states,
+    the run's largest array, are not copied); ``keys`` (one per fitted row) pick the minibatches
+    (``trainer.minibatches.row_keys``; default: by position); with a ``reducer`` the rows are this rank's shard and
+    every rank fits the net of all ranks' rows together.
     """
     torch.manual_seed(seed)
     net = ValueNet(states.shape[1], hidden).to(states.device)
     opt = torch.optim.Adam(net.parameters(), lr=lr)
-    n = len(states)
+    chosen = None if rows is None else torch.as_tensor(rows, device=states.device)
+    n = len(states) if chosen is None else len(chosen)
     target = returns.to(states.dtype)
     fit = Fit(list(net.parameters()), opt, position_keys(n) if keys is None else keys, batch, seed, reducer, purpose="value")
+
+    def loss(idx: torch.Tensor) -> tuple[torch.Tensor, float]:
+        at = idx if chosen is None else chosen[idx]
+        return torch.mean((net(states[at]) - target[at]) ** 2), float(len(idx))
+
     with progress("train.value", total=epochs, unit="epoch") as bar:
         for epoch in range(epochs):
-            fit.run_epoch(epoch, lambda idx: (torch.mean((net(states[idx]) - target[idx]) ** 2), float(len(idx))), states.device)
+            fit.run_epoch(epoch, loss, states.device)
             bar.update(1, rows=n)
     return net
 
 
-def baseline_advantages(states: torch.Tensor, returns: torch.Tensor, value: ValueNet, chunk: int = 65536) -> torch.Tensor:
-    """Â = G − V̂(s)."""
-    with torch.no_grad():
-        v = torch.cat([value(states[i : i + chunk]) for i in range(0, len(states), chunk)]) if len(states) else states.new_zeros(0)
-    return returns.to(v.dtype) - v
+def baseline_folds(sessions: npt.NDArray[Any], seed: int) -> npt.NDArray[np.bool_]:
+    """Per row (``sessions``: each row's session id), its session's half for ``cross_fitted_baseline``: keyed by the
+    session id alone, so a session's rows are on one side on any shard, and the split is independent of the gate's."""
+    return split_by_session(sessions, 0.5, seed, VALUE_FOLD_SALT)
+
+
+def cross_fitted_baseline(states: torch.Tensor, returns: torch.Tensor, fold: npt.NDArray[np.bool_], fit_rows: npt.NDArray[np.int64],
+                          hidden: int = 64, epochs: int = 8, batch: int = 1024, lr: float = 1e-3, seed: int = 0,
+                          keys: U64 | None = None, reducer: Reducer | None = None, chunk: int = 65536) -> torch.Tensor:
+    """Â = G − V̂(s) per row, V̂ cross-fitted: a row's V̂ is a net fitted on the *other* fold's sessions' fit rows.
+
+    ``fold`` (N,): each row's session's half (``baseline_folds``); ``fit_rows``: the rows the
+    fits may use (the fit sample), ``keys`` theirs. Fitted on the rows it is subtracted from, V̂ learns part of each
+    row's own return (and its session's), which depends on the action taken: the baseline then leaks the action
+    into itself and shrinks the advantages of exactly the rows that paid. A fold whose other half has no fit row
+    on any rank gets no baseline (V̂ = 0: Â = G, still unbiased).
+    """
+    reducer = reducer or LocalReducer()
+    values = torch.zeros(len(states), dtype=states.dtype, device=states.device)
+    for side in (False, True):
+        other = fold[fit_rows] != side
+        if global_count(int(other.sum()), reducer) == 0:
+            continue
+        net = fit_value(states, returns, hidden, epochs, batch, lr, seed, None if keys is None else keys[other], reducer,
+                        rows=fit_rows[other])
+        apply = torch.from_numpy(np.flatnonzero(fold == side)).to(states.device)
+        with torch.no_grad():
+            for i in range(0, len(apply), chunk):
+                at = apply[i : i + chunk]
+                values[at] = net(states[at])
+    return returns.to(values.dtype) - values
 
 
 def group_advantages(returns: FloatArray, groups: npt.NDArray[np.int64], floor: float = 1e-3,

@@ -46,6 +46,7 @@ import numpy.typing as npt
 import torch
 from torch import Tensor
 
+from trainer.advantages import baseline_folds
 from trainer.product_data import HEAD_OF, LAYERS, ProductRows
 from weights import mlp
 from weights.product_heads import CATEGORY_EXTRA, SKU_EXTRA
@@ -103,11 +104,13 @@ def baseline_features(rows: ProductRows, h: npt.NDArray[np.float32], layer: str)
     return np.concatenate(parts, axis=1).astype(np.float64)
 
 
-def cross_fitted_advantage(x: npt.NDArray[np.float64], r: npt.NDArray[np.float64], ridge: float = RIDGE) -> npt.NDArray[np.float64]:
-    """r − a ridge regression of r on ``x``, cross-fitted on two halves (a row's baseline never saw its own reward)."""
-    fold = np.arange(len(r)) % 2
+def cross_fitted_advantage(x: npt.NDArray[np.float64], r: npt.NDArray[np.float64], sessions: npt.NDArray[Any],
+                           ridge: float = RIDGE) -> npt.NDArray[np.float64]:
+    """r − a ridge regression of r on ``x``, cross-fitted on two halves of the sessions (``sessions``: each row's):
+    a row's baseline never saw its own reward, nor its session's other offers', which share the session's orders."""
+    fold = baseline_folds(np.asarray(sessions), 0)
     out = np.empty_like(r)
-    for k in (0, 1):
+    for k in (False, True):
         fit, apply = fold != k, fold == k
         xf = x[fit]
         coef = np.linalg.solve(xf.T @ xf + ridge * np.eye(x.shape[1]), xf.T @ r[fit])
@@ -117,7 +120,7 @@ def cross_fitted_advantage(x: npt.NDArray[np.float64], r: npt.NDArray[np.float64
 
 def advantages(rows: ProductRows, h: npt.NDArray[np.float32], layer: str) -> npt.NDArray[np.float64]:
     """Layer ``layer``'s own advantage: r − b_ℓ on what it knows before it chooses (``baseline_features``)."""
-    return cross_fitted_advantage(baseline_features(rows, h, layer), rows.rewards)
+    return cross_fitted_advantage(baseline_features(rows, h, layer), rows.rewards, rows.sessions)
 
 
 class Head:

@@ -38,7 +38,7 @@ from guard.action_guard import ActionGuard
 from policy.decoder import MajorityDecoder
 from policy.features import FeatureSpec
 from trainer import update
-from trainer.advantages import baseline_advantages, fit_value, group_advantages
+from trainer.advantages import baseline_folds, cross_fitted_baseline, group_advantages
 from trainer.config import TrainConfig
 from trainer.critic import critic_action_advantages, critic_advantages, fit_critic
 from trainer.data import Experience, experience, training_reports, training_rows
@@ -150,9 +150,9 @@ def advantages_for(exp: Experience, config: TrainConfig, states: torch.Tensor, r
         advantages = group_advantages(exp.returns, groups, config.group_std_floor, total=total,
                                       width=None if total is None else len(PageType))
         return torch.as_tensor(advantages, device=states.device), {}
-    value = fit_value(rows_of(states, rows), returns[rows], config.value_hidden, config.value_epochs, seed=config.seed, keys=keys,
-                      reducer=reducer)
-    return baseline_advantages(states, returns, value).double(), {}
+    fold = baseline_folds(np.repeat(exp.episodes.session_ids, exp.episodes.lengths), config.seed)
+    return cross_fitted_baseline(states, returns, fold, rows, config.value_hidden, config.value_epochs, seed=config.seed, keys=keys,
+                                 reducer=reducer).double(), {}
 
 
 def _engagement_metrics(join: dict[str, Any] | None, reducer: Reducer) -> dict[str, float]:

@@ -277,7 +277,8 @@ def test_the_served_kl_is_finite_and_differentiable_where_an_action_is_never_ser
     mask = torch.tensor([[True, True, False], [True, True, False]])
     p_new = torch.softmax(torch.where(mask, z + torch.tensor([[0.0, 0.0, 0.0], [1.0, 0.0, 0.0]], dtype=torch.float64), -torch.inf), 1)
     kl = update.served_kl(p_old, p_new)
-    assert kl[0].item() == 0.0 and kl[1].item() == pytest.approx(0.5 * math.log(0.5 / (math.e / (1 + math.e))) + 0.5 * math.log(0.5 / (1 / (1 + math.e))))
+    p1 = math.e / (1 + math.e)
+    assert kl[0].item() == 0.0 and kl[1].item() == pytest.approx(0.5 * math.log(0.5 / p1) + 0.5 * math.log(0.5 / (1 - p1)))
     kl.sum().backward()
     assert z.grad is not None and bool(torch.isfinite(z.grad).all()) and z.grad[1, 0] > 0 and z.grad[0].abs().max() == 0
     assert update.served_kl(p_old[:1], torch.tensor([[1.0, 0.0, 0.0]], dtype=torch.float64)).item() == math.inf
