@@ -141,12 +141,13 @@ def test_a_cycle_trains_the_heads_and_publishes_them_with_the_candidate_or_alone
                                                                                 start: bytes) -> None:
     started = read_bundle(start)
     # The flat gate cannot pass (no ESS is that large): its candidate is kept for a second look (the default), and the
-    # heads, which pass their gate (the run's tolerance of 3 per session: on these 800 sessions new − current is −0.83,
-    # lower bound −2.69, since overpriced SKUs draw complaints), ride it and are also published alone.
+    # heads, which pass their gate (the run's tolerance of 5 per session: on these 800 sessions new − current is −1.20,
+    # lower bound −3.52, since overpriced SKUs draw complaints; −0.83 and −2.69 on the embedded default before
+    # 2026-12-07), ride it and are also published alone.
     weights = tmp_path / "alone"
     store = WeightsStore(weights, lambda data: verify(data))
     store.publish(start)
-    code, report = _cycle(logs, weights, {**FAST, "gate_min_ess": 1e9, "tolerance": 3.0}, tmp_path)
+    code, report = _cycle(logs, weights, {**FAST, "gate_min_ess": 1e9, "tolerance": 5.0}, tmp_path)
     assert code == 3 and "too few effective sessions" in report["reason"] and "published" not in report
     products = report["products"]
     assert products["window"]["rows_in_window"] > 0 and products["gate"]["sessions"] >= 100
@@ -170,7 +171,7 @@ def test_a_cycle_trains_the_heads_and_publishes_them_with_the_candidate_or_alone
     assert isinstance(candidate_record(kept.manifest, active.model_version), str)  # without it: stale
 
     # The flat candidate published (forced): it carries the same new heads (the same logs and seed).
-    forced, published = _forced(logs, tmp_path, start, {**FAST, "tolerance": 3.0}, "with")
+    forced, published = _forced(logs, tmp_path, start, {**FAST, "tolerance": 5.0}, "with")
     assert forced["products"]["publish"] is True
     config = published.manifest["product_training"]["config"]  # the run's "products", as train-products' flags set them
     assert config["guard"]["steps"] == 300 and config["deltas"] == DELTAS
