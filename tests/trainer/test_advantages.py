@@ -59,6 +59,17 @@ def test_the_baseline_does_not_learn_a_rows_own_return(one_thread: None) -> None
         assert float(torch.corrcoef(torch.stack([in_sample(states), returns]))[0, 1]) > 0.5
 
 
+def test_a_rows_half_is_its_sessions_on_any_shard() -> None:
+    """Under torchrun each rank holds a shard of the sessions: a row's half must not depend on which rows are beside it
+    (a positional split would put a session on different sides on one process and on two)."""
+    sessions = np.array([f"s{i // 3}" for i in range(300)], dtype=object)
+    whole = baseline_folds(sessions, seed=4)
+    shard = np.array([int(s[1:]) % 2 == 1 for s in sessions])  # every other session: one of two ranks
+    np.testing.assert_array_equal(baseline_folds(sessions[shard], seed=4), whole[shard])
+    np.testing.assert_array_equal(baseline_folds(sessions[::-1], seed=4), whole[::-1])
+    assert not np.array_equal(baseline_folds(sessions, seed=5), whole)  # the seed draws another split
+
+
 def test_a_half_without_fit_rows_gets_no_baseline_and_rows_outside_the_sample_get_one(one_thread: None) -> None:
     gen = torch.Generator().manual_seed(2)
     states = torch.randn(400, 3, generator=gen)

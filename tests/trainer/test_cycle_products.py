@@ -141,9 +141,10 @@ def test_a_cycle_trains_the_heads_and_publishes_them_with_the_candidate_or_alone
                                                                                 start: bytes) -> None:
     started = read_bundle(start)
     # The flat gate cannot pass (no ESS is that large): its candidate is kept for a second look (the default), and the
-    # heads, which pass their gate (the run's tolerance of 5 per session: on these 800 sessions new − current is −1.20,
-    # lower bound −3.52, since overpriced SKUs draw complaints; −0.83 and −2.69 on the embedded default before
-    # 2026-12-07), ride it and are also published alone.
+    # heads, which pass their gate (the run's tolerance of 5 per session: on these 800 sessions, 179 of them the gate's,
+    # new − current is −0.6 to −1.6, lower bound −2.7 to −3.9 by the thread count, since overpriced SKUs draw
+    # complaints; on the embedded default before 2026-12-07, −0.8 to +2.9: noise of ±2–7 that a machinery test must
+    # not hang on), ride it and are also published alone.
     weights = tmp_path / "alone"
     store = WeightsStore(weights, lambda data: verify(data))
     store.publish(start)
