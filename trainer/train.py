@@ -129,10 +129,11 @@ def rows_of(x: torch.Tensor, rows: npt.NDArray[np.int64]) -> torch.Tensor:
 
 def advantages_for(exp: Experience, config: TrainConfig, states: torch.Tensor, rows: np.ndarray,
                    pi: torch.Tensor | None = None, keys: npt.NDArray[np.uint64] | None = None,
-                   reducer: Reducer | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+                   reducer: Reducer | None = None, *, sessions: npt.NDArray[Any]) -> tuple[torch.Tensor, dict[str, float]]:
     """Per training row Â (float64), and the fit's metrics. ``pi`` (len(rows), A): what the starting bundle serves
     at the fit rows (``advantage = critic``: V_φ is fitted to E_{a∼π} R_ψ(s, a)); ``keys`` the fit rows' minibatch
-    keys; ``reducer``: the ranks' shards are fitted together."""
+    keys; ``reducer``: the ranks' shards are fitted together; ``sessions``: each row's session id (the value baseline's
+    halves)."""
     reducer = reducer or LocalReducer()
     returns = torch.as_tensor(exp.returns, dtype=torch.float32, device=states.device)
     if config.advantage == "critic":
@@ -150,7 +151,7 @@ def advantages_for(exp: Experience, config: TrainConfig, states: torch.Tensor, r
         advantages = group_advantages(exp.returns, groups, config.group_std_floor, total=total,
                                       width=None if total is None else len(PageType))
         return torch.as_tensor(advantages, device=states.device), {}
-    fold = baseline_folds(np.repeat(exp.episodes.session_ids, exp.episodes.lengths), config.seed)
+    fold = baseline_folds(sessions, config.seed)
     return cross_fitted_baseline(states, returns, fold, rows, config.value_hidden, config.value_epochs, seed=config.seed, keys=keys,
                                  reducer=reducer).double(), {}
 
@@ -241,7 +242,7 @@ def train(decisions: pa.Table, outcomes: pa.Table, init: Bundle, config: TrainCo
 
     # 5. advantages
     pi_fit = served_probs_at(policy, decoder, states, targets, fit_rows) if config.advantage == "critic" else None
-    advantages, advantage_metrics = advantages_for(exp, config, states, fit_rows, pi_fit, keys[fit_rows], reducer)
+    advantages, advantage_metrics = advantages_for(exp, config, states, fit_rows, pi_fit, keys[fit_rows], reducer, sessions=sessions)
     advantages = advantages.to(dev)
 
     # 6. natural-gradient steps
