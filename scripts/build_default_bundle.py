@@ -14,7 +14,8 @@ Provenance (recorded in the manifest's ``provenance``):
 3. the simulator's true value (the business objective per session) of the result and of the
    initial bundle, on sessions of another world (``EVAL_SEED``).
 
-Needs the ``train`` (or ``test``) extra: torch, onnx and threadpoolctl. Takes about two minutes on 2 cores.
+Needs the ``train`` (or ``test``) extra: torch, onnx and threadpoolctl. Takes 2–3 minutes on 2 cores: 135 s alone on a
+2-core AMD EPYC (2026-12-07, 10,000 sessions a cycle), 170–200 s inside the test suite beside its other worker.
 The build pins its numerics (``PINNED``, set before torch and numpy load), so that its bytes depend
 neither on which kernels torch, MKL, oneDNN and OpenBLAS would pick for this CPU nor on its core
 count: ATen, MKL and oneDNN held to AVX2 (``ATEN_CPU_CAPABILITY=avx2``, MKL's conditional numerical
@@ -28,14 +29,15 @@ by 0.004 in their outputs, past the 1e-3 below; with MKL pinned but not ATen, tw
 differed by 0.04 (three cycles of training amplify rounding); with torch pinned but not OpenBLAS, a
 build on one core and one on two differed in the gate's estimates at 1e-8. Pinned, a build with MKL
 capped at AVX2 (``MKL_ENABLE_INSTRUCTIONS=AVX2``) and on a single core (``taskset -c 0``) gives the
-same bytes as one on both cores (checked again with the strict mode); it takes 90 s here (70 s
-unpinned). With ``MKL_CBWR=AVX2`` alone (not strict, thread counts dynamic) one build of the eight
+same bytes as one on both cores (checked again with the strict mode); it took 90 s then (70 s
+unpinned; 6,000 sessions a cycle). With ``MKL_CBWR=AVX2`` alone (not strict, thread counts dynamic) one build of the eight
 run here on 2026-12-01 differed by 0.005, in the test suite; it did not recur under load or with
 other hash seeds, and its cause was not pinned down. The two conditions oneMKL documents for
 reproducible results are now set as well: fixed thread counts, and the strict mode, in which its
 ?gemm gives the same bits whatever the thread count. Not pinned: onnxruntime, which serves the
-simulated sessions and computes the logged propensities, has no such switch, and no build has been
-compared on a CPU without AVX-512.
+simulated sessions and computes the logged propensities, has no such switch and picks its kernels by the CPU: builds on
+CPUs with and without AVX-512 have not been compared byte for byte (the embedded default is built, and checked, on one
+without: ``default.built-on.json``).
 ``--check`` rebuilds and compares the bytes, or, where rounding may still differ, the networks'
 outputs within 1e-3. That holds on the kind of machine that built the bundle, recorded beside it
 (``default.built-on.json``: the CPU, its kernel-picking instruction sets, the package versions).
