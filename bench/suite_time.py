@@ -8,7 +8,10 @@ Under pytest-xdist each worker writes its own file (the controller runs no test 
 work (the sum of the tests' spans: setup, call and teardown), the wall time from the first test's start to the last
 one's end, how long each worker sat idle at the end while another still ran (what ordering could win back), the
 collector's share, and the work by directory, by module and by test. The suite's own wall time (pytest's last line)
-adds start-up and collection, which no test's span holds.
+adds start-up and collection, which no test's span holds. A directory may keep earlier runs' files: the summary reads
+the run that ended last. Two caveats: a span is wall time on a shared machine, and a test's subprocesses (a server, a
+rebuild) run inside it on other cores, so the work is not one core's time; and the collector's time is the test
+processes' own (their subprocesses' is not counted), over the whole process, start-up included, so its share is rough.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import json
 import os
 import sys
 import time
+import uuid
 from collections.abc import Generator, Sequence
 from pathlib import Path
 from typing import Any
@@ -29,10 +33,11 @@ import pytest
 
 class Recorder:
     """One test process's record: each test's start and end (``time.time()``, comparable across the processes of one
-    machine) and the time spent in collections, by generation."""
+    machine) and the time spent in collections, by generation. ``run`` names the pytest run (xdist's controller makes
+    it and hands it to its workers), so records of earlier runs left in the directory are told apart."""
 
-    def __init__(self, out: Path) -> None:
-        self.out = out
+    def __init__(self, out: Path, worker: str, run: str) -> None:
+        self.out, self.worker, self.run = out, worker, run
         self.tests: list[list[Any]] = []
         self.gc_s, self.gc_runs, self._gc_start = [0.0, 0.0, 0.0], [0, 0, 0], 0.0
         gc.callbacks.append(self._gc)
@@ -45,6 +50,10 @@ class Recorder:
         self.gc_s[generation] += time.perf_counter() - self._gc_start
         self.gc_runs[generation] += 1
 
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node: Any) -> None:  # xdist's controller, once per worker it starts
+        node.workerinput[RUN_KEY] = self.run
+
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_protocol(self, item: pytest.Item) -> Generator[None, object, object]:
         start = time.time()  # the process that runs the test: xdist's controller only relays its reports
@@ -55,13 +64,19 @@ class Recorder:
 
     @pytest.hookimpl
     def pytest_sessionfinish(self) -> None:
-        gc.callbacks.remove(self._gc)
         if not self.tests:  # xdist's controller: its workers ran the tests
             return
         self.out.mkdir(parents=True, exist_ok=True)
-        name = os.environ.get("PYTEST_XDIST_WORKER", "main")
-        record = {"worker": name, "pid": os.getpid(), "tests": self.tests, "gc_s": self.gc_s, "gc_runs": self.gc_runs}
-        (self.out / f"{name}-{os.getpid()}.json").write_text(json.dumps(record))
+        record = {"run": self.run, "worker": self.worker, "pid": os.getpid(), "tests": self.tests, "gc_s": self.gc_s,
+                  "gc_runs": self.gc_runs}
+        (self.out / f"{self.run}-{self.worker}-{os.getpid()}.json").write_text(json.dumps(record))
+
+    @pytest.hookimpl
+    def pytest_unconfigure(self) -> None:
+        gc.callbacks.remove(self._gc)
+
+
+RUN_KEY = "suite_time_run"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -70,8 +85,25 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     out = config.getoption("--suite-time-dir")
-    if out:
-        config.pluginmanager.register(Recorder(Path(out)), "suite-time-recorder")
+    if not out:
+        return
+    workerinput = getattr(config, "workerinput", None)  # set in xdist's workers only
+    if workerinput is not None:
+        worker, run = workerinput["workerid"], workerinput.get(RUN_KEY, "unnamed")
+    else:
+        worker, run = "main", f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
+    config.pluginmanager.register(Recorder(Path(out).resolve(), worker, run), "suite-time-recorder")
+
+
+def latest_run(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records of the run that ended last (a directory may hold earlier runs' too)."""
+    if not records:
+        return []
+    ends: dict[str, float] = collections.defaultdict(float)
+    for r in records:
+        ends[r.get("run", "")] = max([ends[r.get("run", "")], *(e for _, _, e in r["tests"])])
+    last = max(ends, key=lambda run: ends[run])
+    return [r for r in records if r.get("run", "") == last]
 
 
 def summary(records: Sequence[dict[str, Any]], top: int = 20) -> dict[str, Any]:
@@ -87,10 +119,11 @@ def summary(records: Sequence[dict[str, Any]], top: int = 20) -> dict[str, Any]:
         by_module[module] += end - start
         by_dir["/".join(module.split("/")[:2])] += end - start
     workers = []
-    for r in sorted(records, key=lambda r: r["worker"]):
+    for r in sorted(records, key=lambda r: (len(r["worker"]), r["worker"], r["pid"])):
         ends = [e for _, _, e in r["tests"]]
-        workers.append({"worker": r["worker"], "tests": len(r["tests"]), "busy_s": round(sum(e - s for _, s, e in r["tests"]), 1),
-                         "idle_at_end_s": round(last - max(ends), 1), "gc_s": round(sum(r["gc_s"]), 1), "gc_runs": r["gc_runs"]})
+        workers.append({"worker": r["worker"], "pid": r["pid"], "tests": len(r["tests"]),
+                        "busy_s": round(sum(e - s for _, s, e in r["tests"]), 1), "idle_at_end_s": round(last - max(ends), 1),
+                        "gc_s": round(sum(r["gc_s"]), 1), "gc_runs": r["gc_runs"]})
     work = sum(e - s for _, _, s, e in spans)
     gc_s = sum(sum(r["gc_s"]) for r in records)
     slowest = sorted(spans, key=lambda t: t[3] - t[2], reverse=True)[:top]
@@ -109,17 +142,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--top", type=int, default=20)
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     args = parser.parse_args(argv)
-    records = [json.loads(p.read_text()) for p in sorted(args.directory.glob("*.json"))]
+    found = [json.loads(p.read_text()) for p in sorted(args.directory.glob("*.json"))]
+    records = latest_run(found)
     try:
         result = summary(records, args.top)
     except ValueError as exc:
         print(exc, file=sys.stderr)
         return 2
+    result["records_of_earlier_runs_ignored"] = len(found) - len(records)
     if args.json:
         print(json.dumps(result, indent=1))
         return 0
     print(f"{result['tests']} tests: {result['work_s']} s of work in {result['wall_s']} s ({result['parallelism']} at once); "
           f"garbage collection {result['gc_s']} s ({result['gc_share']:.1%})")
+    if result["records_of_earlier_runs_ignored"]:
+        print(f"  ({result['records_of_earlier_runs_ignored']} records of earlier runs in {args.directory} ignored)")
     for w in result["workers"]:
         print(f"  {w['worker']}: {w['tests']} tests, busy {w['busy_s']} s, idle at the end {w['idle_at_end_s']} s, gc {w['gc_s']} s")
     print("by directory:", ", ".join(f"{k} {v}" for k, v in result["by_directory"][:8]))
