@@ -15,7 +15,7 @@ Provenance (recorded in the manifest's ``provenance``):
    initial bundle, on sessions of another world (``EVAL_SEED``).
 
 Needs the ``train`` (or ``test``) extra: torch, onnx and threadpoolctl. Takes 2–3 minutes on 2 cores: 135 s alone on a
-2-core AMD EPYC (2026-12-07, 10,000 sessions a cycle), 170–200 s inside the test suite beside its other worker.
+2-core AMD EPYC (2026-12-07, 10,000 sessions a cycle), 167–200 s inside the test suite beside its other worker.
 The build pins its numerics (``PINNED``, set before torch and numpy load), so that its bytes depend
 neither on which kernels torch, MKL, oneDNN and OpenBLAS would pick for this CPU nor on its core
 count: ATen, MKL and oneDNN held to AVX2 (``ATEN_CPU_CAPABILITY=avx2``, MKL's conditional numerical
