@@ -99,11 +99,8 @@ def latest_run(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """The records of the run that ended last (a directory may hold earlier runs' too)."""
     if not records:
         return []
-    ends: dict[str, float] = collections.defaultdict(float)
-    for r in records:
-        ends[r.get("run", "")] = max([ends[r.get("run", "")], *(e for _, _, e in r["tests"])])
-    last = max(ends, key=lambda run: ends[run])
-    return [r for r in records if r.get("run", "") == last]
+    last = max(records, key=lambda r: max(e for _, _, e in r["tests"]))["run"]  # the run of the last test to end
+    return [r for r in records if r["run"] == last]
 
 
 def summary(records: Sequence[dict[str, Any]], top: int = 20) -> dict[str, Any]:
