@@ -165,7 +165,7 @@ def train_products(products: pa.Table, outcomes: pa.Table, bundle: Bundle, model
         raise ValueError(f"max_rows {config.max_rows}: no whole session fits; raise it")
     params = trainable_product(bundle, model)  # the encoder and heads the servers run (or BundleError)
     new, steps = update_heads(params, rows, config.deltas, config.layers, config.encoder_delta,
-                              encoder_layers=config.encoder_layers)
+                              encoder_layers=config.encoder_layers, seed=config.seed)
     metrics: dict[str, Any] = {"product_rows": len(rows), "product_rows_logged": logged, "gate_rows": len(held),
                                "duplicate_rows": logged - len(distinct), "left_out": dropped.to_dict(),
                                "mean_reward": float(rows.rewards.mean()),

@@ -105,10 +105,11 @@ def baseline_features(rows: ProductRows, h: npt.NDArray[np.float32], layer: str)
 
 
 def cross_fitted_advantage(x: npt.NDArray[np.float64], r: npt.NDArray[np.float64], sessions: npt.NDArray[Any],
-                           ridge: float = RIDGE) -> npt.NDArray[np.float64]:
-    """r − a ridge regression of r on ``x``, cross-fitted on two halves of the sessions (``sessions``: each row's):
-    a row's baseline never saw its own reward, nor its session's other offers', which share the session's orders."""
-    fold = baseline_folds(np.asarray(sessions), 0)
+                           ridge: float = RIDGE, seed: int = 0) -> npt.NDArray[np.float64]:
+    """r − a ridge regression of r on ``x``, cross-fitted on two halves of the sessions (``sessions``: each row's, split
+    by ``baseline_folds`` keyed by ``seed``, the run's): a row's baseline never saw its own reward, nor its session's
+    other offers', which share the session's orders."""
+    fold = baseline_folds(np.asarray(sessions), seed)
     out = np.empty_like(r)
     for k in (False, True):
         fit, apply = fold != k, fold == k
@@ -118,9 +119,10 @@ def cross_fitted_advantage(x: npt.NDArray[np.float64], r: npt.NDArray[np.float64
     return out
 
 
-def advantages(rows: ProductRows, h: npt.NDArray[np.float32], layer: str) -> npt.NDArray[np.float64]:
-    """Layer ``layer``'s own advantage: r − b_ℓ on what it knows before it chooses (``baseline_features``)."""
-    return cross_fitted_advantage(baseline_features(rows, h, layer), rows.rewards, rows.sessions)
+def advantages(rows: ProductRows, h: npt.NDArray[np.float32], layer: str, seed: int = 0) -> npt.NDArray[np.float64]:
+    """Layer ``layer``'s own advantage: r − b_ℓ on what it knows before it chooses (``baseline_features``), its folds
+    keyed by ``seed``."""
+    return cross_fitted_advantage(baseline_features(rows, h, layer), rows.rewards, rows.sessions, seed=seed)
 
 
 class Head:
@@ -239,14 +241,14 @@ def trust_region_steps(params: list[Tensor], log_q: Callable[[], Tensor], permit
 
 def layer_step(head: Head, h: npt.NDArray[np.float32], rows: ProductRows, layer: str, delta: float,
                max_ratio: float = MAX_RATIO, iterations: int = ITERATIONS,
-               advantage: npt.NDArray[np.float64] | None = None) -> LayerStep:
-    """``trust_region_steps`` of ``head`` (layer ``layer``) on ``rows``, with the layer's own advantage and ratio; the
-    other heads are not touched."""
+               advantage: npt.NDArray[np.float64] | None = None, seed: int = 0) -> LayerStep:
+    """``trust_region_steps`` of ``head`` (layer ``layer``) on ``rows``, with the layer's own advantage (its folds keyed by
+    ``seed``) and ratio; the other heads are not touched."""
     data = rows.layers[layer]
     n, c = data.features.shape[:2]
     x = torch.from_numpy(np.concatenate([np.broadcast_to(h[:, None, :], (n, c, h.shape[1])), data.features], axis=2))
     permitted = torch.from_numpy(data.permitted)
-    advantage = advantages(rows, h, layer) if advantage is None else advantage
+    advantage = advantages(rows, h, layer, seed) if advantage is None else advantage
     result = trust_region_steps(head.params, lambda: _log_q(head, x, permitted), permitted, torch.from_numpy(data.index),
                                 torch.from_numpy(advantage.astype(np.float32)),
                                 torch.from_numpy(np.maximum(data.propensity, 1e-6).astype(np.float32)), delta, max_ratio, iterations)
@@ -300,7 +302,7 @@ def encoder_step(params: Mapping[str, mlp.Params], rows: ProductRows, advantage:
 def update_heads(params: Mapping[str, mlp.Params], rows: ProductRows, deltas: Mapping[str, float] = DELTAS,
                  layers: tuple[str, ...] = LAYERS, encoder_delta: float = 0.0,
                  advantage: Mapping[str, npt.NDArray[np.float64]] | None = None,
-                 encoder_layers: tuple[str, ...] | None = None) -> tuple[dict[str, mlp.Params], list[LayerStep]]:
+                 encoder_layers: tuple[str, ...] | None = None, seed: int = 0) -> tuple[dict[str, mlp.Params], list[LayerStep]]:
     """One step per layer in ``layers`` (each in its own region), then, with ``encoder_delta`` > 0, one of the shared
     encoder under the new heads (module doc); the other heads come back as they went in. ``advantage``: each layer's
     advantage per row instead of its own (``advantages``), for a counterfactual in which only one layer's data changes
@@ -308,7 +310,7 @@ def update_heads(params: Mapping[str, mlp.Params], rows: ProductRows, deltas: Ma
     from. For the others, its step sees a zero advantage and their heads as they *started* (their new heads are what
     their data made), so nothing of their data reaches the encoder, nor through it the other layers; their KL still
     counts in its region, measured under those starting heads, and their whole move after both steps is measured
-    (``kl_from_start``)."""
+    (``kl_from_start``). ``seed`` (the run's) keys the advantages' cross-fitting folds."""
     encoder_layers = layers if encoder_layers is None else encoder_layers
     for layer in layers:
         if layer not in LAYERS:
@@ -323,7 +325,7 @@ def update_heads(params: Mapping[str, mlp.Params], rows: ProductRows, deltas: Ma
     out = {name: {k: np.array(v, copy=True) for k, v in p.items()} for name, p in params.items()}
     if advantage is not None and not set(layers) <= set(advantage):
         raise ValueError(f"advantage: expected one per layer stepped {layers}, got {sorted(advantage)}")
-    gains = {layer: advantages(rows, h, layer) if advantage is None else np.asarray(advantage[layer], dtype=np.float64)
+    gains = {layer: advantages(rows, h, layer, seed) if advantage is None else np.asarray(advantage[layer], dtype=np.float64)
              for layer in layers}
     for layer, a in gains.items():
         if a.shape != (len(rows),):

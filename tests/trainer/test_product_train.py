@@ -481,6 +481,22 @@ def test_rows_the_bundle_cannot_rebuild_are_left_out_of_train_products(product_l
                                                      f"sku_features of another width than the bundle's {width}": 1}
 
 
+def test_the_runs_seed_keys_the_baselines_folds(rows, start: Bundle) -> None:  # type: ignore[no-untyped-def]
+    """Each layer's cross-fitted baseline splits the sessions by the run's seed (``train_products`` passes its own), so
+    another seed is another split, as the value baseline of the flat policy's (``baseline_folds``) is."""
+    from trainer.product_update import advantages
+
+    rows = rows.take(np.arange(len(rows)) < len(rows) // 4)
+    params = _params(start)
+    h = mlp.policy_forward(params["encoder"], rows.states).astype(np.float32)
+    seeded = {layer: advantages(rows, h, layer, seed=5) for layer in LAYERS}
+    assert not np.allclose(seeded["sku"], advantages(rows, h, "sku"))  # another split, another baseline
+    new, steps = update_heads(params, rows, layers=("sku",), seed=5)
+    told, _ = update_heads(params, rows, layers=("sku",), advantage=seeded)
+    assert all(np.array_equal(new["sku"][k], told["sku"][k]) for k in params["sku"])
+    assert steps[0].advantage_sd == pytest.approx(float(seeded["sku"].std()))
+
+
 def test_a_product_rows_baseline_never_saw_its_sessions_other_offers() -> None:
     """A session's offers share its orders, so their rewards move together: the cross-fit's halves are sessions, not
     alternate rows (with those, an offer's sibling in the other half, alike in what the layer knows, taught the
