@@ -202,7 +202,7 @@ class ShopperSession:
 
     __slots__ = (
         "_behaviors", "_cart", "_ended", "_engagement_noise", "_follow_item", "_index", "_item", "_multipliers", "_offer_complaint",
-        "_offered", "_pending", "_reaction", "_step", "_t", "_tables", "_u", "_visit_count", "_world", "_z", "coupon_claimed",
+        "_offered", "_pending", "_reaction", "_shelf", "_step", "_t", "_tables", "_u", "_visit_count", "_world", "_z", "coupon_claimed",
         "details_opened", "favourite", "intent", "session_id", "shared", "user_id",
     )
 
@@ -243,6 +243,7 @@ class ShopperSession:
         self.details_opened = 0
         self._multipliers: list[float] = []  # per cart item, its price band's multiplier (1: added on a prompt)
         self._offered = -1  # the step whose page was offered a product (one offer a page)
+        self._shelf: tuple[int, Shelf] | None = None  # (step, its shelf): a driver asks for the candidates, then offers
         self._offer_complaint = False  # this page's offer drew a complaint: the shopper may leave after it
         self._visit_count: int | None = None  # drawn from the product stream when first asked
 
@@ -264,9 +265,11 @@ class ShopperSession:
         """The current page's product candidates (``simulator.products``); the same on every call for this page."""
         if self.page() is None:
             raise RuntimeError(f"session {self.session_id} has ended")
-        world = self._world
-        return shelf(world.catalogue, world.config.products, world.seed, self._index, self._step, self.favourite,
-                     world._categories, self.visit_count)
+        if self._shelf is None or self._shelf[0] != self._step:  # kept for the page: built from its own stream, it cannot change
+            world = self._world
+            self._shelf = (self._step, shelf(world.catalogue, world.config.products, world.seed, self._index, self._step,
+                                             self.favourite, world._categories, self.visit_count))
+        return self._shelf[1]
 
     def offer(self, category: int, sku: int, band: int) -> list[OutcomeEvent]:
         """Show the current page's shelf product ``categories[category]``, item ``sku`` of it, at band ``band``: the

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -43,6 +44,29 @@ def test_a_shelf_is_the_same_for_its_page_and_differs_between_pages() -> None:
     assert len(here.categories) == SMALL.products.categories == len(set(here.categories))
     assert all(len(items) == SMALL.products.skus for items in here.items)
     assert here.multipliers == SMALL.products.bands and here.visit_count >= 1
+
+
+def test_a_kept_shelf_is_the_pages_own_on_every_page_of_a_session() -> None:
+    """The session keeps the page's shelf between the driver's two asks (the candidates, then the offer); on each page
+    it is the one a session that never asked before draws there."""
+    world = World(SMALL, seed=3)
+    index = next(i for i in range(50) if len(list(_pages(world, i))) >= 3)  # a session of a few pages
+    asked = world.session(index)
+    for step, actions in enumerate(_pages(world, index)):
+        fresh = world.session(index)
+        for action in actions:
+            fresh.respond(action)
+        assert asked.shelf() is asked.shelf() and asked.shelf() == fresh.shelf(), step
+        asked.respond(Action.VIEW_DETAIL)
+
+
+def _pages(world: World, index: int) -> Iterator[list[Action]]:
+    """The actions before each page of session ``index`` when every page is answered VIEW_DETAIL."""
+    session, before = world.session(index), []
+    while session.page() is not None:
+        yield list(before)
+        session.respond(Action.VIEW_DETAIL)
+        before.append(Action.VIEW_DETAIL)
 
 
 def test_reading_shelves_changes_nothing_of_a_session() -> None:
