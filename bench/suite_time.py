@@ -1,13 +1,15 @@
 """Where the test suite's time goes: a pytest plugin that records each test's span and the garbage collector's time in
 every process that runs tests, and a summary of what it wrote.
 
-    .venv/bin/python -m pytest -p bench.suite_time --suite-time-dir /tmp/suite-time
+    .venv/bin/python -m pytest -p bench.suite_time --suite-time-dir=/tmp/suite-time
     .venv/bin/python -m bench.suite_time /tmp/suite-time [--top 20] [--json]
 
 Under pytest-xdist each worker writes its own file (the controller runs no test and writes none). The summary gives the
 work (the sum of the tests' spans: setup, call and teardown), the wall time from the first test's start to the last
 one's end, how long each worker sat idle at the end while another still ran (what ordering could win back), the
-collector's share, and the work by directory, by module and by test. The suite's own wall time (pytest's last line)
+collector's share, and the work by directory, by module and by test. Write the option with ``=``: pytest looks for
+its configuration before it loads this plugin, so it takes an existing directory after a space for a test path, and
+the run would go without the repository's settings (the plugin refuses such a run). The suite's own wall time (pytest's last line)
 adds start-up and collection, which no test's span holds. A directory may keep earlier runs' files: the summary reads
 the run that ended last. Two caveats: a span is wall time on a shared machine, and a test's subprocesses (a server, a
 rebuild) run inside it on other cores, so the work is not one core's time; and the collector's time is the test
@@ -87,6 +89,13 @@ def pytest_configure(config: pytest.Config) -> None:
     out = config.getoption("--suite-time-dir")
     if not out:
         return
+    if config.inipath is None and config.rootpath == Path(out).resolve():
+        # pytest looks for its configuration file before this plugin is loaded, so it reads an existing DIR after a
+        # space as a test path: the rootdir becomes DIR, no pyproject is found, and the run would go without the
+        # repository's settings (one process instead of -n auto, warnings not errors) while timing it.
+        raise pytest.UsageError(f"--suite-time-dir: pytest took {out} for a test path when it looked for its configuration "
+                                f"(rootdir {config.rootpath}, no configuration file), so the repository's settings "
+                                f"(pyproject's -n auto) would not apply; write --suite-time-dir={out}")
     workerinput = getattr(config, "workerinput", None)  # set in xdist's workers only
     if workerinput is not None:
         worker, run = workerinput["workerid"], workerinput.get(RUN_KEY, "unnamed")
@@ -106,7 +115,7 @@ def latest_run(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 def summary(records: Sequence[dict[str, Any]], top: int = 20) -> dict[str, Any]:
     """What the records of one run say (see the module doc); times in seconds."""
     if not records:
-        raise ValueError("no records: was the suite run with -p bench.suite_time --suite-time-dir DIR?")
+        raise ValueError("no records: was the suite run with -p bench.suite_time --suite-time-dir=DIR?")
     spans = [(r["worker"], name, start, end) for r in records for name, start, end in r["tests"]]
     first, last = min(s for _, _, s, _ in spans), max(e for _, _, _, e in spans)
     by_dir: collections.Counter[str] = collections.Counter()

@@ -94,3 +94,14 @@ def test_without_a_directory_nothing_is_written_and_an_empty_one_is_an_error(tmp
     assert main([str(tmp_path)]) == 2
     with pytest.raises(ValueError, match="suite-time-dir"):
         summary([])
+
+
+def test_a_directory_pytest_would_take_for_its_rootdir_is_refused_naming_the_form_that_works(tmp_path: Path) -> None:
+    """An existing DIR after a space was read as a test path when pytest looked for its configuration: with no test path
+    besides, the rootdir became DIR and the run went without the repository's pyproject (one process, not -n auto)."""
+    out = tmp_path / "times"
+    out.mkdir()
+    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "bench.suite_time", "-p", "no:cacheprovider", "--co", "-q",
+                          "--suite-time-dir", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    assert run.returncode == 4 and f"write --suite-time-dir={out}" in run.stdout + run.stderr, run.stdout + run.stderr
+    assert not list(out.iterdir())
