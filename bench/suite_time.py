@@ -7,13 +7,15 @@ every process that runs tests, and a summary of what it wrote.
 Under pytest-xdist each worker writes its own file (the controller runs no test and writes none). The summary gives the
 work (the sum of the tests' spans: setup, call and teardown), the wall time from the first test's start to the last
 one's end, how long each worker sat idle at the end while another still ran (what ordering could win back), the
-collector's share, and the work by directory, by module and by test. Write the option with ``=``: pytest looks for
-its configuration before it loads this plugin, so it takes an existing directory after a space for a test path, and
-the run would go without the repository's settings (the plugin refuses such a run). The suite's own wall time (pytest's last line)
-adds start-up and collection, which no test's span holds. A directory may keep earlier runs' files: the summary reads
-the run that ended last. Two caveats: a span is wall time on a shared machine, and a test's subprocesses (a server, a
-rebuild) run inside it on other cores, so the work is not one core's time; and the collector's time is the test
-processes' own (their subprocesses' is not counted), over the whole process, start-up included, so its share is rough.
+collector's share, and the work by directory, by module and by test. Write the option with ``=``: pytest looks for its
+configuration before it loads this plugin, so it takes an existing directory after a space for a test path, and with no
+other test path the run is rooted at that directory or a parent of it, without the repository's settings (one process,
+not ``-n auto``). The plugin refuses the spaced form whenever the directory exists, whatever it led to. The suite's own
+wall time (pytest's last line) adds start-up and collection, which no test's span holds. A directory may keep earlier
+runs' files: the summary reads the run that ended last. Two caveats: a span is wall time on a shared machine, and a
+test's subprocesses (a server, a rebuild) run inside it on other cores, so the work is not one core's time; and the
+collector's time is the test processes' own (their subprocesses' is not counted), over the whole process, start-up
+included, so its share is rough.
 """
 
 from __future__ import annotations
@@ -21,8 +23,10 @@ from __future__ import annotations
 import argparse
 import collections
 import gc
+import itertools
 import json
 import os
+import shlex
 import sys
 import time
 import uuid
@@ -82,21 +86,34 @@ RUN_KEY = "suite_time_run"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--suite-time-dir", default=None, help="bench.suite_time: write each test process's spans here")
+    parser.addoption("--suite-time-dir", default=None,
+                     help="bench.suite_time: write each test process's spans here (write --suite-time-dir=DIR)")
+
+
+def dir_after_a_space(config: pytest.Config) -> str | None:
+    """The value of ``--suite-time-dir`` given as a word of its own (in ``PYTEST_ADDOPTS`` or on the command line) when it
+    names an existing path, else None."""
+    words = [*shlex.split(os.environ.get("PYTEST_ADDOPTS", "")), *config.invocation_params.args]
+    for flag, value in itertools.pairwise(words):
+        if flag == "--suite-time-dir" and (config.invocation_params.dir / value).exists():
+            return value
+    return None
 
 
 def pytest_configure(config: pytest.Config) -> None:
     out = config.getoption("--suite-time-dir")
     if not out:
         return
-    if config.inipath is None and config.rootpath == Path(out).resolve():
-        # pytest looks for its configuration file before this plugin is loaded, so it reads an existing DIR after a
-        # space as a test path: the rootdir becomes DIR, no pyproject is found, and the run would go without the
-        # repository's settings (one process instead of -n auto, warnings not errors) while timing it.
-        raise pytest.UsageError(f"--suite-time-dir: pytest took {out} for a test path when it looked for its configuration "
-                                f"(rootdir {config.rootpath}, no configuration file), so the repository's settings "
-                                f"(pyproject's -n auto) would not apply; write --suite-time-dir={out}")
     workerinput = getattr(config, "workerinput", None)  # set in xdist's workers only
+    # Checked in the process the run started in (xdist's workers start after it; one replaced late may find DIR made).
+    spaced = dir_after_a_space(config) if workerinput is None else None
+    if spaced is not None:
+        # pytest looks for its configuration before it loads this plugin, so it took the existing DIR for a test path: with
+        # no other path the run is rooted at DIR or a parent of it, without the repository's pyproject (one process instead
+        # of -n auto, warnings not errors), and timing such a run misleads. The form is refused, whatever it led to.
+        raise pytest.UsageError(f"--suite-time-dir {spaced}: an existing directory after a space is a test path to pytest "
+                                f"when it looks for its configuration, so the run may go without the repository's settings "
+                                f"(pyproject's -n auto); write --suite-time-dir={spaced}")
     if workerinput is not None:
         worker, run = workerinput["workerid"], workerinput.get(RUN_KEY, "unnamed")
     else:

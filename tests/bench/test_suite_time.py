@@ -58,7 +58,7 @@ def _span(result: dict, name: str) -> float:
 
 def test_each_worker_writes_its_tests_spans_and_the_summary_adds_them_up(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "times"
-    run = _run(tmp_path, "--suite-time-dir", str(out))
+    run = _run(tmp_path, f"--suite-time-dir={out}")
     assert run.returncode == 0, run.stdout + run.stderr
     records = _records(out)
     assert records and {r["worker"] for r in records} <= {"gw0", "gw1"}  # the workers' files; the controller ran none
@@ -76,9 +76,9 @@ def test_each_worker_writes_its_tests_spans_and_the_summary_adds_them_up(tmp_pat
 def test_one_process_writes_main_and_the_summary_reads_the_last_run_of_a_directory(tmp_path: Path,
                                                                                    capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "times"
-    first = _run(tmp_path, "--suite-time-dir", str(out))
+    first = _run(tmp_path, f"--suite-time-dir={out}")
     assert first.returncode == 0, first.stdout + first.stderr
-    second = _run(tmp_path, "--suite-time-dir", str(out), workers="0", inherited_worker="gw7")  # as from inside a worker
+    second = _run(tmp_path, f"--suite-time-dir={out}", workers="0", inherited_worker="gw7")  # as from inside a worker
     assert second.returncode == 0, second.stdout + second.stderr
     found = _records(out)
     last = latest_run(found)
@@ -96,12 +96,19 @@ def test_without_a_directory_nothing_is_written_and_an_empty_one_is_an_error(tmp
         summary([])
 
 
-def test_a_directory_pytest_would_take_for_its_rootdir_is_refused_naming_the_form_that_works(tmp_path: Path) -> None:
-    """An existing DIR after a space was read as a test path when pytest looked for its configuration: with no test path
-    besides, the rootdir became DIR and the run went without the repository's pyproject (one process, not -n auto)."""
+@pytest.mark.parametrize("beside", [False, True], ids=["under-tmp", "beside-the-project"])
+def test_an_existing_directory_after_a_space_is_refused_naming_the_form_that_works(tmp_path: Path, beside: bool) -> None:
+    """pytest read an existing DIR after a space as a test path when it looked for its configuration: with no test path
+    besides, the run was rooted at DIR (under /tmp) or at a parent it shares with the project (beside it), without the
+    project's pyproject (one process, not -n auto). Refused in either case, before anything is collected or written."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "pyproject.toml").write_text('[tool.pytest.ini_options]\naddopts = "-n 2"\n')
     out = tmp_path / "times"
     out.mkdir()
+    value, cwd = ("../times", project) if beside else (str(out), ROOT)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     run = subprocess.run([sys.executable, "-m", "pytest", "-p", "bench.suite_time", "-p", "no:cacheprovider", "--co", "-q",
-                          "--suite-time-dir", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
-    assert run.returncode == 4 and f"write --suite-time-dir={out}" in run.stdout + run.stderr, run.stdout + run.stderr
+                          "--suite-time-dir", value], cwd=cwd, capture_output=True, text=True, timeout=120, check=False, env=env)
+    assert run.returncode == 4 and f"write --suite-time-dir={value}" in run.stdout + run.stderr, run.stdout + run.stderr
     assert not list(out.iterdir())
