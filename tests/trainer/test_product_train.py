@@ -33,7 +33,7 @@ from trainer.product_checks import usable_products
 from trainer.product_data import HEAD_OF, LAYERS, layer_rows, product_rows
 from trainer.product_gate import judge, served_probability
 from trainer.product_train import ProductTrainConfig, sample_rows, train_products
-from trainer.product_update import DELTAS, Head, _kl, _log_q, update_heads
+from trainer.product_update import DELTAS, Head, _kl, _log_q, layer_step, update_heads
 from weights import mlp
 from weights.bundle import PARTS, Bundle, read_bundle
 from weights.embedded import default_bundle
@@ -217,9 +217,9 @@ def test_the_encoder_moves_within_the_summed_region_under_the_new_heads(rows, st
 
     summed = sum(kl(log_q(params["encoder"], new, layer), log_q(new["encoder"], new, layer), layer) for layer in LAYERS)
     assert summed == pytest.approx(step.kl, rel=1e-3, abs=1e-6)
-    for layer_step in steps[:-1]:  # each layer's whole move, both steps, from its starting policy: measured, reported
-        whole = kl(log_q(params["encoder"], params, layer_step.layer), log_q(new["encoder"], new, layer_step.layer), layer_step.layer)
-        assert layer_step.kl_from_start == pytest.approx(whole, rel=1e-3, abs=1e-6) and whole > 0
+    for moved in steps[:-1]:  # each layer's whole move, both steps, from its starting policy: measured, reported
+        whole = kl(log_q(params["encoder"], params, moved.layer), log_q(new["encoder"], new, moved.layer), moved.layer)
+        assert moved.kl_from_start == pytest.approx(whole, rel=1e-3, abs=1e-6) and whole > 0
     with pytest.raises(ValueError, match="encoder_delta"):
         update_heads(params, rows, encoder_delta=-1.0)
 
@@ -432,12 +432,25 @@ def test_the_sessions_of_product_rows_no_server_writes_are_left_out(product_logs
     assert kept_p.num_rows == products.num_rows - dropped.decisions and kept_o.num_rows == outcomes.num_rows - dropped.outcomes
 
 
-def test_train_products_trains_on_the_rest_once_and_says_what_it_left_out(product_logs: Path, start: Bundle) -> None:
-    """A copied products segment logged every decision twice, and only the later copy got its outcomes."""
+def test_train_products_trains_on_the_rest_once_and_says_what_it_left_out(product_logs: Path, start: Bundle,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A copied products segment logged every decision twice, and only the later copy got its outcomes. The run's seed
+    reaches the layers' steps (their baselines' folds): the real ``update_heads`` runs, wrapped to record its seed."""
+    from trainer import product_train
+
+    seeds: list[int] = []
+
+    def recorded(*args, **kwargs):  # type: ignore[no-untyped-def]
+        seeds.append(kwargs.get("seed", 0))
+        return update_heads(*args, **kwargs)
+
+    monkeypatch.setattr(product_train, "update_heads", recorded)
     source = DirectorySource(product_logs)
     products = with_value(source.table("products"), "sku_index", 5, 999)
     copied = pa.concat_tables([products, products.slice(100, 50)])
-    result = train_products(copied, source.table("outcomes"), start, "products-5", "2026-12-03T00:00:00Z")
+    result = train_products(copied, source.table("outcomes"), start, "products-5", "2026-12-03T00:00:00Z",
+                            ProductTrainConfig(seed=3))
+    assert seeds == [3]
     left_out = result.metrics["left_out"]
     assert left_out["sessions"] == 1 and left_out["reasons"] == {"sku_index outside its candidates, or not permitted": 1}
     assert result.metrics["duplicate_rows"] == 50
@@ -495,6 +508,10 @@ def test_the_runs_seed_keys_the_baselines_folds(rows, start: Bundle) -> None:  #
     told, _ = update_heads(params, rows, layers=("sku",), advantage=seeded)
     assert all(np.array_equal(new["sku"][k], told["sku"][k]) for k in params["sku"])
     assert steps[0].advantage_sd == pytest.approx(float(seeded["sku"].std()))
+    alone, given = Head(params[HEAD_OF["sku"]]), Head(params[HEAD_OF["sku"]])  # a layer's step on its own, as update_heads takes it
+    layer_step(alone, h, rows, "sku", DELTAS["sku"], seed=5)
+    layer_step(given, h, rows, "sku", DELTAS["sku"], advantage=seeded["sku"])
+    assert all(np.array_equal(a, b) for a, b in zip(alone.to_params().values(), given.to_params().values(), strict=True))
 
 
 def test_a_product_rows_baseline_never_saw_its_sessions_other_offers() -> None:
