@@ -13,7 +13,7 @@ serves sessions ``[0, S)`` with the real recorder; their product records are the
 no gate here). From the same starting parameters, ``update_heads`` runs once per *counterfactual* and per encoder
 setting (below), every layer stepping each time:
 
-- **logged**: every layer's own advantage (what ``train-products`` does);
+- **logged**: every layer's own advantage (what ``train-products`` does at its default seed, 0, which keys the baselines' folds);
 - **category shuffled**: the category's advantages permuted across rows (its data carries no signal), the SKU's and
   the band's as logged;
 - **category reversed**: the category's advantages negated (its data says the opposite), the others as logged;

