@@ -105,18 +105,17 @@ def pytest_configure(config: pytest.Config) -> None:
     if not out:
         return
     workerinput = getattr(config, "workerinput", None)  # set in xdist's workers only
-    # Checked in the process the run started in (xdist's workers start after it; one replaced late may find DIR made).
-    spaced = dir_after_a_space(config) if workerinput is None else None
-    if spaced is not None:
-        # pytest looks for its configuration before it loads this plugin, so it took the existing DIR for a test path: with
-        # no other path the run is rooted at DIR or a parent of it, without the repository's pyproject (one process instead
-        # of -n auto, warnings not errors), and timing such a run misleads. The form is refused, whatever it led to.
-        raise pytest.UsageError(f"--suite-time-dir {spaced}: an existing directory after a space is a test path to pytest "
-                                f"when it looks for its configuration, so the run may go without the repository's settings "
-                                f"(pyproject's -n auto); write --suite-time-dir={spaced}")
-    if workerinput is not None:
+    if workerinput is not None:  # (not checked again here: a worker replaced late may find DIR made by then)
         worker, run = workerinput["workerid"], workerinput.get(RUN_KEY, "unnamed")
     else:
+        spaced = dir_after_a_space(config)
+        if spaced is not None:
+            # pytest looks for its configuration before it loads this plugin, so it took the existing DIR for a test path:
+            # with no other path the run is rooted at DIR or a parent of it, without the repository's pyproject (one process
+            # instead of -n auto, warnings not errors), and timing such a run misleads. Refused, whatever it led to.
+            raise pytest.UsageError(f"--suite-time-dir {spaced}: an existing directory after a space is a test path to "
+                                    f"pytest when it looks for its configuration, so the run may go without the repository's "
+                                    f"settings (pyproject's -n auto); write --suite-time-dir={spaced}")
         worker, run = "main", f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
     config.pluginmanager.register(Recorder(Path(out).resolve(), worker, run), "suite-time-recorder")
 

@@ -240,15 +240,13 @@ def trust_region_steps(params: list[Tensor], log_q: Callable[[], Tensor], permit
 
 
 def layer_step(head: Head, h: npt.NDArray[np.float32], rows: ProductRows, layer: str, delta: float,
-               max_ratio: float = MAX_RATIO, iterations: int = ITERATIONS,
-               advantage: npt.NDArray[np.float64] | None = None, seed: int = 0) -> LayerStep:
-    """``trust_region_steps`` of ``head`` (layer ``layer``) on ``rows``, with the layer's own advantage (its folds keyed by
-    ``seed``) and ratio; the other heads are not touched."""
+               advantage: npt.NDArray[np.float64], max_ratio: float = MAX_RATIO, iterations: int = ITERATIONS) -> LayerStep:
+    """``trust_region_steps`` of ``head`` (layer ``layer``) on ``rows``, with the layer's ``advantage`` per row (its own:
+    ``advantages``, as ``update_heads`` computes them) and its ratio; the other heads are not touched."""
     data = rows.layers[layer]
     n, c = data.features.shape[:2]
     x = torch.from_numpy(np.concatenate([np.broadcast_to(h[:, None, :], (n, c, h.shape[1])), data.features], axis=2))
     permitted = torch.from_numpy(data.permitted)
-    advantage = advantages(rows, h, layer, seed) if advantage is None else advantage
     result = trust_region_steps(head.params, lambda: _log_q(head, x, permitted), permitted, torch.from_numpy(data.index),
                                 torch.from_numpy(advantage.astype(np.float32)),
                                 torch.from_numpy(np.maximum(data.propensity, 1e-6).astype(np.float32)), delta, max_ratio, iterations)
@@ -333,7 +331,7 @@ def update_heads(params: Mapping[str, mlp.Params], rows: ProductRows, deltas: Ma
     steps = []
     for layer in layers:
         head = Head(params[HEAD_OF[layer]])
-        steps.append(layer_step(head, h, rows, layer, deltas[layer], advantage=gains[layer]))
+        steps.append(layer_step(head, h, rows, layer, deltas[layer], gains[layer]))
         out[HEAD_OF[layer]] = head.to_params()
     if encoder_delta > 0:
         taught = {layer: gains[layer] if layer in encoder_layers else np.zeros(len(rows)) for layer in layers}

@@ -33,7 +33,7 @@ from trainer.product_checks import usable_products
 from trainer.product_data import HEAD_OF, LAYERS, layer_rows, product_rows
 from trainer.product_gate import judge, served_probability
 from trainer.product_train import ProductTrainConfig, sample_rows, train_products
-from trainer.product_update import DELTAS, Head, _kl, _log_q, layer_step, update_heads
+from trainer.product_update import DELTAS, Head, _kl, _log_q, update_heads
 from weights import mlp
 from weights.bundle import PARTS, Bundle, read_bundle
 from weights.embedded import default_bundle
@@ -508,10 +508,6 @@ def test_the_runs_seed_keys_the_baselines_folds(rows, start: Bundle) -> None:  #
     told, _ = update_heads(params, rows, layers=("sku",), advantage=seeded)
     assert all(np.array_equal(new["sku"][k], told["sku"][k]) for k in params["sku"])
     assert steps[0].advantage_sd == pytest.approx(float(seeded["sku"].std()))
-    alone, given = Head(params[HEAD_OF["sku"]]), Head(params[HEAD_OF["sku"]])  # a layer's step on its own, as update_heads takes it
-    layer_step(alone, h, rows, "sku", DELTAS["sku"], seed=5)
-    layer_step(given, h, rows, "sku", DELTAS["sku"], advantage=seeded["sku"])
-    assert all(np.array_equal(a, b) for a, b in zip(alone.to_params().values(), given.to_params().values(), strict=True))
 
 
 def test_a_product_rows_baseline_never_saw_its_sessions_other_offers() -> None:
