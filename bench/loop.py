@@ -6,7 +6,8 @@
 One world (``--seed``: catalogue, prices, shoppers), disjoint session ranges. Each cycle:
 
 1. the active bundle serves the next ``--sessions`` sessions through the real recorder, appended
-   to one log directory (as the servers' PV holds them);
+   to one log directory (as the servers' PV holds them), at a fixed server time two hours after the
+   cycle before (``cycle_clock``: so the versions' names, and the canary's sessions, are the same in every run);
 2. ``shopping-agent cycle`` runs on that directory, in process, with its default config (or
    ``--config``): train from the active bundle on its window of the logs → evaluate → gate →
    publish into a weights directory;
@@ -82,11 +83,23 @@ UNTRAINED = (20261130, "default-init-20261130", "2026-11-30T00:00:00Z")
 """``weights.initial.make_bundle``'s arguments for the untrained bundle the learning benches start from (the seed and
 version ``scripts/build_default_bundle.py`` starts from too)."""
 SALT = b"bench-loop".ljust(32, b".")
+LOG_CLOCK_S = 1_795_996_800.0  # 2026-11-30T00:00:00Z, as scripts/build_default_bundle.py
+CRON_S = 7200.0  # k8s/base/cronjob.yaml: every second hour
 UTC = ZoneInfo("UTC")
 Choose = Callable[[ShopperSession, PageView], Action]
 
 
 # --- the deciders that are not bundles ---------------------------------------------------------
+
+
+def cycle_clock(cycle: int) -> float:
+    """The server time of every record cycle ``cycle`` (from 1) logs: fixed, ``CRON_S`` apart, never the wall clock.
+
+    A trained version is named by the newest logged time (``trainer.train``), and the canary's sessions are a keyed hash
+    of its version's name (``weights.canary``): with the wall clock each run of the bench drew other canary sessions, and
+    the same cycle-3 candidate was promoted by cycle 5 in two runs (32.47) and still waiting in a third (29.47;
+    docs/performance.md, 2026-12-05). Fixed, a run is a function of the code, the world and the config."""
+    return LOG_CLOCK_S + (cycle - 1) * CRON_S
 
 
 def play(world: World, sessions: range, choose: Choose) -> Trace:
@@ -506,7 +519,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             served = range(args.first_session + (c - 1) * args.sessions, args.first_session + c * args.sessions)
             routed = serving(store, active, options)
             served_versions = [active.version] + ([routed.route.model.version] if routed.route is not None else [])
-            run_logged(world, routed, served, UTC, logs, SALT)
+            run_logged(world, routed, served, UTC, logs, SALT, clock=functools.partial(float, cycle_clock(c)))
             source = DirectorySource(logs)
             decisions, outcomes = source.table("decisions"), source.table("outcomes")
             mine = decisions.filter(pa.compute.equal(decisions.column("model_version"), active.version))

@@ -3,6 +3,8 @@ the keyed held-out split, the off-policy value VW's setting is chosen by, and th
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -109,3 +111,16 @@ def test_vw_s_setting_is_chosen_on_held_out_logs_and_recorded(two_versions: tupl
         assert len(vw.predict([rows.shared[0], *loop._actions_lines()])) == len(SERVABLE)
     finally:
         vw.finish()
+
+
+def test_a_run_logs_at_the_fixed_cycle_clock_so_versions_and_canary_draws_repeat(tmp_path: Path) -> None:
+    """The versions' names come from the logged time, and the canary's sessions from the names: the wall clock made every
+    run of the bench draw other canary sessions."""
+    work = tmp_path / "work"
+    assert loop.main(["--cycles", "1", "--sessions", "500", "--eval-sessions", "500", "--no-vw", "--workdir", str(work),
+                      "--out", str(tmp_path / "loop.json")]) == 0
+    times = DirectorySource(work / "logs").table("decisions").column("time_s")
+    assert pc.min(times).as_py() == pc.max(times).as_py() == loop.cycle_clock(1) == loop.LOG_CLOCK_S
+    trained = json.loads((tmp_path / "loop.json").read_text())["cycles"][1]["gate"]["model_version"]
+    assert trained.startswith("trained-20261130T000000Z-"), trained
+    assert loop.cycle_clock(3) - loop.cycle_clock(2) == 2 * 3600.0
