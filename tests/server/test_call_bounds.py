@@ -86,7 +86,9 @@ def test_a_connection_that_never_takes_its_answers_is_closed_and_its_calls_give_
         assert raw.wait_for(lambda seen: seen.closed, timeout=10), raw.seen
         assert 1.0 <= time.monotonic() - started < 8
         assert raw.seen.frames[DATA] == 0  # no answer went out
-        assert _refused(live.target) is None
+        # the handlers end, and give their slots back, on the server's loop just after it closed the connection: on a busy
+        # machine one call right after the close came first and was refused (a suite run, 2026-12-07), so a few seconds
+        until(lambda: _refused(live.target) is None, "a call served once the connection is closed", timeout=5)
         assert live.registry.get_sample_value(CUT, {"reason": "answer_timeout"}) == 32
         until(lambda: bounds.answering == 0 and bounds.calls_from("ipv4:127.0.0.2") == 0, "the counts back at 0")
 
