@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +24,15 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # one of several test processes shari
     # One OpenMP thread in each, and in the trainer processes the tests start (torch reads this when it is imported,
     # after this file): two workers each spinning two threads on two cores made trainer tests up to 7 times slower.
     os.environ["OMP_NUM_THREADS"] = "1"
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Every test module is imported: what they imported (torch, onnxruntime, pyarrow, numpy: about 270,000
+    objects that live as long as the process) moves to the collector's permanent generation, so its full collections,
+    which the tests' garbage triggers, stop rescanning it: 32.1 → 20.7 s of collection in a suite run of 1,858
+    tests on 2 cores (2026-12-07, Intel Xeon)."""
+    gc.collect()
+    gc.freeze()
 
 
 @pytest.fixture(scope="module")
