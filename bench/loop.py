@@ -614,6 +614,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = public({"world_seed": args.seed, "sessions_per_cycle": args.sessions, "truth_sessions": [truth.start, truth.stop],
                     "config": str(args.config) if args.config else "default", "canary": args.canary,
                     "canary_level": canary.level if canary is not None else None,
+                    "log_clock": {"cycle_1_s": cycle_clock(1), "interval_s": CRON_S},
                     "seconds": time.monotonic() - started,
                     "constants": baselines, "best_constant": best_constant["name"], "intent_policy": oracle,
                     "cycles": cycles, "targets": targets, "guard": guard})

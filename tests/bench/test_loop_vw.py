@@ -121,6 +121,8 @@ def test_a_run_logs_at_the_fixed_cycle_clock_so_versions_and_canary_draws_repeat
                       "--out", str(tmp_path / "loop.json")]) == 0
     times = DirectorySource(work / "logs").table("decisions").column("time_s")
     assert pc.min(times).as_py() == pc.max(times).as_py() == loop.cycle_clock(1) == loop.LOG_CLOCK_S
-    trained = json.loads((tmp_path / "loop.json").read_text())["cycles"][1]["gate"]["model_version"]
+    result = json.loads((tmp_path / "loop.json").read_text())
+    trained = result["cycles"][1]["gate"]["model_version"]
     assert trained.startswith("trained-20261130T000000Z-"), trained
+    assert result["log_clock"] == {"cycle_1_s": loop.LOG_CLOCK_S, "interval_s": 7200.0}
     assert loop.cycle_clock(3) - loop.cycle_clock(2) == 2 * 3600.0
