@@ -50,6 +50,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from datetime import datetime
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -83,7 +84,7 @@ UNTRAINED = (20261130, "default-init-20261130", "2026-11-30T00:00:00Z")
 """``weights.initial.make_bundle``'s arguments for the untrained bundle the learning benches start from (the seed and
 version ``scripts/build_default_bundle.py`` starts from too)."""
 SALT = b"bench-loop".ljust(32, b".")
-LOG_CLOCK_S = 1_795_996_800.0  # 2026-11-30T00:00:00Z, as scripts/build_default_bundle.py
+LOG_CLOCK_S = datetime.fromisoformat(UNTRAINED[2]).timestamp()  # 2026-11-30T00:00:00Z, as scripts/build_default_bundle.py
 CRON_S = 7200.0  # k8s/base/cronjob.yaml: every second hour
 UTC = ZoneInfo("UTC")
 Choose = Callable[[ShopperSession, PageView], Action]
@@ -96,9 +97,11 @@ def cycle_clock(cycle: int) -> float:
     """The server time of every record cycle ``cycle`` (from 1) logs: fixed, ``CRON_S`` apart, never the wall clock.
 
     A trained version is named by the newest logged time (``trainer.train``), and the canary's sessions are a keyed hash
-    of its version's name (``weights.canary``): with the wall clock each run of the bench drew other canary sessions, and
-    the same cycle-3 candidate was promoted by cycle 5 in two runs (32.47) and still waiting in a third (29.47;
-    docs/performance.md, 2026-12-05). Fixed, a run is a function of the code, the world and the config."""
+    of its version's name (``weights.canary``): with the wall clock each run of the bench drew other canary sessions
+    (docs/performance.md). Fixed, a run is a function of the code, the world and the config on one kind of CPU. One
+    instant a cycle: a ``window_hours`` of a whole number of cycles' hours (``>=`` the newest time less the hours) takes
+    the cycle that far back whole, where the servers' spread-out times would take part of it: give 1.9 for the last
+    cycle alone, not 2."""
     return LOG_CLOCK_S + (cycle - 1) * CRON_S
 
 

@@ -1,5 +1,6 @@
 """``bench.loop``'s accounting and its VW peer: a canary look set against the right truth, the trainer window VW reads,
-the keyed held-out split, the off-policy value VW's setting is chosen by, and the choice itself on small logs."""
+the keyed held-out split, the off-policy value VW's setting is chosen by, the choice itself on small logs, and the
+fixed log clock that makes a run repeat."""
 
 from __future__ import annotations
 
@@ -113,16 +114,17 @@ def test_vw_s_setting_is_chosen_on_held_out_logs_and_recorded(two_versions: tupl
         vw.finish()
 
 
-def test_a_run_logs_at_the_fixed_cycle_clock_so_versions_and_canary_draws_repeat(tmp_path: Path) -> None:
+def test_a_run_logs_each_cycle_at_its_fixed_clock_so_versions_and_canary_draws_repeat(tmp_path: Path) -> None:
     """The versions' names come from the logged time, and the canary's sessions from the names: the wall clock made every
-    run of the bench draw other canary sessions."""
+    run of the bench draw other canary sessions. Each cycle logs at its own instant, two hours after the one before."""
     work = tmp_path / "work"
-    assert loop.main(["--cycles", "1", "--sessions", "500", "--eval-sessions", "500", "--no-vw", "--workdir", str(work),
+    assert loop.main(["--cycles", "2", "--sessions", "500", "--eval-sessions", "500", "--no-vw", "--workdir", str(work),
                       "--out", str(tmp_path / "loop.json")]) == 0
-    times = DirectorySource(work / "logs").table("decisions").column("time_s")
-    assert pc.min(times).as_py() == pc.max(times).as_py() == loop.cycle_clock(1) == loop.LOG_CLOCK_S
     result = json.loads((tmp_path / "loop.json").read_text())
+    logged = [c["logs"]["decisions_logged_this_cycle"] for c in result["cycles"][1:]]
+    times = pc.value_counts(DirectorySource(work / "logs").table("decisions").column("time_s")).to_pylist()
+    assert sorted((t["values"], t["counts"]) for t in times) == [(loop.LOG_CLOCK_S, logged[0]),
+                                                                  (loop.LOG_CLOCK_S + 7200.0, logged[1])]
     trained = result["cycles"][1]["gate"]["model_version"]
     assert trained.startswith("trained-20261130T000000Z-"), trained
     assert result["log_clock"] == {"cycle_1_s": loop.LOG_CLOCK_S, "interval_s": 7200.0}
-    assert loop.cycle_clock(3) - loop.cycle_clock(2) == 2 * 3600.0
