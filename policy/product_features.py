@@ -27,11 +27,18 @@ def sku_features(skus: tuple[SkuCandidate, ...]) -> F32:
 
 
 def category_features(categories: tuple[CategoryCandidate, ...]) -> F32:
-    """One row per category, every category's SKUs reduced at once (``np.add.reduceat`` over the stacked SKUs)."""
+    """One row per category, from the stacked SKUs: each category's embeddings summed row by row in float64 (one
+    ``sum(axis=0)`` a category: the bits of ``np.add.reduceat`` over the rows, at a third of its time, which reduces
+    along the first axis slowly: 17 against 45 µs for 6 categories of 6 SKUs, 124 against 340 for 32 of 8), the
+    other columns by ``np.add.reduceat`` over 1-D arrays."""
     counts = np.array([len(c.skus) for c in categories], dtype=np.float64)
     skus = [s for c in categories for s in c.skus]
     starts = np.concatenate([[0], np.cumsum(counts[:-1])]).astype(np.intp)
-    embedding = np.add.reduceat(np.stack([s.embedding for s in skus]).astype(np.float64), starts, axis=0) / counts[:, None]
+    stacked = np.stack([s.embedding for s in skus]).astype(np.float64)
+    embedding = np.empty((len(categories), stacked.shape[1]))
+    for row, (start, category) in enumerate(zip(starts.tolist(), categories, strict=True)):
+        stacked[start : start + len(category.skus)].sum(axis=0, out=embedding[row])
+    embedding /= counts[:, None]
     price = np.array([s.price for s in skus])
     stock = np.array([s.stock for s in skus], dtype=np.float64)
     extra = np.stack([np.log(np.add.reduceat(price, starts) / counts), np.add.reduceat((stock > 0) * 1.0, starts) / counts,
