@@ -602,8 +602,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         guard[name]["vs_shipped"] = paired(final["truth"], guard[name])
     judged = [c["gate_vs_truth"] for c in cycles[1:] if c.get("gate_vs_truth")]
     looked = [c["canary_vs_truth"] for c in cycles[1:] if c.get("canary_vs_truth")]
-    targets = {
+    targets = {  # of the last cycle's policy (the are by cycle 5: vs_best_constant_by_cycle has each cycle's)
+        "after_cycle": cycles[-1]["cycle"],
         "vs_best_constant": paired(final["truth"], best_constant),
+        "vs_best_constant_by_cycle": [paired(c["truth"], best_constant) for c in cycles],
         "vs_vw": paired(final["truth"], final["vw"]) if vw_ok else None,
         "share_of_intent_policy": final["truth"]["objective"]["mean"] / oracle["objective"]["mean"],
         "no_cycle_worse_beyond_ci": all(paired(b["truth"], a["truth"])["ci_high"] >= 0 for a, b in pairwise(cycles)),

@@ -128,3 +128,6 @@ def test_a_run_logs_each_cycle_at_its_fixed_clock_so_versions_and_canary_draws_r
     trained = result["cycles"][1]["gate"]["model_version"]
     assert trained.startswith("trained-20261130T000000Z-"), trained
     assert result["log_clock"] == {"cycle_1_s": loop.LOG_CLOCK_S, "interval_s": 7200.0}
+    targets = result["targets"]  # the last cycle's, and each cycle's against the best constant (the are by cycle 5)
+    assert targets["after_cycle"] == 2 and len(targets["vs_best_constant_by_cycle"]) == 3
+    assert targets["vs_best_constant_by_cycle"][2] == targets["vs_best_constant"]
