@@ -96,7 +96,6 @@ def test_a_connection_that_never_takes_its_answers_is_closed_and_its_calls_give_
         assert raw.seen.frames[DATA] == 0  # no answer went out
         # the handlers end, and give their slots back, on the server's loop just after it closed the connection: on a busy
         # machine one call right after the close came first and was refused (a suite run, 2026-12-07), so it has 2 s
-        until(lambda: bounds.answering == 0, "the closed connection's answers to end", timeout=2)
         assert _served_within(live.target, 2.0) is None
         assert live.registry.get_sample_value(CUT, {"reason": "answer_timeout"}) == 32
         until(lambda: bounds.answering == 0 and bounds.calls_from("ipv4:127.0.0.2") == 0, "the counts back at 0")
