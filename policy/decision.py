@@ -130,11 +130,11 @@ class DecisionProcedure(Rules):
         guard = guard or self.guard
         fired = [self.guardrails.weights(ctx) for ctx in contexts]
         weights = np.array([w for w, _ in fired]) if fired else np.zeros((0, N_ACTIONS))  # (np.stack: 5x the cost)
-        policy_probs = gr.apply_batch(logits, weights)
-        allow64 = allow.astype(np.float64)
         permitted = weights > 0
+        policy_probs = gr.apply_batch(logits, weights, permitted)
+        allow64 = allow.astype(np.float64)
         vetoed = permitted & guard.vetoed(allow64)
-        allowed = permitted & ~vetoed
+        allowed = permitted ^ vetoed  # (vetoed ⊆ permitted)
         fallbacks = [
             self.rules.decide(ctx, a, p, s)
             for ctx, a, p, s in zip(contexts, allowed.tolist(), permitted.tolist(), allow64.tolist(), strict=True)

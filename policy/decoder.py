@@ -114,6 +114,7 @@ class MajorityDecoder:
         )
         self._log_coef = log_coef
         self._decisive = self._counts.max(axis=1) >= min_votes
+        self._actions = np.arange(n_actions)
         self._supports: dict[tuple[bool, ...], _Support] = {}
         self._tied: dict[tuple[tuple[bool, ...], tuple[int, ...]], tuple[IntArray, FloatArray]] = {}
 
@@ -167,9 +168,9 @@ class MajorityDecoder:
         return self._winners(counts, order)
 
     def _winners(self, counts: IntArray, order: IntArray) -> IntArray:
-        rank = np.empty_like(order)
-        rank[np.arange(len(order))[:, None], order] = np.arange(self.n_actions - 1, -1, -1)  # put_along_axis, cheaper
-        return np.argmax(counts * self.n_actions + rank, axis=1)
+        # ``order.argsort`` is each action's place in the order (0: strongest), a permutation's inverse: more votes win,
+        # then an earlier place (counts times n_actions outweighs any difference of places)
+        return (counts * self.n_actions - order.argsort(axis=1)).argmax(axis=1)  # type: ignore[no-any-return]
 
     def explore_batch(self, q: FloatArray) -> FloatArray:
         """``q_T ∝ q^(1/T)`` per row: the temperature-scaled masked distribution."""
@@ -245,15 +246,13 @@ class MajorityDecoder:
         if u.shape != (n, self.samples + 2):  # the vote count below assumes exactly ``samples`` votes a row
             raise ValueError(f"u: expected ({n}, {self.samples + 2}) uniforms, got {u.shape}")
         explored = u[:, 0] < self.epsilon
-        cdf = np.cumsum(q, axis=1)
-        # A vote lands past action j (j < last) iff it is at least cdf[j] (the CDF never falls): counting those per j
-        # gives the votes per action by differences, the lookup's clamp at the last action included.
-        past = np.empty((n, last + 2), dtype=np.int64)  # [K votes past "action −1", then past each j < last, then 0]
-        past[:, 0], past[:, -1] = self.samples, 0
-        past[:, 1:-1] = (u[:, 2:, None] * cdf[:, None, -1:] >= cdf[:, None, :last]).sum(axis=1)
-        counts = past[:, :-1] - past[:, 1:]
+        cdf = q.cumsum(axis=1)
+        # A vote lands past action j (j < last) iff it is at least cdf[j] (the CDF never falls), so the number of such j
+        # is the action it lands on, the lookup's clamp at the last action included: (N, K) actions, then votes per action.
+        voted = (u[:, 2:, None] * cdf[:, None, -1:] >= cdf[:, None, :last]).sum(axis=2)
+        counts = (voted[:, :, None] == self._actions).sum(axis=1)
         winners = self._winners(counts, order)
-        decisive = counts[np.arange(n), winners] >= self.min_votes
+        decisive = counts.max(axis=1) >= self.min_votes  # the winner's count is the largest
         if explored.any():
             at = np.flatnonzero(explored)
             explore_cdf = np.cumsum(explore[at], axis=1)
