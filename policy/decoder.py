@@ -243,7 +243,9 @@ class MajorityDecoder:
 
     def _drawn(self, q: FloatArray, u: FloatArray, order: IntArray, explore: FloatArray) -> DrawBatch:
         n, last = len(q), self.n_actions - 1
-        if u.shape != (n, self.samples + 2):  # the vote count below assumes exactly ``samples`` votes a row
+        if q.shape != (n, self.n_actions):  # the lookup below would count any width of CDF without complaint
+            raise ValueError(f"q: expected (N, {self.n_actions}) probabilities, got {q.shape}")
+        if u.shape != (n, self.samples + 2):  # the draw's contract: exploration, its draw, then ``samples`` votes a row
             raise ValueError(f"u: expected ({n}, {self.samples + 2}) uniforms, got {u.shape}")
         explored = u[:, 0] < self.epsilon
         cdf = q.cumsum(axis=1)

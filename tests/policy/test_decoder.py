@@ -237,9 +237,14 @@ def test_served_batch_and_draws_refuse_arguments_of_the_wrong_shape_or_range() -
     for fallback in ([5], [-1], [0, 1]):
         with pytest.raises(ValueError, match="fallback"):
             decoder.served_batch(q, np.array(fallback))
-    for width in (11, 13):  # the vote count assumes exactly ``samples`` votes
+    for width in (11, 13):  # exploration, its draw, then exactly ``samples`` votes
         with pytest.raises(ValueError, match="u: expected"):
             decoder.draw_batch(q, np.full((1, width), 0.5))
+    for wrong in (q[:, :1], q[:, :4], q[None]):  # a q of another width or rank would be counted without complaint
+        with pytest.raises(ValueError, match=r"q: expected \(N, 5\)"):
+            decoder.draw_batch(wrong, np.full((len(wrong), 12), 0.5))
+    with pytest.raises(ValueError, match=r"q: expected \(N, 5\)"):
+        decoder.draw([1.0], "x")
 
 
 # --- draws against the exact distribution ------------------------------------------------------
