@@ -25,6 +25,10 @@ each (h2load counts a gRPC error as a success):
    steady state once the autoscaler has done its work, so its p99 is what the latency alert sees there. Reported
    (context) and counted toward the worst p99 below capacity.
 
+``--rounds N`` runs all of it N times, one after the other, and judges each target on the median of its N values
+(each value a ratio within its own round, so a round's bare and real servers share its minutes): single runs on a
+shared 2-core machine are one sample of a moving hour (docs/performance.md). The JSON keeps every round.
+
 The real server also runs phase 1 with ``--log-dir`` (a temporary directory), for what
 logging costs, and with ``--workers N`` (``--workers``, default 2) against N bare processes
 sharing one port by SO_REUSEPORT. Two more closed loops put the real server's ``--grpc-servers`` (8 by default) in
@@ -45,6 +49,7 @@ import contextlib
 import itertools
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -277,6 +282,30 @@ def targets(servers: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def judged(value: float, target: str) -> bool | None:
+    """Whether ``value`` meets a target as ``targets`` writes it (``>= x``, ``<= x``; ``context``: None)."""
+    if target == "context":
+        return None
+    op, bound = target.split()
+    if op not in (">=", "<="):
+        raise ValueError(f"target: expected '>= x', '<= x' or 'context', got {target!r}")
+    return value >= float(bound) if op == ">=" else value <= float(bound)
+
+
+def combine(rounds: Sequence[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """Each target over the rounds: the median of its values (those of the rounds that have it), judged as one round's
+    value would be, with every round's value kept."""
+    if not rounds:
+        raise ValueError("combine: no rounds")
+    out: dict[str, dict[str, Any]] = {}
+    for name in dict.fromkeys(name for goals in rounds for name in goals):  # first-seen order
+        values = [goals[name]["value"] for goals in rounds if name in goals]
+        target = next(goals[name]["target"] for goals in rounds if name in goals)
+        value = statistics.median(values)
+        out[name] = {"value": value, "values": values, "target": target, "met": judged(value, target)}
+    return out
+
+
 def plot(servers: dict[str, dict[str, Any]], path: Path) -> Path | None:
     """p50 (dashed) and p99 (solid) against offered load, one colour a server; the 50 ms alert as a line."""
     try:
@@ -321,13 +350,71 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=2, help="then `serve --workers N` against N bare processes (0: skip)")
     p.add_argument("--server-arg", action="append", default=[], metavar="ARG", help="extra flag for `shopping-agent serve`")
     p.add_argument("--no-mlserver", action="store_true", help="skip the Seldon MLServer peer")
+    p.add_argument("--rounds", type=int, default=1, help="run everything this many times; targets on the medians (default 1)")
     p.add_argument("--output", type=Path, default=REPO / "bench" / "results" / "latency-curve.json")
     args = p.parse_args(argv)
     if args.quick:
         args.duration = 2.0
-    if not (0 < args.duration <= 60 and 0 <= args.warmup <= 10 and 0 <= args.workers <= 8):
-        p.error("--duration must be in (0, 60], --warmup in [0, 10] and --workers in [0, 8]")
+    if not (0 < args.duration <= 60 and 0 <= args.warmup <= 10 and 0 <= args.workers <= 8 and 1 <= args.rounds <= 10):
+        p.error("--duration must be in (0, 60], --warmup in [0, 10], --workers in [0, 8] and --rounds in [1, 10]")
     return args
+
+
+def run_round(args: argparse.Namespace, request: pb.RecommendActionRequest, body: Path, timing: Timing, tmp: Path,
+              real_argv: list[str]) -> tuple[dict[str, dict[str, Any]], list[int], str | None]:
+    """Every phase once (the module doc): each server's results, the open loop's offered loads, and why MLServer was
+    skipped (None: it ran). Raises ``BenchError`` or ``subprocess.TimeoutExpired``."""
+    servers: dict[str, dict[str, Any]] = {}
+    for name, argv_ in (("real", real_argv), ("bare", bare_server_argv())):  # the real server first: its capacity
+        print(f"[{name}] closed loop and few callers", flush=True)
+        got = closed_and_few(name, argv_, request, body, timing, tmp)
+        start, rss = got.pop("start_to_serving_s"), got.pop("rss_mb")
+        servers[name] = {**got, "closed_start_to_serving_s": start, "closed_rss_mb": rss}
+    capacity = servers["real"]["closed"]["64"]["requests_per_s"]
+    loads = [round(capacity * f) for f in LOAD_FRACTIONS]
+    for name, argv_ in (("bare", bare_server_argv()), ("real", real_argv)):
+        print(f"[{name}] open loop at {loads} req/s", flush=True)
+        got = open_loop(name, argv_, request, body, timing, tmp, loads)
+        servers[name].update(open=got["open"], open_one_connection=got["open_one_connection"],
+                             open_start_to_serving_s=got["start_to_serving_s"], open_rss_mb=got["rss_mb"])
+    at_hpa = hpa_load(servers["real"]["open"])
+    if at_hpa is None:
+        print(f"[open loop at the HPA's target] skipped: no open-loop point reached {HPA_CPU_CORES:g} of a core", flush=True)
+    else:
+        print(f"[open loop at the HPA's target] {at_hpa:.0f} req/s, where the real server's CPU reached "
+              f"{HPA_CPU_CORES:g} of a core", flush=True)
+        for name, argv_ in (("bare", bare_server_argv()), ("real", real_argv)):
+            servers[name]["open_at_hpa_target"] = open_point(name, argv_, request, body, timing, tmp, round(at_hpa))
+    if not args.quick:
+        n = grpc_servers_of(args.server_arg)
+        print(f"[real --grpc-servers 1] and [bare --grpc-servers {n}] closed loop", flush=True)
+        servers["real_one_server"] = closed_and_few("real_one_server", [*real_argv, "--grpc-servers", "1"], request,
+                                                    body, timing, tmp, few=False)
+        servers["bare_same_servers"] = closed_and_few("bare_same_servers", [*bare_server_argv(), "--grpc-servers", str(n)],
+                                                      request, body, timing, tmp, few=False)
+        print("[real --log-dir] closed loop", flush=True)
+        logs = tmp / "logs"
+        servers["real_log_dir"] = closed_and_few("real_log_dir", [*real_argv, "--log-dir", str(logs)], request, body,
+                                                 timing, tmp, few=False)
+    why_not = "MLServer skipped: --no-mlserver" if args.no_mlserver else peer_mlserver.missing()
+    if why_not is None:
+        print("[mlserver] closed loop", flush=True)
+        servers["mlserver"] = mlserver_closed(peer_mlserver.prepare(tmp, request), timing, tmp)
+    else:
+        print(why_not, flush=True)
+    if args.workers:
+        print(f"[--workers {args.workers}] closed loop against {args.workers} bare processes", flush=True)
+        servers["workers"] = workers_closed(args.workers, real_argv, request, body, timing, tmp)
+    return servers, loads, why_not
+
+
+def print_targets(goals: dict[str, dict[str, Any]], title: str) -> None:
+    print(f"\n{title}")
+    for name, goal in goals.items():
+        verdict = "" if goal["met"] is None else "met" if goal["met"] else "MISSED"
+        values = goal.get("values")
+        spread = "" if values is None or len(values) < 2 else "  (" + ", ".join(f"{v:.3f}" for v in values) + ")"
+        print(f"{name:42} {goal['value']:8.3f}  target {goal['target']:<8} {verdict}{spread}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -342,65 +429,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     timing = Timing(args.warmup, args.duration)
     request = build_request()
     real_argv = real_server_argv(args.server_arg)
-    servers: dict[str, dict[str, Any]] = {}
+    rounds: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench-curve-") as tmp_name:
         tmp = Path(tmp_name)
         body = tmp / "request.grpc"
         body.write_bytes(grpc_frame(request.SerializeToString()))
-        try:
-            for name, argv_ in (("real", real_argv), ("bare", bare_server_argv())):  # the real server first: its capacity
-                print(f"[{name}] closed loop and few callers", flush=True)
-                got = closed_and_few(name, argv_, request, body, timing, tmp)
-                start, rss = got.pop("start_to_serving_s"), got.pop("rss_mb")
-                servers[name] = {**got, "closed_start_to_serving_s": start, "closed_rss_mb": rss}
-            capacity = servers["real"]["closed"]["64"]["requests_per_s"]
-            loads = [round(capacity * f) for f in LOAD_FRACTIONS]
-            for name, argv_ in (("bare", bare_server_argv()), ("real", real_argv)):
-                print(f"[{name}] open loop at {loads} req/s", flush=True)
-                got = open_loop(name, argv_, request, body, timing, tmp, loads)
-                servers[name].update(open=got["open"], open_one_connection=got["open_one_connection"],
-                                     open_start_to_serving_s=got["start_to_serving_s"], open_rss_mb=got["rss_mb"])
-            at_hpa = hpa_load(servers["real"]["open"])
-            if at_hpa is None:
-                print(f"[open loop at the HPA's target] skipped: no open-loop point reached {HPA_CPU_CORES:g} of a core", flush=True)
-            else:
-                print(f"[open loop at the HPA's target] {at_hpa:.0f} req/s, where the real server's CPU reached "
-                      f"{HPA_CPU_CORES:g} of a core", flush=True)
-                for name, argv_ in (("bare", bare_server_argv()), ("real", real_argv)):
-                    servers[name]["open_at_hpa_target"] = open_point(name, argv_, request, body, timing, tmp, round(at_hpa))
-            if not args.quick:
-                n = grpc_servers_of(args.server_arg)
-                print(f"[real --grpc-servers 1] and [bare --grpc-servers {n}] closed loop", flush=True)
-                servers["real_one_server"] = closed_and_few("real_one_server", [*real_argv, "--grpc-servers", "1"], request,
-                                                            body, timing, tmp, few=False)
-                servers["bare_same_servers"] = closed_and_few("bare_same_servers", [*bare_server_argv(), "--grpc-servers", str(n)],
-                                                              request, body, timing, tmp, few=False)
-                print("[real --log-dir] closed loop", flush=True)
-                logs = tmp / "logs"
-                servers["real_log_dir"] = closed_and_few("real_log_dir", [*real_argv, "--log-dir", str(logs)], request, body,
-                                                         timing, tmp, few=False)
-            why_not = "MLServer skipped: --no-mlserver" if args.no_mlserver else peer_mlserver.missing()
-            if why_not is None:
-                print("[mlserver] closed loop", flush=True)
-                servers["mlserver"] = mlserver_closed(peer_mlserver.prepare(tmp, request), timing, tmp)
-            else:
-                print(why_not, flush=True)
-            if args.workers:
-                print(f"[--workers {args.workers}] closed loop against {args.workers} bare processes", flush=True)
-                servers["workers"] = workers_closed(args.workers, real_argv, request, body, timing, tmp)
-        except (BenchError, subprocess.TimeoutExpired) as exc:
-            print(f"bench: {exc}", file=sys.stderr)
-            return 1
-    goals = targets(servers)
-    print()
-    for name, goal in goals.items():
-        verdict = "" if goal["met"] is None else "met" if goal["met"] else "MISSED"
-        print(f"{name:42} {goal['value']:8.3f}  target {goal['target']:<8} {verdict}")
-    if "mlserver" not in servers:
+        for index in range(args.rounds):
+            if args.rounds > 1:
+                print(f"=== round {index + 1} of {args.rounds}", flush=True)
+            try:
+                servers, loads, why_not = run_round(args, request, body, timing, tmp, real_argv)
+            except (BenchError, subprocess.TimeoutExpired) as exc:
+                print(f"bench: {exc}", file=sys.stderr)
+                return 1
+            rounds.append({"offered_loads_per_s": loads, "servers": servers, "targets": targets(servers)})
+            if args.rounds > 1:
+                print_targets(rounds[-1]["targets"], f"round {index + 1}")
+    goals = combine([r["targets"] for r in rounds])
+    print_targets(goals, "targets" if args.rounds == 1 else f"targets: the median of {args.rounds} rounds")
+    if why_not is not None:
         print(why_not)
+    last = rounds[-1]
     results = {**header("bench.latency_curve", started, argv, cores_busy_before_run=round(busy, 3)), "mlserver_skipped": why_not,
-               "offered_loads_per_s": loads, "servers": servers, "targets": goals}
-    png = plot(servers, args.output.with_suffix(".png"))
+               "rounds": len(rounds), "offered_loads_per_s": last["offered_loads_per_s"], "servers": last["servers"],
+               "targets": goals, "each_round": rounds}
+    png = plot(last["servers"], args.output.with_suffix(".png"))  # the last round's curves
     results["plot"] = str(png) if png else None
     write_results(args.output, results)
     if png:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from bench.latency_curve import LOAD_FRACTIONS, grpc_servers_of, hpa_load, plot, targets
+from bench.latency_curve import LOAD_FRACTIONS, combine, grpc_servers_of, hpa_load, judged, parse_args, plot, targets
 from bench.loaders import h2load_log_percentiles
 
 
@@ -120,3 +120,44 @@ def test_the_autoscalers_point_is_context_and_counts_toward_the_worst_p99() -> N
     assert got["open_loop_at_hpa_target_offered_per_s"]["value"] == 60.0
     assert got["open_loop_at_hpa_target_server_cores"]["value"] == 0.71
     assert got["worst_open_loop_p99_ms_below_capacity"] == {"value": 70.0, "target": "<= 50", "met": False}
+
+
+def test_rounds_are_judged_on_the_median_of_each_targets_values() -> None:
+    bare = _server(1000.0, 1.0, [2.0] * 4)
+    fast, slow = _server(900.0, 1.4, [3.0, 3.9, 3.9, 30.0]), _server(700.0, 1.4, [3.0, 3.9, 3.9, 30.0])
+    peer = {"mlserver": _server(250.0, 9.0, [1.0] * 4)}
+    rounds = [targets({"bare": bare, "real": fast, **peer}), targets({"bare": bare, "real": slow, **peer}),
+              targets({"bare": bare, "real": fast})]  # MLServer missing from one round
+    got = combine(rounds)
+    assert list(got) == list(rounds[0])  # every target, in the order one round reports them
+    throughput = got["throughput_64_in_flight_over_bare"]
+    assert throughput["values"] == [0.9, 0.7, 0.9] and throughput["value"] == 0.9 and throughput["met"] is True
+    assert got["throughput_64_in_flight_over_mlserver"]["values"] == [3.6, 2.8]  # only the rounds that ran it
+    assert got["throughput_64_in_flight_over_mlserver"]["value"] == pytest.approx(3.2)
+    assert got["throughput_64_in_flight_over_mlserver"]["met"] is True
+    assert combine([rounds[1], rounds[1], rounds[0]])["throughput_64_in_flight_over_bare"]["met"] is False  # median 0.7
+    assert got["rss_mb"]["met"] is True and got["rss_mb"]["target"] == "<= 150"
+    with pytest.raises(ValueError, match="no rounds"):
+        combine([])
+
+
+def test_a_targets_verdict_reads_back_from_its_text() -> None:
+    """``combine`` judges a median by the target's text: for every target ``targets`` writes, that gives its verdict."""
+    bare = _server(1000.0, 1.0, [2.0] * 4)
+    for real in (_server(850.0, 1.4, [3.0, 3.9, 3.9, 30.0]), _server(700.0, 2.0, [3.0, 5.0, 4.1, 60.0], start=1.2, rss=160.0)):
+        goals = targets({"bare": bare, "real": real, "real_log_dir": _server(600.0, 2.0, [1.0] * 4),
+                         "workers": {"workers": 2, "real": _server(1500.0, 1.0, [1.0] * 4), "bare": _server(2000.0, 1.0, [1.0] * 4)},
+                         "mlserver": _server(250.0, 9.0, [1.0] * 4)})
+        for name, goal in goals.items():
+            assert judged(goal["value"], goal["target"]) == goal["met"], name
+    assert judged(0.8, ">= 0.8") is True and judged(50.0, "<= 50") is True and judged(50.1, "<= 50") is False
+    assert judged(3.0, "context") is None
+    with pytest.raises(ValueError, match="target"):
+        judged(1.0, "== 1")
+
+
+@pytest.mark.parametrize("rounds", ["0", "11"])
+def test_rounds_out_of_range_are_refused(rounds: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse_args(["--rounds", rounds])
+    assert "--rounds in [1, 10]" in capsys.readouterr().err
