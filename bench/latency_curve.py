@@ -437,8 +437,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         for index in range(args.rounds):
             if args.rounds > 1:
                 print(f"=== round {index + 1} of {args.rounds}", flush=True)
+            here = tmp / f"round-{index + 1}"  # each round's own files: MLServer's model directory, the --log-dir logs
+            here.mkdir()
             try:
-                servers, loads, why_not = run_round(args, request, body, timing, tmp, real_argv)
+                servers, loads, why_not = run_round(args, request, body, timing, here, real_argv)
             except (BenchError, subprocess.TimeoutExpired) as exc:
                 print(f"bench: {exc}", file=sys.stderr)
                 return 1
