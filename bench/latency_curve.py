@@ -27,7 +27,8 @@ each (h2load counts a gRPC error as a success):
 
 ``--rounds N`` runs all of it N times, one after the other, and judges each target on the median of its N values
 (each value a ratio within its own round, so a round's bare and real servers share its minutes): single runs on a
-shared 2-core machine are one sample of a moving hour (docs/performance.md). The JSON keeps every round.
+shared 2-core machine are one sample of a moving hour (docs/performance.md). The JSON keeps every round
+(``each_round``); its ``servers`` and the plot are the last round's.
 
 The real server also runs phase 1 with ``--log-dir`` (a temporary directory), for what
 logging costs, and with ``--workers N`` (``--workers``, default 2) against N bare processes
