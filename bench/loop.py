@@ -68,7 +68,7 @@ from experience.segments import DirectorySource
 from experience.sessions import build_episodes
 from policy.features import FeatureSpec, behavior_buckets, local_hour
 from simulator.config import SERVABLE, SimConfig
-from simulator.drive import Trace, decision_id, reports_for, run_in_process, run_logged
+from simulator.drive import CRON_INTERVAL_S, Trace, cycle_time, decision_id, reports_for, run_in_process, run_logged
 from simulator.reference import intent_policy
 from simulator.world import PageView, ShopperSession, World
 from trainer.canary import CanarySettings
@@ -85,7 +85,6 @@ UNTRAINED = (20261130, "default-init-20261130", "2026-11-30T00:00:00Z")
 version ``scripts/build_default_bundle.py`` starts from too)."""
 SALT = b"bench-loop".ljust(32, b".")
 LOG_CLOCK_S = datetime.fromisoformat(UNTRAINED[2]).timestamp()  # 2026-11-30T00:00:00Z, as scripts/build_default_bundle.py
-CRON_S = 7200.0  # k8s/base/cronjob.yaml: every second hour
 UTC = ZoneInfo("UTC")
 Choose = Callable[[ShopperSession, PageView], Action]
 
@@ -94,15 +93,9 @@ Choose = Callable[[ShopperSession, PageView], Action]
 
 
 def cycle_clock(cycle: int) -> float:
-    """The server time of every record cycle ``cycle`` (from 1) logs: fixed, ``CRON_S`` apart, never the wall clock.
-
-    A trained version is named by the newest logged time (``trainer.train``), and the canary's sessions are a keyed hash
-    of its version's name (``weights.canary``): with the wall clock each run of the bench drew other canary sessions
-    (docs/performance.md). Fixed, a run is a function of the code, the world and the config on one kind of CPU. One
-    instant a cycle: a ``window_hours`` of a whole number of cycles' hours (``>=`` the newest time less the hours) takes
-    the cycle that far back whole, where the servers' spread-out times would take part of it: give 1.9 for the last
-    cycle alone, not 2."""
-    return LOG_CLOCK_S + (cycle - 1) * CRON_S
+    """The server time of every record cycle ``cycle`` (from 1) logs (``simulator.drive.cycle_time``): with the wall
+    clock each run of the bench drew other canary sessions (docs/performance.md)."""
+    return cycle_time(LOG_CLOCK_S, cycle - 1)
 
 
 def play(world: World, sessions: range, choose: Choose) -> Trace:
@@ -619,7 +612,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = public({"world_seed": args.seed, "sessions_per_cycle": args.sessions, "truth_sessions": [truth.start, truth.stop],
                     "config": str(args.config) if args.config else "default", "canary": args.canary,
                     "canary_level": canary.level if canary is not None else None,
-                    "log_clock": {"cycle_1_s": cycle_clock(1), "interval_s": CRON_S},
+                    "log_clock": {"cycle_1_s": cycle_clock(1), "interval_s": CRON_INTERVAL_S},
                     "seconds": time.monotonic() - started,
                     "constants": baselines, "best_constant": best_constant["name"], "intent_policy": oracle,
                     "cycles": cycles, "targets": targets, "guard": guard})

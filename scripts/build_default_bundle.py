@@ -72,7 +72,7 @@ import numpy as np  # noqa: E402
 
 from experience.segments import DirectorySource  # noqa: E402
 from simulator.config import SimConfig  # noqa: E402
-from simulator.drive import run_in_process, run_logged  # noqa: E402
+from simulator.drive import cycle_time, run_in_process, run_logged  # noqa: E402
 from simulator.world import World  # noqa: E402
 from weights.bundle import read_bundle  # noqa: E402
 from weights.embedded import DEFAULT_MODEL_VERSION  # noqa: E402
@@ -87,7 +87,7 @@ SIM_SEED, SESSIONS, CYCLES = 1130, 10000, 3
 # 1,220 held-out sessions came out 0.702, past the gate's 0.7, and the default scored 9.41 by the truth; docs/bundles.md)
 TRAIN_SEED = 0
 EVAL_SEED, EVAL_SESSIONS = 2026, 3000
-LOG_CLOCK_S = 1_795_996_800.0  # 2026-11-30T00:00:00Z: the first cycle's server time, fixed; each cycle 2 h later
+LOG_CLOCK_S = 1_795_996_800.0  # 2026-11-30T00:00:00Z: the first cycle's server time, fixed (simulator.drive.cycle_time)
 TARGET = ROOT / "weights" / "data" / "default.bundle"
 BUILT_ON = TARGET.with_suffix(".built-on.json")
 """Where the checked-in bundle was built: the CPU (vendor, model, the instruction sets that pick kernels) and the
@@ -123,7 +123,7 @@ def build() -> bytes:
     with tempfile.TemporaryDirectory(prefix="default-bundle-") as tmp:
         logs = Path(tmp)
         for cycle in range(CYCLES):
-            clock = LOG_CLOCK_S + cycle * 7200.0
+            clock = cycle_time(LOG_CLOCK_S, cycle)
             run_logged(world, active_model, range(cycle * SESSIONS, (cycle + 1) * SESSIONS), ZoneInfo("UTC"), logs,
                        b"default-bundle-salt".ljust(32, b"."), clock=functools.partial(float, clock))  # a fixed clock per cycle
             source = DirectorySource(logs)

@@ -280,6 +280,20 @@ def run_in_process(world: World, model: BatchDecider, sessions: range, tz: tzinf
         active = [(i, s) for i, s, _ in live if not s.ended]
 
 
+CRON_INTERVAL_S = 7200.0
+"""The CronJob's interval (``k8s/base/cronjob.yaml``: every second hour): what separates two simulated cycles' logs."""
+
+
+def cycle_time(first_s: float, cycle: int) -> float:
+    """The fixed server time of every record simulated cycle ``cycle`` (from 0) logs: ``first_s``, then one CronJob
+    interval later a cycle, never the wall clock. A trained version is named by its logs' newest time
+    (``trainer.train``), and a canary's sessions are a keyed hash of that name (``weights.canary``), so a fixed clock
+    makes a loop of cycles a function of its code, world and config. One instant a cycle: a ``window_hours`` of a whole
+    number of intervals takes the cycle that far back whole (``>=`` the newest time less the hours), where a server's
+    spread-out times would take part of it; give 1.9 hours for the last cycle alone, not 2."""
+    return first_s + cycle * CRON_INTERVAL_S
+
+
 def run_logged(world: World, model: BatchDecider, sessions: range, tz: tzinfo, root: Path, salt: bytes, *,
                clock: Callable[[], float] = time.time, batch: int = 256,
                on_finished: Callable[[int], None] | None = None, products: ProductChooser | None = None) -> tuple[Trace, dict[str, int]]:

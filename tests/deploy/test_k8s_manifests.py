@@ -33,6 +33,7 @@ from bench.latency_curve import HPA_CPU_CORES
 from server.app import SERVICE_NAME
 from server.cli import parser
 from server.config import ENV_PREFIX, SALT_ENV, Config, build_config
+from simulator.drive import CRON_INTERVAL_S
 from tests.deploy.k8s_render import containers, parse_cron, pod_labels, pod_spec, render, selects
 from tests.harness import ROOT
 from trainer.cli import EXIT_REFUSED
@@ -611,6 +612,7 @@ def test_cronjob_schedule_is_five_fields_every_two_hours(rendered: dict[str, lis
     spec = one(rendered["base"], "CronJob", TRAINER)["spec"]
     minutes, hours, days, months, weekdays = parse_cron(spec["schedule"])
     assert len(minutes) == 1 and hours == set(range(0, 24, 2))
+    assert CRON_INTERVAL_S == 2 * 3600, "the simulated cycles (simulator.drive.cycle_time) log one CronJob interval apart"
     assert days == set(range(1, 32)) and months == set(range(1, 13)) and weekdays == set(range(0, 8))
     assert spec["concurrencyPolicy"] == "Forbid"
     assert spec["jobTemplate"]["spec"]["activeDeadlineSeconds"] < 2 * 3600, "a run must end before the next one is due"
