@@ -130,9 +130,9 @@ class DecisionProcedure(Rules):
         guard = guard or self.guard
         fired = [self.guardrails.weights(ctx) for ctx in contexts]
         weights = np.array([w for w, _ in fired]) if fired else np.zeros((0, N_ACTIONS))  # (np.stack: 5x the cost)
-        permitted = weights > 0
-        policy_probs = gr.apply_batch(logits, weights, permitted)
+        policy_probs = gr.apply_batch(logits, weights)
         allow64 = allow.astype(np.float64)
+        permitted = weights > 0
         vetoed = permitted & guard.vetoed(allow64)
         allowed = permitted ^ vetoed  # (vetoed ⊆ permitted)
         fallbacks = [

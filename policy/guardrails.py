@@ -104,15 +104,13 @@ _LEAST = np.finfo(np.float64).min
 _TINY = np.finfo(np.float64).tiny
 
 
-def apply_batch(logits: npt.NDArray[np.floating[Any]], weights: FloatArray,
-                permitted: npt.NDArray[np.bool_] | None = None) -> FloatArray:
+def apply_batch(logits: npt.NDArray[np.floating[Any]], weights: FloatArray) -> FloatArray:
     """Masked policy per row: ``softmax(logits + log weights)``; banned actions get exactly 0.
 
     A row where every action is banned comes back all zeros. The logits must be finite (``ModelSet.infer`` refuses
-    others): a NaN gives NaN. ``permitted``: ``weights > 0``, when the caller has it already.
+    others): a NaN gives NaN.
     """
-    if permitted is None:
-        permitted = weights > 0
+    permitted = weights > 0
     z = np.where(permitted, logits + np.log(np.where(permitted, weights, 1.0), dtype=np.float64), -np.inf)
     # a row's largest z, or the least float where all are banned: exp(−inf − that) = 0, not NaN
     e = np.exp(z - np.maximum(z.max(axis=-1, keepdims=True), _LEAST))
