@@ -224,63 +224,63 @@ def _ratio(a: float, b: float) -> float:
 def targets(servers: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Issue 16's goals, each as a ratio within this run (or a bound), with whether it held."""
     bare, real = servers["bare"], servers["real"]
+    throughput, p50, p99 = f">= {TARGETS['throughput']}", f"<= {TARGETS['p50']}", f"<= {TARGETS['p99']}"
     out: dict[str, dict[str, Any]] = {}
     for k in CLOSED:
-        v = _ratio(real["closed"][k]["requests_per_s"], bare["closed"][k]["requests_per_s"])
-        goal = TARGETS["throughput"]
-        out[f"throughput_{k}_in_flight_over_bare"] = {"value": v, "target": f">= {goal}", "met": v >= goal}
+        out[f"throughput_{k}_in_flight_over_bare"] = goal(
+            _ratio(real["closed"][k]["requests_per_s"], bare["closed"][k]["requests_per_s"]), throughput)
     for k in CLOSED:  # context, not targets (module doc): met is None
         rate = {name: servers[name]["closed"][k]["requests_per_s"] for name in ("real_one_server", "bare_same_servers")
                 if name in servers}
         if "real_one_server" in rate:
-            out[f"real_one_server_{k}_in_flight_over_bare"] = {
-                "value": _ratio(rate["real_one_server"], bare["closed"][k]["requests_per_s"]), "target": "context", "met": None}
+            out[f"real_one_server_{k}_in_flight_over_bare"] = goal(
+                _ratio(rate["real_one_server"], bare["closed"][k]["requests_per_s"]), "context")
         if "bare_same_servers" in rate:
-            out[f"throughput_{k}_in_flight_over_bare_same_servers"] = {
-                "value": _ratio(real["closed"][k]["requests_per_s"], rate["bare_same_servers"]), "target": "context", "met": None}
+            out[f"throughput_{k}_in_flight_over_bare_same_servers"] = goal(
+                _ratio(real["closed"][k]["requests_per_s"], rate["bare_same_servers"]), "context")
     if "real_log_dir" in servers:
         v = 1.0 - _ratio(servers["real_log_dir"]["closed"]["64"]["requests_per_s"], real["closed"]["64"]["requests_per_s"])
-        out["log_dir_throughput_cost"] = {"value": v, "target": f"<= {TARGETS['log_dir_cost']}", "met": v <= TARGETS["log_dir_cost"]}
+        out["log_dir_throughput_cost"] = goal(v, f"<= {TARGETS['log_dir_cost']}")
     for k in FEW:
-        v = _ratio(real["few"][k]["p50_ms"], bare["few"][k]["p50_ms"])
-        out[f"p50_{k}_callers_over_bare"] = {"value": v, "target": f"<= {TARGETS['p50']}", "met": v <= TARGETS["p50"]}
+        out[f"p50_{k}_callers_over_bare"] = goal(_ratio(real["few"][k]["p50_ms"], bare["few"][k]["p50_ms"]), p50)
     for fraction, r_point, b_point in zip(LOAD_FRACTIONS, real["open"], bare["open"], strict=True):
         if fraction in (0.5, 0.75):
-            v = _ratio(r_point["p99_ms"], b_point["p99_ms"])
-            out[f"p99_open_{fraction:.0%}_over_bare"] = {"value": v, "target": f"<= {TARGETS['p99']}", "met": v <= TARGETS["p99"]}
+            out[f"p99_open_{fraction:.0%}_over_bare"] = goal(_ratio(r_point["p99_ms"], b_point["p99_ms"]), p99)
     if "workers" in servers:
         w = servers["workers"]
         for k in CLOSED:
-            v = _ratio(w["real"]["closed"][k]["requests_per_s"], w["bare"]["closed"][k]["requests_per_s"])
-            out[f"workers_{w['workers']}_{k}_in_flight_over_{w['workers']}_bare"] = {
-                "value": v, "target": f">= {TARGETS['throughput']}", "met": v >= TARGETS["throughput"]}
+            out[f"workers_{w['workers']}_{k}_in_flight_over_{w['workers']}_bare"] = goal(
+                _ratio(w["real"]["closed"][k]["requests_per_s"], w["bare"]["closed"][k]["requests_per_s"]), throughput)
     if "mlserver" in servers:
         for k in CLOSED:
-            v = _ratio(real["closed"][k]["requests_per_s"], servers["mlserver"]["closed"][k]["requests_per_s"])
-            goal = TARGETS["over_mlserver"]
-            out[f"throughput_{k}_in_flight_over_mlserver"] = {"value": v, "target": f">= {goal:g}", "met": v >= goal}
+            out[f"throughput_{k}_in_flight_over_mlserver"] = goal(
+                _ratio(real["closed"][k]["requests_per_s"], servers["mlserver"]["closed"][k]["requests_per_s"]),
+                f">= {TARGETS['over_mlserver']:g}")
     one = real.get("open_one_connection")  # (results from before the point was added have none)
     if one is not None:
-        v = _ratio(one["p99_ms"], bare["open_one_connection"]["p99_ms"])
-        out[f"p99_open_{ONE_CONNECTION_FRACTION:.0%}_one_connection_over_bare"] = {
-            "value": v, "target": f"<= {TARGETS['p99']}", "met": v <= TARGETS["p99"]}
+        out[f"p99_open_{ONE_CONNECTION_FRACTION:.0%}_one_connection_over_bare"] = goal(
+            _ratio(one["p99_ms"], bare["open_one_connection"]["p99_ms"]), p99)
     at_hpa = real.get("open_at_hpa_target")  # (absent when no open point reached the target's CPU, and in older results)
     if at_hpa is not None:
-        out["open_loop_at_hpa_target_offered_per_s"] = {"value": at_hpa["offered_per_s"], "target": "context", "met": None}
-        out["open_loop_at_hpa_target_server_cores"] = {"value": at_hpa["server_cores"], "target": "context", "met": None}
-        out["p99_open_at_hpa_target_ms"] = {"value": at_hpa["p99_ms"], "target": "context", "met": None}
-        out["p99_open_at_hpa_target_over_bare"] = {
-            "value": _ratio(at_hpa["p99_ms"], bare["open_at_hpa_target"]["p99_ms"]), "target": "context", "met": None}
+        out["open_loop_at_hpa_target_offered_per_s"] = goal(at_hpa["offered_per_s"], "context")
+        out["open_loop_at_hpa_target_server_cores"] = goal(at_hpa["server_cores"], "context")
+        out["p99_open_at_hpa_target_ms"] = goal(at_hpa["p99_ms"], "context")
+        out["p99_open_at_hpa_target_over_bare"] = goal(_ratio(at_hpa["p99_ms"], bare["open_at_hpa_target"]["p99_ms"]), "context")
     worst = max(p["p99_ms"] for p in [*real["open"], *([one] if one is not None else []), *([at_hpa] if at_hpa else [])])
-    out["worst_open_loop_p99_ms_below_capacity"] = {"value": worst, "target": f"<= {SLO_P99_MS:g}", "met": worst <= SLO_P99_MS}
+    out["worst_open_loop_p99_ms_below_capacity"] = goal(worst, f"<= {SLO_P99_MS:g}")
     delivered = [_ratio(p["requests_per_s"], p["offered_per_s"]) for p in real["open"] if "requests_per_s" in p]
     if delivered:  # context: below 1, the loads set from the closed loop's capacity reached past the open loop's
-        out["open_loop_least_delivered_over_offered"] = {"value": min(delivered), "target": "context", "met": None}
-    start = max(real["closed_start_to_serving_s"], real["open_start_to_serving_s"])
-    out["start_to_serving_s"] = {"value": start, "target": f"<= {TARGETS['start_s']:g}", "met": start <= TARGETS["start_s"]}
-    rss = max(real["closed_rss_mb"], real["open_rss_mb"])
-    out["rss_mb"] = {"value": rss, "target": f"<= {TARGETS['rss_mb']:g}", "met": rss <= TARGETS["rss_mb"]}
+        out["open_loop_least_delivered_over_offered"] = goal(min(delivered), "context")
+    out["start_to_serving_s"] = goal(max(real["closed_start_to_serving_s"], real["open_start_to_serving_s"]),
+                                     f"<= {TARGETS['start_s']:g}")
+    out["rss_mb"] = goal(max(real["closed_rss_mb"], real["open_rss_mb"]), f"<= {TARGETS['rss_mb']:g}")
     return out
+
+
+def goal(value: float, target: str) -> dict[str, Any]:
+    """One target's entry: its value, its text (``>= x``, ``<= x`` or ``context``) and the verdict that text gives: the
+    one judgement a round's value and a median over rounds (``combine``) both go through."""
+    return {"value": value, "target": target, "met": judged(value, target)}
 
 
 def judged(value: float, target: str) -> bool | None:
@@ -302,8 +302,7 @@ def combine(rounds: Sequence[dict[str, dict[str, Any]]]) -> dict[str, dict[str, 
     for name in dict.fromkeys(name for goals in rounds for name in goals):  # first-seen order
         values = [goals[name]["value"] for goals in rounds if name in goals]
         target = next(goals[name]["target"] for goals in rounds if name in goals)
-        value = statistics.median(values)
-        out[name] = {"value": value, "values": values, "target": target, "met": judged(value, target)}
+        out[name] = {**goal(statistics.median(values), target), "values": values}
     return out
 
 
