@@ -4,6 +4,7 @@
         [--eval-sessions 6000] [--json]
     .venv/bin/python -m bench.offline_learners --untrained-logs 0.5,100 [--behaviour B.bundle] [--log-sessions 20000]
         --config A.json ...
+    ... --vw   (Vowpal Wabbit, tuned as ``bench.loop`` tunes it, on the first config's window: the peer on the same rows)
 
 Where ``bench.loop`` asks what the CronJob cycle reaches, this asks what one ``train`` extracts from
 a fixed set of logs (for example a ``bench.loop --workdir`` run's directory, logged in world
@@ -20,6 +21,11 @@ drawn uniformly from the allowed actions), which is then ``--init``: what one ru
 the behaviour can make them, against the untrained bundle's own (0.05,1.2). ``--behaviour B.bundle`` serves them with
 that bundle's policy instead (say a trained one that serves add_to_cart: logs whose follow-up after an explored prompt is
 the trained policy's), under the same exploration, and starts every run from it.
+
+``--vw`` adds the loop's peer learner on the very rows the first ``--config`` trained on: the ``trainer.window`` record of
+the bundle it wrote (versions, sample) selects them from the logs, VW's setting is chosen on them as ``bench.loop``
+chooses it (held-out sessions, never the truth), and its greedy policy plays the same truth sessions, so every run is
+paired with it. It needs the bench extra's ``vowpalwabbit``.
 """
 
 from __future__ import annotations
@@ -32,8 +38,25 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.loop import SALT, TRUTH_FIRST, UNTRAINED, UTC, paired, public, references, scored, trainer_json
+from bench.loop import (
+    SALT,
+    TRUTH_FIRST,
+    UNTRAINED,
+    UTC,
+    VWFeatures,
+    paired,
+    play,
+    public,
+    references,
+    scored,
+    trainer_json,
+    trainer_window,
+    tuned_vw,
+    vw_chooser,
+    vw_rows,
+)
 from bench.report import add_json_flag, header, write_results
+from experience.segments import DirectorySource
 from simulator.config import SimConfig
 from simulator.drive import run_in_process, run_logged
 from simulator.world import World
@@ -77,6 +100,25 @@ def explored_logs(world: World, behaviour: Path | None, epsilon: float, temperat
     return path
 
 
+def vw_on_window(world: World, logs: Path, bundle: Path, truth: range) -> dict[str, Any]:
+    """VW tuned (``bench.loop.tuned_vw``) on the rows of ``bundle``'s ``trainer.window`` in ``logs``, played greedily on
+    ``truth``: its score, the rows it read and the record of its setting's choice."""
+    model = read_bundle(bundle)
+    window = model.manifest.get("trainer", {}).get("window")
+    if window is None:
+        raise SystemExit(f"--vw: {bundle} records no trainer window")
+    source = DirectorySource(logs)
+    decisions, outcomes = trainer_window(source.table("decisions"), source.table("outcomes"), window)
+    features = VWFeatures(ModelSet.load(model, LoadOptions(device="cpu", warmup_batch=8)).encoder.spec)
+    vw, choice = tuned_vw(vw_rows(decisions, outcomes, features))
+    try:
+        result = scored("vw cb_adf", play(world, truth, vw_chooser(vw, features)), world, truth)
+    finally:
+        vw.finish()
+    return result | {"tuning": choice, "trained_on": {"window_of": str(bundle), "decisions": decisions.num_rows,
+                                                      "versions": sorted(set(decisions.column("model_version").to_pylist()))}}
+
+
 def summary(result: dict[str, Any]) -> str:
     mixes = " | ".join(f"{intent} " + " ".join(f"{k[:4]} {v:.2f}" for k, v in mix.items() if v >= 0.01)
                        for intent, mix in result["action_mix_by_intent"].items())
@@ -95,6 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--config", type=Path, action="append", required=True, help="a TrainConfig JSON (repeat)")
     p.add_argument("--seed", type=int, default=7, help="the world the logs were written in")
     p.add_argument("--eval-sessions", type=int, default=6000)
+    p.add_argument("--vw", action="store_true", help="VW on the first config's window, tuned as bench.loop tunes it (bench extra)")
     add_json_flag(p, "offline_learners.json")
     args = p.parse_args(argv)
     if not 500 <= args.eval_sessions <= 200_000:
@@ -109,6 +152,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         explore = exploration_of(args.untrained_logs) if args.untrained_logs is not None else None
     except ValueError as exc:
         p.error(f"--untrained-logs: {exc}")
+    if args.vw:
+        try:
+            import vowpalwabbit  # noqa: F401
+        except ImportError:
+            p.error("--vw: vowpalwabbit is not installed (pip install -e '.[bench]')")
     started = time.time()
     world = World(SimConfig(), args.seed)
     truth = range(TRUTH_FIRST, TRUTH_FIRST + args.eval_sessions)
@@ -140,13 +188,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             d = result["vs_best_constant"]
             print(summary(result) + f"  vs {best['name']} {d['mean']:+.2f} [{d['ci_low']:+.2f}, {d['ci_high']:+.2f}]", flush=True)
             runs.append(result)
+        vw = vw_on_window(world, logs, tmp / "run-0.bundle", truth) if args.vw else None
+        if vw is not None:
+            print(summary(vw) + f"  ({vw['tuning']['chosen']}, {vw['trained_on']['decisions']:,} rows)", flush=True)
+            for result in runs:
+                result["vs_vw"] = d = paired(result, vw)
+                print(f"{result['name']} vs VW {d['mean']:+.2f} [{d['ci_low']:+.2f}, {d['ci_high']:+.2f}]", flush=True)
 
     if args.json is not None:
         write_results(args.json, {**header("bench.offline_learners", started, argv), "world_seed": args.seed,
                                   "logs": str(args.logs) if args.logs else {"untrained_exploration": explore,
                                                                             "sessions": args.log_sessions},
                                   "init": str(args.init or args.behaviour or "untrained"), "truth_sessions": [truth.start, truth.stop],
-                                  **public({"best_constant": best, "intent_policy": oracle, "init_result": start, "runs": runs})})
+                                  **public({"best_constant": best, "intent_policy": oracle, "init_result": start, "runs": runs,
+                                           "vw": vw})})
     return 0
 
 
