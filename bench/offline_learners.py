@@ -183,7 +183,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             result |= {"config": json.loads(config.read_text()), "vs_best_constant": paired(result, best),
                        "vs_init": paired(result, start), "share_of_intent_policy": share,
                        "train_metrics": {k: report["metrics"].get(k) for k in (
-                           "updates_accepted", "kl_served_to_start", "kl_to_behavior", "trajectory_ess_fraction", "critic_return_r2")},
+                           "updates_accepted", "kl_served_to_start", "kl_to_behavior", "trajectory_ess_fraction", "critic_return_r2",
+                           "critic_return_r2_heldout")},
                        "seconds": time.monotonic() - t0}
             d = result["vs_best_constant"]
             print(summary(result) + f"  vs {best['name']} {d['mean']:+.2f} [{d['ci_low']:+.2f}, {d['ci_high']:+.2f}]", flush=True)

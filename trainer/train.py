@@ -40,7 +40,7 @@ from policy.features import FeatureSpec
 from trainer import update
 from trainer.advantages import baseline_folds, cross_fitted_baseline, group_advantages
 from trainer.config import TrainConfig
-from trainer.critic import critic_action_advantages, critic_advantages, fit_critic
+from trainer.critic import cross_fitted_critic
 from trainer.data import Experience, experience, training_reports, training_rows
 from trainer.distributed import LocalReducer, Reducer
 from trainer.export import export_bundle
@@ -140,11 +140,11 @@ def advantages_for(exp: Experience, config: TrainConfig, states: torch.Tensor, r
         if pi is None:
             raise ValueError("pi: required with advantage=critic")
         acts = torch.as_tensor(exp.steps.actions, device=states.device)
-        critic = fit_critic(rows_of(states, rows), acts[rows], returns[rows], pi, config.critic_hidden, config.critic_epochs,
-                            seed=config.seed, keys=keys, reducer=reducer)
-        if config.surrogate == "expected":
-            return critic_action_advantages(critic, states), dict(critic.metrics)
-        return critic_advantages(critic, states, acts), dict(critic.metrics)
+        weights = None if config.critic_weight_cap is None else torch.as_tensor(
+            np.minimum(1.0 / exp.steps.propensity, config.critic_weight_cap), dtype=torch.float32, device=states.device)
+        return cross_fitted_critic(states, acts, returns, pi, baseline_folds(sessions, config.seed), rows,
+                                   expected=config.surrogate == "expected", hidden=config.critic_hidden,
+                                   epochs=config.critic_epochs, seed=config.seed, keys=keys, reducer=reducer, weights=weights)
     if config.advantage == "group":
         groups = np.array([int(c.page_type) for c in exp.steps.contexts], dtype=np.int64)
         total = None if reducer.world_size == 1 else lambda x: reducer.total(torch.as_tensor(x, dtype=torch.float64)).numpy()

@@ -37,6 +37,13 @@ def test_seeds_and_keys_out_of_their_range_are_named_before_any_log_is_read() ->
     assert TrainConfig(sample_key=-(2**63)).sample_key == -(2**63)  # hashed as signed bytes: negative keys are keys
 
 
+def test_the_critics_weight_cap_is_a_weight_or_none() -> None:
+    for bad in (0.5, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="critic_weight_cap: expected >= 1 and finite, or None"):
+            TrainConfig(critic_weight_cap=bad)
+    assert TrainConfig(critic_weight_cap=1).critic_weight_cap == 1 and TrainConfig().critic_weight_cap is None
+
+
 def test_numbers_of_any_kind_that_fit_are_accepted() -> None:
     config = TrainConfig(seed=np.int64(3), kl_delta=1, window_versions=None, guard=GuardConfig(learning_rate=np.float32(0.01)))
     assert config.seed == 3 and config.kl_delta == 1

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import pytest
 import torch
 
 from trainer.config import TrainConfig
-from trainer.critic import Critic, critic_action_advantages, critic_advantages, fit_critic
+from trainer.critic import Critic, critic_action_advantages, critic_advantages, cross_fitted_critic, fit_critic
 
 MEANS = torch.tensor([0.0, 1.0, 3.0, -1.0, 2.0])  # E[G | a]: the state says nothing about the return
 RANK = [2, 4, 1, 0, 3]  # the actions from best to worst
@@ -166,3 +168,66 @@ def test_every_actions_advantage_is_its_return_less_the_value() -> None:
     torch.testing.assert_close(every.gather(1, actions[:, None])[:, 0], critic_advantages(critic, states, actions))
     with pytest.raises(ValueError, match=r"^chunk:"):
         critic_action_advantages(critic, states, chunk=0)
+
+
+def _folds(n: int) -> npt.NDArray[np.bool_]:
+    return np.arange(n) % 2 == 1  # alternate rows in the two halves (a session a row here)
+
+
+def test_a_rows_cross_fitted_advantage_never_saw_its_own_return(one_thread: None) -> None:
+    """Each half's Â comes from the critic of the other half: changing the returns of one half leaves that half's
+    advantages exactly as they were (a critic fitted on every row would follow them), and moves the other half's."""
+    states, actions, returns, pi = _bandit(8192, seed=3)
+    fold, rows = _folds(8192), np.arange(8192)
+    kwargs: dict[str, Any] = {"hidden": 64, "epochs": 6, "batch": 256, "lr": 3e-3, "seed": 1}
+    base, metrics = cross_fitted_critic(states, actions, returns, pi, fold, rows, **kwargs)
+    shifted = returns.clone()
+    shifted[torch.as_tensor(fold)] += 5.0 * torch.randn(int(fold.sum()), generator=torch.Generator().manual_seed(9))
+    moved, _ = cross_fitted_critic(states, actions, shifted, pi, fold, rows, **kwargs)
+    assert base.shape == (8192,) and base.dtype == torch.float64
+    assert torch.equal(moved[torch.as_tensor(fold)], base[torch.as_tensor(fold)])
+    assert float((moved[torch.as_tensor(~fold)] - base[torch.as_tensor(~fold)]).abs().mean()) > 0.01
+    expected = MEANS[actions] - pi @ MEANS  # and it is still the critic's advantage, fitted on half the rows each
+    assert float((base - expected.double()).abs().mean()) < 0.25
+    assert {"critic_return_r2", "critic_value_rmse", "critic_return_r2_heldout"} <= set(metrics)
+
+
+def test_the_held_out_r2_tells_a_critic_that_learnt_from_one_that_memorised(one_thread: None) -> None:
+    states, actions, returns, pi = _bandit(4096, seed=4)
+    fold, rows = _folds(4096), np.arange(4096)
+    _, learnt = cross_fitted_critic(states, actions, returns, pi, fold, rows, hidden=32, epochs=6, batch=256, lr=3e-3, seed=1)
+    r2 = 1 - 0.25 / float(MEANS.var(correction=0) + 0.25)
+    assert abs(learnt["critic_return_r2_heldout"] - r2) < 0.05  # what the action explains carries to unseen rows
+    noise = torch.randn(4096, generator=torch.Generator().manual_seed(5))  # nothing to learn: only noise to memorise
+    _, memorised = cross_fitted_critic(states, actions, noise, pi, fold, rows, hidden=128, epochs=30, batch=256, lr=3e-3, seed=1)
+    assert memorised["critic_return_r2"] > 0.05 > memorised["critic_return_r2_heldout"]
+
+
+def test_a_half_whose_other_half_has_no_fit_rows_gets_no_direction_and_expected_gives_every_action(one_thread: None) -> None:
+    states, actions, returns, pi = _bandit(1024, seed=6)
+    fold = _folds(1024)
+    rows = np.flatnonzero(fold)  # only one half may be fitted on
+    adv, metrics = cross_fitted_critic(states, actions, returns, pi[torch.as_tensor(rows)], fold, rows, expected=True,
+                                       hidden=16, epochs=2, seed=1)
+    assert adv.shape == (1024, 5)
+    assert torch.equal(adv[torch.as_tensor(fold)], torch.zeros(int(fold.sum()), 5, dtype=torch.float64))
+    assert float(adv[torch.as_tensor(~fold)].abs().sum()) > 0  # the other half, from the critic of the fitted one
+    assert "critic_return_r2_heldout" not in metrics  # no fit row that its critic did not see
+    with pytest.raises(ValueError, match="pi: expected one row per fit row"):
+        cross_fitted_critic(states, actions, returns, pi, fold, rows)
+
+
+def test_weighted_rows_pull_each_actions_value_towards_their_own_returns(one_thread: None) -> None:
+    """R_ψ's fit is a weighted least squares when given weights: each action's value is its rows' weighted mean return
+    (the state says nothing here), not their plain mean; the standardisation and the in-sample metrics stay unweighted."""
+    states, actions, _, pi = _bandit(8192, seed=7)
+    heavy = torch.arange(8192) % 4 == 0  # a quarter of the rows, weighted 5: returns 2 above the others'
+    returns = MEANS[actions] + 2.0 * heavy
+    weights = torch.where(heavy, 5.0, 1.0)
+    plain = fit_critic(states, actions, returns, pi, hidden=32, epochs=6, batch=256, lr=3e-3, seed=1)
+    weighted = fit_critic(states, actions, returns, pi, hidden=32, epochs=6, batch=256, lr=3e-3, seed=1, weights=weights)
+    shift = 2.0 * 5.0 / (5.0 + 3.0)  # the weighted mean of the offset: 5 parts at +2 against 3 at 0
+    assert float((plain.action_values(states) - (MEANS + 0.5)).abs().mean()) < 0.15
+    assert float((weighted.action_values(states) - (MEANS + shift)).abs().mean()) < 0.15
+    with pytest.raises(ValueError, match="weights"):
+        fit_critic(states, actions, returns, pi, weights=weights[:10])

@@ -147,10 +147,15 @@ def test_the_critic_option_trains_and_reports_its_fit(logs: tuple[Path, TrainRes
         config = dataclasses.replace(FAST, window_versions=None, advantage="critic", surrogate=surrogate)
         result = train(source.table("decisions"), source.table("outcomes"), fresh_bundle(), config, device="cpu")
         assert result.metrics["updates_accepted"] >= 1 and result.metrics["kl_served_policy_steps"] > 0.0
-        assert {"critic_return_r2", "critic_value_rmse"} <= set(result.metrics)
+        assert {"critic_return_r2", "critic_value_rmse", "critic_return_r2_heldout"} <= set(result.metrics)
         assert result.manifest["trainer"]["config"]["advantage"] == "critic"
         assert result.manifest["trainer"]["config"]["surrogate"] == surrogate
         assert result.policy is not None
         runs[surrogate] = torch.cat([p.detach().reshape(-1) for p in result.policy.parameters()])
     # the same critic (same seed, same rows): only the surrogate differs, so must the steps it took
     assert not torch.allclose(runs["logged"], runs["expected"])
+    # R_ψ fitted with the rows' capped inverse propensities: another critic, so another step from the same rows
+    config = dataclasses.replace(FAST, window_versions=None, advantage="critic", critic_weight_cap=20.0)
+    weighted = train(source.table("decisions"), source.table("outcomes"), fresh_bundle(), config, device="cpu")
+    assert weighted.manifest["trainer"]["config"]["critic_weight_cap"] == 20.0 and weighted.policy is not None
+    assert not torch.allclose(torch.cat([p.detach().reshape(-1) for p in weighted.policy.parameters()]), runs["logged"])
