@@ -363,6 +363,8 @@ class TrainConfig:
             problems.append(f"gate_sessions: expected an integer >= 1 or None, got {self.gate_sessions!r}")
         if self.critic_weight_cap is not None and not (self.critic_weight_cap >= 1 and math.isfinite(self.critic_weight_cap)):
             problems.append(f"critic_weight_cap: expected >= 1 and finite, or None, got {self.critic_weight_cap}")
+        elif self.critic_weight_cap is not None and self.advantage != "critic":
+            problems.append(f"critic_weight_cap: weighs the critic's fit, but advantage is {self.advantage!r}, not 'critic'")
         if self.max_sessions is not None and self.max_sessions < 1:
             problems.append(f"max_sessions: expected >= 1 or None, got {self.max_sessions}")
         if self.window_hours is not None and not (self.window_hours > 0 and math.isfinite(self.window_hours)):

@@ -196,8 +196,9 @@ def test_the_held_out_r2_tells_a_critic_that_learnt_from_one_that_memorised(one_
     states, actions, returns, pi = _bandit(4096, seed=4)
     fold, rows = _folds(4096), np.arange(4096)
     _, learnt = cross_fitted_critic(states, actions, returns, pi, fold, rows, hidden=32, epochs=6, batch=256, lr=3e-3, seed=1)
-    r2 = 1 - 0.25 / float(MEANS.var(correction=0) + 0.25)
-    assert abs(learnt["critic_return_r2_heldout"] - r2) < 0.05  # what the action explains carries to unseen rows
+    r2 = 1 - 0.25 / float(MEANS.var(correction=0) + 0.25)  # the share of Var G the action explains
+    assert learnt["critic_return_r2_heldout"] > r2 - 0.08  # what the action explains carries to unseen rows ...
+    assert abs(learnt["critic_return_r2_heldout"] - learnt["critic_return_r2"]) < 0.02  # ... as well as to the fitted ones
     noise = torch.randn(4096, generator=torch.Generator().manual_seed(5))  # nothing to learn: only noise to memorise
     _, memorised = cross_fitted_critic(states, actions, noise, pi, fold, rows, hidden=128, epochs=30, batch=256, lr=3e-3, seed=1)
     assert memorised["critic_return_r2"] > 0.05 > memorised["critic_return_r2_heldout"]
