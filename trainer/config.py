@@ -257,10 +257,13 @@ class TrainConfig:
     """Hidden width of the critic's two networks, R_ψ and V_φ (``advantage = critic``)."""
     critic_epochs: int = 4
     """Passes over the fit rows of each of the critic's two fits (``advantage = critic``)."""
-    critic_weight_cap: float | None = None
-    """R_ψ's fit weights each row by min(1 / logged propensity, this) (``advantage = critic``; None: every row 1). Unweighted,
-    each action's output learns from the states where the behaviour served that action and guesses elsewhere; weighted,
-    from every logged state alike, as an importance-weighted (direct-method) regression does."""
+    critic_weight_cap: float | None = 100.0
+    """R_ψ's fit weights each row by min(1 / logged propensity, this) (read with ``advantage = critic`` only; None: every
+    row 1). Unweighted, each action's output learns from the states where the behaviour served that action and guesses
+    elsewhere; weighted, from every logged state alike, as an importance-weighted (direct-method) regression does. On a
+    trained bundle's logs the unweighted critic ranked a detail page first for every intent and its loop's candidates
+    lost 6.7–7.6 a session (docs/performance.md, *Five learners on the loop's cycle-5 window*). 100 is the offline
+    estimators' weight cap (``trainer.offline.MAX_WEIGHT``)."""
     max_fit_rows: int = 262_144
     """About this many training rows fit the value baseline, the critic and the guard: every row when there are no more,
     else a keyed sample that keeps each row with probability max_fit_rows / rows (binomially many, within a few
@@ -363,8 +366,6 @@ class TrainConfig:
             problems.append(f"gate_sessions: expected an integer >= 1 or None, got {self.gate_sessions!r}")
         if self.critic_weight_cap is not None and not (self.critic_weight_cap >= 1 and math.isfinite(self.critic_weight_cap)):
             problems.append(f"critic_weight_cap: expected >= 1 and finite, or None, got {self.critic_weight_cap}")
-        elif self.critic_weight_cap is not None and self.advantage != "critic":
-            problems.append(f"critic_weight_cap: weighs the critic's fit, but advantage is {self.advantage!r}, not 'critic'")
         if self.max_sessions is not None and self.max_sessions < 1:
             problems.append(f"max_sessions: expected >= 1 or None, got {self.max_sessions}")
         if self.window_hours is not None and not (self.window_hours > 0 and math.isfinite(self.window_hours)):

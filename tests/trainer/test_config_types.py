@@ -41,9 +41,8 @@ def test_the_critics_weight_cap_is_a_weight_or_none() -> None:
     for bad in (0.5, float("inf"), float("nan")):
         with pytest.raises(ValueError, match="critic_weight_cap: expected >= 1 and finite, or None"):
             TrainConfig(critic_weight_cap=bad)
-    with pytest.raises(ValueError, match="critic_weight_cap: weighs the critic's fit, but advantage is 'baseline'"):
-        TrainConfig(critic_weight_cap=20)
-    assert TrainConfig(advantage="critic", critic_weight_cap=1).critic_weight_cap == 1 and TrainConfig().critic_weight_cap is None
+    assert TrainConfig(advantage="critic", critic_weight_cap=1).critic_weight_cap == 1
+    assert TrainConfig(advantage="critic", critic_weight_cap=None).critic_weight_cap is None  # unweighted, by choice
 
 
 def test_numbers_of_any_kind_that_fit_are_accepted() -> None:

@@ -154,8 +154,9 @@ def test_the_critic_option_trains_and_reports_its_fit(logs: tuple[Path, TrainRes
         runs[surrogate] = torch.cat([p.detach().reshape(-1) for p in result.policy.parameters()])
     # the same critic (same seed, same rows): only the surrogate differs, so must the steps it took
     assert not torch.allclose(runs["logged"], runs["expected"])
-    # R_ψ fitted with the rows' capped inverse propensities: another critic, so another step from the same rows
-    config = dataclasses.replace(FAST, window_versions=None, advantage="critic", critic_weight_cap=20.0)
-    weighted = train(source.table("decisions"), source.table("outcomes"), fresh_bundle(), config, device="cpu")
-    assert weighted.manifest["trainer"]["config"]["critic_weight_cap"] == 20.0 and weighted.policy is not None
-    assert not torch.allclose(torch.cat([p.detach().reshape(-1) for p in weighted.policy.parameters()]), runs["logged"])
+    # R_ψ fitted without the rows' capped inverse propensities (the default weighs them): another critic, another step
+    config = dataclasses.replace(FAST, window_versions=None, advantage="critic", critic_weight_cap=None)
+    plain = train(source.table("decisions"), source.table("outcomes"), fresh_bundle(), config, device="cpu")
+    assert plain.manifest["trainer"]["config"]["critic_weight_cap"] is None and plain.policy is not None
+    assert TrainConfig().critic_weight_cap == 100.0  # the runs above weighed their rows
+    assert not torch.allclose(torch.cat([p.detach().reshape(-1) for p in plain.policy.parameters()]), runs["logged"])
