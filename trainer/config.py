@@ -262,7 +262,7 @@ class TrainConfig:
     row 1). Unweighted, each action's output learns from the states where the behaviour served that action and guesses
     elsewhere; weighted, from every logged state alike, as an importance-weighted (direct-method) regression does. On a
     trained bundle's logs the unweighted critic ranked a detail page first for every intent and its loop's candidates
-    lost 6.7–7.6 a session (docs/performance.md, *Five learners on the loop's cycle-5 window*). 100 is the offline
+    lost 6.7–8.0 a session (docs/performance.md, *Five learners on the loop's cycle-5 window*). 100 is the offline
     estimators' weight cap (``trainer.offline.MAX_WEIGHT``)."""
     max_fit_rows: int = 262_144
     """About this many training rows fit the value baseline, the critic and the guard: every row when there are no more,
