@@ -57,6 +57,7 @@ from bench.loop import (
 )
 from bench.report import add_json_flag, header, write_results
 from experience.segments import DirectorySource
+from policy.features import FeatureSpec
 from simulator.config import SimConfig
 from simulator.drive import run_in_process, run_logged
 from simulator.world import World
@@ -109,7 +110,7 @@ def vw_on_window(world: World, logs: Path, bundle: Path, truth: range) -> dict[s
         raise SystemExit(f"--vw: {bundle} records no trainer window")
     source = DirectorySource(logs)
     decisions, outcomes = trainer_window(source.table("decisions"), source.table("outcomes"), window)
-    features = VWFeatures(ModelSet.load(model, LoadOptions(device="cpu", warmup_batch=8)).encoder.spec)
+    features = VWFeatures(FeatureSpec.parse(model.manifest["feature_spec"]))  # the spec alone: no graph to load
     vw, choice = tuned_vw(vw_rows(decisions, outcomes, features))
     try:
         result = scored("vw cb_adf", play(world, truth, vw_chooser(vw, features)), world, truth)

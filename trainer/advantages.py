@@ -30,7 +30,7 @@ not exercise.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -91,6 +91,19 @@ def baseline_folds(sessions: npt.NDArray[Any], seed: int) -> npt.NDArray[np.bool
     return split_by_session(sessions, 0.5, seed, VALUE_FOLD_SALT)
 
 
+def cross_fit_halves(fold: npt.NDArray[np.bool_], fit_rows: npt.NDArray[np.int64], reducer: Reducer, device: torch.device
+                     ) -> Iterator[tuple[npt.NDArray[np.bool_], int, torch.Tensor]]:
+    """The two halves of a cross-fit (``baseline_folds``), one at a time: which fit rows the half's model is fitted on
+    (a mask over ``fit_rows``: the *other* half's), how many there are over every rank, and the rows (all of this half's,
+    on ``device``) it is applied to. A half whose other half has no fit row on any rank is skipped (every rank skips
+    it alike: the count is the ranks' total)."""
+    for side in (False, True):
+        other = fold[fit_rows] != side
+        fitted = global_count(int(other.sum()), reducer)
+        if fitted:
+            yield other, fitted, torch.from_numpy(np.flatnonzero(fold == side)).to(device)
+
+
 def cross_fitted_baseline(states: torch.Tensor, returns: torch.Tensor, fold: npt.NDArray[np.bool_], fit_rows: npt.NDArray[np.int64],
                           hidden: int = 64, epochs: int = 8, batch: int = 1024, lr: float = 1e-3, seed: int = 0,
                           keys: U64 | None = None, reducer: Reducer | None = None, chunk: int = 65536) -> torch.Tensor:
@@ -104,13 +117,9 @@ def cross_fitted_baseline(states: torch.Tensor, returns: torch.Tensor, fold: npt
     """
     reducer = reducer or LocalReducer()
     values = torch.zeros(len(states), dtype=states.dtype, device=states.device)
-    for side in (False, True):
-        other = fold[fit_rows] != side
-        if global_count(int(other.sum()), reducer) == 0:
-            continue
+    for other, _, apply in cross_fit_halves(fold, fit_rows, reducer, states.device):
         net = fit_value(states, returns, hidden, epochs, batch, lr, seed, None if keys is None else keys[other], reducer,
                         rows=fit_rows[other])
-        apply = torch.from_numpy(np.flatnonzero(fold == side)).to(states.device)
         with torch.no_grad():
             for i in range(0, len(apply), chunk):
                 at = apply[i : i + chunk]

@@ -50,6 +50,7 @@ import numpy.typing as npt
 import torch
 from torch import nn
 
+from trainer.advantages import cross_fit_halves
 from trainer.distributed import LocalReducer, Reducer
 from trainer.minibatches import U64, Fit, global_count, position_keys, union_ratio
 
@@ -206,8 +207,8 @@ def _fit(net: StateHeads, states: torch.Tensor, target: torch.Tensor, epochs: in
         if weights is None:
             return torch.mean((pred - target[idx]) ** 2), float(len(idx))
         w = weights[idx]
-        total = w.sum()
-        return (w * (pred - target[idx]) ** 2).sum() / total.clamp_min(1e-12), total
+        total = w.sum()  # > 0: fit_critic takes positive weights only
+        return (w * (pred - target[idx]) ** 2).sum() / total, total
 
     for epoch in range(epochs):
         fit.run_epoch(epoch, loss_of, states.device)
@@ -278,18 +279,13 @@ def cross_fitted_critic(states: torch.Tensor, actions: torch.Tensor, returns: to
     sse = {"seen": 0.0, "unseen": 0.0}
     count = {"seen": 0, "unseen": 0}
     rmse2, fitted_total = 0.0, 0
-    for side in (False, True):
-        other = fold[fit_rows] != side
-        fitted = global_count(int(other.sum()), reducer)
-        if fitted == 0:
-            continue
+    for other, fitted, apply in cross_fit_halves(fold, fit_rows, reducer, device):
         rows = torch.as_tensor(fit_rows[other], device=device)
         critic = fit_critic(states[rows], actions[rows], returns[rows], pi[torch.as_tensor(np.flatnonzero(other), device=device)],
                             hidden, epochs, batch, lr, seed=seed, chunk=chunk, keys=None if keys is None else keys[other], reducer=reducer,
                             weights=None if weights is None else weights[rows])
         rmse2 += critic.metrics["critic_value_rmse"] ** 2 * fitted
         fitted_total += fitted
-        apply = torch.as_tensor(np.flatnonzero(fold == side), device=device)
         for i in range(0, len(apply), chunk):
             at = apply[i : i + chunk]
             out[at] = (critic_action_advantages(critic, states[at], chunk) if expected
@@ -297,8 +293,7 @@ def cross_fitted_critic(states: torch.Tensor, actions: torch.Tensor, returns: to
         for name, part in (("seen", rows), ("unseen", torch.as_tensor(fit_rows[~other], device=device))):
             for i in range(0, len(part), chunk):
                 at = part[i : i + chunk]
-                with torch.no_grad():
-                    served = critic.returns(states[at]).gather(1, actions[at][:, None])[:, 0]
+                served = critic.action_values(states[at], chunk).gather(1, actions[at][:, None])[:, 0]
                 sse[name] += float(((served.double() - returns[at].double()) ** 2).sum())
             count[name] += len(part)
     metrics: dict[str, float] = {}
