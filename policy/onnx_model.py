@@ -11,14 +11,11 @@ wheels (``onnxruntime-gpu[cuda,cudnn]``, the [gpu] extra) or the system's loader
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import functools
 import io
 import logging
-import os
 import re
-import tempfile
 from typing import Any
 
 import numpy as np
@@ -89,28 +86,12 @@ def preload_cuda_libraries() -> None:
         log.warning("onnxruntime.preload_dlls: %s", " ".join(text.split())[:500])
 
 
-@functools.cache
-def empty_directory() -> str:
-    """A private, empty directory (0700, per process): where onnxruntime is told external data lives.
-
-    A graph is loaded from bytes, so onnxruntime would resolve an external-data path against
-    the working directory. ``weights.onnx_check`` refuses such graphs first; this makes the
-    runtime itself find nothing even if one got past. It is removed when the process that made it
-    exits normally (a forked child leaves it to its parent); a process killed with SIGKILL leaves it.
-    """
-    path = tempfile.mkdtemp(prefix="shopping-agent-onnx-")
-    atexit.register(_remove_if_mine, path, os.getpid())
-    return path
-
-
-def _remove_if_mine(path: str, owner: int) -> None:
-    if os.getpid() == owner:
-        try:
-            os.rmdir(path)
-        except FileNotFoundError:
-            pass
-        except OSError as exc:  # not empty: something wrote into it; leave it for a person to look at
-            log.warning("could not remove %s: %s", path, exc)
+# Where onnxruntime is told external data lives: below a character device, so no process, root included, can ever
+# create it. A graph is loaded from bytes, so onnxruntime would otherwise resolve an external-data path against the
+# working directory. ``weights.onnx_check`` refuses such graphs first; this makes the runtime itself find nothing even if
+# one got past. A constant, not a private temp directory: a process killed with SIGKILL (an OOM kill, a worker past its
+# grace period) left one of those behind on every start, 84 in a day on a development machine.
+NO_EXTERNAL_DATA = "/dev/null/shopping-agent-has-no-external-data"
 
 
 class OnnxModel:
@@ -122,7 +103,7 @@ class OnnxModel:
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
         options.log_severity_level = 3
-        options.add_session_config_entry("session.model_external_initializers_file_folder_path", empty_directory())
+        options.add_session_config_entry("session.model_external_initializers_file_folder_path", NO_EXTERNAL_DATA)
         providers = choose_providers(device, ort.get_available_providers())
         if "CUDAExecutionProvider" in providers:
             preload_cuda_libraries()

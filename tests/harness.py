@@ -204,8 +204,8 @@ class Spawned:
 
 
 _SCRATCH = tempfile.TemporaryDirectory(prefix="shopping-agent-tests-")
-"""The spawned servers' TMPDIR: the tests end them with SIGKILL, which leaves what they made in the temp dir
-(onnxruntime's private directory among it) behind; this process removes the lot when it exits."""
+"""The spawned servers' TMPDIR: the tests end them with SIGKILL, which leaves whatever they made in the temp dir behind
+(onnxruntime's ``.ses`` file, for one); this process removes the lot when it exits."""
 
 
 def spawn_server(*args: str, env: dict[str, str] | None = None, timeout: float = 20,

@@ -125,10 +125,6 @@ def serve_forever() -> None:
     """``python -m weights.sandbox --serve``: import once, then fork one limited child per request."""
     import onnxruntime  # noqa: F401  (imported once here, inherited by every child: the point of this process)
 
-    from policy.onnx_model import empty_directory
-
-    empty_directory()  # made here, so every child (which leaves by os._exit, no atexit) shares it and this process removes it
-
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server stops it (stdin closes, or kill), not a terminal's ^C
     stdin = sys.stdin.buffer
     while True:
