@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from bench.loop import interval, per_session_path
 from bench.loop import main as loop_main
+from bench.loop import paired_runs, per_session_path
 from bench.procs import REPO
 from bench.report import write_results
 
@@ -38,16 +38,7 @@ METRICS = ("objective", "net_gmv", "add_to_cart_conversion")
 
 def compare(plain: dict[str, np.ndarray], weighted: dict[str, np.ndarray], cycles: int) -> list[dict[str, Any]]:
     """Per cycle and metric: each run's mean with its interval, and the paired difference weighted − plain."""
-    rows = []
-    for c in range(cycles + 1):
-        row: dict[str, Any] = {"cycle": c}
-        for m in METRICS:
-            a, b = plain[f"cycle{c}.{m}"], weighted[f"cycle{c}.{m}"]
-            if a.shape != b.shape:
-                raise ValueError(f"cycle {c} {m}: the runs scored different truth sessions ({a.shape} vs {b.shape})")
-            row[m] = {"plain": interval(a), "weighted": interval(b), "weighted_minus_plain": interval(b - a)}
-        rows.append(row)
-    return rows
+    return paired_runs(plain, weighted, cycles, METRICS, ("plain", "weighted"))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -335,6 +335,23 @@ def references(world: World, truth: range) -> tuple[list[dict[str, Any]], dict[s
     return constants, best, scored("intent policy", play(world, truth, intent_policy), world, truth)
 
 
+def paired_runs(a: dict[str, np.ndarray], b: dict[str, np.ndarray], cycles: int, metrics: Sequence[str],
+                names: tuple[str, str] = ("a", "b")) -> list[dict[str, Any]]:
+    """Two runs' per-session files (``per_session_path``) over the same truth sessions, per cycle and metric: each run's
+    mean with its interval (keyed by ``names``), and the paired difference second − first (``"{b}_minus_{a}"``)."""
+    first, second = names
+    rows = []
+    for c in range(cycles + 1):
+        row: dict[str, Any] = {"cycle": c}
+        for m in metrics:
+            x, y = a[f"cycle{c}.{m}"], b[f"cycle{c}.{m}"]
+            if x.shape != y.shape:
+                raise ValueError(f"cycle {c} {m}: the runs scored different truth sessions ({x.shape} vs {y.shape})")
+            row[m] = {first: interval(x), second: interval(y), f"{second}_minus_{first}": interval(y - x)}
+        rows.append(row)
+    return rows
+
+
 def paired(a: dict[str, Any], b: dict[str, Any], key: str = "objective") -> dict[str, float]:
     return interval(a["_per_session"][key] - b["_per_session"][key])
 
@@ -610,7 +627,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                           and targets["share_of_intent_policy"] >= 0.8 and targets["no_cycle_worse_beyond_ci"])
 
     result = public({"world_seed": args.seed, "sessions_per_cycle": args.sessions, "truth_sessions": [truth.start, truth.stop],
-                    "config": str(args.config) if args.config else "default", "canary": args.canary,
+                    "config": str(args.config) if args.config else "default",
+                    "config_fields": json.loads(args.config.read_text()) if args.config else {}, "canary": args.canary,
                     "canary_level": canary.level if canary is not None else None,
                     "log_clock": {"cycle_1_s": cycle_clock(1), "interval_s": CRON_INTERVAL_S},
                     "seconds": time.monotonic() - started,
