@@ -41,13 +41,13 @@ def zero_golden(parts: dict[str, bytes]) -> dict[str, bytes]:
     return {**parts, "golden_states.npy": npy_bytes(np.zeros_like(states))}
 
 
-def external_data_guard() -> bytes:
-    """guard.onnx whose first initializer lives in an external file at a relative path."""
+def external_data_guard(location: str = SECRET_RELATIVE) -> bytes:
+    """guard.onnx whose first initializer lives in an external file (at a relative path unless ``location`` says else)."""
     model = onnx.load_from_string(default_bundle().parts["guard.onnx"])
     tensor = model.graph.initializer[0]
     tensor.ClearField("raw_data")
     tensor.data_location = TensorProto.EXTERNAL
-    for key, value in (("location", SECRET_RELATIVE), ("offset", "0"), ("length", str(4 * int(np.prod(tensor.dims))))):
+    for key, value in (("location", location), ("offset", "0"), ("length", str(4 * int(np.prod(tensor.dims))))):
         entry = tensor.external_data.add()
         entry.key, entry.value = key, value
     return model.SerializeToString()

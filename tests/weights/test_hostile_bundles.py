@@ -62,6 +62,10 @@ def test_the_runtime_itself_finds_no_external_data_either(tmp_path: Path, monkey
     monkeypatch.chdir(tmp_path)
     with pytest.raises(Exception, match=r"External data path does not exist: \"/dev/null/"):
         OnnxModel("guard", hostile.external_data_guard(), device="cpu")
+    # nor by an absolute path or one that climbs out (onnxruntime's own validation: tested on the version installed)
+    for location in (str(secret), f"/dev/null/../..{secret}", "../" * 12 + str(secret).lstrip("/"), f"./../{hostile.SECRET_RELATIVE}"):
+        with pytest.raises(Exception, match=r"[Aa]bsolute path|escapes"):
+            OnnxModel("guard", hostile.external_data_guard(location), device="cpu")
     with pytest.raises(NotADirectoryError):  # nobody can put a file there, root included
         Path(NO_EXTERNAL_DATA).mkdir(parents=True)
 
