@@ -6,21 +6,27 @@
 For each world (``--seeds``) runs ``bench.loop --no-vw`` twice from the untrained bundle, on the same logged session
 ranges and the same truth sessions: once with configuration A (``--a``; default: the trainer's defaults) and once with
 B. A world is one draw of everything the loop meets (catalogue, shoppers, the canary's sessions), so one world's
-paired difference says little about the next: the verdict is the count of worlds where B ended above A beyond its
-paired interval, and where below, next to the mean of the per-world differences. The pooled interval (every world's
-sessions at once) is reported too; it treats the worlds as fixed, so it is narrower than what a new world would show.
+paired difference says little about the next: the verdict counts the worlds where B ended above A beyond its paired
+interval, and where below, and gives the mean of the per-world differences with its t-interval over the worlds (what
+a new world would show). The pooled interval (every world's sessions at once) is reported too; it treats the worlds as
+fixed, so it is narrower. With four worlds, a spurious win (or loss) beyond a 95 % interval turns up in about one
+comparison in ten: read the count with that in mind.
 
 Each run's loop JSON (and its ``.per-session.npz``) is written next to ``--out`` as ``{stem}-{a|b}-s{seed}.json``.
-With ``--reuse`` a run whose JSON is already there is read instead of run, if it was made in the same world with the
-same cycles, sessions, truth sessions, canary and configuration (its ``config_fields``, or the contents of its
-``config`` file for runs that predate them): two invocations with different ``--seeds`` can share the machine's
-cores, and a last one with every seed and ``--reuse`` gathers them. Slow: 8–12 minutes a run on 2 quiet cores.
+With ``--reuse`` a run whose JSON is already there is read instead of run, if it records the same world, cycles,
+sessions and first session, truth sessions, canary fraction and level, configuration fields and every field they
+resolve to (a run made before a default changed is not the same run), and its per-session file carries the JSON's
+``run_id``: two invocations with different ``--seeds`` can share the machine's cores, and a last one with every seed
+and ``--reuse`` gathers them. Each run records the commit it ran from (``code``); reuse does not require the same one.
+Slow: 8–12 minutes a run on 2 quiet cores.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,41 +34,63 @@ from typing import Any
 
 import numpy as np
 
-from bench.loop import interval, paired_runs, per_session_path
+from bench.loop import TRUTH_FIRST, canary_settings, interval, paired_runs, per_session_path
 from bench.loop import main as loop_main
 from bench.procs import REPO
 from bench.report import write_results
 
 METRICS = ("objective", "net_gmv")
 ARMS = ("a", "b")
+T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131, 2.120,
+         2.110, 2.101, 2.093, 2.086)
+"""Student's t, 97.5 % quantile, for 1..20 degrees of freedom (the 95 % interval over the worlds' differences)."""
+
+
+def across_worlds(differences: Sequence[float]) -> dict[str, float] | None:
+    """The 95 % t-interval of the mean of the per-world differences: what a new world would show (None below 2 worlds)."""
+    k = len(differences)
+    if k < 2:
+        return None
+    m, sd = float(np.mean(differences)), float(np.std(differences, ddof=1))
+    half = (T_975[k - 2] if k - 1 <= len(T_975) else 1.96) * sd / math.sqrt(k)
+    return {"mean": m, "ci_low": m - half, "ci_high": m + half}
 
 
 def run_path(out: Path, arm: str, seed: int) -> Path:
     return out.with_name(f"{out.stem}-{arm}-s{seed}.json")
 
 
-def recorded_config(loop: dict[str, Any]) -> dict[str, Any] | None:
-    """The configuration a loop JSON ran with: its ``config_fields``, else its config file's contents (``{}`` for the
-    defaults); None when neither can be read."""
-    if "config_fields" in loop:
-        return dict(loop["config_fields"])
-    if loop.get("config") == "default":
-        return {}
-    try:
-        return dict(json.loads(Path(loop["config"]).read_text()))
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
 def reusable(path: Path, want: dict[str, Any]) -> bool:
-    """Whether the run at ``path`` is the one ``want`` describes (world, cycles, sessions, truth, canary, config)."""
+    """Whether the run at ``path`` is the one ``want`` describes: its world, cycles, sessions (and the first one), truth
+    sessions, canary fraction and level, the configuration's fields and every field it resolved to (so a run made
+    before a default changed is not taken for one after), and a per-session file of the same run (its ``run_id``)."""
     if not path.exists() or not per_session_path(path).exists():
         return False
     loop = json.loads(path.read_text())
-    same = (loop.get("world_seed") == want["seed"] and loop.get("sessions_per_cycle") == want["sessions"]
-            and len(loop.get("cycles", [])) == want["cycles"] + 1 and loop.get("canary") == want["canary"]
-            and loop.get("truth_sessions", [0, 0])[1] - loop.get("truth_sessions", [0, 0])[0] == want["eval_sessions"])
-    return same and recorded_config(loop) == want["config"]
+    with np.load(per_session_path(path)) as arrays:
+        same_run = "_run_id" in arrays.files and str(arrays["_run_id"]) == loop.get("run_id")
+    cycles = want.get("cycles")
+    return bool(same_run and len(loop.get("cycles", [])) == (cycles or 0) + 1
+                and all(loop.get(key) == value for key, value in want.items() if key != "cycles"))
+
+
+def wanted(seed: int, args: argparse.Namespace, config: dict[str, Any]) -> dict[str, Any]:
+    """What a loop JSON records for the run this invocation asks for (``reusable``'s terms)."""
+    canary = canary_settings(args.canary, None)
+    return {"world_seed": seed, "sessions_per_cycle": args.sessions, "first_session": 0,
+            "truth_sessions": [TRUTH_FIRST, TRUTH_FIRST + args.eval_sessions], "canary": args.canary,
+            "canary_level": canary.level if canary is not None else None, "config_fields": config,
+            "config_resolved": resolved(config), "cycles": args.cycles}
+
+
+def resolved(config: dict[str, Any]) -> dict[str, Any]:
+    """Every TrainConfig field ``config`` gives, the trainer's defaults for the rest, as a loop JSON records them."""
+    from trainer.cli import config_file
+
+    with tempfile.TemporaryDirectory(prefix="bench-config-ab-") as tmp:
+        path = Path(tmp) / "config.json"
+        path.write_text(json.dumps(config))
+        return dict(json.loads(json.dumps(config_file(path).to_dict(), default=float)))  # as the JSON holds it
 
 
 def compare_world(a: dict[str, np.ndarray], b: dict[str, np.ndarray], cycles: int) -> dict[str, Any]:
@@ -82,6 +110,7 @@ def verdict(worlds: dict[int, dict[str, Any]], finals: dict[int, dict[str, np.nd
         "b_above_beyond_ci": sorted(s for s, d in diffs.items() if d["ci_low"] > 0),
         "b_below_beyond_ci": sorted(s for s, d in diffs.items() if d["ci_high"] < 0),
         "mean_of_world_differences": float(np.mean([d["mean"] for d in diffs.values()])),
+        "across_worlds": across_worlds([d["mean"] for d in diffs.values()]),
         "pooled": interval(pooled),
     }
 
@@ -109,8 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         runs, loops = {}, {}
         for arm in ARMS:
             path = run_path(args.out, arm, seed)
-            want = {"seed": seed, "sessions": args.sessions, "cycles": args.cycles, "canary": args.canary,
-                    "eval_sessions": args.eval_sessions, "config": configs[arm]}
+            want = wanted(seed, args, configs[arm])
             if args.reuse and reusable(path, want):
                 print(f"--- world {seed}, {arm}: reusing {path}", flush=True)
             else:
@@ -138,7 +166,9 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"[{f['b_minus_a']['ci_low']:+.2f}, {f['b_minus_a']['ci_high']:+.2f}]")
     v = result["verdict"]
     print(f"b above a beyond its interval in worlds {v['b_above_beyond_ci']}, below in {v['b_below_beyond_ci']}; "
-          f"mean of the world differences {v['mean_of_world_differences']:+.2f}; pooled {v['pooled']['mean']:+.2f} "
+          f"mean of the world differences {v['mean_of_world_differences']:+.2f}"
+          + (f" [{v['across_worlds']['ci_low']:+.2f}, {v['across_worlds']['ci_high']:+.2f}]" if v["across_worlds"] else "")
+          + f"; pooled {v['pooled']['mean']:+.2f} "
           f"[{v['pooled']['ci_low']:+.2f}, {v['pooled']['ci_high']:+.2f}]")
     return 0
 

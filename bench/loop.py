@@ -46,9 +46,11 @@ import hashlib
 import io
 import json
 import math
+import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from itertools import pairwise
@@ -262,6 +264,17 @@ def trainer_window(decisions: pa.Table, outcomes: pa.Table, settings: dict[str, 
     ids, _ = choose(SessionIndex.of([decisions]), settings.get("hours"), versions, settings.get("max_sessions"),
                     int(settings.get("sample_key") or 0), settings.get("serving") or ())
     return sessions_of(decisions, outcomes, ids)
+
+
+def code_version() -> str:
+    """The commit the bench ran from, ``+dirty`` when the tree had uncommitted changes ("unknown" outside a checkout)."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True,
+                               text=True, timeout=10, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
 def window_settings(config: Path | None, serving_versions: Sequence[str]) -> dict[str, Any]:
@@ -500,6 +513,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error(f"--canary / --canary-level: {exc}")
     if args.first_session + args.cycles * args.sessions > TRUTH_FIRST:
         p.error("the logged sessions would reach the truth sessions")
+    from trainer.cli import UsageError, config_file
+
+    try:  # read once: every cycle trains on this copy (frozen in the run's directory), whatever happens to the file
+        config_fields = json.loads(args.config.read_text()) if args.config else {}
+        config_resolved = config_file(args.config).to_dict()
+    except (OSError, ValueError, UsageError) as exc:
+        p.error(f"--config: {exc}")
     vw_ok = not args.no_vw
     if vw_ok:
         try:
@@ -507,7 +527,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ImportError:
             print("vowpalwabbit is not installed (pip install -e '.[bench]'): VW skipped", file=sys.stderr)
             vw_ok = False
-    started = time.monotonic()
+    started, run_id = time.monotonic(), uuid.uuid4().hex
     world = World(SimConfig(), args.seed)
     truth = range(TRUTH_FIRST, TRUTH_FIRST + args.eval_sessions)
     options = LoadOptions(device="cpu", warmup_batch=8)
@@ -521,6 +541,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error(f"--workdir {args.workdir}: not empty")
     with contextlib.nullcontext(str(args.workdir)) if args.workdir else tempfile.TemporaryDirectory(prefix="bench-loop-") as tmp:
         logs, wdir = Path(tmp) / "logs", Path(tmp) / "weights"
+        frozen = None
+        if args.config is not None:
+            Path(tmp).mkdir(parents=True, exist_ok=True)  # (a --workdir that does not exist yet)
+            frozen = Path(tmp) / "train-config.json"
+            frozen.write_text(json.dumps(config_fields))
         store = WeightsStore(wdir, verify)
         store.publish(make_bundle(*UNTRAINED))
         active = ModelSet.load(read_bundle(store.active_path), options)
@@ -536,7 +561,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             source = DirectorySource(logs)
             decisions, outcomes = source.table("decisions"), source.table("outcomes")
             mine = decisions.filter(pa.compute.equal(decisions.column("model_version"), active.version))
-            code, report = run_cycle(logs, wdir, args.config, Path(tmp) / f"candidate-{c}.bundle", args.canary, args.canary_level)
+            code, report = run_cycle(logs, wdir, frozen, Path(tmp) / f"candidate-{c}.bundle", args.canary, args.canary_level)
             new_bundle = read_bundle(store.active_path)
             trained_window = (read_bundle(Path(report["candidate"])).manifest.get("trainer", {}).get("window")
                               if report.get("candidate") else None)  # the window of the bundle this cycle trained
@@ -574,7 +599,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             entry["canary_vs_truth"] = canary_against_truth(entry, cycles[-1])
             if vw_ok:
                 features = VWFeatures(active.encoder.spec)
-                settings = trained_window if trained_window is not None else window_settings(args.config, served_versions)
+                settings = trained_window if trained_window is not None else window_settings(frozen, served_versions)
                 window_d, window_o = trainer_window(decisions, outcomes, settings)
                 vw, choice = tuned_vw(vw_rows(window_d, window_o, features))
                 entry["vw"] = scored("vw cb_adf", play(world, truth, vw_chooser(vw, features)), world, truth)
@@ -628,15 +653,23 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     result = public({"world_seed": args.seed, "sessions_per_cycle": args.sessions, "truth_sessions": [truth.start, truth.stop],
                     "config": str(args.config) if args.config else "default",
-                    "config_fields": json.loads(args.config.read_text()) if args.config else {}, "canary": args.canary,
+                    "config_fields": config_fields, "config_resolved": config_resolved, "first_session": args.first_session,
+                    "code": code_version(), "run_id": run_id, "canary": args.canary,
                     "canary_level": canary.level if canary is not None else None,
                     "log_clock": {"cycle_1_s": cycle_clock(1), "interval_s": CRON_INTERVAL_S},
                     "seconds": time.monotonic() - started,
                     "constants": baselines, "best_constant": best_constant["name"], "intent_policy": oracle,
                     "cycles": cycles, "targets": targets, "guard": guard})
+    # The per-session file first and the JSON last, each whole or not at all, both with the run's id: a reader that finds
+    # the JSON finds its own run's per-session truth (bench.config_ab --reuse checks the id).
+    per_session = per_session_path(args.out)
+    per_session.parent.mkdir(parents=True, exist_ok=True)
+    partial = per_session.with_name(per_session.name + ".partial")
+    with partial.open("wb") as f:
+        np.savez_compressed(f, _run_id=np.array(run_id), **{f"cycle{c['cycle']}.{k}": v for c in cycles
+                                                            for k, v in c["truth"]["_per_session"].items()})
+    partial.replace(per_session)
     write_results(args.out, result)
-    np.savez_compressed(per_session_path(args.out), **{f"cycle{c['cycle']}.{k}": v for c in cycles
-                                                       for k, v in c["truth"]["_per_session"].items()})
     plot(result, args.out.with_suffix(".png"))
     print(json.dumps(result["targets"], indent=1, default=float))
     if "guard_accuracy" in metrics and "guard_never_block_accuracy" in metrics:

@@ -63,5 +63,7 @@ def kept_logs(root: Path, generate: Callable[[], dict[str, Any]]) -> dict[str, A
 
 def write_results(path: Path, results: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(results, indent=2, default=float) + "\n")
+    partial = path.with_name(path.name + ".partial")  # whole or not at all: a reader never sees half a file
+    partial.write_text(json.dumps(results, indent=2, default=float) + "\n")
+    partial.replace(path)
     print(f"\nresults: {path}")

@@ -204,6 +204,12 @@ def run(args: argparse.Namespace) -> int:
             shutdown(together=completed)
 
 
+def config_file(path: Path | None) -> TrainConfig:
+    """The TrainConfig a ``--config`` file gives (the defaults for the fields it leaves out; None: all defaults), checked as
+    ``train`` and ``cycle`` check it (``UsageError`` naming the field)."""
+    return _config(argparse.Namespace(config=path))
+
+
 def _config(args: argparse.Namespace) -> TrainConfig:
     from experience.attribution import config_object
     from experience.engagement import EngagementWeights

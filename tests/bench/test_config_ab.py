@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from bench.config_ab import compare_world, recorded_config, reusable, run_path, verdict
+from bench.config_ab import across_worlds, compare_world, reusable, run_path, verdict, wanted
 from bench.loop import per_session_path
 
 
@@ -42,40 +43,66 @@ def test_the_verdict_counts_worlds_not_sessions() -> None:
     assert v["pooled"]["mean"] == pytest.approx(np.mean(np.concatenate([f["b"] - f["a"] for f in finals.values()])))
 
 
-def loop_json(path: Path, seed: int = 9, fields: object = None, **extra: object) -> Path:
-    record = {"world_seed": seed, "sessions_per_cycle": 100, "cycles": [{}, {}], "canary": 0.5, "truth_sessions": [1000, 1050],
-              "config": "default", **extra}
-    if fields is not None:
-        record["config_fields"] = fields
+def loop_json(path: Path, run_id: str = "r1", **changes: object) -> Path:
+    """A loop JSON as bench.loop writes it for WANT's run, and its per-session file with the same run id."""
+    record = {key: value for key, value in WANT.items() if key != "cycles"}
+    record.update({"cycles": [{}, {}], "run_id": run_id, "code": "abc", **changes})
     path.write_text(json.dumps(record))
-    np.savez_compressed(per_session_path(path), **arrays(0.0))
+    np.savez_compressed(per_session_path(path), _run_id=np.array(run_id), **arrays(0.0))
     return path
 
 
-WANT = {"seed": 9, "sessions": 100, "cycles": 1, "canary": 0.5, "eval_sessions": 50, "config": {"advantage": "critic"}}
+def want(config: dict[str, object]) -> dict[str, object]:
+    args = argparse.Namespace(sessions=100, canary=0.5, eval_sessions=50, cycles=1)
+    return wanted(9, args, config)
+
+
+WANT = want({"advantage": "critic"})
 
 
 def test_a_run_is_reused_only_when_it_is_the_same_run(tmp_path: Path) -> None:
     path = run_path(tmp_path / "ab.json", "b", 9)
     assert path.name == "ab-b-s9.json"
     assert not reusable(path, WANT)  # nothing there yet
-    loop_json(path, fields={"advantage": "critic"})
+    loop_json(path)
     assert reusable(path, WANT)
-    for key, other in (("seed", 8), ("sessions", 200), ("cycles", 2), ("canary", 0.0), ("eval_sessions", 60),
-                       ("config", {"advantage": "baseline"}), ("config", {})):
-        assert not reusable(path, {**WANT, key: other}), key
+    assert WANT["config_resolved"]["advantage"] == "critic" and WANT["canary_level"] == 0.99  # the trainer's, resolved
+    for key, other in (("world_seed", 8), ("sessions_per_cycle", 200), ("first_session", 20_000), ("canary", 0.25),
+                       ("canary_level", 0.95), ("truth_sessions", [1_000_050, 1_000_100]),
+                       ("config_fields", {"advantage": "baseline"}), ("config_fields", {}),
+                       ("config_resolved", {**WANT["config_resolved"], "critic_weight_cap": 20.0})):
+        loop_json(path, **{key: other})
+        assert not reusable(path, WANT), key
+    loop_json(path, cycles=[{}, {}, {}])
+    assert not reusable(path, WANT)  # two cycles, not one
+    loop_json(path)
+    assert reusable(path, WANT)
     per_session_path(path).unlink()
     assert not reusable(path, WANT)  # no per-session truth, nothing to pair
 
 
-def test_an_older_run_is_matched_by_its_config_files_contents(tmp_path: Path) -> None:
-    config = tmp_path / "c.json"
-    config.write_text(json.dumps({"advantage": "critic"}))
-    older = loop_json(tmp_path / "old.json", config=str(config))
-    assert recorded_config(json.loads(older.read_text())) == {"advantage": "critic"}
-    assert reusable(older, WANT)
-    config.write_text(json.dumps({"advantage": "group"}))  # the file changed since: not the same run any more
-    assert not reusable(older, WANT)
-    config.unlink()
-    assert recorded_config(json.loads(older.read_text())) is None and not reusable(older, WANT)
-    assert recorded_config(json.loads(loop_json(tmp_path / "d.json").read_text())) == {}  # "default": the trainer's
+def test_a_json_is_not_paired_with_another_runs_per_session_file(tmp_path: Path) -> None:
+    path = loop_json(tmp_path / "ab-b-s9.json", run_id="new")
+    np.savez_compressed(per_session_path(path), _run_id=np.array("old"), **arrays(0.0))  # a run that stopped between files
+    assert not reusable(path, WANT)
+    np.savez_compressed(per_session_path(path), **arrays(0.0))  # one from before run ids
+    assert not reusable(path, WANT)
+
+
+def test_a_default_that_changed_since_is_not_the_same_run(tmp_path: Path) -> None:
+    """A = {} (the trainer's defaults) names another configuration once a default changes: its resolved fields differ."""
+    defaults = want({})
+    now = defaults["config_resolved"]["advantage"]
+    assert defaults["config_fields"] == {} and now in ("baseline", "group", "critic")
+    path = loop_json(tmp_path / "ab-a-s9.json", config_fields={}, config_resolved=defaults["config_resolved"])
+    assert reusable(path, defaults)
+    before = "group" if now != "group" else "baseline"
+    loop_json(path, config_fields={}, config_resolved={**defaults["config_resolved"], "advantage": before})
+    assert not reusable(path, defaults)
+
+
+def test_the_interval_over_worlds_is_students_t() -> None:
+    assert across_worlds([1.0]) is None
+    got = across_worlds([1.0, 2.0, 3.0])
+    assert got is not None and got["mean"] == 2.0
+    assert got["ci_high"] - 2.0 == pytest.approx(4.303 * 1.0 / np.sqrt(3))  # t(2 df) · sd / √k

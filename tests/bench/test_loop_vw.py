@@ -117,10 +117,18 @@ def test_vw_s_setting_is_chosen_on_held_out_logs_and_recorded(two_versions: tupl
 def test_a_run_logs_each_cycle_at_its_fixed_clock_so_versions_and_canary_draws_repeat(tmp_path: Path) -> None:
     """The versions' names come from the logged time, and the canary's sessions from the names: the wall clock made every
     run of the bench draw other canary sessions. Each cycle logs at its own instant, two hours after the one before."""
-    work = tmp_path / "work"
+    work, config = tmp_path / "work", tmp_path / "config.json"
+    config.write_text(json.dumps({"window_versions": 2}))
     assert loop.main(["--cycles", "2", "--sessions", "500", "--eval-sessions", "500", "--no-vw", "--workdir", str(work),
-                      "--out", str(tmp_path / "loop.json")]) == 0
+                      "--config", str(config), "--out", str(tmp_path / "loop.json")]) == 0
     result = json.loads((tmp_path / "loop.json").read_text())
+    # what it ran with, read once (the cycles train on the run's own copy), and its per-session file is the same run's
+    assert result["config_fields"] == {"window_versions": 2} and result["config_resolved"]["window_versions"] == 2
+    assert result["config_resolved"]["advantage"] in ("baseline", "group", "critic") and result["first_session"] == 0
+    assert json.loads((work / "train-config.json").read_text()) == {"window_versions": 2}
+    with np.load(loop.per_session_path(tmp_path / "loop.json")) as per_session:
+        assert str(per_session["_run_id"]) == result["run_id"] and len(result["run_id"]) == 32
+    assert not list(tmp_path.glob("*.partial")) and result["code"]
     logged = [c["logs"]["decisions_logged_this_cycle"] for c in result["cycles"][1:]]
     times = pc.value_counts(DirectorySource(work / "logs").table("decisions").column("time_s")).to_pylist()
     assert sorted((t["values"], t["counts"]) for t in times) == [(loop.LOG_CLOCK_S, logged[0]),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -88,6 +89,16 @@ def test_the_canary_level_is_refused_by_name_without_a_canary_or_outside_its_ran
         loop.main(argv)
     assert exit_info.value.code == 2
     assert "--canary-level" in capsys.readouterr().err
+
+
+def test_a_bad_config_is_refused_by_name_before_anything_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "c.json"
+    config.write_text(json.dumps({"advantage": "q"}))
+    with pytest.raises(SystemExit) as exit_info:
+        loop.main(["--config", str(config), "--out", str(tmp_path / "loop.json")])
+    assert exit_info.value.code == 2
+    assert "--config" in (err := capsys.readouterr().err) and "advantage" in err
+    assert not (tmp_path / "loop.json").exists()
 
 
 def test_the_report_names_the_canary_level_the_looks_used() -> None:
