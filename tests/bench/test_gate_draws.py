@@ -1,0 +1,47 @@
+"""bench.gate_draws: its coverage counts on closed-form draws, and a small real run (two draws, the real gate)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench import gate_draws
+from bench.loop import UNTRAINED
+from tests.harness import ROOT
+from weights.initial import make_bundle
+
+
+def estimate(value: float, low: float, high: float) -> dict[str, float]:
+    return {"value": value, "ci_low": low, "ci_high": high}
+
+
+def test_each_draw_counts_as_held_below_or_above_the_truth() -> None:
+    draws = [{name: estimate(v, v - 1.0, v + 1.0) for name in gate_draws.ESTIMATORS} for v in (-3.0, 0.5, 1.5, 9.0)]
+    c = gate_draws.coverage(draws, 1.0)["dr"]
+    assert (c["held"], c["below"], c["above"], c["draws"]) == (2, 1, 1, 4)  # [-4,-2] below; [-0.5,1.5], [0.5,2.5] hold
+    assert c["mean_error"] == pytest.approx((-4.0 - 0.5 + 0.5 + 8.0) / 4)
+    assert c["median_error"] == pytest.approx(0.0)  # a heavy right tail: the mean is pulled up, the median is not
+
+
+def test_two_draws_of_the_real_gate_against_the_simulators_truth(tmp_path: Path) -> None:
+    active, candidate, out = tmp_path / "active.bundle", ROOT / "weights" / "data" / "default.bundle", tmp_path / "g.json"
+    active.write_bytes(make_bundle(*UNTRAINED))
+    assert gate_draws.main(["--active", str(active), "--candidate", str(candidate), "--draws", "2", "--sessions", "150",
+                            "--eval-sessions", "150", "--first-session", "1000", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert [d["sessions"] for d in result["draws"]] == [[1000, 1150], [1150, 1300]]  # fresh sessions each
+    assert result["draws"][0]["dr"] != result["draws"][1]["dr"]
+    truth = result["truth"]["mean"]
+    for name in gate_draws.ESTIMATORS:
+        c = result["coverage"][name]
+        assert c["held"] + c["below"] + c["above"] == 2
+        assert c["mean_error"] == pytest.approx(sum(d[name]["value"] for d in result["draws"]) / 2 - truth)
+    assert result["active"] == UNTRAINED[1] and result["candidate"] != result["active"]
+
+
+def test_draws_that_would_reach_the_truth_sessions_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        gate_draws.main(["--active", "a", "--candidate", "c", "--first-session", "999000", "--sessions", "1000", "--draws", "2"])
+    assert exit_info.value.code == 2 and "--first-session" in capsys.readouterr().err
