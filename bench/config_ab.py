@@ -7,9 +7,9 @@ For each world (``--seeds``) runs ``bench.loop --no-vw`` twice from the untraine
 ranges and the same truth sessions: once with configuration A (``--a``; default: the trainer's defaults) and once with
 B. A world is one draw of everything the loop meets (catalogue, shoppers, the canary's sessions), so one world's
 paired difference says little about the next: the verdict counts the worlds where B ended above A beyond its paired
-interval, and where below, and gives the mean of the per-world differences with its t-interval over the worlds (what
-a new world would show). The pooled interval (every world's sessions at once) is reported too; it treats the worlds as
-fixed, so it is narrower. With four worlds, a spurious win (or loss) beyond a 95 % interval turns up in about one
+interval, and where below, and gives the mean of the per-world differences with its t-interval over the worlds (for the
+mean over worlds; one new world's own difference scatters wider). The pooled interval (every world's sessions at
+once) is reported too; it treats the worlds as fixed, so it is narrower. With four worlds, a spurious win (or loss) beyond a 95 % interval turns up in about one
 comparison in ten: read the count with that in mind.
 
 Each run's loop JSON (and its ``.per-session.npz``) is written next to ``--out`` as ``{stem}-{a|b}-s{seed}.json``.
@@ -47,7 +47,7 @@ T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 
 
 
 def across_worlds(differences: Sequence[float]) -> dict[str, float] | None:
-    """The 95 % t-interval of the mean of the per-world differences: what a new world would show (None below 2 worlds)."""
+    """The 95 % t-interval of the mean of the per-world differences, worlds drawn at random (None below 2 worlds)."""
     k = len(differences)
     if k < 2:
         return None

@@ -7,14 +7,15 @@
 each later candidate once, on one held-out set. This bench holds the pair fixed (a trained active bundle and the
 candidate its cycle judged: ``bench.loop --workdir W`` keeps both, ``W/weights/history/`` and ``W/candidate-<c>.bundle``)
 and draws the judge's logs again and again: each draw is ``--sessions`` fresh sessions of world ``--seed`` served by
-the active bundle (the size of a cycle's held-out set: a fifth of 20,000), logged as a server logs them, on which the
+the active bundle (the size of a cycle's held-out set when the active bundle served one cycle of 20,000 alone; a
+window of several versions or a canary's share holds out more), logged as a server logs them, on which the
 gate's own evaluation (``trainer.cycle.judged`` at the trainer's defaults) estimates candidate − active by DR, IPS,
 SNIPS and trajectory-wise IS, each with its interval. The truth is the paired difference of the two bundles served in
 the simulator on ``--eval-sessions`` other sessions (``bench.loop``'s truth sessions, the same dice for both).
 
 Per estimator: how many draws' intervals held the truth, how many lay below it and how many above, and the mean and
-median error. An estimator that is unbiased but whose per-session terms are heavy-tailed shows here as a mean error near
-0 with a median well below it, and intervals that miss below. Writes ``bench/results/gate_draws.json``.
+median error. Not the gate's whole path: the draws skip ``read_gate``'s session limits and the unsupported-mass check.
+Writes ``bench/results/gate_draws.json``.
 """
 
 from __future__ import annotations
