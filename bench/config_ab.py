@@ -9,8 +9,8 @@ B. A world is one draw of everything the loop meets (catalogue, shoppers, the ca
 paired difference says little about the next: the verdict counts the worlds where B ended above A beyond its paired
 interval, and where below, and gives the mean of the per-world differences with its t-interval over the worlds (for the
 mean over worlds; one new world's own difference scatters wider). The pooled interval (every world's sessions at
-once) is reported too; it treats the worlds as fixed, so it is narrower. With four worlds, a spurious win (or loss) beyond a 95 % interval turns up in about one
-comparison in ten: read the count with that in mind.
+once) is reported too; it treats the worlds as fixed, so it is narrower. With four worlds, a spurious win (or loss)
+beyond a 95 % interval turns up in about one comparison in ten: read the count with that in mind.
 
 Each run's loop JSON (and its ``.per-session.npz``) is written next to ``--out`` as ``{stem}-{a|b}-s{seed}.json``.
 With ``--reuse`` a run whose JSON is already there is read instead of run, if it records the same world, cycles,
