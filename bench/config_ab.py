@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -34,10 +33,11 @@ from typing import Any
 
 import numpy as np
 
-from bench.loop import TRUTH_FIRST, canary_settings, interval, paired_runs, per_session_path
+from bench.loop import TRUTH_FIRST, canary_settings, interval, paired_runs, per_session_path, resolved_config
 from bench.loop import main as loop_main
 from bench.procs import REPO
 from bench.report import write_results
+from trainer.cli import UsageError
 
 METRICS = ("objective", "net_gmv")
 ARMS = ("a", "b")
@@ -74,23 +74,20 @@ def reusable(path: Path, want: dict[str, Any]) -> bool:
                 and all(loop.get(key) == value for key, value in want.items() if key != "cycles"))
 
 
+def resolved_fields(config: dict[str, Any]) -> dict[str, Any]:
+    """Every TrainConfig field ``config`` gives, the trainer's defaults for the rest, as a loop JSON records them."""
+    from trainer.cli import config_fields
+
+    return dict(json.loads(json.dumps(config_fields(config).to_dict(), default=float)))
+
+
 def wanted(seed: int, args: argparse.Namespace, config: dict[str, Any]) -> dict[str, Any]:
     """What a loop JSON records for the run this invocation asks for (``reusable``'s terms)."""
     canary = canary_settings(args.canary, None)
     return {"world_seed": seed, "sessions_per_cycle": args.sessions, "first_session": 0,
             "truth_sessions": [TRUTH_FIRST, TRUTH_FIRST + args.eval_sessions], "canary": args.canary,
             "canary_level": canary.level if canary is not None else None, "config_fields": config,
-            "config_resolved": resolved(config), "cycles": args.cycles}
-
-
-def resolved(config: dict[str, Any]) -> dict[str, Any]:
-    """Every TrainConfig field ``config`` gives, the trainer's defaults for the rest, as a loop JSON records them."""
-    from trainer.cli import config_file
-
-    with tempfile.TemporaryDirectory(prefix="bench-config-ab-") as tmp:
-        path = Path(tmp) / "config.json"
-        path.write_text(json.dumps(config))
-        return dict(json.loads(json.dumps(config_file(path).to_dict(), default=float)))  # as the JSON holds it
+            "config_resolved": resolved_fields(config), "cycles": args.cycles}
 
 
 def compare_world(a: dict[str, np.ndarray], b: dict[str, np.ndarray], cycles: int) -> dict[str, Any]:
@@ -130,7 +127,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if len(set(args.seeds)) != len(args.seeds):
         p.error("--seeds: each world once")
     started = time.monotonic()
-    configs = {"a": json.loads(args.a.read_text()) if args.a else {}, "b": json.loads(args.b.read_text())}
+    configs = {}
+    for arm, path in (("a", args.a), ("b", args.b)):  # both checked before the first run starts (each is ten minutes)
+        try:
+            configs[arm] = resolved_config(path)[0]
+        except UsageError as exc:
+            p.error(f"--{arm}: {str(exc).removeprefix('--config: ')}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     worlds: dict[int, dict[str, Any]] = {}
     finals: dict[int, dict[str, np.ndarray]] = {}
@@ -148,7 +150,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 loop_main(["--no-vw", "--seed", str(seed), "--cycles", str(args.cycles), "--sessions", str(args.sessions),
                            "--eval-sessions", str(args.eval_sessions), "--canary", str(args.canary),
                            "--config", str(config_file), "--out", str(path)])
-            runs[arm] = dict(np.load(per_session_path(path)))
+            with np.load(per_session_path(path)) as arrays:
+                runs[arm] = dict(arrays)
             loops[arm] = json.loads(path.read_text())
         worlds[seed] = compare_world(runs["a"], runs["b"], args.cycles)
         worlds[seed]["targets"] = {arm: {k: loops[arm]["targets"].get(k) for k in

@@ -62,7 +62,7 @@ import numpy as np
 import pyarrow as pa
 
 from bench.procs import REPO
-from bench.report import write_results
+from bench.report import write_results, written
 from core.domain import Action, Outcome, Source
 from experience.objective import BusinessObjective
 from experience.returns import Z_95, discounted_returns
@@ -264,6 +264,18 @@ def trainer_window(decisions: pa.Table, outcomes: pa.Table, settings: dict[str, 
     ids, _ = choose(SessionIndex.of([decisions]), settings.get("hours"), versions, settings.get("max_sessions"),
                     int(settings.get("sample_key") or 0), settings.get("serving") or ())
     return sessions_of(decisions, outcomes, ids)
+
+
+def resolved_config(path: Path | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A ``--config`` file's fields (read once) and every TrainConfig field they give, the defaults for the rest, as a
+    JSON holds them (``trainer.cli.UsageError`` naming the field for a bad one)."""
+    from trainer.cli import UsageError, config_fields
+
+    try:
+        fields = json.loads(path.read_text()) if path is not None else {}
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"--config: {exc}") from None
+    return fields, json.loads(json.dumps(config_fields(fields).to_dict(), default=float))
 
 
 def code_version() -> str:
@@ -513,13 +525,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error(f"--canary / --canary-level: {exc}")
     if args.first_session + args.cycles * args.sessions > TRUTH_FIRST:
         p.error("the logged sessions would reach the truth sessions")
-    from trainer.cli import UsageError, config_file
+    from trainer.cli import UsageError
 
-    try:  # read once: every cycle trains on this copy (frozen in the run's directory), whatever happens to the file
-        config_fields = json.loads(args.config.read_text()) if args.config else {}
-        config_resolved = config_file(args.config).to_dict()
-    except (OSError, ValueError, UsageError) as exc:
-        p.error(f"--config: {exc}")
+    try:  # read once: every cycle trains on a copy of these fields (in the run's directory), whatever happens to the file
+        config_fields, config_resolved = resolved_config(args.config)
+    except UsageError as exc:
+        p.error(str(exc))
     vw_ok = not args.no_vw
     if vw_ok:
         try:
@@ -662,13 +673,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "cycles": cycles, "targets": targets, "guard": guard})
     # The per-session file first and the JSON last, each whole or not at all, both with the run's id: a reader that finds
     # the JSON finds its own run's per-session truth (bench.config_ab --reuse checks the id).
-    per_session = per_session_path(args.out)
-    per_session.parent.mkdir(parents=True, exist_ok=True)
-    partial = per_session.with_name(per_session.name + ".partial")
-    with partial.open("wb") as f:
-        np.savez_compressed(f, _run_id=np.array(run_id), **{f"cycle{c['cycle']}.{k}": v for c in cycles
-                                                            for k, v in c["truth"]["_per_session"].items()})
-    partial.replace(per_session)
+    written(per_session_path(args.out), lambda f: np.savez_compressed(
+        f, _run_id=np.array(run_id), **{f"cycle{c['cycle']}.{k}": v for c in cycles for k, v in c["truth"]["_per_session"].items()}))
     write_results(args.out, result)
     plot(result, args.out.with_suffix(".png"))
     print(json.dumps(result["targets"], indent=1, default=float))

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
 import platform
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from bench.procs import REPO
 
@@ -62,8 +64,21 @@ def kept_logs(root: Path, generate: Callable[[], dict[str, Any]]) -> dict[str, A
 
 
 def write_results(path: Path, results: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")  # whole or not at all: a reader never sees half a file
-    partial.write_text(json.dumps(results, indent=2, default=float) + "\n")
-    partial.replace(path)
+    text = json.dumps(results, indent=2, default=float) + "\n"
+    written(path, lambda f: f.write(text.encode()))
     print(f"\nresults: {path}")
+
+
+def written(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """``path`` replaced whole or not at all: ``write`` fills a temporary file of its own name beside it, which is renamed
+    into place, or removed if writing fails; two processes writing the same path never share one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, partial = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+        os.replace(partial, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(partial)
+        raise

@@ -204,21 +204,23 @@ def run(args: argparse.Namespace) -> int:
             shutdown(together=completed)
 
 
-def config_file(path: Path | None) -> TrainConfig:
-    """The TrainConfig a ``--config`` file gives (the defaults for the fields it leaves out; None: all defaults), checked as
-    ``train`` and ``cycle`` check it (``UsageError`` naming the field)."""
-    return _config(argparse.Namespace(config=path))
-
-
 def _config(args: argparse.Namespace) -> TrainConfig:
+    try:
+        values: Any = json.loads(args.config.read_text()) if args.config else {}
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"--config: {exc}") from None
+    return config_fields(values, args)
+
+
+def config_fields(values: Any, args: argparse.Namespace | None = None) -> TrainConfig:
+    """The TrainConfig a ``--config`` file's JSON gives (the defaults for the fields it leaves out), with ``args``' flags
+    over it, checked as ``train`` and ``cycle`` check it (``UsageError`` naming the field)."""
     from experience.attribution import config_object
     from experience.engagement import EngagementWeights
     from trainer.config import GuardConfig, ProductStepConfig, TrainConfig
 
-    try:
-        values: dict[str, Any] = json.loads(args.config.read_text()) if args.config else {}
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"--config: {exc}") from None
+    values = dict(values) if isinstance(values, dict) else values
+    args = args if args is not None else argparse.Namespace()
     if not isinstance(values, dict):
         raise UsageError("--config: expected a JSON object of TrainConfig fields")
     fields = [f.name for f in dataclasses.fields(TrainConfig)]

@@ -5,12 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import pytest
 
-from bench.config_ab import across_worlds, compare_world, reusable, run_path, verdict, wanted
+from bench.config_ab import across_worlds, compare_world, main, reusable, run_path, verdict, wanted
 from bench.loop import per_session_path
+from bench.report import write_results, written
 
 
 def arrays(shift: float, cycles: int = 1) -> dict[str, np.ndarray]:
@@ -106,3 +108,29 @@ def test_the_interval_over_worlds_is_students_t() -> None:
     got = across_worlds([1.0, 2.0, 3.0])
     assert got is not None and got["mean"] == 2.0
     assert got["ci_high"] - 2.0 == pytest.approx(4.303 * 1.0 / np.sqrt(3))  # t(2 df) · sd / √k
+
+
+def test_a_bad_configuration_is_refused_by_name_before_any_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "b.json"
+    bad.write_text(json.dumps({"advantage": "q"}))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--b", str(bad), "--seeds", "9", "--out", str(tmp_path / "ab.json")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--b: " in err and "advantage" in err
+    assert list(tmp_path.iterdir()) == [bad]  # nothing ran, nothing written
+
+
+def test_a_results_file_is_whole_or_absent_and_no_partial_file_stays(tmp_path: Path) -> None:
+    path = tmp_path / "r.json"
+    write_results(path, {"a": 1})
+    assert json.loads(path.read_text()) == {"a": 1}
+
+    def fails(f: BinaryIO) -> None:
+        f.write(b'{"half')
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        written(path, fails)
+    assert json.loads(path.read_text()) == {"a": 1}  # the old file stands
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]  # and its partial one is gone

@@ -4,7 +4,9 @@ fixed log clock that makes a run repeat."""
 
 from __future__ import annotations
 
+import argparse
 import json
+import re
 from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -15,6 +17,7 @@ import pyarrow.compute as pc
 import pytest
 
 from bench import loop
+from bench.config_ab import reusable, wanted
 from experience.segments import DirectorySource
 from simulator.config import SERVABLE, SimConfig
 from simulator.drive import run_logged
@@ -128,7 +131,12 @@ def test_a_run_logs_each_cycle_at_its_fixed_clock_so_versions_and_canary_draws_r
     assert json.loads((work / "train-config.json").read_text()) == {"window_versions": 2}
     with np.load(loop.per_session_path(tmp_path / "loop.json")) as per_session:
         assert str(per_session["_run_id"]) == result["run_id"] and len(result["run_id"]) == 32
-    assert not list(tmp_path.glob("*.partial")) and result["code"]
+    assert not [f for f in tmp_path.iterdir() if f.name.endswith(".partial")]
+    assert re.fullmatch(r"[0-9a-f]{40}(\+dirty)?", result["code"]), result["code"]
+    # and it is the run bench.config_ab would ask for with these settings (what a real JSON records, not a hand-made one)
+    asked = argparse.Namespace(sessions=500, canary=0.0, eval_sessions=500, cycles=2)
+    assert reusable(tmp_path / "loop.json", wanted(7, asked, {"window_versions": 2}))
+    assert not reusable(tmp_path / "loop.json", wanted(7, asked, {"window_versions": 1}))
     logged = [c["logs"]["decisions_logged_this_cycle"] for c in result["cycles"][1:]]
     times = pc.value_counts(DirectorySource(work / "logs").table("decisions").column("time_s")).to_pylist()
     assert sorted((t["values"], t["counts"]) for t in times) == [(loop.LOG_CLOCK_S, logged[0]),
