@@ -60,7 +60,7 @@ def test_the_runtime_itself_finds_no_external_data_either(tmp_path: Path, monkey
     secret.parent.mkdir(parents=True)
     secret.write_bytes(os.urandom(920 * 64 * 4))
     monkeypatch.chdir(tmp_path)
-    # ("does not exist" from onnxruntime 1.25 or so; 1.24.4 says "cannot get file size: Not a directory [/dev/null/…]")
+    # (1.32.0 says "does not exist"; 1.24.4, the floor, "cannot get file size: Not a directory [/dev/null/…]")
     with pytest.raises(Exception, match=r"(External data path does not exist: \"|Not a directory \[)/dev/null/"):
         OnnxModel("guard", hostile.external_data_guard(), device="cpu")
     # nor by an absolute path or one that climbs out (onnxruntime's own validation: tested on the version installed)
