@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.loop import TRUTH_FIRST, canary_settings, interval, paired_runs, per_session_path, resolved_config
+from bench.loop import TRUTH_FIRST, canary_settings, interval, paired_runs, per_session_path, resolved_config, resolved_fields
 from bench.loop import main as loop_main
 from bench.procs import REPO
 from bench.report import write_results
@@ -69,16 +69,8 @@ def reusable(path: Path, want: dict[str, Any]) -> bool:
     loop = json.loads(path.read_text())
     with np.load(per_session_path(path)) as arrays:
         same_run = "_run_id" in arrays.files and str(arrays["_run_id"]) == loop.get("run_id")
-    cycles = want.get("cycles")
-    return bool(same_run and len(loop.get("cycles", [])) == (cycles or 0) + 1
+    return bool(same_run and len(loop.get("cycles", [])) == want["cycles"] + 1
                 and all(loop.get(key) == value for key, value in want.items() if key != "cycles"))
-
-
-def resolved_fields(config: dict[str, Any]) -> dict[str, Any]:
-    """Every TrainConfig field ``config`` gives, the trainer's defaults for the rest, as a loop JSON records them."""
-    from trainer.cli import config_fields
-
-    return dict(json.loads(json.dumps(config_fields(config).to_dict(), default=float)))
 
 
 def wanted(seed: int, args: argparse.Namespace, config: dict[str, Any]) -> dict[str, Any]:

@@ -267,15 +267,22 @@ def trainer_window(decisions: pa.Table, outcomes: pa.Table, settings: dict[str, 
 
 
 def resolved_config(path: Path | None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A ``--config`` file's fields (read once) and every TrainConfig field they give, the defaults for the rest, as a
-    JSON holds them (``trainer.cli.UsageError`` naming the field for a bad one)."""
-    from trainer.cli import UsageError, config_fields
+    """A ``--config`` file's fields (read once) and ``resolved_fields`` of them (``trainer.cli.UsageError`` naming the
+    field for a bad one)."""
+    from trainer.cli import UsageError
 
     try:
         fields = json.loads(path.read_text()) if path is not None else {}
     except (OSError, ValueError) as exc:
         raise UsageError(f"--config: {exc}") from None
-    return fields, json.loads(json.dumps(config_fields(fields).to_dict(), default=float))
+    return fields, resolved_fields(fields)
+
+
+def resolved_fields(fields: Any) -> dict[str, Any]:
+    """Every TrainConfig field ``fields`` gives, the trainer's defaults for the rest, as a JSON holds them."""
+    from trainer.cli import config_fields
+
+    return dict(json.loads(json.dumps(config_fields(fields).to_dict(), default=float)))
 
 
 def code_version() -> str:
@@ -289,16 +296,11 @@ def code_version() -> str:
     return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
-def window_settings(config: Path | None, serving_versions: Sequence[str]) -> dict[str, Any]:
-    """The window settings of ``--config`` (TrainConfig's defaults for the fields it leaves out) with the versions
-    served now: what ``cycle`` would read on a run that trained nothing to record."""
-    from trainer.config import TrainConfig
-
-    d = TrainConfig()
-    values = json.loads(config.read_text()) if config is not None else {}
-    return {"hours": values.get("window_hours", d.window_hours), "versions": values.get("window_versions", d.window_versions),
-            "max_sessions": values.get("max_sessions", d.max_sessions), "sample_key": values.get("sample_key", d.sample_key),
-            "serving": list(serving_versions)}
+def window_settings(resolved: dict[str, Any], serving_versions: Sequence[str]) -> dict[str, Any]:
+    """The window settings of the run's resolved config (``resolved_fields``) with the versions served now: what
+    ``cycle`` would read on a run that trained nothing to record."""
+    return {"hours": resolved["window_hours"], "versions": resolved["window_versions"], "max_sessions": resolved["max_sessions"],
+            "sample_key": resolved["sample_key"], "serving": list(serving_versions)}
 
 
 def vw_chooser(vw: Any, features: VWFeatures) -> Choose:
@@ -610,7 +612,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             entry["canary_vs_truth"] = canary_against_truth(entry, cycles[-1])
             if vw_ok:
                 features = VWFeatures(active.encoder.spec)
-                settings = trained_window if trained_window is not None else window_settings(frozen, served_versions)
+                settings = trained_window if trained_window is not None else window_settings(config_resolved, served_versions)
                 window_d, window_o = trainer_window(decisions, outcomes, settings)
                 vw, choice = tuned_vw(vw_rows(window_d, window_o, features))
                 entry["vw"] = scored("vw cb_adf", play(world, truth, vw_chooser(vw, features)), world, truth)

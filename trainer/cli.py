@@ -219,10 +219,9 @@ def config_fields(values: Any, args: argparse.Namespace | None = None) -> TrainC
     from experience.engagement import EngagementWeights
     from trainer.config import GuardConfig, ProductStepConfig, TrainConfig
 
-    values = dict(values) if isinstance(values, dict) else values
-    args = args if args is not None else argparse.Namespace()
     if not isinstance(values, dict):
         raise UsageError("--config: expected a JSON object of TrainConfig fields")
+    values = dict(values)  # (the flags go into it below: the caller's stays as it was)
     fields = [f.name for f in dataclasses.fields(TrainConfig)]
     try:
         config_object(values, fields, "--config")

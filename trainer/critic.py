@@ -281,7 +281,7 @@ def cross_fitted_critic(states: torch.Tensor, actions: torch.Tensor, returns: to
     rmse2, fitted_total = 0.0, 0
     for other, fitted, apply in cross_fit_halves(fold, fit_rows, reducer, device):
         rows = torch.as_tensor(fit_rows[other], device=device)
-        critic = fit_critic(states[rows], actions[rows], returns[rows], pi[torch.as_tensor(np.flatnonzero(other), device=device)],
+        critic = fit_critic(states[rows], actions[rows], returns[rows], pi[torch.as_tensor(other, device=device)],
                             hidden, epochs, batch, lr, seed=seed, chunk=chunk, keys=None if keys is None else keys[other], reducer=reducer,
                             weights=None if weights is None else weights[rows])
         rmse2 += critic.metrics["critic_value_rmse"] ** 2 * fitted
