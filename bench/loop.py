@@ -467,7 +467,7 @@ def public(x: Any) -> Any:
 
 
 def _gate_summary(report: dict[str, Any]) -> dict[str, Any]:
-    keep = {k: report.get(k) for k in ("publish", "reason", "published", "model_version", "current_version")}
+    keep = {k: report.get(k) for k in ("publish", "reason", "published", "model_version", "current_version", "checks")}
     for side in ("new", "current"):
         ev = report.get(side) or {}
         keep[side] = {k: ev.get(k) for k in ("ips", "snips", "dr", "tis", "behavior_value") if k in ev}
@@ -485,7 +485,8 @@ def _gate_summary(report: dict[str, Any]) -> dict[str, Any]:
 def gate_against_truth(entry: dict[str, Any], previous: dict[str, Any]) -> dict[str, Any] | None:
     """What the gate estimated for the bundle it judged (new − current, DR, its interval) next to that bundle's paired
     true difference on the truth sessions: a published bundle against the one it replaced, a refused candidate
-    against the bundle it was compared with. None when the cycle judged nothing (no difference in its report)."""
+    against the bundle it was compared with. With it, the new bundle's weights' tail k̂ and ESS as the gate measured
+    them (None where the report has no checks). None when the cycle judged nothing (no difference in its report)."""
     difference = (entry.get("gate") or {}).get("difference")
     if not difference:
         return None
@@ -497,8 +498,9 @@ def gate_against_truth(entry: dict[str, Any], previous: dict[str, Any]) -> dict[
     else:
         return None
     low, high = float(difference["ci_low"]), float(difference["ci_high"])
+    checks = entry["gate"].get("checks") or {}
     return {"dr": float(difference["value"]), "ci_low": low, "ci_high": high, "truth": truth["mean"],
-            "held": bool(low <= truth["mean"] <= high)}
+            "held": bool(low <= truth["mean"] <= high), "pareto_k": checks.get("pareto_k"), "ess": checks.get("ess")}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -630,7 +632,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"cycle {c}: exit {code}, {active.version}, objective {t['mean']:.2f} [{t['ci_low']:.2f}, {t['ci_high']:.2f}]"
                   + (f", refused candidate {entry['refused_candidate']['objective']['mean']:.2f}" if "refused_candidate" in entry else "")
                   + (f", gate DR {g['dr']:+.2f} [{g['ci_low']:+.2f}, {g['ci_high']:+.2f}] for a true {g['truth']:+.2f}"
-                     f" ({'held' if g['held'] else 'missed'})" if (g := entry["gate_vs_truth"]) else "")
+                     f" ({'held' if g['held'] else 'missed'}"
+                     + (f", k̂ {g['pareto_k']:.2f})" if g["pareto_k"] is not None else ")") if (g := entry["gate_vs_truth"]) else "")
                   + (f", canary {k['action']} {k['estimate']:+.2f} [{k['ci_low']:+.2f}, {k['ci_high']:+.2f}] for a true "
                      f"{k['truth']:+.2f}" if (k := entry["canary_vs_truth"]) else "")
                   + (f", canary serving {entry['canary_bundle']['objective']['mean']:.2f}" if "canary_bundle" in entry else "")

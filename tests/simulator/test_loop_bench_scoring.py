@@ -36,10 +36,11 @@ def test_the_gate_is_held_against_the_truth_of_what_it_judged() -> None:
         return {"_per_session": {"objective": np.array(values)}}
 
     before, after = truth([10.0, 12.0, 14.0]), truth([13.0, 15.0, 17.0])  # +3 on every shared session
-    published = {"exit": 0, "gate": {"published": "published", "difference": {"value": 2.0, "ci_low": 1.0, "ci_high": 4.0}},
+    published = {"exit": 0, "gate": {"published": "published", "difference": {"value": 2.0, "ci_low": 1.0, "ci_high": 4.0},
+                                     "checks": {"pareto_k": 0.62, "ess": 810.5, "tolerance": 0.0}},
                  "truth": after}
     assert gate_against_truth(published, {"truth": before}) == {"dr": 2.0, "ci_low": 1.0, "ci_high": 4.0, "truth": 3.0,
-                                                                 "held": True}
+                                                                 "held": True, "pareto_k": 0.62, "ess": 810.5}
     # a canary promoted first, then its successor published: the gate judged the successor against the canary
     canary = truth([12.0, 14.0, 16.0])
     after_promotion = {**published, "canary": {"action": "promote"}}
@@ -48,6 +49,7 @@ def test_the_gate_is_held_against_the_truth_of_what_it_judged() -> None:
     promoted_refused = {"exit": 0, "gate": {"difference": {"value": -1.0, "ci_low": -4.0, "ci_high": 0.5}}, "truth": canary,
                         "canary": {"action": "promote"}, "refused_candidate": {"vs_served": {"mean": 0.2}}}
     assert gate_against_truth(promoted_refused, {"truth": before})["truth"] == 0.2
+    assert gate_against_truth(promoted_refused, {"truth": before})["pareto_k"] is None  # a report without checks
     refused = {"exit": 3, "gate": {"difference": {"value": -1.0, "ci_low": -4.0, "ci_high": 0.5}}, "truth": before,
                "refused_candidate": {"vs_served": {"mean": 4.3}}}
     assert gate_against_truth(refused, {"truth": before})["held"] is False  # an interval below the candidate's true gain
