@@ -53,7 +53,8 @@ def gpd_shape(excesses: npt.ArrayLike) -> float:
     theta = 1.0 / x[-1] + (1.0 - np.sqrt(m / (j - 0.5))) / (3.0 * quartile)
     k_of = -np.log1p(-theta[:, None] * x[None, :]).mean(axis=1)
     loglik = n * (np.log(theta / k_of) + k_of - 1.0)
-    posterior = 1.0 / np.exp(loglik[None, :] - loglik[:, None]).sum(axis=1)
+    posterior = np.exp(loglik - loglik.max())  # 1 / Σ_j exp(ℓ_j − ℓ_i), without overflowing where ℓ_i is far below
+    posterior /= posterior.sum()
     theta_hat = float((posterior * theta).sum())
     return float(np.log1p(-theta_hat * x).mean())
 
