@@ -14,7 +14,9 @@ SNIPS and trajectory-wise IS, each with its interval. The truth is the paired di
 the simulator on ``--eval-sessions`` other sessions (``bench.loop``'s truth sessions, the same dice for both).
 
 Per estimator: how many draws' intervals held the truth, how many lay below it and how many above, and the mean and
-median error. Not the gate's whole path: the draws skip ``read_gate``'s session limits and the unsupported-mass check.
+median error. Per draw, besides the new bundle's weights' tail k̂ (the gate's check), the tail k̂ of the per-session DR
+terms of new − current (``dr_terms_k``: the tail of what the gate's estimate averages, ``trainer.pareto.upper_tail_k``).
+Not the gate's whole path: the draws skip ``read_gate``'s session limits and the unsupported-mass check.
 Writes ``bench/results/gate_draws.json``.
 """
 
@@ -38,6 +40,7 @@ from simulator.config import SimConfig
 from simulator.drive import run_in_process, run_logged
 from simulator.world import World
 from trainer.config import TrainConfig
+from trainer.pareto import upper_tail_k
 from weights.bundle import read_bundle
 from weights.model_set import LoadOptions, ModelSet
 
@@ -61,8 +64,10 @@ def draw(world: World, active: ModelSet, candidate: ModelSet, sessions: range) -
         source = DirectorySource(Path(tmp))
         decisions, outcomes = source.table("decisions"), source.table("outcomes")
         new, current = judged(config, candidate, decisions, outcomes), judged(config, active, decisions, outcomes)
+    terms_k = upper_tail_k(new.report.episode_terms["dr"] - current.report.episode_terms["dr"])  # the same logs' episodes
     row: dict[str, Any] = {"sessions": [sessions.start, sessions.stop], "ess": new.report.ess,
                            "pareto_k": new.report.pareto_k if np.isfinite(new.report.pareto_k) else None,
+                           "dr_terms_k": terms_k if np.isfinite(terms_k) else None,
                            "behaviour": current.report.behavior_value.value}
     for name in ESTIMATORS:
         d = difference(new.report, current.report, name)
@@ -109,7 +114,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         draws.append(draw(world, active, candidate, range(lo, lo + args.sessions)))
         cells = " ".join(f"{n} {draws[-1][n]['value']:+.2f} [{draws[-1][n]['ci_low']:+.2f}, {draws[-1][n]['ci_high']:+.2f}]"
                          for n in ESTIMATORS)
-        print(f"draw {k + 1}: ESS {draws[-1]['ess']:.0f}, {cells}", flush=True)
+        tails = " ".join(f"{name} {draws[-1][key]:.2f}" for name, key in (("k̂", "pareto_k"), ("terms' k̂", "dr_terms_k"))
+                         if draws[-1][key] is not None)
+        print(f"draw {k + 1}: ESS {draws[-1]['ess']:.0f}, {tails}, {cells}", flush=True)
     held = coverage(draws, true["mean"])
     result = {"world_seed": args.seed, "active": active.version, "candidate": candidate.version, "sessions_per_draw": args.sessions,
               "truth": true, "coverage": held, "draws": draws, "seconds": time.monotonic() - started}

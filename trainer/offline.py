@@ -294,6 +294,9 @@ class OfflineReport:
     """Hash of the episodes' lengths and rewards; ``difference`` pairs only reports with equal ones."""
     samples: Mapping[str, FloatArray]
     """Per estimator: its ``n_boot`` bootstrap values (resample ``i`` is the same across reports)."""
+    episode_terms: Mapping[str, FloatArray]
+    """Per estimator that is a mean over episodes (``ips``, ``tis``, ``dr`` with Q̂, ``behavior_value``): each episode's
+    term, in the episodes' order; the estimate is their mean. SNIPS, a ratio, has none."""
 
     def to_dict(self) -> dict[str, Any]:
         def cap(x: float) -> float | None:
@@ -429,6 +432,7 @@ def evaluate(
         seed=seed,
         fingerprint=lay.fingerprint(),
         samples=samples,
+        episode_terms={name: terms[:, i] for i, name in enumerate(names) if name != "final_weight"},
     )
 
 

@@ -61,9 +61,19 @@ def gpd_shape(excesses: npt.ArrayLike) -> float:
 
 def pareto_k(weights: npt.ArrayLike) -> float:
     """PSIS's k̂ of ``weights``' upper tail (see the module doc); NaN when there are too few to fit, −∞ when no tail."""
-    w = np.sort(np.asarray(weights, dtype=np.float64).ravel())
+    w = np.asarray(weights, dtype=np.float64).ravel()
     if not np.isfinite(w).all() or (w < 0).any():
         raise ValueError("weights: expected finite values >= 0")
+    return upper_tail_k(w)
+
+
+def upper_tail_k(values: npt.ArrayLike) -> float:
+    """The same k̂ of the upper tail of any finite ``values`` (negative ones too): PSIS's function-specific diagnostic when
+    given an estimate's per-session terms wᵢ gᵢ instead of the weights (Vehtari et al., section 3), the tail of what is
+    averaged. NaN when there are too few to fit, −∞ when no tail."""
+    w = np.sort(np.asarray(values, dtype=np.float64).ravel())
+    if not np.isfinite(w).all():
+        raise ValueError("values: expected finite values")
     m = tail_size(len(w))
     if m < MIN_TAIL:
         return math.nan

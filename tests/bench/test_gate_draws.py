@@ -46,6 +46,8 @@ def test_two_draws_of_the_real_gate_against_the_simulators_truth(tmp_path: Path)
     # and so are the gate's weighted estimates (DR, this far from the logs, leans on its Q̂ and swings either way)
     assert all(d[name]["value"] < -5 for d in result["draws"] for name in ("ips", "snips", "tis"))
     assert result["draws"][0]["dr"] != result["draws"][1]["dr"]
+    # the tail of the terms the gate's DR difference averages, per draw (150 sessions: a 30-session tail to fit)
+    assert all(isinstance(d["dr_terms_k"], float) and d["dr_terms_k"] != d["pareto_k"] for d in result["draws"])
     truth = result["truth"]["mean"]
     for name in gate_draws.ESTIMATORS:
         c = result["coverage"][name]

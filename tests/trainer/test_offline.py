@@ -83,6 +83,11 @@ def test_two_episodes_by_hand() -> None:
     assert (report.snips.ci_low, report.snips.ci_high) == pytest.approx((1.0, 4.0))
     assert (report.dr.ci_low, report.dr.ci_high) == pytest.approx((-1.0, 3.5))
     assert (report.behavior_value.ci_low, report.behavior_value.ci_high) == pytest.approx((1.0, 4.0))
+    # each episode's term, whose mean is the estimate: A's and B's by hand, as above
+    terms = {name: report.episode_terms[name].tolist() for name in ("ips", "dr", "tis", "behavior_value")}
+    assert terms == {"ips": pytest.approx([3.0, 2.0]), "dr": pytest.approx([3.5, -1.0]), "tis": pytest.approx([4.0, 2.0]),
+                     "behavior_value": pytest.approx([4.0, 1.0])}
+    assert "snips" not in report.episode_terms  # a ratio of sums, not a mean of terms
 
 
 def test_report_json_has_exactly_the_gate_keys() -> None:

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from trainer.pareto import gpd_shape, pareto_k, tail_size
+from trainer.pareto import gpd_shape, pareto_k, tail_size, upper_tail_k
 
 
 def pareto(k: float, n: int, seed: int) -> np.ndarray:
@@ -25,6 +25,16 @@ def test_a_long_heavy_tail_is_fitted_without_overflow() -> None:
     """200,000 sessions (a CronJob's held-out fifth of a million): the grid's profile likelihoods lie thousands of nats
     apart, and the posterior over them once took exp of those gaps ("overflow encountered in exp", an error here)."""
     assert abs(pareto_k(pareto(0.9, 200_000, 0)) - 0.9) < 0.08
+
+
+def test_the_upper_tail_of_any_values_is_read_from_its_excesses() -> None:
+    """``upper_tail_k`` (an estimate's per-session terms, negative ones too) reads only the excesses over the tail's
+    threshold: a shift changes nothing, and a heavy lower tail (large losses) is not an upper one."""
+    x = pareto(0.7, 20_000, 4)
+    assert upper_tail_k(x - 1e3) == pytest.approx(pareto_k(x), abs=1e-9) == pytest.approx(upper_tail_k(x), abs=0)
+    assert upper_tail_k(-x) < 0.2 < 0.5 < upper_tail_k(x)
+    with pytest.raises(ValueError, match="values"):
+        upper_tail_k([1.0, np.nan] * 100)
 
 
 def test_light_tails_read_as_light() -> None:
