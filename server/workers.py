@@ -28,7 +28,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Mapping
@@ -37,6 +36,7 @@ from pathlib import Path
 from types import FrameType
 
 from server.config import SALT_ENV, Config, to_args
+from server.owned_dirs import owned_dir, sweep_abandoned
 from server.supervised import Heartbeats
 from server.transport import check_port_free
 
@@ -57,12 +57,21 @@ def free_port(host: str) -> int:
         return int(s.getsockname()[1])
 
 
+METRICS_DIR_PREFIX = "sa-metrics-"
+
+
 @dataclass(frozen=True)
 class MultiprocDir:
-    """prometheus_client's multiprocess directory; ``temporary`` when the parent created it itself."""
+    """prometheus_client's multiprocess directory; ``temporary`` when the parent created it itself, and then ``lock_fd``
+    its owner lock (``server.owned_dirs``), which every worker inherits."""
 
     path: Path
     temporary: bool
+    lock_fd: int | None = None
+
+    def inherited(self) -> tuple[int, ...]:
+        """The descriptors a worker must hold for as long as it runs."""
+        return () if self.lock_fd is None else (self.lock_fd,)
 
     def remove_db_files(self) -> None:
         """Remove prometheus_client's files only: the directory may be a mount point or hold other files."""
@@ -74,6 +83,8 @@ class MultiprocDir:
     def cleanup(self) -> None:
         if self.temporary:
             shutil.rmtree(self.path, ignore_errors=True)
+            if self.lock_fd is not None:
+                os.close(self.lock_fd)  # the workers' copies are gone with them: nothing holds the lock now
             return
         try:
             self.remove_db_files()
@@ -82,9 +93,14 @@ class MultiprocDir:
 
 
 def prepare_multiproc_dir(config: Config) -> MultiprocDir:
-    """The multiprocess directory without stale files: a previous run's would be summed in."""
+    """The multiprocess directory without stale files: a previous run's would be summed in. A directory of its own
+    (no ``--metrics-multiproc-dir``) is made under the temp dir, after removing those that supervisors killed outright
+    left behind (``server.owned_dirs``)."""
     if config.metrics_multiproc_dir is None:
-        return MultiprocDir(Path(tempfile.mkdtemp(prefix="sa-metrics-")), temporary=True)
+        for path in sweep_abandoned(METRICS_DIR_PREFIX):
+            log.info("removed an abandoned metrics directory", extra={"fields": {"path": str(path)}})
+        path, lock_fd = owned_dir(METRICS_DIR_PREFIX)
+        return MultiprocDir(path, temporary=True, lock_fd=lock_fd)
     mp_dir = MultiprocDir(Path(config.metrics_multiproc_dir), temporary=False)
     mp_dir.path.mkdir(parents=True, exist_ok=True)
     mp_dir.remove_db_files()
@@ -135,7 +151,8 @@ class _Supervisor:
                 break
             read, write = self.heartbeats.pipe()
             try:
-                child = subprocess.Popen([*args, "--heartbeat-fd", str(write)], env=env, pass_fds=(write,))
+                child = subprocess.Popen([*args, "--heartbeat-fd", str(write)], env=env,
+                                         pass_fds=(write, *self.mp_dir.inherited()))
             except BaseException:
                 os.close(read)
                 raise
@@ -263,7 +280,7 @@ def run_workers(config: Config, environ: Mapping[str, str]) -> int:
         env = {**environ, "PROMETHEUS_MULTIPROC_DIR": str(mp_dir.path), SALT_ENV: config.log_user_salt}
         sup.spawn([sys.executable, "-m", "server", "serve", *child_args], env)
         log.info("workers started", extra={"fields": {"workers": len(sup.children), "port": port,
-                                                       "pids": [c.pid for c in sup.children]}})
+                                                       "pids": [c.pid for c in sup.children], "metrics_dir": str(mp_dir.path)}})
         sup.supervise()
     except OSError as exc:
         sup.abandon()

@@ -19,7 +19,7 @@ from prometheus_client.mmap_dict import MmapedDict, mmap_key
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 
-from server import supervised, transport, workers
+from server import owned_dirs, supervised, transport, workers
 from tests.clock import ManualClock
 from tests.harness import Spawned, make_config, request, spawn_server, stub
 
@@ -199,16 +199,22 @@ def _running(pid: int) -> bool:
 def test_workers_left_by_a_killed_supervisor_drain_and_free_the_port() -> None:
     # SIGKILL forwards nothing: before server.supervised the workers kept serving on the port, and a new supervisor
     # found it held and refused to start
-    with spawn_server("--workers", "2", "--metrics-port", "", "--grace-seconds", "1", "--drain-delay-seconds", "0") as spawned:
+    # and it cannot remove its metrics directory: the next supervisor does, once no worker of the dead one runs
+    with spawn_server("--workers", "2", "--metrics-port", "", "--grace-seconds", "1", "--drain-delay-seconds", "2") as spawned:
         pids = _wait_serving(spawned)
+        metrics_dir = Path(str(_logged(spawned, "workers started")[0]["metrics_dir"]))
         try:
             spawned.proc.kill()
             spawned.proc.wait(timeout=10)
+            assert metrics_dir not in owned_dirs.sweep_abandoned(workers.METRICS_DIR_PREFIX, metrics_dir.parent)
+            assert any(map(_running, pids)) and metrics_dir.is_dir()  # the workers, still draining, hold its lock
             deadline = time.monotonic() + supervised.POLL_SECONDS + 15
             while any(map(_running, pids)) and time.monotonic() < deadline:
                 time.sleep(0.1)
             assert not any(map(_running, pids)), "".join(spawned.lines)
             transport.check_port_free("127.0.0.1", spawned.port)  # raises while anything listens there
+            assert metrics_dir in owned_dirs.sweep_abandoned(workers.METRICS_DIR_PREFIX, metrics_dir.parent)
+            assert not metrics_dir.exists()
         finally:
             for pid in pids:
                 with contextlib.suppress(ProcessLookupError):

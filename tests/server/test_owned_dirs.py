@@ -1,0 +1,101 @@
+"""Temporary directories whose owner lock says whether anyone still uses them (server.owned_dirs): real processes,
+real flock, real SIGKILL."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from server.owned_dirs import OWNER_LOCK, owned_dir, sweep_abandoned
+from tests.harness import ROOT
+
+PREFIX = "sa-test-"
+# Makes an owned directory, prints it, and with "hand" passes its lock to a child that outlives it (a worker).
+_OWNER = """
+import subprocess, sys, time
+from server.owned_dirs import owned_dir
+path, fd = owned_dir(sys.argv[1])
+if sys.argv[2] == "hand":
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], pass_fds=(fd,))
+    print(child.pid, flush=True)
+print(path, flush=True)
+time.sleep(60)
+"""
+
+
+def _owner(tmp: Path, hand: bool = False) -> tuple[subprocess.Popen[str], Path, int | None]:
+    proc = subprocess.Popen([sys.executable, "-c", _OWNER, PREFIX, "hand" if hand else "keep"], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "TMPDIR": str(tmp)}, cwd=ROOT)
+    assert proc.stdout is not None
+    child = int(proc.stdout.readline()) if hand else None
+    return proc, Path(proc.stdout.readline().strip()), child
+
+
+def _killed(proc: subprocess.Popen[str]) -> None:
+    proc.kill()
+    proc.wait(timeout=10)
+    if proc.stdout is not None:
+        proc.stdout.close()
+
+
+def _gone(pid: int) -> None:
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # a reaped orphan: /proc/PID vanishes once init collects it
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().split(") ")[-1].startswith("Z"):
+                    return
+        except FileNotFoundError:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"process {pid} never exited")
+
+
+def test_an_owned_directory_holds_its_lock_from_before_its_name_appears(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    path, fd = owned_dir(PREFIX)
+    try:
+        assert path.parent == tmp_path and path.name.startswith(PREFIX)
+        assert sorted(p.name for p in path.iterdir()) == [OWNER_LOCK]  # the lock under its final name only
+        assert sweep_abandoned(PREFIX, tmp_path) == [] and path.is_dir()  # held by this process
+    finally:
+        os.close(fd)
+    assert sweep_abandoned(PREFIX, tmp_path) == [path] and not path.exists()  # released: abandoned
+
+
+def test_a_killed_owners_directory_is_removed_once_nobody_it_handed_the_lock_to_runs(tmp_path: Path) -> None:
+    alive, alive_dir, _ = _owner(tmp_path)
+    dead, dead_dir, _ = _owner(tmp_path)
+    handed, handed_dir, worker = _owner(tmp_path, hand=True)
+    assert worker is not None
+    try:
+        _killed(dead)
+        _killed(handed)  # its worker still runs, with the lock's description
+        legacy = tmp_path / f"{PREFIX}legacy"  # an older version's: no lock file
+        legacy.mkdir()
+        other = tmp_path / "not-ours-dir"  # another prefix, its lock free
+        other.mkdir()
+        (other / OWNER_LOCK).touch()
+        link = tmp_path / f"{PREFIX}link"
+        link.symlink_to(dead_dir)
+        assert sweep_abandoned(PREFIX, tmp_path) == [dead_dir]
+        assert not dead_dir.exists()
+        assert alive_dir.is_dir() and handed_dir.is_dir() and legacy.is_dir() and other.is_dir() and link.is_symlink()
+        _gone(worker)
+        assert sweep_abandoned(PREFIX, tmp_path) == [handed_dir]
+        assert alive_dir.is_dir()
+    finally:
+        _killed(alive)
+        if worker is not None:
+            try:
+                os.kill(worker, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert sweep_abandoned(PREFIX, tmp_path) == [alive_dir]
