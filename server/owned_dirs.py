@@ -9,8 +9,19 @@ lives, and the kernel releases it when the last of them exits however it ends. A
 and a process in another PID namespace sharing the temp dir (a container on the same node) has another number.
 
 ``sweep_abandoned`` removes the directories of this user, with this prefix, whose lock it can take: nobody holds it,
-so nobody uses them. A directory without the lock file (made by an older version, or not by this code) is left alone,
-and the lock file is renamed into place only once locked, so a sweep never takes a directory still being made.
+so nobody uses them. It takes only what ``owned_dir`` makes, and leaves alone:
+
+- a directory without the lock file (made by an older version, or killed before its lock was in place: the lock
+  file is renamed into place only once locked, so a sweep never takes a directory still being made);
+- a link, another user's directory, one that others may write to (``mkdtemp`` makes ``0700``), and one whose lock is
+  not a regular file of this user with one link (a planted FIFO would block the open, a planted file would look free);
+- everything, when the temp dir is writable by others and not sticky: there another user could swap a directory
+  between the lock and the removal.
+
+It is for a local file system. On NFS the kernel emulates ``flock`` with POSIX locks, which belong to a process and
+are not inherited, so a killed supervisor's draining workers would not hold the lock; a file system without locks
+makes ``owned_dir`` return no lock (the directory is then never swept) and the sweep skip what it cannot lock. No
+failure here stops a server from starting: the caller logs it and goes on.
 """
 
 from __future__ import annotations
@@ -27,16 +38,22 @@ OWNER_LOCK = "owner.lock"
 _LOCKING = ".owner.lock.new"
 
 
-def owned_dir(prefix: str) -> tuple[Path, int]:
-    """A new directory under the temp dir and the descriptor of its lock, held until it and every copy are closed."""
+def owned_dir(prefix: str) -> tuple[Path, int | None]:
+    """A new directory under the temp dir and the descriptor of its lock, held until it and every copy are closed
+    (None where the file system cannot lock: the directory works, a later sweep just never takes it)."""
     path = Path(tempfile.mkdtemp(prefix=prefix))
     try:
-        fd = os.open(path / _LOCKING, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        fd = os.open(path / _LOCKING, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except BaseException:
         shutil.rmtree(path, ignore_errors=True)
         raise
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a file nobody else has opened: never blocks
+    except OSError:
+        os.close(fd)
+        (path / _LOCKING).unlink()
+        return path, None
+    try:
         os.rename(path / _LOCKING, path / OWNER_LOCK)  # visible to a sweep only once held
     except BaseException:
         os.close(fd)
@@ -45,30 +62,41 @@ def owned_dir(prefix: str) -> tuple[Path, int]:
     return path, fd
 
 
+def _shared_unsafely(base: Path) -> bool:
+    """Whether others may write to ``base`` without the sticky bit (and so rename this user's entries)."""
+    mode = base.stat().st_mode
+    return bool(mode & (stat.S_IWGRP | stat.S_IWOTH)) and not mode & stat.S_ISVTX
+
+
+def _is_ours(info: os.stat_result, kind: int) -> bool:
+    return stat.S_IFMT(info.st_mode) == kind and info.st_uid == os.getuid()
+
+
 def sweep_abandoned(prefix: str, root: Path | None = None) -> list[Path]:
     """Remove this user's ``prefix*`` directories under ``root`` (default: the temp dir) whose owner lock is free."""
     base = Path(tempfile.gettempdir()) if root is None else root
     removed: list[Path] = []
-    try:
-        candidates = sorted(base.glob(f"{prefix}*"))
-    except OSError:
+    if _shared_unsafely(base):
         return removed
-    for path in candidates:
+    for path in sorted(base.glob(f"{prefix}*")):
         try:
             info = path.lstat()
         except OSError:
             continue
-        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
-            continue  # a link, a file, or another user's: not ours to judge
+        if not _is_ours(info, stat.S_IFDIR) or info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+            continue  # a link, a file, another user's, or one others may write to: not ours to judge
         try:
-            fd = os.open(path / OWNER_LOCK, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fd = os.open(path / OWNER_LOCK, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError:
-            continue  # no lock file: not made by owned_dir, or already being removed
+            continue  # no lock file (not made by owned_dir, or already being removed), a link, not ours
         try:
+            lock = os.fstat(fd)
+            if not _is_ours(lock, stat.S_IFREG) or lock.st_nlink != 1:
+                continue
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                continue  # its owner or one of its workers still runs
+            except OSError:
+                continue  # held (its owner or one of its workers still runs), or a file system that cannot say
             shutil.rmtree(path, ignore_errors=True)
             if not path.exists():
                 removed.append(path)

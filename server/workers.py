@@ -28,6 +28,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Mapping
@@ -97,8 +98,11 @@ def prepare_multiproc_dir(config: Config) -> MultiprocDir:
     (no ``--metrics-multiproc-dir``) is made under the temp dir, after removing those that supervisors killed outright
     left behind (``server.owned_dirs``)."""
     if config.metrics_multiproc_dir is None:
-        for path in sweep_abandoned(METRICS_DIR_PREFIX):
-            log.info("removed an abandoned metrics directory", extra={"fields": {"path": str(path)}})
+        try:
+            for path in sweep_abandoned(METRICS_DIR_PREFIX):
+                log.info("removed an abandoned metrics directory", extra={"fields": {"path": str(path)}})
+        except Exception as exc:  # housekeeping: never a reason not to start
+            log.warning("could not sweep abandoned metrics directories", extra={"fields": {"error": str(exc)}})
         path, lock_fd = owned_dir(METRICS_DIR_PREFIX)
         return MultiprocDir(path, temporary=True, lock_fd=lock_fd)
     mp_dir = MultiprocDir(Path(config.metrics_multiproc_dir), temporary=False)
@@ -254,8 +258,9 @@ def run_workers(config: Config, environ: Mapping[str, str]) -> int:
     try:
         mp_dir = prepare_multiproc_dir(config)
     except OSError as exc:
-        print(f"shopping-agent: --metrics-multiproc-dir {config.metrics_multiproc_dir}: cannot be prepared: "
-              f"{exc.strerror or exc}", file=sys.stderr)
+        where = (f"--metrics-multiproc-dir {config.metrics_multiproc_dir}" if config.metrics_multiproc_dir is not None
+                 else f"a metrics directory under {tempfile.gettempdir()} (or set --metrics-multiproc-dir)")
+        print(f"shopping-agent: {where}: cannot be prepared: {exc.strerror or exc}", file=sys.stderr)
         return 2
     sup = _Supervisor(config, mp_dir)
     previous = {signum: signal.signal(signum, sup.on_signal) for signum in _FORWARDED}  # before any worker exists

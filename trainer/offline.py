@@ -432,7 +432,7 @@ def evaluate(
         seed=seed,
         fingerprint=lay.fingerprint(),
         samples=samples,
-        episode_terms={name: terms[:, i] for i, name in enumerate(names) if name != "final_weight"},
+        episode_terms={name: terms[:, i].copy() for i, name in enumerate(names) if name != "final_weight"},
     )
 
 

@@ -99,3 +99,58 @@ def test_a_killed_owners_directory_is_removed_once_nobody_it_handed_the_lock_to_
             except ProcessLookupError:
                 pass
     assert sweep_abandoned(PREFIX, tmp_path) == [alive_dir]
+
+
+def _abandoned(base: Path, name: str) -> Path:
+    """A directory as owned_dir leaves it once its owner is gone: 0700, a free lock file."""
+    path = base / name
+    path.mkdir(mode=0o700)
+    (path / OWNER_LOCK).touch(mode=0o600)
+    return path
+
+
+def test_only_what_owned_dir_makes_is_swept_and_nothing_planted_blocks_or_fools_it(tmp_path: Path) -> None:
+    """A FIFO for a lock would block a plain open (the sweep, and the server's start, would hang); a lock that is a link,
+    a hard link, or in a directory others may write to could be planted by another user: each is left alone."""
+    plain = _abandoned(tmp_path, f"{PREFIX}plain")
+    fifo = tmp_path / f"{PREFIX}fifo"
+    fifo.mkdir(mode=0o700)
+    os.mkfifo(fifo / OWNER_LOCK, 0o600)
+    linked = tmp_path / f"{PREFIX}linked"
+    linked.mkdir(mode=0o700)
+    (tmp_path / "target").touch(mode=0o600)  # a free lock of this user's, one link: only the link itself is wrong
+    (linked / OWNER_LOCK).symlink_to(tmp_path / "target")
+    (tmp_path / "elsewhere").touch(mode=0o600)
+    hard = tmp_path / f"{PREFIX}hard"
+    hard.mkdir(mode=0o700)
+    os.link(tmp_path / "elsewhere", hard / OWNER_LOCK)
+    shared = _abandoned(tmp_path, f"{PREFIX}shared")
+    shared.chmod(0o777)
+    assert sweep_abandoned(PREFIX, tmp_path) == [plain]
+    assert fifo.is_dir() and linked.is_dir() and hard.is_dir() and shared.is_dir()
+
+
+def test_nothing_is_swept_where_others_could_swap_a_directory_between_the_lock_and_the_removal(tmp_path: Path) -> None:
+    base = tmp_path / "tmp"
+    base.mkdir()
+    abandoned = _abandoned(base, f"{PREFIX}x")
+    base.chmod(0o777)  # writable by all, not sticky: another user could rename our entries
+    assert sweep_abandoned(PREFIX, base) == [] and abandoned.is_dir()
+    base.chmod(0o1777)  # sticky, as /tmp is: only the owner renames an entry
+    assert sweep_abandoned(PREFIX, base) == [abandoned]
+
+
+def test_a_file_system_that_cannot_lock_gets_a_directory_without_a_lock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Mocked: a file system without flock (some FUSE and network ones) cannot be had here. The directory still works;
+    a later sweep never takes it."""
+    import errno
+    import fcntl
+
+    def no_locks(fd: int, operation: int) -> None:
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    path, fd = owned_dir(PREFIX)
+    assert fd is None and path.is_dir() and list(path.iterdir()) == []
+    assert sweep_abandoned(PREFIX, tmp_path) == [] and path.is_dir()

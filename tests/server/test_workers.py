@@ -196,7 +196,7 @@ def _running(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
 
 
-def test_workers_left_by_a_killed_supervisor_drain_and_free_the_port() -> None:
+def test_workers_left_by_a_killed_supervisor_drain_and_free_the_port(monkeypatch: pytest.MonkeyPatch) -> None:
     # SIGKILL forwards nothing: before server.supervised the workers kept serving on the port, and a new supervisor
     # found it held and refused to start
     # and it cannot remove its metrics directory: the next supervisor does, once no worker of the dead one runs
@@ -213,8 +213,10 @@ def test_workers_left_by_a_killed_supervisor_drain_and_free_the_port() -> None:
                 time.sleep(0.1)
             assert not any(map(_running, pids)), "".join(spawned.lines)
             transport.check_port_free("127.0.0.1", spawned.port)  # raises while anything listens there
-            assert metrics_dir in owned_dirs.sweep_abandoned(workers.METRICS_DIR_PREFIX, metrics_dir.parent)
-            assert not metrics_dir.exists()
+            monkeypatch.setattr("tempfile.tempdir", str(metrics_dir.parent))  # the next supervisor's temp dir
+            following = workers.prepare_multiproc_dir(make_config(workers=2))
+            assert not metrics_dir.exists() and following.path.is_dir() and following.path != metrics_dir
+            following.cleanup()
         finally:
             for pid in pids:
                 with contextlib.suppress(ProcessLookupError):
@@ -235,6 +237,23 @@ def _stale_counter(path: Path, value: float) -> None:
     """A previous run's counter file for 'shopping_agent_decisions_total'."""
     _metric_file(path, "shopping_agent_decisions", "shopping_agent_decisions_total", {"action": "none", "source": "policy"},
                  "Decisions served, by action and source.", value)
+
+
+def test_a_sweep_that_fails_is_logged_and_the_supervisor_still_gets_its_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    def fails(prefix: str) -> list[Path]:
+        raise PermissionError(13, "Permission denied", str(tmp_path))
+
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    monkeypatch.setattr(workers, "sweep_abandoned", fails)
+    with caplog.at_level("WARNING", logger="server.workers"):
+        mp_dir = workers.prepare_multiproc_dir(make_config(workers=2))
+    try:
+        assert mp_dir.path.parent == tmp_path and mp_dir.path.is_dir() and mp_dir.inherited()
+        assert [r.getMessage() for r in caplog.records] == ["could not sweep abandoned metrics directories"]
+    finally:
+        mp_dir.cleanup()
+    assert not mp_dir.path.exists()
 
 
 def test_a_configured_metrics_dir_keeps_other_files_and_loses_stale_counters(tmp_path: Path) -> None:
@@ -263,7 +282,7 @@ def test_a_configured_metrics_dir_keeps_other_files_and_loses_stale_counters(tmp
     assert (mp_dir / "keep.txt").read_text() == "not prometheus_client's\n"
 
 
-def test_a_signal_while_workers_start_stops_the_ones_started(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_signal_while_workers_start_stops_the_ones_started(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     real_popen = subprocess.Popen
     started: list[subprocess.Popen[bytes]] = []
 
@@ -276,6 +295,7 @@ def test_a_signal_while_workers_start_stops_the_ones_started(monkeypatch: pytest
         return child
 
     monkeypatch.setattr(subprocess, "Popen", popen)  # as server.workers sees it
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))  # its metrics directory, and its sweep, away from /tmp
     assert workers.run_workers(make_config(workers=3), os.environ) == 0
     assert len(started) == 1  # no worker started after the signal
     assert started[0].returncode == -signal.SIGTERM  # the forwarded signal reached the one started
