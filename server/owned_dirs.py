@@ -15,8 +15,12 @@ so nobody uses them. It takes only what ``owned_dir`` makes, and leaves alone:
   file is renamed into place only once locked, so a sweep never takes a directory still being made);
 - a link, another user's directory, one that others may write to (``mkdtemp`` makes ``0700``), and one whose lock is
   not a regular file of this user with one link (a planted FIFO would block the open, a planted file would look free);
-- everything, when the temp dir is writable by others and not sticky: there another user could swap a directory
-  between the lock and the removal.
+- a directory holding a directory (``owned_dir``'s hold only files: prometheus_client's and the lock).
+
+The directory is opened once, and its lock and its files are reached through that descriptor, so what is locked and
+emptied is the directory that was checked even where others may rename entries of the temp dir (a Kubernetes
+``emptyDir`` is ``0777`` without the sticky bit); only the final ``rmdir`` goes by name, and it removes nothing but
+an empty directory.
 
 It is for a local file system. On NFS the kernel emulates ``flock`` with POSIX locks, which belong to a process and
 are not inherited, so a killed supervisor's draining workers would not hold the lock; a file system without locks
@@ -62,12 +66,6 @@ def owned_dir(prefix: str) -> tuple[Path, int | None]:
     return path, fd
 
 
-def _shared_unsafely(base: Path) -> bool:
-    """Whether others may write to ``base`` without the sticky bit (and so rename this user's entries)."""
-    mode = base.stat().st_mode
-    return bool(mode & (stat.S_IWGRP | stat.S_IWOTH)) and not mode & stat.S_ISVTX
-
-
 def _is_ours(info: os.stat_result, kind: int) -> bool:
     return stat.S_IFMT(info.st_mode) == kind and info.st_uid == os.getuid()
 
@@ -75,32 +73,50 @@ def _is_ours(info: os.stat_result, kind: int) -> bool:
 def sweep_abandoned(prefix: str, root: Path | None = None) -> list[Path]:
     """Remove this user's ``prefix*`` directories under ``root`` (default: the temp dir) whose owner lock is free."""
     base = Path(tempfile.gettempdir()) if root is None else root
-    removed: list[Path] = []
-    if _shared_unsafely(base):
-        return removed
-    for path in sorted(base.glob(f"{prefix}*")):
-        try:
-            info = path.lstat()
-        except OSError:
-            continue
+    return [path for path in sorted(base.glob(f"{prefix}*")) if _removed_if_abandoned(path)]
+
+
+def _removed_if_abandoned(path: Path) -> bool:
+    try:
+        dir_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False  # a link, a file, gone
+    try:
+        info = os.fstat(dir_fd)
         if not _is_ours(info, stat.S_IFDIR) or info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-            continue  # a link, a file, another user's, or one others may write to: not ours to judge
+            return False  # another user's, or one others may write to: not ours to judge
         try:
-            fd = os.open(path / OWNER_LOCK, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            fd = os.open(OWNER_LOCK, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
         except OSError:
-            continue  # no lock file (not made by owned_dir, or already being removed), a link, not ours
+            return False  # no lock file (not made by owned_dir, or already being removed), a link, not ours
         try:
             lock = os.fstat(fd)
             if not _is_ours(lock, stat.S_IFREG) or lock.st_nlink != 1:
-                continue
+                return False
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
-                continue  # held (its owner or one of its workers still runs), or a file system that cannot say
-            shutil.rmtree(path, ignore_errors=True)
-            if not path.exists():
-                removed.append(path)
-        finally:
+                return False  # held (its owner or one of its workers still runs), or a file system that cannot say
+            if not _emptied(dir_fd):
+                return False
             with contextlib.suppress(OSError):
-                os.close(fd)
-    return removed
+                os.rmdir(path)  # by name: empty, or it fails (renamed meanwhile: a directory with files stays)
+            return not os.path.lexists(path)
+        finally:
+            os.close(fd)
+    finally:
+        os.close(dir_fd)
+
+
+def _emptied(dir_fd: int) -> bool:
+    """Unlink the files of the directory open at ``dir_fd``; False (nothing unlinked) if it holds a directory."""
+    try:
+        names = os.listdir(dir_fd)
+        if any(stat.S_ISDIR(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode) for name in names):
+            return False
+        for name in names:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(name, dir_fd=dir_fd)
+    except OSError:
+        return False
+    return True

@@ -130,14 +130,22 @@ def test_only_what_owned_dir_makes_is_swept_and_nothing_planted_blocks_or_fools_
     assert fifo.is_dir() and linked.is_dir() and hard.is_dir() and shared.is_dir()
 
 
-def test_nothing_is_swept_where_others_could_swap_a_directory_between_the_lock_and_the_removal(tmp_path: Path) -> None:
+def test_a_temp_dir_anyone_may_write_to_is_swept_through_the_checked_directory(tmp_path: Path) -> None:
+    """A Kubernetes emptyDir is 0777 without the sticky bit (the pod's /tmp): the sweep must work there, and it reaches
+    the lock and the files through the directory it opened, so a rename of the name cannot redirect what it empties.
+    A directory holding a directory is not one owned_dir made: left whole."""
     base = tmp_path / "tmp"
     base.mkdir()
+    base.chmod(0o777)
     abandoned = _abandoned(base, f"{PREFIX}x")
-    base.chmod(0o777)  # writable by all, not sticky: another user could rename our entries
-    assert sweep_abandoned(PREFIX, base) == [] and abandoned.is_dir()
-    base.chmod(0o1777)  # sticky, as /tmp is: only the owner renames an entry
+    for n in (1, 2):
+        (abandoned / f"counter_{n}.db").write_bytes(b"\0" * 64)
+    nested = _abandoned(base, f"{PREFIX}nested")
+    (nested / "inner").mkdir()
+    (nested / "counter_3.db").write_bytes(b"\0")
     assert sweep_abandoned(PREFIX, base) == [abandoned]
+    assert not abandoned.exists()
+    assert sorted(p.name for p in nested.iterdir()) == ["counter_3.db", "inner", OWNER_LOCK]
 
 
 def test_a_file_system_that_cannot_lock_gets_a_directory_without_a_lock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

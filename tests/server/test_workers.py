@@ -196,6 +196,24 @@ def _running(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
 
 
+def _threads_gone(pid: int) -> bool:
+    """Every thread of ``pid`` has exited. The leader turns zombie (``_running`` says no) while its other threads may
+    still run and hold the process's descriptors, an inherited lock among them."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return True
+    return all(not _running_task(pid, tid) for tid in tids)
+
+
+def _running_task(pid: int, tid: str) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
 def test_workers_left_by_a_killed_supervisor_drain_and_free_the_port(monkeypatch: pytest.MonkeyPatch) -> None:
     # SIGKILL forwards nothing: before server.supervised the workers kept serving on the port, and a new supervisor
     # found it held and refused to start
@@ -213,6 +231,9 @@ def test_workers_left_by_a_killed_supervisor_drain_and_free_the_port(monkeypatch
                 time.sleep(0.1)
             assert not any(map(_running, pids)), "".join(spawned.lines)
             transport.check_port_free("127.0.0.1", spawned.port)  # raises while anything listens there
+            while not all(map(_threads_gone, pids)) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert all(map(_threads_gone, pids)), "".join(spawned.lines)
             monkeypatch.setattr("tempfile.tempdir", str(metrics_dir.parent))  # the next supervisor's temp dir
             following = workers.prepare_multiproc_dir(make_config(workers=2))
             assert not metrics_dir.exists() and following.path.is_dir() and following.path != metrics_dir
