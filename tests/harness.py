@@ -143,6 +143,30 @@ def until(condition: Callable[[], bool], what: str = "the condition", timeout: f
         time.sleep(0.01)
 
 
+def _alive(stat: Path) -> bool:
+    """A /proc ``stat`` file's task runs (is neither a zombie nor dead; no file: gone)."""
+    try:
+        text = stat.read_text()
+    except FileNotFoundError:
+        return False
+    return text.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie: an orphan that exited waits as one until its new parent (init, a subreaper) reaps it."""
+    return _alive(Path(f"/proc/{pid}/stat"))
+
+
+def threads_gone(pid: int) -> bool:
+    """Every thread of ``pid`` has exited. The leader turns zombie (``running`` says no) while its other threads may
+    still run and hold the process's descriptors, an inherited lock among them."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return True
+    return not any(_alive(Path(f"/proc/{pid}/task/{tid}/stat")) for tid in tids)
+
+
 def promptly(call: Callable[[], T], timeout: float = 10.0, fifo: Path | None = None) -> T:
     """``call()``'s result (or its exception), run in a thread, which must come within ``timeout``; a call still
     running fails the test. With ``fifo`` (a FIFO a hostile volume put where a file was expected, with no writer), a

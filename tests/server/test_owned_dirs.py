@@ -7,13 +7,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from server.owned_dirs import OWNER_LOCK, owned_dir, sweep_abandoned
-from tests.harness import ROOT
+from tests.harness import ROOT, threads_gone, until
 
 PREFIX = "sa-test-"
 # Makes an owned directory, prints it, and with "hand" passes its lock to a child that outlives it (a worker).
@@ -46,16 +45,7 @@ def _killed(proc: subprocess.Popen[str]) -> None:
 
 def _gone(pid: int) -> None:
     os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:  # a reaped orphan: /proc/PID vanishes once init collects it
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                if f.read().split(") ")[-1].startswith("Z"):
-                    return
-        except FileNotFoundError:
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"process {pid} never exited")
+    until(lambda: threads_gone(pid), f"process {pid} to exit")
 
 
 def test_an_owned_directory_holds_its_lock_from_before_its_name_appears(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from server import owned_dirs, supervised, transport, workers
 from tests.clock import ManualClock
-from tests.harness import Spawned, make_config, request, spawn_server, stub
+from tests.harness import Spawned, make_config, request, running, spawn_server, stub, threads_gone
 
 
 def _logged(spawned: Spawned, msg: str, timeout: float = 20) -> list[dict[str, object]]:
@@ -187,33 +187,6 @@ def _closed(fd: int) -> bool:
     return False
 
 
-def _running(pid: int) -> bool:
-    """Alive and not a zombie: an orphan that exited waits as one until its new parent (init, a subreaper) reaps it."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-
-
-def _threads_gone(pid: int) -> bool:
-    """Every thread of ``pid`` has exited. The leader turns zombie (``_running`` says no) while its other threads may
-    still run and hold the process's descriptors, an inherited lock among them."""
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except FileNotFoundError:
-        return True
-    return all(not _running_task(pid, tid) for tid in tids)
-
-
-def _running_task(pid: int, tid: str) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-
-
 def test_workers_left_by_a_killed_supervisor_drain_and_free_the_port(monkeypatch: pytest.MonkeyPatch) -> None:
     # SIGKILL forwards nothing: before server.supervised the workers kept serving on the port, and a new supervisor
     # found it held and refused to start
@@ -225,15 +198,15 @@ def test_workers_left_by_a_killed_supervisor_drain_and_free_the_port(monkeypatch
             spawned.proc.kill()
             spawned.proc.wait(timeout=10)
             assert metrics_dir not in owned_dirs.sweep_abandoned(workers.METRICS_DIR_PREFIX, metrics_dir.parent)
-            assert any(map(_running, pids)) and metrics_dir.is_dir()  # the workers, still draining, hold its lock
+            assert any(map(running, pids)) and metrics_dir.is_dir()  # the workers, still draining, hold its lock
             deadline = time.monotonic() + supervised.POLL_SECONDS + 15
-            while any(map(_running, pids)) and time.monotonic() < deadline:
+            while any(map(running, pids)) and time.monotonic() < deadline:
                 time.sleep(0.1)
-            assert not any(map(_running, pids)), "".join(spawned.lines)
+            assert not any(map(running, pids)), "".join(spawned.lines)
             transport.check_port_free("127.0.0.1", spawned.port)  # raises while anything listens there
-            while not all(map(_threads_gone, pids)) and time.monotonic() < deadline:
+            while not all(map(threads_gone, pids)) and time.monotonic() < deadline:
                 time.sleep(0.05)
-            assert all(map(_threads_gone, pids)), "".join(spawned.lines)
+            assert all(map(threads_gone, pids)), "".join(spawned.lines)
             monkeypatch.setattr("tempfile.tempdir", str(metrics_dir.parent))  # the next supervisor's temp dir
             following = workers.prepare_multiproc_dir(make_config(workers=2))
             assert not metrics_dir.exists() and following.path.is_dir() and following.path != metrics_dir
