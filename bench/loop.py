@@ -269,12 +269,9 @@ def trainer_window(decisions: pa.Table, outcomes: pa.Table, settings: dict[str, 
 def resolved_config(path: Path | None) -> tuple[dict[str, Any], dict[str, Any]]:
     """A ``--config`` file's fields (read once) and ``resolved_fields`` of them (``trainer.cli.UsageError`` naming the
     field for a bad one)."""
-    from trainer.cli import UsageError
+    from trainer.cli import config_file
 
-    try:
-        fields = json.loads(path.read_text()) if path is not None else {}
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"--config: {exc}") from None
+    fields = config_file(path)
     return fields, resolved_fields(fields)
 
 

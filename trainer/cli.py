@@ -205,11 +205,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _config(args: argparse.Namespace) -> TrainConfig:
+    return config_fields(config_file(args.config), args)
+
+
+def config_file(path: Path | None) -> Any:
+    """A ``--config`` file's JSON (``{}`` without one), read once; ``UsageError`` when it cannot be read or parsed."""
     try:
-        values: Any = json.loads(args.config.read_text()) if args.config else {}
+        return json.loads(path.read_text()) if path is not None else {}
     except (OSError, ValueError) as exc:
         raise UsageError(f"--config: {exc}") from None
-    return config_fields(values, args)
 
 
 def config_fields(values: Any, args: argparse.Namespace | None = None) -> TrainConfig:

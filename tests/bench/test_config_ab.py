@@ -119,6 +119,15 @@ def test_a_bad_configuration_is_refused_by_name_before_any_run(tmp_path: Path, c
     err = capsys.readouterr().err
     assert "--b: " in err and "advantage" in err
     assert list(tmp_path.iterdir()) == [bad]  # nothing ran, nothing written
+    broken = tmp_path / "broken.json"
+    broken.write_text("{advantage: critic")
+    for path, says in ((broken, "Expecting property name"), (tmp_path / "missing.json", "No such file")):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["--b", str(path), "--seeds", "9", "--out", str(tmp_path / "ab.json")])
+        assert exit_info.value.code == 2
+        err = capsys.readouterr().err
+        assert "--b: " in err and says in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b.json", "broken.json"]
 
 
 def test_a_results_file_is_whole_or_absent_and_no_partial_file_stays(tmp_path: Path) -> None:
