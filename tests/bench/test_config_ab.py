@@ -10,7 +10,7 @@ from typing import BinaryIO
 import numpy as np
 import pytest
 
-from bench.config_ab import across_worlds, compare_world, main, reusable, run_path, verdict, wanted
+from bench.config_ab import across_worlds, compare_world, main, reusable, run_path, t_975, verdict, wanted
 from bench.loop import per_session_path
 from bench.report import write_results, written
 
@@ -108,6 +108,9 @@ def test_the_interval_over_worlds_is_students_t() -> None:
     got = across_worlds([1.0, 2.0, 3.0])
     assert got is not None and got["mean"] == 2.0
     assert got["ci_high"] - 2.0 == pytest.approx(4.303 * 1.0 / np.sqrt(3))  # t(2 df) · sd / √k
+    assert t_975(20) == 2.086  # the table's last entry, and past it the expansion, not the normal's 1.96
+    for df, exact in ((21, 2.0796), (30, 2.0423), (60, 2.0003), (120, 1.9799)):
+        assert t_975(df) == pytest.approx(exact, abs=1e-4), df
 
 
 def test_a_bad_configuration_is_refused_by_name_before_any_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
