@@ -48,6 +48,10 @@ def test_two_draws_of_the_real_gate_against_the_simulators_truth(tmp_path: Path)
     assert result["draws"][0]["dr"] != result["draws"][1]["dr"]
     # the tail of the terms the gate's DR difference averages, per draw (150 sessions: a 30-session tail to fit)
     assert all(isinstance(d["dr_terms_k"], float) and d["dr_terms_k"] != d["pareto_k"] for d in result["draws"])
+    # ... of the difference, not of one bundle's terms: a bundle judged against itself has every term 0, and no tail
+    default = ModelSet.load(read_bundle(active.read_bytes()), options)
+    itself = gate_draws.draw(world, default, default, range(1000, 1150))
+    assert itself["dr"]["value"] == 0.0 and itself["dr_terms_k"] is None
     truth = result["truth"]["mean"]
     for name in gate_draws.ESTIMATORS:
         c = result["coverage"][name]
