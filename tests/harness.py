@@ -33,7 +33,7 @@ from server.config import Config
 
 T = TypeVar("T")
 FRESH_ARGS = (20261130, "default-init-20261130", "2026-11-30T00:00:00Z")
-FAST_CYCLE: dict[str, Any] = {"updates": 2, "batch": 8192, "value_epochs": 2, "guard": {"epochs": 2}, "bootstrap": 100}
+FAST_CYCLE: dict[str, Any] = {"updates": 2, "batch": 8192, "value_epochs": 2, "critic_epochs": 2, "guard": {"epochs": 2}, "bootstrap": 100}
 """A ``--config`` for the tests' trainer runs: two updates of one batch, short fits, a small bootstrap."""
 
 

@@ -50,6 +50,7 @@ import numpy.typing as npt
 import torch
 from torch import nn
 
+from core.progress import progress
 from trainer.advantages import cross_fit_halves
 from trainer.distributed import LocalReducer, Reducer
 from trainer.minibatches import U64, Fit, global_count, position_keys, union_ratio
@@ -210,8 +211,10 @@ def _fit(net: StateHeads, states: torch.Tensor, target: torch.Tensor, epochs: in
         total = w.sum()  # > 0: fit_critic takes positive weights only
         return (w * (pred - target[idx]) ** 2).sum() / total, total
 
-    for epoch in range(epochs):
-        fit.run_epoch(epoch, loss_of, states.device)
+    with progress(f"train.{fit.purpose}", total=epochs, unit="epoch") as bar:
+        for epoch in range(epochs):
+            fit.run_epoch(epoch, loss_of, states.device)
+            bar.update(1, rows=len(states))
 
 
 def critic_advantages(critic: Critic, states: torch.Tensor, actions: torch.Tensor, returns: torch.Tensor | None = None,

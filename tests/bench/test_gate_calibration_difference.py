@@ -32,7 +32,7 @@ def test_the_difference_is_covered_by_the_true_paired_mean() -> None:
 
 
 def test_one_small_seed_reports_the_difference_and_the_summary_its_coverage() -> None:
-    short = TrainConfig(updates=1, batch=8192, value_epochs=1, guard=GuardConfig(epochs=1), bootstrap=50)
+    short = TrainConfig(updates=1, batch=8192, value_epochs=1, critic_epochs=1, guard=GuardConfig(epochs=1), bootstrap=50)
     settings = Settings(sessions=400, truth_sessions=600, behaviour_seed=20261130, bootstrap=50, config=short)
     row = one_seed(1, settings, behaviour_bundle(settings.behaviour_seed))
     d = row["difference"]

@@ -151,8 +151,11 @@ def test_the_config_accepts_the_critic_and_checks_its_fields() -> None:
 def test_the_expected_surrogate_needs_the_critic() -> None:
     assert TrainConfig(advantage="critic", surrogate="expected").to_dict()["surrogate"] == "expected"
     assert TrainConfig().surrogate == "logged"
+    assert TrainConfig(surrogate="expected").advantage == "critic"  # the default advantage serves it
     with pytest.raises(ValueError, match="surrogate: expected needs advantage critic, got advantage 'baseline'"):
-        TrainConfig(surrogate="expected")
+        TrainConfig(advantage="baseline", surrogate="expected")
+    with pytest.raises(ValueError, match="surrogate: expected needs advantage critic, got advantage 'group'"):
+        TrainConfig(advantage="group", surrogate="expected")
     with pytest.raises(ValueError, match="surrogate: expected logged or expected, got 'all'"):
         TrainConfig(surrogate="all")
 

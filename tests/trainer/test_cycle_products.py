@@ -113,7 +113,7 @@ def _heads(bundle: Bundle) -> str:
     return hashlib.sha256(b"".join(bundle.parts[name] for name in names)).hexdigest()[:8]
 
 
-FAST = {"updates": 1, "batch": 8192, "value_epochs": 1, "guard": {"epochs": 1}, "bootstrap": 50,
+FAST = {"updates": 1, "batch": 8192, "value_epochs": 1, "critic_epochs": 1, "guard": {"epochs": 1}, "bootstrap": 50,
         "products": {"guard_steps": 300}}  # (2,000 by default: a guard's quality is tests/trainer/test_product_guard_train.py's)
 
 

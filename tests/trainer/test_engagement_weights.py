@@ -77,7 +77,7 @@ def _returns_at_last_steps(weighted: Experience, plain: Experience) -> tuple[np.
 
 
 def test_a_run_with_weights_records_them_and_what_the_join_did(sim_logs: Path) -> None:
-    fast = dataclasses.replace(WEIGHTED, updates=1, batch=2048, value_epochs=1, guard=GuardConfig(epochs=1), bootstrap=20,
+    fast = dataclasses.replace(WEIGHTED, updates=1, batch=2048, value_epochs=1, critic_epochs=1, guard=GuardConfig(epochs=1), bootstrap=20,
                                normalize_rewards=True)
     window = read_window(DirectorySource(sim_logs), fast)
     result = train(window.decisions, window.outcomes, default_bundle(), fast, device="cpu", window=window)

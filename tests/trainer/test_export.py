@@ -79,7 +79,7 @@ def test_a_trained_bundle_keeps_the_starting_bundles_product_networks(sim_logs: 
 
     start = read_bundle(make_bundle(5, "heads-start", "2026-12-03T00:00:00Z", product_heads=True))
     source = DirectorySource(sim_logs)
-    config = TrainConfig(updates=1, batch=4096, value_epochs=1, guard=GuardConfig(epochs=1), bootstrap=50)
+    config = TrainConfig(updates=1, batch=4096, value_epochs=1, critic_epochs=1, guard=GuardConfig(epochs=1), bootstrap=50)
     result = train(source.table("decisions"), source.table("outcomes"), start, config, device="cpu")
     for data in (result.bundle, result.with_metrics({"offline_dr": 1.0})):
         trained = read_bundle(data)

@@ -18,7 +18,7 @@ from tests.harness import FRESH_ARGS
 from trainer.config import GuardConfig, TrainConfig
 from trainer.evaluation import MAX_PARETO_K
 
-SHORT = TrainConfig(updates=1, batch=8192, value_epochs=2, guard=GuardConfig(epochs=2), bootstrap=100)
+SHORT = TrainConfig(updates=1, batch=8192, value_epochs=2, critic_epochs=2, guard=GuardConfig(epochs=2), bootstrap=100)
 SETTINGS = Settings(sessions=1500, truth_sessions=3000, behaviour_seed=FRESH_ARGS[0], bootstrap=200, config=SHORT)
 SEEDS = (1, 2)
 

@@ -20,7 +20,8 @@ from weights.model_set import ModelSet
 
 SAMPLE = 300
 TOLERANCE_MB = 60.0  # allocator and import noise between two runs of the same work
-SETTINGS = {"updates": 1, "batch": 2048, "value_epochs": 1, "guard": {"epochs": 1}, "bootstrap": 20, "window_versions": None}
+SETTINGS = {"updates": 1, "batch": 2048, "value_epochs": 1, "critic_epochs": 1,
+            "guard": {"epochs": 1}, "bootstrap": 20, "window_versions": None}
 
 
 def _peak_mb(logs: Path, config: Path, out: Path) -> float:

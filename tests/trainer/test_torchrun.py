@@ -19,7 +19,8 @@ from weights.model_set import LoadOptions, ModelSet
 
 # The default Fisher subsample (fisher_fraction 0.1), a fit sample and batches smaller than the logs (about 2,000 rows):
 # all keyed by row, the same rows over the union of the shards as in one process.
-CONFIG = {"updates": 2, "batch": 1024, "max_fit_rows": 1500, "value_epochs": 1, "guard": {"epochs": 1}, "max_behavior_kl": None}
+CONFIG = {"updates": 2, "batch": 1024, "max_fit_rows": 1500, "value_epochs": 1, "critic_epochs": 1,
+          "guard": {"epochs": 1}, "max_behavior_kl": None}
 
 
 def _free_port() -> int:

@@ -37,7 +37,7 @@ from weights.model_set import LoadOptions, ModelSet
 from weights.store import WeightsStore
 from weights.validate import verify
 
-FAST = TrainConfig(updates=2, batch=8192, value_epochs=2, guard=GuardConfig(epochs=2), bootstrap=100)
+FAST = TrainConfig(updates=2, batch=8192, value_epochs=2, critic_epochs=2, guard=GuardConfig(epochs=2), bootstrap=100)
 SESSIONS = 2500
 
 
@@ -207,7 +207,9 @@ def test_cycle_publishes_then_refuses_without_force(logs: Path, tmp_path: Path) 
     # the CronJob's log (not a terminal): one final JSON progress line per stage, with what it did
     final = {line["progress"]: line for line in map(json.loads, (x for x in first.stderr.splitlines() if x.startswith("{")))
              if line["final"]}
-    assert {"read.narrow", "read.decisions", "read.outcomes", "train.guard", "train.value", "train.updates"} <= set(final)
+    assert {"read.narrow", "read.decisions", "read.outcomes", "train.guard", "train.critic-returns", "train.critic-value",
+            "train.updates"} <= set(final)
+    assert final["train.critic-returns"]["done"] == final["train.critic-returns"]["total"] == FAST_CYCLE["critic_epochs"]
     assert final["read.decisions"]["done"] == final["read.decisions"]["total"] > 0 and final["read.decisions"]["rows"] > 0
     assert final["train.updates"]["done"] >= 1 and final["train.updates"]["total"] == 2
     assert sum(1 for stage in final if stage.startswith("evaluate.")) == 2  # the gate judged the new and the current bundle
@@ -218,8 +220,8 @@ def test_cycle_publishes_then_refuses_without_force(logs: Path, tmp_path: Path) 
     fresh_path.write_bytes(fresh_bundle_bytes())
     # A tiny step from the untrained default, judged against the trained bundle now active: worse, refused.
     tiny = tmp_path / "tiny.json"
-    tiny.write_text(json.dumps({"updates": 1, "batch": 8192, "value_epochs": 2, "guard": {"epochs": 2}, "bootstrap": 100,
-                                "kl_delta": 1e-6}))
+    tiny.write_text(json.dumps({"updates": 1, "batch": 8192, "value_epochs": 2, "critic_epochs": 2, "guard": {"epochs": 2},
+                                "bootstrap": 100, "kl_delta": 1e-6}))
     # (the console script ran above; these two in this process: no interpreter and torch start each)
     worse = [*cmd[3:-5], "--config", str(tiny), "--init", str(fresh_path), "--version", "tiny-step", "--device", "cpu", "--json"]
     candidate = tmp_path / "candidate.bundle"

@@ -25,7 +25,7 @@ from weights import mlp
 from weights.bundle import read_bundle
 from weights.model_set import LoadOptions, ModelSet
 
-FAST = TrainConfig(updates=2, batch=4096, value_epochs=1, guard=GuardConfig(epochs=1), bootstrap=50)
+FAST = TrainConfig(updates=2, batch=4096, value_epochs=1, critic_epochs=1, guard=GuardConfig(epochs=1), bootstrap=50)
 SESSIONS = 1500
 
 
