@@ -15,7 +15,8 @@ Provenance (recorded in the manifest's ``provenance``):
    initial bundle, on sessions of another world (``EVAL_SEED``).
 
 Needs the ``train`` (or ``test``) extra: torch, onnx and threadpoolctl. Takes 2–3 minutes on 2 cores: 135 s alone on a
-2-core AMD EPYC (2026-12-07, 10,000 sessions a cycle), 167–200 s inside the test suite beside its other worker.
+2-core AMD EPYC of model 1 (2026-12-07, 10,000 sessions a cycle), 167–200 s inside the test suite beside its other
+worker there, 149 s on the model-17 machine that built the default checked in now.
 The build pins its numerics (``PINNED``, set before torch and numpy load), so that its bytes depend
 neither on which kernels torch, MKL, oneDNN and OpenBLAS would pick for this CPU nor on its core
 count: ATen, MKL and oneDNN held to AVX2 (``ATEN_CPU_CAPABILITY=avx2``, MKL's conditional numerical
@@ -37,7 +38,7 @@ reproducible results are now set as well: fixed thread counts, and the strict mo
 ?gemm gives the same bits whatever the thread count. Not pinned: onnxruntime, which serves the
 simulated sessions and computes the logged propensities, has no such switch and picks its kernels by the CPU: builds on
 CPUs with and without AVX-512 have not been compared byte for byte (the embedded default is built, and checked, on one
-without: ``default.built-on.json``).
+with AVX-512 since 2026-12-07, an AMD EPYC of family 25 model 17; before it, on one without: ``default.built-on.json``).
 ``--check`` rebuilds and compares the bytes, or, where rounding may still differ, the networks'
 outputs within 1e-3. That holds on the kind of machine that built the bundle, recorded beside it
 (``default.built-on.json``: the CPU, its kernel-picking instruction sets, the package versions).
@@ -81,6 +82,7 @@ from weights.model_set import LoadOptions, ModelSet  # noqa: E402
 
 INIT_SEED = 20261130
 INIT_VERSION = "default-init-20261130"
+CYCLE_PREFIX = "default-sim-20261130"  # the cycles' names: in the logs the trainer reads, so kept when the default is renamed
 CREATED_AT = "2026-11-30T00:00:00Z"
 SIM_SEED, SESSIONS, CYCLES = 1130, 10000, 3
 # (6,000 sessions a cycle until 2026-12-07: with the cross-fitted value baseline the cycle-1 candidate's Pareto k̂ in its
@@ -128,7 +130,7 @@ def build() -> bytes:
                        b"default-bundle-salt".ljust(32, b"."), clock=functools.partial(float, clock))  # a fixed clock per cycle
             source = DirectorySource(logs)
             decisions, outcomes = source.table("decisions"), source.table("outcomes")
-            version = f"{DEFAULT_MODEL_VERSION}-cycle{cycle + 1}"
+            version = f"{CYCLE_PREFIX}-cycle{cycle + 1}"
             result: TrainResult = train(decisions, outcomes, active, config, device="cpu", model_version=version)
             window = for_config(decisions, outcomes, config)
             held_d, held_o = side(window.decisions, window.outcomes, config.heldout_fraction, config.seed, heldout=True)

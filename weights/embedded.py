@@ -11,7 +11,8 @@ from typing import Any
 from weights.bundle import Bundle, read_bundle
 
 DEFAULT_BUNDLE_NAME = "default.bundle"
-DEFAULT_MODEL_VERSION = "default-sim-20261130"  # built by scripts/build_default_bundle.py
+DEFAULT_MODEL_VERSION = "default-sim-20261207"  # built by scripts/build_default_bundle.py; a new name for each new policy
+# (the build's cycles keep their own names, ``CYCLE_PREFIX`` there), so logs and metrics can tell one default from the next
 
 
 def default_bundle_bytes() -> bytes:

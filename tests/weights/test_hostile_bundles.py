@@ -17,6 +17,7 @@ import pytest
 from tests.harness import ROOT, promptly
 from tests.weights import hostile
 from weights.bundle import BundleError, read_bundle
+from weights.embedded import DEFAULT_MODEL_VERSION
 from weights.model_set import LoadOptions, ModelSet
 from weights.validate import verify
 
@@ -223,7 +224,7 @@ def test_verify_and_publish_validate_in_a_bounded_child_by_default(tmp_path: Pat
     good.write_bytes(hostile.rebuilt())
     done, peak_mb = verify_cli(good)
     assert done.returncode == 0 and done.stdout.startswith("ok default-sim")
-    assert verify(good.read_bytes()).model_version == "default-sim-20261130"
+    assert verify(good.read_bytes()).model_version == DEFAULT_MODEL_VERSION
     assert peak_mb < 300
 
 

@@ -17,6 +17,7 @@ from tests.small_disk import SmallDisk
 from tests.weights import hostile
 from weights.bundle import MANIFEST, SIGNATURE, BundleError, read_bundle
 from weights.cli import EXIT_ERROR
+from weights.embedded import DEFAULT_MODEL_VERSION
 from weights.model_set import LoadOptions, ModelSet
 from weights.signing import MAX_TRUSTED_KEYS, KeyFileError, key_id, keypair_pem, load_private_key, load_public_keys, sign
 
@@ -43,7 +44,7 @@ def test_a_signed_bundle_loads_and_keeps_its_parts(keys: dict[str, Path]) -> Non
     bundle = read_bundle(signed)
     assert bundle.signature is not None and len(bundle.signature) == 64
     assert bundle.parts == read_bundle(data).parts and bundle.manifest == read_bundle(data).manifest
-    assert ModelSet.load(bundle, options(keys)).version == "default-sim-20261130"
+    assert ModelSet.load(bundle, options(keys)).version == DEFAULT_MODEL_VERSION
     assert sign(signed, load_private_key(keys["ours"])) == signed  # Ed25519 is deterministic; re-signing replaces
 
 
@@ -149,7 +150,7 @@ def test_with_two_trusted_keys_a_bundle_signed_by_either_loads_and_no_other(keys
     trusting = LoadOptions(device="cpu", warmup_batch=1, public_keys=load_public_keys(both))
     data = hostile.rebuilt()
     for who in ("ours", "theirs"):
-        assert ModelSet.load(read_bundle(sign(data, load_private_key(keys[who]))), trusting).version == "default-sim-20261130"
+        assert ModelSet.load(read_bundle(sign(data, load_private_key(keys[who]))), trusting).version == DEFAULT_MODEL_VERSION
     private, _ = keypair_pem()
     (tmp_path / "third.key").write_bytes(private)
     with pytest.raises(BundleError, match="does not verify under any of this server's 2 public keys"):
