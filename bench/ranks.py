@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.ranks [--decisions 300000] [--data DIR] [--max-sessions N | --every-session]
 
 Each rank reads only its shard of the window's sessions (``trainer.reading``) and the ranks fit
-the guard, the value net and the policy together (``trainer.minibatches``, ``trainer.distributed``),
+the guard, the advantage's nets (the critic's two by default) and the policy together (``trainer.minibatches``, ``trainer.distributed``),
 so a rank should hold about half of what one process holds, less what every rank holds whole:
 the session index of the narrow pass (one row a session of the whole log), the bundle, torch
 itself (measured: ``train`` on a 200-session sample, the ``floor``). The logs are

@@ -135,7 +135,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, help="TrainConfig.seed")
     p.add_argument("--updates", type=int, help="TrainConfig.updates")
     p.add_argument("--kl-delta", type=float, help="TrainConfig.kl_delta")
-    p.add_argument("--advantage", choices=("baseline", "group", "critic"), help="TrainConfig.advantage")
+    p.add_argument("--advantage", choices=("baseline", "group", "critic"), help="TrainConfig.advantage (default critic)")
     p.add_argument("--version", dest="model_version", type=_model_version,
                    help="model version of the new bundle (default trained-<the logs' newest time>-<a digest of the starting "
                         "version, the config and the logs' row counts>)")

@@ -253,9 +253,9 @@ class TrainConfig:
     group_std_floor: float = 1e-3
     """Floor of the group standard deviation (``advantage = group``)."""
     value_hidden: int = 64
-    """Hidden width of the value baseline."""
+    """Hidden width of the value baseline (``advantage = baseline``)."""
     value_epochs: int = 4
-    """Passes of the value fit over its rows."""
+    """Passes of the value fit over its rows (``advantage = baseline``)."""
     critic_hidden: int = 64
     """Hidden width of the critic's two networks, R_ψ and V_φ (``advantage = critic``)."""
     critic_epochs: int = 8

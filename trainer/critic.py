@@ -178,13 +178,14 @@ def fit_critic(states: torch.Tensor, actions: torch.Tensor, returns: torch.Tenso
     standard = (target - loc) / scale
     row_weights = None if weights is None else weights.to(device=device, dtype=states.dtype)
     _fit(ret, states, standard, epochs, Fit(list(ret.parameters()), torch.optim.Adam(ret.parameters(), lr=lr), keys, batch, seed,
-                                            reducer, purpose="critic-returns"), actions, row_weights)
+                                            reducer, purpose="critic-returns"), actions, row_weights,
+         stage="train.critic-returns")
     # V's targets in the standardised units: Σ π (μ + σ r) = μ + σ Σ π r on the simplex, and a constant
     # return gives exactly zero targets (in return units, rounding noise that Adam would follow at full step)
     action_values = _chunked(ret, states, chunk, n_actions, standardised=True)
     v_target = (pi * action_values).sum(dim=1)
     _fit(val, states, v_target, epochs, Fit(list(val.parameters()), torch.optim.Adam(val.parameters(), lr=lr), keys, batch, seed,
-                                            reducer, purpose="critic-value"), None)
+                                            reducer, purpose="critic-value"), None, stage="train.critic-value")
 
     served = action_values.gather(1, actions[:, None])[:, 0]
     gap = _chunked(val, states, chunk, 1, standardised=True)[:, 0] - v_target
@@ -199,9 +200,10 @@ def _union_mean(x: torch.Tensor, reducer: Reducer) -> float:
 
 
 def _fit(net: StateHeads, states: torch.Tensor, target: torch.Tensor, epochs: int, fit: Fit, actions: torch.Tensor | None,
-         weights: torch.Tensor | None = None) -> None:
+         weights: torch.Tensor | None = None, *, stage: str) -> None:
     """Least squares of ``net``'s standardised output (the served action's, when ``actions`` is given) on ``target``,
-    each row weighted by ``weights`` when given."""
+    each row weighted by ``weights`` when given; ``stage`` names its progress (not ``fit.purpose``, which salts the
+    minibatches: renaming the stage must not change the weights)."""
     def loss_of(idx: torch.Tensor) -> tuple[torch.Tensor, float | torch.Tensor]:
         out = net.standardised(states[idx])
         pred = out[:, 0] if actions is None else out.gather(1, actions[idx][:, None])[:, 0]
@@ -211,7 +213,7 @@ def _fit(net: StateHeads, states: torch.Tensor, target: torch.Tensor, epochs: in
         total = w.sum()  # > 0: fit_critic takes positive weights only
         return (w * (pred - target[idx]) ** 2).sum() / total, total
 
-    with progress(f"train.{fit.purpose}", total=epochs, unit="epoch") as bar:
+    with progress(stage, total=epochs, unit="epoch") as bar:
         for epoch in range(epochs):
             fit.run_epoch(epoch, loss_of, states.device)
             bar.update(1, rows=len(states))

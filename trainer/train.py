@@ -6,8 +6,8 @@
 3. Train the Action Guard on (state, served action, harmful) and pick its threshold.
 4. With the new guard fixed, compute per logged state what the new bundle's decoder works on:
    guardrail weights, the veto, the rule engine's fallback (``policy.decision.DecisionProcedure.inputs``).
-5. Advantages: returns minus a learned value baseline (or group-relative z-scores, or the
-   learned critic's R_ψ(s, a) − V_φ(s); with ``surrogate = expected``, for every action).
+5. Advantages: the learned critic's R_ψ(s, a) − V_φ(s) (the default; with ``surrogate = expected``, for every
+   action), or returns minus a learned value baseline, or group-relative z-scores.
 6. ``updates`` natural-gradient steps on the policy (``trainer.update``): the surrogate
    is the truncated importance ratio (new served probability / logged propensity) times the
    advantage (or, ``expected``, the served mean of every action's advantage); the step is the
