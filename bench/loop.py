@@ -500,6 +500,13 @@ def gate_against_truth(entry: dict[str, Any], previous: dict[str, Any]) -> dict[
             "held": bool(low <= truth["mean"] <= high), "pareto_k": checks.get("pareto_k"), "ess": checks.get("ess")}
 
 
+def _judged_text(judged: dict[str, Any]) -> str:
+    """The per-cycle line's account of ``gate_against_truth``: the gate's interval, the truth, and the weights' k̂."""
+    tail = "" if judged["pareto_k"] is None else f", k̂ {judged['pareto_k']:.2f}"
+    return (f", gate DR {judged['dr']:+.2f} [{judged['ci_low']:+.2f}, {judged['ci_high']:+.2f}] for a true "
+            f"{judged['truth']:+.2f} ({'held' if judged['held'] else 'missed'}{tail})")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.loop", description=__doc__.splitlines()[0])
     p.add_argument("--cycles", type=int, default=5)
@@ -628,9 +635,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             t = entry["truth"]["objective"]
             print(f"cycle {c}: exit {code}, {active.version}, objective {t['mean']:.2f} [{t['ci_low']:.2f}, {t['ci_high']:.2f}]"
                   + (f", refused candidate {entry['refused_candidate']['objective']['mean']:.2f}" if "refused_candidate" in entry else "")
-                  + (f", gate DR {g['dr']:+.2f} [{g['ci_low']:+.2f}, {g['ci_high']:+.2f}] for a true {g['truth']:+.2f}"
-                     f" ({'held' if g['held'] else 'missed'}"
-                     + (f", k̂ {g['pareto_k']:.2f})" if g["pareto_k"] is not None else ")") if (g := entry["gate_vs_truth"]) else "")
+                  + (_judged_text(g) if (g := entry["gate_vs_truth"]) else "")
                   + (f", canary {k['action']} {k['estimate']:+.2f} [{k['ci_low']:+.2f}, {k['ci_high']:+.2f}] for a true "
                      f"{k['truth']:+.2f}" if (k := entry["canary_vs_truth"]) else "")
                   + (f", canary serving {entry['canary_bundle']['objective']['mean']:.2f}" if "canary_bundle" in entry else "")

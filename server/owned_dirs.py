@@ -77,11 +77,12 @@ def sweep_abandoned(prefix: str, root: Path | None = None) -> list[Path]:
 
 
 def _removed_if_abandoned(path: Path) -> bool:
-    try:
-        dir_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return False  # a link, a file, gone
-    try:
+    with contextlib.ExitStack() as opened:
+        try:
+            dir_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return False  # a link, a file, gone
+        opened.callback(os.close, dir_fd)
         info = os.fstat(dir_fd)
         if not _is_ours(info, stat.S_IFDIR) or info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
             return False  # another user's, or one others may write to: not ours to judge
@@ -89,23 +90,19 @@ def _removed_if_abandoned(path: Path) -> bool:
             fd = os.open(OWNER_LOCK, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
         except OSError:
             return False  # no lock file (not made by owned_dir, or already being removed), a link, not ours
+        opened.callback(os.close, fd)
+        lock = os.fstat(fd)
+        if not _is_ours(lock, stat.S_IFREG) or lock.st_nlink != 1:
+            return False
         try:
-            lock = os.fstat(fd)
-            if not _is_ours(lock, stat.S_IFREG) or lock.st_nlink != 1:
-                return False
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                return False  # held (its owner or one of its workers still runs), or a file system that cannot say
-            if not _emptied(dir_fd):
-                return False
-            with contextlib.suppress(OSError):
-                os.rmdir(path)  # by name: empty, or it fails (renamed meanwhile: a directory with files stays)
-            return not os.path.lexists(path)
-        finally:
-            os.close(fd)
-    finally:
-        os.close(dir_fd)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return False  # held (its owner or one of its workers still runs), or a file system that cannot say
+        if not _emptied(dir_fd):
+            return False
+        with contextlib.suppress(OSError):
+            os.rmdir(path)  # by name: empty, or it fails (renamed meanwhile: a directory with files stays)
+        return not os.path.lexists(path)
 
 
 def _emptied(dir_fd: int) -> bool:

@@ -146,8 +146,8 @@ def test_a_run_logs_each_cycle_at_its_fixed_clock_so_versions_and_canary_draws_r
     # what the gate measured of the bundle it judged is kept with its interval, so a miss can be read against the tail
     checks = result["cycles"][1]["gate"]["checks"]
     assert checks["ess"] > 0 and checks["ess_floor"] > 0, checks
-    if (judged := result["cycles"][1]["gate_vs_truth"]) is not None:
-        assert (judged["pareto_k"], judged["ess"]) == (checks["pareto_k"], checks["ess"])
+    judged = result["cycles"][1]["gate_vs_truth"]  # cycle 1 trained a candidate: the gate judged it
+    assert judged is not None and (judged["pareto_k"], judged["ess"]) == (checks["pareto_k"], checks["ess"])
     assert result["log_clock"] == {"cycle_1_s": loop.LOG_CLOCK_S, "interval_s": 7200.0}
     targets = result["targets"]  # the last cycle's, and each cycle's against the best constant (the are by cycle 5)
     assert targets["after_cycle"] == 2 and len(targets["vs_best_constant_by_cycle"]) == 3
