@@ -84,6 +84,8 @@ class EngagementWeights:
         if not 0 < self.low <= 1 <= self.high:
             raise ConfigError(f"low, high: expected 0 < low <= 1 <= high (a step without signals weighs 1), got {self.low!r}, "
                               f"{self.high!r}")
+        for name in _KEYS:  # JSON's 1 and 1.0 are one weight (a config's JSON names the versions it trains)
+            object.__setattr__(self, name, float(getattr(self, name)))
 
     def to_dict(self) -> dict[str, float]:
         return asdict(self)

@@ -34,6 +34,18 @@ def type_problems(config: Any) -> list[str]:
     return problems
 
 
+def floats_as_floats(config: Any) -> None:
+    """Make an integer given for a ``float`` field that float (``100`` becomes ``100.0``), after ``type_problems`` found
+    none. JSON writes both spellings, and a run's configuration, as JSON, names the versions it trains
+    (``trainer.train``): ``{"critic_weight_cap": 100}`` and the default's ``100.0`` must be one configuration, not two
+    runs with other version names and so other canary sessions (a nine-world run drew other sessions for that)."""
+    for f in dataclasses.fields(config):
+        names = {n.strip() for n in str(f.type).split("|")}
+        value = getattr(config, f.name)
+        if "float" in names and "int" not in names and isinstance(value, numbers.Integral) and not isinstance(value, bool):
+            object.__setattr__(config, f.name, float(value))
+
+
 @dataclass(frozen=True, slots=True)
 class GuardConfig:
     """How the Action Guard is labelled, trained and thresholded."""
@@ -99,6 +111,7 @@ class GuardConfig:
             raise ValueError(f"veto_confidence: expected in (0, 1), got {self.veto_confidence!r}")
         if self.harmful_weight is not None and not (self.harmful_weight > 0 and math.isfinite(self.harmful_weight)):
             raise ValueError(f"harmful_weight: expected > 0 or None, got {self.harmful_weight!r}")
+        floats_as_floats(self)  # after the checks, whose messages quote the values as given
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON data (enums by key), for the bundle manifest's training record."""
@@ -174,6 +187,7 @@ class ProductStepConfig:
                 problems.append("guard_steps: the guards are not trained (guard false)")
         if problems:
             raise ValueError("products: " + "; ".join(problems))
+        floats_as_floats(self)  # after the checks, whose messages quote the values as given
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
@@ -418,6 +432,7 @@ class TrainConfig:
             problems.append(f"logit_damping: expected >= 0, got {self.logit_damping}")
         if problems:
             raise ValueError("; ".join(problems))
+        floats_as_floats(self)  # after the checks, whose messages quote the values as given
 
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)

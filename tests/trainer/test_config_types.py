@@ -114,3 +114,19 @@ def test_an_interrupt_stops_a_caller_of_main_inside_python(monkeypatch: pytest.M
     monkeypatch.setattr(cli, "_evaluate", interrupted)
     with pytest.raises(KeyboardInterrupt):
         cli.main(["evaluate", "default", "--logs", "/nowhere"])
+
+
+def test_an_integer_in_a_number_field_is_the_same_configuration_as_its_float() -> None:
+    """A version's name hashes the configuration's JSON (``trainer.train``): a file writing the weight cap as ``100``
+    named other versions than the default's ``100.0``, and so drew other canary sessions (a nine-world run, 2026-12-07).
+    An integer given for a number field is that number, in the run's config and in the JSON the manifest records."""
+    from trainer.cli import config_fields
+
+    as_ints = {"critic_weight_cap": 100, "kl_delta": 1, "guard": {"learning_rate": 1}, "products": {"delta_sku": 2},
+               "engagement_weights": {"high": 2}}
+    as_floats = {"critic_weight_cap": 100.0, "kl_delta": 1.0, "guard": {"learning_rate": 1.0}, "products": {"delta_sku": 2.0},
+                 "engagement_weights": {"high": 2.0}}
+    written, default = (json.dumps(config_fields(c).to_dict(), sort_keys=True) for c in (as_ints, as_floats))
+    assert written == default and '"critic_weight_cap": 100.0' in written and '"high": 2.0' in written
+    assert json.dumps(config_fields({}).to_dict()) == json.dumps(TrainConfig().to_dict())
+    assert TrainConfig(updates=3).to_dict()["updates"] == 3 and isinstance(TrainConfig(updates=3).updates, int)  # ints stay
