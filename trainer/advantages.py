@@ -58,10 +58,11 @@ class ValueNet(nn.Module):
         return self.body(states)[:, 0]  # type: ignore[no-any-return]
 
 
-def fit_value(states: torch.Tensor, returns: torch.Tensor, hidden: int = 64, epochs: int = 8, batch: int = 1024, lr: float = 1e-3,
+def fit_value(states: torch.Tensor, returns: torch.Tensor, hidden: int, epochs: int, batch: int = 1024, lr: float = 1e-3,
               seed: int = 0, keys: U64 | None = None, reducer: Reducer | None = None,
               rows: npt.NDArray[np.int64] | None = None) -> ValueNet:
-    """Least-squares fit of V̂(s) ≈ G on (states, returns), minibatch Adam, deterministic on CPU for a seed.
+    """Least-squares fit of V̂(s) ≈ G on (states, returns), minibatch Adam, deterministic on CPU for a seed; the width
+    and the passes have no default here (the trainer's: ``TrainConfig.value_hidden`` and ``value_epochs``).
 
     ``rows``: fit on those rows of ``states`` and ``returns`` only (each minibatch gathered from them: the states,
     the run's largest array, are not copied); ``keys`` (one per fitted row) pick the minibatches

@@ -129,10 +129,11 @@ def _check_returns(returns: torch.Tensor, n: int) -> None:
         raise ValueError("returns: expected finite values")
 
 
-def fit_critic(states: torch.Tensor, actions: torch.Tensor, returns: torch.Tensor, pi: torch.Tensor, hidden: int = 64,
-               epochs: int = 4, batch: int = 1024, lr: float = 1e-3, seed: int = 0, chunk: int = 65536,
+def fit_critic(states: torch.Tensor, actions: torch.Tensor, returns: torch.Tensor, pi: torch.Tensor, hidden: int,
+               epochs: int, batch: int = 1024, lr: float = 1e-3, seed: int = 0, chunk: int = 65536,
                keys: U64 | None = None, reducer: Reducer | None = None, weights: torch.Tensor | None = None) -> Critic:
-    """Fit R_ψ to the served actions' returns, then V_φ to Σ_a π(a|s) R_ψ(s, a) (minibatch Adam, ``epochs`` passes each).
+    """Fit R_ψ to the served actions' returns, then V_φ to Σ_a π(a|s) R_ψ(s, a) (minibatch Adam, ``epochs`` passes each;
+    the width and the passes have no default here: the trainer's are ``TrainConfig.critic_hidden`` and ``critic_epochs``).
 
     ``states`` (N, S) float, ``actions`` (N,) integer indices of the served actions, ``returns`` (N,)
     their Monte Carlo returns, ``pi`` (N, A) the probabilities the starting bundle serves at each

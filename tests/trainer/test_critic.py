@@ -111,7 +111,7 @@ def _bad(name: str) -> dict[str, Any]:
         "batch": {"batch": 0},
         "lr": {"lr": 0.0},
     }
-    return {"states": states, "actions": actions, "returns": returns, "pi": pi, **cases[name]}
+    return {"states": states, "actions": actions, "returns": returns, "pi": pi, "hidden": 8, "epochs": 1, **cases[name]}
 
 
 @pytest.mark.parametrize("case", ["states", "states0", "actions", "actions_range", "actions_len", "returns", "returns_nan", "pi",
@@ -234,4 +234,4 @@ def test_weighted_rows_pull_each_actions_value_towards_their_own_returns(one_thr
     assert float((plain.action_values(states) - (MEANS + 0.5)).abs().mean()) < 0.15
     assert float((weighted.action_values(states) - (MEANS + shift)).abs().mean()) < 0.15
     with pytest.raises(ValueError, match="weights"):
-        fit_critic(states, actions, returns, pi, weights=weights[:10])
+        fit_critic(states, actions, returns, pi, hidden=8, epochs=1, weights=weights[:10])
