@@ -54,6 +54,14 @@ ENGAGEMENT_COLUMNS = ("engagement_id", "decision_id", "session_id", "dwell_s", "
 _KEYS = ("dwell", "dwell_ref_s", "scroll", "bounce", "low", "high")
 
 
+def _finite(value: float) -> bool:
+    """Whether ``value`` is a finite float, or an integer a float can hold (``math.isfinite(10**400)`` raises)."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
 @dataclass(frozen=True, slots=True)
 class EngagementWeights:
     """The weight function's parameters (the module doc has the formula and the defaults' reasons)."""
@@ -74,8 +82,8 @@ class EngagementWeights:
     def __post_init__(self) -> None:
         for name in _KEYS:
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-                raise ConfigError(f"{name}: expected a finite number, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, int | float) or not _finite(value):
+                raise ConfigError(f"{name}: expected a finite number, got {value!r:.40}")
         for name in ("dwell", "scroll", "bounce"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}: expected >= 0 (more engagement never weighs less), got {getattr(self, name)!r}")

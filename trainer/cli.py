@@ -42,6 +42,7 @@ from core.json_lines import json_line
 from core.stopping import sigterm_interrupts, stopped
 from policy.onnx_model import RuntimeMissing
 from trainer.bootstrap import MIN_BOOTSTRAP
+from trainer.config import MAX_SEED
 
 if TYPE_CHECKING:
     from trainer.config import TrainConfig
@@ -73,7 +74,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--out", type=Path, required=True, help="the bundle file to write")
     p.add_argument("--version", dest="model_version", type=_model_version,
                    help="model version of the new bundle (default products-<time>-s<seed>)")
-    p.add_argument("--seed", type=_at_least(0), default=0)
+    p.add_argument("--seed", type=_at_least(0, MAX_SEED), default=0)
     p.add_argument("--max-rows", type=int, default=None, help="product decisions trained on at most (default 40000)")
     for layer, delta in (("category", 0.03), ("sku", 0.05), ("price-band", 0.02)):
         p.add_argument(f"--delta-{layer}", type=float, default=delta, help=f"the {layer} layer's trust region (default {delta})")
@@ -93,7 +94,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    help="the logs: a directory (serve --log-dir) or a URI pyarrow.fs opens (s3://, gs://, hdfs://, file://)")
     p.add_argument("--bootstrap", type=_at_least(MIN_BOOTSTRAP), default=200,
                    help=f"bootstrap resamples (default 200, at least {MIN_BOOTSTRAP})")
-    p.add_argument("--seed", type=_at_least(0), default=0)
+    p.add_argument("--seed", type=_at_least(0, MAX_SEED), default=0)
     p.add_argument("--max-session-order-value", type=_positive, metavar="AMOUNT",
                    help="leave out a session whose orders total more (default: TrainConfig's max_session_order_value, "
                         "1,000,000; set it to the servers' --max-outcome-value)")
@@ -487,11 +488,13 @@ def _model_version(text: str) -> str:
     return text
 
 
-def _at_least(least: int) -> Callable[[str], int]:
+def _at_least(least: int, most: int | None = None) -> Callable[[str], int]:
     def parse(text: str) -> int:
         value = int(text)
         if value < least:
             raise argparse.ArgumentTypeError(f"{text!r}: expected an integer >= {least}")
+        if most is not None and value > most:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected an integer <= {most}")
         return value
 
     return parse

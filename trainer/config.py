@@ -13,6 +13,9 @@ from experience.engagement import EngagementWeights
 from trainer.bootstrap import MIN_BOOTSTRAP
 from trainer.log_checks import MAX_SESSION_COMPLAINTS, MAX_SESSION_DECISIONS, MAX_SESSION_ORDER_VALUE, SessionLimits
 
+MAX_SEED = 2**63 - 1
+"""The largest seed: seeds are hashed as signed 8-byte integers (``trainer.product_train``); one past it trained, then
+failed (``int too big to convert``, exit 1, which the CronJob retries)."""
 _SCALARS: dict[str, tuple[type, ...]] = {"int": (numbers.Integral,), "float": (numbers.Real,), "bool": (bool,), "str": (str,)}
 _SAID = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string", "None": "null"}
 
@@ -31,7 +34,17 @@ def type_problems(config: Any) -> list[str]:
             continue
         if not any(isinstance(value, _SCALARS[n]) and (n == "bool" or not isinstance(value, bool)) for n in names if n != "None"):
             problems.append(f"{f.name}: expected {' or '.join(_SAID[n] for n in names)}, got {value!r}")
+        elif "float" in names and "int" not in names and not _fits_a_float(value):  # JSON's 1e999 is inf; 10**400 is an int
+            problems.append(f"{f.name}: expected a number, got an integer beyond a float's range")
     return problems
+
+
+def _fits_a_float(value: Any) -> bool:
+    try:
+        float(value)
+    except OverflowError:
+        return False
+    return True
 
 
 def floats_as_floats(config: Any) -> None:
@@ -86,14 +99,24 @@ class GuardConfig:
     """Seed of the initialisation and the shuffling."""
 
     def __post_init__(self) -> None:
+        try:
+            self._check()
+        except ValueError as exc:  # named as the guard's: a run's config has a seed and epochs of its own
+            raise ValueError(f"guard: {exc}") from None
+        floats_as_floats(self)  # after the checks, whose messages quote the values as given
+
+    def _check(self) -> None:
         if problems := type_problems(self):
-            raise ValueError("guard: " + "; ".join(problems))
+            raise ValueError("; ".join(problems))
         if not all(isinstance(o, Outcome) for o in self.harmful_outcomes):
             raise ValueError(f"harmful_outcomes: expected Outcome values, got {self.harmful_outcomes!r}")
         if not all(isinstance(a, Action) for a in self.exit_exempt_actions):
             raise ValueError(f"exit_exempt_actions: expected Action values, got {self.exit_exempt_actions!r}")
         if not math.isfinite(self.exit_within_s):
             raise ValueError(f"exit_within_s: expected a finite number, got {self.exit_within_s!r}")
+        for name in ("seed", "split_seed"):  # torch's seed and the split's key take signed 64-bit integers
+            if not -MAX_SEED - 1 <= getattr(self, name) <= MAX_SEED:
+                raise ValueError(f"{name}: expected a signed 64-bit integer, got {getattr(self, name)!r}")
         for name in ("hidden", "epochs", "batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: expected >= 1, got {getattr(self, name)!r}")
@@ -111,7 +134,6 @@ class GuardConfig:
             raise ValueError(f"veto_confidence: expected in (0, 1), got {self.veto_confidence!r}")
         if self.harmful_weight is not None and not (self.harmful_weight > 0 and math.isfinite(self.harmful_weight)):
             raise ValueError(f"harmful_weight: expected > 0 or None, got {self.harmful_weight!r}")
-        floats_as_floats(self)  # after the checks, whose messages quote the values as given
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON data (enums by key), for the bundle manifest's training record."""
@@ -376,6 +398,8 @@ class TrainConfig:
             count = getattr(self, name)
             if count < least:  # an integer: type_problems
                 problems.append(f"{name}: expected an integer >= {least}, got {count!r}")
+        if self.seed > MAX_SEED:
+            problems.append(f"seed: expected an integer <= {MAX_SEED} (2**63 - 1), got {self.seed!r}")
         if not 0 <= self.gamma <= 1:
             problems.append(f"gamma: expected in [0, 1], got {self.gamma}")
         if self.window_versions is not None and self.window_versions < 1:

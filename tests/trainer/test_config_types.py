@@ -37,6 +37,53 @@ def test_seeds_and_keys_out_of_their_range_are_named_before_any_log_is_read() ->
     assert TrainConfig(sample_key=-(2**63)).sample_key == -(2**63)  # hashed as signed bytes: negative keys are keys
 
 
+def test_a_seed_past_64_bits_is_named_before_any_log_is_read(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``train --seed 2**63`` read the logs, trained, then failed (``int too big to convert``, exit 1: the CronJob's
+    retries fail alike); the guard's seeds past 64 bits failed in torch. Every seed is named with its range at once."""
+    from trainer.cli import main
+
+    with pytest.raises(ValueError, match=rf"^seed: expected an integer <= {2**63 - 1} \(2\*\*63 - 1\), got {2**63}$"):
+        TrainConfig(seed=2**63)
+    assert TrainConfig(seed=2**63 - 1).seed == 2**63 - 1
+    for name, value in (("seed", 2**64), ("split_seed", -(2**63) - 1)):
+        with pytest.raises(ValueError, match=rf"^guard: {name}: expected a signed 64-bit integer, got {value}$"):
+            GuardConfig(**{name: value})
+    assert GuardConfig(seed=2**63 - 1, split_seed=-(2**63)).split_seed == -(2**63)
+    code, _, err = trainer_in_process("train", "--logs", str(tmp_path / "nologs"), "--out", str(tmp_path / "x.bundle"),
+                                      "--seed", str(2**63), "--device", "cpu")
+    assert code == 2 and err.strip().endswith(f"--seed: expected an integer <= {2**63 - 1} (2**63 - 1), got {2**63}"), err
+    for command in (["evaluate", "default"], ["train-products", "--init", "x", "--out", "y"]):
+        with pytest.raises(SystemExit) as exited:
+            main([*command, "--logs", str(tmp_path), "--seed", str(2**63)])
+        assert exited.value.code == 2 and f"argument --seed: '{2**63}': expected an integer <= {2**63 - 1}" in capsys.readouterr().err
+
+
+def test_an_integer_too_large_for_a_number_field_is_named() -> None:
+    """JSON's 1e999 is infinity, which the ranges refuse; an integer of 400 digits is an int, and ``math.isfinite`` of it
+    raised ``OverflowError`` (a traceback, exit 1) for every number field of a ``--config``."""
+    from trainer.cli import UsageError, config_fields
+
+    huge = 10**400
+    for fields, says in (({"kl_delta": huge}, "--config: kl_delta: expected a number, got an integer beyond a float's range"),
+                         ({"guard": {"learning_rate": huge}},
+                          "--config: guard: learning_rate: expected a number, got an integer beyond a float's range"),
+                         ({"products": {"delta_sku": huge}},
+                          "--config: products: delta_sku: expected a number, got an integer beyond a float's range"),
+                         ({"engagement_weights": {"high": huge}}, "--config: engagement_weights.high: expected a finite number")):
+        with pytest.raises(UsageError) as caught:
+            config_fields(fields)
+        assert str(caught.value).startswith(says), caught.value
+
+
+def test_the_guards_problems_are_named_as_the_guards() -> None:
+    """A run's config has a ``seed`` and epochs of its own: ``--config: epochs: expected >= 1`` did not say it was the
+    guard's."""
+    from trainer.cli import UsageError, config_fields
+
+    with pytest.raises(UsageError, match=r"^--config: guard: epochs: expected >= 1, got 0$"):
+        config_fields({"guard": {"epochs": 0}})
+
+
 def test_the_critics_weight_cap_is_a_weight_or_none() -> None:
     for bad in (0.5, float("inf"), float("nan")):
         with pytest.raises(ValueError, match="critic_weight_cap: expected >= 1 and finite, or None"):
