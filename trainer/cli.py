@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 from core.json_lines import json_line
 from core.stopping import sigterm_interrupts, stopped
 from policy.onnx_model import RuntimeMissing
-from trainer.bootstrap import MIN_BOOTSTRAP
+from trainer.bootstrap import MAX_BOOTSTRAP, MIN_BOOTSTRAP
 from trainer.config import MAX_SEED
 
 if TYPE_CHECKING:
@@ -92,8 +92,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("bundle", type=Path, help="a bundle file, or 'default' for the embedded default")
     p.add_argument("--logs", required=True, metavar="DIR_OR_URI",
                    help="the logs: a directory (serve --log-dir) or a URI pyarrow.fs opens (s3://, gs://, hdfs://, file://)")
-    p.add_argument("--bootstrap", type=_at_least(MIN_BOOTSTRAP), default=200,
-                   help=f"bootstrap resamples (default 200, at least {MIN_BOOTSTRAP})")
+    p.add_argument("--bootstrap", type=_at_least(MIN_BOOTSTRAP, MAX_BOOTSTRAP), default=200,
+                   help=f"bootstrap resamples (default 200, {MIN_BOOTSTRAP} to {MAX_BOOTSTRAP:,})")
     p.add_argument("--seed", type=_at_least(0, MAX_SEED), default=0)
     p.add_argument("--max-session-order-value", type=_positive, metavar="AMOUNT",
                    help="leave out a session whose orders total more (default: TrainConfig's max_session_order_value, "

@@ -10,7 +10,7 @@ from typing import Any, TypedDict
 
 from core.domain import Action, Outcome
 from experience.engagement import EngagementWeights
-from trainer.bootstrap import MIN_BOOTSTRAP
+from trainer.bootstrap import MAX_BOOTSTRAP, MIN_BOOTSTRAP
 from trainer.log_checks import MAX_SESSION_COMPLAINTS, MAX_SESSION_DECISIONS, MAX_SESSION_ORDER_VALUE, SessionLimits
 
 MAX_SEED = 2**63 - 1
@@ -36,6 +36,8 @@ def type_problems(config: Any) -> list[str]:
             problems.append(f"{f.name}: expected {' or '.join(_SAID[n] for n in names)}, got {value!r}")
         elif "float" in names and "int" not in names and not _fits_a_float(value):  # JSON's 1e999 is inf; 10**400 is an int
             problems.append(f"{f.name}: expected a number, got an integer beyond a float's range")
+        elif "float" in names and value != value:  # NaN (JSON's NaN: Python's json reads it) passes every `x < limit` check
+            problems.append(f"{f.name}: expected a number, got NaN")
     return problems
 
 
@@ -441,6 +443,9 @@ class TrainConfig:
         if self.bootstrap < MIN_BOOTSTRAP:
             problems.append(f"bootstrap: expected >= {MIN_BOOTSTRAP} resamples (a 95 % interval of fewer is their extremes), "
                             f"got {self.bootstrap}")
+        elif self.bootstrap > MAX_BOOTSTRAP:
+            problems.append(f"bootstrap: expected <= {MAX_BOOTSTRAP} resamples (each holds memory until the interval), "
+                            f"got {self.bootstrap}")
         for name in ("max_ratio", "kl_delta", "horizon_hours"):
             if not (getattr(self, name) > 0 and math.isfinite(getattr(self, name))):
                 problems.append(f"{name}: expected > 0, got {getattr(self, name)}")
@@ -450,8 +455,19 @@ class TrainConfig:
             problems.append("gate_min_ess_fraction and gate_max_unsupported must be in [0, 1], gate_min_ess >= 0")
         if not self.gate_max_pareto_k > 0:
             problems.append(f"gate_max_pareto_k: expected > 0, got {self.gate_max_pareto_k}")
-        if self.damping < 0 or self.tolerance < 0:
-            problems.append("damping and tolerance must be >= 0")
+        for name in ("damping", "tolerance", "cg_residual_tol", "open_terminal_reward"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or (value < 0 and name != "open_terminal_reward"):
+                problems.append(f"{name}: expected a finite number{'' if name == 'open_terminal_reward' else ' >= 0'}, got {value}")
+        for name in ("group_std_floor", "behavior_kl_warn"):
+            if not (getattr(self, name) > 0 and math.isfinite(getattr(self, name))):
+                problems.append(f"{name}: expected a finite number > 0, got {getattr(self, name)}")
+        for name in ("max_behavior_kl", "guard_kl_budget"):
+            value = getattr(self, name)
+            if value is not None and not (value >= 0 and math.isfinite(value)):
+                problems.append(f"{name}: expected a finite number >= 0, or None, got {value}")
+        if math.isfinite(self.horizon_hours) and not math.isfinite(self.horizon_hours * 3600.0):
+            problems.append(f"horizon_hours: expected a number of hours whose seconds are finite, got {self.horizon_hours}")
         if not (self.logit_damping >= 0 and math.isfinite(self.logit_damping)):
             problems.append(f"logit_damping: expected >= 0, got {self.logit_damping}")
         if problems:

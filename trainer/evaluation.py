@@ -238,6 +238,8 @@ def gate(new: Evaluation, current: Evaluation, tolerance: float, estimator: str 
         raise ValueError(f"max_unsupported: expected a number in [0, 1], got {max_unsupported!r}")
     if not max_pareto_k > 0.0:
         raise ValueError(f"max_pareto_k: expected a number > 0 (math.inf: no limit), got {max_pareto_k!r}")
+    if not (tolerance >= 0.0 and math.isfinite(tolerance)):  # a NaN tolerance published whatever the estimate (a review)
+        raise ValueError(f"tolerance: expected a finite number >= 0, got {tolerance!r}")
     diff = offline.difference(new.report, current.report, estimator)
     n_episodes = new.report.n_episodes
     ess_floor = max(min_ess_fraction * n_episodes, min_ess)
@@ -256,7 +258,7 @@ def gate(new: Evaluation, current: Evaluation, tolerance: float, estimator: str 
         refusals.append(f"the new bundle's importance weights are too heavy-tailed to judge: Pareto k̂ "
                         f"{shown_against(new.report.pareto_k, max_pareto_k)} > {max_pareto_k:g}; the sessions that carry its "
                         f"estimate are too rare in {n_episodes} held-out sessions (a canary can judge it)")
-    if diff.ci_low < -tolerance:
+    if diff.ci_low < -tolerance:  # (the estimates are finite: trainer.ope_arrays refuses non-finite inputs)
         refusals.append(f"the new bundle may be worse: {estimator} new − current = {diff.value:.4g}, "
                         f"lower bound {diff.ci_low:.4g} < −{tolerance:g}")
     if refusals:

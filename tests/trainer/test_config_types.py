@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import json
 from pathlib import Path
 
@@ -75,6 +76,29 @@ def test_an_integer_too_large_for_a_number_field_is_named() -> None:
         assert str(caught.value).startswith(says), caught.value
 
 
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"tolerance": math.nan}, "tolerance: expected a number, got NaN"),  # published whatever the gate's bound (a review)
+    ({"damping": math.nan}, "damping: expected a number, got NaN"),  # trained nothing, exit 0
+    ({"gate_max_pareto_k": math.nan}, "gate_max_pareto_k: expected a number, got NaN"),
+    ({"tolerance": math.inf}, "tolerance: expected a finite number >= 0, got inf"),
+    ({"damping": -1.0}, "damping: expected a finite number >= 0, got -1.0"),
+    ({"cg_residual_tol": -1.0}, "cg_residual_tol: expected a finite number >= 0, got -1.0"),
+    ({"open_terminal_reward": math.inf}, "open_terminal_reward: expected a finite number, got inf"),  # failed after reading
+    ({"horizon_hours": 1e306}, "horizon_hours: expected a number of hours whose seconds are finite, got 1e+306"),
+    ({"group_std_floor": 0.0}, "group_std_floor: expected a finite number > 0, got 0.0"),
+    ({"behavior_kl_warn": -1.0}, "behavior_kl_warn: expected a finite number > 0, got -1.0"),
+    ({"max_behavior_kl": -1.0}, "max_behavior_kl: expected a finite number >= 0, or None, got -1.0"),  # trained nothing
+    ({"guard_kl_budget": math.inf}, "guard_kl_budget: expected a finite number >= 0, or None, got inf"),
+])
+def test_a_number_field_out_of_its_range_or_nan_is_named(fields: dict[str, object], message: str) -> None:
+    """A review (2026-12-07) found these accepted: NaN passes every ``x < limit`` check, so ``{"tolerance": NaN}``
+    published a candidate the gate had bounded at −12.66; the others trained nothing or failed after the logs' read."""
+    with pytest.raises(ValueError) as caught:
+        TrainConfig(**fields)  # type: ignore[arg-type]
+    assert str(caught.value) == message
+    assert TrainConfig(open_terminal_reward=-2.0, max_behavior_kl=None, guard_kl_budget=0.0).open_terminal_reward == -2.0
+
+
 def test_the_guards_problems_are_named_as_the_guards() -> None:
     """A run's config has a ``seed`` and epochs of its own: ``--config: epochs: expected >= 1`` did not say it was the
     guard's."""
@@ -85,9 +109,11 @@ def test_the_guards_problems_are_named_as_the_guards() -> None:
 
 
 def test_the_critics_weight_cap_is_a_weight_or_none() -> None:
-    for bad in (0.5, float("inf"), float("nan")):
+    for bad in (0.5, float("inf")):
         with pytest.raises(ValueError, match="critic_weight_cap: expected >= 1 and finite, or None"):
             TrainConfig(critic_weight_cap=bad)
+    with pytest.raises(ValueError, match="^critic_weight_cap: expected a number, got NaN$"):
+        TrainConfig(critic_weight_cap=float("nan"))
     assert TrainConfig(advantage="critic", critic_weight_cap=1).critic_weight_cap == 1
     assert TrainConfig(advantage="critic", critic_weight_cap=None).critic_weight_cap is None  # unweighted, by choice
 
@@ -143,11 +169,17 @@ def test_too_few_bootstrap_resamples_are_refused_by_the_config_and_by_evaluate(t
     with pytest.raises(ValueError, match=r"bootstrap: expected >= 20 resamples .*got 19"):
         TrainConfig(bootstrap=19)
     assert TrainConfig(bootstrap=20).bootstrap == 20
+    with pytest.raises(ValueError, match=r"bootstrap: expected <= 100000 resamples .*got 100001"):
+        TrainConfig(bootstrap=100_001)  # 50,000,000 reached 2.3 GB and a MemoryError (a review, 2026-12-07)
+    assert TrainConfig(bootstrap=100_000).bootstrap == 100_000
     with pytest.raises(SystemExit) as exited:  # argparse: exit 2, the flag named
         from trainer.cli import main
 
         main(["evaluate", "default", "--logs", str(tmp_path), "--bootstrap", "19"])
     assert exited.value.code == 2 and "argument --bootstrap: '19': expected an integer >= 20" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exited:
+        main(["evaluate", "default", "--logs", str(tmp_path), "--bootstrap", "99999999999999999999"])
+    assert exited.value.code == 2 and "expected an integer <= 100000" in capsys.readouterr().err
 
 
 def test_an_interrupt_stops_a_caller_of_main_inside_python(monkeypatch: pytest.MonkeyPatch) -> None:

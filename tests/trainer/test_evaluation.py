@@ -79,6 +79,15 @@ def test_the_gate_passes_a_better_bundle_it_can_judge() -> None:
     assert json.loads(json.dumps(result.to_dict(), default=float))["checks"]["max_unsupported"] == MAX_UNSUPPORTED
 
 
+def test_the_gate_refuses_a_tolerance_that_is_not_a_finite_number() -> None:
+    """NaN < −tolerance is false: a NaN tolerance from a config published whatever the logs said (a review, 2026-12-07:
+    ``{"tolerance": NaN}`` published a candidate whose lower bound was −12.66). The config refuses it too."""
+    current = _evaluation(0.0)
+    for bad in (math.nan, -1.0, math.inf):
+        with pytest.raises(ValueError, match="tolerance: expected a finite number >= 0"):
+            gate(_evaluation(0.5), current, tolerance=bad)
+
+
 def test_the_gate_refuses_when_the_effective_sample_size_is_too_low() -> None:
     current, far = _evaluation(0.0, n_episodes=10_000), _evaluation(6.0, n_episodes=10_000)  # nearly always action 0: weights up to 5^L
     assert MIN_ESS < far.report.ess < MIN_ESS_FRACTION * far.report.n_episodes
