@@ -22,6 +22,11 @@ MAX_SKUS = 256
 MAX_PRICE_BANDS = 8
 """A request's candidate limits (``server.product_validation``); a bundle's product heads are run at these sizes when it
 is loaded (``weights.product_heads``), so what a head allocates for the largest request is known before it serves."""
+MIN_PRICE, MAX_PRICE = 0.01, 1_000_000.0  # a cent to a million: the features take logs of prices and their ratios
+MIN_MULTIPLIER, MAX_MULTIPLIER = 0.01, 10.0
+"""A request's price and price-band multiplier limits (``server.product_validation``); the price a band asks is their
+product, so its logged log (``policy.product_features.band_features``) lies within their logs' sum
+(``trainer.product_checks``)."""
 
 
 class Layer(enum.Enum):

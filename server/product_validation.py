@@ -15,9 +15,13 @@ from typing import Any
 
 from core.product import (
     MAX_CATEGORIES,
+    MAX_MULTIPLIER,
+    MAX_PRICE,
     MAX_PRICE_BANDS,
     MAX_SKUS,
     MAX_SKUS_PER_CATEGORY,
+    MIN_MULTIPLIER,
+    MIN_PRICE,
     CategoryCandidate,
     PriceBand,
     ProductRequest,
@@ -25,9 +29,6 @@ from core.product import (
 )
 from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
 from server.validation import InvalidRequest, Limits, count_of, embedding_of, parse_request, required_id
-
-MIN_PRICE, MAX_PRICE = 0.01, 1_000_000.0  # a cent to a million: the features take logs of prices and their ratios
-MIN_MULTIPLIER, MAX_MULTIPLIER = 0.01, 10.0
 
 
 @dataclass(frozen=True, slots=True)

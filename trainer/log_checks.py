@@ -32,6 +32,7 @@ import pyarrow.compute as pc
 from core.domain import MAX_OUTCOME_VALUE, N_ACTIONS, TIMESTAMP_MAX_S, TIMESTAMP_MIN_S, Outcome, PageType
 from experience.sessions import dedupe_outcomes
 from policy.features import FeatureSpec
+from weights.bundle import MODEL_VERSION, MODEL_VERSION_RULE
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +148,21 @@ def bad_decisions(decisions: pa.Table) -> dict[str, npt.NDArray[np.bool_]]:
         consistent = ~valid_action | (np.abs(propensity - claimed) <= PROPENSITY_TOLERANCE)
     return {"action outside 1..5": ~valid_action, "served_probs not a distribution": ~distribution,
             "propensity outside (0, 1]": ~in_range, "propensity not the served probability of the action": ~consistent,
-            **shopper_rows(decisions)}
+            **shopper_rows(decisions), **unnamed_versions(decisions)}
+
+
+def unnamed_versions(table: pa.Table) -> dict[str, npt.NDArray[np.bool_]]:
+    """The rows whose ``model_version`` no server writes: a bundle's version (``weights.bundle.MODEL_VERSION``, at most
+    200 characters) or ``""`` (no model: the rule engine). One session's 1.1 MB version went into the new bundle's
+    manifest (the window's versions) and past its size limit: every ``train`` and ``cycle`` failed (a review,
+    2026-12-07). Matched once per distinct version."""
+    column = table.column("model_version")
+    distinct = pc.unique(column)
+    named = pa.array([v is not None and (v == "" or MODEL_VERSION.fullmatch(v) is not None) for v in distinct.to_pylist()],
+                     type=pa.bool_())
+    bad = pc.filter(distinct, pc.invert(named))
+    rows = np.asarray(pc.is_in(column, value_set=bad, skip_nulls=False).to_numpy(zero_copy_only=False), dtype=np.bool_)
+    return {f"model_version not a bundle's ({MODEL_VERSION_RULE}) or empty": rows}
 
 
 def shopper_rows(table: pa.Table) -> dict[str, npt.NDArray[np.bool_]]:

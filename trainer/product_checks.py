@@ -16,6 +16,7 @@ out the same way: ``usable_products``' ``spec`` and ``widths``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import numpy as np
@@ -23,7 +24,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from core.product import MAX_CATEGORIES, MAX_PRICE_BANDS, MAX_SKUS_PER_CATEGORY
+from core.product import MAX_CATEGORIES, MAX_MULTIPLIER, MAX_PRICE, MAX_PRICE_BANDS, MAX_SKUS_PER_CATEGORY, MIN_MULTIPLIER, MIN_PRICE
 from experience.schema import PRODUCT_LAYERS
 from policy.features import FeatureSpec
 from trainer.log_checks import (
@@ -39,12 +40,15 @@ from trainer.log_checks import (
     rows_with_nan,
     shopper_rows,
     spec_rows,
+    unnamed_versions,
     without_bad_sessions,
 )
+from trainer.product_data import PAID  # a price band's feature: the log of the price it asks
 
 BoolArray = npt.NDArray[np.bool_]
 
 MOST_CANDIDATES = {"category": MAX_CATEGORIES, "sku": MAX_SKUS_PER_CATEGORY, "price_band": MAX_PRICE_BANDS}
+PAID_RANGE = (math.log(MIN_PRICE * MIN_MULTIPLIER) - 0.02, math.log(MAX_PRICE * MAX_MULTIPLIER) + 0.02)  # float16's rounding
 
 
 def usable_products(products: pa.Table, outcomes: pa.Table, spec: FeatureSpec | None = None,
@@ -68,10 +72,28 @@ def usable_products(products: pa.Table, outcomes: pa.Table, spec: FeatureSpec | 
 
 def bad_products(products: pa.Table) -> dict[str, BoolArray]:
     """Per reason, the product rows no server writes (module doc)."""
-    out = shopper_rows(products)
+    out = {**shopper_rows(products), **unnamed_versions(products)}
     for layer in PRODUCT_LAYERS:
         out.update(_bad_layer(products, layer))
+    out["price_band_features: a price no request can ask"] = _unaskable_prices(products.column("price_band_features"))
     return out
+
+
+def _unaskable_prices(features: pa.ChunkedArray) -> BoolArray:
+    """Rows with a band whose logged price (``PAID``, a log) lies outside what a request's price and multiplier limits
+    allow: its reward is that price, and one of 65,504 (float16's largest: the log of an infinite price) made the reward
+    infinite, the product gate's estimate NaN, and the gate publish (a review, 2026-12-07). A band too short to hold the
+    feature is another width's (``usable_products``' ``widths``)."""
+    bands = pc.list_flatten(features)  # one per candidate band: its features
+    widths = ints(pc.list_value_length(bands))
+    values = np.asarray(pc.list_flatten(bands).to_numpy(zero_copy_only=False), dtype=np.float64)
+    starts = np.concatenate([[0], np.cumsum(widths)[:-1]]).astype(np.int64)
+    held = widths > PAID
+    paid = np.full(len(widths), np.nan)
+    paid[held] = values[starts[held] + PAID]
+    with np.errstate(invalid="ignore"):
+        outside = held & ~((paid >= PAID_RANGE[0]) & (paid <= PAID_RANGE[1]))
+    return any_per_row(owners(ints(pc.list_value_length(features))), len(features), outside)
 
 
 def _bad_layer(products: pa.Table, layer: str) -> dict[str, BoolArray]:

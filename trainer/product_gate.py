@@ -133,10 +133,11 @@ def judge(new: ProductLayers, current: ProductLayers, rows: ProductRows, toleran
                              f"{gap:.3g} > {REPLAY_TOLERANCE}): the logs were served with other decoder settings, heads or guard")
     new_terms, sessions, new_w = session_terms(rows, served_probability(new, rows))
     cur_terms, _, _ = session_terms(rows, current_p)
-    stacked = np.stack([new_terms, cur_terms, new_terms - cur_terms], axis=1)
-    samples = np.concatenate([counts @ stacked / len(sessions) for counts in bootstrap_counts(len(sessions), n_boot, seed)])
-    point = stacked.mean(axis=0)
-    est = [interval(samples[:, j], float(point[j]), level) for j in range(3)]
+    with np.errstate(invalid="ignore", over="ignore"):  # a reward that is not finite: NaN figures, refused below
+        stacked = np.stack([new_terms, cur_terms, new_terms - cur_terms], axis=1)
+        samples = np.concatenate([counts @ stacked / len(sessions) for counts in bootstrap_counts(len(sessions), n_boot, seed)])
+        point = stacked.mean(axis=0)
+        est = [interval(samples[:, j], float(point[j]), level) for j in range(3)]
     k = pareto_k(new_w)
     refusals = []
     if len(sessions) < MIN_SESSIONS:
@@ -144,7 +145,10 @@ def judge(new: ProductLayers, current: ProductLayers, rows: ProductRows, toleran
     if not k <= MAX_PARETO_K and len(sessions) >= MIN_SESSIONS:  # NaN refuses too
         refusals.append(f"the new heads' weights are too heavy-tailed to judge: Pareto k̂ {shown_against(k, MAX_PARETO_K)} > "
                         f"{MAX_PARETO_K}")
-    if est[2].ci_low < -tolerance:
+    if not (math.isfinite(est[2].value) and math.isfinite(est[2].ci_low)):  # NaN < −tolerance is false: refused here
+        refusals.append(f"the difference could not be estimated: new − current = {est[2].value:.4g} per session, lower bound "
+                        f"{est[2].ci_low:.4g} (a reward or weight that is not a finite number)")
+    elif est[2].ci_low < -tolerance:
         refusals.append(f"the new heads may be worse: new − current = {est[2].value:.4g} per session, lower bound "
                         f"{est[2].ci_low:.4g} < −{tolerance:g}")
     reason = "; ".join(refusals) or (f"new − current = {est[2].value:.4g} per session, lower bound {est[2].ci_low:.4g} ≥ "

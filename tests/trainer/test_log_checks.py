@@ -22,6 +22,7 @@ from tests.harness import ROOT
 from tests.log_tables import copies, with_column, with_value
 from trainer.config import TrainConfig
 from trainer.log_checks import SessionLimits, usable
+from weights.bundle import MODEL_VERSION_RULE
 
 
 def _poisoned(decisions: pa.Table, outcomes: pa.Table) -> tuple[pa.Table, pa.Table, set[str]]:
@@ -122,6 +123,9 @@ def test_an_hour_no_day_has_is_a_bad_row(sim_logs: Path, hour: int) -> None:
     ("item_embedding", [float("nan")] * 768, "item_embedding NaN"),
     ("behavior_bucket_indices", [-1], "behavior_bucket_indices outside the logged bucket count"),
     ("behavior_bucket_indices", [2048], "behavior_bucket_indices outside the logged bucket count"),
+    # a 1.1 MB version went into the new bundle's manifest, past its size limit: every train and cycle failed
+    ("model_version", "v" * 201, "model_version not a bundle's (" + MODEL_VERSION_RULE + ") or empty"),
+    ("model_version", "../weights", "model_version not a bundle's (" + MODEL_VERSION_RULE + ") or empty"),
 ])
 def test_a_shopper_no_request_describes_is_a_bad_row(sim_logs: Path, column: str, value: object, reason: str) -> None:
     """A NaN embedding stopped evaluate (the model's output NaN); a bucket past the logged count stopped the encoder; a

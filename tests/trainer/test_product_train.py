@@ -4,6 +4,7 @@ product decision through the real recorder."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import subprocess
@@ -285,6 +286,11 @@ def test_the_gate_replays_the_logged_propensities_and_pairs_the_two_bundles(rows
     few = judge(pair, pair, rows.take(np.isin(rows.sessions, rows.sessions[:40])))  # a handful of sessions: no verdict
     assert not few.publish and "too few held-out sessions" in few.reason
     assert judge(pair, pair, rows, current_version="heads-3").publish  # its replay gives back what it logged
+    # A reward that is not a number (an infinite price made one, before the logs' checks left such rows out) made every
+    # figure NaN, and NaN < −tolerance is false: the gate published. It refuses, saying why.
+    poisoned = dataclasses.replace(rows, rewards=np.where(np.arange(len(rows)) == 3, np.inf, rows.rewards))
+    refused = judge(bad.product, pair, poisoned)
+    assert not refused.publish and "the difference could not be estimated" in refused.reason, refused.reason
     other = PluralityDecoder(samples=3, min_votes=2)  # not what served the logs
     with pytest.raises(ValueError, match="does not replay its own logged propensities"):
         judge(pair, ProductLayers(model.product.heads, other), rows, current_version="heads-3")
@@ -407,6 +413,8 @@ POISONS = {  # a product row no server writes, as the reviews found them (its va
     "hour": (lambda v: 99, "hour outside 0..23"),
     "page_type": (lambda v: 9, "page_type outside 0..4"),
     "sku_features": (lambda v: [[float("nan")] * len(x) for x in v], "sku_features NaN"),
+    # an infinite price (read as float16's 65,504) made the reward infinite and the product gate publish on NaN
+    "price_band_features": (lambda v: [[*x[:3], 65504.0, *x[4:]] for x in v], "price_band_features: a price no request can ask"),
     "price_band_rule_rank": (lambda v: [0] * len(v), "price_band_rule_rank not each candidate once"),
     "sku_guardrail": (lambda v: [False] * len(v), "sku_permitted where sku_guardrail bans"),
     "sku_ids": (lambda v: [*v, *(f"extra-{i}" for i in range(65 - len(v)))], "sku: more candidates than a request may offer"),
