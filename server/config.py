@@ -26,6 +26,13 @@ def _opt(default: Any, help: str) -> Any:
 
 
 MAX_GRPC_SERVERS = 64
+C_INT_MAX = 2**31 - 1
+"""gRPC's channel arguments are C ``int``s: a count past this, or a duration past it in milliseconds (about 24.8 days),
+stopped ``serve`` with an ``OverflowError`` traceback (a review, 2026-12-07)."""
+MAX_GRPC_SECONDS = C_INT_MAX // 1000
+MOST = {"workers": 256, "intra_op_threads": 256, "max_batch": 4096}
+"""Sanity bounds of flags whose value the server multiplies into processes, threads or memory at start (``--max-batch
+99999999999`` passed, then the model's warm-up ran out of memory and the server served no model)."""
 
 
 @dataclass(frozen=True)
@@ -191,6 +198,9 @@ class Config:
                      "max_id_length", "max_message_bytes", "log_queue", "log_flush_rows"):
             if getattr(self, name) < 1:
                 problems.append(f"{name}: expected >= 1, got {getattr(self, name)}")
+        for name, most in MOST.items():
+            if getattr(self, name) > most:
+                problems.append(f"{name}: expected at most {most}, got {getattr(self, name)}")
         if self.device not in ("auto", "cpu", "cuda"):
             problems.append(f"device: expected auto, cpu or cuda, got {self.device!r}")
         if self.log_format not in ("json", "text"):
@@ -266,6 +276,17 @@ class Config:
             problems.append(f"max_connection_idle_seconds: expected > 0 or empty, got {self.max_connection_idle_seconds}")
         if not 0 <= self.keepalive_min_client_ping_seconds < float("inf") or self.keepalive_max_ping_strikes < 0:
             problems.append("keepalive_min_client_ping_seconds and keepalive_max_ping_strikes must be >= 0")
+        for name in ("max_message_bytes", "max_concurrent_streams", "keepalive_max_ping_strikes", "max_connections",
+                     "max_concurrent_rpcs"):
+            value = getattr(self, name)
+            if value is not None and value > C_INT_MAX:
+                problems.append(f"{name}: expected at most {C_INT_MAX} (gRPC takes a 32-bit integer), got {value}")
+        for name in ("keepalive_seconds", "keepalive_timeout_seconds", "handshake_timeout_seconds", "max_connection_idle_seconds",
+                     "max_connection_age_seconds", "keepalive_min_client_ping_seconds"):
+            value = getattr(self, name)
+            if value is not None and value > MAX_GRPC_SECONDS:  # inf and NaN: their own checks
+                problems.append(f"{name}: expected at most {MAX_GRPC_SECONDS} seconds (gRPC takes milliseconds as a 32-bit "
+                                f"integer: about 24.8 days), got {value}")
         return problems
 
     @property

@@ -73,6 +73,30 @@ def test_defaults_leave_room_above_the_batcher_queue() -> None:
     assert dict(server_options(make_config(max_connection_age_seconds=60)))["grpc.max_connection_age_ms"] == 60_000
 
 
+def test_values_grpc_cannot_take_are_named_at_start() -> None:
+    """gRPC's channel arguments are C ints: 30 days of connection age (in ms), 2 GiB messages, 10^11 streams stopped
+    ``serve`` with an ``OverflowError`` traceback; ``--max-batch 99999999999`` started and served no model (its warm-up
+    ran out of memory). A review, 2026-12-07. The largest values that fit start a real server."""
+    for overrides, message in (
+            ({"max_connection_age_seconds": 2_592_000.0}, "max_connection_age_seconds: expected at most 2147483 seconds"),
+            ({"max_connection_idle_seconds": float("inf")}, "max_connection_idle_seconds: expected at most 2147483 seconds"),
+            ({"keepalive_seconds": 1e300}, "keepalive_seconds: expected at most 2147483 seconds"),
+            ({"max_message_bytes": 2**31}, "max_message_bytes: expected at most 2147483647 (gRPC takes a 32-bit integer)"),
+            ({"max_concurrent_streams": 10**11}, "max_concurrent_streams: expected at most 2147483647"),
+            ({"max_connections": 10**11}, "max_connections: expected at most 2147483647"),
+            ({"keepalive_max_ping_strikes": 10**11}, "keepalive_max_ping_strikes: expected at most 2147483647"),
+            ({"max_batch": 10**11}, "max_batch: expected at most 4096"),
+            ({"workers": 257}, "workers: expected at most 256")):
+        with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+            make_config(**overrides)
+    edge = make_config(max_connection_age_seconds=2_147_483.0, max_connection_idle_seconds=2_147_483.0, max_message_bytes=2**31 - 1,
+                       keepalive_max_ping_strikes=2**31 - 1)
+    assert dict(server_options(edge))["grpc.max_connection_age_ms"] == 2_147_483_000
+    with running_server(max_connection_age_seconds=2_147_483.0, max_message_bytes=2**31 - 1) as live, \
+            grpc.insecure_channel(live.target) as channel:
+        assert stub(channel).RecommendAction(request(), timeout=10).model_version
+
+
 def test_5000_calls_that_never_send_a_message_on_one_connection() -> None:
     """The real CLI with its defaults: the connection gets 256 streams at once and the streams past them are refused;
     what was admitted is ended by the server's call bounds (past the address's 64 waiting calls at once, those 64 after
