@@ -26,6 +26,10 @@ from core.domain import Context, DecisionRequest
 HASH_NAME = "blake2b64-mod"
 HOURS = 24
 _GATHER_ROWS = 16384  # encode_columns: rows of behaviour vectors gathered at once (16,384 x window x dim floats)
+MAX_BEHAVIOR_WINDOW = 64
+"""The most recent behaviours a bundle's state may average (``behavior_window``; twice the ids a request may carry by
+default). Each batch gathers batch × window vectors of ``behavior_dim``, and nothing else bounds the window: a bundle of
+window 100,000 passed every check, and its first batches took a server from 138 MB to 2.7 GB (a review, 2026-12-07)."""
 F32 = npt.NDArray[np.float32]
 
 
@@ -55,6 +59,8 @@ class FeatureSpec:
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise SchemaError(f"{where}.{key}: expected a positive integer, got {v!r}")
             values[key] = v
+        if values["behavior_window"] > MAX_BEHAVIOR_WINDOW:
+            raise SchemaError(f"{where}.behavior_window: expected at most {MAX_BEHAVIOR_WINDOW}, got {values['behavior_window']}")
         if spec.get("behavior_hash") != HASH_NAME:
             raise SchemaError(f"{where}.behavior_hash: only {HASH_NAME!r} is supported, got {spec.get('behavior_hash')!r}")
         out = cls(**values)

@@ -144,6 +144,8 @@ def test_spec_json_round_trip() -> None:
     [
         ({"item_dim": 0}, r"^feature_spec\.item_dim: expected a positive integer"),
         ({"behavior_window": True}, r"^feature_spec\.behavior_window: expected a positive integer"),
+        # 100,000 passed every check, and each batch gathered batch × window × 128 floats: 138 MB to 2.7 GB (a review)
+        ({"behavior_window": 100_000}, r"^feature_spec\.behavior_window: expected at most 64, got 100000$"),
         ({"behavior_buckets": 2048.0}, r"^feature_spec\.behavior_buckets: expected a positive integer"),
         ({"behavior_hash": "md5-mod"}, r"^feature_spec\.behavior_hash: only 'blake2b64-mod' is supported"),
         ({"state_dim": 921}, r"^feature_spec: hour_dim must be 24 and state_dim 920"),

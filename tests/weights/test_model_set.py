@@ -197,6 +197,7 @@ def _with(manifest: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
         ("guardrails.static.exit", "none", r"guardrails\.static\.exit"),
         ("actions", ["view_detail", "add_to_cart", "apply_coupon", "share_social", "exit"], r"actions: expected"),
         ("feature_spec.item_dim", 0, r"feature_spec\.item_dim"),
+        ("feature_spec.behavior_window", 100_000, r"feature_spec\.behavior_window: expected at most 64"),  # 2.7 GB served
         ("guard.threshold", 1.5, r"guard threshold: expected 0\.\.1"),
         ("guard.threshold", "0.2", r"guard\.threshold must be a finite number"),
         ("decoder.min_votes", 11, r"min_votes: expected 1\.\.10"),
