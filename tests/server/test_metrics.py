@@ -50,6 +50,33 @@ def test_grpc_metrics_count_calls_by_code_and_time_them() -> None:
         assert _value(live, "grpc_server_handled_total", {**health, "grpc_code": "OK"}) == 1
 
 
+def test_garbage_bytes_to_health_and_reflection_are_invalid_argument_counted_and_not_logged_as_errors(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """grpc's generated deserializers let a corrupt message end the call UNKNOWN with a traceback logged at ERROR (1.3 KB
+    a call: 2,000 calls wrote 2.65 MB) and no handler ran, so no metric counted it (a review, 2026-12-07). They answer as
+    the ShoppingAgent methods do: INVALID_ARGUMENT naming the message type; and well-formed calls still work."""
+    garbage = b"\xff\xff\xff"
+    caplog.set_level("ERROR")
+    with running_server() as live, grpc.insecure_channel(live.target) as ch:
+        ident = {"request_serializer": lambda b: b, "response_deserializer": lambda b: b}
+        calls = {
+            "Check": lambda: ch.unary_unary("/grpc.health.v1.Health/Check", **ident)(garbage, timeout=5),
+            "Watch": lambda: list(ch.unary_stream("/grpc.health.v1.Health/Watch", **ident)(garbage, timeout=5)),
+            "ServerReflectionInfo": lambda: list(ch.stream_stream(
+                "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", **ident)(iter([garbage]), timeout=5)),
+        }
+        for method, call in calls.items():
+            with pytest.raises(grpc.RpcError) as caught:
+                call()
+            assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (method, caught.value.details())
+            assert caught.value.details().startswith("request: not a valid grpc."), caught.value.details()
+        check = {"grpc_type": "unary", "grpc_service": "grpc.health.v1.Health", "grpc_method": "Check"}
+        assert _value(live, "grpc_server_handled_total", {**check, "grpc_code": "INVALID_ARGUMENT"}) == 1
+        assert health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5).status  # still answers
+        assert _value(live, "grpc_server_handled_total", {**check, "grpc_code": "OK"}) == 1
+    assert not [r for r in caplog.records if r.levelname == "ERROR"], [r.getMessage()[:200] for r in caplog.records]
+
+
 def test_a_call_the_client_cancels_is_counted_cancelled_not_a_server_error() -> None:
     """A cancelled stream ends its handler with CancelledError: that is the client's doing (CANCELLED), not an error
     of the server's (UNKNOWN), which the error-rate alert counts."""
