@@ -28,6 +28,7 @@ import sys
 import threading
 import time
 
+from core.peak_memory import address_space_kb
 from weights.bundle import BundleError
 from weights.model_set import LoadOptions
 from weights.sandbox import SandboxLimits, child_environment, child_fields, limit_self, validate_bytes, verdict
@@ -126,6 +127,7 @@ def serve_forever() -> None:
     import onnxruntime  # noqa: F401  (imported once here, inherited by every child: the point of this process)
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server stops it (stdin closes, or kill), not a terminal's ^C
+    started_kb = address_space_kb()  # what a child of a fresh process inherits: its limit counts this much
     stdin = sys.stdin.buffer
     while True:
         header = stdin.readline()
@@ -133,18 +135,30 @@ def serve_forever() -> None:
             return
         request = json.loads(header)
         data = stdin.read(int(request["size"]))
-        answer = _fork_one(data, int(request["memory"]), float(request["timeout"]), request["fields"])
+        answer = _fork_one(data, int(request["memory"]), float(request["timeout"]), request["fields"], started_kb)
         sys.stdout.write(json.dumps(answer) + "\n")
         sys.stdout.flush()
 
 
-def _fork_one(data: bytes, memory_bytes: int, timeout_s: float, fields: dict[str, object]) -> dict[str, object]:
+def grown_limit(memory_bytes: int, started_kb: int, now_kb: int) -> int:
+    """The address-space limit of a child forked now: ``memory_bytes`` (``--validate-memory-mb``, which counts what a
+    freshly started validating process holds, ``started_kb``) plus what this process has grown by since. The limit is
+    absolute and a forked child inherits every mapping, so this process's growth (161 MB to 448-473 MB of VmSize over a
+    day's swaps, a review found, 2026-12-07) came off the child's room: honest bundles that validated at a server's start
+    were refused on hot swap (``std::bad_alloc``), as ``onnx`` or ``invalid``, never retried."""
+    if started_kb < 0 or now_kb < 0:  # no /proc: as before
+        return memory_bytes
+    return memory_bytes + max(0, now_kb - started_kb) * 1024
+
+
+def _fork_one(data: bytes, memory_bytes: int, timeout_s: float, fields: dict[str, object], started_kb: int) -> dict[str, object]:
+    limit = grown_limit(memory_bytes, started_kb, address_space_kb())
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: limit itself, validate, answer, and leave without running any cleanup of the parent's
         os.close(read_end)
         try:
-            limit_self(memory_bytes)
+            limit_self(limit)
             answer = validate_bytes(data, memory_bytes, fields)
         except BaseException as exc:
             answer = {"ok": False, "reason": "invalid", "message": f"{type(exc).__name__}: {str(exc)[:200]}"}

@@ -264,6 +264,37 @@ def test_the_fork_server_validates_refuses_times_out_and_survives_its_own_death(
         hurried.close()
 
 
+GROWN_FORK_SERVER = """
+import mmap, sys
+from core.peak_memory import address_space_kb
+from weights import forkserver
+from weights.model_set import LoadOptions
+from weights.sandbox import child_fields
+
+started_kb = address_space_kb()
+budget = started_kb * 1024 + 512 * 2**20  # the room a child of this process has at its start
+grown = mmap.mmap(-1, 2**30, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, prot=mmap.PROT_READ)  # reserved, never touched
+data = open(sys.argv[1], "rb").read()
+fields = child_fields(LoadOptions(device="cpu"))
+print(forkserver._fork_one(data, budget, 60.0, fields, started_kb)["ok"], forkserver._fork_one(data, budget, 60.0, fields, -1)["ok"])
+"""
+
+
+def test_a_fork_servers_growth_does_not_come_off_its_childs_room() -> None:
+    """A child's address-space limit is absolute, and a forked child inherits the validating process's mappings: that
+    process grew from 161 to 448-473 MB of VmSize over a day's swaps, and honest bundles that validated at a server's
+    start were refused on hot swap (a review, 2026-12-07). Here a fresh interpreter stands in for it, grows by 1 GiB of
+    reserved address space, and forks a child for the default bundle: with its growth counted the child validates;
+    without (``started_kb`` unknown: the old absolute limit) it has no room at all."""
+    from weights.forkserver import grown_limit
+
+    assert grown_limit(512 * 2**20, 160_000, 450_000) == 512 * 2**20 + 290_000 * 1024
+    assert grown_limit(512 * 2**20, 160_000, 100_000) == grown_limit(512 * 2**20, -1, 450_000) == 512 * 2**20
+    run = subprocess.run([sys.executable, "-c", GROWN_FORK_SERVER, str(ROOT / "weights" / "data" / "default.bundle")],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert run.returncode == 0 and run.stdout.split() == ["True", "False"], run.stderr[-2000:]
+
+
 def _environment(pid: int) -> set[str]:
     """The environment a process started with (``NAME=value`` each)."""
     return {entry.decode() for entry in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if entry}
