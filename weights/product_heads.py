@@ -172,14 +172,25 @@ def golden_check(outputs: Callable[[], F32], expected: F32, shape: tuple[int, in
         raise BundleError("golden", f"{kind} golden self-test failed: max error {error:.3g} > tolerance {tolerance:.3g}")
 
 
+RUN_ROWS = 1024
+"""The most candidate rows one run of a product head or guard graph is given (``candidate_rows``), and the rows each is
+probed at when its bundle is loaded (``run_at_the_limits``), in the bounded validating child first: a batch of requests
+is run in pieces of at most this many rows, so no run allocates more than the probe did. Probed at one request's
+largest sizes only (32, 64, 8), a head that broadcast its rows against each other passed, and 64 requests of 19 SKUs
+(1,216 rows in one run) took a server to 1.73 GB (an attack review, 2026-12-07). 1,024 rows: 16 requests of a
+category's largest SKU list in one run."""
+
+
 def run_at_the_limits(score: Callable[[str, F32, F32], F32], h: F32, widths: dict[str, int], kind: str) -> None:
-    """``score`` (a head's or a guard's) on as many candidates as a request may offer each layer, beside ``h`` (one
-    row): ``BundleError`` when it cannot take those shapes or gives NaN or Inf."""
+    """``score`` (a head's or a guard's) on as many candidates as a request may offer each layer, and on ``RUN_ROWS``
+    (as many as one run is ever given), beside ``h`` (one row): ``BundleError`` when it cannot take those shapes or
+    gives NaN or Inf."""
     sizes = {"category": MAX_CATEGORIES, "sku": MAX_SKUS_PER_CATEGORY, "band": MAX_PRICE_BANDS}
     try:
-        for head, rows in sizes.items():
-            if not np.isfinite(score(head, h, golden_features(widths[head], rows))).all():
-                raise BundleError("nonfinite", f"the product {head} {kind} produces NaN or Inf on {rows} candidates")
+        for head, most in sizes.items():
+            for rows in (most, RUN_ROWS):
+                if not np.isfinite(score(head, h, golden_features(widths[head], rows))).all():
+                    raise BundleError("nonfinite", f"the product {head} {kind} produces NaN or Inf on {rows} candidates")
     except BundleError:
         raise
     except Exception as exc:
@@ -187,12 +198,17 @@ def run_at_the_limits(score: Callable[[str, F32, F32], F32], h: F32, widths: dic
                                    f"{str(exc).splitlines()[0][:300]}") from None
 
 def candidate_rows(graph: OnnxModel, name: str, h: F32, features: F32) -> F32:
-    """``graph``'s one output per candidate row ``[h, features]`` (``h``: one row, or one per candidate)."""
+    """``graph``'s one output per candidate row ``[h, features]`` (``h``: one row, or one per candidate), run on at most
+    ``RUN_ROWS`` rows at a time."""
     rows = np.concatenate([np.broadcast_to(h, (len(features), h.shape[1])), features], axis=1).astype(np.float32)
-    out = graph.run(rows)
-    if out.shape != (len(features), 1):
-        raise BundleError("shape", f"{name}: expected output ({len(features)}, 1), got {out.shape}")
-    return out[:, 0]
+    outs = []
+    for lo in range(0, max(len(rows), 1), RUN_ROWS):
+        piece = rows[lo : lo + RUN_ROWS]
+        out = graph.run(piece)
+        if out.shape != (len(piece), 1):
+            raise BundleError("shape", f"{name}: expected output ({len(piece)}, 1), got {out.shape}")
+        outs.append(out[:, 0])
+    return outs[0] if len(outs) == 1 else np.concatenate(outs)
 
 
 def manifest_section() -> dict[str, Any]:

@@ -132,6 +132,40 @@ def test_a_head_that_allocates_with_its_candidates_is_stopped_at_load_not_at_ser
     assert caught.value.reason in ("limits", "shape", "invalid"), caught.value
 
 
+def test_a_head_that_allocates_with_a_batchs_rows_is_stopped_at_load_and_a_batch_runs_in_pieces(heads_bytes: bytes) -> None:
+    """A head that broadcasts its rows against each other passed a probe at one request's largest sizes (4 MB on 64
+    SKUs), and a batch of requests, concatenated, took a server to 1.73 GB (an attack review, 2026-12-07). The load now
+    probes at ``RUN_ROWS`` too, as many rows as a run is ever given, and a batch runs in pieces of at most that many."""
+    from tests.weights import hostile
+    from weights.onnx_check import check_model
+    from weights.product_heads import HIDDEN, RUN_ROWS
+    from weights.sandbox import SandboxLimits, validate_in_child
+
+    head = hostile.pairwise_head(read_bundle(heads_bytes).parts["product_sku.onnx"])
+    check_model("product_sku.onnx", head)
+    with pytest.raises(BundleError) as caught:
+        validate_in_child(_rewritten(heads_bytes, {"product_sku.onnx": head}), OPTIONS, SandboxLimits())
+    assert caught.value.reason in ("limits", "shape", "invalid"), caught.value
+    model = ModelSet.load(read_bundle(heads_bytes), OPTIONS)
+    assert model.product is not None
+    heads = model.product.heads
+    graph, runs = heads.heads["sku"], []
+    real_run = graph.run
+
+    def counted(x: np.ndarray) -> np.ndarray:  # the real session, its batch sizes recorded
+        runs.append(len(x))
+        return real_run(x)
+
+    graph.run = counted  # type: ignore[method-assign]
+    rows = 2 * RUN_ROWS + 300
+    rng = np.random.default_rng(3)
+    h, features = rng.standard_normal((rows, HIDDEN)).astype(np.float32), rng.standard_normal((rows, heads.widths["sku"])).astype(np.float32)
+    pieces = heads.score("sku", h, features)
+    assert runs == [RUN_ROWS, RUN_ROWS, 300]
+    whole = real_run(np.concatenate([h, features], axis=1).astype(np.float32))[:, 0]
+    np.testing.assert_allclose(pieces, whole, rtol=1e-5, atol=1e-6)
+
+
 def test_a_head_that_takes_only_the_self_tests_shape_is_refused(heads_bytes: bytes) -> None:
     """A SKU head declared for exactly 8 rows passes the 8-row self-test, and would degrade every real request."""
     model = onnx.load_from_string(read_bundle(heads_bytes).parts["product_sku.onnx"])
