@@ -228,6 +228,7 @@ def bad_outcomes(outcomes: pa.Table, limits: SessionLimits = DEFAULT_LIMITS) -> 
             out[f"{column} not a finite amount >= 0"] = ~(np.isfinite(values) & (values >= 0))
     out.update(not_times(outcomes, "event_time_s"))
     kinds = ints(outcomes.column("outcome"))
+    out[f"outcome outside {min(Outcome)}..{max(Outcome)}"] = ~np.isin(kinds, [int(o) for o in Outcome])  # was ignored, uncounted
     order, complaint = kinds == int(Outcome.ORDER), kinds == int(Outcome.COMPLAINT)
     value = amounts["value"]
     with np.errstate(invalid="ignore"):

@@ -224,6 +224,15 @@ def test_an_order_discounted_past_its_value_is_a_bad_row(sim_logs: Path) -> None
     assert dropped.sessions == 1 and dropped.reasons == {"coupon_discount above its order's value": 1}
 
 
+@pytest.mark.parametrize("kind", [0, 7, 99, -3])
+def test_an_outcome_of_no_kind_a_server_logs_is_a_bad_row(sim_logs: Path, kind: int) -> None:
+    """An attack review (2026-12-07): outcome rows of kind 99 or −3 were read past, uncounted, like rows of no session."""
+    source = DirectorySource(sim_logs)
+    outcomes = with_value(source.table("outcomes"), "outcome", 4, kind)
+    _, _, dropped = usable(source.table("decisions"), outcomes)
+    assert dropped.sessions == 1 and dropped.reasons == {"outcome outside 1..6": 1}
+
+
 def test_the_trainers_reads_leave_out_sessions_past_the_runs_cap(sim_logs: Path) -> None:
     from trainer.reading import read_gate, read_window
 
