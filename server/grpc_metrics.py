@@ -136,13 +136,19 @@ def parsing_named(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         changes["unary_unary"] = unary_unary
     elif handler.unary_stream is not None:
         inner_us = handler.unary_stream
-
-        async def unary_stream(request: Any, context: Any) -> AsyncIterator[Any]:
-            if isinstance(request, _Unparseable):
-                await _refuse(context, request)
-            async for item in inner_us(request, context):
-                yield item
-        changes["unary_stream"] = unary_stream
+        if inspect.isasyncgenfunction(inner_us):  # it yields its answers (instrument_handler tells a stream by this)
+            async def yielding(request: Any, context: Any) -> AsyncIterator[Any]:
+                if isinstance(request, _Unparseable):
+                    await _refuse(context, request)
+                async for item in inner_us(request, context):
+                    yield item
+            changes["unary_stream"] = yielding
+        else:  # it writes them (context.write), as grpc_health's Watch does
+            async def writing(request: Any, context: Any) -> Any:
+                if isinstance(request, _Unparseable):
+                    return await _refuse(context, request)
+                return await inner_us(request, context)
+            changes["unary_stream"] = writing
     else:
         name = "stream_unary" if handler.stream_unary is not None else "stream_stream"
         inner_stream = getattr(handler, name)
