@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 
 from core.peak_memory import peak_rss_kb
 from weights.bundle import MAX_BUNDLE_BYTES, BundleError, read_bundle
+from weights.compute_budget import check_compute
 from weights.model_set import LoadOptions, ModelSet
 
 _ANSWER_BYTES = 64 * 1024
@@ -114,11 +115,12 @@ def validate_bytes(data: bytes, memory_bytes: int, fields: dict[str, object]) ->
             raise TypeError(f"public_keys: expected a list of hex strings, got {keys!r:.80}")
         options = LoadOptions(**{**fields, "public_keys": tuple(bytes.fromhex(k) for k in keys)})  # type: ignore[arg-type]
         model = ModelSet.load(read_bundle(data), options)
+        spent = check_compute(model)  # here, alone in its process: its CPU time is the graphs' own
     except BundleError as exc:
         return {"ok": False, "reason": exc.reason, "message": str(exc)}
     except MemoryError:
         return {"ok": False, "reason": "memory", "message": f"validation ran out of its {memory_bytes // 2**20} MiB address space"}
-    return {"ok": True, "model_version": model.version, "peak_rss_kb": peak_rss_kb()}
+    return {"ok": True, "model_version": model.version, "peak_rss_kb": peak_rss_kb(), "inference_cpu_ms": round(spent * 1000, 3)}
 
 
 def _child(memory_bytes: int, fields: dict[str, object]) -> dict[str, object]:

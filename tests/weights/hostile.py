@@ -18,6 +18,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from policy.features import FeatureSpec
 from tests.wire import varint
 from weights.bundle import MANIFEST, PARTS, Bundle, npy_bytes, read_bundle, write_bundle
 from weights.embedded import default_bundle
@@ -290,6 +291,28 @@ def pairwise_head(model_bytes: bytes, copies: int = 256) -> bytes:
         helper.make_node("Mul", ["s", "zero"], ["z"]),
         helper.make_node("Add", ["real", "z"], [out]),
     ], raw="real")
+
+
+def heavy_policy(layers: int = 40, width: int = 2048) -> bytes:
+    """The default bundle whose policy also runs ``layers`` MatMul and Tanh layers of one shared (``width``, ``width``)
+    weight and adds 0 × their sum to its logits: the same outputs, about ``layers`` × ``width``² multiply-adds more a
+    row, every node allowed (the attack review's, 2026-12-07, had 120 of 2048: 33 ms of CPU a lone call)."""
+    base = default_bundle()
+    rng = np.random.default_rng(0)
+    state_dim = FeatureSpec.parse(base.manifest["feature_spec"]).state_dim
+    initializers: dict[str, np.ndarray] = {
+        "wp": (rng.standard_normal((state_dim, width)) / 30).astype(np.float32),
+        "wk": (rng.standard_normal((width, width)) / np.sqrt(width)).astype(np.float32),
+        "ax1": np.array([1], np.int64), "zero": np.zeros((1, 1), np.float32)}
+    graph = onnx.load_from_string(base.parts["policy.onnx"]).graph
+    source, out = graph.input[0].name, graph.output[0].name
+    nodes = [helper.make_node("MatMul", [source, "wp"], ["xh0"])]
+    for k in range(layers):
+        nodes += [helper.make_node("MatMul", [f"xh{k}", "wk"], [f"xm{k}"]), helper.make_node("Tanh", [f"xm{k}"], [f"xh{k + 1}"])]
+    nodes += [helper.make_node("ReduceSum", [f"xh{layers}", "ax1"], ["s"], keepdims=1), helper.make_node("Mul", ["s", "zero"], ["z"]),
+              helper.make_node("Add", ["raw", "z"], [out])]
+    policy = _after_output(base.parts["policy.onnx"], initializers, nodes)
+    return rebuilt({"policy.onnx": policy}, base, model_version="heavy-policy-1")
 
 
 def broadcasting_active(n: int = 16_000) -> bytes:

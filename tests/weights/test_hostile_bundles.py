@@ -331,3 +331,18 @@ def test_training_metric_names_that_would_break_or_bloat_every_scrape_are_refuse
         assert error.reason == "schema" and "training_metrics" in str(error)
     ModelSet.load(read_bundle(hostile.rebuilt(training_metrics={**{f"m{i}": 1.0 for i in range(511)}, "x" * 100: "text"})),
                   OPTIONS)
+
+
+def test_a_graph_too_heavy_to_serve_is_refused_by_its_cpu_time() -> None:
+    """Allowed operators, its outputs the real ones, well within memory: a policy of 40 layers of one shared 2048²
+    weight. Nothing bounded its compute (an attack review, 2026-12-07: 120 layers of 2048² passed verify and took a lone
+    call's p50 from 1.1 to 35 ms); the validating child now times one request's inference in CPU time."""
+    from weights.compute_budget import MAX_INFERENCE_CPU_S, inference_cpu_s
+
+    heavy = hostile.heavy_policy()
+    assert ModelSet.load(read_bundle(heavy), OPTIONS).version == "heavy-policy-1"  # it loads: only its time is wrong
+    with pytest.raises(BundleError, match=r"one request's inference takes [0-9.]+ ms of CPU .* over the 5 ms") as caught:
+        verify(heavy)
+    assert caught.value.reason == "limits"
+    default = ModelSet.load(read_bundle((ROOT / "weights" / "data" / "default.bundle").read_bytes()), OPTIONS)
+    assert inference_cpu_s(default) < MAX_INFERENCE_CPU_S / 10  # the default bundle: far inside it

@@ -1,0 +1,65 @@
+"""How much CPU one request's inference takes in a bundle's graphs, measured in the validating child, and its limit.
+
+The operator allowlist (``weights.onnx_check``) bounds what a graph may do and the child's address-space limit what it
+may allocate, but nothing bounded how long it computes: an attack review (2026-12-07) served a policy of 120 MatMul and
+Tanh layers sharing one 2048² weight (times 0, so its outputs were the real ones), which passed ``weights verify`` in
+2.6 s and took a lone caller's p50 from 1.1 ms to 35 ms, 16 callers from 2,100 to 70 calls a second.
+
+So the validating child times one request's inference: the policy and guard graphs on one state, and for a bundle with
+product heads the encoder and every head and guard on one request's largest candidate lists. It reads CPU time
+(``time.process_time``), not the clock: the child runs niced beside a serving process, so its wall time says more about
+the node's load than about the graphs, while the CPU it spends is the graphs' own. The median of ``REPEATS`` runs after
+one to warm up. The default bundle spends about 0.07 ms, one with product heads about 0.26 ms (an AMD EPYC, 2 cores);
+``MAX_INFERENCE_CPU_S`` is 20 times the latter, and the review's graph took 33 ms. A bundle over it is refused as
+``limits`` (retried with back-off, and refused again).
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from core.product import MAX_CATEGORIES, MAX_PRICE_BANDS, MAX_SKUS_PER_CATEGORY
+from weights.bundle import BundleError
+from weights.model_set import ModelSet
+from weights.product_heads import golden_features
+
+MAX_INFERENCE_CPU_S = 0.005
+REPEATS = 5
+_LARGEST = {"category": MAX_CATEGORIES, "sku": MAX_SKUS_PER_CATEGORY, "band": MAX_PRICE_BANDS}
+
+
+def inference_cpu_s(model: ModelSet) -> float:
+    """The median CPU seconds of one request's inference in ``model``'s graphs (module doc)."""
+    state = model.random_states(1, np.random.default_rng(0))
+    steps: list[Callable[[], object]] = [lambda: model.infer(state)]
+    if model.product is not None:
+        heads, guard = model.product.heads, model.product.guard
+        h = heads.encode(state)
+        rows = {head: golden_features(heads.widths[head], n) for head, n in _LARGEST.items()}
+        steps.append(functools.partial(heads.encode, state))
+        steps += [functools.partial(heads.score, head, h, rows[head]) for head in _LARGEST]
+        if guard is not None:
+            steps += [functools.partial(guard.logits, head, h, rows[head]) for head in _LARGEST]
+
+    def once() -> float:
+        started = time.process_time()
+        for step in steps:
+            step()
+        return time.process_time() - started
+
+    once()
+    return statistics.median(once() for _ in range(REPEATS))
+
+
+def check_compute(model: ModelSet, limit_s: float = MAX_INFERENCE_CPU_S) -> float:
+    """``inference_cpu_s(model)``, or ``BundleError`` (``limits``) when it is over ``limit_s``."""
+    spent = inference_cpu_s(model)
+    if spent > limit_s:
+        raise BundleError("limits", f"one request's inference takes {spent * 1000:.1f} ms of CPU in the bundle's graphs, over "
+                                    f"the {limit_s * 1000:g} ms a bundle may take (a graph this heavy would slow every call)")
+    return spent
