@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -112,7 +112,7 @@ def test_the_critics_weight_cap_is_a_weight_or_none() -> None:
     for bad in (0.5, float("inf")):
         with pytest.raises(ValueError, match="critic_weight_cap: expected >= 1 and finite, or None"):
             TrainConfig(critic_weight_cap=bad)
-    with pytest.raises(ValueError, match="^critic_weight_cap: expected a number, got NaN$"):
+    with pytest.raises(ValueError, match=r"^critic_weight_cap: expected a number, got NaN$"):
         TrainConfig(critic_weight_cap=float("nan"))
     assert TrainConfig(advantage="critic", critic_weight_cap=1).critic_weight_cap == 1
     assert TrainConfig(advantage="critic", critic_weight_cap=None).critic_weight_cap is None  # unweighted, by choice

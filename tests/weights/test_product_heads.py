@@ -159,7 +159,8 @@ def test_a_head_that_allocates_with_a_batchs_rows_is_stopped_at_load_and_a_batch
     graph.run = counted  # type: ignore[method-assign]
     rows = 2 * RUN_ROWS + 300
     rng = np.random.default_rng(3)
-    h, features = rng.standard_normal((rows, HIDDEN)).astype(np.float32), rng.standard_normal((rows, heads.widths["sku"])).astype(np.float32)
+    h = rng.standard_normal((rows, HIDDEN)).astype(np.float32)
+    features = rng.standard_normal((rows, heads.widths["sku"])).astype(np.float32)
     pieces = heads.score("sku", h, features)
     assert runs == [RUN_ROWS, RUN_ROWS, 300]
     whole = real_run(np.concatenate([h, features], axis=1).astype(np.float32))[:, 0]
