@@ -136,6 +136,10 @@ class DirectorySource:
         """Whether ``root`` has a directory of ``kind``."""
         return bool(self.fs.get_file_info(self._dir(kind)).type == pafs.FileType.Directory)
 
+    def blocked(self, kind: str) -> bool:
+        """Whether something other than a directory has ``kind``'s name under ``root`` (a file, a device)."""
+        return self.fs.get_file_info(self._dir(kind)).type not in (pafs.FileType.Directory, pafs.FileType.NotFound)
+
     def segments(self, kind: str) -> list[str]:
         """The finalised segments of ``kind`` and their columnar parts (``experience.columnar``), oldest first, as paths
         in the source's filesystem; the parts of a segment that still exists are left out (a compaction cut short)."""

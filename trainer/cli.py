@@ -265,6 +265,7 @@ def _source(location: str, bundle: Any) -> Any:
     Their ids are hashed on read with the salt a local server kept next to the logs, if there
     is one (so they join its version-2 records); the trainer is never given the servers' salt.
     """
+    from experience.kinds import KINDS
     from experience.segments import open_logs
     from policy.features import FeatureSpec
 
@@ -274,6 +275,9 @@ def _source(location: str, bundle: Any) -> Any:
         raise UsageError(f"--logs: {exc}") from None
     if not source.has("decisions"):
         raise UsageError(f"--logs: {_shown(location)} has no decisions/ directory")
+    for kind in KINDS:  # one that is a file: "Not a directory" after the read began, exit 1 and retried (a review)
+        if source.blocked(kind):
+            raise UsageError(f"--logs: {_shown(location)}'s {kind} is not a directory")
     return source
 
 

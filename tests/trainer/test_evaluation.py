@@ -257,6 +257,18 @@ def test_evaluate_reads_logs_by_uri_and_names_a_bad_one(sim_logs: Path) -> None:
     assert empty.returncode == 2 and "has no decisions/ directory" in empty.stderr
 
 
+def test_a_kind_of_log_that_is_a_file_is_named_before_the_read(sim_logs: Path, tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """``outcomes`` as a plain file stopped ``train`` and ``evaluate`` with ``[Errno 20] Not a directory``, exit 1, which
+    a CronJob retries alike (an attack review, 2026-12-07); ``decisions`` as a file was already named, exit 2."""
+    from trainer.cli import main
+
+    (tmp_path / "decisions").symlink_to(sim_logs / "decisions")
+    (tmp_path / "outcomes").write_text("not a directory")
+    assert main(["evaluate", "default", "--logs", str(tmp_path), "--bootstrap", "20"]) == 2
+    assert f"--logs: {tmp_path}'s outcomes is not a directory" in capsys.readouterr().err
+
+
 DR_REL = 1e-6
 """A chunking fault (rows lost, states or positions paired with other rows) moves DR far more than this: a chunk's
 positions taken from the first chunk's moved it by 1.7 %."""
