@@ -140,19 +140,21 @@ def serve_forever() -> None:
         sys.stdout.flush()
 
 
-def grown_limit(memory_bytes: int, started_kb: int, now_kb: int) -> int:
+def grown_limit(memory_bytes: int, started_kb: int, now_kb: int, held_bytes: int = 0) -> int:
     """The address-space limit of a child forked now: ``memory_bytes`` (``--validate-memory-mb``, which counts what a
     freshly started validating process holds, ``started_kb``) plus what this process has grown by since. The limit is
     absolute and a forked child inherits every mapping, so this process's growth (161 MB to 448-473 MB of VmSize over a
     day's swaps, a review found, 2026-12-07) came off the child's room: honest bundles that validated at a server's start
-    were refused on hot swap (``std::bad_alloc``), as ``onnx`` or ``invalid``, never retried."""
+    were refused on hot swap (``std::bad_alloc``), as ``onnx`` or ``invalid``, never retried. ``held_bytes``: what this
+    process holds for the child to validate (the bundle's bytes, read since), which a fresh process holds too and which
+    is not growth."""
     if started_kb < 0 or now_kb < 0:  # no /proc: as before
         return memory_bytes
-    return memory_bytes + max(0, now_kb - started_kb) * 1024
+    return memory_bytes + max(0, (now_kb - started_kb) * 1024 - held_bytes)
 
 
 def _fork_one(data: bytes, memory_bytes: int, timeout_s: float, fields: dict[str, object], started_kb: int) -> dict[str, object]:
-    limit = grown_limit(memory_bytes, started_kb, address_space_kb())
+    limit = grown_limit(memory_bytes, started_kb, address_space_kb(), len(data))
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: limit itself, validate, answer, and leave without running any cleanup of the parent's
