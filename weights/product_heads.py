@@ -126,8 +126,11 @@ class ProductHeads:
         (``weights.sandbox``) sees the largest request's memory, and a graph that cannot take those shapes is refused."""
         try:
             h = self.encode(np.zeros((1, spec.state_dim), dtype=np.float32))
+            many = self.encode(np.zeros((RUN_ROWS, spec.state_dim), dtype=np.float32))  # the most states one run is given
         except Exception as exc:
             raise BundleError("shape", f"the product encoder does not run: {str(exc).splitlines()[0][:300]}") from None
+        if not (np.isfinite(h).all() and np.isfinite(many).all()):
+            raise BundleError("nonfinite", "the product encoder produces NaN or Inf")
         run_at_the_limits(self.score, h, self.widths, "head")
 
 
@@ -142,11 +145,16 @@ class ProductHeads:
         golden_check(outputs, bundle.array(GOLDEN), (len(states), HIDDEN + len(HEADS)), GOLDEN, "product", tolerance)
 
     def encode(self, states: F32) -> F32:
-        """h (N, ``HIDDEN``) for a batch of shopper states."""
-        h = self.encoder.run(states)
-        if h.ndim != 2 or h.shape != (len(states), HIDDEN):
-            raise BundleError("shape", f"product encoder: expected output ({len(states)}, {HIDDEN}), got {h.shape}")
-        return h
+        """h (N, ``HIDDEN``) for a batch of shopper states, run on at most ``RUN_ROWS`` of them at a time (as the heads:
+        a batch of ``--max-batch`` states must not reach the encoder in one run larger than its probe's)."""
+        pieces = []
+        for lo in range(0, max(len(states), 1), RUN_ROWS):
+            piece = states[lo : lo + RUN_ROWS]
+            h = self.encoder.run(piece)
+            if h.ndim != 2 or h.shape != (len(piece), HIDDEN):
+                raise BundleError("shape", f"product encoder: expected output ({len(piece)}, {HIDDEN}), got {h.shape}")
+            pieces.append(h)
+        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
 
     def score(self, head: str, h: F32, features: F32) -> F32:
         """One logit per candidate row: ``h`` (1, H) (or one row per candidate) beside each row of ``features``."""

@@ -141,11 +141,12 @@ def test_a_head_that_allocates_with_a_batchs_rows_is_stopped_at_load_and_a_batch
     from weights.product_heads import HIDDEN, RUN_ROWS
     from weights.sandbox import SandboxLimits, validate_in_child
 
-    head = hostile.pairwise_head(read_bundle(heads_bytes).parts["product_sku.onnx"])
-    check_model("product_sku.onnx", head)
-    with pytest.raises(BundleError) as caught:
-        validate_in_child(_rewritten(heads_bytes, {"product_sku.onnx": head}), OPTIONS, SandboxLimits())
-    assert caught.value.reason in ("limits", "shape", "invalid"), caught.value
+    for part in ("product_sku.onnx", "product_encoder.onnx"):  # the encoder takes a batch's states in one run too (a review)
+        graph = hostile.pairwise_head(read_bundle(heads_bytes).parts[part])
+        check_model(part, graph)
+        with pytest.raises(BundleError) as caught:
+            validate_in_child(_rewritten(heads_bytes, {part: graph}), OPTIONS, SandboxLimits())
+        assert caught.value.reason in ("limits", "shape", "invalid"), (part, caught.value)
     model = ModelSet.load(read_bundle(heads_bytes), OPTIONS)
     assert model.product is not None
     heads = model.product.heads
@@ -165,6 +166,8 @@ def test_a_head_that_allocates_with_a_batchs_rows_is_stopped_at_load_and_a_batch
     assert runs == [RUN_ROWS, RUN_ROWS, 300]
     whole = real_run(np.concatenate([h, features], axis=1).astype(np.float32))[:, 0]
     np.testing.assert_allclose(pieces, whole, rtol=1e-5, atol=1e-6)
+    states = rng.standard_normal((rows, model.encoder.spec.state_dim)).astype(np.float32)
+    np.testing.assert_allclose(heads.encode(states), heads.encoder.run(states), rtol=1e-5, atol=1e-6)
 
 
 def test_a_head_that_takes_only_the_self_tests_shape_is_refused(heads_bytes: bytes) -> None:
@@ -176,3 +179,20 @@ def test_a_head_that_takes_only_the_self_tests_shape_is_refused(heads_bytes: byt
     with pytest.raises(BundleError, match="largest sizes") as info:
         ModelSet.load(read_bundle(_rewritten(heads_bytes, {"product_sku.onnx": model.SerializeToString()})), OPTIONS)
     assert info.value.reason == "shape"
+
+
+def test_a_head_whose_work_grows_with_a_batchs_rows_is_refused_by_its_cpu_time(heads_bytes: bytes) -> None:
+    """Cheap on one request (64 SKUs), costly on the 1,024 rows a batch gives one run: 40 Tanh layers over an N × N × 16
+    intermediate (well within memory). Timing one request alone passed it (a review of the CPU budget, 2026-12-07); the
+    budget also shares out the largest runs' time over the requests they serve."""
+    from tests.weights import hostile
+    from weights.compute_budget import MAX_INFERENCE_CPU_S, inference_cpu_s, largest_run_cpu_s
+    from weights.validate import verify
+
+    data = _rewritten(heads_bytes, {"product_sku.onnx": hostile.pairwise_head(read_bundle(heads_bytes).parts["product_sku.onnx"],
+                                                                             copies=16, layers=40)})
+    model = ModelSet.load(read_bundle(data), OPTIONS)
+    assert inference_cpu_s(model) < MAX_INFERENCE_CPU_S < largest_run_cpu_s(model, 64)
+    with pytest.raises(BundleError, match=r"in the largest runs \(64 states, 1024 candidate rows\), over the 5 ms") as caught:
+        verify(data)
+    assert caught.value.reason == "limits"
