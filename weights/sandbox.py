@@ -115,7 +115,7 @@ def validate_bytes(data: bytes, memory_bytes: int, fields: dict[str, object]) ->
             raise TypeError(f"public_keys: expected a list of hex strings, got {keys!r:.80}")
         options = LoadOptions(**{**fields, "public_keys": tuple(bytes.fromhex(k) for k in keys)})  # type: ignore[arg-type]
         model = ModelSet.load(read_bundle(data), options)
-        spent = check_compute(model)  # here, alone in its process: its CPU time is the graphs' own
+        spent = check_compute(model, options.warmup_batch)  # here, alone in its process: its CPU time is the graphs' own
     except BundleError as exc:
         return {"ok": False, "reason": exc.reason, "message": str(exc)}
     except MemoryError:

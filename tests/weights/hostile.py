@@ -272,10 +272,11 @@ def inflating_head(model_bytes: bytes, copies: int = 16) -> bytes:
     ], raw="real")
 
 
-def pairwise_head(model_bytes: bytes, copies: int = 256) -> bytes:
+def pairwise_head(model_bytes: bytes, copies: int = 256, layers: int = 0) -> bytes:
     """A product head of allowed operators that adds 0 × the sum of an (N, N, ``copies``) intermediate (each row's first
     feature against every other row's) to its logit: 4 MB on one request's 64 SKUs, 1 GB on 1,024 rows, which a batch of
-    requests' SKUs reaches (an attack review, 2026-12-07: 64 requests of 19 SKUs took a server to 1.73 GB)."""
+    requests' SKUs reaches (an attack review, 2026-12-07: 64 requests of 19 SKUs took a server to 1.73 GB). With
+    ``layers``, that many Tanh layers over the intermediate: compute that grows with the rows' square."""
     graph = onnx.load_from_string(model_bytes).graph
     source, out = graph.input[0].name, graph.output[0].name
     initializers: dict[str, np.ndarray] = {"s0": np.array([0], np.int64), "s1": np.array([1], np.int64), "ax": np.array([1], np.int64),
@@ -286,8 +287,9 @@ def pairwise_head(model_bytes: bytes, copies: int = 256) -> bytes:
         helper.make_node("Unsqueeze", ["a", "ax0"], ["a0"]),  # (1, N, 1)
         helper.make_node("Unsqueeze", ["a", "ax"], ["a1"]),  # (N, 1, 1)
         helper.make_node("Sub", ["a1", "a0"], ["d"]),  # (N, N, 1)
-        helper.make_node("MatMul", ["d", "ones"], ["big"]),  # (N, N, copies)
-        helper.make_node("ReduceSum", ["big", "all"], ["s"], keepdims=0),
+        helper.make_node("MatMul", ["d", "ones"], ["big0"]),  # (N, N, copies)
+        *[helper.make_node("Tanh", [f"big{k}"], [f"big{k + 1}"]) for k in range(layers)],
+        helper.make_node("ReduceSum", [f"big{layers}", "all"], ["s"], keepdims=0),
         helper.make_node("Mul", ["s", "zero"], ["z"]),
         helper.make_node("Add", ["real", "z"], [out]),
     ], raw="real")
