@@ -39,31 +39,63 @@ def standard_error(low: float, high: float, level: float) -> float:
     return (high - low) / (2.0 * NormalDist().inv_cdf(0.5 + level / 2.0))
 
 
-def promoted_by_look(gain: float, errors: Sequence[float], level: float, draws: int = 400_000,
-                     seed: int = 0) -> list[dict[str, float]]:
+def promoted_by_look(gain: float, errors: Sequence[float | None], level: float, draws: int = 400_000,
+                     seed: int = 0) -> list[dict[str, float | None]]:
     """Per look k, the probability that the canary was promoted, and that it was dropped, at look k or before, for a
-    true ``gain`` and cumulative looks of standard errors ``errors`` (decreasing: each look has more sessions)."""
-    info = 1.0 / np.square(np.asarray(errors, dtype=np.float64))
+    true ``gain`` and cumulative looks of standard errors ``errors`` (decreasing: each look has more sessions; None: a
+    look with too few sessions for an interval, which decides nothing). A canary still undecided at the last look is
+    dropped there, as the judge drops it at ``max_looks``."""
+    given = [i for i, e in enumerate(errors) if e is not None]
+    info = 1.0 / np.square(np.asarray([errors[i] for i in given], dtype=np.float64))
     if np.any(np.diff(info) <= 0):
         raise ValueError(f"errors: expected decreasing standard errors (cumulative looks), got {list(errors)}")
     step_info = np.diff(info, prepend=0.0)
     rng = np.random.default_rng(seed)
     increments = gain + rng.standard_normal((draws, len(info))) / np.sqrt(step_info)
     estimates = np.cumsum(increments * step_info, axis=1) / info  # each look's mean over every session so far
-    z = NormalDist().inv_cdf(0.5 + level / 2.0)
-    half = z / np.sqrt(info)
+    half = NormalDist().inv_cdf(0.5 + level / 2.0) / np.sqrt(info)
     undecided = np.ones(draws, dtype=bool)
     promoted = dropped = 0
-    out = []
-    for k in range(len(info)):
-        promote = undecided & (estimates[:, k] - half[k] >= 0.0)
-        drop = undecided & ~promote & (estimates[:, k] + half[k] < 0.0)
-        promoted += int(promote.sum())
-        dropped += int(drop.sum())
-        undecided &= ~(promote | drop)
-        out.append({"look": k + 1, "standard_error": float(1.0 / np.sqrt(info[k])), "promoted_by": promoted / draws,
-                    "dropped_by": dropped / draws})
+    out: list[dict[str, float | None]] = []
+    for k, error in enumerate(errors):
+        if error is not None:
+            j = given.index(k)
+            promote = undecided & (estimates[:, j] - half[j] >= 0.0)
+            drop = undecided & ~promote & (estimates[:, j] + half[j] < 0.0)
+            promoted += int(promote.sum())
+            undecided &= ~promote
+        else:
+            drop = np.zeros(draws, dtype=bool)
+        if k == len(errors) - 1:
+            drop = undecided.copy()  # undecided after max_looks: dropped
+        dropped += int((drop & undecided).sum())
+        undecided &= ~drop
+        out.append({"look": k + 1, "standard_error": error, "promoted_by": promoted / draws, "dropped_by": dropped / draws})
     return out
+
+
+def look_errors(looks: Sequence[dict[str, Any]], max_looks: int) -> tuple[list[float | None], bool]:
+    """Per look number 1..``max_looks``, its standard error: a look's own interval's, None for one that had no interval
+    (too few sessions), and for looks the run did not reach the last interval's shrunk by the square root of the sessions
+    (one cycle's canary share a look). A look whose error did not shrink (its sample's variance jumped) is taken as
+    just below the one before, so the looks stay nested; the second value says whether any was."""
+    by_number = {look["look"]: look for look in looks}
+    errors: list[float | None] = []
+    last: tuple[int, float] | None = None
+    clamped = False
+    for k in range(1, max_looks + 1):
+        look = by_number.get(k)
+        if look is not None and look.get("ci_low") is not None:
+            error = standard_error(look["ci_low"], look["ci_high"], look["level"])
+            if last is not None and error >= last[1]:
+                error, clamped = last[1] * 0.999, True
+            errors.append(error)
+            last = (k, error)
+        elif look is not None or last is None:
+            errors.append(None)
+        else:
+            errors.append(last[1] * (last[0] / k) ** 0.5)
+    return errors, clamped
 
 
 def canaries(run: dict[str, Any]) -> list[dict[str, Any]]:
@@ -74,7 +106,7 @@ def canaries(run: dict[str, Any]) -> list[dict[str, Any]]:
         if not candidate:
             continue
         looks = [{**c["canary"], "cycle": c["cycle"]} for c in run["cycles"]
-                 if c.get("canary") and c["canary"].get("model_version") == candidate["name"] and c["canary"].get("ci_low") is not None]
+                 if c.get("canary") and c["canary"].get("model_version") == candidate["name"] and c["canary"].get("look")]
         gate = cycle["gate"]["difference"]
         found.append({"cycle": cycle["cycle"], "candidate": candidate["name"], "gain": candidate["vs_served"],
                       "gate": gate, "looks": sorted(looks, key=lambda look: look["look"]),
@@ -84,18 +116,18 @@ def canaries(run: dict[str, Any]) -> list[dict[str, Any]]:
 
 def power(found: dict[str, Any], max_looks: int, draws: int) -> dict[str, Any]:
     looks = found["looks"]
-    errors = [standard_error(look["ci_low"], look["ci_high"], look["level"]) for look in looks]
-    if looks:
-        last, n = errors[-1], looks[-1]["look"]
-        errors += [last * (n / k) ** 0.5 for k in range(n + 1, max_looks + 1)]
-    level = looks[0]["level"] if looks else CanarySettings().level
+    errors, clamped = look_errors(looks, max_looks)
+    if all(e is None for e in errors):
+        errors = []  # no look had an interval: nothing to draw
+    level = next((look["level"] for look in looks if look.get("level") is not None), CanarySettings().level)
     gain = found["gain"]
     gate_error = standard_error(found["gate"]["ci_low"], found["gate"]["ci_high"], GATE_LEVEL) if found["gate"] else None
     at = {"true gain": gain["mean"], "its interval's low end": gain["ci_low"], "its interval's high end": gain["ci_high"]}
     return {
         "cycle": found["cycle"], "candidate": found["candidate"], "true_gain": gain, "level": level,
-        "looks_observed": [{k: look[k] for k in ("cycle", "look", "estimate", "ci_low", "ci_high", "action", "canary_sessions",
-                                                  "control_sessions")} for look in looks],
+        "looks_observed": [{k: look.get(k) for k in ("cycle", "look", "estimate", "ci_low", "ci_high", "action",
+                                                      "canary_sessions", "control_sessions")} for look in looks],
+        "errors_clamped": clamped,
         "looks_the_run_had_room_for": found["last_cycle"] - looks[0]["cycle"] + 1 if looks else 0,
         "gate_standard_error": gate_error,
         "at": {name: {"gain": g,

@@ -15,15 +15,32 @@ Z99 = NormalDist().inv_cdf(0.995)
 
 def test_one_look_is_the_normal_tail_and_more_looks_only_add() -> None:
     for gain, error in ((3.71, 1.43), (1.0, 1.0), (-2.0, 1.0)):
-        (look,) = canary_power.promoted_by_look(gain, [error], 0.99, draws=400_000)
-        assert look["promoted_by"] == pytest.approx(NormalDist().cdf(gain / error - Z99), abs=0.003)
-        assert look["dropped_by"] == pytest.approx(NormalDist().cdf(-gain / error - Z99), abs=0.003)
+        first, last = canary_power.promoted_by_look(gain, [error, error / 2], 0.99, draws=400_000)
+        assert first["promoted_by"] == pytest.approx(NormalDist().cdf(gain / error - Z99), abs=0.003)
+        assert first["dropped_by"] == pytest.approx(NormalDist().cdf(-gain / error - Z99), abs=0.003)
+        assert last["promoted_by"] + last["dropped_by"] == pytest.approx(1.0)  # undecided at max_looks: dropped (a review)
     # no gain, three cumulative looks at 0.99: each look alone promotes 0.5 %, the union bound allows 1.5 %
     looks = canary_power.promoted_by_look(0.0, [1.0, 1.0 / 2**0.5, 1.0 / 3**0.5], 0.99, draws=1_000_000)
     assert [look["promoted_by"] for look in looks] == sorted(look["promoted_by"] for look in looks)
     assert 0.005 < looks[2]["promoted_by"] < 0.015
     with pytest.raises(ValueError, match="errors: expected decreasing"):
         canary_power.promoted_by_look(1.0, [1.0, 1.2], 0.99)
+    skipped = canary_power.promoted_by_look(3.0, [None, 1.0, 0.8], 0.99, draws=100_000)  # look 1 had too few sessions
+    assert skipped[0]["promoted_by"] == skipped[0]["dropped_by"] == 0.0
+    assert skipped[1]["promoted_by"] == pytest.approx(NormalDist().cdf(3.0 - Z99), abs=0.005)
+
+
+def test_looks_are_numbered_by_the_judge_and_a_noisy_error_does_not_stop_the_bench() -> None:
+    """A look without an interval (too few sessions) keeps the later looks' numbers; a later look whose error did not
+    shrink (its variance jumped) is held just below the one before, and said so, instead of a traceback (a review)."""
+    def one(n: int, low: float | None, high: float | None) -> dict[str, object]:
+        return {"look": n, "level": 0.99, "ci_low": low, "ci_high": high}
+
+    errors, clamped = canary_power.look_errors([one(1, None, None), one(2, -1.0, 6.0)], 3)
+    assert errors[0] is None and errors[1] == pytest.approx(7.0 / (2 * Z99)) and not clamped
+    assert errors[2] == pytest.approx(errors[1] * (2 / 3) ** 0.5)
+    errors, clamped = canary_power.look_errors([one(1, -1.0, 6.0), one(2, -2.0, 6.0)], 2)
+    assert clamped and errors[1] is not None and errors[0] is not None and errors[1] < errors[0]
 
 
 def look(cycle: int, n: int, version: str, low: float, high: float, action: str = "wait") -> dict[str, object]:
