@@ -24,7 +24,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from core.product import MAX_CATEGORIES, MAX_MULTIPLIER, MAX_PRICE, MAX_PRICE_BANDS, MAX_SKUS_PER_CATEGORY, MIN_MULTIPLIER, MIN_PRICE
+from core.product import MAX_CATEGORIES, MAX_MULTIPLIER, MAX_PRICE, MAX_PRICE_BANDS, MAX_SKUS_PER_CATEGORY
 from experience.schema import PRODUCT_LAYERS
 from policy.features import FeatureSpec
 from trainer.log_checks import (
@@ -48,7 +48,8 @@ from trainer.product_data import PAID  # a price band's feature: the log of the 
 BoolArray = npt.NDArray[np.bool_]
 
 MOST_CANDIDATES = {"category": MAX_CATEGORIES, "sku": MAX_SKUS_PER_CATEGORY, "price_band": MAX_PRICE_BANDS}
-PAID_RANGE = (math.log(MIN_PRICE * MIN_MULTIPLIER) - 0.02, math.log(MAX_PRICE * MAX_MULTIPLIER) + 0.02)  # float16's rounding
+PAID_MOST = math.log(MAX_PRICE * MAX_MULTIPLIER) + 0.02  # float16's rounding. No floor: servers before 2026-12-03
+# took prices below a cent, and a small price earns a small reward
 
 
 def usable_products(products: pa.Table, outcomes: pa.Table, spec: FeatureSpec | None = None,
@@ -80,7 +81,7 @@ def bad_products(products: pa.Table) -> dict[str, BoolArray]:
 
 
 def _unaskable_prices(features: pa.ChunkedArray) -> BoolArray:
-    """Rows with a band whose logged price (``PAID``, a log) lies outside what a request's price and multiplier limits
+    """Rows with a band whose logged price (``PAID``, a log) is above what a request's price and multiplier limits
     allow: its reward is that price, and one of 65,504 (float16's largest: the log of an infinite price) made the reward
     infinite, the product gate's estimate NaN, and the gate publish (a review, 2026-12-07). A band too short to hold the
     feature is another width's (``usable_products``' ``widths``)."""
@@ -92,7 +93,7 @@ def _unaskable_prices(features: pa.ChunkedArray) -> BoolArray:
     paid = np.full(len(widths), np.nan)
     paid[held] = values[starts[held] + PAID]
     with np.errstate(invalid="ignore"):
-        outside = held & ~((paid >= PAID_RANGE[0]) & (paid <= PAID_RANGE[1]))
+        outside = held & ~(paid <= PAID_MOST)
     return any_per_row(owners(ints(pc.list_value_length(features))), len(features), outside)
 
 
