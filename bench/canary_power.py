@@ -150,7 +150,8 @@ def calibration(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             if r["looks_the_run_had_room_for"] < k:
                 continue
             followed += 1
-            expected += r["at"]["true gain"]["canary"][k - 1]["promoted_by"]
+            cells = r["at"]["true gain"]["canary"]  # empty when no look had an interval: it could promote nothing
+            expected += cells[k - 1]["promoted_by"] if cells else 0.0
             observed += any(look["look"] <= k and look["action"] == "promote" for look in looks)
         if followed:
             out.append({"look": k, "canaries": int(followed), "expected_promoted": expected, "promoted": int(observed)})

@@ -78,8 +78,12 @@ def test_calibration_counts_only_canaries_whose_run_had_room_for_the_look() -> N
     promoted, late, promoted_late = (canary_power.power(canary_power.canaries(run([look(c, 1, "cand", -1.0 + 1.5 * up, 6.0, a)]))[0],
                                                         3, 100_000)
                                      for c, a, up in ((4, "promote", 1), (5, "wait", 0), (5, "promote", 1)))
+    few = canary_power.power(canary_power.canaries(run([look(4, 1, "cand", 0.0, 0.0) | {"canary": {  # type: ignore[operator]
+        "model_version": "cand", "look": 1, "level": 0.99, "ci_low": None, "ci_high": None, "action": "wait"}}]))[0], 3, 1_000)
+    assert few["at"]["true gain"]["canary"] == [] and few["looks_the_run_had_room_for"] == 2  # too few sessions: no interval
     checked = canary_power.calibration([promoted, late, promoted_late])
     assert [(c["look"], c["canaries"], c["promoted"]) for c in checked] == [(1, 3, 2), (2, 1, 1)]
+    assert [c["canaries"] for c in canary_power.calibration([promoted, late, promoted_late, few])] == [4, 2]
     assert checked[0]["expected_promoted"] == pytest.approx(sum(r["at"]["true gain"]["canary"][0]["promoted_by"]
                                                                 for r in (promoted, late, promoted_late)))
 
