@@ -16,6 +16,9 @@ that is refused here, before a session is created, because onnxruntime would act
 - **initializers larger than ``MAX_ELEMENTS``** elements, or declaring more elements than
   their data holds.
 
+- **a shape computed from the inputs**: the inputs that set an output's shape (``Reshape``'s shape, ``Slice``'s
+  bounds, the axes of ``Squeeze``, ``Unsqueeze`` and the reductions) must be initializers (``CONSTANT_INPUTS``).
+
 This bounds what a graph can *do*, not all it can allocate: broadcasting two small tensors
 ((60000, 1) + (1, 60000)) or a Concat of one input many times still makes a large output from
 small initializers. That is what the bounded child process (``weights.sandbox``) is for: it
@@ -39,6 +42,13 @@ ALLOWED_OPS = frozenset({
     "ReduceMean", "ReduceSum", "ReduceMax",  # reductions
     "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Concat", "Slice", "Gather",  # shape: no larger than the inputs
 })
+CONSTANT_INPUTS = {"Reshape": (1,), "Slice": (1, 2, 3, 4), "Squeeze": (1,), "Unsqueeze": (1,), "ReduceMean": (1,),
+                   "ReduceSum": (1,), "ReduceMax": (1,)}
+"""Per operator, the inputs that set an output's shape (a new shape, slice bounds, axes), by position: each must be an
+initializer, a constant of the bundle, never computed from a request. An attack review (2026-12-07) computed a
+``Reshape``'s shape from the state's values (``ReduceMax`` → ``Clip`` → ``Cast`` → ``Concat``): 1 on every state the
+load tries, 16,384 once a caller sent an embedding value over 2, and a broadcast then took a server past 1.1 GB on
+such calls; or from the batch's row count, so that batches of 37 took 525 ms each."""
 MAX_ELEMENTS = 16 * 1024 * 1024  # per initializer: 64 MiB of float32
 MAX_NODES = 256
 _MAX_DIMS = 8
@@ -48,7 +58,7 @@ _M_OPSET, _M_GRAPH, _M_TRAINING, _M_FUNCTIONS = 8, 7, 20, 25
 # GraphProto
 _G_NODE, _G_INITIALIZER, _G_SPARSE = 1, 5, 15
 # NodeProto
-_N_OP_TYPE, _N_ATTRIBUTE, _N_DOMAIN = 4, 5, 7
+_N_INPUT, _N_OP_TYPE, _N_ATTRIBUTE, _N_DOMAIN = 1, 4, 5, 7
 # AttributeProto: t, g, tensors, graphs, sparse_tensor, sparse_tensors
 _A_NAME = 1
 _A_FORBIDDEN = {5: "a tensor", 6: "a subgraph", 10: "tensors", 11: "subgraphs", 22: "a sparse tensor", 23: "sparse tensors"}
@@ -123,7 +133,8 @@ def _packed_count(wire: int, value: int | memoryview, size: int) -> int:
     return len(value) // size if wire == 2 and isinstance(value, memoryview) else 1
 
 
-def _check_tensor(data: memoryview, where: str) -> None:
+def _check_tensor(data: memoryview, where: str) -> str:
+    """Checks one initializer; its name."""
     dims: list[int] = []
     data_type, name, held = 0, "", 0
     for number, wire, value in _fields(data):
@@ -157,12 +168,16 @@ def _check_tensor(data: memoryview, where: str) -> None:
         raise BundleError("onnx", f"{where}: tensor {name!r} has unsupported data type {data_type}")
     if held < elements * element_bytes:
         raise BundleError("onnx", f"{where}: tensor {name!r} declares {elements} elements but holds {held} bytes of data")
+    return name
 
 
-def _check_node(data: memoryview, where: str) -> None:
-    op, domain, attributes = "", "", []
+def _check_node(data: memoryview, where: str) -> tuple[str, list[str]]:
+    """Checks one node's operator and attributes; its operator and its inputs' names."""
+    op, domain, attributes, inputs = "", "", [], []
     for number, _, value in _fields(data):
-        if number == _N_OP_TYPE:
+        if number == _N_INPUT:
+            inputs.append(_text(value))
+        elif number == _N_OP_TYPE:
             op = _text(value)
         elif number == _N_DOMAIN:
             domain = _text(value)
@@ -178,22 +193,28 @@ def _check_node(data: memoryview, where: str) -> None:
                 name = _text(value)
             elif number in _A_FORBIDDEN:
                 raise BundleError("onnx", f"{where}: {op} attribute {name or '?'!r} holds {_A_FORBIDDEN[number]}; not allowed")
+    return op, inputs
 
 
 def _check_graph(data: memoryview, where: str) -> None:
-    nodes = 0
+    nodes: list[tuple[str, list[str]]] = []
+    constants: set[str] = set()
     for number, _, value in _fields(data):
         if not isinstance(value, memoryview):
             continue
         if number == _G_NODE:
-            nodes += 1
-            if nodes > MAX_NODES:
+            if len(nodes) == MAX_NODES:
                 raise BundleError("onnx", f"{where}: more than {MAX_NODES} nodes")
-            _check_node(value, where)
+            nodes.append(_check_node(value, where))
         elif number == _G_INITIALIZER:
-            _check_tensor(value, where)
+            constants.add(_check_tensor(value, where))
         elif number == _G_SPARSE:
             raise BundleError("onnx", f"{where}: sparse initializers are not allowed")
+    for op, inputs in nodes:  # after the whole graph: initializers may follow the nodes on the wire
+        for position in CONSTANT_INPUTS.get(op, ()):
+            if position < len(inputs) and inputs[position] and inputs[position] not in constants:
+                raise BundleError("onnx", f"{where}: {op}'s input {position} ({inputs[position]!r}) sets its output's shape and "
+                                          "is computed, not an initializer: a request's values could size the output")
 
 
 def check_model(name: str, model: bytes) -> None:

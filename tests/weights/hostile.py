@@ -317,6 +317,30 @@ def heavy_policy(layers: int = 40, width: int = 2048) -> bytes:
     return rebuilt({"policy.onnx": policy}, base, model_version="heavy-policy-1")
 
 
+def value_shaped_policy(rows: int = 2**14, width: int = 2**14) -> bytes:
+    """The default bundle whose policy reshapes a constant by a shape computed from the state's values (``ReduceMax`` →
+    ``Clip`` → ``Cast`` → ``Concat`` → ``Reshape``), only allowed operators: a (1, ``width``) intermediate on every state
+    the load tries, (``rows``, ``width``) once a caller sends an embedding value over 2, 1 GiB at the defaults (the attack
+    review's, 2026-12-07). Its outputs are the real ones."""
+    base = default_bundle()
+    graph = onnx.load_from_string(base.parts["policy.onnx"]).graph
+    source, out = graph.input[0].name, graph.output[0].name
+    initializers: dict[str, np.ndarray] = {
+        "two": np.array(2.0, np.float32), "k": np.array(1000.0, np.float32), "lo": np.array(0.0, np.float32),
+        "hi": np.array(1.0, np.float32), "sm1": np.array(float(rows - 1), np.float32), "one": np.array(1.0, np.float32),
+        "C": np.zeros(rows, np.float32), "R": np.zeros((1, width), np.float32), "m1": np.array([-1], np.int64),
+        "ax0": np.array([0], np.int64), "ax1": np.array([1], np.int64), "zero": np.zeros((1, 1), np.float32)}
+    n = helper.make_node
+    return rebuilt({"policy.onnx": _after_output(base.parts["policy.onnx"], initializers, [
+        n("ReduceMax", [source], ["mx"], keepdims=0), n("Sub", ["mx", "two"], ["d"]), n("Mul", ["d", "k"], ["dk"]),
+        n("Clip", ["dk", "lo", "hi"], ["t"]), n("Mul", ["t", "sm1"], ["ts"]), n("Add", ["ts", "one"], ["sf"]),
+        n("Cast", ["sf"], ["si"], to=TensorProto.INT64), n("Unsqueeze", ["si", "ax0"], ["s1"]),
+        n("Concat", ["s1", "m1"], ["shape"], axis=0), n("Reshape", ["C", "shape"], ["c2"]),
+        n("ReduceSum", ["c2", "ax1"], ["col"], keepdims=1), n("Add", ["col", "R"], ["big"]),
+        n("ReduceSum", ["big"], ["tot"], keepdims=1), n("Mul", ["tot", "zero"], ["z"]), n("Add", ["raw", "z"], [out])])},
+        base, model_version="value-shaped-1")
+
+
 def broadcasting_active(n: int = 16_000) -> bytes:
     """The default bundle with ``broadcasting_guard(n)`` (an n × n intermediate: 1 GiB at 16,000) and golden outputs that
     agree with it (that guard allows every action with probability 0.5): every server refuses it in its bounded check, and

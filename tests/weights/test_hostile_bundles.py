@@ -348,3 +348,19 @@ def test_a_graph_too_heavy_to_serve_is_refused_by_its_cpu_time() -> None:
     assert caught.value.reason == "limits"
     default = ModelSet.load(read_bundle((ROOT / "weights" / "data" / "default.bundle").read_bytes()), OPTIONS)
     assert inference_cpu_s(default) < MAX_INFERENCE_CPU_S / 10  # the default bundle: far inside it
+
+
+def test_a_shape_computed_from_a_requests_values_is_refused() -> None:
+    """Only allowed operators, and a Reshape whose shape comes from the state's values: 1 row on every state the load
+    tries, 16,384 once a caller sends an embedding value over 2 (1.1 GB a call, past the pod's limit: an attack review,
+    2026-12-07). An output's shape may only come from the bundle's constants."""
+    from weights.onnx_check import check_model
+
+    bomb = read_bundle(hostile.value_shaped_policy())
+    with pytest.raises(BundleError, match=r"Reshape's input 1 \('shape'\) sets its output's shape and is computed") as caught:
+        check_model("policy.onnx", bomb.parts["policy.onnx"])
+    assert caught.value.reason == "onnx"
+    with pytest.raises(BundleError) as caught:
+        verify(hostile.value_shaped_policy())
+    assert caught.value.reason == "onnx"
+    check_model("policy.onnx", read_bundle((ROOT / "weights" / "data" / "default.bundle").read_bytes()).parts["policy.onnx"])
