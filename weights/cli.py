@@ -17,10 +17,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from weights.bundle import BundleError, read_bundle, read_file, sha256
+from weights.bundle import BundleError, parse_time, read_bundle, read_file, sha256
 from weights.canary import fraction_of
 from weights.held import refuse_held
-from weights.sandbox import SandboxLimits
+from weights.sandbox import MAX_MEMORY_MB, SandboxLimits
 from weights.signing import KeyFileError, key_id, keypair_pem, load_private_key, load_public_keys, sign, signed_by
 from weights.store import PublishResult, StoreError, Validator, WeightsStore, atomic_write, check_version_name
 from weights.validate import verify
@@ -46,9 +46,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
     p = sub.add_parser("init", help="write a fresh, valid bundle (untrained networks from a seed)")
     p.add_argument("--out", type=Path, required=True, help="the bundle file to write (atomically)")
-    p.add_argument("--seed", type=int, default=0, help="random seed of the networks (default 0)")
+    p.add_argument("--seed", type=_seed, default=0, help="random seed of the networks (default 0)")
     p.add_argument("--version", dest="model_version", help="model version (default init-<seed>)")
-    p.add_argument("--created-at", help="the manifest's created_at (default now, UTC); fix it for identical bytes")
+    p.add_argument("--created-at", type=_time, help="the manifest's created_at, an ISO 8601 time with a zone (default now, "
+                                                  "UTC); fix it for identical bytes")
     p.add_argument("--product-heads", action="store_true",
                    help="also RecommendProduct's untrained networks (bundle format 2); without them its layers answer by rules")
     p.set_defaults(weights_handler=_init)
@@ -97,7 +98,7 @@ def _validation(p: argparse.ArgumentParser) -> None:
                    help=f"accept only bundles signed by this Ed25519 public key (PEM; a file may hold several), as the "
                         f"servers do (default: ${PUBLIC_KEY_ENV}, the servers' --bundle-public-key, so a publish or rollback "
                         "where they set it activates nothing they would refuse)")
-    p.add_argument("--validate-memory-mb", type=int, default=SandboxLimits().memory_bytes // 2**20,
+    p.add_argument("--validate-memory-mb", type=_memory_mb, default=SandboxLimits().memory_bytes // 2**20,
                    help="address-space limit of the validating child process (default %(default)s; 0: validate in-process)")
 
 
@@ -137,6 +138,26 @@ def run(args: argparse.Namespace) -> int:
 def _fail(code: int, verdict: str, reason: str, exc: Exception) -> int:
     print(f"{'error' if code == EXIT_ERROR else verdict} ({reason}): {exc}", file=sys.stderr)
     return code
+
+
+def _seed(text: str) -> int:
+    value = int(text)
+    if not 0 <= value < 2**63:  # numpy's generators take no negative seed: a traceback (a review)
+        raise argparse.ArgumentTypeError(f"expected an integer from 0 to 2**63 - 1, got {value}")
+    return value
+
+
+def _time(text: str) -> str:
+    if parse_time(text) is None:  # what every server and verify refuse: init wrote such a bundle and exited 0 (a review)
+        raise argparse.ArgumentTypeError(f"expected an ISO 8601 time with a zone (2026-11-30T00:00:00Z), got {text!r}")
+    return text
+
+
+def _memory_mb(text: str) -> int:
+    value = int(text)
+    if value != 0 and not 256 <= value <= MAX_MEMORY_MB:  # a traceback below, every bundle refused above (a review)
+        raise argparse.ArgumentTypeError(f"expected 0 (validate in-process) or 256 to {MAX_MEMORY_MB} MiB, got {value}")
+    return value
 
 
 def _positive(text: str) -> int:
@@ -184,10 +205,17 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _keygen(args: argparse.Namespace) -> int:
+    if args.private.resolve() == args.public.resolve():
+        print(f"error: --private and --public name one file ({args.private}): the pair needs two", file=sys.stderr)
+        return EXIT_ERROR
+    for flag, path in (("--private", args.private), ("--public", args.public)):
+        if os.path.lexists(path):  # --public over the signing key replaced it, and the publisher lost it (a review)
+            print(f"error: {flag} {path}: exists; keygen never overwrites a key file", file=sys.stderr)
+            return EXIT_ERROR
     private, public = keypair_pem()
     atomic_write(args.private, private, mode=0o600, replace=False)  # never overwrite a key; never leave half of one
     try:
-        atomic_write(args.public, public)
+        atomic_write(args.public, public, replace=False)
     except BaseException:
         args.private.unlink(missing_ok=True)  # the pair or nothing: a private key without its public half only blocks a rerun
         raise

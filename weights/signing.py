@@ -38,9 +38,16 @@ class KeyFileError(ValueError):
 
 
 def load_private_key(path: Path | str) -> Ed25519PrivateKey:
+    """The Ed25519 private key of the PEM file ``path``: a regular file of at most ``MAX_KEY_FILE_BYTES``, read without
+    blocking (``--key /dev/zero`` took 1.7 GB before a ``MemoryError``, a FIFO hung ``sign``: an attack review,
+    2026-12-07)."""
     try:
-        key = serialization.load_pem_private_key(Path(path).read_bytes(), password=None)
-    except (OSError, ValueError, TypeError, UnsupportedAlgorithm) as exc:  # an algorithm it has no code for: not a traceback
+        text = read_bounded(path, MAX_KEY_FILE_BYTES)
+    except UnreadableFile as exc:
+        raise KeyFileError(f"{path}: {exc}") from None
+    try:
+        key = serialization.load_pem_private_key(text, password=None)
+    except (ValueError, TypeError, UnsupportedAlgorithm) as exc:  # an algorithm it has no code for: not a traceback
         raise KeyFileError(f"{path}: not a readable unencrypted PEM private key ({exc})") from None
     if not isinstance(key, Ed25519PrivateKey):
         raise KeyFileError(f"{path}: not an Ed25519 private key")

@@ -179,6 +179,26 @@ def test_keygen_writes_the_pair_or_nothing(tmp_path: Path, small_disk: SmallDisk
     assert (load_private_key(small_disk.path / "k").public_key().public_bytes_raw(),) == load_public_keys(small_disk.path / "k.pub")
 
 
+def test_keygen_never_writes_over_a_key_and_sign_reads_a_key_file_bounded(tmp_path: Path) -> None:
+    """An attack review (2026-12-07): ``keygen --public signing.key`` replaced the publisher's private key with a public
+    one, exit 0; ``sign --key /dev/zero`` took 1.7 GB before a ``MemoryError`` (killed without a cap); a FIFO hung."""
+    assert cli("keygen", "--private", str(tmp_path / "k"), "--public", str(tmp_path / "k.pub")).returncode == 0
+    before = (tmp_path / "k").read_bytes()
+    out = cli("keygen", "--private", str(tmp_path / "new"), "--public", str(tmp_path / "k"))
+    assert out.returncode == EXIT_ERROR and f"--public {tmp_path / 'k'}: exists" in out.stderr, out.stderr
+    assert (tmp_path / "k").read_bytes() == before and not (tmp_path / "new").exists()
+    out = cli("keygen", "--private", str(tmp_path / "same"), "--public", str(tmp_path / "same"))
+    assert out.returncode == EXIT_ERROR and "name one file" in out.stderr and not (tmp_path / "same").exists()
+    bundle = tmp_path / "b.bundle"
+    bundle.write_bytes(hostile.rebuilt())
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "big").write_bytes(b"-" * (64 * 1024 + 1))
+    for key, says in (("/dev/zero", "not a regular file"), (str(tmp_path / "fifo"), "not a regular file"),
+                      (str(tmp_path / "big"), "more than the 65536-byte limit")):
+        out = cli("sign", str(bundle), "--key", key)
+        assert out.returncode == EXIT_ERROR and says in out.stderr, (key, out.stderr)
+
+
 def test_keygen_sign_verify_and_publish_on_the_command_line(tmp_path: Path) -> None:
     assert cli("keygen", "--private", str(tmp_path / "k"), "--public", str(tmp_path / "k.pub")).returncode == 0
     assert (tmp_path / "k").stat().st_mode & 0o777 == 0o600
