@@ -17,6 +17,7 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from core.domain import MAX_OUTCOME_VALUE
+from weights.sandbox import MAX_MEMORY_MB
 
 ENV_PREFIX = "SHOPPING_AGENT_"
 
@@ -228,8 +229,8 @@ class Config:
             problems.append(f"exploration_epsilon: expected 0..1, got {self.exploration_epsilon}")
         if self.guard_threshold is not None and not 0 <= self.guard_threshold <= 1:
             problems.append(f"guard_threshold: expected 0..1, got {self.guard_threshold}")
-        if self.validate_memory_mb != 0 and self.validate_memory_mb < 256:
-            problems.append(f"validate_memory_mb: expected 0 (off) or >= 256, got {self.validate_memory_mb}")
+        if self.validate_memory_mb != 0 and not 256 <= self.validate_memory_mb <= MAX_MEMORY_MB:
+            problems.append(f"validate_memory_mb: expected 0 (off) or 256 to {MAX_MEMORY_MB}, got {self.validate_memory_mb}")
         if not 0 < self.validate_timeout_seconds <= 3600:
             problems.append(f"validate_timeout_seconds: expected 0 < seconds <= 3600, got {self.validate_timeout_seconds}")
         if not 0 < self.max_outcome_value < float("inf"):

@@ -30,6 +30,11 @@ from weights.model_set import LoadOptions, ModelSet
 _ANSWER_BYTES = 64 * 1024
 
 
+MAX_MEMORY_MB = 2**20
+"""The largest address-space limit a validating child takes (1 TiB): past what ``setrlimit`` takes, every child died
+before validating and every bundle was refused, blamed on the bundle (an attack review, 2026-12-07)."""
+
+
 @dataclass(frozen=True)
 class SandboxLimits:
     """Limits of the validating child; ``memory_bytes`` is its whole address space (virtual memory)."""
@@ -38,8 +43,8 @@ class SandboxLimits:
     timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
-        if self.memory_bytes < 256 * 1024 * 1024:
-            raise ValueError(f"validation memory limit: expected at least 256 MiB, got {self.memory_bytes} bytes")
+        if not 256 * 2**20 <= self.memory_bytes <= MAX_MEMORY_MB * 2**20:
+            raise ValueError(f"validation memory limit: expected 256 MiB to {MAX_MEMORY_MB} MiB, got {self.memory_bytes} bytes")
         if not 0 < self.timeout_s <= 3600:
             raise ValueError(f"validation timeout: expected 0 < seconds <= 3600, got {self.timeout_s}")
 

@@ -280,9 +280,10 @@ class WeightsStore:
     # --- writing ---------------------------------------------------------------------------
 
     def _open_lock_file(self) -> int:
-        """The directory made if need be, and a new file description of its lock file (never through a link put in its
-        place: ``O_CREAT`` would create the link's target wherever it points)."""
-        self.directory.mkdir(parents=True, exist_ok=True)
+        """The directory made if need be (its parent must exist: a mistyped ``--dir`` made a whole tree no server watches,
+        and the publish reported success, an attack review, 2026-12-07), and a new file description of its lock file
+        (never through a link put in its place: ``O_CREAT`` would create the link's target wherever it points)."""
+        self.directory.mkdir(exist_ok=True)
         return os.open(self.directory / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
 
     def ensure_writable(self) -> None:

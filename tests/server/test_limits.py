@@ -86,7 +86,8 @@ def test_values_grpc_cannot_take_are_named_at_start() -> None:
             ({"max_connections": 10**11}, "max_connections: expected at most 2147483647"),
             ({"keepalive_max_ping_strikes": 10**11}, "keepalive_max_ping_strikes: expected at most 2147483647"),
             ({"max_batch": 10**11}, "max_batch: expected at most 4096"),
-            ({"workers": 257}, "workers: expected at most 256")):
+            ({"workers": 257}, "workers: expected at most 256"),
+            ({"validate_memory_mb": 2**20 + 1}, "validate_memory_mb: expected 0 (off) or 256 to 1048576")):
         with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
             make_config(**overrides)
     edge = make_config(max_connection_age_seconds=2_147_483.0, max_connection_idle_seconds=2_147_483.0, max_message_bytes=2**31 - 1,

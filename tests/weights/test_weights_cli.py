@@ -217,6 +217,17 @@ def test_usage_and_io_problems_exit_2(files: dict[str, Path], tmp_path: Path) ->
     assert out.returncode == 2 and out.stderr.startswith("error (io): cannot read bundle")
     out = cli("show", "--dir", tmp_path / "nowhere")
     assert out.returncode == 2 and "no such weights directory" in out.stderr
+    # An attack review (2026-12-07): each of these was a traceback (exit 1), a verdict on the bundle for a bad flag, a
+    # bundle every server refuses written with exit 0, or a whole mistyped tree made and a publish reported done.
+    for args, says in ((("init", "--out", tmp_path / "x.bundle", "--seed", "-1"), "--seed: expected an integer from 0"),
+                       (("init", "--out", tmp_path / "x.bundle", "--created-at", "garbage"), "--created-at: expected an ISO 8601"),
+                       (("verify", files["v1"], "--validate-memory-mb", "100"), "--validate-memory-mb: expected 0"),
+                       (("verify", files["v1"], "--validate-memory-mb", "99999999999999999999"), "--validate-memory-mb: expected 0"),
+                       (("publish", files["v1"], "--dir", tmp_path / "typo" / "weights"), "No such file or directory")):
+        out = cli(*args)
+        assert out.returncode == 2 and says in out.stderr and "Traceback" not in out.stderr, (args, out.stderr)
+    assert not (tmp_path / "x.bundle").exists() and not (tmp_path / "typo").exists()
+    assert cli("publish", files["v1"], "--dir", tmp_path / "weights").returncode == 0  # the directory itself is made
 
 
 def test_two_publisher_processes_at_once(files: dict[str, Path], tmp_path: Path) -> None:
