@@ -198,6 +198,14 @@ def judge(sides: Sides, settings: CanarySettings, looks_before: int, tolerance: 
     b = objective.per_session(control_ids, sides.outcomes).objective
     value = float(a.mean() - b.mean())
     half = NormalDist().inv_cdf(0.5 + settings.level / 2) * math.sqrt(float(a.var(ddof=1)) / n_a + float(b.var(ddof=1)) / n_b)
+    if not half > 0:  # every session alike on both sides: no outcomes (not reported, or not in these logs), no evidence
+        few = (f"nothing to judge: every session on both sides earned {float(a[0]) if len(a) else 0.0:g} ({n_a} on the canary, "
+               f"{n_b} on the active bundle): no outcome reports for them in these logs?")
+        log.warning("the canary's look found no outcome spread; it is not promoted on it",
+                    extra={"fields": {"canary_sessions": n_a, "control_sessions": n_b}})
+        if look >= settings.max_looks:
+            return Verdict("drop", f"{few} after {look} runs (max_looks {settings.max_looks})", n_a, n_b, look=look)
+        return Verdict("wait", f"{few}, at run {look} of {settings.max_looks}", n_a, n_b, look=look)
     low, high = value - half, value + half
     figures = f"canary − active = {value:+.4g} [{low:+.4g}, {high:+.4g}] at {settings.level:g} on {n_a} + {n_b} sessions"
     action: Literal["promote", "drop", "wait"]

@@ -3,6 +3,7 @@ promotes and drops canaries."""
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import math
@@ -76,6 +77,19 @@ def test_a_better_canary_is_promoted_a_worse_one_dropped_and_one_alike_waits_the
     alike = [judge(_sides(served, "same"), settings, looks) for looks in range(3)]
     assert [v.action for v in alike] == ["wait", "wait", "drop"] and [v.look for v in alike] == [1, 2, 3]
     assert alike[0].ci_low < 0 < alike[0].ci_high and "undecided after 3 looks" in alike[2].reason
+
+
+def test_a_look_without_outcomes_waits_and_never_promotes(served: dict[str, DirectorySource]) -> None:
+    """An attack review (2026-12-07): with the outcomes gone (the directory lost, ReportOutcome broken, orders not yet
+    reported) every session on both sides scored 0, the interval was 0 ± 0, and its lower bound 0 ≥ −0 promoted a
+    canary that served only view_detail; the run then trained from it and published. No spread is no evidence."""
+    worse = _sides(served, "worse")
+    blind = dataclasses.replace(worse, outcomes=worse.outcomes.slice(0, 0))
+    settings = CanarySettings(0.5, 0.99, 3, 200)
+    looks = [judge(blind, settings, before) for before in range(3)]
+    assert [v.action for v in looks] == ["wait", "wait", "drop"], looks
+    assert "nothing to judge" in looks[0].reason and "no outcome reports" in looks[0].reason
+    assert judge(worse, settings, 0).action == "drop"  # with its outcomes, the same canary is worse
 
 
 def test_the_sides_hold_every_outcome_of_their_sessions_and_a_cap_samples_each(served: dict[str, DirectorySource]) -> None:
