@@ -307,6 +307,7 @@ class ExperienceRecorder:
                 writer.rotate()
             except OSError as exc:
                 error = error or exc
+        self._drop(kind, "write_error", writer.take_lost())  # an open segment removed or replaced under the writer
         self._held[kind], self._held_bytes[kind] = writer.held_rows, writer.held_bytes
         if self._observer is not None:  # what waits now, until the next flush (the gauge read the last one's start)
             self._observer.queued(kind, len(queue) + writer.held_rows)

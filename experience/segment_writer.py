@@ -106,6 +106,8 @@ class SegmentWriter:
         self._held: list[pa.Buffer] = []  # messages not yet in the file
         self.held_rows = 0
         self.held_bytes = 0  # their size, encoded (what the recorder's byte budget counts of them)
+        self._rows = 0  # rows written into the open segment
+        self.lost_rows = 0  # rows of open segments removed or replaced under this writer (``take_lost``)
         self.finalised: list[Path] = []
 
     @property
@@ -124,10 +126,42 @@ class SegmentWriter:
             self.held_bytes += message.size
         return self.retry()
 
+    def take_lost(self) -> int:
+        """The rows of open segments that were removed or replaced under this writer since the last call (``_vanished``):
+        they were written, and are gone."""
+        lost, self.lost_rows = self.lost_rows, 0
+        return lost
+
+    def _vanished(self) -> bool:
+        """Whether the open segment's name no longer leads to the file this writer writes: removed (``rm`` on the volume,
+        a cleanup) or replaced. Writing on would put every later row of the segment into a file no reader can find, and
+        its rename at rotation then failed, all of them lost and none counted (an attack review, 2026-12-07: 7,645
+        answered decisions, none on disk). So the file is given up, its rows counted lost, and a new segment opened."""
+        if self._fd < 0 or self._path is None:
+            return False
+        try:
+            named = os.stat(self._path)
+        except FileNotFoundError:
+            return True
+        except OSError:  # cannot tell (the volume failing): the write or the rename will say
+            return False
+        mine = os.fstat(self._fd)
+        return (named.st_dev, named.st_ino) != (mine.st_dev, mine.st_ino)
+
+    def _lose_open(self) -> None:
+        """Give up the open segment (``_vanished``): its rows are counted lost; the name is not touched (another file may
+        have it now)."""
+        self.lost_rows += self._rows
+        log.error("the open log segment was removed or replaced while being written; its records are lost",
+                  extra={"fields": {"kind": self.kind, "segment": str(self._path), "records": self._rows}})
+        self._release()
+
     def retry(self) -> int:
         """Write what is held; returns the rows written (``OSError``: still held)."""
         if not self._held:
             return 0
+        if self._vanished():
+            self._lose_open()
         if self._torn:  # finalise what the torn file holds; the held messages start a new one
             if self._size:
                 self._seal()
@@ -145,6 +179,7 @@ class SegmentWriter:
             raise
         self._size = end
         rows, self._held, self.held_rows, self.held_bytes = self.held_rows, [], 0, 0
+        self._rows += rows
         return rows
 
     def due(self) -> bool:
@@ -164,6 +199,9 @@ class SegmentWriter:
             self.retry()
         except OSError:
             pass
+        if self._vanished():
+            self._lose_open()
+            return None
         if self._size == 0:
             if not self._held:
                 self._discard()
@@ -171,7 +209,8 @@ class SegmentWriter:
         return self._seal()
 
     def close(self) -> int:
-        """Finalise the open segment; returns the rows still held, which are given up (0 normally).
+        """Finalise the open segment; returns the rows still held, which are given up, and those of open segments lost
+        (``take_lost``) since they were last taken (0 normally).
 
         A segment that cannot be finalised is left as it is (complete up to its last batch):
         ``recover_abandoned`` finalises it at the next start.
@@ -181,7 +220,7 @@ class SegmentWriter:
         except OSError as exc:
             log.error("could not finalise a log segment; it is left for recovery at the next start",
                       extra={"fields": {"segment": str(self._path), "error": str(exc)}})
-        dropped, self._held, self.held_rows, self.held_bytes = self.held_rows, [], 0, 0
+        dropped, self._held, self.held_rows, self.held_bytes = self.held_rows + self.take_lost(), [], 0, 0
         if self._fd >= 0:
             if self._size == 0:
                 self._discard()
@@ -223,8 +262,8 @@ class SegmentWriter:
         final = self.dir / self._path.name.removeprefix(OPEN_PREFIX)
         try:
             os.replace(self._path, final)
-        except FileNotFoundError:  # the volume lost the open segment: nothing to retry
-            self._release()
+        except FileNotFoundError:  # removed between the check and the rename: nothing to retry, its rows are lost
+            self._lose_open()
             raise
         self._release()
         try:
@@ -242,7 +281,7 @@ class SegmentWriter:
 
     def _release(self) -> None:
         os.close(self._fd)  # and with it the flock
-        self._fd, self._path, self._size, self._torn = -1, None, 0, False
+        self._fd, self._path, self._size, self._torn, self._rows = -1, None, 0, False, 0
 
 
 def recover_abandoned(root: Path, kind: str) -> list[Path]:

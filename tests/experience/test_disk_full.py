@@ -167,3 +167,32 @@ def test_a_write_that_fails_part_way_leaves_no_half_batch(small_disk: SmallDisk)
     assert writer.open_path == path
     writer.close()
     assert rows(small_disk.path) == 20_010
+
+
+@pytest.mark.parametrize("how", ["removed", "replaced"])
+def test_an_open_segment_removed_or_replaced_under_the_writer_is_counted_lost_and_the_rest_is_kept(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, how: str) -> None:
+    """An attack review (2026-12-07): with the open segment deleted while the server ran, the writer wrote on into the
+    unlinked file, its rename at rotation failed, and 7,645 answered decisions were lost, none counted; a restart had
+    nothing to recover. The writer now notices, counts the file's records lost (``write_error``), and starts a new
+    segment: every accepted record is on disk or counted, and the file put in its place is left as it is."""
+    root = tmp_path / "logs"
+    metrics = Metrics(CollectorRegistry())
+    value = metrics.registry.get_sample_value
+    recorder = ExperienceRecorder(root, SALT, RecorderOptions(flush_seconds=0.02, segment_seconds=3600.0), metrics.experience)
+    recorder.start()
+    sender = Sender(recorder)
+    sender.send(40)
+    wait_for(lambda: recorder.written["outcomes"] == 40)
+    (segment,) = open_segments(root)
+    segment.unlink()
+    if how == "replaced":
+        segment.write_bytes(b"someone else's file")
+    sender.send(25)
+    wait_for(lambda: recorder.written["outcomes"] == 65)
+    recorder.close()
+    lost = value("shopping_agent_log_records_dropped_total", {"kind": "outcomes", "reason": "write_error"})
+    assert lost == 40 and rows(root) == 25 == sender.accepted - lost  # nothing unaccounted
+    assert len(lines(caplog, "removed or replaced while being written")) == 1
+    if how == "replaced":
+        assert segment.read_bytes() == b"someone else's file"  # not renamed into the log as ours
