@@ -48,6 +48,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+MAX_BATCH = 4096  # as serve --max-batch: what one batch queues for the log fits its byte bound (32 MB)
+
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
@@ -65,7 +67,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--seed", type=int, default=0, help="the world's seed: shoppers, items and their dice (default 0)")
     p.add_argument("--first-session", type=int, default=0, help="index of the first session (default 0)")
     p.add_argument("--concurrency", type=int, default=8, help="--target: sessions in flight, one thread each (default 8)")
-    p.add_argument("--batch", type=int, default=256, help="in-process: sessions decided together (default 256)")
+    p.add_argument("--batch", type=int, default=256, help=f"in-process: sessions decided together (default 256, at most {MAX_BATCH})")
     p.add_argument("--timezone", default="UTC", help="in-process: the hour feature's timezone, as the server's --timezone")
     p.add_argument("--deadline-ms", type=float, default=2000.0, help="--target: deadline of each call (default 2000)")
     p.add_argument("--trace", type=Path, help="write the id of every answered decision and acknowledged outcome (JSON lines)")
@@ -114,8 +116,10 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
 def _usage_problem(args: argparse.Namespace) -> str:
     if args.sessions < 1 or args.first_session < 0 or args.seed < 0:
         return "--sessions must be >= 1, --first-session and --seed >= 0"
-    if args.concurrency < 1 or args.batch < 1 or args.deadline_ms <= 0:
-        return "--concurrency and --batch must be >= 1, --deadline-ms > 0"
+    if args.concurrency < 1 or not 1 <= args.batch <= MAX_BATCH or not 0 < args.deadline_ms <= 3_600_000:
+        # --batch 8192 overflowed the log queue's bytes and a million took 4 GB to warm up for two sessions; a deadline
+        # of inf or nan was taken, and every call then failed (an attack review, 2026-12-07)
+        return f"--concurrency must be >= 1, --batch 1..{MAX_BATCH}, --deadline-ms a number of milliseconds in (0, 3600000]"
     if args.target and args.log_dir:
         return "--log-dir is for in-process runs; with --target the server writes its own logs (serve --log-dir)"
     if args.target and args.products:

@@ -181,6 +181,11 @@ def test_records_dropped_on_a_full_volume_fail_the_run(small_disk: SmallDisk) ->
     (["--target", "127.0.0.1:1", "--products"], "--products is for in-process runs"),
     (["--trace", "/proc/nosuch/trace.jsonl"], "--trace /proc/nosuch/trace.jsonl: cannot be written"),
     (["--trace", "/tmp"], "--trace /tmp: cannot be written"),
+    # an attack review (2026-12-07): 8192 dropped a batch's log records, a million took 4 GB to warm up for two sessions,
+    # and a deadline of inf or nan was taken and every call failed (exit 1, as if the server had gone)
+    (["--batch", "8192"], "--batch 1..4096"),
+    (["--target", "127.0.0.1:1", "--deadline-ms", "inf"], "--deadline-ms a number of milliseconds in (0, 3600000]"),
+    (["--target", "127.0.0.1:1", "--deadline-ms", "nan"], "--deadline-ms a number of milliseconds in (0, 3600000]"),
 ])
 def test_bad_usage_exits_2(args: list[str], message: str) -> None:
     run = subprocess.run([*CLI, *args], capture_output=True, text=True, cwd=ROOT, timeout=60)
