@@ -31,6 +31,12 @@ C_INT_MAX = 2**31 - 1
 """gRPC's channel arguments are C ``int``s: a count past this, or a duration past it in milliseconds (about 24.8 days),
 stopped ``serve`` with an ``OverflowError`` traceback (a review, 2026-12-07)."""
 MAX_GRPC_SECONDS = C_INT_MAX // 1000
+BOUNDED_SECONDS = {"log_flush_seconds": 3600.0, "log_segment_seconds": 86400.0, "log_segment_mb": 1e6, "drain_delay_seconds": 3600.0,
+                   "grace_seconds": 3600.0, "weights_debounce_ms": 60_000.0, "max_batch_delay_ms": 1000.0, "batch_gap_ms": 1000.0,
+                   "min_inference_budget_ms": 60_000.0, "metrics_timeout_seconds": 3600.0}
+"""Ceilings of times (and the segment size) that feed a timer or an integer: ``--log-flush-seconds 1e10`` killed the log
+writer at start (the server went on, logging nothing), an infinite debounce logged a traceback a second and loaded no
+bundle, an infinite drain delay never let SIGTERM finish, an infinite segment size stopped the start (a review)."""
 MOST = {"workers": 256, "intra_op_threads": 256, "max_batch": 4096}
 """Sanity bounds of flags whose value the server multiplies into processes, threads or memory at start (``--max-batch
 99999999999`` passed, then the model's warm-up ran out of memory and the server served no model)."""
@@ -243,6 +249,13 @@ class Config:
             problems.append("log_segment_mb, log_segment_seconds and log_flush_seconds must be > 0")
         if not 1 <= self.log_queue_mb * 1024 * 1024 < float("inf"):
             problems.append(f"log_queue_mb: expected a finite number > 0 (at least one byte), got {self.log_queue_mb}")
+        for f in dataclasses.fields(self):  # NaN passes every `x < limit` check (a review: a NaN flush period spun a core)
+            number = getattr(self, f.name)
+            if _base_type(f) is float and number is not None and number != number:
+                problems.append(f"{f.name}: expected a number, got nan")
+        for name, ceiling in BOUNDED_SECONDS.items():  # past these, a timer overflowed or never fired (a review, 2026-12-07)
+            if getattr(self, name) > ceiling:
+                problems.append(f"{name}: expected at most {ceiling:g}, got {getattr(self, name)}")
         problems += self._transport_problems()
         try:
             ZoneInfo(self.timezone)
@@ -368,7 +381,7 @@ def to_args(config: Config, **overrides: Any) -> list[str]:
         if _base_type(f) is bool:
             args.append(_flag(f.name) if value else "--no-" + f.name.replace("_", "-"))
         else:
-            args += [_flag(f.name), "" if value is None else str(value)]
+            args.append(f"{_flag(f.name)}={'' if value is None else value}")  # one word: a value may begin with "-" (a review)
     return args
 
 

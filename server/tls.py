@@ -27,6 +27,7 @@ import ssl
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import grpc
@@ -125,6 +126,7 @@ def load(files: CertificateFiles) -> Certificates:
     cert, key = read_file(files.cert, files.flag), read_file(files.key, files.flag)
     client_ca = read_file(files.client_ca, files.flag) if files.client_ca is not None else None
     context = server_context(files, cert, key, client_ca)
+    _check_dates(files, cert)
     try:
         after = signature(files)
     except OSError as exc:
@@ -132,6 +134,25 @@ def load(files: CertificateFiles) -> Certificates:
     if after != before:
         raise TlsError(f"{files.flag}: the files changed while they were read")
     return Certificates(cert, key, client_ca, before, context)
+
+
+CLOCK_SKEW = timedelta(minutes=5)
+"""How far before its ``not_valid_before`` a certificate is taken: an issuer's clock may run a little ahead of the node's."""
+
+
+def _check_dates(files: CertificateFiles, cert_chain: bytes) -> None:
+    """``TlsError`` unless the leaf certificate is valid now: an expired one renamed in was reloaded, the valid one
+    dropped, and every new handshake failed (an attack review, 2026-12-07); one not yet valid fails the same way."""
+    from cryptography import x509
+
+    try:
+        leaf = x509.load_pem_x509_certificate(cert_chain)
+    except ValueError:  # server_context took it: leave the parse to it
+        return
+    now = datetime.now(UTC)
+    if not leaf.not_valid_before_utc - CLOCK_SKEW <= now <= leaf.not_valid_after_utc:
+        raise TlsError(f"{files.flag}: {files.cert}: the certificate is not valid now (valid from "
+                       f"{leaf.not_valid_before_utc.isoformat()} to {leaf.not_valid_after_utc.isoformat()})")
 
 
 def server_context(files: CertificateFiles, cert: bytes, key: bytes, client_ca: bytes | None) -> ssl.SSLContext:

@@ -43,11 +43,12 @@ class CA:
                 .sign(key, hashes.SHA256()))
         return cls(name, cert.public_bytes(serialization.Encoding.PEM), key)
 
-    def issue(self, common_name: str, *, server: bool, key: PrivateKey | None = None) -> Issued:
-        """A certificate this CA signs, for ``key`` (default: a new EC P-256 key)."""
+    def issue(self, common_name: str, *, server: bool, key: PrivateKey | None = None, expired: bool = False) -> Issued:
+        """A certificate this CA signs, for ``key`` (default: a new EC P-256 key); ``expired``: valid until yesterday."""
         key = key if key is not None else ec.generate_private_key(ec.SECP256R1())
         issuer = x509.load_pem_x509_certificate(self.cert).subject
-        builder = _builder(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]), issuer, key.public_key())
+        builder = _builder(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]), issuer, key.public_key(),
+                           shift=-datetime.timedelta(days=2) if expired else datetime.timedelta(0))
         if server:
             builder = builder.add_extension(x509.SubjectAlternativeName(
                 [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
@@ -58,8 +59,10 @@ class CA:
                                         serialization.NoEncryption()))
 
 
-def _builder(subject: x509.Name, issuer: x509.Name, public_key: CertificatePublicKeyTypes) -> x509.CertificateBuilder:
-    now = datetime.datetime.now(datetime.UTC)
+def _builder(subject: x509.Name, issuer: x509.Name, public_key: CertificatePublicKeyTypes,
+             shift: datetime.timedelta = datetime.timedelta(0)) -> x509.CertificateBuilder:
+    """Valid from 5 minutes ago for a day, all of it moved by ``shift``."""
+    now = datetime.datetime.now(datetime.UTC) + shift
     return (x509.CertificateBuilder().subject_name(subject).issuer_name(issuer).public_key(public_key)
             .serial_number(x509.random_serial_number())
             .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1)))

@@ -87,7 +87,15 @@ def test_values_grpc_cannot_take_are_named_at_start() -> None:
             ({"keepalive_max_ping_strikes": 10**11}, "keepalive_max_ping_strikes: expected at most 2147483647"),
             ({"max_batch": 10**11}, "max_batch: expected at most 4096"),
             ({"workers": 257}, "workers: expected at most 256"),
-            ({"validate_memory_mb": 2**20 + 1}, "validate_memory_mb: expected 0 (off) or 256 to 1048576")):
+            ({"validate_memory_mb": 2**20 + 1}, "validate_memory_mb: expected 0 (off) or 256 to 1048576"),
+            # a NaN flush period spun a core, 1e10 killed the log writer at start (SERVING, nothing logged), an infinite
+            # debounce logged a traceback a second, an infinite drain delay never let SIGTERM finish (a review)
+            ({"log_flush_seconds": float("nan")}, "log_flush_seconds: expected a number, got nan"),
+            ({"grace_seconds": float("nan")}, "grace_seconds: expected a number, got nan"),
+            ({"log_flush_seconds": 1e10}, "log_flush_seconds: expected at most 3600"),
+            ({"weights_debounce_ms": float("inf")}, "weights_debounce_ms: expected at most 60000"),
+            ({"drain_delay_seconds": float("inf")}, "drain_delay_seconds: expected at most 3600"),
+            ({"log_segment_mb": float("inf")}, "log_segment_mb: expected at most 1e.06, got inf")):
         with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
             make_config(**overrides)
     edge = make_config(max_connection_age_seconds=2_147_483.0, max_connection_idle_seconds=2_147_483.0, max_message_bytes=2**31 - 1,

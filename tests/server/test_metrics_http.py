@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import gzip
 import json
+import logging
 import os
 import re
 import socket
@@ -108,6 +109,15 @@ def test_serves_prometheus_text_openmetrics_gzip_and_head() -> None:
         assert status == 405
         status, _, body = get(served.port, path="/metrics?name[]=nothing_here")
         assert status == 200 and b"sa_test_things" not in body
+
+
+def test_an_odd_accept_header_gets_the_text_format_not_a_500_and_a_traceback(caplog: pytest.LogCaptureFixture) -> None:
+    """An attack review (2026-12-07): ``Accept: application/openmetrics-text; version=abc`` made prometheus_client raise,
+    answered 500 and logged an ERROR traceback (1.25 KB a 77-byte request, 11 MB in 5 s of a flood)."""
+    with endpoint() as served, caplog.at_level(logging.ERROR):
+        status, headers, body = get(served.port, {"Accept": "application/openmetrics-text; version=abc"})
+        assert status == 200 and headers["Content-Type"].startswith("text/plain") and b"sa_test_things" in body
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 
 def _logged(spawned: Spawned, msg: str, timeout: float = 30) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from server.cli import parser
 from server.config import Config, build_config, to_args
-from server.tls import CertificateFiles, ReloadingCertificates, signature
+from server.tls import CertificateFiles, ReloadingCertificates, TlsError, signature
 from tests.harness import ROOT, Spawned, make_config, request, running_server, spawn_server, stub
 from tests.tls_certs import CA, Issued, ServerFiles, replace
 
@@ -126,6 +126,19 @@ def test_unusable_new_files_keep_the_current_certificates(tmp_path: Path, ca: CA
         assert live.server.certificates.reloads == 1
 
 
+def test_an_expired_certificate_is_refused_at_start_and_on_rotation(tmp_path: Path, ca: CA) -> None:
+    """An attack review (2026-12-07): a rotation to an expired certificate was reloaded (INFO, its not_after in the
+    past), the valid one dropped, and every new handshake then failed; one expired at start was taken silently."""
+    files = ServerFiles.write(tmp_path, ca)
+    source = ReloadingCertificates(CertificateFiles(files.cert, files.key, None))
+    stale = ca.issue("localhost", server=True, expired=True)
+    replace(files.key, stale.key)
+    replace(files.cert, stale.cert)
+    assert source.refresh() is None and source.refusals == 1 and source.reloads == 0  # the valid pair stays in use
+    with pytest.raises(TlsError, match=r"the certificate is not valid now \(valid from .* to "):
+        ReloadingCertificates(CertificateFiles(files.cert, files.key, None))
+
+
 def test_a_fifo_or_an_oversized_file_is_refused_without_blocking_a_handshake(tmp_path: Path, ca: CA) -> None:
     """A FIFO renamed over the certificate blocked the read with no writer, inside grpc's handshake and under the
     reload lock: no new connection got through even after the file was put back, and nothing was logged (a review,
@@ -224,7 +237,8 @@ def test_unreadable_certificate_files_stop_the_cli_before_it_serves(tmp_path: Pa
 def test_tls_settings_reach_every_worker_unchanged(tmp_path: Path) -> None:
     config = make_config(**ServerFiles(tmp_path / "c", tmp_path / "k", tmp_path / "ca").flags(mutual=True),
                          metrics_tls_cert=tmp_path / "mc", metrics_tls_key=tmp_path / "mk", health_port=0,
-                         max_concurrent_rpcs=None, max_connection_idle_seconds=12.5, keepalive_max_ping_strikes=0)
+                         max_concurrent_rpcs=None, max_connection_idle_seconds=12.5, keepalive_max_ping_strikes=0,
+                         log_dir=Path("-logs"))  # a value that starts with "-" took the next flag's place (a review)
     rebuilt = build_config(parser().parse_args(["serve", *to_args(config)]), {})
     assert rebuilt == config
 
