@@ -99,6 +99,27 @@ def test_compacted_logs_read_as_the_same_rows_and_a_part_reads_only_its_columns(
     assert sum(b.nbytes for b in raw) < 0.1 * sum(b.nbytes for b in read_part(path, source.fs, "decisions"))
 
 
+def test_a_segment_of_many_empty_batches_compacts_to_its_rows(logs: Path, tmp_path: Path) -> None:
+    """An attack review (2026-12-07): 30 rows followed by 30,000 empty batches (a valid 60 MB segment) took `logs compact`
+    to 605 MB, 200,000 of them to 3.5 GB, past the Job's 2Gi: every batch was held. Empty ones are now left behind as
+    they are read (94 MB for the 60 MB segment); the rows are the same."""
+    root = _copy(logs, tmp_path)
+    segment = sorted((root / "outcomes").glob(f"*{SUFFIX}"))[0]
+    with pa.ipc.open_stream(segment) as reader:
+        schema, batches = reader.schema, list(reader)
+    rows = pa.Table.from_batches(batches, schema=schema)
+    empty = pa.RecordBatch.from_pylist([], schema=schema)
+    with pa.ipc.new_stream(segment, schema) as writer:
+        for batch in batches:
+            writer.write_batch(batch)
+            for _ in range(2000):
+                writer.write_batch(empty)
+    before = _rows(root, "outcomes")
+    done = compact(DirectorySource(root), "outcomes", before_s=float("inf"))
+    assert done.kept == 0 and done.rows == before.num_rows and _rows(root, "outcomes").equals(before)
+    assert rows.num_rows > 0
+
+
 def test_a_compaction_cut_short_reads_every_row_once_and_the_next_one_finishes_it(logs: Path, tmp_path: Path) -> None:
     root = _copy(logs, tmp_path)
     segment = sorted((root / "decisions").glob(f"*{SUFFIX}"))[0]
