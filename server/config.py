@@ -31,15 +31,15 @@ C_INT_MAX = 2**31 - 1
 """gRPC's channel arguments are C ``int``s: a count past this, or a duration past it in milliseconds (about 24.8 days),
 stopped ``serve`` with an ``OverflowError`` traceback (a review, 2026-12-07)."""
 MAX_GRPC_SECONDS = C_INT_MAX // 1000
-BOUNDED_SECONDS = {"log_flush_seconds": 3600.0, "log_segment_seconds": 86400.0, "log_segment_mb": 1e6, "drain_delay_seconds": 3600.0,
-                   "grace_seconds": 3600.0, "weights_debounce_ms": 60_000.0, "max_batch_delay_ms": 1000.0, "batch_gap_ms": 1000.0,
-                   "min_inference_budget_ms": 60_000.0, "metrics_timeout_seconds": 3600.0}
-"""Ceilings of times (and the segment size) that feed a timer or an integer: ``--log-flush-seconds 1e10`` killed the log
-writer at start (the server went on, logging nothing), an infinite debounce logged a traceback a second and loaded no
-bundle, an infinite drain delay never let SIGTERM finish, an infinite segment size stopped the start (a review)."""
-MOST = {"workers": 256, "intra_op_threads": 256, "max_batch": 4096}
-"""Sanity bounds of flags whose value the server multiplies into processes, threads or memory at start (``--max-batch
-99999999999`` passed, then the model's warm-up ran out of memory and the server served no model)."""
+CEILINGS = {"workers": 256, "intra_op_threads": 256, "max_batch": 4096, "log_flush_seconds": 3600.0, "log_segment_seconds": 86400.0,
+            "log_segment_mb": 1e6, "drain_delay_seconds": 3600.0, "grace_seconds": 3600.0, "weights_debounce_ms": 60_000.0,
+            "max_batch_delay_ms": 1000.0, "batch_gap_ms": 1000.0, "min_inference_budget_ms": 60_000.0,
+            "metrics_timeout_seconds": 3600.0}
+"""Sanity ceilings (an attack review, 2026-12-07): of what the server multiplies into processes, threads or memory at
+start (``--max-batch 99999999999`` passed, then the warm-up ran out of memory and the server served no model), and of
+times and sizes that feed a timer or an integer (``--log-flush-seconds 1e10`` killed the log writer at start while the
+server went on logging nothing; an infinite debounce logged a traceback a second and loaded no bundle; an infinite
+drain delay never let SIGTERM finish; an infinite segment size stopped the start)."""
 
 
 @dataclass(frozen=True)
@@ -205,9 +205,9 @@ class Config:
                      "max_id_length", "max_message_bytes", "log_queue", "log_flush_rows"):
             if getattr(self, name) < 1:
                 problems.append(f"{name}: expected >= 1, got {getattr(self, name)}")
-        for name, most in MOST.items():
-            if getattr(self, name) > most:
-                problems.append(f"{name}: expected at most {most}, got {getattr(self, name)}")
+        for name, ceiling in CEILINGS.items():
+            if getattr(self, name) > ceiling:
+                problems.append(f"{name}: expected at most {ceiling:g}, got {getattr(self, name)}")
         if self.device not in ("auto", "cpu", "cuda"):
             problems.append(f"device: expected auto, cpu or cuda, got {self.device!r}")
         if self.log_format not in ("json", "text"):
@@ -253,9 +253,6 @@ class Config:
             number = getattr(self, f.name)
             if _base_type(f) is float and number is not None and number != number:
                 problems.append(f"{f.name}: expected a number, got nan")
-        for name, ceiling in BOUNDED_SECONDS.items():  # past these, a timer overflowed or never fired (a review, 2026-12-07)
-            if getattr(self, name) > ceiling:
-                problems.append(f"{name}: expected at most {ceiling:g}, got {getattr(self, name)}")
         problems += self._transport_problems()
         try:
             ZoneInfo(self.timezone)

@@ -125,49 +125,33 @@ def parsing_named(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
     2026-12-07). A handler that parses its own bytes (no deserializer) is returned as it is."""
     if handler.request_deserializer is None:
         return handler
-    changes: dict[str, Any] = {"request_deserializer": _tolerant(handler.request_deserializer)}
-    if handler.unary_unary is not None:
-        inner_uu = handler.unary_unary
+    name = next(n for n in _BEHAVIOURS if getattr(handler, n) is not None)
+    inner = getattr(handler, name)
+    streamed_requests = name.startswith("stream_")
 
-        async def unary_unary(request: Any, context: Any) -> Any:
+    async def checked(requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
+        async for request in requests:
             if isinstance(request, _Unparseable):
-                return await _refuse(context, request)
-            return await inner_uu(request, context)
-        changes["unary_unary"] = unary_unary
-    elif handler.unary_stream is not None:
-        inner_us = handler.unary_stream
-        if inspect.isasyncgenfunction(inner_us):  # it yields its answers (instrument_handler tells a stream by this)
-            async def yielding(request: Any, context: Any) -> AsyncIterator[Any]:
-                if isinstance(request, _Unparseable):
-                    await _refuse(context, request)
-                async for item in inner_us(request, context):
-                    yield item
-            changes["unary_stream"] = yielding
-        else:  # it writes them (context.write), as grpc_health's Watch does
-            async def writing(request: Any, context: Any) -> Any:
-                if isinstance(request, _Unparseable):
-                    return await _refuse(context, request)
-                return await inner_us(request, context)
-            changes["unary_stream"] = writing
-    else:
-        name = "stream_unary" if handler.stream_unary is not None else "stream_stream"
-        inner_stream = getattr(handler, name)
+                await _refuse(context, request)
+            yield request
 
-        async def checked(requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
-            async for request in requests:
-                if isinstance(request, _Unparseable):
-                    await _refuse(context, request)
-                yield request
+    async def given(request: Any, context: Any) -> Any:  # the request (or the checked stream of them) to pass on
+        if streamed_requests:
+            return checked(request, context)
+        if isinstance(request, _Unparseable):
+            await _refuse(context, request)
+        return request
 
-        if inspect.isasyncgenfunction(inner_stream):  # what instrument_handler tells a stream by
-            async def streamed(requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
-                async for item in inner_stream(checked(requests, context), context):
-                    yield item
-            changes[name] = streamed
-        else:
-            async def gathered(requests: AsyncIterator[Any], context: Any) -> Any:
-                return await inner_stream(checked(requests, context), context)
-            changes[name] = gathered
+    if inspect.isasyncgenfunction(inner):  # it yields its answers (instrument_handler tells a stream by this)
+        async def yielding(request: Any, context: Any) -> AsyncIterator[Any]:
+            async for item in inner(await given(request, context), context):
+                yield item
+        behaviour: Callable[..., Any] = yielding
+    else:  # it returns its answer, or writes its answers (context.write), as grpc_health's Watch does
+        async def returning(request: Any, context: Any) -> Any:
+            return await inner(await given(request, context), context)
+        behaviour = returning
+    changes = {"request_deserializer": _tolerant(handler.request_deserializer), name: behaviour}
     return handler._replace(**changes)  # type: ignore[attr-defined, no-any-return]
 
 

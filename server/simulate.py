@@ -39,6 +39,7 @@ from core.progress import Progress, progress
 from experience.recorder import resolve_salt, unusable_log_dir
 from server._gen.shopping_agent.v1 import shopping_agent_pb2 as pb
 from server._gen.shopping_agent.v1 import shopping_agent_pb2_grpc as pb_grpc
+from server.config import CEILINGS
 from simulator.config import SimConfig
 from simulator.drive import Trace, by_model, engagement_report_for, reports_for, run_in_process, run_logged
 from simulator.world import PageView, ShopperSession, World
@@ -48,7 +49,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-MAX_BATCH = 4096  # as serve --max-batch: what one batch queues for the log fits its byte bound (32 MB)
+MAX_BATCH = int(CEILINGS["max_batch"])  # as serve --max-batch: what one batch queues for the log fits its byte bound (32 MB)
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -26,7 +26,7 @@ def type_problems(config: Any) -> list[str]:
     fails deep in a run (a traceback, exit 1, which the CronJob retries) or not at all. A bool is no number here."""
     problems = []
     for f in dataclasses.fields(config):
-        names = [n.strip() for n in str(f.type).split("|")]
+        names = _type_names(f)
         if not set(names) <= {*_SCALARS, "None"}:
             continue  # tuples of enums, nested configs: checked where they are built
         value = getattr(config, f.name)
@@ -39,6 +39,11 @@ def type_problems(config: Any) -> list[str]:
         elif "float" in names and value != value:  # NaN (JSON's NaN: Python's json reads it) passes every `x < limit` check
             problems.append(f"{f.name}: expected a number, got NaN")
     return problems
+
+
+def _type_names(f: dataclasses.Field[Any]) -> list[str]:
+    """A field's annotation as the names it is a union of (``float | None``: ``["float", "None"]``)."""
+    return [n.strip() for n in str(f.type).split("|")]
 
 
 def _fits_a_float(value: Any) -> bool:
@@ -55,7 +60,7 @@ def floats_as_floats(config: Any) -> None:
     (``trainer.train``): ``{"critic_weight_cap": 100}`` and the default's ``100.0`` must be one configuration, not two
     runs with other version names and so other canary sessions (a nine-world run drew other sessions for that)."""
     for f in dataclasses.fields(config):
-        names = {n.strip() for n in str(f.type).split("|")}
+        names = _type_names(f)
         value = getattr(config, f.name)
         if "float" in names and "int" not in names and isinstance(value, numbers.Integral) and not isinstance(value, bool):
             object.__setattr__(config, f.name, float(value))

@@ -25,17 +25,15 @@ from collections.abc import Callable
 
 import numpy as np
 
-from core.product import MAX_CATEGORIES, MAX_PRICE_BANDS, MAX_SKUS_PER_CATEGORY
 from weights.bundle import BundleError
 from weights.model_set import ModelSet
-from weights.product_heads import RUN_ROWS, golden_features
+from weights.product_heads import LARGEST_ROWS, RUN_ROWS, golden_features
 
 # The graphs are timed through their sessions, not ``ModelSet.infer``: the time is the question here, and what their
 # outputs are worth is the load's own checks' (a bundle the servers accept may give Inf on states they never see).
 
 MAX_INFERENCE_CPU_S = 0.005
 REPEATS = 5
-_LARGEST = {"category": MAX_CATEGORIES, "sku": MAX_SKUS_PER_CATEGORY, "band": MAX_PRICE_BANDS}
 
 
 def inference_cpu_s(model: ModelSet) -> float:
@@ -45,11 +43,11 @@ def inference_cpu_s(model: ModelSet) -> float:
     if model.product is not None:
         heads, guard = model.product.heads, model.product.guard
         h = heads.encode(state)
-        rows = {head: golden_features(heads.widths[head], n) for head, n in _LARGEST.items()}
+        rows = {head: golden_features(heads.widths[head], n) for head, n in LARGEST_ROWS.items()}
         steps.append(functools.partial(heads.encode, state))
-        steps += [functools.partial(heads.score, head, h, rows[head]) for head in _LARGEST]
+        steps += [functools.partial(heads.score, head, h, rows[head]) for head in LARGEST_ROWS]
         if guard is not None:
-            steps += [functools.partial(guard.logits, head, h, rows[head]) for head in _LARGEST]
+            steps += [functools.partial(guard.logits, head, h, rows[head]) for head in LARGEST_ROWS]
     return _median_cpu_s(steps)
 
 
@@ -66,7 +64,7 @@ def largest_run_cpu_s(model: ModelSet, batch: int) -> float:
         many = model.random_states(RUN_ROWS, np.random.default_rng(2))
         h = heads.encode(many)
         parts.append((functools.partial(heads.encode, many), 1.0 / RUN_ROWS))
-        for head, n in _LARGEST.items():
+        for head, n in LARGEST_ROWS.items():
             rows = golden_features(heads.widths[head], RUN_ROWS)
             parts.append((functools.partial(heads.score, head, h, rows), n / RUN_ROWS))
             if guard is not None:

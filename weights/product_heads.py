@@ -147,14 +147,7 @@ class ProductHeads:
     def encode(self, states: F32) -> F32:
         """h (N, ``HIDDEN``) for a batch of shopper states, run on at most ``RUN_ROWS`` of them at a time (as the heads:
         a batch of ``--max-batch`` states must not reach the encoder in one run larger than its probe's)."""
-        pieces = []
-        for lo in range(0, max(len(states), 1), RUN_ROWS):
-            piece = states[lo : lo + RUN_ROWS]
-            h = self.encoder.run(piece)
-            if h.ndim != 2 or h.shape != (len(piece), HIDDEN):
-                raise BundleError("shape", f"product encoder: expected output ({len(piece)}, {HIDDEN}), got {h.shape}")
-            pieces.append(h)
-        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+        return run_in_pieces(self.encoder, "product encoder", states, HIDDEN)
 
     def score(self, head: str, h: F32, features: F32) -> F32:
         """One logit per candidate row: ``h`` (1, H) (or one row per candidate) beside each row of ``features``."""
@@ -180,6 +173,8 @@ def golden_check(outputs: Callable[[], F32], expected: F32, shape: tuple[int, in
         raise BundleError("golden", f"{kind} golden self-test failed: max error {error:.3g} > tolerance {tolerance:.3g}")
 
 
+LARGEST_ROWS = {"category": MAX_CATEGORIES, "sku": MAX_SKUS_PER_CATEGORY, "band": MAX_PRICE_BANDS}
+"""Per head, the most candidate rows one request gives it."""
 RUN_ROWS = 1024
 """The most candidate rows one run of a product head or guard graph is given (``candidate_rows``), and the rows each is
 probed at when its bundle is loaded (``run_at_the_limits``), in the bounded validating child first: a batch of requests
@@ -193,9 +188,8 @@ def run_at_the_limits(score: Callable[[str, F32, F32], F32], h: F32, widths: dic
     """``score`` (a head's or a guard's) on as many candidates as a request may offer each layer, and on ``RUN_ROWS``
     (as many as one run is ever given), beside ``h`` (one row): ``BundleError`` when it cannot take those shapes or
     gives NaN or Inf."""
-    sizes = {"category": MAX_CATEGORIES, "sku": MAX_SKUS_PER_CATEGORY, "band": MAX_PRICE_BANDS}
     try:
-        for head, most in sizes.items():
+        for head, most in LARGEST_ROWS.items():
             for rows in (most, RUN_ROWS):
                 if not np.isfinite(score(head, h, golden_features(widths[head], rows))).all():
                     raise BundleError("nonfinite", f"the product {head} {kind} produces NaN or Inf on {rows} candidates")
@@ -209,13 +203,19 @@ def candidate_rows(graph: OnnxModel, name: str, h: F32, features: F32) -> F32:
     """``graph``'s one output per candidate row ``[h, features]`` (``h``: one row, or one per candidate), run on at most
     ``RUN_ROWS`` rows at a time."""
     rows = np.concatenate([np.broadcast_to(h, (len(features), h.shape[1])), features], axis=1).astype(np.float32)
+    return run_in_pieces(graph, name, rows, 1)[:, 0]
+
+
+def run_in_pieces(graph: OnnxModel, name: str, rows: F32, width: int) -> F32:
+    """``graph`` on ``rows``, at most ``RUN_ROWS`` of them a run (what the load probed), each run's output checked to be
+    (its rows, ``width``): ``BundleError`` naming ``name`` otherwise."""
     outs = []
     for lo in range(0, max(len(rows), 1), RUN_ROWS):
         piece = rows[lo : lo + RUN_ROWS]
         out = graph.run(piece)
-        if out.shape != (len(piece), 1):
-            raise BundleError("shape", f"{name}: expected output ({len(piece)}, 1), got {out.shape}")
-        outs.append(out[:, 0])
+        if out.shape != (len(piece), width):
+            raise BundleError("shape", f"{name}: expected output ({len(piece)}, {width}), got {out.shape}")
+        outs.append(out)
     return outs[0] if len(outs) == 1 else np.concatenate(outs)
 
 
